@@ -1,0 +1,123 @@
+"""Command line: ``python -m specviz generate --method ngram --prompt "..." --trace out.json``.
+
+Prints the output with each token coloured by its fate (ANSI): accepted draft tokens green,
+rejected draft tokens red and struck through where they were proposed, recovered tokens
+yellow, bonus tokens cyan, plain target tokens uncoloured; then the metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .trace import Trace
+
+STYLE = {"accepted": "\033[32m", "rejected": "\033[9;31m", "recovered": "\033[33m", "bonus": "\033[36m", "target": ""}
+RESET = "\033[0m"
+
+
+def colour_tokens(trace: Trace, colour: bool = True) -> str:
+    """The generated text, token by token, styled by fate. Rejected drafts appear (struck
+    through) before the recovered token that replaced them."""
+    texts = trace.token_texts
+
+    def piece(tok: int, fate: str) -> str:
+        s = texts.get(str(tok), f"<{tok}>")
+        return f"{STYLE[fate]}{s}{RESET}" if colour and STYLE[fate] else (f"[-{s}-]" if fate == "rejected" and not colour else s)
+
+    out = []
+    for step in trace.steps:
+        committed = list(step.committed_token_ids)
+        for pos in step.positions[: step.num_accepted]:
+            if committed:
+                out.append(piece(committed.pop(0), "accepted"))
+        if step.num_accepted < len(step.draft_token_ids):
+            out.append(piece(step.draft_token_ids[step.num_accepted], "rejected"))
+        if committed:
+            out.append(piece(committed.pop(0), step.emitted.kind))
+    return "".join(out)
+
+
+def format_metrics(trace: Trace) -> str:
+    m = trace.metrics
+    lines = [
+        f"steps {m['num_steps']}  drafts {m['num_drafts']}  draft tokens {m['num_draft_tokens']}  "
+        f"accepted {m['num_accepted_tokens']}  generated {m['num_generated_tokens']}",
+        f"mean acceptance length {m['mean_acceptance_length']:.3f}  "
+        f"draft acceptance rate {m['draft_acceptance_rate']:.3f}",
+        "acceptance per position " + " ".join(f"{r:.2f}" for r in m["acceptance_rate_per_position"]),
+        "acceptance histogram " + " ".join(str(c) for c in m["acceptance_histogram"]),
+        f"target forward passes {trace.target_forward_passes}  {trace.tokens_per_second:.1f} tok/s  "
+        f"stop: {trace.stop_reason}",
+    ]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m specviz", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
+    g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
+    g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
+    g.add_argument("--method", default="ngram", help="none | ngram | draft_model")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
+    g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic")
+    g.add_argument("--synthetic-rates", default=None, help="comma-separated a_1,a_2,... for --verify synthetic")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--prompt-lookup-min", type=int, default=None)
+    g.add_argument("--prompt-lookup-max", type=int, default=None)
+    g.add_argument("--device", default=None)
+    g.add_argument("--dtype", default=None)
+    g.add_argument("--trace", default=None, help="write the trace JSON here")
+    g.add_argument("--steps", action="store_true", help="print each verification step as it happens")
+    g.add_argument("--no-color", action="store_true")
+    return ap
+
+
+def _print_step(event: Any) -> None:
+    rec = event.record
+    print(f"step {event.step}: accepted {rec['num_accepted']}, emitted {rec['emitted']['kind']} "
+          f"token {rec['emitted']['token_id']}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from .engine import SpecDecoder
+    from .events import EventBus, StepVerified
+
+    try:
+        decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype)
+        bus = EventBus()
+        if args.steps:
+            bus.subscribe(StepVerified, _print_step)
+        rates = [float(a) for a in args.synthetic_rates.split(",")] if args.synthetic_rates else None
+        trace = decoder.generate(
+            args.prompt, bus=bus, method=args.method, num_speculative_tokens=args.num_speculative_tokens,
+            verify=args.verify, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens, seed=args.seed, prompt_lookup_min=args.prompt_lookup_min,
+            prompt_lookup_max=args.prompt_lookup_max, synthetic_rates=rates,
+        )
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(trace.prompt_text, end="")
+    print(colour_tokens(trace, colour=not args.no_color))
+    print()
+    print(format_metrics(trace))
+    if not args.no_color:
+        print("legend: " + " ".join(f"{STYLE[k]}{k}{RESET}" if STYLE[k] else k for k in STYLE))
+    if args.trace:
+        with open(args.trace, "w", encoding="utf-8") as f:
+            f.write(trace.to_json())
+        print(f"trace written to {args.trace}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""The speculative decoding loop (batch size 1), read top to bottom.
+
+    prefill(prompt[:-1])
+    repeat until EOS or max_new_tokens:
+        draft  = proposer.propose(context, k_step)          # x_1..x_k', q
+        logits = target.forward([last, x_1..x_k'])           # p_1..p_{k'+1}: one forward
+        out    = rejection_sample(p, q, x, method=verify)    # accepted + recovered/bonus
+        commit accepted + 1 tokens; target.truncate(len(context) - 1)
+
+``method="none"`` is plain autoregressive decoding through the same loop (k' = 0 every step,
+the sampler then just draws the bonus token from p), so it is the baseline every chart compares
+against. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023, vLLM ``v1/spec_decode``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from . import events as ev
+from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
+from .proposers import DraftModelProposer, NgramProposer, StepContext
+from .proposers.base import Draft, Proposer
+from .record import gather_step, host_record, to_host
+from .runner import EagerRunner, ModelRunner
+from .sampling import logits_to_probs, rejection_sample, validate_sampling_params
+from .trace import Recorder, Trace
+
+METHODS = ("none", "ngram", "draft_model")
+VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
+MAX_SPECULATIVE_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Validated settings of one request (see :meth:`SpecDecoder.generate` for meanings)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 5
+    verify: str = "greedy"
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_tokens: int = 64
+    seed: int = 0
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    synthetic_rates: tuple[float, ...] | None = None
+    sampler_backend: str = "reference"
+    detailed_trace: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def validate_config(cfg: GenerationConfig, has_draft_model: bool) -> None:
+    """Raise ValueError (saying what to change) for settings the engine cannot run."""
+    if cfg.method not in METHODS:
+        _fail(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
+    if cfg.verify not in VERIFY_METHODS:
+        _fail(f"unknown verification {cfg.verify!r}; choose one of {', '.join(VERIFY_METHODS)}")
+    if cfg.method != "none" and not 1 <= cfg.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        _fail(f"num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}, got {cfg.num_speculative_tokens}")
+    if cfg.max_new_tokens < 1:
+        _fail(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
+    validate_sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+    if cfg.verify == "greedy" and cfg.temperature > 0:
+        _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
+    if cfg.verify == "synthetic" and not cfg.synthetic_rates:
+        _fail("verify='synthetic' needs synthetic_rates (per-position acceptance rates, e.g. [0.8, 0.6, 0.4])")
+    if cfg.method == "draft_model" and not has_draft_model:
+        _fail("method 'draft_model' needs a draft model: pass draft=... to SpecDecoder.from_pretrained")
+
+
+class SpecDecoder:
+    """Speculative decoding over HF causal LMs, recording a :class:`~specviz.trace.Trace`.
+
+    Build with :meth:`from_pretrained`. ``target_runner`` owns the target's KV cache; the
+    draft model (if any) is wrapped by a :class:`DraftModelProposer` per request.
+    """
+
+    def __init__(self, target_model: torch.nn.Module, tokenizer: Any, draft_model: torch.nn.Module | None = None,
+                 runner_factory: Callable[[torch.nn.Module], ModelRunner] = EagerRunner,
+                 names: dict[str, str] | None = None):
+        self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.device = next(target_model.parameters()).device
+        self.runner_factory = runner_factory
+        self.target_runner = runner_factory(target_model)
+        self.names = names or {}
+        self.vocab_size = int(target_model.get_output_embeddings().weight.shape[0])
+        if draft_model is not None:
+            draft_vocab = int(draft_model.get_output_embeddings().weight.shape[0])
+            if draft_vocab != self.vocab_size:
+                raise ValueError(f"the draft's vocabulary ({draft_vocab}) differs from the target's ({self.vocab_size}); "
+                                 "the draft model must share the target's tokenizer")
+        self.draft_runner = runner_factory(draft_model) if draft_model is not None else None
+        self.eos_token_ids = _eos_ids(target_model, tokenizer)
+        self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
+        self.current_proposer: Proposer | None = None
+
+    @classmethod
+    def from_pretrained(cls, target: str | None = None, draft: str | None = None,
+                        device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                        ) -> "SpecDecoder":
+        """Load target (and optional draft) from a local directory or hub id, safetensors only.
+
+        target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
+        draft). device None -> CUDA if available else CPU; dtype None -> bf16 on CUDA, fp32 on CPU.
+        Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model cannot be loaded."""
+        if target is None:
+            target = DEFAULT_TARGET
+            draft = DEFAULT_DRAFT if draft is None and DEFAULT_DRAFT.exists() else draft
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        target_model = load_model(target, dev, dt)
+        tokenizer = load_tokenizer(target)
+        draft_model = load_model(draft, dev, dt) if draft is not None else None
+        names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
+        return cls(target_model, tokenizer, draft_model, names=names)
+
+    # ---- inputs ----------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Prompt text or token ids -> ids. Raises ValueError on an empty or invalid prompt."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                _fail("the prompt is empty: type some text (or pass a list of token ids)")
+            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        else:
+            ids = [int(t) for t in prompt]
+            if any(t < 0 or t >= self.vocab_size for t in ids):
+                _fail(f"prompt token ids must be in [0, {self.vocab_size})")
+        if not ids:
+            _fail("the prompt is empty: type some text (or pass a list of token ids)")
+        return ids
+
+    def make_proposer(self, cfg: GenerationConfig) -> Proposer | None:
+        if cfg.method == "ngram":
+            return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens)
+        if cfg.method == "draft_model":
+            return DraftModelProposer(self.draft_runner, cfg.num_speculative_tokens)
+        return None
+
+    # ---- the loop --------------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], **settings: Any) -> Trace:
+        """Run one request and return its :class:`Trace`.
+
+        Settings (keywords): method ("none" | "ngram" | "draft_model"), num_speculative_tokens
+        (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
+        temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
+        (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
+        sampler_backend, detailed_trace, bus (an :class:`~specviz.events.EventBus` to publish on,
+        e.g. with your own subscribers). Raises ValueError on invalid settings or prompt."""
+        trace = None
+        for trace in self.iter_generate(prompt, **settings):
+            pass
+        return trace
+
+    def iter_generate(self, prompt: str | Sequence[int], bus: ev.EventBus | None = None,
+                      **settings: Any) -> Iterator[Trace]:
+        """Like :meth:`generate`, but yields the partial trace after every step (for streaming
+        views); closing the iterator stops the request cleanly (stop_reason "stopped")."""
+        if settings.get("verify") is None:
+            settings["verify"] = "greedy" if settings.get("temperature", 0.0) == 0 else "standard"
+        if settings.get("synthetic_rates") is not None:
+            settings["synthetic_rates"] = tuple(float(a) for a in settings["synthetic_rates"])
+        try:
+            cfg = GenerationConfig(**settings)
+        except TypeError as exc:
+            raise ValueError(f"unknown generate() setting: {exc}") from None
+        validate_config(cfg, self.draft_runner is not None)
+        ids = self.encode(prompt)
+        if self.max_length and len(ids) + cfg.max_new_tokens > self.max_length:
+            _fail(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the model's "
+                  f"context of {self.max_length} tokens; shorten the prompt or lower max_new_tokens")
+        bus = bus or ev.EventBus()
+        recorder = Recorder(bus)
+        try:
+            yield from self._run(ids, cfg, bus, recorder)
+        finally:
+            recorder.close()
+
+    def _run(self, ids: list[int], cfg: GenerationConfig, bus: ev.EventBus, recorder: Recorder) -> Iterator[Trace]:
+        start = time.perf_counter()
+        bus.publish(ev.GenerationStarted(config=self._describe(cfg, ids), prompt_token_ids=list(ids)))
+        generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
+        ctx = StepContext(temperature=cfg.temperature, generator=generator)
+        proposer = self.current_proposer = self.make_proposer(cfg)
+        if proposer is not None:
+            proposer.reset()
+        runner = self.target_runner
+        runner.reset()
+        passes = 0
+        if len(ids) > 1:
+            runner.forward(torch.tensor(ids[:-1], dtype=torch.long))  # prefill
+            passes += 1
+        generated: list[int] = []
+        stop_reason = "stopped"
+        step = 0
+        try:
+            while True:
+                committed, hit_eos = self._step(step, ids, len(generated), cfg, proposer, ctx, bus)
+                passes += 1
+                ids.extend(committed)
+                generated.extend(committed)
+                runner.truncate(len(ids) - 1)
+                step += 1
+                if hit_eos or len(generated) >= cfg.max_new_tokens:
+                    stop_reason = "eos" if hit_eos else "max_new_tokens"
+                    break
+                yield recorder.trace
+        finally:
+            bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
+                                              wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
+            self._finish_text(recorder.trace)
+        yield recorder.trace
+
+    def _step(self, step: int, ids: list[int], num_generated: int, cfg: GenerationConfig,
+              proposer: Proposer | None, ctx: StepContext, bus: ev.EventBus) -> tuple[list[int], bool]:
+        """One verification step. Returns (committed tokens, whether EOS was committed)."""
+        remaining = cfg.max_new_tokens - num_generated
+        t0 = time.perf_counter()
+        k_step = min(cfg.num_speculative_tokens, remaining - 1)  # never draft past max_new_tokens
+        if proposer is not None and k_step > 0:
+            draft = proposer.propose(ids, k_step, ctx)
+        else:
+            draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
+        x = draft.token_ids.to(self.device)  # [k']
+        t1 = time.perf_counter()
+        logits = self.target_runner.forward(torch.cat([torch.tensor([ids[-1]], device=self.device), x]))  # [k'+1, V]
+        p = logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # [k'+1, V] float32
+        t2 = time.perf_counter()
+        q = draft.probs.to(self.device) if draft.probs is not None else None  # [k', V] or None
+        out = rejection_sample(p[None], None if q is None else q[None], x[None], method=cfg.verify,
+                               generator=ctx.generator, synthetic_rates=cfg.synthetic_rates,
+                               backend=cfg.sampler_backend)
+        host = to_host(gather_step(out, p, q, x, detailed=cfg.detailed_trace))  # the step's one D2H copy
+        t3 = time.perf_counter()
+        draft_ids = [int(t) for t in x.tolist()] if x.numel() else []
+        acc = int(host["num_accepted"][0])
+        emitted = [int(t) for t in host["output"][: acc + 1].tolist()]
+        committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
+        bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none", token_ids=draft_ids,
+                                     details=draft.details, draft_ms=(t1 - t0) * 1e3))
+        record = (host_record(host, draft_ids, cfg.verify, out.backend) if cfg.detailed_trace
+                  else _brief_record(emitted, acc, len(draft_ids)))
+        bus.publish(ev.StepVerified(step=step, record=record, verify_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2) * 1e3))
+        bus.publish(ev.TokensCommitted(step=step, token_ids=committed, num_generated=num_generated + len(committed)))
+        return committed, hit_eos
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+    def _describe(self, cfg: GenerationConfig, ids: list[int]) -> dict[str, Any]:
+        d = {k: v for k, v in cfg.__dict__.items() if k != "extra"}
+        d["synthetic_rates"] = list(cfg.synthetic_rates) if cfg.synthetic_rates else None
+        d.update(target=self.names.get("target", type(self.target_model).__name__),
+                 draft=self.names.get("draft", ""), device=str(self.device),
+                 dtype=self.names.get("dtype", str(next(self.target_model.parameters()).dtype).split(".")[-1]),
+                 runner=type(self.target_runner).__name__, prompt_length=len(ids), vocab_size=self.vocab_size)
+        if cfg.method == "ngram":
+            from .proposers.ngram import resolve_lookup_bounds
+            d["prompt_lookup_min"], d["prompt_lookup_max"] = resolve_lookup_bounds(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+        return d
+
+    def _finish_text(self, trace: Trace | None) -> None:
+        if trace is None:
+            return
+        tok = self.tokenizer
+        trace.prompt_text = tok.decode(trace.prompt_token_ids)
+        trace.text = tok.decode(trace.output_token_ids)
+        seen = set(trace.prompt_token_ids) | set(trace.output_token_ids)
+        for s in trace.steps:
+            seen.update(s.draft_token_ids)
+            seen.update(int(t) for pos in s.positions for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
+            seen.update(int(t) for t, _ in s.emitted.top)
+        trace.token_texts = {str(t): tok.decode([t]) for t in sorted(seen)}
+
+
+def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[list[int], bool]:
+    """Cut the step's tokens at max_new_tokens and just after the first EOS."""
+    out = emitted[:remaining]
+    for i, t in enumerate(out):
+        if t in eos_ids:
+            return out[: i + 1], True
+    return out, False
+
+
+def _brief_record(emitted: list[int], acc: int, k: int) -> dict[str, Any]:
+    kind = "target" if k == 0 else ("bonus" if acc == k else "recovered")
+    return {"num_accepted": acc, "output_token_ids": emitted, "positions": [],
+            "emitted": {"position": acc + 1, "token_id": emitted[-1], "kind": kind, "p": 0.0, "top": []}}
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else list(eos))
+    if not ids and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

@@ -1,0 +1,121 @@
+"""N-gram proposer (prompt lookup decoding).
+
+Source: vLLM ``v1/spec_decode/ngram_proposer.py``; A. Saxena, "Prompt Lookup Decoding" (2023).
+Semantics (algorithms.md): search the context (prompt + generated) for an earlier occurrence of
+its own last n tokens, n from ``prompt_lookup_max`` down to ``prompt_lookup_min``. The longest n
+that matches wins; among equal n the earliest occurrence wins; the draft is the tokens that
+follow it, at most k, possibly fewer (the continuation may run into the final suffix itself).
+The final suffix is not a match of itself.
+
+Beyond the draft, :meth:`NgramProposer.propose` records the match details the trie view draws:
+the n tried and how many occurrences each had, the matched n, every occurrence position of
+the matched n-gram, and the trie of continuations after those occurrences with their counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .base import Draft, StepContext
+
+TRIE_MAX_DEPTH = 8  # continuation depth kept in the trie view (>= usual k)
+
+
+def resolve_lookup_bounds(prompt_lookup_min: int | None, prompt_lookup_max: int | None) -> tuple[int, int]:
+    """vLLM's defaults: neither bound given -> both 5; one given -> the other copies it.
+
+    Raises ValueError if a bound is < 1 or min > max."""
+    if prompt_lookup_min is None and prompt_lookup_max is None:
+        lo = hi = 5
+    else:
+        lo = prompt_lookup_min if prompt_lookup_min is not None else prompt_lookup_max
+        hi = prompt_lookup_max if prompt_lookup_max is not None else prompt_lookup_min
+    if lo < 1:
+        raise ValueError(f"prompt_lookup_min must be >= 1, got {lo}")
+    if lo > hi:
+        raise ValueError(f"prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi}); raise the max or lower the min")
+    return int(lo), int(hi)
+
+
+def find_occurrences(context: np.ndarray, n: int) -> np.ndarray:
+    """Start positions (ascending) of every earlier occurrence of ``context[-n:]`` in
+    ``context`` (int64 [L]), excluding the final suffix itself. Empty if none or L <= n."""
+    L = context.shape[0]
+    if L <= n:
+        return np.empty(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(context[:-1], n)  # [L - n, n]
+    return np.flatnonzero((windows == context[-n:]).all(axis=1))
+
+
+def continuation_trie(context: np.ndarray, starts: np.ndarray, n: int, depth: int) -> list[dict[str, Any]]:
+    """Trie of the (up to ``depth``) tokens following each occurrence start + n.
+
+    Returns the root's children: [{"token_id", "count", "children": [...]}], most frequent first
+    (ties: the token seen earliest in the context first)."""
+    paths = [context[s + n : s + n + depth].tolist() for s in starts]
+
+    def build(seqs: list[list[int]]) -> list[dict[str, Any]]:
+        order: dict[int, list[list[int]]] = {}
+        for seq in seqs:
+            if seq:
+                order.setdefault(seq[0], []).append(seq[1:])
+        nodes = [{"token_id": tok, "count": len(rest), "children": build(rest)} for tok, rest in order.items()]
+        return sorted(nodes, key=lambda node: -node["count"])  # stable: first-seen order on ties
+
+    return build(paths)
+
+
+class NgramProposer:
+    """Prompt-lookup proposer; deterministic, so ``Draft.probs`` is None (q is one-hot).
+
+    Args:
+        prompt_lookup_min / prompt_lookup_max: n-gram sizes searched (vLLM defaults, see
+            :func:`resolve_lookup_bounds`).
+        num_speculative_tokens: k, the most tokens drafted per step (>= 1).
+    Raises:
+        ValueError: bounds out of order or < 1, k < 1.
+    """
+
+    name = "ngram"
+
+    def __init__(self, prompt_lookup_min: int | None = None, prompt_lookup_max: int | None = None,
+                 num_speculative_tokens: int = 5):
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.prompt_lookup_min, self.prompt_lookup_max = resolve_lookup_bounds(prompt_lookup_min, prompt_lookup_max)
+        self.num_speculative_tokens = int(num_speculative_tokens)
+
+    def reset(self) -> None:  # stateless
+        pass
+
+    def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
+                context: StepContext | None = None) -> Draft:
+        k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.num_speculative_tokens)
+        ctx = np.asarray(list(token_ids), dtype=np.int64)
+        tried: list[dict[str, int]] = []
+        for n in range(self.prompt_lookup_max, self.prompt_lookup_min - 1, -1):
+            starts = find_occurrences(ctx, n)
+            tried.append({"n": n, "occurrences": int(starts.size)})
+            if starts.size:
+                first = int(starts[0])
+                draft = ctx[first + n : first + n + max(k, 0)]
+                details = {
+                    "kind": "ngram",
+                    "n": n,
+                    "suffix": ctx[-n:].tolist(),
+                    "suffix_start": int(ctx.size - n),
+                    "occurrences": starts.tolist(),
+                    "match_position": first,
+                    "tried": tried,
+                    "trie": continuation_trie(ctx, starts, n, max(TRIE_MAX_DEPTH, k)),
+                    "prompt_lookup_min": self.prompt_lookup_min,
+                    "prompt_lookup_max": self.prompt_lookup_max,
+                }
+                return Draft(token_ids=torch.as_tensor(draft, dtype=torch.long), probs=None, details=details)
+        details = {"kind": "ngram", "n": 0, "suffix": [], "suffix_start": int(ctx.size), "occurrences": [],
+                   "match_position": -1, "tried": tried, "trie": [],
+                   "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
+        return Draft(token_ids=torch.empty(0, dtype=torch.long), probs=None, details=details)

@@ -1,0 +1,131 @@
+"""Turn one verification step's device tensors into the trace's plain-data step record.
+
+Everything a step's record needs (the sampler's per-position decisions, top-20 of p, q, the
+residuals and the emitted token's distribution) is gathered on the device, packed into one
+float64 vector and copied to the host once: the step costs a single device-to-host copy, which
+also gives the engine the emitted tokens it needs for its stop conditions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .sampling.types import KIND_NAMES, RejectionOutput
+
+TOP_N = 20
+
+
+def _top(dist: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-n (values, ids) of non-negative weights dist [R, V], normalised per row."""
+    total = dist.sum(dim=-1, keepdim=True)
+    norm = torch.where(total > 0, dist / total.clamp_min(1e-30), torch.zeros_like(dist))
+    vals, ids = torch.topk(norm, min(n, dist.shape[-1]), dim=-1)
+    return vals, ids
+
+
+def _residuals(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """Standard residual weights max(p_i - q_i, 0) for the k' drafted positions: [k', V].
+    One-hot q: p_i with x_i zeroed."""
+    k = ids.numel()
+    if q is None:
+        w = p[:k].clone()
+        w.scatter_(1, ids.view(-1, 1), 0.0)
+        return w
+    return (p[:k] - q.float()).clamp_min(0.0)
+
+
+def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
+                     ids: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
+    """Weights [1, V] of the distribution the step's own token was drawn from (device only)."""
+    k = ids.numel()
+    if out.method == "block" and k > 0:
+        prefix = torch.cat([torch.ones(1, device=p.device), out.block.P[0, : k - 1].float()])  # P_0..P_{k'-1}
+        qk = torch.zeros_like(p[:k]) if q is None else q.float()
+        if q is None:
+            qk.scatter_(1, ids.view(-1, 1), 1.0)
+        cand = (prefix.view(-1, 1) * p[:k] - qk).clamp_min(0.0)
+    elif out.method == "greedy":
+        cand = p[:k]
+    else:
+        cand = resid
+    cand = torch.cat([cand, p[k : k + 1]])  # bonus slot: p_{k'+1}    [k'+1, V]
+    zero = cand.sum(dim=-1, keepdim=True) == 0
+    cand = torch.where(zero, p[: k + 1], cand)  # the sampler's fallback to p when Z == 0
+    return cand.index_select(0, out.num_accepted[:1].clamp(max=k))
+
+
+def gather_step(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor,
+                detailed: bool = True) -> dict[str, torch.Tensor]:
+    """Device tensors of one row-0 step. p: float32 [k'+1, V]; q: [k', V] or None; ids: [k']."""
+    k = ids.numel()
+    parts = {"output": out.output_token_ids[0, : k + 1], "num_accepted": out.num_accepted[:1]}
+    if not detailed:
+        return parts
+    parts.update(
+        kind=out.token_kind[0, : k + 1], u=out.u[0, :k], p=out.p_draft[0, :k], q=out.q_draft[0, :k],
+        accept_prob=out.accept_prob[0, :k], accepted=out.accepted[0, :k], residual_mass=out.residual_mass[0, :k],
+    )
+    resid = _residuals(p, q, ids)
+    for name, dist in (("p_top", p[: k + 1]), ("residual_top", resid)) + ((("q_top", q.float()),) if q is not None else ()):
+        vals, top_ids = _top(dist, TOP_N)
+        parts[name + "_v"], parts[name + "_i"] = vals, top_ids
+    vals, top_ids = _top(_emitted_weights(out, p, q, ids, resid), TOP_N)
+    parts["emit_top_v"], parts["emit_top_i"] = vals, top_ids
+    slot = out.num_accepted[:1].clamp(max=k)  # [1] on device: no sync
+    parts["emit_p"] = p[slot, out.output_token_ids[0].gather(0, slot)]  # p_j(emitted token)
+    if out.block is not None:
+        for name in ("P", "rho", "h", "eta"):
+            parts["block_" + name] = getattr(out.block, name)[0, :k]
+    return parts
+
+
+def to_host(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """One device-to-host copy of every tensor in ``parts`` (packed as float64)."""
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).cpu()
+    host, offset = {}, 0
+    for name, t in parts.items():
+        host[name] = flat[offset : offset + t.numel()].view(t.shape)
+        offset += t.numel()
+    return host
+
+
+def _pairs(vals: torch.Tensor, ids: torch.Tensor) -> list[list[float]]:
+    return [[int(i), float(v)] for v, i in zip(vals.tolist(), ids.tolist()) if v > 0]
+
+
+def host_record(h: dict[str, torch.Tensor], ids: list[int], method: str, backend: str) -> dict[str, Any]:
+    """Plain-data step record from :func:`to_host` output (``detailed=True``)."""
+    k = len(ids)
+    acc = int(h["num_accepted"][0])
+    output = [int(t) for t in h["output"].tolist()]
+    positions = []
+    for i in range(k):
+        positions.append({
+            "index": i + 1, "token_id": ids[i], "p": float(h["p"][i]), "q": float(h["q"][i]),
+            "u": float(h["u"][i]), "accept_prob": float(h["accept_prob"][i]),
+            "accepted": bool(h["accepted"][i]), "residual_mass": float(h["residual_mass"][i]),
+            "p_top": _pairs(h["p_top_v"][i], h["p_top_i"][i]),
+            "q_top": _pairs(h["q_top_v"][i], h["q_top_i"][i]) if "q_top_v" in h else [[ids[i], 1.0]],
+            "residual_top": _pairs(h["residual_top_v"][i], h["residual_top_i"][i]),
+        })
+    kind = KIND_NAMES[int(h["kind"][acc])]
+    emitted_id = output[acc]
+    record = {
+        "num_accepted": acc,
+        "output_token_ids": output[: acc + 1],
+        "emitted": {
+            "position": acc + 1, "token_id": emitted_id,
+            "kind": "target" if k == 0 else kind,
+            "p": float(h["emit_p"][0]),
+            "top": _pairs(h["emit_top_v"][0], h["emit_top_i"][0]),
+        },
+        "positions": positions,
+        "method": method,
+        "backend": backend,
+    }
+    if "block_P" in h:
+        record["block"] = {name: [float(x) for x in h["block_" + name].tolist()] for name in ("P", "rho", "h", "eta")}
+        record["block"]["tau"] = acc
+    return record

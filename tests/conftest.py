@@ -1,0 +1,45 @@
+"""Shared fixtures: tiny random models saved to disk (loaded like real ones)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+from tiny_models import save_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """{arch: (target_dir, draft_dir)} for arch in llama, qwen2 (draft: a smaller, different model)."""
+    root = tmp_path_factory.mktemp("tiny")
+    out = {}
+    for arch in ("llama", "qwen2"):
+        target = save_model(arch, root / f"{arch}-target", seed=0)
+        draft = save_model(arch, root / f"{arch}-draft", seed=1, layers=1)
+        out[arch] = (target, draft)
+    return out
+
+
+@pytest.fixture(scope="session")
+def decoders(tiny_dirs):
+    """{arch: SpecDecoder} with target + a different (random) draft, float32 on CPU."""
+    from specviz import SpecDecoder
+
+    return {arch: SpecDecoder.from_pretrained(t, d, device="cpu", dtype="float32") for arch, (t, d) in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def self_decoders(tiny_dirs):
+    """{arch: SpecDecoder} whose draft is the target itself (every greedy draft accepted)."""
+    from specviz import SpecDecoder
+
+    return {arch: SpecDecoder.from_pretrained(t, t, device="cpu", dtype="float32") for arch, (t, _) in tiny_dirs.items()}

@@ -1,0 +1,41 @@
+"""The CLI prints a coloured run and writes a trace that loads back."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from specviz import Trace
+from specviz.cli import main
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
+
+
+def test_cli_generate_prints_colours_and_writes_trace(tiny_dirs, tmp_path, capsys):
+    target, draft = tiny_dirs["llama"]
+    out = tmp_path / "trace.json"
+    code = main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model",
+                 "-k", "3", "--prompt", PROMPT, "--max-new-tokens", "12", "--device", "cpu", "--trace", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "\033[36m" in text  # bonus tokens (the draft is the target: every draft accepted)
+    assert "\033[32m" in text  # accepted tokens
+    assert "mean acceptance length" in text
+    trace = Trace.from_json(out.read_text())
+    assert len(trace.output_token_ids) == 12 or trace.stop_reason == "eos"
+
+
+def test_cli_reports_bad_input_without_traceback(tiny_dirs, capsys):
+    target, _ = tiny_dirs["llama"]
+    code = main(["generate", "--target", str(target), "--prompt", "", "--device", "cpu"])
+    assert code == 2
+    assert "prompt is empty" in capsys.readouterr().err
+
+
+def test_cli_module_entry_point(tiny_dirs):
+    target, _ = tiny_dirs["llama"]
+    res = subprocess.run([sys.executable, "-m", "specviz", "generate", "--target", str(target), "--method", "none",
+                          "--prompt", "x = 1", "--max-new-tokens", "3", "--device", "cpu", "--no-color"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "steps 3" in res.stdout
