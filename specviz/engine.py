@@ -80,8 +80,9 @@ def validate_config(cfg: GenerationConfig, has_draft_model: bool) -> None:
 class SpecDecoder:
     """Speculative decoding over HF causal LMs, recording a :class:`~specviz.trace.Trace`.
 
-    Build with :meth:`from_pretrained`. ``target_runner`` owns the target's KV cache; the
-    draft model (if any) is wrapped by a :class:`DraftModelProposer` per request.
+    Build with :meth:`from_pretrained`. Every request gets its own runners (KV caches), so one
+    decoder may serve several threads at once; ``target_runner`` and ``current_proposer`` are
+    the most recent request's, kept for inspection.
     """
 
     def __init__(self, target_model: torch.nn.Module, tokenizer: Any, draft_model: torch.nn.Module | None = None,
@@ -90,7 +91,7 @@ class SpecDecoder:
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.device = next(target_model.parameters()).device
         self.runner_factory = runner_factory
-        self.target_runner = runner_factory(target_model)
+        self.target_runner: ModelRunner | None = None
         self.names = names or {}
         self.vocab_size = int(target_model.get_output_embeddings().weight.shape[0])
         if draft_model is not None:
@@ -98,7 +99,6 @@ class SpecDecoder:
             if draft_vocab != self.vocab_size:
                 raise ValueError(f"the draft's vocabulary ({draft_vocab}) differs from the target's ({self.vocab_size}); "
                                  "the draft model must share the target's tokenizer")
-        self.draft_runner = runner_factory(draft_model) if draft_model is not None else None
         self.eos_token_ids = _eos_ids(target_model, tokenizer)
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.current_proposer: Proposer | None = None
@@ -142,7 +142,7 @@ class SpecDecoder:
         if cfg.method == "ngram":
             return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens)
         if cfg.method == "draft_model":
-            return DraftModelProposer(self.draft_runner, cfg.num_speculative_tokens)
+            return DraftModelProposer(self.runner_factory(self.draft_model), cfg.num_speculative_tokens)
         return None
 
     # ---- the loop --------------------------------------------------------------------------
@@ -172,7 +172,7 @@ class SpecDecoder:
             cfg = GenerationConfig(**settings)
         except TypeError as exc:
             raise ValueError(f"unknown generate() setting: {exc}") from None
-        validate_config(cfg, self.draft_runner is not None)
+        validate_config(cfg, self.draft_model is not None)
         ids = self.encode(prompt)
         if self.max_length and len(ids) + cfg.max_new_tokens > self.max_length:
             _fail(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the model's "
@@ -192,7 +192,7 @@ class SpecDecoder:
         proposer = self.current_proposer = self.make_proposer(cfg)
         if proposer is not None:
             proposer.reset()
-        runner = self.target_runner
+        runner = self.target_runner = self.runner_factory(self.target_model)
         runner.reset()
         passes = 0
         if len(ids) > 1:
@@ -203,7 +203,7 @@ class SpecDecoder:
         step = 0
         try:
             while True:
-                committed, hit_eos = self._step(step, ids, len(generated), cfg, proposer, ctx, bus)
+                committed, hit_eos = self._step(step, ids, len(generated), cfg, runner, proposer, ctx, bus)
                 passes += 1
                 ids.extend(committed)
                 generated.extend(committed)
@@ -219,7 +219,7 @@ class SpecDecoder:
             self._finish_text(recorder.trace)
         yield recorder.trace
 
-    def _step(self, step: int, ids: list[int], num_generated: int, cfg: GenerationConfig,
+    def _step(self, step: int, ids: list[int], num_generated: int, cfg: GenerationConfig, runner: ModelRunner,
               proposer: Proposer | None, ctx: StepContext, bus: ev.EventBus) -> tuple[list[int], bool]:
         """One verification step. Returns (committed tokens, whether EOS was committed)."""
         remaining = cfg.max_new_tokens - num_generated
@@ -231,7 +231,7 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device)  # [k']
         t1 = time.perf_counter()
-        logits = self.target_runner.forward(torch.cat([torch.tensor([ids[-1]], device=self.device), x]))  # [k'+1, V]
+        logits = runner.forward(torch.cat([torch.tensor([ids[-1]], device=self.device), x]))  # [k'+1, V]
         p = logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # [k'+1, V] float32
         t2 = time.perf_counter()
         q = draft.probs.to(self.device) if draft.probs is not None else None  # [k', V] or None
@@ -259,7 +259,7 @@ class SpecDecoder:
         d.update(target=self.names.get("target", type(self.target_model).__name__),
                  draft=self.names.get("draft", ""), device=str(self.device),
                  dtype=self.names.get("dtype", str(next(self.target_model.parameters()).dtype).split(".")[-1]),
-                 runner=type(self.target_runner).__name__, prompt_length=len(ids), vocab_size=self.vocab_size)
+                 runner=getattr(self.runner_factory, "__name__", type(self.runner_factory).__name__), prompt_length=len(ids), vocab_size=self.vocab_size)
         if cfg.method == "ngram":
             from .proposers.ngram import resolve_lookup_bounds
             d["prompt_lookup_min"], d["prompt_lookup_max"] = resolve_lookup_bounds(cfg.prompt_lookup_min, cfg.prompt_lookup_max)

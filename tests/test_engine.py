@@ -124,8 +124,8 @@ def test_caches_match_recompute_after_every_step(decoders, arch, temperature):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         proposer = dec.current_proposer
         cached = proposer.cached_ids
-        assert dec.draft_runner.seq_len == len(cached)
-        for got, want in zip(dec.draft_runner.cached_keys(), _fresh_keys(dec.draft_model, cached)):
+        assert proposer.runner.seq_len == len(cached)
+        for got, want in zip(proposer.runner.cached_keys(), _fresh_keys(dec.draft_model, cached)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         steps += 1
     assert steps == len(trace.steps)  # one yield per step (the last one is the finished trace)
@@ -151,3 +151,16 @@ def test_event_bus_subscriber_sees_every_step(decoders):
     bus.subscribe(StepVerified, lambda e: seen.append(e.step))
     trace = decoders["llama"].generate(PROMPT, method="ngram", max_new_tokens=12, bus=bus)
     assert seen == list(range(len(trace.steps)))
+
+
+def test_two_threads_share_one_decoder(decoders):
+    """Each request owns its caches: concurrent requests give the sequential results."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dec = decoders["llama"]
+    jobs = [dict(method="draft_model", num_speculative_tokens=3, max_new_tokens=20),
+            dict(method="ngram", num_speculative_tokens=2, max_new_tokens=20, prompt_lookup_min=1)]
+    sequential = [dec.generate(PROMPT, **kw).output_token_ids for kw in jobs]
+    with ThreadPoolExecutor(2) as pool:
+        parallel = list(pool.map(lambda kw: dec.generate(PROMPT, **kw).output_token_ids, jobs))
+    assert parallel == sequential
