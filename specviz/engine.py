@@ -240,7 +240,7 @@ class SpecDecoder:
                                backend=cfg.sampler_backend)
         host = to_host(gather_step(out, p, q, x, detailed=cfg.detailed_trace))  # the step's one D2H copy
         t3 = time.perf_counter()
-        draft_ids = [int(t) for t in x.tolist()] if x.numel() else []
+        draft_ids = [int(t) for t in host["draft"].tolist()]
         acc = int(host["num_accepted"][0])
         emitted = [int(t) for t in host["output"][: acc + 1].tolist()]
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)

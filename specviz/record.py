@@ -60,7 +60,7 @@ def gather_step(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None, i
                 detailed: bool = True) -> dict[str, torch.Tensor]:
     """Device tensors of one row-0 step. p: float32 [k'+1, V]; q: [k', V] or None; ids: [k']."""
     k = ids.numel()
-    parts = {"output": out.output_token_ids[0, : k + 1], "num_accepted": out.num_accepted[:1]}
+    parts = {"output": out.output_token_ids[0, : k + 1], "num_accepted": out.num_accepted[:1], "draft": ids}
     if not detailed:
         return parts
     parts.update(

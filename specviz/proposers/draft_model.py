@@ -38,25 +38,35 @@ class DraftModelProposer:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.runner = runner
         self.num_speculative_tokens = int(num_speculative_tokens)
-        self.cached_ids: list[int] = []
+        self._cached: list[int] = []
+        self._pending: torch.Tensor | None = None  # draft tokens fed last step, still on the device
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, num_speculative_tokens: int = 5) -> "DraftModelProposer":
         return cls(EagerRunner(model), num_speculative_tokens)
 
+    @property
+    def cached_ids(self) -> list[int]:
+        """The tokens whose keys/values are in the drafter's cache, in order."""
+        if self._pending is not None:  # read lazily: by now the step's one D2H copy has synced
+            self._cached.extend(self._pending.tolist())
+            self._pending = None
+        return self._cached
+
     def reset(self) -> None:
         self.runner.reset()
-        self.cached_ids = []
+        self._cached, self._pending = [], None
 
     def _sync_cache(self, token_ids: list[int]) -> torch.Tensor:
         """Roll the cache back to the longest prefix it shares with ``token_ids`` (keeping at
         least one token to feed), feed the rest, return the logits [V] after the last token."""
+        cached = self.cached_ids
         common = 0
-        limit = min(len(self.cached_ids), len(token_ids) - 1)
-        while common < limit and self.cached_ids[common] == token_ids[common]:
+        limit = min(len(cached), len(token_ids) - 1)
+        while common < limit and cached[common] == token_ids[common]:
             common += 1
         self.runner.truncate(common)
-        self.cached_ids = list(token_ids)
+        self._cached = list(token_ids)
         feed = torch.tensor(token_ids[common:], dtype=torch.long)
         return self.runner.forward(feed)[-1]
 
@@ -79,7 +89,7 @@ class DraftModelProposer:
             if i + 1 < k:  # the last draft token is fed at the next step, only if accepted
                 logits = self.runner.forward(x)[-1]
         draft = torch.cat(tokens)  # [k]
-        self.cached_ids.extend(draft[:-1].tolist())
+        self._pending = draft[:-1]
         return Draft(
             token_ids=draft,
             probs=torch.stack(probs) if probs else None,  # [k, V] or None (one-hot)
