@@ -24,12 +24,13 @@ from . import events as ev
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from .proposers import DraftModelProposer, NgramProposer, StepContext
 from .proposers.base import Draft, Proposer
+from .proposers.suffix import GlobalSuffixCache, SuffixProposer
 from .record import gather_step, host_record, to_host
 from .runner import EagerRunner, ModelRunner
 from .sampling import logits_to_probs, rejection_sample, validate_sampling_params
 from .trace import Recorder, Trace
 
-METHODS = ("none", "ngram", "draft_model")
+METHODS = ("none", "ngram", "suffix", "draft_model")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
 MAX_SPECULATIVE_TOKENS = 32
 
@@ -102,6 +103,7 @@ class SpecDecoder:
         self.eos_token_ids = _eos_ids(target_model, tokenizer)
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.current_proposer: Proposer | None = None
+        self.suffix_cache = GlobalSuffixCache()  # method "suffix": outputs of earlier requests
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
@@ -141,6 +143,8 @@ class SpecDecoder:
     def make_proposer(self, cfg: GenerationConfig) -> Proposer | None:
         if cfg.method == "ngram":
             return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens)
+        if cfg.method == "suffix":
+            return SuffixProposer(cfg.num_speculative_tokens, global_cache=self.suffix_cache)
         if cfg.method == "draft_model":
             return DraftModelProposer(self.runner_factory(self.draft_model), cfg.num_speculative_tokens)
         return None
@@ -149,7 +153,7 @@ class SpecDecoder:
     def generate(self, prompt: str | Sequence[int], **settings: Any) -> Trace:
         """Run one request and return its :class:`Trace`.
 
-        Settings (keywords): method ("none" | "ngram" | "draft_model"), num_speculative_tokens
+        Settings (keywords): method ("none" | "ngram" | "suffix" | "draft_model"), num_speculative_tokens
         (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
@@ -214,6 +218,8 @@ class SpecDecoder:
                     break
                 yield recorder.trace
         finally:
+            if hasattr(proposer, "finish"):
+                proposer.finish(generated)
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
             self._finish_text(recorder.trace)

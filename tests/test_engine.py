@@ -8,7 +8,7 @@ import torch
 from specviz import SpecDecoder, Trace
 
 ARCHS = ("llama", "qwen2")
-SPEC_METHODS = ("none", "ngram", "draft_model")
+SPEC_METHODS = ("none", "ngram", "suffix", "draft_model")
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 MAX_NEW = 40
 

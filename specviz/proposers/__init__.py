@@ -3,5 +3,7 @@
 from .base import Draft, Proposer, StepContext
 from .draft_model import DraftModelProposer
 from .ngram import NgramProposer, resolve_lookup_bounds
+from .suffix import GlobalSuffixCache, SuffixConfig, SuffixProposer
 
-__all__ = ["Draft", "DraftModelProposer", "NgramProposer", "Proposer", "StepContext", "resolve_lookup_bounds"]
+__all__ = ["Draft", "DraftModelProposer", "GlobalSuffixCache", "NgramProposer", "Proposer", "StepContext",
+           "SuffixConfig", "SuffixProposer", "resolve_lookup_bounds"]

@@ -1,0 +1,69 @@
+"""Suffix decoding proposer (algorithms.md; Arctic Inference / vLLM suffix_decoding.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specviz.proposers import GlobalSuffixCache, SuffixConfig, SuffixProposer
+from specviz.proposers.suffix import SuffixTrie, _IncrementalTrie
+
+
+def test_incremental_trie_equals_batch_trie():
+    seq = [1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 5, 5, 1]
+    inc, batch = _IncrementalTrie(4), SuffixTrie(4)
+    for t in seq:
+        inc.append(t)
+    batch.add(seq)
+
+    def dump(node, prefix=()):
+        out = {prefix: node.count} if prefix else {}
+        for tok, child in node.children.items():
+            out.update(dump(child, prefix + (tok,)))
+        return out
+
+    assert dump(inc.root) == dump(batch.root)
+    assert batch.find([1, 2]).count == 3 and batch.find([1, 2, 3]).count == 2
+    assert batch.find([5, 5, 5, 1, 9]) is None
+
+
+def test_draft_follows_most_frequent_continuation():
+    # after [1, 2]: 3 twice, 4 once (+ the final suffix itself, which has no continuation)
+    ctx = [1, 2, 3, 9, 1, 2, 4, 8, 1, 2, 3, 9, 7, 1, 2]
+    d = SuffixProposer(4).propose(ctx)
+    chosen = d.details["chosen"]
+    assert d.token_ids.tolist()[:1] == [3]
+    assert d.probs is None
+    # m = 2: node [1, 2] seen 4 times, child 3 seen twice -> prob 2/4 = 0.5; then [.., 3] -> 9 (2/2)
+    m2 = next(c for c in d.details["candidates"] if c["source"] == "local" and c["match_length"] == 2)
+    assert m2["draft"] == [3, 9] and m2["probs"] == pytest.approx([0.5, 0.5])
+    assert chosen["score"] == max(c["score"] for c in d.details["candidates"])
+
+
+def test_budget_and_min_prob():
+    ctx = [5, 6, 7, 8, 9, 5, 6]
+    cfg = SuffixConfig(max_spec_factor=1.0, min_token_prob=0.1)
+    cands = SuffixProposer(8, config=cfg).propose(ctx).details["candidates"]
+    by_m = {c["match_length"]: c for c in cands if c["source"] == "local"}
+    assert len(by_m[1]["draft"]) <= 1 and len(by_m[2]["draft"]) <= 2  # budget floor(m * factor)
+    high = SuffixProposer(8, config=SuffixConfig(min_token_prob=0.9)).propose(ctx)
+    assert high.token_ids.tolist() == []  # 1/2 < 0.9: nothing is confident enough
+
+
+def test_global_cache_drafts_from_earlier_outputs_and_evicts():
+    cache = GlobalSuffixCache(SuffixConfig(max_cached_requests=2))
+    prop = SuffixProposer(3, global_cache=cache)
+    prop.finish([40, 41, 42, 43])
+    d = SuffixProposer(3, global_cache=cache).propose([7, 40, 41])
+    assert d.token_ids.tolist() == [42, 43]
+    assert d.details["chosen"]["source"] == "global"
+    prop.finish([1, 1])
+    prop.finish([2, 2])  # evicts the first request
+    assert len(cache) == 2
+    assert SuffixProposer(3, global_cache=cache).propose([7, 40, 41]).token_ids.tolist() == []
+
+
+def test_new_request_resets_local_tree():
+    prop = SuffixProposer(3)
+    prop.propose([1, 2, 3, 1, 2])
+    prop.reset()
+    assert prop.propose([9, 8]).token_ids.tolist() == []
