@@ -14,6 +14,8 @@ against. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023, vLLM ``v1/sp
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -27,10 +29,12 @@ from .proposers.base import Draft, Proposer
 from .proposers.suffix import GlobalSuffixCache, SuffixProposer
 from .record import gather_step, host_record, to_host
 from .runner import EagerRunner, ModelRunner
+from .static_runner import StaticRunner
 from .sampling import logits_to_probs, rejection_sample, validate_sampling_params
 from .trace import Recorder, Trace
 
 METHODS = ("none", "ngram", "suffix", "draft_model")
+RUNNERS = ("eager", "static")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
 MAX_SPECULATIVE_TOKENS = 32
 
@@ -103,17 +107,24 @@ class SpecDecoder:
         self.eos_token_ids = _eos_ids(target_model, tokenizer)
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.current_proposer: Proposer | None = None
+        self._free_runners: dict[int, list[ModelRunner]] = {}  # reused across requests (graphs, caches)
+        self._pool_lock = threading.Lock()
         self.suffix_cache = GlobalSuffixCache()  # method "suffix": outputs of earlier requests
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                        ) -> "SpecDecoder":
+                        runner: str = "eager", max_cache_len: int = 4096) -> "SpecDecoder":
         """Load target (and optional draft) from a local directory or hub id, safetensors only.
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
         draft). device None -> CUDA if available else CPU; dtype None -> bf16 on CUDA, fp32 on CPU.
+        runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`) or "static"
+        (pre-allocated cache of ``max_cache_len`` tokens, CUDA graphs on CUDA:
+        :class:`~specviz.static_runner.StaticRunner`).
         Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model cannot be loaded."""
+        if runner not in RUNNERS:
+            raise ValueError(f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}")
         if target is None:
             target = DEFAULT_TARGET
             draft = DEFAULT_DRAFT if draft is None and DEFAULT_DRAFT.exists() else draft
@@ -123,7 +134,22 @@ class SpecDecoder:
         tokenizer = load_tokenizer(target)
         draft_model = load_model(draft, dev, dt) if draft is not None else None
         names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
-        return cls(target_model, tokenizer, draft_model, names=names)
+        factory = EagerRunner
+        if runner == "static":
+            limit = int(getattr(target_model.config, "max_position_embeddings", max_cache_len) or max_cache_len)
+            factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len))
+        return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names)
+
+    def _acquire_runner(self, model: torch.nn.Module) -> ModelRunner:
+        with self._pool_lock:
+            free = self._free_runners.setdefault(id(model), [])
+            runner = free.pop() if free else None
+        return runner if runner is not None else self.runner_factory(model)
+
+    def _release_runner(self, model: torch.nn.Module, runner: ModelRunner | None) -> None:
+        if runner is not None:
+            with self._pool_lock:
+                self._free_runners[id(model)].append(runner)
 
     # ---- inputs ----------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -146,7 +172,7 @@ class SpecDecoder:
         if cfg.method == "suffix":
             return SuffixProposer(cfg.num_speculative_tokens, global_cache=self.suffix_cache)
         if cfg.method == "draft_model":
-            return DraftModelProposer(self.runner_factory(self.draft_model), cfg.num_speculative_tokens)
+            return DraftModelProposer(self._acquire_runner(self.draft_model), cfg.num_speculative_tokens)
         return None
 
     # ---- the loop --------------------------------------------------------------------------
@@ -196,7 +222,7 @@ class SpecDecoder:
         proposer = self.current_proposer = self.make_proposer(cfg)
         if proposer is not None:
             proposer.reset()
-        runner = self.target_runner = self.runner_factory(self.target_model)
+        runner = self.target_runner = self._acquire_runner(self.target_model)
         runner.reset()
         passes = 0
         if len(ids) > 1:
@@ -220,6 +246,9 @@ class SpecDecoder:
         finally:
             if hasattr(proposer, "finish"):
                 proposer.finish(generated)
+            self._release_runner(self.target_model, runner)
+            if isinstance(proposer, DraftModelProposer):
+                self._release_runner(self.draft_model, proposer.runner)
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
             self._finish_text(recorder.trace)
@@ -265,7 +294,7 @@ class SpecDecoder:
         d.update(target=self.names.get("target", type(self.target_model).__name__),
                  draft=self.names.get("draft", ""), device=str(self.device),
                  dtype=self.names.get("dtype", str(next(self.target_model.parameters()).dtype).split(".")[-1]),
-                 runner=getattr(self.runner_factory, "__name__", type(self.runner_factory).__name__), prompt_length=len(ids), vocab_size=self.vocab_size)
+                 runner=getattr(self.runner_factory, "func", self.runner_factory).__name__, prompt_length=len(ids), vocab_size=self.vocab_size)
         if cfg.method == "ngram":
             from .proposers.ngram import resolve_lookup_bounds
             d["prompt_lookup_min"], d["prompt_lookup_max"] = resolve_lookup_bounds(cfg.prompt_lookup_min, cfg.prompt_lookup_max)

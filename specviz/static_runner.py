@@ -1,0 +1,97 @@
+"""A pre-allocated (static) KV cache runner; rollback is moving a position. Optional CUDA graphs.
+
+Design follows gpt-fast (pytorch-labs, ``generate.py``): the cache is allocated once; rejecting
+drafts does not copy or free anything, it only moves the write position back, and the stale
+entries beyond it are hidden by the causal mask until they are overwritten. The cache is
+transformers' own :class:`~transformers.StaticCache` fed to the model's own modules (no model
+re-implementation): each layer keeps its write position in a device tensor
+(``cumulative_length``), from which the model derives positions and the causal mask on the
+device, so a captured forward needs no host input but the token ids.
+
+With ``cuda_graphs=True`` (CUDA only) every forward of n <= ``max_graph_tokens`` tokens after the
+prefill replays a CUDA graph captured for that n (one graph per verify width k'+1 in use, and one
+for the drafter's single-token steps). Prefill runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import StaticCache
+
+
+class StaticRunner:
+    """Args:
+        model: a transformers ``*ForCausalLM`` in eval mode (full-attention layers).
+        max_cache_len: tokens the cache holds (prompt + generated + k); forwards past it raise.
+        cuda_graphs: capture/replay CUDA graphs for small forwards (default: on CUDA devices).
+        max_graph_tokens: largest n captured (default 33 = MAX_SPECULATIVE_TOKENS + 1).
+    Raises:
+        ValueError: a forward would overflow the cache; truncate to an invalid length.
+    """
+
+    def __init__(self, model: torch.nn.Module, max_cache_len: int, cuda_graphs: bool | None = None,
+                 max_graph_tokens: int = 33):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.max_cache_len = int(max_cache_len)
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        self.max_graph_tokens = max_graph_tokens
+        self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
+        self.seq_len = 0
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._pool = None
+
+    # ---- ModelRunner interface ---------------------------------------------------------------
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def truncate(self, length: int) -> None:
+        if not 0 <= length <= self.seq_len:
+            raise ValueError(f"cannot truncate a cache of {self.seq_len} tokens to {length}")
+        self._set_position(length)
+        self.seq_len = length
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        n = int(token_ids.numel())
+        if self.seq_len + n > self.max_cache_len:
+            raise ValueError(f"the static KV cache holds {self.max_cache_len} tokens; "
+                             f"{self.seq_len} + {n} do not fit (shorten the prompt or max_new_tokens)")
+        ids = token_ids.to(self.device).view(1, n)  # [1, n]
+        if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
+            graph, static_ids, static_logits = self._graphs.get(n) or self._capture(n, ids)
+            static_ids.copy_(ids)
+            graph.replay()
+            logits = static_logits[0].to(torch.float32, copy=True)  # [n, V]; the buffer is reused
+        else:
+            logits = self._eager(ids)[0].float()
+        self.seq_len += n
+        return logits
+
+    # ---- internals -----------------------------------------------------------------------------
+    def _eager(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits  # [1, n, V]
+
+    def _set_position(self, length: int) -> None:
+        for layer in self.cache.layers:
+            if getattr(layer, "is_initialized", False):
+                layer.cumulative_length.fill_(length)
+
+    def _capture(self, n: int, ids: torch.Tensor):
+        """Capture one forward of n tokens at the current position (the cache is initialised by the
+        eager prefill). Warm-up runs write stale entries past seq_len, then the position is restored."""
+        static_ids = ids.clone()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up outside capture (allocator, lazy init, autotuning)
+                self._eager(static_ids)
+                self._set_position(self.seq_len)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            static_logits = self._eager(static_ids)
+        self._pool = graph.pool()
+        self._set_position(self.seq_len)  # capture records but does not run the position update
+        self._graphs[n] = (graph, static_ids, static_logits)
+        return self._graphs[n]
