@@ -1,0 +1,157 @@
+"""End-to-end decoding speed, side by side in one process: HF generate vs specviz.
+
+Rows: HF generate (plain), HF assisted (assistant_model), HF prompt lookup
+(prompt_lookup_num_tokens), and specviz methods none / ngram / draft_model with the eager and the
+static (CUDA-graph) runner, each with the detailed trace on and off. Reports medians over repeats
+of tokens/s and wall ms per verification step, the mean acceptance length, and whether the greedy
+output equals HF's plain greedy output token for token.
+
+    python benchmarks/bench_e2e.py --out results/e2e            # on the GPU machine
+    python benchmarks/bench_e2e.py --device cpu --smoke         # a quick check anywhere
+
+Models: the bundled demo target/draft, and (unless --smoke) a randomly initialised ~0.9 B Llama
+used with itself as draft (an all-accept upper bound) and with ngram on a repetitive prompt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from specviz import SpecDecoder  # noqa: E402
+from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+
+REPETITIVE = "def f(x):\n    return x + 1\n\n" * 12 + "def f(x):\n"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device, repeats):
+    """Median wall seconds of fn() over repeats (after one warm-up), and its last result."""
+    out = fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def hf_rows(dec, draft_model, prompt, max_new, repeats):
+    model, device = dec.target_model, dec.device
+    ids = torch.tensor([dec.encode(prompt)], device=device)
+    base = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new,
+                pad_token_id=dec.tokenizer.pad_token_id or 0)
+    variants = {"hf plain": {}, "hf prompt_lookup (10)": {"prompt_lookup_num_tokens": 10}}
+    if draft_model is not None:
+        variants["hf assistant_model"] = {"assistant_model": draft_model}
+    rows, reference = [], None
+    for name, extra in variants.items():
+        sec, out = timed(lambda: model.generate(ids, **base, **extra), device, repeats)
+        tokens = out[0, ids.shape[1]:].tolist()
+        reference = reference or tokens
+        rows.append({"name": name, "tok_s": len(tokens) / sec, "ms_per_step": None, "tokens": len(tokens),
+                     "mean_acceptance_length": None, "equal_to_hf_greedy": tokens == reference})
+    return rows, reference
+
+
+def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
+    rows = []
+    saved = dec.eos_token_ids
+    dec.eos_token_ids = set()  # HF is run with min_new_tokens = max_new: compare equal lengths
+    try:
+        for method, k in methods:
+            for detailed in (True, False):
+                kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed,
+                          prompt_lookup_min=2, prompt_lookup_max=4)
+                sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
+                steps = len(trace.steps)
+                rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
+                             "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
+                             "tokens": len(trace.output_token_ids),
+                             "mean_acceptance_length": trace.metrics["mean_acceptance_length"],
+                             "equal_to_hf_greedy": trace.output_token_ids == reference[: len(trace.output_token_ids)]})
+    finally:
+        dec.eos_token_ids = saved
+    return rows
+
+
+def run_suite(title, target, draft, device, prompt, max_new, repeats, methods):
+    print(f"\n## {title}", flush=True)
+    eager = SpecDecoder.from_pretrained(target, draft, device=device)
+    rows, reference = hf_rows(eager, eager.draft_model, prompt, max_new, repeats)
+    rows += specviz_rows(eager, prompt, max_new, repeats, reference, methods, "eager")
+    static = SpecDecoder.from_pretrained(target, draft, device=device, runner="static",
+                                         max_cache_len=len(eager.encode(prompt)) + max_new + 64)
+    rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, "static")
+    assisted = next((r["tok_s"] for r in rows if r["name"] == "hf assistant_model"), None)
+    for r in rows:
+        r["vs_hf_assistant"] = r["tok_s"] / assisted if assisted else None
+        step = "" if r["ms_per_step"] is None else f"{r['ms_per_step']:7.2f} ms/step"
+        tau = r["mean_acceptance_length"] or float("nan")
+        print(f"{r['name']:<48} {r['tok_s']:9.1f} tok/s {step:>16}  tau={tau:.2f}  equal={r['equal_to_hf_greedy']}",
+              flush=True)
+    return {"title": title, "rows": rows}
+
+
+def random_llama(path: Path, device) -> Path:
+    """A randomly initialised ~0.9 B Llama (saved once) sharing the demo tokenizer."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if not (path / "config.json").exists():
+        tok = AutoTokenizer.from_pretrained(DEFAULT_TARGET)
+        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=2048, intermediate_size=5632, num_hidden_layers=16,
+                          num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=2048,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        torch.manual_seed(0)
+        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+        tok.save_pretrained(path)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--target", default=str(DEFAULT_TARGET))
+    ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
+    args = ap.parse_args()
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    max_new, repeats = (24, 1) if args.smoke else (256, args.repeats)
+    methods = [("none", 1), ("ngram", 5), ("draft_model", 5)]
+    suites = [run_suite(f"target {args.target}, draft {args.draft}", args.target, args.draft, device,
+                        "import os\nimport sys\n\ndef main():\n", max_new, repeats, methods)]
+    if not args.smoke:
+        big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
+        suites.append(run_suite("random 0.9B Llama, draft = itself", big, big, device, REPETITIVE, max_new, repeats,
+                                methods))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"date": date.today().isoformat(), "commit": commit, "device": str(device),
+              "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "max_new_tokens": max_new, "repeats": repeats, "suites": suites}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench_e2e.json").write_text(json.dumps(result, indent=1))
+        print(f"wrote {out / 'bench_e2e.json'}")
+
+
+if __name__ == "__main__":
+    main()
