@@ -1,0 +1,93 @@
+"""Compile every kernel configuration for sm_90 without a GPU (``triton.compile`` + ASTSource).
+
+The interpreter accepts code the real compiler rejects (non-constexpr globals, some type mixes),
+so CI also compiles each kernel for Hopper. Run ``python -m kernels.compile_check`` (with
+TRITON_INTERPRET unset or 0): prints one JSON object per line, {"kernel", "config", "ok",
+"error", "shared", "ptx_fma", "ptx_div_rn", "ptx_div_approx"} (counts of fused multiply-adds, IEEE
+and approximate fp32 divisions in the PTX: exactness against PyTorch needs no fma from ``a * b - c``
+and IEEE quotients), and exits non-zero if any configuration failed to compile. tests/test_kernels_compile.py runs it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from kernels import ngram_matcher, rejection_sampler
+from kernels.sampler_helpers import METHOD_CODES
+
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _sampler_configs():
+    """(kernel, signature, constexprs, options, label) for the sampler kernels."""
+    for method, code in METHOD_CODES.items():
+        for full in (True, False):
+            for dtype in ("fp32", "bf16"):
+                if dtype == "bf16" and method not in ("standard", "block"):
+                    continue  # the dtype only changes the loads: two methods suffice
+                K, bv = 4, 4096
+                const = dict(K=K, K_P2=4, METHOD=code, FULL_Q=full, BLOCK_V=bv)
+                common = {
+                    "p_ptr": f"*{dtype}", "q_ptr": f"*{dtype}", "ids_ptr": "*i64", "u_ptr": "*fp64",
+                    "e_ptr": "*fp32", "rate_ptr": "*fp64", "pf_ptr": "*fp32", "pi_ptr": "*i32",
+                }  # fmt: skip
+                scalars = {"B": "i32", "V": "i32", "NB": "i32"}
+                label = f"{method}/{'full' if full else 'onehot'}/{dtype}"
+                sig = {**common, **scalars, **{k: "constexpr" for k in const}}
+                yield rejection_sampler._sampler_pass_kernel, sig, const, {"num_warps": 8}, label
+                outs = {
+                    "out_ids_ptr": "*i64", "out_kind_ptr": "*i8", "out_nacc_ptr": "*i64", "out_ndraft_ptr": "*i64",
+                    "out_px_ptr": "*fp32", "out_qx_ptr": "*fp32", "out_ap_ptr": "*fp32", "out_acc_ptr": "*u8",
+                    "out_z_ptr": "*fp32", "out_P_ptr": "*fp32", "out_rho_ptr": "*fp32", "out_h_ptr": "*fp32",
+                }  # fmt: skip
+                const_f = {k: v for k, v in const.items() if k != "BLOCK_V"} | {"K1_P2": 8}
+                sig_f = {**common, **outs, **scalars, **{k: "constexpr" for k in const_f}}
+                yield rejection_sampler._sampler_finalize_kernel, sig_f, const_f, {"num_warps": 4}, label
+
+
+def _ngram_configs():
+    const = dict(MIN_N=2, MAX_N=5, BLOCK_L=1024)
+    sig = {"tok_ptr": "*i64", "len_ptr": "*i64", "part_ptr": "*i32", "tok_stride": "i32", "NUM_CHUNKS": "i32"}
+    yield ngram_matcher._ngram_first_end_kernel, {**sig, **{k: "constexpr" for k in const}}, const, {"num_warps": 4}, "i64"
+    const_f = dict(MIN_N=2, MAX_N=5, CHUNKS_P2=8, N_P2=4, K_P2=8)
+    sig_f = {
+        "tok_ptr": "*i64", "len_ptr": "*i64", "part_ptr": "*i32", "draft_ptr": "*i64", "num_draft_ptr": "*i64",
+        "ngram_len_ptr": "*i64", "pos_ptr": "*i64", "tok_stride": "i32", "NUM_CHUNKS": "i32", "K": "i32",
+    }  # fmt: skip
+    yield ngram_matcher._ngram_finalize_kernel, {**sig_f, **{k: "constexpr" for k in const_f}}, const_f, {"num_warps": 1}, "i64"
+
+
+def compile_one(fn, signature, constexprs, options) -> dict:
+    """Compile one kernel for sm_90; returns a JSON-able record (never raises)."""
+    t0 = time.perf_counter()
+    rec = {"kernel": fn.__name__}
+    try:
+        src = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        k = triton.compile(src, target=TARGET, options={**options, "enable_fp_fusion": False})
+        ptx = k.asm.get("ptx", "")
+        rec.update(ok=True, shared=getattr(k.metadata, "shared", None), ptx_fma=ptx.count("fma.rn.f32"))
+        rec.update(ptx_div_rn=ptx.count("div.rn.f32"), ptx_div_approx=ptx.count("div.full.f32") + ptx.count("div.approx.f32"))
+    except Exception as e:  # report, do not stop: the test names the failing configuration
+        rec.update(ok=False, error=f"{type(e).__name__}: {e}"[:2000])
+    rec["seconds"] = round(time.perf_counter() - t0, 3)
+    return rec
+
+
+def main() -> int:
+    failed = 0
+    for fn, sig, const, opts, label in [*_sampler_configs(), *_ngram_configs()]:
+        rec = compile_one(fn, sig, const, opts)
+        rec["config"] = label
+        failed += not rec["ok"]
+        print(json.dumps(rec), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
