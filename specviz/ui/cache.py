@@ -1,0 +1,100 @@
+"""The app's only shared mutable state: decoders loaded lazily, once per (target, draft, device),
+and per-session stop requests.
+
+Nothing is loaded at import or when the UI is built; the first Run loads the models. A failed
+load is not cached, so fixing the files and pressing Run again retries.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+class DecoderCache:
+    """Thread-safe lazy cache of :class:`specviz.SpecDecoder` objects.
+
+    Args:
+        target / draft: model directories or hub ids; None -> the bundled demo models
+            (``assets/models/specviz-target`` / ``specviz-draft``).
+        device: "cpu", "cuda", ... or None (CUDA when available).
+    """
+
+    def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None):
+        self.target, self.draft, self.device = target, draft, device
+        self._lock = threading.Lock()
+        self._decoders: dict[tuple[Any, ...], Any] = {}
+
+    @property
+    def key(self) -> tuple[str | None, str | None, str | None]:
+        return (self.target, self.draft, self.device)
+
+    def describe(self) -> str:
+        """One Markdown line naming the models the app will use, and whether they exist."""
+        target = self.target or str(DEFAULT_TARGET)
+        draft = self.draft or (str(DEFAULT_DRAFT) if self.target is None else None)
+        line = f"target: `{target}` · draft: `{draft or '(none: method draft_model unavailable)'}` · device: `{self.device or 'auto'}`"
+        if self.target is None and not DEFAULT_TARGET.exists():
+            line += ("  \n**The bundled demo models are not in `assets/models/` yet** (train them with "
+                     "`python -m specviz.train`, or start the app with `--target DIR --draft DIR`). "
+                     "You can still upload a trace JSON below and explore it.")
+        return line
+
+    def get(self):
+        """The decoder, loading it on first use (one load at a time).
+
+        Raises:
+            specviz.models.ModelLoadError: a model cannot be loaded (message says what to fix).
+            ValueError: an unusable device.
+        """
+        with self._lock:
+            decoder = self._decoders.get(self.key)
+            if decoder is None:
+                from specviz.engine import SpecDecoder
+                from specviz.models import ModelLoadError
+
+                if self.target is None and not Path(DEFAULT_TARGET).exists():
+                    raise ModelLoadError(
+                        f"the bundled demo model is missing ({DEFAULT_TARGET}); train it with "
+                        "`python -m specviz.train` or start the app with --target/--draft. "
+                        "Uploaded traces can still be viewed.")
+                decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device)
+                self._decoders[self.key] = decoder
+            return decoder
+
+    def loaded(self) -> bool:
+        """Whether the decoder is already in memory."""
+        return self.key in self._decoders
+
+
+class StopSignals:
+    """Per-session stop requests: the Run handler registers an Event, the Stop handler sets it,
+    and the run ends cleanly after its current step (stop_reason "stopped"). This makes Stop
+    work for API clients too, where the browser's event cancellation does not apply."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, threading.Event] = {}
+
+    def start(self, session: str) -> threading.Event:
+        """A fresh Event for ``session``'s new run (replacing any earlier one)."""
+        with self._lock:
+            event = self._events[session] = threading.Event()
+            return event
+
+    def stop(self, session: str) -> bool:
+        """Ask ``session``'s run to stop. Returns whether a run was registered."""
+        with self._lock:
+            event = self._events.get(session)
+        if event is not None:
+            event.set()
+        return event is not None
+
+    def finish(self, session: str, event: threading.Event) -> None:
+        """Forget ``event`` once its run has ended."""
+        with self._lock:
+            if self._events.get(session) is event:
+                del self._events[session]

@@ -1,0 +1,257 @@
+"""Event handlers: session state + control values in, views out. The layout wires them up.
+
+Session state (one ``gr.State`` per browser session) is a dict: ``trace`` (the last trace's
+dict, or None), ``baselines`` ({baseline_key: run_summary} of method "none" runs) and
+``baseline`` (the summary matching the current trace, or None). Nothing else is shared between
+sessions except the lazily loaded models (:class:`~specviz.ui.cache.DecoderCache`).
+User mistakes raise ``gr.Error`` with a message; the app stays up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import gradio as gr
+
+from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
+from specviz.viz import figure_png, figures, report_html, run_summary
+
+from .cache import DecoderCache, StopSignals
+from .settings import baseline_key, baseline_settings, check_prompt, engine_settings
+from .views import TextFiller, all_views, default_selection, empty_views, selection_views
+
+UPDATES_PER_SECOND = 4  # streaming redraws at most this often
+MAX_BASELINES = 8  # per session
+
+
+def new_state() -> dict[str, Any]:
+    """A fresh session state."""
+    return {"trace": None, "baselines": {}, "baseline": None}
+
+
+def _trace_of(state: dict[str, Any] | None) -> Trace | None:
+    data = (state or {}).get("trace")
+    return Trace.from_dict(data) if data else None
+
+
+def _sliders(trace: Trace, step: int, position: int) -> tuple[Any, Any]:
+    n = len(trace.steps)
+    k = len(trace.steps[step].draft_token_ids) if n else 0
+    return (gr.Slider(minimum=0, maximum=max(n - 1, 1), value=step, step=1, interactive=n > 1),
+            gr.Slider(minimum=1, maximum=max(k + 1, 2), value=position, step=1, interactive=k > 0))
+
+
+def _full_outputs(progress: str, trace: Trace, state: dict[str, Any]) -> tuple[Any, ...]:
+    s, i = default_selection(trace)
+    return (progress, *all_views(trace, s, i, state.get("baseline")), *_sliders(trace, s, i), state)
+
+
+def _num_tokens(trace: Trace) -> int:
+    return sum(len(s.committed_token_ids) for s in trace.steps)
+
+
+def _progress(trace: Trace, max_new: int, t0: float) -> str:
+    return f"⏳ step {len(trace.steps)}, {_num_tokens(trace)}/{max_new} tokens, {time.perf_counter() - t0:.1f} s"
+
+
+def _is_oom(exc: BaseException) -> bool:
+    try:
+        import torch
+
+        return isinstance(exc, torch.cuda.OutOfMemoryError)
+    except (ImportError, AttributeError):
+        return type(exc).__name__ == "OutOfMemoryError"
+
+
+def _free_gpu() -> None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except ImportError:
+        pass
+
+
+def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str, Any],
+            stop_flag: threading.Event) -> Iterator[tuple[Any, ...]]:
+    """Run one request, yielding throttled partial views; leaves the final Trace in state.
+    ``stop_flag`` set -> the run ends after the current step (stop_reason "stopped")."""
+    t0, last = time.perf_counter(), 0.0
+    fill = TextFiller(decoder.tokenizer)
+    it = decoder.iter_generate(prompt, **settings)
+    trace = None
+    try:
+        for trace in it:
+            if stop_flag.is_set():
+                break
+            now = time.perf_counter()
+            if now - last >= 1.0 / UPDATES_PER_SECOND and trace.stop_reason == "":
+                last = now
+                partial = fill(trace)
+                state["trace"] = partial.to_dict()
+                yield _streaming_outputs(partial, _progress(partial, settings["max_new_tokens"], t0), state)
+    except ValueError as exc:  # settings / prompt the engine refuses
+        raise gr.Error(str(exc)) from None
+    except Exception as exc:
+        if _is_oom(exc):
+            _free_gpu()
+            raise gr.Error("the GPU ran out of memory: lower max_new_tokens or num_speculative_tokens, "
+                           "or use a smaller model; the app is still running") from None
+        raise
+    finally:
+        it.close()  # a stopped run finishes its trace here (stop_reason "stopped")
+    state["trace"] = trace.to_dict()
+
+
+def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any]) -> tuple[Any, ...]:
+    views = all_views(trace, len(trace.steps) - 1, None, None) if trace.steps else empty_views()
+    skip = gr.skip()
+    stream, summary, grid, _, _, _, stats, _ = views
+    return (progress, stream, summary, grid, skip, skip, skip, stats, skip, skip, skip, state)
+
+
+def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
+        num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
+        seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
+        request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+    """The Run button: stream the request's views, then (if ``compare``) run or reuse the
+    method "none" baseline, then draw everything. Raises gr.Error on bad input or load failure."""
+    state = dict(state or new_state(), baselines=dict((state or {}).get("baselines", {})))
+    try:
+        text = check_prompt(prompt)
+        settings = engine_settings(method, num_speculative_tokens, verify, temperature, top_k, top_p,
+                                   max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates)
+        decoder = cache.get()
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    state["baseline"] = None
+    session = _session(request)
+    flag = signals.start(session)
+    try:
+        yield from _stream(decoder, text, settings, state, flag)
+    finally:
+        signals.finish(session, flag)
+    trace = Trace.from_dict(state["trace"])
+    if trace.stop_reason == "stopped":
+        yield _full_outputs(f"⏹ stopped after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
+        return
+    key = baseline_key(text, settings)
+    if method == "none":
+        state["baselines"][key] = run_summary(trace)
+    elif compare and key not in state["baselines"]:
+        yield (f"⏳ done ({trace.stop_reason}); running method none on the same prompt for the speedup…",
+               *([gr.skip()] * 10), state)
+        try:
+            base = decoder.generate(text, **baseline_settings(settings))
+        except Exception as exc:
+            if _is_oom(exc):
+                _free_gpu()
+            raise gr.Error(f"the baseline run failed: {exc}") from None
+        state["baselines"][key] = run_summary(base)
+    while len(state["baselines"]) > MAX_BASELINES:
+        state["baselines"].pop(next(iter(state["baselines"])))
+    state["baseline"] = state["baselines"].get(key)
+    done = (f"✅ {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
+            f"(stop: {trace.stop_reason})")
+    yield _full_outputs(done, trace, state)
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "default"
+
+
+def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request = None) -> tuple[Any, ...]:
+    """The Stop button: end this session's run after its current step (the browser also cancels
+    the run event) and draw the partial trace kept in state."""
+    running = signals.stop(_session(request))
+    trace = _trace_of(state)
+    if trace is None:
+        return ("Nothing is running.", *empty_views(), gr.skip(), gr.skip(), state or new_state())
+    if not running:
+        return ("Nothing is running.", *([gr.skip()] * 10), state)
+    if not trace.stop_reason:
+        trace.stop_reason = "stopped"
+        state = dict(state, trace=trace.to_dict(), baseline=None)
+    return _full_outputs(f"⏹ stopped after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
+
+
+def select_step(state: dict[str, Any] | None, step: Any) -> tuple[Any, ...]:
+    """The step slider: move the position to the step's decision slot and redraw the selection views."""
+    trace = _trace_of(state)
+    if trace is None or not trace.steps:
+        return (gr.skip(), *selection_views(Trace(config={}, prompt_token_ids=[]), None, None))
+    s = min(max(int(step or 0), 0), len(trace.steps) - 1)
+    i = trace.steps[s].num_accepted + 1
+    return (_sliders(trace, s, i)[1], *selection_views(trace, s, i))
+
+
+def select_position(state: dict[str, Any] | None, step: Any, position: Any) -> tuple[Any, ...]:
+    """The position slider: redraw the selection views."""
+    trace = _trace_of(state) or Trace(config={}, prompt_token_ids=[])
+    return selection_views(trace, int(step or 0), int(position or 1))
+
+
+def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
+    """Upload: read a trace JSON (size-capped, validated as data, never executed) and draw it."""
+    state = dict(state or new_state())
+    if not path:
+        raise gr.Error("no file received")
+    size = os.path.getsize(path)
+    if size > MAX_TRACE_BYTES:
+        raise gr.Error(f"the file is {size / 2**20:.1f} MB; traces up to {MAX_TRACE_BYTES // 2**20} MB are accepted")
+    try:
+        trace = Trace.from_json(Path(path).read_bytes())
+    except TraceFormatError as exc:
+        raise gr.Error(f"this is not a specviz trace: {exc}") from None
+    state.update(trace=trace.to_dict(), baseline=None)
+    cfg = trace.config
+    return _full_outputs(f"📂 replaying an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
+                         f"{len(trace.output_token_ids)} tokens (no model needed)", trace, state)
+
+
+def export(state: dict[str, Any] | None, step: Any, position: Any) -> list[str]:
+    """Files to download: trace.json, report.html (every view, opens offline) and, when kaleido
+    is installed, one PNG per figure. Raises gr.Error when there is no trace yet."""
+    trace = _trace_of(state)
+    if trace is None or not trace.steps:
+        raise gr.Error("nothing to export yet: run a request or upload a trace first")
+    out = Path(tempfile.mkdtemp(prefix="specviz-export-"))
+    base = (state or {}).get("baseline")
+    (out / "trace.json").write_text(trace.to_json(), encoding="utf-8")
+    (out / "report.html").write_text(report_html(trace, int(step or 0), int(position or 1), base), encoding="utf-8")
+    files = [str(out / "trace.json"), str(out / "report.html")]
+    for name, fig in figures(trace, int(step or 0), int(position or 1), base).items():
+        png = figure_png(fig)
+        if png is not None:
+            (out / f"{name}.png").write_bytes(png)
+            files.append(str(out / f"{name}.png"))
+    return files
+
+
+def load_examples(path: str | Path) -> list[dict[str, Any]]:
+    """Example prompts from a JSON file {"examples": [{"name", "prompt", "settings"}]} (missing -> [])."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return []
+    return [e for e in data.get("examples", []) if isinstance(e, dict) and "name" in e and "prompt" in e]
+
+
+EXAMPLE_FIELDS = ("method", "num_speculative_tokens", "verify", "temperature", "max_new_tokens",
+                  "prompt_lookup_min", "prompt_lookup_max")
+
+
+def load_example(examples: list[dict[str, Any]], name: str) -> tuple[Any, ...]:
+    """The example's prompt and settings (gr.skip() for settings it leaves unset)."""
+    ex = next((e for e in examples if e["name"] == name), None)
+    if ex is None:
+        raise gr.Error(f"unknown example {name!r}")
+    st = ex.get("settings", {})
+    return (ex["prompt"], *(st[f] if f in st else gr.skip() for f in EXAMPLE_FIELDS))

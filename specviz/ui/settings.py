@@ -1,0 +1,96 @@
+"""UI control values -> the engine's generate() settings, with messages a user can act on.
+
+The engine validates everything again (and raises ValueError with its own message); this layer
+only converts the widgets' values (sliders may send floats, empty boxes send None) and applies
+the UI's own caps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+MAX_UI_SPECULATIVE_TOKENS = 12  # the slider's cap (the engine allows up to 32)
+MAX_UI_NEW_TOKENS = 512
+MAX_PROMPT_CHARS = 20_000
+AUTO_VERIFY = "auto"
+
+
+def _int(value: Any, name: str, lo: int, hi: int) -> int:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number between {lo} and {hi}, got {value!r}") from None
+    if not math.isfinite(f) or f != int(f) or not lo <= f <= hi:
+        raise ValueError(f"{name} must be a whole number between {lo} and {hi}, got {value!r}")
+    return int(f)
+
+
+def parse_rates(text: str | None) -> tuple[float, ...] | None:
+    """'0.8, 0.6, 0.4' -> (0.8, 0.6, 0.4); blank -> None. Raises ValueError on non-numbers."""
+    if text is None or not str(text).strip():
+        return None
+    try:
+        return tuple(float(x) for x in str(text).replace(";", ",").split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"synthetic rates must be comma-separated numbers like 0.8, 0.6, 0.4; got {text!r}") from None
+
+
+def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None, temperature: Any, top_k: Any,
+                    top_p: Any, max_new_tokens: Any, seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any,
+                    synthetic_rates: str | None = None) -> dict[str, Any]:
+    """Keyword settings for ``SpecDecoder.iter_generate``.
+
+    verify "auto" (or None) -> the engine's default (greedy at temperature 0, else standard);
+    top_k 0 -> off; top_p 1 -> off; prompt lookup bounds only for method "ngram";
+    synthetic rates only for verify "synthetic".
+    Raises:
+        ValueError: a value outside the UI's ranges (num_speculative_tokens 1..12,
+            max_new_tokens 1..512) or not a number.
+    """
+    try:
+        temp = float(temperature)
+    except (TypeError, ValueError):
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}") from None
+    k = _int(num_speculative_tokens, "num_speculative_tokens", 1, MAX_UI_SPECULATIVE_TOKENS)
+    settings: dict[str, Any] = {
+        "method": str(method),
+        "num_speculative_tokens": k,
+        "verify": None if verify in (None, "", AUTO_VERIFY) else str(verify),
+        "temperature": temp,
+        "top_k": _int(top_k or 0, "top_k", 0, 10**7) or None,
+        "top_p": None if top_p is None or float(top_p) >= 1.0 else float(top_p),
+        "max_new_tokens": _int(max_new_tokens, "max_new_tokens", 1, MAX_UI_NEW_TOKENS),
+        "seed": _int(seed, "seed", 0, 2**31 - 1),
+    }
+    if settings["method"] == "ngram":
+        settings["prompt_lookup_min"] = _int(prompt_lookup_min, "prompt_lookup_min", 1, 64)
+        settings["prompt_lookup_max"] = _int(prompt_lookup_max, "prompt_lookup_max", 1, 64)
+    if settings["verify"] == "synthetic":
+        settings["synthetic_rates"] = parse_rates(synthetic_rates)
+    return settings
+
+
+def check_prompt(prompt: Any) -> str:
+    """The prompt as a string. Raises ValueError if empty or longer than MAX_PROMPT_CHARS."""
+    text = "" if prompt is None else str(prompt)
+    if not text.strip():
+        raise ValueError("the prompt is empty: type some text or pick an example")
+    if len(text) > MAX_PROMPT_CHARS:
+        raise ValueError(f"the prompt has {len(text)} characters; the app accepts at most {MAX_PROMPT_CHARS}")
+    return text
+
+
+def baseline_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The method "none" run with the same sampling settings (verification: greedy at
+    temperature 0, else standard; with no drafts every rule reduces to sampling from p)."""
+    keep = ("temperature", "top_k", "top_p", "max_new_tokens", "seed")
+    out = {key: settings[key] for key in keep}
+    out.update(method="none", num_speculative_tokens=1, verify=None)
+    return out
+
+
+def baseline_key(prompt: str, settings: dict[str, Any]) -> str:
+    """Cache key of the baseline run: the prompt and the sampling settings."""
+    return json.dumps([prompt, baseline_settings(settings)], sort_keys=True)

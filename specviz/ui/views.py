@@ -1,0 +1,105 @@
+"""Trace -> every view the app shows, in one fixed order (the layout wires outputs in this order).
+
+Pure functions of data: no gradio, no model. The handlers wrap them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from specviz.trace import Trace
+from specviz.viz import (
+    clamp_selection,
+    match_context_html,
+    message_figure,
+    residual_figure,
+    run_summary,
+    speedup_html,
+    stats_figure,
+    step_grid_figure,
+    token_stream_html,
+    trie_figure,
+)
+from specviz.viz.common import metrics_of
+
+# outputs of a full redraw, in order
+VIEW_NAMES = ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")
+
+
+def default_selection(trace: Trace) -> tuple[int, int]:
+    """The step/position to show first: the first step with a rejection, else the first step
+    with a draft, else step 0; position = that step's decision slot (num_accepted + 1)."""
+    steps = trace.steps
+    pick = next((s for s in steps if s.num_accepted < len(s.draft_token_ids)), None)
+    pick = pick or next((s for s in steps if s.draft_token_ids), None) or (steps[0] if steps else None)
+    if pick is None:
+        return 0, 1
+    return pick.index, pick.num_accepted + 1
+
+
+def summary_markdown(trace: Trace) -> str:
+    """Headline numbers of a (possibly partial) trace as Markdown."""
+    if not trace.steps:
+        return "_No steps yet._"
+    m = metrics_of(trace)
+    cfg = trace.config
+    head = (f"**mean acceptance length {m['mean_acceptance_length']:.2f}** tokens per drafting step · "
+            f"draft acceptance rate {m['draft_acceptance_rate']:.2f} · {m['num_generated_tokens']} tokens in "
+            f"{m['num_steps']} steps ({m['tokens_per_step']:.2f} tokens per target forward)")
+    tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
+            f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "
+            f"stop: {trace.stop_reason or 'running'}")
+    return head + "  \n" + tail
+
+
+def empty_views(message: str = "Press Run, or upload a trace JSON.") -> tuple[Any, ...]:
+    """Placeholders for every view (same order as VIEW_NAMES)."""
+    html = f"<div style='color:#6b7280;padding:12px'>{message}</div>"
+    return (html, "", message_figure(message), message_figure(message), html, message_figure(message, 200),
+            message_figure(message), "")
+
+
+def all_views(trace: Trace, step: int | None, position: int | None,
+              baseline: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Every view of ``trace`` at (step, position) (clamped), in VIEW_NAMES order."""
+    if not trace.steps:
+        return empty_views("The run produced no steps.")
+    s, i = clamp_selection(trace, step, position)
+    return (token_stream_html(trace, s), summary_markdown(trace), step_grid_figure(trace, s, i),
+            residual_figure(trace, s, i), match_context_html(trace, s), trie_figure(trace, s),
+            stats_figure(trace, baseline), speedup_html(run_summary(trace), baseline))
+
+
+def selection_views(trace: Trace, step: int | None, position: int | None) -> tuple[Any, ...]:
+    """(stream, grid, residual, match, trie) at the selection: what a step/position change redraws."""
+    if not trace.steps:
+        e = empty_views()
+        return e[0], e[2], e[3], e[4], e[5]
+    s, i = clamp_selection(trace, step, position)
+    return (token_stream_html(trace, s), step_grid_figure(trace, s, i), residual_figure(trace, s, i),
+            match_context_html(trace, s), trie_figure(trace, s))
+
+
+class TextFiller:
+    """Fills prompt_text and token_texts of partial (streaming) traces, which the engine only
+    fills when a run ends. Decoded pieces are kept across calls, so each id is decoded once."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.texts: dict[str, str] = {}
+        self.prompt: str | None = None
+
+    def __call__(self, trace: Trace) -> Trace:
+        """A shallow copy of ``trace`` with texts for the prompt, committed and drafted ids."""
+        ids = set(trace.prompt_token_ids)
+        for s in trace.steps:
+            ids.update(s.committed_token_ids)
+            ids.update(s.draft_token_ids)
+            ids.add(s.emitted.token_id)
+        for t in ids:
+            if str(t) not in self.texts:
+                self.texts[str(t)] = self.tokenizer.decode([t])
+        if self.prompt is None:
+            self.prompt = self.tokenizer.decode(trace.prompt_token_ids)
+        return dataclasses.replace(trace, token_texts=dict(self.texts), prompt_text=self.prompt)

@@ -1,0 +1,176 @@
+"""Shared helpers of the figures: trace access, token fates, colours, token display.
+
+Every view is a pure function of a :class:`~specviz.trace.Trace` (or its dict, see
+:func:`as_trace`). Which tokens came from the draft is read from the trace's steps
+(``draft_token_ids``, ``num_accepted``, ``committed_token_ids``, ``emitted``), never re-derived
+from decoded text.
+
+Fates (one per drafted position or emitted token), names as in algorithms.md:
+
+* ``accepted``: a draft token the target accepted (committed to the output).
+* ``rejected``: the first draft token the target rejected (not in the output).
+* ``unused``: a draft token after the rejected one; never verified (standard) or discarded
+  (block), not in the output.
+* ``recovered``: the step's own token drawn from the residual distribution at the rejected slot.
+* ``bonus``: the step's own token drawn from p_{k'+1} after every draft token was accepted.
+* ``target``: the token of a step that drafted nothing (plain decoding).
+* ``cut``: accepted/emitted by the sampler but dropped because the request stopped (EOS or
+  max_new_tokens) inside the step.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+from typing import Any
+
+from specviz.trace import Step, Trace, compute_metrics
+
+FATES = ("accepted", "rejected", "unused", "recovered", "bonus", "target", "cut")
+
+# (background, text colour, legend label). Colour-blind-safe-ish: blue/orange/green are distinct.
+FATE_STYLE: dict[str, tuple[str, str, str]] = {
+    "accepted": ("#b7e4c7", "#1b4332", "accepted draft token"),
+    "rejected": ("#f4a6a6", "#7f1d1d", "rejected draft token"),
+    "unused": ("#f3f4f6", "#9ca3af", "draft token after the rejection (unused)"),
+    "recovered": ("#fcd581", "#7c4a03", "recovered token (from the residual)"),
+    "bonus": ("#9ecbff", "#0b3d91", "bonus token (all drafts accepted)"),
+    "target": ("#dde3ea", "#111827", "target token (no draft this step)"),
+    "cut": ("#ffffff", "#9ca3af", "dropped at the stop (EOS / max tokens)"),
+}
+
+
+def as_trace(trace: Trace | dict[str, Any]) -> Trace:
+    """A :class:`Trace` from a Trace or its dict (validated by ``Trace.from_dict``).
+
+    Raises:
+        specviz.trace.TraceFormatError: the dict is not a well-formed trace.
+    """
+    return trace if isinstance(trace, Trace) else Trace.from_dict(trace)
+
+
+def metrics_of(trace: Trace) -> dict[str, Any]:
+    """The trace's metrics; computed from its steps when empty (a partial, streaming trace)."""
+    if trace.metrics:
+        return trace.metrics
+    return compute_metrics(trace.steps, int(trace.config.get("num_speculative_tokens", 0) or 0))
+
+
+def token_text(trace: Trace, token_id: int) -> str:
+    """The decoded piece of ``token_id`` (``<id>`` when the trace has no text for it)."""
+    return trace.token_texts.get(str(int(token_id)), f"<{int(token_id)}>")
+
+
+def visible(piece: str) -> str:
+    """A token piece with invisible characters made visible: newline -> ↵, tab -> →,
+    leading/trailing spaces -> ␣; an empty piece -> ∅."""
+    if piece == "":
+        return "∅"
+    out = piece.replace("\n", "↵").replace("\t", "→").replace("\r", "␍")
+    stripped = out.strip(" ")
+    if stripped != out:
+        lead = len(out) - len(out.lstrip(" "))
+        trail = len(out) - len(out.rstrip(" "))
+        out = "␣" * lead + stripped + "␣" * trail if stripped else "␣" * len(out)
+    return out
+
+
+def label(trace: Trace, token_id: int, width: int = 14) -> str:
+    """Short visible label of a token for Plotly text (truncated to ``width`` chars, then
+    HTML-escaped: Plotly renders a subset of HTML in titles, ticks and cell texts)."""
+    s = visible(token_text(trace, token_id))
+    return html.escape(s if len(s) <= width else s[: width - 1] + "…", quote=False)
+
+
+def quoted(trace: Trace, token_id: int) -> str:
+    """repr() of a token's text, HTML-escaped for Plotly hover texts and titles."""
+    return html.escape(repr(token_text(trace, token_id)), quote=False)
+
+
+def decision_slot(step: Step) -> int:
+    """1-based slot of the step's own token: num_accepted + 1 (k'+1 means bonus)."""
+    return step.num_accepted + 1
+
+
+def position_fate(step: Step, i: int) -> str:
+    """Fate of draft position ``i`` (1-based, i <= k') of ``step``."""
+    acc, kept = step.num_accepted, len(step.committed_token_ids)
+    if i <= acc:
+        return "accepted" if i <= kept else "cut"
+    return "rejected" if i == acc + 1 else "unused"
+
+
+def emitted_fate(step: Step) -> str:
+    """Fate of the step's own token: its kind, or ``cut`` if the stop dropped it."""
+    if len(step.committed_token_ids) <= step.num_accepted:
+        return "cut"
+    return step.emitted.kind if step.emitted.kind in FATE_STYLE else "target"
+
+
+def context_before(trace: Trace, step_index: int) -> list[int]:
+    """Token ids the proposer saw at step ``step_index``: the prompt + every token committed
+    by earlier steps."""
+    ids = list(trace.prompt_token_ids)
+    for s in trace.steps[:step_index]:
+        ids.extend(s.committed_token_ids)
+    return ids
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One token as the token stream shows it, in reading order.
+
+    fate: see module docstring; step: step index; slot: 1-based position within the step;
+    p / q: target / draft probability of the token at that slot (None where unknown);
+    u: the uniform drawn for it (None for the step's own token);
+    accept_prob: min(1, p/q) (None for the step's own token)."""
+
+    token_id: int
+    fate: str
+    step: int
+    slot: int
+    p: float | None = None
+    q: float | None = None
+    u: float | None = None
+    accept_prob: float | None = None
+    unused_after: int = 0  # rejected token only: how many later draft tokens were thrown away
+
+
+def token_events(trace: Trace) -> list[TokenEvent]:
+    """Committed tokens plus each step's rejected draft token, in the order they were proposed.
+
+    Per step: the accepted draft tokens, then the rejected draft token (if any, not part of the
+    output), then the step's own token (recovered / bonus / target). Tokens the stop dropped
+    (``cut``) are left out: the output never contained them."""
+    events: list[TokenEvent] = []
+    for step in trace.steps:
+        committed = step.committed_token_ids
+        for i in range(1, min(step.num_accepted, len(committed)) + 1):
+            events.append(TokenEvent(committed[i - 1], "accepted", step.index, i, *_pqua(_position(step, i))))
+        if step.num_accepted < len(step.draft_token_ids):
+            pos = _position(step, step.num_accepted + 1)
+            tok = step.draft_token_ids[step.num_accepted]
+            left = len(step.draft_token_ids) - step.num_accepted - 1
+            events.append(TokenEvent(tok, "rejected", step.index, step.num_accepted + 1,
+                                     *(_pqua(pos)), unused_after=left))
+        if len(committed) > step.num_accepted:
+            events.append(TokenEvent(committed[step.num_accepted], emitted_fate(step), step.index,
+                                     decision_slot(step), p=step.emitted.p))
+    return events
+
+
+def _position(step: Step, i: int):
+    return step.positions[i - 1] if 0 < i <= len(step.positions) else None
+
+
+def _pqua(pos) -> tuple[float | None, float | None, float | None, float | None]:
+    if pos is None:
+        return None, None, None, None
+    return pos.p, pos.q, pos.u, pos.accept_prob
+
+
+def fmt_prob(x: float | None) -> str:
+    """Probability for hover text: 4 significant digits, '—' when unknown."""
+    if x is None:
+        return "—"
+    return f"{x:.4g}"

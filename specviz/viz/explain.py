@@ -1,0 +1,62 @@
+"""'What am I looking at' texts (Markdown), one per view, for a student who knows sampling
+but not speculative decoding. Terms follow docs/algorithms.md."""
+
+INTRO = """\
+**Speculative decoding** makes a big *target* model (distribution **p**) generate several tokens per
+forward pass. A cheap *proposer* (distribution **q**) guesses the next **k** tokens (the *draft*); the
+target scores all of them in **one** forward pass and keeps the longest prefix it agrees with
+(*accepted tokens*). At the first disagreement it replaces the draft token by a token drawn from the
+*residual distribution* max(p − q, 0)/Z (the *recovered token*); if it agrees with every draft token it
+adds one more token from its own next distribution for free (the *bonus token*). With standard or block
+verification the output has exactly the target's distribution: only the speed changes.
+"""
+
+STREAM = """\
+**Token stream.** The generated text, one box per token, coloured by what happened to it. Green tokens
+were guessed by the proposer and accepted by the target. A red, struck-through token is a draft token the
+target rejected: it is *not* in the output; the orange token after it is the recovered token the target drew
+instead. Blue is a bonus token (every draft token of the step was accepted). Grey tokens came from plain
+decoding steps where the proposer had nothing to suggest. Tokens of one verification step touch and a small
+gap separates steps: the longer a run of touching tokens, the more one target forward produced. Hover a token for p(x),
+q(x), the uniform u and the acceptance probability min(1, p/q).
+"""
+
+GRID = """\
+**Step grid.** One row per verification step (one target forward pass), one column per draft position
+x1…xk, plus the token the step produced itself ("+1 token": recovered or bonus). Reading a row left to
+right replays the check: green cells passed, the first red cell failed, light-grey cells after it were
+never used. Pick a step and a position with the sliders to see the numbers behind that decision on the
+right.
+"""
+
+RESIDUAL = """\
+**Why was this token accepted?** Bars compare the target's distribution **p** (blue), the proposer's
+**q** (orange) and the residual **max(p − q, 0)/Z** (green) over the most likely tokens. The draft token x
+is accepted when a uniform random number **u ≤ min(1, p(x)/q(x))** (the green region of the bar below):
+tokens the proposer over-rates (q > p) are sometimes rejected. After a rejection the replacement is drawn
+from the residual, which puts mass only where the target wants *more* than the proposer offered; that is
+exactly what makes the output follow p. Deterministic proposers (n-gram, greedy draft) have a one-hot q,
+so x is accepted with probability p(x). With greedy verification (temperature 0) x is accepted only if it
+is the target's top token. **Block verification** (Sun et al. 2024) judges the draft as a whole: P_i tracks
+how well the first i tokens match, h_i is the probability to accept the block up to i, and the step keeps
+the *last* i whose uniform η_i ≤ h_i, so a later pass can rescue an earlier token-wise failure.
+"""
+
+MATCH = """\
+**Where did the n-gram draft come from?** Prompt lookup (method "ngram") needs no model: it takes the last
+n tokens of the context (purple), finds their earlier occurrences (yellow; the earliest one is used,
+outlined) and copies the tokens that followed it (blue, underlined) as the draft. It tries n from
+prompt_lookup_max down to prompt_lookup_min and uses the longest n that matches. The tree shows every
+continuation after all occurrences with how many occurrences continue that way; the blue path is the
+drafted continuation. Repetitive text (code, quoted passages) gives long matches and long accepted runs.
+"""
+
+STATS = """\
+**Run statistics.** Top left: how many draft tokens each step accepted. Top right: the fraction of steps
+that got at least i tokens accepted (blue) and the chance to accept token i once i − 1 were accepted
+(orange). Bottom left: if every draft token were accepted independently with probability a, a step would
+yield (1 − a^(k+1))/(1 − a) tokens on average (dashed); the star is this run (mean acceptance length over
+drafting steps). Bottom right: where the time went (draft = proposer, verify = target forward, sample =
+acceptance test and resampling), next to plain decoding with method "none". **Tokens per target forward**
+is the hardware-independent gain; tokens/s also pays for the proposer and this machine's overheads.
+"""

@@ -1,0 +1,116 @@
+"""The step grid: verification steps (rows) x draft positions (columns), one cell per token.
+
+Columns x1..xk hold the draft tokens, coloured by the target's decision (accepted, rejected,
+unused after the rejection); the last column holds the step's own token (recovered from the
+residual, bonus after a full accept, or a plain target token when nothing was drafted). The
+token text is written in every cell; hovering shows p, q, u and min(1, p/q).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+
+from specviz.trace import Step, Trace
+
+from .common import FATE_STYLE, FATES, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted
+
+VISIBLE_ROWS = 22  # rows shown at once; pan/zoom the y axis for the rest
+ROW_PX = 26
+
+
+def _colorscale() -> list[list[Any]]:
+    """Stepwise colour scale: category c in FATES occupies [c/n, (c+1)/n]."""
+    n, scale = len(FATES), []
+    for c, fate in enumerate(FATES):
+        colour = FATE_STYLE[fate][0]
+        scale += [[c / n, colour], [(c + 1) / n, colour]]
+    return scale
+
+
+def _draft_cell(trace: Trace, step: Step, i: int) -> tuple[int, str, str]:
+    fate = position_fate(step, i)
+    tok = step.draft_token_ids[i - 1]
+    pos = step.positions[i - 1] if i <= len(step.positions) else None
+    hover = f"step {step.index}, draft position {i}: {fate}<br>token {quoted(trace, tok)} (id {tok})"
+    if pos is not None:
+        hover += (f"<br>p(x) = {fmt_prob(pos.p)}, q(x) = {fmt_prob(pos.q)}"
+                  f"<br>u = {fmt_prob(pos.u)}, min(1, p/q) = {fmt_prob(pos.accept_prob)}")
+    return FATES.index(fate), label(trace, tok, 10), hover
+
+
+def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
+    fate = emitted_fate(step)
+    tok = step.emitted.token_id
+    slot = step.num_accepted + 1
+    hover = (f"step {step.index}, slot {slot}: {step.emitted.kind} token{' (dropped at the stop)' if fate == 'cut' else ''}"
+             f"<br>token {quoted(trace, tok)} (id {tok})<br>p(x) = {fmt_prob(step.emitted.p)}")
+    return FATES.index(fate), label(trace, tok, 10), hover
+
+
+def grid_cells(trace: Trace | dict[str, Any]) -> tuple[list[list[float]], list[list[str]], list[list[str]]]:
+    """(z, text, hover) matrices [num_steps][K + 1]: z = index into FATES (NaN = no cell),
+    K = the widest draft of the run (at least num_speculative_tokens)."""
+    trace = as_trace(trace)
+    k = max([int(trace.config.get("num_speculative_tokens", 0) or 0)] * (trace.config.get("method") != "none")
+            + [len(s.draft_token_ids) for s in trace.steps] + [0])
+    z, text, hover = [], [], []
+    for step in trace.steps:
+        zr, tr, hr = [math.nan] * (k + 1), [""] * (k + 1), [""] * (k + 1)
+        for i in range(1, len(step.draft_token_ids) + 1):
+            zr[i - 1], tr[i - 1], hr[i - 1] = _draft_cell(trace, step, i)
+        zr[k], tr[k], hr[k] = _own_cell(trace, step)
+        z.append(zr), text.append(tr), hover.append(hr)
+    return z, text, hover
+
+
+def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = None,
+                     selected_position: int | None = None) -> go.Figure:
+    """Plotly heatmap of the steps (see module docstring).
+
+    Args:
+        trace: a Trace or its dict (partial traces are fine).
+        selected_step / selected_position: the cell outlined (and scrolled into view);
+            position is 1-based, k'+1 or more = the step's own token.
+    Returns:
+        A figure with one Heatmap trace (z values index :data:`FATES`) plus legend-only traces.
+    Raises:
+        specviz.trace.TraceFormatError: ``trace`` is a malformed dict.
+    """
+    trace = as_trace(trace)
+    z, text, hover = grid_cells(trace)
+    n = len(z)
+    ncol = len(z[0]) if z else 1
+    x_labels = [f"x{i}" for i in range(1, ncol)] + ["+1 token"]
+    centred = [[v + 0.5 for v in row] for row in z]  # category c -> c + 0.5, the middle of its colour band
+    fig = go.Figure(go.Heatmap(
+        z=centred, x=list(range(ncol)), y=list(range(n)), text=text, hovertext=hover, texttemplate="%{text}",
+        textfont={"size": 11, "family": "monospace"}, hovertemplate="%{hovertext}<extra></extra>",
+        colorscale=_colorscale(), zmin=0, zmax=len(FATES), showscale=False, xgap=2, ygap=2,
+    ))
+    for fate in FATES:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=FATE_STYLE[fate][2],
+                                 marker={"size": 12, "symbol": "square", "color": FATE_STYLE[fate][0],
+                                         "line": {"width": 1, "color": "#6b7280"}}))
+    rows = min(max(n, 1), VISIBLE_ROWS)
+    top = 0 if selected_step is None else max(0, min(selected_step - rows // 2, n - rows))
+    fig.update_layout(
+        height=150 + ROW_PX * rows, margin={"l": 60, "r": 10, "t": 40, "b": 40},
+        title={"text": f"{n} verification steps × draft positions", "font": {"size": 14}},
+        xaxis={"tickmode": "array", "tickvals": list(range(ncol)), "ticktext": x_labels, "side": "top",
+               "fixedrange": True},
+        yaxis={"title": "step", "range": [top + rows - 0.5, top - 0.5], "dtick": 1 if rows <= 25 else 5},
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 11}},
+        plot_bgcolor="#ffffff", dragmode="pan",
+    )
+    if selected_step is not None and 0 <= selected_step < n:
+        fig.add_shape(type="rect", x0=-0.5, x1=ncol - 0.5, y0=selected_step - 0.5, y1=selected_step + 0.5,
+                      line={"color": "#111827", "width": 2})
+        if selected_position is not None:
+            col = min(selected_position, len(trace.steps[selected_step].draft_token_ids) + 1) - 1
+            col = ncol - 1 if col >= len(trace.steps[selected_step].draft_token_ids) else col
+            fig.add_shape(type="rect", x0=col - 0.5, x1=col + 0.5, y0=selected_step - 0.5, y1=selected_step + 0.5,
+                          line={"color": "#111827", "width": 4})
+    return fig

@@ -1,0 +1,230 @@
+"""The residual view: why one draft token was accepted or rejected, and where the step's own
+token came from.
+
+For a chosen (step, position i): grouped bars of the target p_i, the draft q_i and the residual
+r_i = max(p_i - q_i, 0) / Z_i over the most likely tokens, with the drafted token x_i and the
+emitted recovered / bonus token marked; below, the test u_i <= min(1, p_i(x_i) / q_i(x_i)) as a
+bar. For block verification a third panel shows P_i, h_i and eta_i for every position of the
+step (Sun et al. 2024), next to min(1, p_i/q_i), so one can see where block verification keeps
+tokens that token-wise verification with the same uniforms would have thrown away.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from specviz.trace import Position, Step, Trace
+
+from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted
+
+MAX_BARS = 10
+WRAP = 86  # characters per title line
+P_COLOUR, Q_COLOUR, R_COLOUR, B_COLOUR = "#2563eb", "#f97316", "#16a34a", "#9333ea"
+
+
+def message_figure(text: str, height: int = 260) -> go.Figure:
+    """An empty figure that only says ``text`` (used for empty states)."""
+    fig = go.Figure()
+    fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font={"size": 14, "color": "#374151"}, align="center")
+    fig.update_layout(height=height, xaxis={"visible": False}, yaxis={"visible": False},
+                      plot_bgcolor="#ffffff", margin={"l": 10, "r": 10, "t": 10, "b": 10})
+    return fig
+
+
+def clamp_selection(trace: Trace, step: int | None, position: int | None) -> tuple[int, int]:
+    """A valid (step, position) for ``trace`` (which must have steps): step in [0, n), position in
+    [1, k'+1]. ``position`` None -> the step's decision slot (num_accepted + 1)."""
+    s = min(max(int(step or 0), 0), len(trace.steps) - 1)
+    st = trace.steps[s]
+    pos = st.num_accepted + 1 if position is None else int(position)
+    return s, min(max(pos, 1), len(st.draft_token_ids) + 1)
+
+
+def _bar_tokens(dists: list[dict[int, float]], must: list[int]) -> list[int]:
+    score: dict[int, float] = {}
+    for d in dists:
+        for t, v in d.items():
+            score[t] = max(score.get(t, 0.0), v)
+    ranked = sorted(score, key=lambda t: -score[t])
+    chosen = [t for t in must if t is not None]
+    for t in ranked:
+        if len(chosen) >= MAX_BARS:
+            break
+        if t not in chosen:
+            chosen.append(t)
+    return sorted(chosen, key=lambda t: -score.get(t, 0.0))
+
+
+def _as_dict(top: list[list[float]]) -> dict[int, float]:
+    return {int(t): float(v) for t, v in top}
+
+
+def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, float]]], must: list[int],
+          marks: list[tuple[int, str, str]]) -> None:
+    """Row 1: grouped bars of each (name, colour, dist) over the chosen tokens; marks = (token,
+    text, colour) arrows above a token."""
+    toks = _bar_tokens([d for _, _, d in series], must)
+    x = list(range(len(toks)))
+    for name, colour, dist in series:
+        fig.add_trace(go.Bar(x=x, y=[dist.get(t, 0.0) for t in toks], name=name, marker_color=colour,
+                             customdata=[[quoted(trace, t), t] for t in toks],
+                             hovertemplate=f"{name}<br>%{{customdata[0]}} (id %{{customdata[1]}})<br>"
+                                           "%{y:.4f}<extra></extra>"), row=1, col=1)
+    ticks = [label(trace, t, 12) for t in toks]
+    ticks = [f"{s} #{t}" if ticks.count(s) > 1 else s for s, t in zip(ticks, toks)]  # tell equal-looking tokens apart
+    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=ticks, row=1, col=1)
+    top = max([max(d.get(t, 0.0) for t in toks) for _, _, d in series] + [0.05])
+    fig.update_yaxes(title_text="probability", range=[0, top * (1.22 + 0.16 * len(marks))], row=1, col=1)
+    for n, (tok, text, colour) in enumerate(marks):
+        if tok in toks:
+            j = toks.index(tok)
+            # arrow from a label at a fixed height per mark (so labels never collide) down to the bar
+            fig.add_annotation(x=j, y=max(d.get(tok, 0.0) for _, _, d in series), text=text, showarrow=True,
+                               arrowhead=2, axref="x", ax=j, ayref="y", ay=top * (1.12 + 0.16 * n),
+                               font={"color": colour, "size": 12}, bgcolor="rgba(255,255,255,0.85)", row=1, col=1)
+
+
+def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | None, row: int | None) -> str:
+    """The accept test of one position as a bar [0, threshold] with a marker at u (in ``row``;
+    greedy verification has no random test and draws nothing). Returns a sentence."""
+    if verify == "greedy" or row is None:
+        return ("greedy: x is accepted iff it is the target's argmax (p is one-hot at temperature 0); "
+                + ("it is" if pos.accepted else "it is not"))
+    if verify == "block" and block:
+        i = pos.index - 1
+        thr, u, name = block["h"][i], block["eta"][i], f"h_{pos.index}"
+        verdict = "passes" if u <= thr else "fails"
+        sentence = f"block: η_{pos.index} = {fmt_prob(u)} {'≤' if u <= thr else '>'} h_{pos.index} = {fmt_prob(thr)}: {verdict}"
+    else:
+        thr, u = pos.accept_prob, pos.u
+        name = "a_i / a_(i-1)" if verify == "synthetic" else "min(1, p/q)"
+        sentence = (f"u = {fmt_prob(u)} {'≤' if pos.accepted else '>'} {name} = {fmt_prob(thr)}: "
+                    + ("accepted" if pos.accepted else "rejected"))
+        verdict = "accepted" if pos.accepted else "rejected"
+    # both bars share an offsetgroup so they overlap (the figure's bars are otherwise grouped)
+    fig.add_trace(go.Bar(x=[1.0], y=[""], orientation="h", marker_color="#fee2e2", showlegend=False,
+                         hoverinfo="skip", width=0.5, offsetgroup="gauge"), row=row, col=1)
+    fig.add_trace(go.Bar(x=[thr], y=[""], orientation="h", marker_color="#86efac", width=0.5, offsetgroup="gauge",
+                         name=f"accept region: u ≤ {name}", hovertemplate=f"{name} = %{{x:.4f}}<extra></extra>"),
+                  row=row, col=1)
+    ok = verdict in ("accepted", "passes")
+    fig.add_trace(go.Scatter(x=[u], y=[""], mode="markers+text", text=[f"u = {fmt_prob(u)}"],
+                             textposition="middle left" if u > 0.6 else "middle right", cliponaxis=False,
+                             marker={"symbol": "diamond", "size": 16, "color": "#15803d" if ok else "#dc2626",
+                                     "line": {"width": 1, "color": "#111827"}},
+                             name="u (the uniform drawn)", hovertemplate="u = %{x:.4f}<extra></extra>"), row=row, col=1)
+    fig.update_xaxes(range=[0, 1.02], row=row, col=1, title_standoff=4, title_font={"size": 11},
+                     title_text=f"u ~ Uniform(0, 1): green = accept (u ≤ {name}), red = reject")
+    fig.update_yaxes(showticklabels=False, row=row, col=1)
+    return sentence
+
+
+def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
+    b = step.block
+    k = len(step.draft_token_ids)
+    x = [f"x{i}" for i in range(1, k + 1)]
+    ratio = [pos.accept_prob for pos in step.positions[:k]]
+    fig.add_trace(go.Bar(x=x, y=b["P"][:k], name="P_i (block acceptance weight)", marker_color=B_COLOUR), row=row, col=1)
+    fig.add_trace(go.Bar(x=x, y=b["h"][:k], name="h_i (pass probability)", marker_color="#14b8a6"), row=row, col=1)
+    fig.add_trace(go.Bar(x=x, y=ratio, name="min(1, p_i/q_i) (token-wise test)", marker_color="#9ca3af"), row=row, col=1)
+    passes = [e <= h for e, h in zip(b["eta"][:k], b["h"][:k])]
+    fig.add_trace(go.Scatter(x=x, y=b["eta"][:k], mode="markers", name="η_i (uniform; passes if η_i ≤ h_i)",
+                             marker={"symbol": "diamond", "size": 13, "line": {"width": 1, "color": "#111827"},
+                                     "color": ["#15803d" if ok else "#dc2626" for ok in passes]}), row=row, col=1)
+    tau = int(b.get("tau", step.num_accepted))
+    tokenwise = next((i for i, (e, r) in enumerate(zip(b["eta"][:k], ratio)) if e > r), k)
+    fig.update_yaxes(range=[0, 1.05], title_text="block", row=row, col=1)
+    return (f"block: τ = last i with η_i ≤ h_i = {tau} → {tau} token(s) accepted; token-wise verification "
+            f"with the same uniforms would have accepted {tokenwise}")
+
+
+def _title(trace: Trace, step: Step, i: int) -> str:
+    k = len(step.draft_token_ids)
+    if k == 0:
+        return f"step {step.index}: nothing drafted; the target drew {quoted(trace, step.emitted.token_id)} from p"
+    if i > k:
+        return f"step {step.index}, slot {i} (after the last draft token): the bonus slot, p_{i}"
+    fate = position_fate(step, i)
+    text = f"step {step.index}, position {i}: draft {quoted(trace, step.draft_token_ids[i - 1])} was {fate}"
+    if i == step.num_accepted + 1:
+        text += f"; {step.emitted.kind} token {quoted(trace, step.emitted.token_id)} drawn here"
+    return text
+
+
+def _subplots(gauge: bool, block: bool) -> tuple[go.Figure, int | None, int | None]:
+    """Rows: bars, then the accept-test bar (``gauge``), then the block panel (``block``).
+    Returns (figure, gauge row or None, block row or None)."""
+    heights = [0.62] + ([0.12] if gauge else []) + ([0.26] if block else [])
+    fig = make_subplots(rows=len(heights), cols=1, row_heights=heights, vertical_spacing=0.13)
+    gauge_row = 2 if gauge else None
+    block_row = len(heights) if block else None
+    return fig, gauge_row, block_row
+
+
+def residual_figure(trace: Trace | dict[str, Any], step: int | None = None, position: int | None = None) -> go.Figure:
+    """Plotly figure explaining one (step, position); see the module docstring.
+
+    Args:
+        trace: a Trace or its dict.
+        step: step index (clamped into range); position: 1-based slot, k'+1 = the bonus slot
+            (clamped; None -> the step's decision slot num_accepted + 1).
+    Returns:
+        A figure: bars of p, q, residual (row 1); the accept test u vs min(1, p/q) (row 2, not
+        for greedy verification); block P/h/eta for the whole step (last row, verify="block").
+        Distributions come from the trace's top-20 lists; tokens outside a list are drawn as 0.
+    Raises:
+        specviz.trace.TraceFormatError: ``trace`` is a malformed dict.
+    """
+    trace = as_trace(trace)
+    if not trace.steps:
+        return message_figure("No steps yet: press Run (or upload a trace).")
+    s, i = clamp_selection(trace, step, position)
+    st = trace.steps[s]
+    k = len(st.draft_token_ids)
+    verify = str(trace.config.get("verify", ""))
+    has_block = verify == "block" and bool(st.block) and k > 0 and len(st.positions) == k
+    own = (st.emitted.token_id, f"{emitted_fate(st)}: {label(trace, st.emitted.token_id)}",
+           FATE_STYLE[emitted_fate(st)][1])
+    lines = [_title(trace, st, i)]
+    if i <= k and i <= len(st.positions):
+        pos = st.positions[i - 1]
+        fig, gauge_row, block_row = _subplots(verify != "greedy", has_block)
+        p, q, r = _as_dict(pos.p_top), _as_dict(pos.q_top), _as_dict(pos.residual_top)
+        p.setdefault(pos.token_id, pos.p), q.setdefault(pos.token_id, pos.q)
+        series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q), ("residual max(p−q,0)/Z", R_COLOUR, r)]
+        marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
+        if i == st.num_accepted + 1:
+            if verify == "block":
+                series.append(("block residual (drawn from)", B_COLOUR, _as_dict(st.emitted.top)))
+            marks.append(own)
+        _bars(fig, trace, series, [pos.token_id, st.emitted.token_id if i == st.num_accepted + 1 else None], marks)
+        lines.append(_gauge(fig, verify, pos, st.block if has_block else None, gauge_row)
+                     + f"  ·  Z = Σ max(p−q, 0) = {fmt_prob(pos.residual_mass)}")
+    elif k == 0 or (i == k + 1 and st.num_accepted == k):
+        fig, _, block_row = _subplots(False, has_block)
+        name = "target p" if k == 0 else f"target p_{k + 1} (bonus slot)"
+        _bars(fig, trace, [(name, P_COLOUR, _as_dict(st.emitted.top))], [st.emitted.token_id], [own])
+        lines.append("no draft: a plain decoding step, one token from p" if k == 0 else
+                     "every draft token was accepted, so the target's next distribution gives a free bonus token")
+    else:
+        return message_figure(f"step {st.index}, slot {i}: not reached. The step stopped at position "
+                              f"{st.num_accepted + 1}, where draft token {st.num_accepted + 1} was rejected.")
+    if has_block:
+        lines.append(_block_panel(fig, st, block_row))
+    head = textwrap.wrap(lines[0], WRAP - 12)
+    small = [w for t in lines[1:] for w in textwrap.wrap(t, WRAP)]
+    caption = "<br>".join(f"<b>{w}</b>" for w in head) + "".join(
+        f"<br><span style='font-size:12px;color:#374151'>{w}</span>" for w in small)
+    fig.add_annotation(name="caption", text=caption, x=0, y=1, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
+                       yshift=10, showarrow=False, align="left", font={"size": 14, "color": "#111827"})
+    fig.update_layout(
+        height=(620 if has_block else 480), barmode="group", plot_bgcolor="#ffffff",
+        margin={"l": 55, "r": 10, "t": 26 + 19 * (len(head) + len(small)), "b": 40},
+        legend={"orientation": "h", "y": -0.06, "yanchor": "top", "font": {"size": 11}},
+    )
+    return fig

@@ -1,0 +1,150 @@
+"""Run statistics: acceptance-length histogram, per-position acceptance, tokens per target
+forward against the i.i.d. theory, the time split, and the speedup over method "none".
+
+Definitions (algorithms.md, vLLM): mean acceptance length = 1 + accepted / drafting steps;
+per-position rate i = #steps that accepted >= i / drafting steps; the expected tokens per step
+for i.i.d. acceptance a and k drafts is (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023). The
+measured a is estimated as accepted / verified draft positions (a position is verified when every
+draft before it was accepted), the maximum-likelihood estimate under the i.i.d. model.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from specviz.trace import Trace
+
+from .common import as_trace, metrics_of
+
+TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
+
+
+def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """(1 - a^(k+1)) / (1 - a): expected tokens per verification step for i.i.d. acceptance a
+    in [0, 1] and k draft tokens (k + 1 at a = 1)."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def estimated_alpha(trace: Trace | dict[str, Any]) -> float | None:
+    """accepted / verified positions over drafting steps (None when nothing was drafted).
+    Verified positions of a step: min(num_accepted + 1, k')."""
+    trace = as_trace(trace)
+    drafting = [s for s in trace.steps if s.draft_token_ids]
+    reached = sum(min(s.num_accepted + 1, len(s.draft_token_ids)) for s in drafting)
+    return sum(s.num_accepted for s in drafting) / reached if reached else None
+
+
+def run_summary(trace: Trace | dict[str, Any]) -> dict[str, Any]:
+    """Plain-data totals of a run, as the speedup table compares them: method, tokens
+    (generated), steps (verification steps = target forwards after the prefill),
+    target_forward_passes (incl. the prefill), wall_time_s, tokens_per_second,
+    tokens_per_forward (tokens / steps), time_ms {draft, verify, sample} in milliseconds."""
+    trace = as_trace(trace)
+    m = metrics_of(trace)
+    tokens = sum(len(s.committed_token_ids) for s in trace.steps)
+    steps = len(trace.steps)
+    return {
+        "method": str(trace.config.get("method", "")),
+        "tokens": tokens,
+        "steps": steps,
+        "target_forward_passes": int(trace.target_forward_passes),
+        "wall_time_s": float(trace.wall_time_s),
+        "tokens_per_second": float(trace.tokens_per_second),
+        "tokens_per_forward": tokens / steps if steps else 0.0,
+        "time_ms": {k: float(v) for k, v in m.get("time_ms", {}).items()},
+    }
+
+
+def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None = None) -> go.Figure:
+    """A 2 x 2 figure: acceptance histogram, per-position acceptance rates, tokens per step vs
+    the theoretical curve (with the measured point), time split (this run vs ``baseline``).
+
+    Args:
+        trace: a Trace or its dict (partial traces are fine: metrics are computed from steps).
+        baseline: :func:`run_summary` of the method "none" run on the same prompt and settings.
+    Raises:
+        specviz.trace.TraceFormatError: ``trace`` is a malformed dict.
+    """
+    trace = as_trace(trace)
+    m = metrics_of(trace)
+    k = len(m["acceptance_histogram"]) - 1
+    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.1, subplot_titles=(
+        "accepted draft tokens per step (histogram)", "acceptance rate by draft position",
+        "tokens per target forward vs acceptance rate a", "time split (ms)"))
+    fig.add_trace(go.Bar(x=list(range(k + 1)), y=m["acceptance_histogram"], marker_color="#16a34a",
+                         name="steps", showlegend=False, hovertemplate="%{y} step(s) accepted %{x}<extra></extra>"),
+                  row=1, col=1)
+    fig.update_xaxes(title_text="accepted tokens in the step", dtick=1, row=1, col=1)
+    fig.update_yaxes(title_text="drafting steps", row=1, col=1)
+    pos = list(range(1, k + 1))
+    fig.add_trace(go.Bar(x=pos, y=m["acceptance_rate_per_position"], name="P(accepted ≥ i)", marker_color="#2563eb",
+                         hovertemplate="position %{x}: %{y:.3f}<extra>P(accepted ≥ i)</extra>"), row=1, col=2)
+    fig.add_trace(go.Scatter(x=pos, y=m["conditional_acceptance_rate"], mode="lines+markers",
+                             name="P(accept i | accepted i−1)", line={"color": "#f97316"}), row=1, col=2)
+    fig.update_xaxes(title_text="draft position i", dtick=1, row=1, col=2)
+    fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+    _theory_panel(fig, trace, m, k)
+    _time_panel(fig, run_summary(trace), baseline)
+    fig.update_layout(height=620, plot_bgcolor="#ffffff", barmode="stack", margin={"l": 60, "r": 20, "t": 40, "b": 60},
+                      legend={"orientation": "h", "y": -0.12, "font": {"size": 11}})
+    return fig
+
+
+def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> None:
+    grid = [i / 50 for i in range(51)]
+    kk = max(k, 1)
+    fig.add_trace(go.Scatter(x=grid, y=[expected_tokens_per_step(a, kk) for a in grid], mode="lines",
+                             name=f"theory (1 − a^(k+1))/(1 − a), k = {kk}", line={"color": "#6b7280", "dash": "dash"}),
+                  row=2, col=1)
+    alpha = estimated_alpha(trace)
+    if alpha is not None:
+        fig.add_trace(go.Scatter(x=[alpha], y=[m["mean_acceptance_length"]], mode="markers+text",
+                                 text=[f"measured: {m['mean_acceptance_length']:.2f}"], textposition="top left",
+                                 marker={"size": 13, "color": "#dc2626", "symbol": "star"},
+                                 name="this run (drafting steps)"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", line={"color": "#111827", "width": 1},
+                             name="plain decoding: 1 token per forward"), row=2, col=1)
+    fig.update_xaxes(title_text="acceptance rate a (estimated: accepted / verified positions)", range=[0, 1], row=2, col=1)
+    fig.update_yaxes(title_text="tokens per step", row=2, col=1)
+
+
+def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | None) -> None:
+    bars = [(f"this run ({run['method']})", run)] + ([("method none", baseline)] if baseline else [])
+    last = list(TIME_COLOURS)[-1]
+    for part, colour in TIME_COLOURS.items():
+        totals = [f"{sum(b['time_ms'].values()):.0f} ms" if part == last else "" for _, b in bars]
+        fig.add_trace(go.Bar(y=[name for name, _ in bars], x=[b["time_ms"].get(part, 0.0) for _, b in bars],
+                             orientation="h", name=part, marker_color=colour, text=totals, textposition="outside",
+                             cliponaxis=False, hovertemplate=f"{part}: %{{x:.1f}} ms<extra></extra>"), row=2, col=2)
+    fig.update_xaxes(title_text="milliseconds (draft / verify = target forward / sample)", row=2, col=2)
+
+
+def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+    """HTML table comparing :func:`run_summary` of this run with the method "none" baseline.
+
+    Tokens per target forward (tokens / verification steps) is the hardware-independent gain;
+    tokens/s is what this machine measured. Returns a note instead of a table column when
+    ``baseline`` is None."""
+    rows = [("generated tokens", "tokens", "{:d}"), ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
+            ("tokens per target forward", "tokens_per_forward", "{:.2f}"), ("wall time (s)", "wall_time_s", "{:.2f}"),
+            ("tokens / s (this machine)", "tokens_per_second", "{:.1f}")]
+    cols = [(f"this run: {run['method']}", run)] + ([("method none", baseline)] if baseline else [])
+    head = "".join(f"<th style='padding:4px 10px;text-align:right'>{html.escape(n)}</th>" for n, _ in cols)
+    body = ""
+    for name, key, fmt in rows:
+        cells = "".join(f"<td style='padding:4px 10px;text-align:right'>{fmt.format(c[key])}</td>" for _, c in cols)
+        body += f"<tr><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
+    note = "<p style='color:#6b7280'>No baseline yet: tick “compare with method none” and run again.</p>"
+    if baseline:
+        fwd = run["tokens_per_forward"] / baseline["tokens_per_forward"] if baseline["tokens_per_forward"] else 0.0
+        tps = run["tokens_per_second"] / baseline["tokens_per_second"] if baseline["tokens_per_second"] else 0.0
+        note = (f"<p><b>speedup over none: {tps:.2f}× in tokens/s</b> (measured on this machine), "
+                f"{fwd:.2f}× in tokens per target forward (hardware-independent).</p>")
+    return (f"<div class='sv-speedup'><table style='border-collapse:collapse;font-size:14px'>"
+            f"<tr><th></th>{head}</tr>{body}</table>{note}</div>")

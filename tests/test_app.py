@@ -1,0 +1,211 @@
+"""The web app, launched for real on tiny models and driven through gradio_client: every event
+(by api_name), bad inputs, export + replay of a trace, Stop, and two sessions at once."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+
+from specviz.trace import Trace  # noqa: E402
+from specviz.ui import build_app, launch_options  # noqa: E402
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+API = ("run", "stop", "select_step", "select_position", "replay", "export", "load_example")
+# outputs of run / stop / replay: progress, stream, summary, grid, residual, match, trie, stats, speedup,
+# step slider, position slider (the session state is not part of the API)
+PROGRESS, STREAM, SUMMARY, GRID, RESIDUAL, MATCH, TRIE, STATS, SPEEDUP, STEP, POSITION = range(11)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(demo):
+    port = _free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
+    return f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dirs):
+    target, draft = tiny_dirs["llama"]
+    demo = build_app(str(target), str(draft), "cpu")
+    url = _launch(demo)
+    yield url
+    demo.close()
+
+
+def run_args(prompt=PROMPT, method="ngram", k=4, verify="auto", temperature=0.0, max_new=16, compare=True,
+             top_k=0, top_p=1.0, seed=0, lookup=(1, 3), rates=""):
+    return (prompt, method, k, verify, temperature, top_k, top_p, max_new, seed, lookup[0], lookup[1], rates, compare)
+
+
+def plot(out) -> dict:
+    """A gr.Plot output as the figure dict."""
+    assert out["type"] == "plotly"
+    return json.loads(out["plot"])
+
+
+def caption(fig: dict) -> str:
+    """The residual figure's caption annotation as plain text."""
+    text = next(a["text"] for a in fig["layout"]["annotations"] if a.get("name") == "caption")
+    return " ".join(re.sub(r"<[^>]+>", " ", text).split())
+
+
+def stream_tokens(page: str) -> list[tuple[str, int]]:
+    return [(f, int(t)) for f, t in re.findall(r'data-fate="(\w+)" data-token="(\d+)"', page)]
+
+
+def test_every_event_has_an_api_name(app_url):
+    names = Client(app_url, verbose=False).view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {f"/{n}" for n in API} <= set(names)
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "none"])
+def test_run_draws_every_view(app_url, method):
+    client = Client(app_url, verbose=False)
+    out = client.predict(*run_args(method=method), api_name="/run")
+    assert out[PROGRESS].startswith("✅ 16 tokens")
+    tokens = stream_tokens(out[STREAM])
+    assert len([t for f, t in tokens if f != "rejected"]) == 16
+    grid = plot(out[GRID])
+    steps = len(grid["data"][0]["z"])
+    assert out[STEP]["maximum"] == max(steps - 1, 1)
+    assert "mean acceptance length" in out[SUMMARY]
+    assert caption(plot(out[RESIDUAL])).startswith("step ")
+    stats = plot(out[STATS])
+    drafting_rows = sum(1 for row in grid["data"][0]["z"] if any(v is not None for v in row[:-1]))
+    assert sum(stats["data"][0]["y"]) == drafting_rows  # histogram over drafting steps
+    assert (drafting_rows == 0) == (method == "none")
+    assert "method none" in out[SPEEDUP] and "speedup over none" in out[SPEEDUP]
+    if method == "ngram":
+        assert 'data-role="suffix"' in out[MATCH]
+        assert plot(out[TRIE])["data"], "the trie figure has traces"
+
+
+def test_select_step_and_position_follow_the_session(app_url):
+    client = Client(app_url, verbose=False)
+    out = client.predict(*run_args(method="draft_model", verify="standard", temperature=1.0), api_name="/run")
+    steps = len(plot(out[GRID])["data"][0]["z"])
+    assert steps >= 2
+    pos, stream, grid, residual, match, trie = client.predict(1, api_name="/select_step")
+    assert caption(plot(residual)).startswith("step 1")
+    assert pos["value"] >= 1 and pos["maximum"] >= 2
+    assert 'outline:2px solid #111827' in stream  # the selected step's tokens are outlined
+    stream2, grid2, residual2, match2, trie2 = client.predict(1, 1, api_name="/select_position")
+    assert caption(plot(residual2)).startswith("step 1, position 1")
+
+
+@pytest.mark.parametrize("args, message", [
+    (run_args(prompt="   "), "prompt is empty"),
+    (run_args(k=0), "Value 0 is less than minimum value 1"),  # the slider's own bound check
+    (run_args(k=40), "Value 40 is greater than maximum value 12"),
+    (run_args(prompt="def f(x):\n    return x\n" * 60, max_new=64), "exceeds the model's context"),
+    (run_args(verify="greedy", temperature=1.0), "verify='greedy' needs temperature 0"),
+    (run_args(lookup=(4, 2)), "prompt_lookup_min (4) must be <= prompt_lookup_max (2)"),
+    (run_args(max_new=0), "Value 0 is less than minimum value 1"),
+    (run_args(verify="synthetic", rates="0.8, x"), "synthetic rates must be comma-separated numbers"),
+    (run_args(verify="synthetic", rates="0.5, 0.9, 0.1, 0.1"), "non-increasing"),
+])
+def test_bad_input_gives_a_message_and_the_app_stays_up(app_url, args, message):
+    client = Client(app_url, verbose=False)
+    with pytest.raises(Exception) as err:
+        client.predict(*args, api_name="/run")
+    assert message in str(err.value)
+    assert client.predict(*run_args(max_new=4, compare=False), api_name="/run")[PROGRESS].startswith("✅")
+
+
+def test_unknown_model_gives_a_message(tmp_path):
+    demo = build_app(str(tmp_path / "no-such-model"), None, "cpu")
+    url = _launch(demo)
+    try:
+        with pytest.raises(Exception) as err:
+            Client(url, verbose=False).predict(*run_args(), api_name="/run")
+        assert "could not load model" in str(err.value) and "no such directory" in str(err.value)
+    finally:
+        demo.close()
+
+
+def test_export_then_replay_without_a_model(app_url, tmp_path):
+    client = Client(app_url, verbose=False)
+    with pytest.raises(Exception, match="nothing to export yet"):
+        client.predict(0, 1, api_name="/export")
+    out = client.predict(*run_args(method="ngram"), api_name="/run")
+    files = client.predict(0, 1, api_name="/export")
+    by_name = {p.replace("\\", "/").rsplit("/", 1)[-1]: p for p in files}
+    assert {"trace.json", "report.html"} <= set(by_name)
+    text = open(by_name["trace.json"], encoding="utf-8").read()
+    trace = Trace.from_json(text)
+    assert len(trace.output_token_ids) == 16
+    assert "<h2>Token stream</h2>" in open(by_name["report.html"], encoding="utf-8").read()
+    # a fresh session replays the uploaded trace and sees the same token stream
+    other = Client(app_url, verbose=False)
+    replayed = other.predict(handle_file(by_name["trace.json"]), api_name="/replay")
+    assert replayed[PROGRESS].startswith("📂 replaying")
+    assert stream_tokens(replayed[STREAM]) == stream_tokens(out[STREAM])
+    assert plot(replayed[GRID])["data"][0]["z"] == plot(out[GRID])["data"][0]["z"]
+
+
+def test_replay_refuses_what_is_not_a_trace(app_url, tmp_path):
+    client = Client(app_url, verbose=False)
+    bad = tmp_path / "bad.json"
+    for content in ("not json at all", json.dumps({"version": 1, "config": {}}), json.dumps([1, 2, 3])):
+        bad.write_text(content)
+        with pytest.raises(Exception, match="not a specviz trace"):
+            client.predict(handle_file(str(bad)), api_name="/replay")
+
+
+def test_load_example_fills_the_controls(app_url):
+    client = Client(app_url, verbose=False)
+    prompt, method, *_ = client.predict("Config class, n-gram lookup (greedy)", api_name="/load_example")
+    assert prompt.startswith("class LlamaConfig") and method == "ngram"
+
+
+def test_stop_ends_the_run_cleanly(app_url):
+    client = Client(app_url, verbose=False)
+    job = client.submit(*run_args(method="draft_model", max_new=200, compare=False, prompt="for i in range(10):\n"),
+                        api_name="/run")
+    deadline = time.time() + 60
+    while not job.outputs() and time.time() < deadline:  # wait for the first streamed update
+        time.sleep(0.05)
+    assert job.outputs(), "the run streamed no update within 60 s"
+    out = client.predict(api_name="/stop")
+    assert out[PROGRESS].startswith("⏹ stopped after")
+    assert 0 < len([t for f, t in stream_tokens(out[STREAM]) if f != "rejected"]) < 200
+    final = job.result(timeout=60)  # the run ends after its current step, with the stopped trace drawn
+    assert final[PROGRESS].startswith("⏹ stopped after")
+    shown = [t for f, t in stream_tokens(final[STREAM]) if f != "rejected"]
+    assert 0 < len(shown) < 200
+    assert client.predict(api_name="/stop")[PROGRESS] == "Nothing is running."
+
+
+def test_two_sessions_run_at_once_and_keep_their_own_traces(app_url):
+    a, b = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    results = {}
+
+    def go(name, client, prompt, method):
+        results[name] = client.predict(*run_args(prompt=prompt, method=method, compare=False), api_name="/run")
+
+    threads = [threading.Thread(target=go, args=("a", a, PROMPT, "ngram")),
+               threading.Thread(target=go, args=("b", b, "class Point:\n    def __init__(self, x, y):\n", "draft_model"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert results["a"][PROGRESS].startswith("✅") and results["b"][PROGRESS].startswith("✅")
+    assert "def add" in results["a"][STREAM] and "class Point" in results["b"][STREAM]
+    # each session's selection views are drawn from its own trace
+    stream_a = a.predict(0, api_name="/select_step")[1]
+    stream_b = b.predict(0, api_name="/select_step")[1]
+    assert "def add" in stream_a and "class Point" not in stream_a
+    assert "class Point" in stream_b and "def add" not in stream_b

@@ -1,0 +1,147 @@
+"""Headless Chromium drives the real app (tiny models): run, views rendered, step selection,
+Stop, replay; screenshots are kept in ``screenshots-tmp/`` (git-ignored; CI can upload it).
+
+Needs /usr/bin/chromium (``apt-get install -y chromium``); never downloads a browser.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+if not Path(CHROMIUM).exists():
+    pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`", allow_module_level=True)
+playwright = pytest.importorskip("playwright.sync_api")
+
+from specviz.ui import build_app, launch_options  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+RUN_TIMEOUT_MS = 120_000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dirs):
+    target, draft = tiny_dirs["llama"]
+    demo = build_app(str(target), str(draft), "cpu")
+    port = _free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with playwright.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True, args=ARGS,
+                                                   viewport={"width": 1400, "height": 1000})
+        yield ctx
+        ctx.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def _open(browser, url):
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("#sv-run")
+    return page, errors
+
+
+def _set(page, label: str, value) -> None:
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def _progress(page) -> str:
+    return page.locator("#sv-progress").inner_text()
+
+
+def _wait_progress(page, marker: str, timeout=RUN_TIMEOUT_MS) -> None:
+    page.wait_for_function("m => document.querySelector('#sv-progress').innerText.includes(m)", arg=marker,
+                           timeout=timeout)
+
+
+def _run(page, method: str, max_new: int = 24) -> None:
+    page.locator("#sv-prompt textarea").fill(PROMPT)
+    page.get_by_label(method, exact=True).check()
+    _set(page, "number input for max new tokens", max_new)
+    page.click("#sv-run")
+    _wait_progress(page, "✅")
+
+
+def test_run_renders_every_view_and_keeps_a_screenshot(browser, app_url):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page, errors = _open(browser, app_url)
+    _run(page, "ngram")
+    assert page.locator("#sv-stream .sv-tok").count() >= 24
+    for view in ("sv-grid", "sv-residual", "sv-trie", "sv-stats"):
+        page.wait_for_selector(f"#{view} .js-plotly-plot", timeout=10_000)
+        assert page.locator(f"#{view} .js-plotly-plot .main-svg").count() >= 1, view
+    assert page.locator("#sv-grid .heatmaplayer").count() == 1
+    assert page.locator("#sv-match [data-role]").count() + page.locator("#sv-match .sv-match-empty").count() >= 1
+    assert "speedup over none" in page.locator("#sv-speedup").inner_text()
+    page.screenshot(path=str(SHOTS / "browser_run_full.png"), full_page=True)
+    page.locator("#sv-stream").screenshot(path=str(SHOTS / "browser_stream.png"))
+    assert (SHOTS / "browser_run_full.png").stat().st_size > 10_000
+    assert not errors, errors
+    page.close()
+
+
+def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
+    page, errors = _open(browser, app_url)
+    _run(page, "draft_model")
+    before = page.locator("#sv-residual .annotation-text").all_inner_texts()
+    page.locator("#sv-step input[type=range]").fill("2")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#sv-residual .annotation-text')].some(a => a.textContent.startsWith('step 2'))",
+        timeout=20_000)
+    after = page.locator("#sv-residual .annotation-text").all_inner_texts()
+    assert after != before
+    assert page.locator("#sv-stream [data-step='2']").first.evaluate("e => getComputedStyle(e).outlineStyle") == "solid"
+    page.locator("#sv-residual").screenshot(path=str(SHOTS / "browser_residual_step2.png"))
+    assert not errors, errors
+    page.close()
+
+
+def test_stop_ends_a_long_run(browser, app_url):
+    page, errors = _open(browser, app_url)
+    page.locator("#sv-prompt textarea").fill("for i in range(10):\n")
+    page.get_by_label("draft_model", exact=True).check()
+    _set(page, "number input for max new tokens", 200)
+    page.click("#sv-run")
+    _wait_progress(page, "⏳", timeout=60_000)
+    page.click("#sv-stop")
+    _wait_progress(page, "⏹ stopped", timeout=30_000)
+    page.wait_for_timeout(1500)  # a cancelled run must not overwrite the stopped view
+    assert "⏹ stopped" in _progress(page)
+    assert 0 < page.locator("#sv-stream .sv-tok").count()
+    assert not errors, errors
+    page.close()
+
+
+def test_empty_prompt_shows_an_error_and_the_app_stays_up(browser, app_url):
+    page, errors = _open(browser, app_url)
+    page.locator("#sv-prompt textarea").fill("   ")
+    page.click("#sv-run")
+    page.get_by_text("the prompt is empty").first.wait_for(timeout=20_000)
+    _run(page, "none", max_new=8)
+    assert page.locator("#sv-stream .sv-target").count() == 8
+    page.close()

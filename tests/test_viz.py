@@ -1,0 +1,258 @@
+"""The figure functions (specviz.viz) on real traces from tiny models and on hand-made traces:
+the drawn data must match the trace (cell counts, fates, histogram sums, the test bars)."""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+
+import pytest
+
+from specviz.engine import METHODS
+from specviz.trace import Emitted, Position, Step, Trace, compute_metrics
+from specviz.viz import (
+    FATES,
+    estimated_alpha,
+    expected_tokens_per_step,
+    figures,
+    grid_cells,
+    match_context_html,
+    report_html,
+    residual_figure,
+    run_summary,
+    speedup_html,
+    stats_figure,
+    step_grid_figure,
+    token_events,
+    token_stream_html,
+    trie_figure,
+    trie_placement,
+)
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+MAX_NEW = 20
+RUNS = {
+    **{f"{m}-greedy": {"method": m} for m in METHODS},
+    "draft_model-standard": {"method": "draft_model", "verify": "standard", "temperature": 1.0},
+    "draft_model-block": {"method": "draft_model", "verify": "block", "temperature": 1.0},
+    "ngram-standard": {"method": "ngram", "verify": "standard", "temperature": 0.9},
+}
+
+
+@pytest.fixture(scope="module")
+def traces(decoders):
+    dec = decoders["llama"]
+    out = {}
+    for name, kw in RUNS.items():
+        lookup = {"prompt_lookup_min": 1, "prompt_lookup_max": 3} if kw["method"] == "ngram" else {}
+        out[name] = dec.generate(PROMPT, num_speculative_tokens=4, max_new_tokens=MAX_NEW, seed=3, **lookup, **kw)
+    return out
+
+
+@pytest.fixture(scope="module")
+def self_trace(self_decoders):
+    """draft == target, greedy: every draft token accepted, every step ends with a bonus token."""
+    return self_decoders["llama"].generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=12)
+
+
+def title_text(fig) -> str:
+    """The residual figure's caption (the annotation named "caption") as plain text without tags."""
+    text = next(a.text for a in fig.layout.annotations if a.name == "caption")
+    return " ".join(re.sub(r"<[^>]+>", " ", text).split())
+
+
+def _pos(i, tok, accepted, p=0.5, q=1.0, u=0.3):
+    return Position(index=i, token_id=tok, p=p, q=q, u=u, accept_prob=min(1.0, p / q), accepted=accepted,
+                    residual_mass=0.5, p_top=[[tok, p], [99, 0.2]], q_top=[[tok, q]], residual_top=[[99, 1.0]])
+
+
+def handmade() -> Trace:
+    """Three steps: 2 of 3 accepted + recovered; nothing drafted; 3 of 3 accepted but cut to 2 by the stop."""
+    steps = [
+        Step(0, "ngram", [10, 11, 12], 2, Emitted(3, 20, "recovered", 0.4, [[20, 0.6]]),
+             [_pos(1, 10, True), _pos(2, 11, True), _pos(3, 12, False, u=0.9)], [10, 11, 20],
+             match={"kind": "ngram", "n": 1, "suffix": [5], "suffix_start": 3, "occurrences": [0], "match_position": 0,
+                    "tried": [{"n": 1, "occurrences": 1}], "trie": [{"token_id": 6, "count": 1, "children": []}]}),
+        Step(1, "ngram", [], 0, Emitted(1, 21, "target", 0.9, [[21, 0.9]]), [], [21],
+             match={"kind": "ngram", "n": 0, "tried": [{"n": 1, "occurrences": 0}], "trie": []}),
+        Step(2, "ngram", [30, 31, 32], 3, Emitted(4, 33, "bonus", 0.7, [[33, 0.7]]),
+             [_pos(1, 30, True), _pos(2, 31, True), _pos(3, 32, True)], [30, 31]),
+    ]
+    texts = {str(t): f"t{t}" for t in (5, 6, 10, 11, 12, 20, 21, 30, 31, 32, 33, 99)}
+    return Trace(config={"method": "ngram", "num_speculative_tokens": 3, "verify": "standard"},
+                 prompt_token_ids=[5, 6, 7, 5], prompt_text="t5t6t7t5", steps=steps,
+                 output_token_ids=[10, 11, 20, 21, 30, 31], token_texts=texts,
+                 metrics=compute_metrics(steps, 3), target_forward_passes=4, wall_time_s=1.0, tokens_per_second=6.0,
+                 stop_reason="max_new_tokens")
+
+
+def test_handmade_fates_in_grid_and_stream():
+    tr = handmade()
+    z, text, _ = grid_cells(tr)
+    f = [[FATES[int(v)] if not math.isnan(v) else None for v in row] for row in z]
+    assert f[0] == ["accepted", "accepted", "rejected", "recovered"]
+    assert f[1] == [None, None, None, "target"]
+    assert f[2] == ["accepted", "accepted", "cut", "cut"]  # the stop dropped x3 and the bonus
+    assert text[0][:3] == ["t10", "t11", "t12"] and text[0][3] == "t20"
+    page = token_stream_html(tr)
+    fates = re.findall(r'data-fate="(\w+)"', page)
+    assert fates == ["accepted", "accepted", "rejected", "recovered", "target", "accepted", "accepted"]
+    shown = [int(t) for t, fate in zip(re.findall(r'data-token="(\d+)"', page), fates) if fate != "rejected"]
+    assert shown == tr.output_token_ids
+
+
+def test_handmade_stats_and_alpha():
+    tr = handmade()
+    fig = stats_figure(tr)
+    hist = fig.data[0]
+    assert list(hist.y) == tr.metrics["acceptance_histogram"] == [0, 0, 1, 1]
+    # verified positions: step 0 -> 3 (2 accepted + the rejected one), step 2 -> 3; accepted 5
+    assert estimated_alpha(tr) == pytest.approx(5 / 6)
+    assert expected_tokens_per_step(0.0, 4) == 1.0 and expected_tokens_per_step(1.0, 4) == 5.0
+    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
+    summary = run_summary(tr)
+    assert summary["tokens"] == 6 and summary["steps"] == 3 and summary["tokens_per_forward"] == 2.0
+    table = speedup_html(summary, dict(summary, tokens_per_forward=1.0, tokens_per_second=3.0))
+    assert "2.00× in tokens/s" in table and "2.00× in tokens per target forward" in table
+
+
+def test_handmade_residual_bars():
+    tr = handmade()
+    fig = residual_figure(tr, 0, 3)  # the rejected position
+    bars = {b.name: b for b in fig.data if b.type == "bar" and b.orientation != "h"}
+    assert set(bars) == {"target p", "draft q", "residual max(p−q,0)/Z"}
+    ids = [c[1] for c in bars["target p"].customdata]
+    assert ids[0] == 12 or 12 in ids
+    assert bars["target p"].y[ids.index(12)] == pytest.approx(0.5)
+    assert bars["draft q"].y[ids.index(12)] == pytest.approx(1.0)
+    assert bars["residual max(p−q,0)/Z"].y[ids.index(99)] == pytest.approx(1.0)
+    threshold = [b for b in fig.data if b.type == "bar" and b.orientation == "h" and b.name][0]
+    u_marker = [d for d in fig.data if d.type == "scatter" and d.name == "u (the uniform drawn)"][0]
+    assert threshold.x[0] == pytest.approx(0.5) and u_marker.x[0] == pytest.approx(0.9)
+    assert "u = 0.9 > min(1, p/q) = 0.5: rejected" in title_text(fig)
+
+
+def test_grid_and_stream_match_real_traces(traces):
+    for name, tr in traces.items():
+        z, text, hover = grid_cells(tr)
+        assert len(z) == len(tr.steps), name
+        for row, st in zip(z, tr.steps):
+            drafted = [v for v in row[:-1] if not math.isnan(v)]
+            assert len(drafted) == len(st.draft_token_ids), name
+            n_acc = sum(1 for v in drafted if FATES[int(v)] == "accepted")
+            assert n_acc == min(st.num_accepted, len(st.committed_token_ids)), name
+            assert sum(1 for v in drafted if FATES[int(v)] == "rejected") == int(st.num_accepted < len(st.draft_token_ids))
+        fig = step_grid_figure(tr, 0, 1)
+        assert len(fig.data[0].z) == len(tr.steps)
+        page = token_stream_html(tr)
+        fates = re.findall(r'data-fate="(\w+)"', page)
+        toks = [int(t) for t in re.findall(r'data-token="(\d+)"', page)]
+        assert [t for t, f in zip(toks, fates) if f != "rejected"] == tr.output_token_ids, name
+        assert fates.count("rejected") == sum(1 for s in tr.steps if s.num_accepted < len(s.draft_token_ids))
+        if tr.config["method"] == "none":
+            assert set(fates) == {"target"}
+
+
+def test_stats_match_metrics(traces):
+    for name, tr in traces.items():
+        fig = stats_figure(tr)
+        m = tr.metrics
+        assert list(fig.data[0].y) == m["acceptance_histogram"], name
+        assert sum(fig.data[0].y) == m["num_drafts"]
+        assert list(fig.data[1].y) == pytest.approx(m["acceptance_rate_per_position"])
+        measured = [d for d in fig.data if d.name == "this run (drafting steps)"]
+        if m["num_drafts"]:
+            assert measured[0].y[0] == pytest.approx(m["mean_acceptance_length"])
+        else:
+            assert not measured
+        times = {d.name: d.x[0] for d in fig.data if d.name in ("draft", "verify", "sample")}
+        assert times == pytest.approx(m["time_ms"])
+
+
+def test_residual_view_uses_the_positions_numbers(traces):
+    tr = traces["draft_model-standard"]
+    st = next(s for s in tr.steps if s.num_accepted < len(s.draft_token_ids))
+    i = st.num_accepted + 1
+    pos = st.positions[i - 1]
+    fig = residual_figure(tr, st.index, i)
+    bars = {b.name: b for b in fig.data if b.type == "bar" and b.orientation != "h"}
+    ids = [c[1] for c in bars["target p"].customdata]
+    assert pos.token_id in ids and st.emitted.token_id in ids  # drafted and recovered tokens are drawn
+    j = ids.index(pos.token_id)
+    assert bars["target p"].y[j] == pytest.approx(pos.p) and bars["draft q"].y[j] == pytest.approx(pos.q)
+    residual = dict((int(t), v) for t, v in pos.residual_top)
+    for t, y in zip(ids, bars["residual max(p−q,0)/Z"].y):
+        assert y == pytest.approx(residual.get(t, 0.0))
+    texts = " ".join(a.text for a in fig.layout.annotations)
+    assert f"drafted x{i}" in texts and "recovered" in texts
+
+
+def test_block_panel_shows_P_h_eta(traces):
+    tr = traces["draft_model-block"]
+    st = next(s for s in tr.steps if s.draft_token_ids)
+    fig = residual_figure(tr, st.index, st.num_accepted + 1)
+    by_name = {d.name: d for d in fig.data if d.name}
+    k = len(st.draft_token_ids)
+    assert list(by_name["P_i (block acceptance weight)"].y) == pytest.approx(st.block["P"][:k])
+    assert list(by_name["h_i (pass probability)"].y) == pytest.approx(st.block["h"][:k])
+    assert list(by_name["η_i (uniform; passes if η_i ≤ h_i)"].y) == pytest.approx(st.block["eta"][:k])
+    assert f"τ = last i with η_i ≤ h_i = {st.num_accepted} → {st.num_accepted} token(s) accepted" in title_text(fig)
+
+
+def test_bonus_slot_with_self_draft(self_trace):
+    st = self_trace.steps[0]
+    k = len(st.draft_token_ids)
+    assert st.num_accepted == k and st.emitted.kind == "bonus"
+    fig = residual_figure(self_trace, 0, k + 1)
+    assert [d.name for d in fig.data if d.type == "bar"][0] == f"target p_{k + 1} (bonus slot)"
+    assert "bonus" in " ".join(a.text for a in fig.layout.annotations)
+    assert "free bonus token" in title_text(fig)
+    z, _, _ = grid_cells(self_trace)
+    assert FATES[int(z[0][-1])] == "bonus"
+
+
+def test_ngram_match_and_trie(traces):
+    tr = traces["ngram-greedy"]
+    matched = [s for s in tr.steps if s.match.get("n")]
+    assert matched, "the repetitive prompt must give n-gram matches"
+    st = matched[0]
+    page = match_context_html(tr, st.index)
+    roles = re.findall(r'data-role="(\w+)"', page)
+    assert roles.count("suffix") == st.match["n"]
+    assert roles.count("chosen") == st.match["n"]
+    placed = trie_placement(st)
+    assert sum(nd["node"]["count"] for nd in placed if nd["depth"] == 1) == len(st.match["occurrences"])
+    path = [nd["node"]["token_id"] for nd in placed if nd["on_path"]]
+    assert path == st.draft_token_ids[: len(path)] and len(path) == min(len(st.draft_token_ids), 6)
+    fig = trie_figure(tr, st.index)
+    assert len(fig.data[-1].x) == len(placed) + 1  # the suffix root + every node
+    other = traces["draft_model-standard"]
+    assert "not from prompt lookup" in html.unescape(match_context_html(other, 0))
+    assert "no n-gram match" in trie_figure(other, 0).layout.annotations[0].text
+
+
+def test_partial_trace_renders(decoders):
+    it = decoders["llama"].iter_generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=12,
+                                         prompt_lookup_min=1)
+    partial = Trace.from_json(next(it).to_json())  # a snapshot: closing the run finishes the live trace
+    it.close()
+    assert partial.metrics == {}
+    fig = stats_figure(partial)
+    assert sum(fig.data[0].y) == sum(1 for s in partial.steps if s.draft_token_ids)
+    assert "<" in token_stream_html(partial)  # texts not filled yet: ids shown as <id>
+
+
+def test_report_and_dict_input(traces):
+    tr = traces["ngram-standard"]
+    as_dict = json.loads(tr.to_json())
+    assert token_stream_html(as_dict) == token_stream_html(tr)
+    figs = figures(as_dict)
+    assert set(figs) == {"grid", "residual", "trie", "stats"}
+    page = report_html(tr)
+    for heading in ("Token stream", "Step grid", "Residual view", "N-gram match", "Run statistics"):
+        assert f"<h2>{heading}</h2>" in page
+    assert page.count("Plotly.newPlot") == 4
+    assert len(token_events(tr)) == len(tr.output_token_ids) + sum(
+        1 for s in tr.steps if s.num_accepted < len(s.draft_token_ids))
