@@ -11,7 +11,8 @@ between repeats):
   bandwidth, and block / standard; plus one-hot q and synthetic at the goal shape;
 * the n-gram matcher for B x L in {1,64,256} x {1024,8192,32768}: reference vs Triton.
 Every Triton result is also checked against the reference (token ids must be equal).
-Writes RESULTS_DIR/bench_kernels.json and RESULTS_DIR/bench_kernels.md (date, device, commit).
+Triton calls are also timed as CUDA-graph replays (GPU time without host overhead) and on the
+host alone. Writes RESULTS_DIR/bench_kernels{TAG}.json and .md (date, device, commit).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,6 +45,27 @@ RATES = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
 def median_ms(fn, heavy: bool = False) -> float:
     """Median time of fn() in ms; fewer repeats for slow reference calls."""
     return float(do_bench(fn, warmup=5 if heavy else 10, rep=40 if heavy else 60, return_mode="median"))
+
+
+def graph_ms(fn) -> float | None:
+    """Median GPU time of fn() replayed from a CUDA graph (no host launch overhead, no L2 flush);
+    None if fn cannot be captured."""
+    try:
+        return float(do_bench_cudagraph(fn, rep=20, return_mode="median"))
+    except Exception:
+        return None
+
+
+def host_us(fn, n: int = 50) -> float:
+    """Host (CPU) time per call in microseconds: n calls back to back, then one synchronize."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
 
 
 def copy_bandwidth() -> dict:
@@ -94,6 +116,17 @@ def must_read_bytes(out, V: int, p_bytes: int, q_bytes: int, full: bool, method:
     return B * V * p_bytes + noise
 
 
+def same_outputs(ref, tri) -> bool:
+    """Every field equal (exact), residual mass and block rho / h to float32 rounding of a sum."""
+    exact = ("output_token_ids", "num_accepted", "num_draft", "token_kind", "accepted", "u", "p_draft", "q_draft", "accept_prob")
+    ok = all(torch.equal(getattr(ref, f), getattr(tri, f)) for f in exact)
+    close = [(ref.residual_mass, tri.residual_mass)]
+    if ref.block is not None:
+        ok &= torch.equal(ref.block.P, tri.block.P) and torch.equal(ref.block.tau, tri.block.tau)
+        close += [(ref.block.rho, tri.block.rho), (ref.block.h, tri.block.h)]
+    return bool(ok and all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in close))
+
+
 def bench_sampler_case(B, K, V, dtype_name, full, methods, copy_GBps) -> list[dict]:
     dtype = DTYPES[dtype_name]
     recs = []
@@ -103,21 +136,42 @@ def bench_sampler_case(B, K, V, dtype_name, full, methods, copy_GBps) -> list[di
         kw = dict(method=method, noise=noise, synthetic_rates=rates)
         ref = rejection_sample(p, q, ids, backend="reference", **kw)
         tri = rejection_sample_triton(p, q, ids, **kw)
-        match = bool(torch.equal(ref.output_token_ids, tri.output_token_ids)) and bool(
-            torch.equal(ref.token_kind, tri.token_kind)
-        )
+        match = same_outputs(ref, tri)
         heavy = B * (K + 1) * V > 2e7
         t_ref = median_ms(lambda: rejection_sample(p, q, ids, backend="reference", **kw), heavy=heavy)
-        t_tri = median_ms(lambda: rejection_sample_triton(p, q, ids, **kw))
+        call = lambda: rejection_sample_triton(p, q, ids, **kw)  # noqa: E731
+        t_tri, t_graph, t_host = median_ms(call), graph_ms(call), host_us(call)
         nbytes = must_read_bytes(ref, V, p.element_size(), q.element_size() if full else 0, full, method)
         gbps = nbytes / t_tri / 1e6
         recs.append(
             dict(B=B, K=K, V=V, dtype=dtype_name, q="full" if full else "onehot", method=method,
                  ref_ms=t_ref, triton_ms=t_tri, speedup=t_ref / t_tri, must_read_bytes=nbytes,
                  triton_GBps=gbps, frac_copy_bw=gbps / copy_GBps, match_reference=match,
+                 triton_graph_ms=t_graph, host_us=t_host,
+                 frac_copy_bw_graph=None if t_graph is None else nbytes / t_graph / 1e6 / copy_GBps,
                  mean_accepted=float(ref.num_accepted.float().mean()))
         )  # fmt: skip
         del p, q, ids, noise, ref, tri
+    return recs
+
+
+def sweep_launch_configs(copy_GBps: float) -> list[dict]:
+    """GPU time (graph replay) of the pass kernel's block size / warps at the goal shape."""
+    B, K, V = GOAL
+    recs = []
+    for d in DTYPES:
+        for method in ("standard", "block"):
+            p, q, ids, noise = make_sampler_inputs(B, K, V, DTYPES[d], True, method)
+            ref = rejection_sample(p, q, ids, method=method, noise=noise)
+            nbytes = must_read_bytes(ref, V, p.element_size(), q.element_size(), True, method)
+            for bv, nw in ((2048, 4), (4096, 4), (4096, 8), (8192, 8), (8192, 16)):
+                call = lambda: rejection_sample_triton(p, q, ids, method=method, noise=noise, block_v=bv, num_warps=nw)  # noqa: E731
+                tri = call()
+                ok = bool(torch.equal(tri.output_token_ids, ref.output_token_ids))
+                t = graph_ms(call)
+                recs.append(dict(dtype=d, method=method, block_v=bv, num_warps=nw, triton_graph_ms=t, match_reference=ok,
+                                 frac_copy_bw_graph=None if t is None else nbytes / t / 1e6 / copy_GBps))  # fmt: skip
+            del p, q, ids, noise
     return recs
 
 
@@ -135,14 +189,16 @@ def bench_ngram(B: int, L: int, kw: dict) -> dict:
     match = all(torch.equal(a, b) for a, b in zip(ref, tri))
     t_ref = median_ms(lambda: ngram_match_reference(ids, lengths, **kw), heavy=B * L > 2e6)
     t_tri = median_ms(lambda: ngram_match_triton(ids, lengths, **kw))
-    return dict(B=B, L=L, ref_ms=t_ref, triton_ms=t_tri, speedup=t_ref / t_tri, match_reference=match, **kw)
+    t_graph = graph_ms(lambda: ngram_match_triton(ids, lengths, **kw))
+    return dict(B=B, L=L, ref_ms=t_ref, triton_ms=t_tri, speedup=t_ref / t_tri, match_reference=match,
+                triton_graph_ms=t_graph, **kw)  # fmt: skip
 
 
 def run(args) -> dict:
     """The whole benchmark; the JSON is rewritten after every shape, so a killed run keeps data."""
     t_start = time.time()
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    save = lambda: (args.results_dir / "bench_kernels.json").write_text(json.dumps(res, indent=1))  # noqa: E731
+    save = lambda: (args.results_dir / f"bench_kernels{args.tag}.json").write_text(json.dumps(res, indent=1))  # noqa: E731
     res = {"date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     res.update(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__, commit=args.commit)
     res["copy"] = copy_bandwidth()
@@ -151,7 +207,7 @@ def run(args) -> dict:
     shapes = [(b, k, v, d) for d in DTYPES for v in (128256, 32000, 151936) for b in (64, 1, 8, 256) for k in (4, 1, 8)]
     shapes.sort(key=lambda s: (s[:3] != GOAL, s[3]))  # goal shapes first
     if args.quick:
-        shapes = [s for s in shapes if s[:3] == GOAL]
+        shapes = [(*GOAL, d) for d in DTYPES]
     res["sampler"], res["skipped_sampler"] = [], []
     for B, K, V, d in shapes:
         if time.time() - t_start > args.budget_s:
@@ -166,6 +222,9 @@ def run(args) -> dict:
         print(f"sampler B={B} K={K} V={V} {d}: {time.time() - t_start:.0f}s ({last['speedup']:.1f}x)", flush=True)
         torch.cuda.empty_cache()
         save()
+    if args.quick:
+        res["sweep"] = sweep_launch_configs(copy_GBps)
+        save()
     kw = dict(prompt_lookup_min=2, prompt_lookup_max=5, num_speculative_tokens=5, validate_lengths=False)
     res["ngram"] = [bench_ngram(B, L, kw) for B in (1, 64, 256) for L in (1024, 8192, 32768)]
     res["total_s"] = time.time() - t_start
@@ -175,6 +234,10 @@ def run(args) -> dict:
 
 def _f(x: float, nd: int = 3) -> str:
     return f"{x:.{nd}f}"
+
+
+def _opt(x: float | None, nd: int) -> str:
+    return "" if x is None else f"{x:.{nd}f}"
 
 
 def _sampler_rows(recs: list[dict]) -> list[str]:
@@ -208,23 +271,36 @@ def render(res: dict) -> str:
         f"- device: {res['device']}; torch {res['torch']}, triton {res['triton']}",
         f"- commit: {res['commit']}",
         f"- measured copy bandwidth: {c['copy_GBps']:.0f} GB/s (2 GiB device-to-device copy, read + write bytes / median time)",
-        "- times: medians of triton.testing.do_bench (L2 flushed between repeats), in ms, host launch overhead included",
-        "- bw = bytes the sampler must read (lower bound, see must_read_bytes) / Triton time, as a fraction of the copy bandwidth",
+        "- ms: medians of triton.testing.do_bench (L2 flushed between repeats), host launch overhead included",
+        "- graph ms: median GPU time of the call replayed from a CUDA graph (no host overhead, no L2 flush)",
+        "- host us: CPU time per call (50 calls back to back)",
+        "- bw = bytes the sampler must read (lower bound, see must_read_bytes) / time, as a fraction of the copy bandwidth",
         "",
         f"## Goal shape B, K, V = {GOAL} (goals: speedup >= 5, bw >= 0.5, block / standard <= 1.3)",
         "",
-        "| q | dtype | method | ref ms | triton ms | speedup | bw | block/std | mean accepted | equal to reference |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| q | dtype | method | ref ms | triton ms | speedup | bw | block/std | graph ms | bw (graph) "
+        "| block/std (graph) | host us | mean accepted | equal |",
+        "|" + "---|" * 14,
     ]
     goal = [r for r in res["sampler"] if (r["B"], r["K"], r["V"]) == GOAL]
-    std = {(r["q"], r["dtype"]): r["triton_ms"] for r in goal if r["method"] == "standard"}
+    std = {(r["q"], r["dtype"]): r for r in goal if r["method"] == "standard"}
     for r in goal:
-        ratio = r["triton_ms"] / std[(r["q"], r["dtype"])] if r["method"] == "block" else None
+        s0 = std[(r["q"], r["dtype"])] if r["method"] == "block" else None
+        ratio = None if s0 is None else r["triton_ms"] / s0["triton_ms"]
+        g, g0 = r.get("triton_graph_ms"), None if s0 is None else s0.get("triton_graph_ms")
+        gratio = g / g0 if (g and g0) else None
         out.append(
             f"| {r['q']} | {r['dtype']} | {r['method']} | {_f(r['ref_ms'])} | {_f(r['triton_ms'])} | "
-            f"{_f(r['speedup'], 1)} | {_f(r['frac_copy_bw'], 2)} | {'' if ratio is None else _f(ratio, 2)} | "
+            f"{_f(r['speedup'], 1)} | {_f(r['frac_copy_bw'], 2)} | {_opt(ratio, 2)} | {_opt(g, 4)} | "
+            f"{_opt(r.get('frac_copy_bw_graph'), 2)} | {_opt(gratio, 2)} | {_opt(r.get('host_us'), 0)} | "
             f"{_f(r['mean_accepted'], 2)} | {'yes' if r['match_reference'] else 'NO'} |"
         )
+    if res.get("sweep"):
+        out += ["", "## Launch configurations at the goal shape, full q (GPU time from CUDA graph replay)", "",
+                "| dtype | method | block_v | num_warps | graph ms | bw (graph) | equal |", "|---|---|---|---|---|---|---|"]
+        for r in res["sweep"]:
+            out.append(f"| {r['dtype']} | {r['method']} | {r['block_v']} | {r['num_warps']} | {_opt(r['triton_graph_ms'], 4)} | "
+                       f"{_opt(r['frac_copy_bw_graph'], 2)} | {'yes' if r['match_reference'] else 'NO'} |")
     ng = {(r["B"], r["L"]): r for r in res["ngram"]}
     if (256, 8192) in ng:
         out += ["", f"N-gram matcher goal (B = 256, L = 8192, <= 0.5 ms): Triton {_f(ng[(256, 8192)]['triton_ms'], 4)} ms."]
@@ -239,13 +315,13 @@ def render(res: dict) -> str:
         "",
         "## N-gram matcher (prompt_lookup 2..5, k = 5, int32 contexts)",
         "",
-        "| B | L | ref ms | triton ms | speedup | equal |",
-        "|---|---|---|---|---|---|",
+        "| B | L | ref ms | triton ms | speedup | triton graph ms | equal |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in res["ngram"]:
         out.append(
             f"| {r['B']} | {r['L']} | {_f(r['ref_ms'])} | {_f(r['triton_ms'], 4)} | {_f(r['speedup'], 1)} | "
-            f"{'yes' if r['match_reference'] else 'NO'} |"
+            f"{_opt(r.get('triton_graph_ms'), 4)} | {'yes' if r['match_reference'] else 'NO'} |"
         )
     if res["skipped_sampler"]:
         out += ["", f"Skipped (time budget): {res['skipped_sampler']}"]
@@ -265,14 +341,15 @@ def main() -> None:
     ap.add_argument("results_dir", type=Path)
     ap.add_argument("--commit", default=None, help="git commit of the benchmarked tree (default: git rev-parse HEAD)")
     ap.add_argument("--budget-s", type=float, default=300.0, help="stop starting new sampler shapes after this many seconds")
-    ap.add_argument("--quick", action="store_true", help="only the goal shapes")
+    ap.add_argument("--quick", action="store_true", help="only the goal shapes, plus a launch-config sweep")
+    ap.add_argument("--tag", default="", help="suffix of the output file names")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_kernels.py needs a CUDA GPU")
     args.commit = args.commit or _git_commit()
     res = run(args)
     md = render(res)
-    (args.results_dir / "bench_kernels.md").write_text(md)
+    (args.results_dir / f"bench_kernels{args.tag}.md").write_text(md)
     print(md)
 
 

@@ -37,6 +37,8 @@ compiled for sm_90 on CPU (tests/test_kernels_compile.py), and run on one NVIDIA
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -281,6 +283,7 @@ def rejection_sample_triton(
     noise: SamplerNoise | None,
     synthetic_rates=None,
     block_v: int | None = None,
+    num_warps: int | None = None,
 ) -> RejectionOutput:
     """Verify a batch of drafts with the Triton kernels (backend "triton" of
     :func:`specviz.sampling.rejection_sample`, which validates the arguments first).
@@ -292,7 +295,8 @@ def rejection_sample_triton(
         method: "greedy" | "standard" | "block" | "synthetic".
         noise: SamplerNoise (u float64 [B, K], exp float32 [B, V]); may be None for greedy.
         synthetic_rates: unconditional rates a_1 >= a_2 >= ... (method "synthetic").
-        block_v: vocabulary block per program (power of two); default by device.
+        block_v: vocabulary block per program (power of two); default by device and batch.
+        num_warps: warps per program of the pass kernel; default by block_v.
 
     Returns:
         RejectionOutput with backend "triton", every field as the reference computes it.
@@ -312,7 +316,7 @@ def rejection_sample_triton(
     ids = draft_token_ids.contiguous()
     greedy = method == "greedy"  # greedy draws no noise and reports u = 0, as the reference
     u = torch.zeros(B, K, dtype=torch.float64, device=device) if greedy else noise.u.contiguous()
-    e = torch.empty(1, dtype=torch.float32, device=device) if greedy else noise.exp.contiguous()
+    e = p if greedy else noise.exp.contiguous()  # greedy: a dummy, never read
     rates = _rates(method, synthetic_rates, K, device)
     bv = block_v or _block_v(V, B, device)
     nb = triton.cdiv(V, bv)
@@ -321,9 +325,11 @@ def rejection_sample_triton(
     out = _alloc_outputs(B, K, device)
     meta = dict(K=K, K_P2=triton.next_power_of_2(max(K, 1)), METHOD=METHOD_CODES[method], FULL_Q=draft_probs is not None)
     if B > 0:
-        ins = [_nonempty(t) for t in (p, q, ids, u, e, rates)]  # K = 0: no null pointers into the launcher
+        ins = (p, q, ids, u, e, rates)
+        if K == 0:  # no null pointers into the launcher (only masked loads touch these)
+            ins = tuple(_nonempty(t) for t in ins)
         _sampler_pass_kernel[(B, nb)](
-            *ins, pf, pi, B, V, nb, BLOCK_V=bv, num_warps=_num_warps(bv), enable_fp_fusion=False, **meta
+            *ins, pf, pi, B, V, nb, BLOCK_V=bv, num_warps=num_warps or _num_warps(bv), enable_fp_fusion=False, **meta
         )
         _sampler_finalize_kernel[(B,)](
             *ins, pf, pi, *out.values(), B, V, nb, K1_P2=triton.next_power_of_2(K + 1),
@@ -338,34 +344,46 @@ def _nonempty(t: torch.Tensor) -> torch.Tensor:
 
 
 def _rates(method: str, synthetic_rates, K: int, device: torch.device) -> torch.Tensor:
-    """Conditional synthetic rates float64 [K] (the reference's own host computation), or a dummy."""
+    """Conditional synthetic rates float64 [K] (the reference's own host computation), or a dummy.
+    Rates given as a list/tuple are cached per device (no host-to-device copy per call)."""
     if method != "synthetic":
         return torch.empty(1, dtype=torch.float64, device=device)
+    if isinstance(synthetic_rates, (list, tuple)):
+        return _cached_rates(tuple(float(a) for a in synthetic_rates), K, str(device))
     from specviz.sampling.reference import _conditional_rates
 
     return _conditional_rates(synthetic_rates, K, device).contiguous()
 
 
+@functools.lru_cache(maxsize=64)
+def _cached_rates(rates: tuple[float, ...], K: int, device: str) -> torch.Tensor:
+    from specviz.sampling.reference import _conditional_rates
+
+    return _conditional_rates(list(rates), K, torch.device(device)).contiguous()
+
+
 def _alloc_outputs(B: int, K: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Output buffers in the finalize kernel's argument order. [B, K] buffers are views of
-    [B, max(K, 1)] ones so that K = 0 passes no null pointer (their stores are all masked)."""
-
-    def bk(dtype=torch.float32):  # every element is written by the finalize kernel (P, rho, h: block only)
-        return torch.empty(B, max(K, 1), dtype=dtype, device=device)[:, :K]
-
+    """Output buffers in the finalize kernel's argument order, carved out of three allocations
+    (host overhead). [B, K] buffers are views of [B, max(K, 1)] ones so that K = 0 passes no
+    null pointer (their stores are all masked). Every element is written by the finalize kernel
+    (P, rho, h for method "block" only)."""
+    Kc = max(K, 1)
+    i64 = torch.empty(B * (K + 3), dtype=torch.int64, device=device)
+    f32 = torch.empty(7, B, Kc, dtype=torch.float32, device=device)[:, :, :K]
+    i8 = torch.empty(B * (K + 1 + Kc), dtype=torch.int8, device=device)
     return {
-        "output_token_ids": torch.empty(B, K + 1, dtype=torch.int64, device=device),
-        "token_kind": torch.empty(B, K + 1, dtype=torch.int8, device=device),
-        "num_accepted": torch.empty(B, dtype=torch.int64, device=device),
-        "num_draft": torch.empty(B, dtype=torch.int64, device=device),
-        "p_draft": bk(),
-        "q_draft": bk(),
-        "accept_prob": bk(),
-        "accepted": bk(torch.uint8),
-        "residual_mass": bk(),
-        "P": bk(),
-        "rho": bk(),
-        "h": bk(),
+        "output_token_ids": i64[: B * (K + 1)].view(B, K + 1),
+        "token_kind": i8[: B * (K + 1)].view(B, K + 1),
+        "num_accepted": i64[B * (K + 1) : B * (K + 2)],
+        "num_draft": i64[B * (K + 2) :],
+        "p_draft": f32[0],
+        "q_draft": f32[1],
+        "accept_prob": f32[2],
+        "accepted": i8[B * (K + 1) :].view(B, Kc)[:, :K].view(torch.uint8),
+        "residual_mass": f32[3],
+        "P": f32[4],
+        "rho": f32[5],
+        "h": f32[6],
     }
 
 
