@@ -30,9 +30,11 @@ the bonus row p_{k'+1} where it can be emitted, plus E; one-hot: one row of p an
 block, synthetic) or k'+1 rows of p (greedy).
 
 Limits: probabilities must be non-negative (as probabilities are); K and the method are
-compile-time constants (one compilation each). Tested on the CPU interpreter (TRITON_INTERPRET=1),
-compiled for sm_90 on CPU (tests/test_kernels_compile.py), and run on one NVIDIA H200
-(results/kernels/).
+compile-time constants (one compilation each). Tested on: the CPU interpreter (TRITON_INTERPRET=1,
+tests/test_kernels_sampler.py), sm_90 compilation on CPU (tests/test_kernels_compile.py), and one
+NVIDIA H200 (sm_90, torch 2.11 + triton 3.6, 2026-11-30): the same equality tests with compiled
+kernels passed; speed in results/kernels/README.md (at B=64, K=4, V=128256 fp32 the standard
+sampler reads at 0.72 of copy bandwidth in GPU time; block costs 2.2x standard there).
 """
 
 from __future__ import annotations
