@@ -84,7 +84,7 @@ def _run(page, method: str, max_new: int = 24) -> None:
     page.get_by_label(method, exact=True).check()
     _set(page, "number input for max new tokens", max_new)
     page.click("#sv-run")
-    _wait_progress(page, "✅")
+    _wait_progress(page, "done ·")
 
 
 def test_run_renders_every_view_and_keeps_a_screenshot(browser, app_url):
@@ -117,6 +117,12 @@ def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
     assert after != before
     assert page.locator("#sv-stream [data-step='2']").first.evaluate("e => getComputedStyle(e).outlineStyle") == "solid"
     page.locator("#sv-residual").screenshot(path=str(SHOTS / "browser_residual_step2.png"))
+    # clicking a token in the stream selects its step
+    page.locator("#sv-stream [data-step='1']").first.click()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#sv-residual .annotation-text')].some(a => a.textContent.startsWith('step 1'))",
+        timeout=20_000)
+    assert page.locator("#sv-step input[type=range]").input_value() == "1"
     assert not errors, errors
     page.close()
 
@@ -126,12 +132,13 @@ def test_stop_ends_a_long_run(browser, app_url):
     page.locator("#sv-prompt textarea").fill("for i in range(10):\n")
     page.get_by_label("draft_model", exact=True).check()
     _set(page, "number input for max new tokens", 200)
+    _set(page, "number input for num_speculative_tokens (k)", 12)  # ~13 forwards per token: a long run
     page.click("#sv-run")
-    _wait_progress(page, "⏳", timeout=60_000)
+    _wait_progress(page, "running ·", timeout=60_000)
     page.click("#sv-stop")
-    _wait_progress(page, "⏹ stopped", timeout=30_000)
+    _wait_progress(page, "stopped ·", timeout=30_000)
     page.wait_for_timeout(1500)  # a cancelled run must not overwrite the stopped view
-    assert "⏹ stopped" in _progress(page)
+    assert "stopped ·" in _progress(page)
     assert 0 < page.locator("#sv-stream .sv-tok").count()
     assert not errors, errors
     page.close()

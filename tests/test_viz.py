@@ -233,6 +233,19 @@ def test_ngram_match_and_trie(traces):
     assert "no n-gram match" in trie_figure(other, 0).layout.annotations[0].text
 
 
+def test_suffix_candidates_table(traces):
+    tr = traces["suffix-greedy"]
+    drafted = [s for s in tr.steps if s.draft_token_ids]
+    if not drafted:
+        pytest.skip("the tiny model's suffix run drafted nothing")
+    st = drafted[0]
+    page = match_context_html(tr, st.index)
+    assert "sv-suffix" in page
+    rows = re.findall(r"<tr style='([^']*)'>", page)
+    assert rows.count("font-weight:bold;background:#bae6fd") == 1  # exactly the chosen candidate is bold
+    assert len(rows) == sum(1 for c in st.match["candidates"] if c["draft"])
+
+
 def test_partial_trace_renders(decoders):
     it = decoders["llama"].iter_generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=12,
                                          prompt_lookup_min=1)

@@ -57,7 +57,7 @@ def _num_tokens(trace: Trace) -> int:
 
 
 def _progress(trace: Trace, max_new: int, t0: float) -> str:
-    return f"⏳ step {len(trace.steps)}, {_num_tokens(trace)}/{max_new} tokens, {time.perf_counter() - t0:.1f} s"
+    return f"**running** · step {len(trace.steps)}, {_num_tokens(trace)}/{max_new} tokens, {time.perf_counter() - t0:.1f} s"
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -140,13 +140,13 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
         signals.finish(session, flag)
     trace = Trace.from_dict(state["trace"])
     if trace.stop_reason == "stopped":
-        yield _full_outputs(f"⏹ stopped after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
+        yield _full_outputs(f"**stopped** · after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
         return
     key = baseline_key(text, settings)
     if method == "none":
         state["baselines"][key] = run_summary(trace)
     elif compare and key not in state["baselines"]:
-        yield (f"⏳ done ({trace.stop_reason}); running method none on the same prompt for the speedup…",
+        yield (f"**baseline** · done ({trace.stop_reason}); now running method none on the same prompt for the speedup…",
                *([gr.skip()] * 10), state)
         try:
             base = decoder.generate(text, **baseline_settings(settings))
@@ -158,7 +158,7 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
     while len(state["baselines"]) > MAX_BASELINES:
         state["baselines"].pop(next(iter(state["baselines"])))
     state["baseline"] = state["baselines"].get(key)
-    done = (f"✅ {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
+    done = (f"**done** · {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
             f"(stop: {trace.stop_reason})")
     yield _full_outputs(done, trace, state)
 
@@ -179,7 +179,7 @@ def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request
     if not trace.stop_reason:
         trace.stop_reason = "stopped"
         state = dict(state, trace=trace.to_dict(), baseline=None)
-    return _full_outputs(f"⏹ stopped after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
+    return _full_outputs(f"**stopped** · after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
 
 
 def select_step(state: dict[str, Any] | None, step: Any) -> tuple[Any, ...]:
@@ -212,7 +212,7 @@ def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
         raise gr.Error(f"this is not a specviz trace: {exc}") from None
     state.update(trace=trace.to_dict(), baseline=None)
     cfg = trace.config
-    return _full_outputs(f"📂 replaying an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
+    return _full_outputs(f"**replay** · an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
                          f"{len(trace.output_token_ids)} tokens (no model needed)", trace, state)
 
 

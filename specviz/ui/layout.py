@@ -20,6 +20,16 @@ from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
 CSS_PATH = ROOT / "assets" / "app.css"
+# clicking a token in the stream moves the step slider to that token's step (which fires its input event)
+PICK_STEP_JS = """
+element.addEventListener('click', (event) => {
+  const token = event.target.closest('[data-step]');
+  const slider = document.querySelector('#sv-step input[type=range]');
+  if (!token || !slider || slider.disabled) return;
+  slider.value = token.dataset.step;
+  slider.dispatchEvent(new Event('input', {bubbles: true}));
+});
+"""
 
 
 def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
@@ -55,7 +65,7 @@ def _stream_views() -> dict[str, gr.components.Component]:
     v: dict[str, gr.components.Component] = {}
     gr.Markdown("## 1 · Token stream")
     v["progress"] = gr.Markdown("Ready: pick an example or type a prompt, then press Run.", elem_id="sv-progress")
-    v["stream"] = gr.HTML(elem_id="sv-stream")
+    v["stream"] = gr.HTML(elem_id="sv-stream", js_on_load=PICK_STEP_JS)
     v["summary"] = gr.Markdown(elem_id="sv-summary")
     gr.Markdown(explain.STREAM, elem_classes="sv-explain")
     return v
@@ -74,7 +84,7 @@ def _detail_views() -> dict[str, gr.components.Component]:
     with gr.Row(equal_height=False):
         v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
         v["residual"] = gr.Plot(label="residual view", elem_id="sv-residual", show_label=False)
-    gr.Markdown("## 3 · N-gram match (method ngram)")
+    gr.Markdown("## 3 · Where the draft came from (methods ngram and suffix)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")

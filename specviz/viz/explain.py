@@ -49,6 +49,8 @@ outlined) and copies the tokens that followed it (blue, underlined) as the draft
 prompt_lookup_max down to prompt_lookup_min and uses the longest n that matches. The tree shows every
 continuation after all occurrences with how many occurrences continue that way; the blue path is the
 drafted continuation. Repetitive text (code, quoted passages) gives long matches and long accepted runs.
+Method "suffix" (suffix decoding) shows its candidate matches instead: the longest-scoring continuation in a
+suffix tree of this request and of earlier outputs becomes the draft.
 """
 
 STATS = """\

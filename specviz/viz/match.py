@@ -66,8 +66,11 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
     """
     trace = as_trace(trace)
     st = trace.steps[step]
+    if st.match.get("kind") == "suffix" and any(c.get("draft") for c in st.match.get("candidates", [])):
+        return suffix_html(trace, st)
     if not st.match.get("n"):
-        return f'<div class="sv-match-empty" style="padding:12px;color:#374151">{html.escape(_no_match_text(trace, st))}</div>'
+        return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">'
+                f'{html.escape(_no_match_text(trace, st))}</div>')
     ctx = context_before(trace, step)
     roles = _roles(st, len(ctx))
     shown = _shown_positions(roles, len(ctx))
@@ -91,6 +94,30 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
            "word-break:break-word;border:1px solid #d1d5db;border-radius:8px;padding:8px;max-height:360px;overflow-y:auto")
     return (f'<div class="sv-match"><div style="font-size:13px;margin-bottom:6px">{legend}</div>'
             f'<div style="{box}">{"".join(parts)}</div></div>')
+
+
+def suffix_html(trace: Trace, st: Step) -> str:
+    """Suffix decoding's candidates at one step as an HTML table: source tree (local = this
+    request, global = earlier outputs), match length m, the greedy continuation with its running
+    probabilities, and the score (their sum); the chosen one (highest score, ties: longer m) bold."""
+    chosen = st.match.get("chosen") or {}
+    rows = []
+    for c in st.match["candidates"]:
+        if not c.get("draft"):
+            continue
+        toks = " ".join(f"<code>{html.escape(repr(token_text(trace, t)))}</code>&nbsp;{p:.2f}"
+                        for t, p in zip(c["draft"], c["probs"]))
+        style = "font-weight:bold;background:#bae6fd" if c == chosen else ""
+        rows.append(f"<tr style='{style}'><td>{c['source']}</td><td>{c['match_length']}</td><td>{toks}</td>"
+                    f"<td>{c['score']:.2f}</td></tr>")
+    head = ("<tr><th>tree</th><th>match length m</th><th>continuation (token, running probability)</th>"
+            "<th>score</th></tr>")
+    note = ("<p style='font-size:13px;color:#374151'>Suffix decoding (method 'suffix') matches the last m tokens "
+            "in a suffix tree of this request (local) and of earlier outputs (global), then follows the most frequent "
+            "continuation while its running probability stays high; the highest score (the sum of the running "
+            "probabilities) becomes the draft (bold).</p>")
+    return (f"<div class='sv-match sv-suffix'>{note}<table style='font-size:13px;border-collapse:collapse' "
+            f"cellpadding='4'>{head}{''.join(rows)}</table></div>")
 
 
 def _shown_positions(roles: dict[int, str], length: int) -> list[int]:

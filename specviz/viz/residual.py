@@ -106,20 +106,23 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
         sentence = (f"u = {fmt_prob(u)} {'≤' if pos.accepted else '>'} {name} = {fmt_prob(thr)}: "
                     + ("accepted" if pos.accepted else "rejected"))
         verdict = "accepted" if pos.accepted else "rejected"
+    sym = f"η_{pos.index}" if verify == "block" and block else "u"
     # both bars share an offsetgroup so they overlap (the figure's bars are otherwise grouped)
     fig.add_trace(go.Bar(x=[1.0], y=[""], orientation="h", marker_color="#fee2e2", showlegend=False,
                          hoverinfo="skip", width=0.5, offsetgroup="gauge"), row=row, col=1)
     fig.add_trace(go.Bar(x=[thr], y=[""], orientation="h", marker_color="#86efac", width=0.5, offsetgroup="gauge",
-                         name=f"accept region: u ≤ {name}", hovertemplate=f"{name} = %{{x:.4f}}<extra></extra>"),
+                         name=f"accept region: {sym} ≤ {name}", hovertemplate=f"{name} = %{{x:.4f}}<extra></extra>"),
                   row=row, col=1)
     ok = verdict in ("accepted", "passes")
-    fig.add_trace(go.Scatter(x=[u], y=[""], mode="markers+text", text=[f"u = {fmt_prob(u)}"],
+    fig.add_trace(go.Scatter(x=[u], y=[""], mode="markers+text", text=[f"{sym} = {fmt_prob(u)}"],
                              textposition="middle left" if u > 0.6 else "middle right", cliponaxis=False,
                              marker={"symbol": "diamond", "size": 16, "color": "#15803d" if ok else "#dc2626",
                                      "line": {"width": 1, "color": "#111827"}},
-                             name="u (the uniform drawn)", hovertemplate="u = %{x:.4f}<extra></extra>"), row=row, col=1)
+                             name=f"{sym} (the uniform drawn)", hovertemplate=f"{sym} = %{{x:.4f}}<extra></extra>"),
+                  row=row, col=1)
     fig.update_xaxes(range=[0, 1.02], row=row, col=1, title_standoff=4, title_font={"size": 11},
-                     title_text=f"u ~ Uniform(0, 1): green = accept (u ≤ {name}), red = reject")
+                     title_text=(f"{sym} ~ Uniform(0, 1): green = pass ({sym} ≤ {name}), red = fail; τ = the last pass"
+                                 if sym != "u" else f"u ~ Uniform(0, 1): green = accept (u ≤ {name}), red = reject"))
     fig.update_yaxes(showticklabels=False, row=row, col=1)
     return sentence
 
@@ -139,8 +142,9 @@ def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
     tau = int(b.get("tau", step.num_accepted))
     tokenwise = next((i for i, (e, r) in enumerate(zip(b["eta"][:k], ratio)) if e > r), k)
     fig.update_yaxes(range=[0, 1.05], title_text="block", row=row, col=1)
-    return (f"block: τ = last i with η_i ≤ h_i = {tau} → {tau} token(s) accepted; token-wise verification "
-            f"with the same uniforms would have accepted {tokenwise}")
+    return (f"block: τ = last i with η_i ≤ h_i = {tau} → {tau} token(s) accepted. With these same uniforms "
+            f"token-wise verification (η_i ≤ min(1, p_i/q_i)) would have accepted {tokenwise}; block verification "
+            "accepts at least as many on average, not on every draw")
 
 
 def _title(trace: Trace, step: Step, i: int) -> str:

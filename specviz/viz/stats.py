@@ -110,7 +110,7 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
                                  name="this run (drafting steps)"), row=2, col=1)
     fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", line={"color": "#111827", "width": 1},
                              name="plain decoding: 1 token per forward"), row=2, col=1)
-    fig.update_xaxes(title_text="acceptance rate a (estimated: accepted / verified positions)", range=[0, 1], row=2, col=1)
+    fig.update_xaxes(title_text="acceptance rate a (= accepted / verified positions)", range=[0, 1], row=2, col=1)
     fig.update_yaxes(title_text="tokens per step", row=2, col=1)
 
 
@@ -122,7 +122,7 @@ def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | 
         fig.add_trace(go.Bar(y=[name for name, _ in bars], x=[b["time_ms"].get(part, 0.0) for _, b in bars],
                              orientation="h", name=part, marker_color=colour, text=totals, textposition="outside",
                              cliponaxis=False, hovertemplate=f"{part}: %{{x:.1f}} ms<extra></extra>"), row=2, col=2)
-    fig.update_xaxes(title_text="milliseconds (draft / verify = target forward / sample)", row=2, col=2)
+    fig.update_xaxes(title_text="ms: draft · verify (target forward) · sample", row=2, col=2)
 
 
 def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
