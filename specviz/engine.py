@@ -54,7 +54,7 @@ class GenerationConfig:
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
     synthetic_rates: tuple[float, ...] | None = None
-    sampler_backend: str = "reference"
+    sampler_backend: str = "auto"  # "auto": Triton kernels on CUDA, the PyTorch reference elsewhere
     detailed_trace: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -74,6 +74,8 @@ def validate_config(cfg: GenerationConfig, has_draft_model: bool) -> None:
     if cfg.max_new_tokens < 1:
         _fail(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     validate_sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+    if cfg.sampler_backend not in ("reference", "triton"):
+        _fail(f"unknown sampler_backend {cfg.sampler_backend!r}; choose auto, reference or triton")
     if cfg.verify == "greedy" and cfg.temperature > 0:
         _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
     if cfg.verify == "synthetic" and not cfg.synthetic_rates:
@@ -183,8 +185,9 @@ class SpecDecoder:
         (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
-        sampler_backend, detailed_trace, bus (an :class:`~specviz.events.EventBus` to publish on,
-        e.g. with your own subscribers). Raises ValueError on invalid settings or prompt."""
+        sampler_backend ("auto": Triton on CUDA, reference elsewhere), detailed_trace, bus (an
+        :class:`~specviz.events.EventBus` to publish on, e.g. with your own subscribers).
+        Raises ValueError on invalid settings or prompt."""
         trace = None
         for trace in self.iter_generate(prompt, **settings):
             pass
@@ -196,6 +199,8 @@ class SpecDecoder:
         views); closing the iterator stops the request cleanly (stop_reason "stopped")."""
         if settings.get("verify") is None:
             settings["verify"] = "greedy" if settings.get("temperature", 0.0) == 0 else "standard"
+        if settings.get("sampler_backend", "auto") == "auto":
+            settings["sampler_backend"] = "triton" if self.device.type == "cuda" else "reference"
         if settings.get("synthetic_rates") is not None:
             settings["synthetic_rates"] = tuple(float(a) for a in settings["synthetic_rates"])
         try:
