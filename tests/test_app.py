@@ -198,7 +198,8 @@ def test_two_sessions_run_at_once_and_keep_their_own_traces(app_url):
         results[name] = client.predict(*run_args(prompt=prompt, method=method, compare=False), api_name="/run")
 
     threads = [threading.Thread(target=go, args=("a", a, PROMPT, "ngram")),
-               threading.Thread(target=go, args=("b", b, "class Point:\n    def __init__(self, x, y):\n", "draft_model"))]
+               threading.Thread(target=go, args=("b", b, "class Point:\n    def __init__(self, x, y):\n",
+                                                 "draft_model"))]
     for t in threads:
         t.start()
     for t in threads:
@@ -210,3 +211,68 @@ def test_two_sessions_run_at_once_and_keep_their_own_traces(app_url):
     stream_b = b.predict(0, api_name="/select_step")[1]
     assert "def add" in stream_a and "class Point" not in stream_a
     assert "class Point" in stream_b and "def add" not in stream_b
+
+
+def test_importing_app_builds_the_ui_without_loading_a_model(monkeypatch):
+    import importlib
+
+    import gradio as gr
+
+    from specviz.engine import SpecDecoder
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded at import")
+
+    monkeypatch.setattr(SpecDecoder, "from_pretrained", refuse)
+    app = importlib.import_module("app")
+    app = importlib.reload(app)
+    assert isinstance(app.demo, gr.Blocks)
+    args = app.parse_args([])
+    assert (args.host, args.port, args.share, args.target, args.draft, args.device) == (
+        "127.0.0.1", 7860, False, None, None, None)
+
+
+class _OOMDecoder:
+    """Stands in for a decoder whose first step runs out of GPU memory."""
+
+    tokenizer = None
+
+    def iter_generate(self, prompt, **settings):
+        import torch
+
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        yield  # pragma: no cover  (makes this a generator like the real one)
+
+
+class _FakeCache:
+    def get(self):
+        return _OOMDecoder()
+
+
+def test_gpu_out_of_memory_becomes_a_message():
+    import gradio as gr
+
+    from specviz.ui import handlers
+    from specviz.ui.cache import StopSignals
+
+    gen = handlers.run(_FakeCache(), StopSignals(), None, *run_args())
+    with pytest.raises(gr.Error, match="ran out of memory"):
+        next(gen)
+
+
+def test_engine_settings_conversion():
+    from specviz.ui.settings import baseline_key, baseline_settings, engine_settings
+
+    s = engine_settings("ngram", 5.0, "auto", "0.7", 0, 1.0, 64.0, 3, 2, 4, "")
+    assert s == {"method": "ngram", "num_speculative_tokens": 5, "verify": None, "temperature": 0.7, "top_k": None,
+                 "top_p": None, "max_new_tokens": 64, "seed": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    s2 = engine_settings("draft_model", 4, "synthetic", 1.0, 40, 0.9, 32, 0, 2, 4, "0.8, 0.5")
+    assert s2["synthetic_rates"] == (0.8, 0.5) and s2["top_k"] == 40 and s2["top_p"] == 0.9
+    assert "prompt_lookup_min" not in s2
+    with pytest.raises(ValueError, match="num_speculative_tokens must be a whole number between 1 and 12"):
+        engine_settings("ngram", 2.5, "auto", 0, 0, 1, 8, 0, 1, 1)
+    base = baseline_settings(s)
+    assert base["method"] == "none" and base["temperature"] == 0.7 and base["max_new_tokens"] == 64
+    # the baseline is shared by runs that differ only in the speculative settings
+    assert baseline_key("p", s) == baseline_key("p", dict(s, method="draft_model", num_speculative_tokens=3))
+    assert baseline_key("p", s) != baseline_key("p", dict(s, seed=4))

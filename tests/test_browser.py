@@ -79,6 +79,12 @@ def _wait_progress(page, marker: str, timeout=RUN_TIMEOUT_MS) -> None:
                            timeout=timeout)
 
 
+def _wait_caption(page, start: str) -> None:
+    """Wait until the residual view's caption starts with ``start``."""
+    page.wait_for_function("s => [...document.querySelectorAll('#sv-residual .annotation-text')]"
+                           ".some(a => a.textContent.startsWith(s))", arg=start, timeout=20_000)
+
+
 def _run(page, method: str, max_new: int = 24) -> None:
     page.locator("#sv-prompt textarea").fill(PROMPT)
     page.get_by_label(method, exact=True).check()
@@ -110,18 +116,14 @@ def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
     _run(page, "draft_model")
     before = page.locator("#sv-residual .annotation-text").all_inner_texts()
     page.locator("#sv-step input[type=range]").fill("2")
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('#sv-residual .annotation-text')].some(a => a.textContent.startsWith('step 2'))",
-        timeout=20_000)
+    _wait_caption(page, "step 2")
     after = page.locator("#sv-residual .annotation-text").all_inner_texts()
     assert after != before
     assert page.locator("#sv-stream [data-step='2']").first.evaluate("e => getComputedStyle(e).outlineStyle") == "solid"
     page.locator("#sv-residual").screenshot(path=str(SHOTS / "browser_residual_step2.png"))
     # clicking a token in the stream selects its step
     page.locator("#sv-stream [data-step='1']").first.click()
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('#sv-residual .annotation-text')].some(a => a.textContent.startsWith('step 1'))",
-        timeout=20_000)
+    _wait_caption(page, "step 1")
     assert page.locator("#sv-step input[type=range]").input_value() == "1"
     assert not errors, errors
     page.close()

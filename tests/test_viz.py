@@ -103,6 +103,20 @@ def test_handmade_fates_in_grid_and_stream():
     assert shown == tr.output_token_ids
 
 
+def test_brief_trace_without_positions_still_draws(decoders):
+    tr = decoders["llama"].generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=12,
+                                    prompt_lookup_min=1, detailed_trace=False)
+    st = next(s for s in tr.steps if s.draft_token_ids)
+    assert st.positions == []
+    fig = residual_figure(tr, st.index, 1)
+    assert "detailed_trace=False" in fig.layout.annotations[0].text
+    page = token_stream_html(tr)
+    shown = [int(t) for t, f in zip(re.findall(r'data-token="(\d+)"', page), re.findall(r'data-fate="(\w+)"', page))
+             if f != "rejected"]
+    assert shown == tr.output_token_ids
+    assert len(grid_cells(tr)[0]) == len(tr.steps)
+
+
 def test_handmade_stats_and_alpha():
     tr = handmade()
     fig = stats_figure(tr)
@@ -143,7 +157,8 @@ def test_grid_and_stream_match_real_traces(traces):
             assert len(drafted) == len(st.draft_token_ids), name
             n_acc = sum(1 for v in drafted if FATES[int(v)] == "accepted")
             assert n_acc == min(st.num_accepted, len(st.committed_token_ids)), name
-            assert sum(1 for v in drafted if FATES[int(v)] == "rejected") == int(st.num_accepted < len(st.draft_token_ids))
+            rejected = sum(1 for v in drafted if FATES[int(v)] == "rejected")
+            assert rejected == int(st.num_accepted < len(st.draft_token_ids))
         fig = step_grid_figure(tr, 0, 1)
         assert len(fig.data[0].z) == len(tr.steps)
         page = token_stream_html(tr)

@@ -36,7 +36,8 @@ class DecoderCache:
         """One Markdown line naming the models the app will use, and whether they exist."""
         target = self.target or str(DEFAULT_TARGET)
         draft = self.draft or (str(DEFAULT_DRAFT) if self.target is None else None)
-        line = f"target: `{target}` · draft: `{draft or '(none: method draft_model unavailable)'}` · device: `{self.device or 'auto'}`"
+        draft = draft or "(none: method draft_model unavailable)"
+        line = f"target: `{target}` · draft: `{draft}` · device: `{self.device or 'auto'}`"
         if self.target is None and not DEFAULT_TARGET.exists():
             line += ("  \n**The bundled demo models are not in `assets/models/` yet** (train them with "
                      "`python -m specviz.train`, or start the app with `--target DIR --draft DIR`). "

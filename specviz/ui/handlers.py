@@ -57,7 +57,8 @@ def _num_tokens(trace: Trace) -> int:
 
 
 def _progress(trace: Trace, max_new: int, t0: float) -> str:
-    return f"**running** · step {len(trace.steps)}, {_num_tokens(trace)}/{max_new} tokens, {time.perf_counter() - t0:.1f} s"
+    elapsed = time.perf_counter() - t0
+    return f"**running** · step {len(trace.steps)}, {_num_tokens(trace)}/{max_new} tokens, {elapsed:.1f} s"
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -146,7 +147,8 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
     if method == "none":
         state["baselines"][key] = run_summary(trace)
     elif compare and key not in state["baselines"]:
-        yield (f"**baseline** · done ({trace.stop_reason}); now running method none on the same prompt for the speedup…",
+        yield (f"**baseline** · done ({trace.stop_reason}); now running method none on the same prompt "
+               "for the speedup…",
                *([gr.skip()] * 10), state)
         try:
             base = decoder.generate(text, **baseline_settings(settings))

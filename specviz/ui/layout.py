@@ -57,7 +57,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
             c["lookup_max"] = gr.Slider(1, 8, value=4, step=1, label="prompt_lookup_max")
     with gr.Accordion("advanced", open=False):
         c["rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2", label="synthetic rates a_1, a_2, … (verify = synthetic)")
-        c["compare"] = gr.Checkbox(True, label='compare with method "none" (runs the baseline once per prompt/settings)')
+        c["compare"] = gr.Checkbox(True, label='compare with method "none" (runs the baseline once per '
+                                               'prompt and sampling settings)')
     return c
 
 

@@ -91,11 +91,15 @@ class TextFiller:
         self.prompt: str | None = None
 
     def __call__(self, trace: Trace) -> Trace:
-        """A shallow copy of ``trace`` with texts for the prompt, committed and drafted ids."""
+        """A shallow copy of ``trace`` with texts for every id it mentions (as the engine's final
+        trace has: prompt, committed, drafted and top-20 ids)."""
         ids = set(trace.prompt_token_ids)
         for s in trace.steps:
             ids.update(s.committed_token_ids)
             ids.update(s.draft_token_ids)
+            ids.update(int(t) for t, _ in s.emitted.top)
+            for pos in s.positions:
+                ids.update(int(t) for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
             ids.add(s.emitted.token_id)
         for t in ids:
             if str(t) not in self.texts:

@@ -42,7 +42,8 @@ def figures(trace: Trace | dict[str, Any], step: int | None = None, position: in
 
 def settings_html(trace: Trace) -> str:
     """An HTML table of the run's main settings."""
-    rows = "".join(f"<tr><td style='padding:2px 10px;color:#6b7280'>{k}</td><td>{html.escape(json.dumps(trace.config.get(k)))}</td></tr>"
+    rows = "".join(f"<tr><td style='padding:2px 10px;color:#6b7280'>{k}</td>"
+                   f"<td>{html.escape(json.dumps(trace.config.get(k)))}</td></tr>"
                    for k in SETTINGS_SHOWN if k in trace.config)
     return f"<table style='font-size:13px'>{rows}</table>"
 

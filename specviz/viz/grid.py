@@ -45,7 +45,8 @@ def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
     fate = emitted_fate(step)
     tok = step.emitted.token_id
     slot = step.num_accepted + 1
-    hover = (f"step {step.index}, slot {slot}: {step.emitted.kind} token{' (dropped at the stop)' if fate == 'cut' else ''}"
+    dropped = " (dropped at the stop)" if fate == "cut" else ""
+    hover = (f"step {step.index}, slot {slot}: {step.emitted.kind} token{dropped}"
              f"<br>token {quoted(trace, tok)} (id {tok})<br>p(x) = {fmt_prob(step.emitted.p)}")
     return FATES.index(fate), label(trace, tok, 10), hover
 

@@ -88,10 +88,12 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
             parts.append(piece)
     m = st.match
     legend = " ".join(f'<span style="{STYLE[r]};padding:0 4px">{name}</span>' for r, name in (
-        ("suffix", f"last {m['n']} token(s): looked up"), ("occurrence", f"earlier occurrences ({len(m['occurrences'])})"),
+        ("suffix", f"last {m['n']} token(s): looked up"),
+        ("occurrence", f"earlier occurrences ({len(m['occurrences'])})"),
         ("chosen", "earliest occurrence (used)"), ("draft", f"copied as the draft ({len(st.draft_token_ids)})")))
     box = ("font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px;line-height:1.8;white-space:pre-wrap;"
-           "word-break:break-word;border:1px solid #d1d5db;border-radius:8px;padding:8px;max-height:360px;overflow-y:auto")
+           "word-break:break-word;border:1px solid #d1d5db;border-radius:8px;padding:8px;max-height:360px;"
+           "overflow-y:auto")
     return (f'<div class="sv-match"><div style="font-size:13px;margin-bottom:6px">{legend}</div>'
             f'<div style="{box}">{"".join(parts)}</div></div>')
 
@@ -161,7 +163,8 @@ def trie_placement(step: Step) -> list[dict[str, Any]]:
     node (token_id, count), depth (1 = first token after the suffix), row, parent (index or -1)
     and on_path (the node is on the drafted continuation)."""
     out: list[dict[str, Any]] = []
-    _layout(_prune(step.match.get("trie", []), 0, list(step.draft_token_ids)), 1, list(step.draft_token_ids), out, -1, [0])
+    draft = list(step.draft_token_ids)
+    _layout(_prune(step.match.get("trie", []), 0, draft), 1, draft, out, -1, [0])
     return out
 
 

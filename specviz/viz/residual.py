@@ -99,7 +99,8 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
         i = pos.index - 1
         thr, u, name = block["h"][i], block["eta"][i], f"h_{pos.index}"
         verdict = "passes" if u <= thr else "fails"
-        sentence = f"block: η_{pos.index} = {fmt_prob(u)} {'≤' if u <= thr else '>'} h_{pos.index} = {fmt_prob(thr)}: {verdict}"
+        cmp = "≤" if u <= thr else ">"
+        sentence = f"block: η_{pos.index} = {fmt_prob(u)} {cmp} h_{pos.index} = {fmt_prob(thr)}: {verdict}"
     else:
         thr, u = pos.accept_prob, pos.u
         name = "a_i / a_(i-1)" if verify == "synthetic" else "min(1, p/q)"
@@ -132,9 +133,10 @@ def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
     k = len(step.draft_token_ids)
     x = [f"x{i}" for i in range(1, k + 1)]
     ratio = [pos.accept_prob for pos in step.positions[:k]]
-    fig.add_trace(go.Bar(x=x, y=b["P"][:k], name="P_i (block acceptance weight)", marker_color=B_COLOUR), row=row, col=1)
-    fig.add_trace(go.Bar(x=x, y=b["h"][:k], name="h_i (pass probability)", marker_color="#14b8a6"), row=row, col=1)
-    fig.add_trace(go.Bar(x=x, y=ratio, name="min(1, p_i/q_i) (token-wise test)", marker_color="#9ca3af"), row=row, col=1)
+    for y, name, colour in ((b["P"][:k], "P_i (block acceptance weight)", B_COLOUR),
+                            (b["h"][:k], "h_i (pass probability)", "#14b8a6"),
+                            (ratio, "min(1, p_i/q_i) (token-wise test)", "#9ca3af")):
+        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=colour), row=row, col=1)
     passes = [e <= h for e, h in zip(b["eta"][:k], b["h"][:k])]
     fig.add_trace(go.Scatter(x=x, y=b["eta"][:k], mode="markers", name="η_i (uniform; passes if η_i ≤ h_i)",
                              marker={"symbol": "diamond", "size": 13, "line": {"width": 1, "color": "#111827"},
@@ -192,40 +194,65 @@ def residual_figure(trace: Trace | dict[str, Any], step: int | None = None, posi
     k = len(st.draft_token_ids)
     verify = str(trace.config.get("verify", ""))
     has_block = verify == "block" and bool(st.block) and k > 0 and len(st.positions) == k
-    own = (st.emitted.token_id, f"{emitted_fate(st)}: {label(trace, st.emitted.token_id)}",
-           FATE_STYLE[emitted_fate(st)][1])
-    lines = [_title(trace, st, i)]
-    if i <= k and i <= len(st.positions):
-        pos = st.positions[i - 1]
-        fig, gauge_row, block_row = _subplots(verify != "greedy", has_block)
-        p, q, r = _as_dict(pos.p_top), _as_dict(pos.q_top), _as_dict(pos.residual_top)
-        p.setdefault(pos.token_id, pos.p), q.setdefault(pos.token_id, pos.q)
-        series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q), ("residual max(p−q,0)/Z", R_COLOUR, r)]
-        marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
-        if i == st.num_accepted + 1:
-            if verify == "block":
-                series.append(("block residual (drawn from)", B_COLOUR, _as_dict(st.emitted.top)))
-            marks.append(own)
-        _bars(fig, trace, series, [pos.token_id, st.emitted.token_id if i == st.num_accepted + 1 else None], marks)
-        lines.append(_gauge(fig, verify, pos, st.block if has_block else None, gauge_row)
-                     + f"  ·  Z = Σ max(p−q, 0) = {fmt_prob(pos.residual_mass)}")
+    if i <= min(k, len(st.positions)):
+        fig, block_row, lines = _drafted_position(trace, st, i, verify, has_block)
+    elif i <= k:
+        return message_figure(f"step {st.index}, position {i}: this trace was recorded without per-position "
+                              "details (detailed_trace=False), so p, q and u are not available.")
     elif k == 0 or (i == k + 1 and st.num_accepted == k):
-        fig, _, block_row = _subplots(False, has_block)
-        name = "target p" if k == 0 else f"target p_{k + 1} (bonus slot)"
-        _bars(fig, trace, [(name, P_COLOUR, _as_dict(st.emitted.top))], [st.emitted.token_id], [own])
-        lines.append("no draft: a plain decoding step, one token from p" if k == 0 else
-                     "every draft token was accepted, so the target's next distribution gives a free bonus token")
+        fig, block_row, lines = _own_token(trace, st, has_block)
     else:
-        return message_figure(f"step {st.index}, slot {i}: not reached. The step stopped at position "
-                              f"{st.num_accepted + 1}, where draft token {st.num_accepted + 1} was rejected.")
+        return message_figure(f"step {st.index}, slot {i} (the bonus slot): not reached. Draft token "
+                              f"{st.num_accepted + 1} was rejected, so the step drew a recovered token, not a bonus.")
     if has_block:
         lines.append(_block_panel(fig, st, block_row))
+    return _finish(fig, [_title(trace, st, i), *lines], has_block)
+
+
+def _own_mark(trace: Trace, st: Step) -> tuple[int, str, str]:
+    fate = emitted_fate(st)
+    return st.emitted.token_id, f"{fate}: {label(trace, st.emitted.token_id)}", FATE_STYLE[fate][1]
+
+
+def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
+                      has_block: bool) -> tuple[go.Figure, int | None, list[str]]:
+    """Draft position i: p, q, residual bars, the accept test; the emitted token if drawn here."""
+    pos = st.positions[i - 1]
+    fig, gauge_row, block_row = _subplots(verify != "greedy", has_block)
+    p, q, r = _as_dict(pos.p_top), _as_dict(pos.q_top), _as_dict(pos.residual_top)
+    p.setdefault(pos.token_id, pos.p), q.setdefault(pos.token_id, pos.q)
+    series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q), ("residual max(p−q,0)/Z", R_COLOUR, r)]
+    marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
+    here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
+    if here:
+        if verify == "block":
+            series.append(("block residual (drawn from)", B_COLOUR, _as_dict(st.emitted.top)))
+        marks.append(_own_mark(trace, st))
+    _bars(fig, trace, series, [pos.token_id, st.emitted.token_id if here else None], marks)
+    test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row)
+    return fig, block_row, [test + f"  ·  Z = Σ max(p−q, 0) = {fmt_prob(pos.residual_mass)}"]
+
+
+def _own_token(trace: Trace, st: Step, has_block: bool) -> tuple[go.Figure, int | None, list[str]]:
+    """A step without a draft, or the bonus slot after a full accept: the target's p and the token drawn."""
+    k = len(st.draft_token_ids)
+    fig, _, block_row = _subplots(False, has_block)
+    name = "target p" if k == 0 else f"target p_{k + 1} (bonus slot)"
+    _bars(fig, trace, [(name, P_COLOUR, _as_dict(st.emitted.top))], [st.emitted.token_id], [_own_mark(trace, st)])
+    line = ("no draft: a plain decoding step, one token from p" if k == 0 else
+            "every draft token was accepted, so the target's next distribution gives a free bonus token")
+    return fig, block_row, [line]
+
+
+def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
+    """Caption above the plot (first line bold), layout."""
     head = textwrap.wrap(lines[0], WRAP - 12)
     small = [w for t in lines[1:] for w in textwrap.wrap(t, WRAP)]
     caption = "<br>".join(f"<b>{w}</b>" for w in head) + "".join(
         f"<br><span style='font-size:12px;color:#374151'>{w}</span>" for w in small)
-    fig.add_annotation(name="caption", text=caption, x=0, y=1, xref="paper", yref="paper", xanchor="left", yanchor="bottom",
-                       yshift=10, showarrow=False, align="left", font={"size": 14, "color": "#111827"})
+    fig.add_annotation(name="caption", text=caption, x=0, y=1, xref="paper", yref="paper", xanchor="left",
+                       yanchor="bottom", yshift=10, showarrow=False, align="left",
+                       font={"size": 14, "color": "#111827"})
     fig.update_layout(
         height=(620 if has_block else 480), barmode="group", plot_bgcolor="#ffffff",
         margin={"l": 55, "r": 10, "t": 26 + 19 * (len(head) + len(small)), "b": 40},

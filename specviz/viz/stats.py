@@ -131,7 +131,8 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     Tokens per target forward (tokens / verification steps) is the hardware-independent gain;
     tokens/s is what this machine measured. Returns a note instead of a table column when
     ``baseline`` is None."""
-    rows = [("generated tokens", "tokens", "{:d}"), ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
+    rows = [("generated tokens", "tokens", "{:d}"),
+            ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
             ("tokens per target forward", "tokens_per_forward", "{:.2f}"), ("wall time (s)", "wall_time_s", "{:.2f}"),
             ("tokens / s (this machine)", "tokens_per_second", "{:.1f}")]
     cols = [(f"this run: {run['method']}", run)] + ([("method none", baseline)] if baseline else [])
@@ -140,7 +141,8 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     for name, key, fmt in rows:
         cells = "".join(f"<td style='padding:4px 10px;text-align:right'>{fmt.format(c[key])}</td>" for _, c in cols)
         body += f"<tr><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
-    note = "<p style='color:#6b7280'>No baseline yet: tick “compare with method none” and run again.</p>"
+    note = ("<p style='color:#6b7280'>No method-none baseline for this trace: tick “compare with method none” "
+            "(advanced settings) and run to measure the speedup.</p>")
     if baseline:
         fwd = run["tokens_per_forward"] / baseline["tokens_per_forward"] if baseline["tokens_per_forward"] else 0.0
         tps = run["tokens_per_second"] / baseline["tokens_per_second"] if baseline["tokens_per_second"] else 0.0
