@@ -190,6 +190,16 @@ def test_stop_ends_the_run_cleanly(app_url):
     assert client.predict(api_name="/stop")[PROGRESS] == "Nothing is running."
 
 
+def test_stop_in_one_session_does_not_stop_another(app_url):
+    a, b = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    job = a.submit(*run_args(method="draft_model", k=12, max_new=40, compare=False), api_name="/run")
+    deadline = time.time() + 60
+    while not job.outputs() and time.time() < deadline:
+        time.sleep(0.05)
+    assert b.predict(api_name="/stop")[PROGRESS] == "Nothing is running."
+    assert job.result(timeout=120)[PROGRESS].startswith("**done** · 40 tokens")
+
+
 def test_two_sessions_run_at_once_and_keep_their_own_traces(app_url):
     a, b = Client(app_url, verbose=False), Client(app_url, verbose=False)
     results = {}

@@ -257,3 +257,28 @@ def load_example(examples: list[dict[str, Any]], name: str) -> tuple[Any, ...]:
         raise gr.Error(f"unknown example {name!r}")
     st = ex.get("settings", {})
     return (ex["prompt"], *(st[f] if f in st else gr.skip() for f in EXAMPLE_FIELDS))
+
+
+class SessionHandlers:
+    """The app's model cache and stop signals bound to the handlers that need them.
+
+    Bound methods rather than ``functools.partial``: Gradio reads the ``gr.Request`` annotation
+    from the signature's type hints (which a partial does not expose) to pass the caller's
+    session, and Stop must reach only that session's run.
+    """
+
+    def __init__(self, cache: DecoderCache, signals: StopSignals):
+        self.cache, self.signals = cache, signals
+
+    def run(self, state: dict[str, Any] | None, prompt: str, method: str, num_speculative_tokens: Any, verify: str,
+            temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any, seed: Any, prompt_lookup_min: Any,
+            prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
+            request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+        """See :func:`run`."""
+        yield from run(self.cache, self.signals, state, prompt, method, num_speculative_tokens, verify, temperature,
+                       top_k, top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates,
+                       compare, request)
+
+    def stop(self, state: dict[str, Any] | None, request: gr.Request = None) -> tuple[Any, ...]:
+        """See :func:`stop`."""
+        return stop(self.signals, state, request)

@@ -123,13 +123,13 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
     Returns:
         gr.Blocks; launch it with ``demo.launch(**launch_options())``.
     """
-    cache, signals = DecoderCache(target, draft, device), StopSignals()
+    session = h.SessionHandlers(DecoderCache(target, draft, device), StopSignals())
     examples = h.load_examples(examples_path)
     with gr.Blocks(title="specviz: speculative decoding, visualised", analytics_enabled=False) as demo:
         state = gr.State(h.new_state())
         gr.Markdown("# specviz · speculative decoding, step by step")
         gr.Markdown(explain.INTRO, elem_classes="sv-explain")
-        gr.Markdown(cache.describe(), elem_id="sv-models")
+        gr.Markdown(session.cache.describe(), elem_id="sv-models")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
                 c = _controls(examples)
@@ -145,8 +145,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         full = [progress, *views, v["step"], v["position"], state]
         inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
                   c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"]]
-        run_event = run_btn.click(partial(h.run, cache, signals), inputs, full, api_name="run", concurrency_limit=4)
-        stop_btn.click(partial(h.stop, signals), [state], full, cancels=[run_event], api_name="stop")
+        run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
+        stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
         sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
         v["step"].input(h.select_step, [state, v["step"]], [v["position"], *sel], api_name="select_step")
         v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position")
