@@ -174,10 +174,9 @@ def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request
     the run event) and draw the partial trace kept in state."""
     running = signals.stop(_session(request))
     trace = _trace_of(state)
-    if trace is None:
-        return ("Nothing is running.", *empty_views(), gr.skip(), gr.skip(), state or new_state())
-    if not running:
-        return ("Nothing is running.", *([gr.skip()] * 10), state)
+    # a cancelled run may have unregistered already; its trace in state is then still partial
+    if trace is None or (not running and trace.stop_reason):
+        return ("Nothing is running.", *([gr.skip()] * 10), state or new_state())
     if not trace.stop_reason:
         trace.stop_reason = "stopped"
         state = dict(state, trace=trace.to_dict(), baseline=None)
