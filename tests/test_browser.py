@@ -80,7 +80,7 @@ def _wait_progress(page, marker: str, timeout=RUN_TIMEOUT_MS) -> None:
 
 
 def _wait_caption(page, start: str) -> None:
-    """Wait until the residual view's caption starts with ``start``."""
+    """Wait until a text of the residual view (its caption) starts with ``start``."""
     page.wait_for_function("s => [...document.querySelectorAll('#sv-residual .annotation-text')]"
                            ".some(a => a.textContent.startsWith(s))", arg=start, timeout=20_000)
 
@@ -114,10 +114,10 @@ def test_run_renders_every_view_and_keeps_a_screenshot(browser, app_url):
 def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
     page, errors = _open(browser, app_url)
     _run(page, "draft_model")
-    before = page.locator("#sv-residual .annotation-text").all_inner_texts()
+    before = page.locator("#sv-residual .annotation-text").all_text_contents()
     page.locator("#sv-step input[type=range]").fill("2")
     _wait_caption(page, "step 2")
-    after = page.locator("#sv-residual .annotation-text").all_inner_texts()
+    after = page.locator("#sv-residual .annotation-text").all_text_contents()
     assert after != before
     assert page.locator("#sv-stream [data-step='2']").first.evaluate("e => getComputedStyle(e).outlineStyle") == "solid"
     page.locator("#sv-residual").screenshot(path=str(SHOTS / "browser_residual_step2.png"))
@@ -137,6 +137,7 @@ def test_stop_ends_a_long_run(browser, app_url):
     _set(page, "number input for num_speculative_tokens (k)", 12)  # ~13 forwards per token: a long run
     page.click("#sv-run")
     _wait_progress(page, "running ·", timeout=60_000)
+    _wait_caption(page, "Running: this view is drawn when the run ends")  # no stale views of an earlier run
     page.click("#sv-stop")
     _wait_progress(page, "stopped ·", timeout=30_000)
     page.wait_for_timeout(1500)  # a cancelled run must not overwrite the stopped view

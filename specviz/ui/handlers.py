@@ -84,7 +84,7 @@ def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str
             stop_flag: threading.Event) -> Iterator[tuple[Any, ...]]:
     """Run one request, yielding throttled partial views; leaves the final Trace in state.
     ``stop_flag`` set -> the run ends after the current step (stop_reason "stopped")."""
-    t0, last = time.perf_counter(), 0.0
+    t0, last, first = time.perf_counter(), 0.0, True
     fill = TextFiller(decoder.tokenizer)
     it = decoder.iter_generate(prompt, **settings)
     trace = None
@@ -97,7 +97,9 @@ def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str
                 last = now
                 partial = fill(trace)
                 state["trace"] = partial.to_dict()
-                yield _streaming_outputs(partial, _progress(partial, settings["max_new_tokens"], t0), state)
+                yield _streaming_outputs(partial, _progress(partial, settings["max_new_tokens"], t0), state,
+                                         clear=first)
+                first = False
     except ValueError as exc:  # settings / prompt the engine refuses
         raise gr.Error(str(exc)) from None
     except Exception as exc:
@@ -111,11 +113,14 @@ def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str
     state["trace"] = trace.to_dict()
 
 
-def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any]) -> tuple[Any, ...]:
+def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any], clear: bool) -> tuple[Any, ...]:
+    """Views redrawn while a run streams (stream, summary, grid, stats). ``clear``: the first
+    update also replaces the detail views of the previous run by a placeholder."""
     views = all_views(trace, len(trace.steps) - 1, None, None) if trace.steps else empty_views()
-    skip = gr.skip()
     stream, summary, grid, _, _, _, stats, _ = views
-    return (progress, stream, summary, grid, skip, skip, skip, stats, skip, skip, skip, state)
+    wait = empty_views("Running: this view is drawn when the run ends (or when you press Stop).")
+    residual, match, trie, speedup = (wait[3], wait[4], wait[5], wait[7]) if clear else (gr.skip(),) * 4
+    return (progress, stream, summary, grid, residual, match, trie, stats, speedup, gr.skip(), gr.skip(), state)
 
 
 def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
