@@ -40,6 +40,7 @@ class StaticRunner:
         self.seq_len = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = None
+        self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
 
     # ---- ModelRunner interface ---------------------------------------------------------------
     def reset(self) -> None:
@@ -61,7 +62,14 @@ class StaticRunner:
         if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
             graph, static_ids, static_logits = self._graphs.get(n) or self._capture(n, ids)
             static_ids.copy_(ids)
-            graph.replay()
+            if self.graph_events is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                self.graph_events.append((start, end))
+            else:
+                graph.replay()
             logits = static_logits[0].to(torch.float32, copy=True)  # [n, V]; the buffer is reused
         else:
             logits = self._eager(ids)[0].float()
@@ -70,8 +78,26 @@ class StaticRunner:
 
     # ---- internals -----------------------------------------------------------------------------
     def _eager(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits  # [1, n, V]
+        mask = self._causal_mask(ids.shape[1])
+        return self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True).logits
 
+    def _causal_mask(self, n: int) -> torch.Tensor | None:
+        """4D mask [1, 1, n, max_cache_len] built on the device from the cache's write position:
+        query i (at position pos + i) sees keys 0..pos + i, never the stale entries past them.
+        Passing it ready-made keeps transformers from deciding on the host (a sync, which a CUDA
+        graph capture forbids) whether the mask can be skipped."""
+        layer = self.cache.layers[0]
+        if not getattr(layer, "is_initialized", False):
+            return None  # the first forward (prefill from position 0): the model's own causal mask
+        kv = torch.arange(self.max_cache_len, device=self.device)  # [max_cache_len]
+        q_pos = layer.cumulative_length + torch.arange(n, device=self.device)  # [n]
+        allowed = kv[None, :] <= q_pos[:, None]  # [n, max_cache_len]
+        if self.model.config._attn_implementation == "sdpa":
+            return allowed[None, None]
+        neg = torch.finfo(self.model.dtype).min  # additive mask for eager attention
+        return torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device).masked_fill_(~allowed, neg)[None, None]
+
+    @torch.inference_mode()  # on CUDA the positions are inference tensors (made in the first forward)
     def _set_position(self, length: int) -> None:
         for layer in self.cache.layers:
             if getattr(layer, "is_initialized", False):
