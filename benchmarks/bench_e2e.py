@@ -70,6 +70,25 @@ def hf_rows(dec, draft_model, prompt, max_new, repeats):
     return rows, reference
 
 
+def graph_gpu_ms(dec) -> float | None:
+    """GPU time (ms) of every CUDA-graph replay of the last request (target and drafter), from the
+    CUDA events StaticRunner records around each replay; None for the eager runner."""
+    runners = [dec.target_runner] + ([dec.current_proposer.runner] if hasattr(dec.current_proposer, "runner") else [])
+    events = [e for r in runners for e in (getattr(r, "graph_events", None) or [])]
+    if not events:
+        return None
+    torch.cuda.synchronize()
+    return sum(start.elapsed_time(end) for start, end in events)
+
+
+def _arm_timers(dec) -> None:
+    with dec._pool_lock:
+        for runners in dec._free_runners.values():
+            for r in runners:
+                if hasattr(r, "graph_events"):
+                    r.graph_events = []
+
+
 def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     rows = []
     saved = dec.eos_token_ids
@@ -81,8 +100,14 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
                           prompt_lookup_min=2, prompt_lookup_max=4)
                 sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
                 steps = len(trace.steps)
+                gpu = None
+                if dec.device.type == "cuda" and label == "static":
+                    _arm_timers(dec)
+                    trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
+                    gpu = graph_gpu_ms(dec)
                 rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
                              "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
+                             "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
                              "tokens": len(trace.output_token_ids),
                              "mean_acceptance_length": trace.metrics["mean_acceptance_length"],
                              "equal_to_hf_greedy": trace.output_token_ids == reference[: len(trace.output_token_ids)]})
@@ -103,6 +128,8 @@ def run_suite(title, target, draft, device, prompt, max_new, repeats, methods):
     for r in rows:
         r["vs_hf_assistant"] = r["tok_s"] / assisted if assisted else None
         step = "" if r["ms_per_step"] is None else f"{r['ms_per_step']:7.2f} ms/step"
+        if r.get("graph_gpu_ms_per_step") is not None:
+            step += f" (graphs {r['graph_gpu_ms_per_step']:.2f} GPU ms)"
         tau = r["mean_acceptance_length"] or float("nan")
         print(f"{r['name']:<48} {r['tok_s']:9.1f} tok/s {step:>16}  tau={tau:.2f}  equal={r['equal_to_hf_greedy']}",
               flush=True)
@@ -130,15 +157,17 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--no-big", action="store_true", help="skip the random 0.9B Llama")
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
     ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
     args = ap.parse_args()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    max_new, repeats = (24, 1) if args.smoke else (256, args.repeats)
+    max_new, repeats = (24, 1) if args.smoke else (args.max_new, args.repeats)
     methods = [("none", 1), ("ngram", 5), ("draft_model", 5)]
     suites = [run_suite(f"target {args.target}, draft {args.draft}", args.target, args.draft, device,
                         "import os\nimport sys\n\ndef main():\n", max_new, repeats, methods)]
-    if not args.smoke:
+    if not args.smoke and not args.no_big:
         big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
         suites.append(run_suite("random 0.9B Llama, draft = itself", big, big, device, REPETITIVE, max_new, repeats,
                                 methods))

@@ -27,16 +27,21 @@ def test_static_runner_matches_eager_greedy(tiny_dirs, arch, device):
     assert isinstance(static.target_runner, StaticRunner)
 
 
-def test_static_rollback_hides_stale_entries(tiny_dirs):
+@pytest.mark.parametrize("attn", ("sdpa", "eager"))
+def test_static_rollback_hides_stale_entries(tiny_dirs, attn):
     from specviz.models import load_model
 
     model = load_model(tiny_dirs["llama"][0], torch.device("cpu"), torch.float32)
+    model.config._attn_implementation = attn
     ids = torch.arange(5, 25)
     eager, static = EagerRunner(model), StaticRunner(model, max_cache_len=64)
     for r in (eager, static):
         r.reset()
         r.forward(ids[:10])
         r.forward(ids[10:16])  # a "draft" that gets rejected
+        r.truncate(12)
+    torch.testing.assert_close(static.forward(ids[12:16]), eager.forward(ids[12:16]), rtol=1e-4, atol=1e-4)
+    for r in (eager, static):  # a second rollback, now over entries the explicit mask must hide
         r.truncate(12)
     torch.testing.assert_close(static.forward(ids[16:20]), eager.forward(ids[16:20]), rtol=1e-4, atol=1e-4)
     assert static.seq_len == eager.seq_len == 16
