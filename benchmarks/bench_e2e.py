@@ -55,8 +55,8 @@ def timed(fn, device, repeats):
 def hf_rows(dec, draft_model, prompt, max_new, repeats):
     model, device = dec.target_model, dec.device
     ids = torch.tensor([dec.encode(prompt)], device=device)
-    base = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new,
-                pad_token_id=dec.tokenizer.pad_token_id or 0)
+    base = dict(attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new,
+                pad_token_id=dec.tokenizer.pad_token_id or 0)  # stops at EOS, like specviz
     variants = {"hf plain": {}, "hf prompt_lookup (10)": {"prompt_lookup_num_tokens": 10}}
     if draft_model is not None:
         variants["hf assistant_model"] = {"assistant_model": draft_model}
@@ -91,28 +91,23 @@ def _arm_timers(dec) -> None:
 
 def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     rows = []
-    saved = dec.eos_token_ids
-    dec.eos_token_ids = set()  # HF is run with min_new_tokens = max_new: compare equal lengths
-    try:
-        for method, k in methods:
-            for detailed in (True, False):
-                kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed,
-                          prompt_lookup_min=2, prompt_lookup_max=4)
-                sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
-                steps = len(trace.steps)
-                gpu = None
-                if dec.device.type == "cuda" and label == "static":
-                    _arm_timers(dec)
-                    trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
-                    gpu = graph_gpu_ms(dec)
-                rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
-                             "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
-                             "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
-                             "tokens": len(trace.output_token_ids),
-                             "mean_acceptance_length": trace.metrics["mean_acceptance_length"],
-                             "equal_to_hf_greedy": trace.output_token_ids == reference[: len(trace.output_token_ids)]})
-    finally:
-        dec.eos_token_ids = saved
+    for method, k in methods:  # HF and specviz both stop at EOS: outputs are compared whole
+        for detailed in (True, False):
+            kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed,
+                      prompt_lookup_min=2, prompt_lookup_max=4)
+            sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
+            steps = len(trace.steps)
+            gpu = None
+            if dec.device.type == "cuda" and label == "static":
+                _arm_timers(dec)
+                trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
+                gpu = graph_gpu_ms(dec)
+            rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
+                         "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
+                         "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
+                         "tokens": len(trace.output_token_ids),
+                         "mean_acceptance_length": trace.metrics["mean_acceptance_length"],
+                         "equal_to_hf_greedy": trace.output_token_ids == reference})
     return rows
 
 
@@ -159,6 +154,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--no-big", action="store_true", help="skip the random 0.9B Llama")
+    ap.add_argument("--commit", default=None, help="commit to record (the GPU machine's copy has no .git)")
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
     ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
     args = ap.parse_args()
@@ -171,7 +167,8 @@ def main() -> None:
         big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
         suites.append(run_suite("random 0.9B Llama, draft = itself", big, big, device, REPETITIVE, max_new, repeats,
                                 methods))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip()
     result = {"date": date.today().isoformat(), "commit": commit, "device": str(device),
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "max_new_tokens": max_new, "repeats": repeats, "suites": suites}
