@@ -36,6 +36,33 @@ def _launch(demo):
     return f"http://127.0.0.1:{port}/"
 
 
+def save_endless_models(root) -> tuple[str, str]:
+    """A target and draft (Llama, hidden 256, 4 layers, context 1024) whose EOS id lies outside the
+    vocabulary, so a run always lasts until max_new_tokens: long enough to be stopped."""
+    import torch
+    from tiny_models import VOCAB, build_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    paths = []
+    for name, seed in (("endless-target", 0), ("endless-draft", 1)):
+        torch.manual_seed(seed)
+        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                          initializer_range=0.3, bos_token_id=0, eos_token_id=VOCAB + 100, pad_token_id=1)
+        LlamaForCausalLM(cfg).eval().save_pretrained(root / name)
+        build_tokenizer().save_pretrained(root / name)
+        paths.append(str(root / name))
+    return paths[0], paths[1]
+
+
+@pytest.fixture(scope="module")
+def endless_app_url(tmp_path_factory):
+    demo = build_app(*save_endless_models(tmp_path_factory.mktemp("endless")), "cpu")
+    url = _launch(demo)
+    yield url
+    demo.close()
+
+
 @pytest.fixture(scope="module")
 def app_url(tiny_dirs):
     target, draft = tiny_dirs["llama"]
@@ -171,10 +198,9 @@ def test_load_example_fills_the_controls(app_url):
     assert prompt.startswith("class LlamaConfig") and method == "ngram"
 
 
-def test_stop_ends_the_run_cleanly(app_url):
-    client = Client(app_url, verbose=False)
-    # k = 12 with a random draft: about 13 forwards per token, so 200 tokens take far longer than a Stop
-    job = client.submit(*run_args(method="draft_model", k=12, max_new=200, compare=False,
+def test_stop_ends_the_run_cleanly(endless_app_url):
+    client = Client(endless_app_url, verbose=False)
+    job = client.submit(*run_args(method="draft_model", k=12, max_new=400, compare=False,
                                   prompt="for i in range(10):\n"), api_name="/run")
     deadline = time.time() + 60
     while not job.outputs() and time.time() < deadline:  # wait for the first streamed update
@@ -182,22 +208,22 @@ def test_stop_ends_the_run_cleanly(app_url):
     assert job.outputs(), "the run streamed no update within 60 s"
     out = client.predict(api_name="/stop")
     assert out[PROGRESS].startswith("**stopped** · after")
-    assert 0 < len([t for f, t in stream_tokens(out[STREAM]) if f != "rejected"]) < 200
+    assert 0 < len([t for f, t in stream_tokens(out[STREAM]) if f != "rejected"]) < 400
     final = job.result(timeout=60)  # the run ends after its current step, with the stopped trace drawn
     assert final[PROGRESS].startswith("**stopped** · after")
     shown = [t for f, t in stream_tokens(final[STREAM]) if f != "rejected"]
-    assert 0 < len(shown) < 200
+    assert 0 < len(shown) < 400
     assert client.predict(api_name="/stop")[PROGRESS] == "Nothing is running."
 
 
-def test_stop_in_one_session_does_not_stop_another(app_url):
-    a, b = Client(app_url, verbose=False), Client(app_url, verbose=False)
-    job = a.submit(*run_args(method="draft_model", k=12, max_new=40, compare=False), api_name="/run")
+def test_stop_in_one_session_does_not_stop_another(endless_app_url):
+    a, b = Client(endless_app_url, verbose=False), Client(endless_app_url, verbose=False)
+    job = a.submit(*run_args(method="draft_model", k=4, max_new=120, compare=False), api_name="/run")
     deadline = time.time() + 60
     while not job.outputs() and time.time() < deadline:
         time.sleep(0.05)
     assert b.predict(api_name="/stop")[PROGRESS] == "Nothing is running."
-    assert job.result(timeout=120)[PROGRESS].startswith("**done** · 40 tokens")
+    assert job.result(timeout=120)[PROGRESS].startswith("**done** · 120 tokens")
 
 
 def test_two_sessions_run_at_once_and_keep_their_own_traces(app_url):

@@ -19,6 +19,7 @@ if not Path(CHROMIUM).exists():
 playwright = pytest.importorskip("playwright.sync_api")
 
 from specviz.ui import build_app, launch_options  # noqa: E402
+from test_app import save_endless_models  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
@@ -38,6 +39,16 @@ def _free_port() -> int:
 def app_url(tiny_dirs):
     target, draft = tiny_dirs["llama"]
     demo = build_app(str(target), str(draft), "cpu")
+    port = _free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def endless_app_url(tmp_path_factory):
+    """An app whose models never emit EOS: a 400-token run lasts long enough to be stopped."""
+    demo = build_app(*save_endless_models(tmp_path_factory.mktemp("endless")), "cpu")
     port = _free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
     yield f"http://127.0.0.1:{port}/"
@@ -129,12 +140,12 @@ def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
     page.close()
 
 
-def test_stop_ends_a_long_run(browser, app_url):
-    page, errors = _open(browser, app_url)
+def test_stop_ends_a_long_run(browser, endless_app_url):
+    page, errors = _open(browser, endless_app_url)
     page.locator("#sv-prompt textarea").fill("for i in range(10):\n")
     page.get_by_label("draft_model", exact=True).check()
-    _set(page, "number input for max new tokens", 200)
-    _set(page, "number input for num_speculative_tokens (k)", 12)  # ~13 forwards per token: a long run
+    _set(page, "number input for max new tokens", 400)
+    _set(page, "number input for num_speculative_tokens (k)", 12)  # 13 forwards per token: a long run
     page.click("#sv-run")
     _wait_progress(page, "running ·", timeout=60_000)
     _wait_caption(page, "Running: this view is drawn when the run ends")  # no stale views of an earlier run
