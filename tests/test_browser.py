@@ -18,8 +18,9 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`", allow_module_level=True)
 playwright = pytest.importorskip("playwright.sync_api")
 
-from specviz.ui import build_app, launch_options  # noqa: E402
 from test_app import save_endless_models  # noqa: E402
+
+from specviz.ui import build_app, launch_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
