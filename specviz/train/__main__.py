@@ -1,0 +1,31 @@
+"""``python -m specviz.train --out DIR [--preset demo|smoke] [--seed N] [--device cuda|cpu]
+[--time-budget-s S] [--compile]``: run the training recipe (see :mod:`specviz.train.recipe`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from specviz.train.configs import PRESETS
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m specviz.train", description=__doc__)
+    ap.add_argument("--out", required=True, help="output directory (created)")
+    ap.add_argument("--preset", default="demo", choices=sorted(PRESETS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default=None, choices=["cuda", "cpu"])
+    ap.add_argument("--time-budget-s", type=float, default=None, help="stop training after S seconds")
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models for training")
+    args = ap.parse_args(argv)
+    from specviz.train.recipe import run
+
+    log = run(args.out, args.preset, args.seed, args.device, args.time_budget_s, args.compile)
+    last = log["heldout"][-1] if log["heldout"] else {}
+    print(json.dumps({"steps": log["steps"], "tokens_seen": log["tokens_seen"], "heldout": last,
+                      "phases_s": log["phases_s"], "stopped_early": log["stopped_early"]}))
+    return log
+
+
+if __name__ == "__main__":
+    main()
