@@ -37,8 +37,9 @@ def _launch(demo):
 
 
 def save_endless_models(root) -> tuple[str, str]:
-    """A target and draft (Llama, hidden 256, 4 layers, context 1024) whose EOS id lies outside the
-    vocabulary, so a run always lasts until max_new_tokens: long enough to be stopped."""
+    """A target and draft (Llama, hidden 512, 6 layers, context 1024) whose EOS id lies outside the
+    vocabulary, so a run always lasts until max_new_tokens: 400 tokens with k = 12 take tens of
+    seconds on a CPU, long enough to be stopped however busy the machine is."""
     import torch
     from tiny_models import VOCAB, build_tokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -46,8 +47,8 @@ def save_endless_models(root) -> tuple[str, str]:
     paths = []
     for name, seed in (("endless-target", 0), ("endless-draft", 1)):
         torch.manual_seed(seed)
-        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=512, intermediate_size=1024, num_hidden_layers=6,
+                          num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
                           initializer_range=0.3, bos_token_id=0, eos_token_id=VOCAB + 100, pad_token_id=1)
         LlamaForCausalLM(cfg).eval().save_pretrained(root / name)
         build_tokenizer().save_pretrained(root / name)

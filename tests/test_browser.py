@@ -87,8 +87,11 @@ def _progress(page) -> str:
 
 
 def _wait_progress(page, marker: str, timeout=RUN_TIMEOUT_MS) -> None:
-    page.wait_for_function("m => document.querySelector('#sv-progress').innerText.includes(m)", arg=marker,
-                           timeout=timeout)
+    try:
+        page.wait_for_function("m => document.querySelector('#sv-progress').innerText.includes(m)", arg=marker,
+                               timeout=timeout)
+    except playwright.TimeoutError:
+        pytest.fail(f"no {marker!r} in the progress line within {timeout / 1000:.0f} s; it shows {_progress(page)!r}")
 
 
 def _wait_caption(page, start: str) -> None:
@@ -151,7 +154,7 @@ def test_stop_ends_a_long_run(browser, endless_app_url):
     _wait_progress(page, "running ·", timeout=60_000)
     _wait_caption(page, "Running: this view is drawn when the run ends")  # no stale views of an earlier run
     page.click("#sv-stop")
-    _wait_progress(page, "stopped ·", timeout=30_000)
+    _wait_progress(page, "stopped ·", timeout=60_000)
     page.wait_for_timeout(1500)  # a cancelled run must not overwrite the stopped view
     assert "stopped ·" in _progress(page)
     assert 0 < page.locator("#sv-stream .sv-tok").count()

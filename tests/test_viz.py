@@ -80,6 +80,8 @@ def handmade() -> Trace:
         Step(2, "ngram", [30, 31, 32], 3, Emitted(4, 33, "bonus", 0.7, [[33, 0.7]]),
              [_pos(1, 30, True), _pos(2, 31, True), _pos(3, 32, True)], [30, 31]),
     ]
+    for st in steps:
+        st.timings_ms = {"draft": 100.0, "verify": 350.0, "sample": 50.0}
     texts = {str(t): f"t{t}" for t in (5, 6, 10, 11, 12, 20, 21, 30, 31, 32, 33, 99)}
     return Trace(config={"method": "ngram", "num_speculative_tokens": 3, "verify": "standard"},
                  prompt_token_ids=[5, 6, 7, 5], prompt_text="t5t6t7t5", steps=steps,
@@ -128,8 +130,10 @@ def test_handmade_stats_and_alpha():
     assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
     summary = run_summary(tr)
     assert summary["tokens"] == 6 and summary["steps"] == 3 and summary["tokens_per_forward"] == 2.0
-    table = speedup_html(summary, dict(summary, tokens_per_forward=1.0, tokens_per_second=3.0))
-    assert "2.00× in tokens/s" in table and "2.00× in tokens per target forward" in table
+    assert summary["decode_s"] == pytest.approx(1.5)  # 3 steps x (100 + 350 + 50) ms
+    assert summary["decode_tokens_per_second"] == pytest.approx(4.0)
+    table = speedup_html(summary, dict(summary, tokens_per_forward=1.0, decode_tokens_per_second=1.0))
+    assert "4.00× in tokens/s" in table and "2.00× in tokens per target forward" in table
 
 
 def test_handmade_residual_bars():

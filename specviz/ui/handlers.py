@@ -24,7 +24,8 @@ from specviz.viz import figure_png, figures, report_html, run_summary
 
 from .cache import DecoderCache, StopSignals
 from .settings import baseline_key, baseline_settings, check_prompt, engine_settings
-from .views import TextFiller, all_views, default_selection, empty_views, selection_views
+from .views import TextFiller, all_views, default_selection, empty_views, selection_views, streaming_views
+from .worker import BackgroundRun
 
 UPDATES_PER_SECOND = 4  # streaming redraws at most this often
 MAX_BASELINES = 8  # per session
@@ -82,42 +83,47 @@ def _free_gpu() -> None:
 
 def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str, Any],
             stop_flag: threading.Event) -> Iterator[tuple[Any, ...]]:
-    """Run one request, yielding throttled partial views; leaves the final Trace in state.
-    ``stop_flag`` set -> the run ends after the current step (stop_reason "stopped")."""
-    t0, last, first = time.perf_counter(), 0.0, True
+    """Decode one request on a background thread, yielding views at most UPDATES_PER_SECOND
+    times a second; leaves the final trace in ``state``. ``stop_flag`` set -> the run ends after
+    its current step (stop_reason "stopped"); so does abandoning this generator (a cancelled
+    event). Raises gr.Error for settings the engine refuses and for a GPU out of memory."""
+    t0, shown, first = time.perf_counter(), -1, True
     fill = TextFiller(decoder.tokenizer)
-    it = decoder.iter_generate(prompt, **settings)
-    trace = None
+    run = BackgroundRun(decoder, prompt, settings, stop_flag)
     try:
-        for trace in it:
-            if stop_flag.is_set():
-                break
-            now = time.perf_counter()
-            if now - last >= 1.0 / UPDATES_PER_SECOND and trace.stop_reason == "":
-                last = now
-                partial = fill(trace)
-                state["trace"] = partial.to_dict()
-                yield _streaming_outputs(partial, _progress(partial, settings["max_new_tokens"], t0), state,
-                                         clear=first)
-                first = False
-    except ValueError as exc:  # settings / prompt the engine refuses
-        raise gr.Error(str(exc)) from None
-    except Exception as exc:
-        if _is_oom(exc):
-            _free_gpu()
-            raise gr.Error("the GPU ran out of memory: lower max_new_tokens or num_speculative_tokens, "
-                           "or use a smaller model; the app is still running") from None
-        raise
+        while not run.finished.wait(1.0 / UPDATES_PER_SECOND):
+            snap = run.snapshot()
+            if snap is None or len(snap.steps) == shown:
+                continue
+            shown = len(snap.steps)
+            partial = fill(snap)
+            state["trace"] = partial.to_dict()
+            yield _streaming_outputs(partial, _progress(partial, settings["max_new_tokens"], t0), state, first)
+            first = False
     finally:
-        it.close()  # a stopped run finishes its trace here (stop_reason "stopped")
-    state["trace"] = trace.to_dict()
+        if not run.finished.is_set():  # the event was cancelled or closed: end the decode too
+            stop_flag.set()
+    _raise_for(run.error)
+    state["trace"] = run.result().to_dict()
+
+
+def _raise_for(error: BaseException | None) -> None:
+    """Turn a run's exception into a message for the user (or re-raise an unexpected one)."""
+    if error is None:
+        return
+    if isinstance(error, ValueError):  # settings / prompt the engine refuses
+        raise gr.Error(str(error)) from None
+    if _is_oom(error):
+        _free_gpu()
+        raise gr.Error("the GPU ran out of memory: lower max_new_tokens or num_speculative_tokens, "
+                       "or use a smaller model; the app is still running") from None
+    raise error
 
 
 def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any], clear: bool) -> tuple[Any, ...]:
     """Views redrawn while a run streams (stream, summary, grid, stats). ``clear``: the first
     update also replaces the detail views of the previous run by a placeholder."""
-    views = all_views(trace, len(trace.steps) - 1, None, None) if trace.steps else empty_views()
-    stream, summary, grid, _, _, _, stats, _ = views
+    stream, summary, grid, stats = streaming_views(trace)
     wait = empty_views("Running: this view is drawn when the run ends (or when you press Stop).")
     residual, match, trie, speedup = (wait[3], wait[4], wait[5], wait[7]) if clear else (gr.skip(),) * 4
     return (progress, stream, summary, grid, residual, match, trie, stats, speedup, gr.skip(), gr.skip(), state)

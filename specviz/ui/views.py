@@ -71,6 +71,16 @@ def all_views(trace: Trace, step: int | None, position: int | None,
             stats_figure(trace, baseline), speedup_html(run_summary(trace), baseline))
 
 
+def streaming_views(trace: Trace) -> tuple[Any, ...]:
+    """(stream, summary, grid, stats) of a partial trace: what a streamed update redraws."""
+    if not trace.steps:
+        e = empty_views("Running…")
+        return e[0], e[1], e[2], e[6]
+    last = len(trace.steps) - 1
+    return (token_stream_html(trace, last), summary_markdown(trace), step_grid_figure(trace, last, None),
+            stats_figure(trace, None))
+
+
 def selection_views(trace: Trace, step: int | None, position: int | None) -> tuple[Any, ...]:
     """(stream, grid, residual, match, trie) at the selection: what a step/position change redraws."""
     if not trace.steps:
@@ -89,12 +99,13 @@ class TextFiller:
         self.tokenizer = tokenizer
         self.texts: dict[str, str] = {}
         self.prompt: str | None = None
+        self.done_steps = 0
 
     def __call__(self, trace: Trace) -> Trace:
         """A shallow copy of ``trace`` with texts for every id it mentions (as the engine's final
         trace has: prompt, committed, drafted and top-20 ids)."""
-        ids = set(trace.prompt_token_ids)
-        for s in trace.steps:
+        ids = set(trace.prompt_token_ids) if self.prompt is None else set()
+        for s in trace.steps[self.done_steps:]:  # steps only grow during a run: visit each once
             ids.update(s.committed_token_ids)
             ids.update(s.draft_token_ids)
             ids.update(int(t) for t, _ in s.emitted.top)
@@ -104,6 +115,7 @@ class TextFiller:
         for t in ids:
             if str(t) not in self.texts:
                 self.texts[str(t)] = self.tokenizer.decode([t])
+        self.done_steps = len(trace.steps)
         if self.prompt is None:
             self.prompt = self.tokenizer.decode(trace.prompt_token_ids)
         return dataclasses.replace(trace, token_texts=dict(self.texts), prompt_text=self.prompt)
