@@ -313,3 +313,17 @@ def test_engine_settings_conversion():
     # the baseline is shared by runs that differ only in the speculative settings
     assert baseline_key("p", s) == baseline_key("p", dict(s, method="draft_model", num_speculative_tokens=3))
     assert baseline_key("p", s) != baseline_key("p", dict(s, seed=4))
+
+
+def test_missing_bundled_models_are_explained(monkeypatch, tmp_path):
+    from specviz.models import ModelLoadError
+    from specviz.ui import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "DEFAULT_TARGET", tmp_path / "specviz-target")
+    monkeypatch.setattr(cache_module, "DEFAULT_DRAFT", tmp_path / "specviz-draft")
+    cache = cache_module.DecoderCache()
+    assert "bundled demo models are not in `assets/models/` yet" in cache.describe()
+    assert "upload a trace JSON" in cache.describe()
+    with pytest.raises(ModelLoadError, match="bundled demo model is missing"):
+        cache.get()
+    assert not cache.loaded()
