@@ -246,6 +246,7 @@ def _own_token(trace: Trace, st: Step, has_block: bool) -> tuple[go.Figure, int 
 
 def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
     """Caption above the plot (first line bold), layout."""
+    gauge = not has_block and any(getattr(t, "offsetgroup", None) == "gauge" for t in fig.data)  # its axis title
     head = textwrap.wrap(lines[0], WRAP - 12)
     small = [w for t in lines[1:] for w in textwrap.wrap(t, WRAP)]
     caption = "<br>".join(f"<b>{w}</b>" for w in head) + "".join(
@@ -256,6 +257,6 @@ def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
     fig.update_layout(
         height=(620 if has_block else 480), barmode="group", plot_bgcolor="#ffffff",
         margin={"l": 55, "r": 10, "t": 26 + 19 * (len(head) + len(small)), "b": 40},
-        legend={"orientation": "h", "y": -0.06, "yanchor": "top", "font": {"size": 11}},
+        legend={"orientation": "h", "y": -0.13 if gauge else -0.06, "yanchor": "top", "font": {"size": 11}},
     )
     return fig
