@@ -196,7 +196,12 @@ class SpecDecoder:
     def iter_generate(self, prompt: str | Sequence[int], bus: ev.EventBus | None = None,
                       **settings: Any) -> Iterator[Trace]:
         """Like :meth:`generate`, but yields the partial trace after every step (for streaming
-        views); closing the iterator stops the request cleanly (stop_reason "stopped")."""
+        views); closing the iterator stops the request cleanly (stop_reason "stopped").
+
+        The same Trace object is yielded each time and grows in place (copy it to keep a
+        snapshot); its metrics are filled when the request ends. ``wall_time_s`` then includes
+        the time the caller spent between steps; ``metrics["time_ms"]`` holds the engine's own
+        draft / verify / sample time."""
         if settings.get("verify") is None:
             settings["verify"] = "greedy" if settings.get("temperature", 0.0) == 0 else "standard"
         if settings.get("sampler_backend", "auto") == "auto":
@@ -247,6 +252,7 @@ class SpecDecoder:
                 if hit_eos or len(generated) >= cfg.max_new_tokens:
                     stop_reason = "eos" if hit_eos else "max_new_tokens"
                     break
+                self._add_texts(recorder.trace, generated)
                 yield recorder.trace
         finally:
             if hasattr(proposer, "finish"):
@@ -256,7 +262,7 @@ class SpecDecoder:
                 self._release_runner(self.draft_model, proposer.runner)
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
-            self._finish_text(recorder.trace)
+            self._add_texts(recorder.trace, generated)
         yield recorder.trace
 
     def _step(self, step: int, ids: list[int], num_generated: int, cfg: GenerationConfig, runner: ModelRunner,
@@ -305,18 +311,24 @@ class SpecDecoder:
             d["prompt_lookup_min"], d["prompt_lookup_max"] = resolve_lookup_bounds(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
         return d
 
-    def _finish_text(self, trace: Trace | None) -> None:
+    def _add_texts(self, trace: Trace | None, generated: list[int]) -> None:
+        """Fill the trace's text fields: ``prompt_text``, ``text`` (the output so far) and
+        ``token_texts`` for every id the trace mentions (decoding only ids not seen before), so
+        partial traces streamed by :meth:`iter_generate` are as readable as the final one."""
         if trace is None:
             return
-        tok = self.tokenizer
-        trace.prompt_text = tok.decode(trace.prompt_token_ids)
-        trace.text = tok.decode(trace.output_token_ids)
-        seen = set(trace.prompt_token_ids) | set(trace.output_token_ids)
-        for s in trace.steps:
-            seen.update(s.draft_token_ids)
-            seen.update(int(t) for pos in s.positions for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
-            seen.update(int(t) for t, _ in s.emitted.top)
-        trace.token_texts = {str(t): tok.decode([t]) for t in sorted(seen)}
+        tok, texts = self.tokenizer, trace.token_texts
+        if not trace.prompt_text:
+            trace.prompt_text = tok.decode(trace.prompt_token_ids)
+        trace.text = tok.decode(generated)
+        ids = set(trace.prompt_token_ids) if not texts else set()
+        ids.update(generated[-64:] if texts else generated)
+        for s in trace.steps[-1:] if texts else trace.steps:
+            ids.update(s.draft_token_ids)
+            ids.update(int(t) for pos in s.positions for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
+            ids.update(int(t) for t, _ in s.emitted.top)
+        for t in sorted(i for i in ids if str(i) not in texts):
+            texts[str(t)] = tok.decode([t])
 
 
 def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[list[int], bool]:

@@ -164,3 +164,16 @@ def test_two_threads_share_one_decoder(decoders):
     with ThreadPoolExecutor(2) as pool:
         parallel = list(pool.map(lambda kw: dec.generate(PROMPT, **kw).output_token_ids, jobs))
     assert parallel == sequential
+
+
+def test_partial_traces_are_readable(decoders):
+    """Every streamed (partial) trace already has the prompt text, the output text so far and a
+    text for every token id it mentions."""
+    dec = decoders["llama"]
+    for trace in dec.iter_generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=12):
+        assert trace.prompt_text == dec.tokenizer.decode(trace.prompt_token_ids)
+        generated = [t for s in trace.steps for t in s.committed_token_ids]
+        assert trace.text == dec.tokenizer.decode(generated)
+        mentioned = set(generated) | {t for s in trace.steps for t in s.draft_token_ids}
+        mentioned |= {int(t) for s in trace.steps for p in s.positions for t, _ in p.p_top + p.q_top + p.residual_top}
+        assert mentioned <= {int(k) for k in trace.token_texts}
