@@ -113,7 +113,7 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
 
 def run_suite(title, target, draft, device, prompt, max_new, repeats, methods):
     print(f"\n## {title}", flush=True)
-    eager = SpecDecoder.from_pretrained(target, draft, device=device)
+    eager = SpecDecoder.from_pretrained(target, draft, device=device, runner="eager")
     rows, reference = hf_rows(eager, eager.draft_model, prompt, max_new, repeats)
     rows += specviz_rows(eager, prompt, max_new, repeats, reference, methods, "eager")
     static = SpecDecoder.from_pretrained(target, draft, device=device, runner="static",

@@ -34,7 +34,7 @@ from .sampling import logits_to_probs, rejection_sample, validate_sampling_param
 from .trace import Recorder, Trace
 
 METHODS = ("none", "ngram", "suffix", "draft_model")
-RUNNERS = ("eager", "static")
+RUNNERS = ("auto", "eager", "static")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
 MAX_SPECULATIVE_TOKENS = 32
 
@@ -116,14 +116,14 @@ class SpecDecoder:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                        runner: str = "eager", max_cache_len: int = 4096) -> "SpecDecoder":
+                        runner: str = "auto", max_cache_len: int = 4096) -> "SpecDecoder":
         """Load target (and optional draft) from a local directory or hub id, safetensors only.
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
         draft). device None -> CUDA if available else CPU; dtype None -> bf16 on CUDA, fp32 on CPU.
-        runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`) or "static"
+        runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`), "static"
         (pre-allocated cache of ``max_cache_len`` tokens, CUDA graphs on CUDA:
-        :class:`~specviz.static_runner.StaticRunner`).
+        :class:`~specviz.static_runner.StaticRunner`) or "auto" (static on CUDA, eager on CPU).
         Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model cannot be loaded."""
         if runner not in RUNNERS:
             raise ValueError(f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}")
@@ -137,7 +137,7 @@ class SpecDecoder:
         draft_model = load_model(draft, dev, dt) if draft is not None else None
         names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
         factory = EagerRunner
-        if runner == "static":
+        if runner == "static" or (runner == "auto" and dev.type == "cuda"):
             limit = int(getattr(target_model.config, "max_position_embeddings", max_cache_len) or max_cache_len)
             factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len))
         return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names)
