@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
     g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
     g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
-    g.add_argument("--method", default="ngram", help="none | ngram | draft_model")
+    g.add_argument("--method", default="ngram", help="none | ngram | suffix | draft_model")
     g.add_argument("--prompt", required=True)
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
     g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic")
@@ -74,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt-lookup-max", type=int, default=None)
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default=None)
+    g.add_argument("--runner", default="auto", help="auto | eager | static (static = pre-allocated cache, CUDA graphs)")
     g.add_argument("--trace", default=None, help="write the trace JSON here")
     g.add_argument("--steps", action="store_true", help="print each verification step as it happens")
     g.add_argument("--no-color", action="store_true")
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     from .events import EventBus, StepVerified
 
     try:
-        decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype)
+        decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
+                                              runner=args.runner)
         bus = EventBus()
         if args.steps:
             bus.subscribe(StepVerified, _print_step)

@@ -319,8 +319,8 @@ class SpecDecoder:
             return
         tok, texts = self.tokenizer, trace.token_texts
         if not trace.prompt_text:
-            trace.prompt_text = tok.decode(trace.prompt_token_ids)
-        trace.text = tok.decode(generated)
+            trace.prompt_text = tok.decode(trace.prompt_token_ids, skip_special_tokens=True)
+        trace.text = tok.decode(generated, skip_special_tokens=True)
         ids = set(trace.prompt_token_ids) if not texts else set()
         ids.update(generated[-64:] if texts else generated)
         for s in trace.steps[-1:] if texts else trace.steps:

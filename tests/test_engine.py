@@ -137,7 +137,7 @@ def test_trace_round_trips_json(decoders):
         trace = dec.generate(PROMPT, method=method, num_speculative_tokens=3, max_new_tokens=16, **kw)
         again = Trace.from_json(trace.to_json())
         assert again.to_dict() == trace.to_dict()
-        assert trace.text == dec.tokenizer.decode(trace.output_token_ids)
+        assert trace.text == dec.tokenizer.decode(trace.output_token_ids, skip_special_tokens=True)
         for s in trace.steps:
             assert len(s.positions) == len(s.draft_token_ids)
             assert s.emitted.kind in ("recovered", "bonus", "target")
@@ -171,9 +171,9 @@ def test_partial_traces_are_readable(decoders):
     text for every token id it mentions."""
     dec = decoders["llama"]
     for trace in dec.iter_generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=12):
-        assert trace.prompt_text == dec.tokenizer.decode(trace.prompt_token_ids)
+        assert trace.prompt_text == dec.tokenizer.decode(trace.prompt_token_ids, skip_special_tokens=True)
         generated = [t for s in trace.steps for t in s.committed_token_ids]
-        assert trace.text == dec.tokenizer.decode(generated)
+        assert trace.text == dec.tokenizer.decode(generated, skip_special_tokens=True)
         mentioned = set(generated) | {t for s in trace.steps for t in s.draft_token_ids}
         mentioned |= {int(t) for s in trace.steps for p in s.positions for t, _ in p.p_top + p.q_top + p.residual_top}
         assert mentioned <= {int(k) for k in trace.token_texts}

@@ -24,7 +24,7 @@ from specviz.viz import figure_png, figures, report_html, run_summary
 
 from .cache import DecoderCache, StopSignals
 from .settings import baseline_key, baseline_settings, check_prompt, engine_settings
-from .views import TextFiller, all_views, default_selection, empty_views, selection_views, streaming_views
+from .views import all_views, default_selection, empty_views, selection_views, streaming_views
 from .worker import BackgroundRun
 
 UPDATES_PER_SECOND = 4  # streaming redraws at most this often
@@ -88,7 +88,6 @@ def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str
     its current step (stop_reason "stopped"); so does abandoning this generator (a cancelled
     event). Raises gr.Error for settings the engine refuses and for a GPU out of memory."""
     t0, shown, first = time.perf_counter(), -1, True
-    fill = TextFiller(decoder.tokenizer)
     run = BackgroundRun(decoder, prompt, settings, stop_flag)
     try:
         while not run.finished.wait(1.0 / UPDATES_PER_SECOND):
@@ -96,9 +95,8 @@ def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str
             if snap is None or len(snap.steps) == shown:
                 continue
             shown = len(snap.steps)
-            partial = fill(snap)
-            state["trace"] = partial.to_dict()
-            yield _streaming_outputs(partial, _progress(partial, settings["max_new_tokens"], t0), state, first)
+            state["trace"] = snap.to_dict()
+            yield _streaming_outputs(snap, _progress(snap, settings["max_new_tokens"], t0), state, first)
             first = False
     finally:
         if not run.finished.is_set():  # the event was cancelled or closed: end the decode too

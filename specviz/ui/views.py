@@ -5,7 +5,6 @@ Pure functions of data: no gradio, no model. The handlers wrap them.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from specviz.trace import Trace
@@ -89,33 +88,3 @@ def selection_views(trace: Trace, step: int | None, position: int | None) -> tup
     s, i = clamp_selection(trace, step, position)
     return (token_stream_html(trace, s), step_grid_figure(trace, s, i), residual_figure(trace, s, i),
             match_context_html(trace, s), trie_figure(trace, s))
-
-
-class TextFiller:
-    """Fills prompt_text and token_texts of partial (streaming) traces, which the engine only
-    fills when a run ends. Decoded pieces are kept across calls, so each id is decoded once."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-        self.texts: dict[str, str] = {}
-        self.prompt: str | None = None
-        self.done_steps = 0
-
-    def __call__(self, trace: Trace) -> Trace:
-        """A shallow copy of ``trace`` with texts for every id it mentions (as the engine's final
-        trace has: prompt, committed, drafted and top-20 ids)."""
-        ids = set(trace.prompt_token_ids) if self.prompt is None else set()
-        for s in trace.steps[self.done_steps:]:  # steps only grow during a run: visit each once
-            ids.update(s.committed_token_ids)
-            ids.update(s.draft_token_ids)
-            ids.update(int(t) for t, _ in s.emitted.top)
-            for pos in s.positions:
-                ids.update(int(t) for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
-            ids.add(s.emitted.token_id)
-        for t in ids:
-            if str(t) not in self.texts:
-                self.texts[str(t)] = self.tokenizer.decode([t])
-        self.done_steps = len(trace.steps)
-        if self.prompt is None:
-            self.prompt = self.tokenizer.decode(trace.prompt_token_ids)
-        return dataclasses.replace(trace, token_texts=dict(self.texts), prompt_text=self.prompt)

@@ -47,10 +47,13 @@ class BackgroundRun:
             self.finished.set()
 
     def snapshot(self) -> Trace | None:
-        """A shallow copy of the live trace with its steps list frozen (None before the first
-        step). Steps are appended whole by the engine, so every copied step is complete."""
+        """A shallow copy of the live trace with its steps list and token texts frozen (None
+        before the first step). Steps are appended whole by the engine, so every copied step is
+        complete, and the engine has decoded a text for every id they mention."""
         trace = self._trace
-        return None if trace is None else dataclasses.replace(trace, steps=list(trace.steps))
+        if trace is None:
+            return None
+        return dataclasses.replace(trace, steps=list(trace.steps), token_texts=dict(trace.token_texts))
 
     def result(self) -> Trace | None:
         """The finished trace (call after ``finished`` is set); None if the run failed first."""
