@@ -31,6 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from specviz import SpecDecoder  # noqa: E402
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 
+# The demo models' greedy continuation of this prompt runs 256+ tokens before any EOS (checked on
+# CPU); the first H200 run used "import os\nimport sys\n\ndef main():\n", whose greedy
+# continuation is EOS at once, so with EOS disabled it measured text past the end of a document.
+DEMO_PROMPT = ("class LlamaDecoderLayer(nn.Module):\n    def __init__(self, config, layer_idx):\n"
+               "        super().__init__()\n        self.hidden_size = config.hidden_size\n")
 REPETITIVE = "def f(x):\n    return x + 1\n\n" * 12 + "def f(x):\n"
 
 
@@ -162,7 +167,7 @@ def main() -> None:
     max_new, repeats = (24, 1) if args.smoke else (args.max_new, args.repeats)
     methods = [("none", 1), ("ngram", 5), ("draft_model", 5)]
     suites = [run_suite(f"target {args.target}, draft {args.draft}", args.target, args.draft, device,
-                        "import os\nimport sys\n\ndef main():\n", max_new, repeats, methods)]
+                        DEMO_PROMPT, max_new, repeats, methods)]
     if not args.smoke and not args.no_big:
         big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
         suites.append(run_suite("random 0.9B Llama, draft = itself", big, big, device, REPETITIVE, max_new, repeats,
