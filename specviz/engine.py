@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -56,7 +56,6 @@ class GenerationConfig:
     synthetic_rates: tuple[float, ...] | None = None
     sampler_backend: str = "auto"  # "auto": Triton kernels on CUDA, the PyTorch reference elsewhere
     detailed_trace: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _fail(message: str) -> None:
@@ -300,7 +299,7 @@ class SpecDecoder:
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _describe(self, cfg: GenerationConfig, ids: list[int]) -> dict[str, Any]:
-        d = {k: v for k, v in cfg.__dict__.items() if k != "extra"}
+        d = asdict(cfg)
         d["synthetic_rates"] = list(cfg.synthetic_rates) if cfg.synthetic_rates else None
         d.update(target=self.names.get("target", type(self.target_model).__name__),
                  draft=self.names.get("draft", ""), device=str(self.device),
