@@ -24,7 +24,7 @@ import torch
 
 from . import events as ev
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
-from .proposers import DraftModelProposer, NgramProposer, StepContext
+from .proposers import DraftModelProposer, NgramProposer, StepContext, resolve_lookup_bounds
 from .proposers.base import Draft, Proposer
 from .proposers.suffix import GlobalSuffixCache, SuffixProposer
 from .record import gather_step, host_record, to_host
@@ -304,9 +304,9 @@ class SpecDecoder:
         d.update(target=self.names.get("target", type(self.target_model).__name__),
                  draft=self.names.get("draft", ""), device=str(self.device),
                  dtype=self.names.get("dtype", str(next(self.target_model.parameters()).dtype).split(".")[-1]),
-                 runner=getattr(self.runner_factory, "func", self.runner_factory).__name__, prompt_length=len(ids), vocab_size=self.vocab_size)
+                 runner=getattr(self.runner_factory, "func", self.runner_factory).__name__, prompt_length=len(ids),
+                 vocab_size=self.vocab_size)
         if cfg.method == "ngram":
-            from .proposers.ngram import resolve_lookup_bounds
             d["prompt_lookup_min"], d["prompt_lookup_max"] = resolve_lookup_bounds(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
         return d
 
