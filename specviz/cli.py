@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--runner", default="auto", help="auto | eager | static (static = pre-allocated cache, CUDA graphs)")
     g.add_argument("--trace", default=None, help="write the trace JSON here")
     g.add_argument("--steps", action="store_true", help="print each verification step as it happens")
-    g.add_argument("--no-color", action="store_true")
+    g.add_argument("--no-color", action="store_true", help="plain text (the default when stdout is not a terminal)")
+    g.add_argument("--color", action="store_true", help="ANSI colours even when stdout is not a terminal")
     return ap
 
 
@@ -109,10 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(trace.prompt_text, end="")
-    print(colour_tokens(trace, colour=not args.no_color))
+    colour = args.color or (not args.no_color and sys.stdout.isatty())  # no escape codes in files and pipes
+    print(colour_tokens(trace, colour=colour))
     print()
     print(format_metrics(trace))
-    if not args.no_color:
+    if colour:
         print("legend: " + " ".join(f"{STYLE[k]}{k}{RESET}" if STYLE[k] else k for k in STYLE))
     if args.trace:
         with open(args.trace, "w", encoding="utf-8") as f:

@@ -50,13 +50,19 @@ def load_model(name_or_path: str | os.PathLike, device: torch.device, dtype: tor
     ``name_or_path``: a local directory with config.json + *.safetensors, or a hub id (only
     where a hub is reachable). Raises :class:`ModelLoadError` with a readable message."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars for a 2-second load
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(name_or_path), dtype=dtype, use_safetensors=True, trust_remote_code=False
         )
     except Exception as exc:  # transformers raises OSError/ValueError/EnvironmentError variants
         raise ModelLoadError(_explain(name_or_path, exc)) from exc
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     return model.to(device).eval()
 
 

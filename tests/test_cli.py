@@ -15,7 +15,8 @@ def test_cli_generate_prints_colours_and_writes_trace(tiny_dirs, tmp_path, capsy
     target, draft = tiny_dirs["llama"]
     out = tmp_path / "trace.json"
     code = main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model",
-                 "-k", "3", "--prompt", PROMPT, "--max-new-tokens", "12", "--device", "cpu", "--trace", str(out)])
+                 "-k", "3", "--prompt", PROMPT, "--max-new-tokens", "12", "--device", "cpu", "--trace", str(out),
+                 "--color"])
     text = capsys.readouterr().out
     assert code == 0
     assert "\033[36m" in text  # bonus tokens (the draft is the target: every draft accepted)
@@ -39,3 +40,12 @@ def test_cli_module_entry_point(tiny_dirs):
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "steps 3" in res.stdout
+
+
+def test_cli_plain_when_not_a_terminal(tiny_dirs, capsys):
+    target, _ = tiny_dirs["llama"]
+    code = main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model",
+                 "--prompt", PROMPT, "--max-new-tokens", "6", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 0 and "\033[" not in out  # captured stdout is not a tty: no escape codes
+    assert "mean acceptance length" in out
