@@ -126,7 +126,7 @@ def test_select_step_and_position_follow_the_session(app_url):
     out = client.predict(*run_args(method="draft_model", verify="standard", temperature=1.0), api_name="/run")
     steps = len(plot(out[GRID])["data"][0]["z"])
     assert steps >= 2
-    pos, stream, grid, residual, match, trie = client.predict(1, api_name="/select_step")
+    pos, stream, grid, residual, match, trie, step = client.predict(1, api_name="/select_step")
     assert caption(plot(residual)).startswith("step 1")
     assert pos["value"] >= 1 and pos["maximum"] >= 2
     assert 'outline:2px solid #111827' in stream  # the selected step's tokens are outlined
@@ -147,19 +147,22 @@ def test_select_step_and_position_follow_the_session(app_url):
 ])
 def test_bad_input_gives_a_message_and_the_app_stays_up(app_url, args, message):
     client = Client(app_url, verbose=False)
-    with pytest.raises(Exception) as err:
-        client.predict(*args, api_name="/run")
-    assert message in str(err.value)
+    first = client.predict(*run_args(max_new=8, compare=False), api_name="/run")
+    out = client.predict(*args, api_name="/run")  # no exception: the message is in the progress line
+    assert out[PROGRESS].startswith("**error** · ") and message in out[PROGRESS]
+    # the session keeps the trace drawn before: the selection views still draw it
+    stream = client.predict(0, api_name="/select_step")[1]
+    assert stream_tokens(stream) == stream_tokens(first[STREAM])
     assert client.predict(*run_args(max_new=4, compare=False), api_name="/run")[PROGRESS].startswith("**done**")
+
 
 
 def test_unknown_model_gives_a_message(tmp_path):
     demo = build_app(str(tmp_path / "no-such-model"), None, "cpu")
     url = _launch(demo)
     try:
-        with pytest.raises(Exception) as err:
-            Client(url, verbose=False).predict(*run_args(), api_name="/run")
-        assert "could not load model" in str(err.value) and "no such directory" in str(err.value)
+        out = Client(url, verbose=False).predict(*run_args(), api_name="/run")
+        assert "could not load model" in out[PROGRESS] and "no such directory" in out[PROGRESS]
     finally:
         demo.close()
 
@@ -189,14 +192,83 @@ def test_replay_refuses_what_is_not_a_trace(app_url, tmp_path):
     bad = tmp_path / "bad.json"
     for content in ("not json at all", json.dumps({"version": 1, "config": {}}), json.dumps([1, 2, 3])):
         bad.write_text(content)
-        with pytest.raises(Exception, match="not a specviz trace"):
-            client.predict(handle_file(str(bad)), api_name="/replay")
+        out = client.predict(handle_file(str(bad)), api_name="/replay")
+        assert out[PROGRESS].startswith("**error** · this is not a specviz trace")
 
 
 def test_load_example_fills_the_controls(app_url):
     client = Client(app_url, verbose=False)
     prompt, method, *_ = client.predict("Config class, n-gram lookup (greedy)", api_name="/load_example")
     assert prompt.startswith("class LlamaConfig") and method == "ngram"
+
+
+@pytest.mark.parametrize("choice", [None])
+def test_closing_the_example_dropdown_without_a_pick_changes_nothing(app_url, choice):
+    client = Client(app_url, verbose=False)
+    out = client.predict(choice, api_name="/load_example")  # used to raise "unknown example None"
+    assert len(out) == 8
+    # an update that changes nothing: the prompt box keeps its text (the client reads the default)
+    assert out[0] != "" and "unknown example" not in str(out)
+
+
+def test_an_out_of_range_step_is_clamped_not_an_error(app_url):
+    client = Client(app_url, verbose=False)
+    out = client.predict(*run_args(method="draft_model", verify="standard", temperature=1.0), api_name="/run")
+    last = len(plot(out[GRID])["data"][0]["z"]) - 1
+    pos, stream, grid, residual, match, trie, step = client.predict(999, api_name="/select_step")
+    assert caption(plot(residual)).startswith(f"step {last}")
+    assert step["value"] == last and step["maximum"] == max(last, 1)  # the slider shows the clamped step
+    *_, residual_neg, _, _, step_neg = client.predict(-5, api_name="/select_step")
+    assert caption(plot(residual_neg)).startswith("step 0") and step_neg["value"] == 0
+    residual_pos = client.predict(last, 999, api_name="/select_position")[2]
+    assert caption(plot(residual_pos)).startswith(f"step {last}")
+
+
+def test_an_in_range_step_leaves_the_step_slider_alone(app_url):
+    from specviz.ui import handlers
+
+    client = Client(app_url, verbose=False)
+    client.predict(*run_args(method="draft_model", verify="standard", temperature=1.0), api_name="/run")
+    state = {"trace": Trace.from_json(open(client.predict(0, 1, api_name="/export")[0], encoding="utf-8").read())
+             .to_dict()}
+    assert isinstance(handlers.select_step(state, 1)[-1], type(handlers.gr.skip()))
+    assert not isinstance(handlers.select_step(state, 999)[-1], type(handlers.gr.skip()))
+
+
+def _tampered(trace: Trace, how: str) -> dict:
+    data = trace.to_dict()
+    if how == "output":
+        data["output_token_ids"] = data["output_token_ids"][:3]
+    elif how == "positions":
+        step = next(s for s in data["steps"] if s["positions"])
+        step["positions"] = step["positions"][:-1]
+    elif how == "accepted":
+        step = next(s for s in data["steps"] if s["draft_token_ids"])
+        step["num_accepted"] = len(step["draft_token_ids"]) + 1
+    elif how == "index":
+        data["steps"][-1]["index"] = 0
+    return data
+
+
+@pytest.mark.parametrize("how, message", [
+    ("output", "output_token_ids has 3 tokens but the steps commit"),
+    ("positions", "positions for"),
+    ("accepted", "num_accepted is"),
+    ("index", "steps must be numbered 0, 1, 2"),
+])
+def test_replay_refuses_an_inconsistent_trace(app_url, tmp_path, how, message):
+    client = Client(app_url, verbose=False)
+    client.predict(*run_args(method="draft_model", verify="standard", temperature=1.0, compare=False),
+                   api_name="/run")
+    path = [p for p in client.predict(0, 1, api_name="/export") if p.endswith("trace.json")][0]
+    trace = Trace.from_json(open(path, encoding="utf-8").read())
+    assert len(trace.steps) >= 2
+    bad = tmp_path / f"{how}.json"
+    bad.write_text(json.dumps(_tampered(trace, how)))
+    out = client.predict(handle_file(str(bad)), api_name="/replay")
+    assert out[PROGRESS].startswith("**error** · this is not a specviz trace") and message in out[PROGRESS]
+    # the session still holds its own run: the selection views draw it
+    assert client.predict(0, api_name="/select_step")[1] != ""
 
 
 def test_stop_ends_the_run_cleanly(endless_app_url):
@@ -293,8 +365,9 @@ def test_gpu_out_of_memory_becomes_a_message():
     from specviz.ui.cache import StopSignals
 
     gen = handlers.run(_FakeCache(), StopSignals(), None, *run_args())
-    with pytest.raises(gr.Error, match="ran out of memory"):
-        next(gen)
+    out = next(gen)  # the message in the progress line, every other output skipped
+    assert out[PROGRESS].startswith("**error** · ") and "ran out of memory" in out[PROGRESS]
+    assert all(isinstance(o, type(gr.skip())) for o in out[1:])
 
 
 def test_engine_settings_conversion():
@@ -327,3 +400,16 @@ def test_missing_bundled_models_are_explained(monkeypatch, tmp_path):
     with pytest.raises(ModelLoadError, match="bundled demo model is missing"):
         cache.get()
     assert not cache.loaded()
+
+
+def test_load_example_without_a_choice_is_a_no_op():
+    import gradio as gr
+
+    from specviz.ui import handlers
+
+    examples = [{"name": "a", "prompt": "x = 1\n", "settings": {"method": "none"}}]
+    for choice in (None, "", "no such example"):
+        out = handlers.load_example(examples, choice)
+        assert len(out) == 1 + len(handlers.EXAMPLE_FIELDS)
+        assert all(isinstance(o, type(gr.skip())) for o in out)
+    assert handlers.load_example(examples, "a")[:2] == ("x = 1\n", "none")

@@ -4,7 +4,9 @@ Session state (one ``gr.State`` per browser session) is a dict: ``trace`` (the l
 dict, or None), ``baselines`` ({baseline_key: run_summary} of method "none" runs) and
 ``baseline`` (the summary matching the current trace, or None). Nothing else is shared between
 sessions except the lazily loaded models (:class:`~specviz.ui.cache.DecoderCache`).
-User mistakes raise ``gr.Error`` with a message; the app stays up.
+User mistakes (bad settings, a bad upload) show a message in the progress line (and a
+``gr.Warning`` toast) while every other output is skipped, so the views stay as they were; the
+app stays up. Only Export, whose single output is the download list, raises ``gr.Error``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.viz import figure_png, figures, report_html, run_summary
 
 from .cache import DecoderCache, StopSignals
-from .settings import baseline_key, baseline_settings, check_prompt, engine_settings
+from .settings import (
+    MAX_UI_NEW_TOKENS,
+    MAX_UI_SPECULATIVE_TOKENS,
+    baseline_key,
+    baseline_settings,
+    check_prompt,
+    check_slider_bounds,
+    engine_settings,
+)
 from .views import all_views, default_selection, empty_views, selection_views, streaming_views
 from .worker import BackgroundRun
 
@@ -46,6 +56,13 @@ def _sliders(trace: Trace, step: int, position: int) -> tuple[Any, Any]:
     k = len(trace.steps[step].draft_token_ids) if n else 0
     return (gr.Slider(minimum=0, maximum=max(n - 1, 1), value=step, step=1, interactive=n > 1),
             gr.Slider(minimum=1, maximum=max(k + 1, 2), value=position, step=1, interactive=k > 0))
+
+
+def _message_outputs(message: str, state: dict[str, Any] | None = None) -> tuple[Any, ...]:
+    """Outputs of run / stop / replay that show ``message`` in the progress line (and as a toast)
+    and leave every view, both sliders and (unless given) the session state as they are."""
+    gr.Warning(message)
+    return (f"**error** · {message}", *([gr.skip()] * 10), gr.skip() if state is None else state)
 
 
 def _full_outputs(progress: str, trace: Trace, state: dict[str, Any]) -> tuple[Any, ...]:
@@ -132,9 +149,28 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
         seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
         request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
     """The Run button: stream the request's views, then (if ``compare``) run or reuse the
-    method "none" baseline, then draw everything. Raises gr.Error on bad input or load failure."""
+    method "none" baseline, then draw everything. Bad input, a load failure or a refused run ends
+    with the message in the progress line and the other outputs skipped (never raises gr.Error)."""
+    last = None
+    try:
+        for last in _run(cache, signals, state, prompt, method, num_speculative_tokens, verify, temperature, top_k,
+                         top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates, compare,
+                         request):
+            yield last
+    except gr.Error as exc:
+        # the views keep what they show; the state keeps the last trace drawn (if any update was)
+        yield _message_outputs(exc.message, None if last is None else last[-1])
+
+
+def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
+         num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
+         seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
+         request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+    """:func:`run`'s body; raises gr.Error for the user's mistakes."""
     state = dict(state or new_state(), baselines=dict((state or {}).get("baselines", {})))
     try:
+        check_slider_bounds(num_speculative_tokens, 1, MAX_UI_SPECULATIVE_TOKENS)
+        check_slider_bounds(max_new_tokens, 1, MAX_UI_NEW_TOKENS)
         text = check_prompt(prompt)
         settings = engine_settings(method, num_speculative_tokens, verify, temperature, top_k, top_p,
                                    max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates)
@@ -188,38 +224,79 @@ def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request
         return ("Nothing is running.", *([gr.skip()] * 10), state or new_state())
     if not trace.stop_reason:
         trace.stop_reason = "stopped"
+        # a partial snapshot has no output list yet: the committed tokens so far (replay checks this)
+        trace.output_token_ids = [t for st in trace.steps for t in st.committed_token_ids]
         state = dict(state, trace=trace.to_dict(), baseline=None)
     return _full_outputs(f"**stopped** · after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
 
 
 def select_step(state: dict[str, Any] | None, step: Any) -> tuple[Any, ...]:
-    """The step slider: move the position to the step's decision slot and redraw the selection views."""
+    """The step slider: move the position to the step's decision slot and redraw the selection
+    views. A step out of range (typed into the slider's box) is clamped, and the step slider is
+    set to the clamped value (last output; gr.skip() when the value was in range)."""
     trace = _trace_of(state)
     if trace is None or not trace.steps:
-        return (gr.skip(), *selection_views(Trace(config={}, prompt_token_ids=[]), None, None))
-    s = min(max(int(step or 0), 0), len(trace.steps) - 1)
+        return (gr.skip(), *selection_views(Trace(config={}, prompt_token_ids=[]), None, None), gr.skip())
+    asked = _number(step, 0)
+    s = min(max(int(asked), 0), len(trace.steps) - 1)
     i = trace.steps[s].num_accepted + 1
-    return (_sliders(trace, s, i)[1], *selection_views(trace, s, i))
+    fix = gr.skip() if s == asked else _sliders(trace, s, i)[0]
+    return (_sliders(trace, s, i)[1], *selection_views(trace, s, i), fix)
+
+
+def _number(value: Any, default: int) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return default
+    return f if f == f and abs(f) != float("inf") else default
 
 
 def select_position(state: dict[str, Any] | None, step: Any, position: Any) -> tuple[Any, ...]:
-    """The position slider: redraw the selection views."""
+    """The position slider: redraw the selection views (step and position clamped to the trace)."""
     trace = _trace_of(state) or Trace(config={}, prompt_token_ids=[])
-    return selection_views(trace, int(step or 0), int(position or 1))
+    return selection_views(trace, int(_number(step, 0)), int(_number(position, 1)))
+
+
+def check_consistency(trace: Trace) -> None:
+    """Refuse a trace whose parts disagree (``Trace.from_json`` checks only the types): step
+    indices 0..n-1; per step, one position per draft token and num_accepted within the draft;
+    output_token_ids equal to every step's committed tokens in order.
+    Raises:
+        TraceFormatError: what disagrees, with the step where it does.
+    """
+    for n, st in enumerate(trace.steps):
+        where = f"steps[{n}]"
+        if st.index != n:
+            raise TraceFormatError(f"{where}.index is {st.index}; steps must be numbered 0, 1, 2, … in order")
+        k = len(st.draft_token_ids)
+        if len(st.positions) != k:
+            raise TraceFormatError(f"{where} has {len(st.positions)} positions for {k} draft tokens")
+        if not 0 <= st.num_accepted <= k:
+            raise TraceFormatError(f"{where}.num_accepted is {st.num_accepted}; it must be between 0 and the "
+                                   f"{k} draft tokens")
+    committed = [t for st in trace.steps for t in st.committed_token_ids]
+    if trace.output_token_ids != committed:
+        raise TraceFormatError(f"output_token_ids has {len(trace.output_token_ids)} tokens but the steps commit "
+                               f"{len(committed)} (or different ones): the trace is inconsistent")
 
 
 def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
-    """Upload: read a trace JSON (size-capped, validated as data, never executed) and draw it."""
+    """Upload: read a trace JSON (size-capped, validated as data and for consistency, never
+    executed) and draw it. A refused file leaves the views as they were, with the reason in the
+    progress line."""
     state = dict(state or new_state())
     if not path:
-        raise gr.Error("no file received")
+        return _message_outputs("no file received")
     size = os.path.getsize(path)
     if size > MAX_TRACE_BYTES:
-        raise gr.Error(f"the file is {size / 2**20:.1f} MB; traces up to {MAX_TRACE_BYTES // 2**20} MB are accepted")
+        return _message_outputs(f"the file is {size / 2**20:.1f} MB; traces up to {MAX_TRACE_BYTES // 2**20} MB "
+                                "are accepted")
     try:
         trace = Trace.from_json(Path(path).read_bytes())
+        check_consistency(trace)
     except TraceFormatError as exc:
-        raise gr.Error(f"this is not a specviz trace: {exc}") from None
+        return _message_outputs(f"this is not a specviz trace: {exc}")
     state.update(trace=trace.to_dict(), baseline=None)
     cfg = trace.config
     return _full_outputs(f"**replay** · an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
@@ -259,10 +336,13 @@ EXAMPLE_FIELDS = ("method", "num_speculative_tokens", "verify", "temperature", "
 
 
 def load_example(examples: list[dict[str, Any]], name: str) -> tuple[Any, ...]:
-    """The example's prompt and settings (gr.skip() for settings it leaves unset)."""
-    ex = next((e for e in examples if e["name"] == name), None)
+    """The example's prompt and settings (gr.skip() for settings it leaves unset). No choice
+    (the dropdown closed without a pick: None or "") or an unknown name changes nothing."""
+    ex = next((e for e in examples if e["name"] == name), None) if name else None
     if ex is None:
-        raise gr.Error(f"unknown example {name!r}")
+        if name:
+            gr.Warning(f"unknown example {name!r}")
+        return (gr.skip(),) * (1 + len(EXAMPLE_FIELDS))
     st = ex.get("settings", {})
     return (ex["prompt"], *(st[f] if f in st else gr.skip() for f in EXAMPLE_FIELDS))
 

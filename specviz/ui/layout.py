@@ -32,6 +32,19 @@ element.addEventListener('click', (event) => {
 """
 
 
+class LenientSlider(gr.Slider):
+    """A gr.Slider whose typed-in value reaches the handler even when it is out of range: Gradio's
+    own bound check raises an error that marks every output of the event with an "Error" badge.
+    The handlers check or clamp the value instead (run: the same message in the progress line;
+    step / position: clamped to the trace)."""
+
+    def get_block_name(self) -> str:
+        return "slider"
+
+    def preprocess(self, payload: float) -> float:
+        return gr.Number.round_to_precision(payload, self.precision)
+
+
 def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     from specviz.engine import METHODS, VERIFY_METHODS
 
@@ -42,7 +55,7 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     c["method"] = gr.Radio(list(METHODS), value="ngram", label="Method (proposer)",
                            info="none = plain decoding; ngram = prompt lookup; suffix = suffix decoding; "
                                 "draft_model = a small model")
-    c["k"] = gr.Slider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
+    c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *VERIFY_METHODS], value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
     with gr.Row():
@@ -50,7 +63,7 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
         c["top_k"] = gr.Number(0, label="top-k (0 = off)", minimum=0, precision=0)
         c["top_p"] = gr.Number(1.0, label="top-p (1 = off)", minimum=0.01, maximum=1.0, step=0.05)
     with gr.Row():
-        c["max_new_tokens"] = gr.Slider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens")
+        c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens")
         c["seed"] = gr.Number(0, label="seed", precision=0, minimum=0)
     with gr.Accordion("n-gram (prompt lookup) settings", open=False):
         with gr.Row():
@@ -80,8 +93,8 @@ def _detail_views() -> dict[str, gr.components.Component]:
         gr.Markdown(explain.GRID, elem_classes="sv-explain")
         gr.Markdown(explain.RESIDUAL, elem_classes="sv-explain")
     with gr.Row():
-        v["step"] = gr.Slider(0, 1, value=0, step=1, label="step", interactive=False, elem_id="sv-step")
-        v["position"] = gr.Slider(1, 2, value=1, step=1, label="position in the step (k'+1 = bonus slot)",
+        v["step"] = LenientSlider(0, 1, value=0, step=1, label="step", interactive=False, elem_id="sv-step")
+        v["position"] = LenientSlider(1, 2, value=1, step=1, label="position in the step (k'+1 = bonus slot)",
                                   interactive=False, elem_id="sv-position")
     with gr.Row(equal_height=False):
         v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
@@ -149,8 +162,13 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
         stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
         sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
-        v["step"].input(h.select_step, [state, v["step"]], [v["position"], *sel], api_name="select_step")
-        v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position")
+        # a drag fires many input events: "always_last" runs the latest value after the pending one
+        # (the default "once" drops it, leaving the views on an older step); one concurrency group
+        # keeps step and position events in order
+        v["step"].input(h.select_step, [state, v["step"]], [v["position"], *sel, v["step"]], api_name="select_step",
+                        trigger_mode="always_last", concurrency_id="selection")
+        v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position",
+                            trigger_mode="always_last", concurrency_id="selection")
         e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay")
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],

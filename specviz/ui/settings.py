@@ -27,6 +27,20 @@ def _int(value: Any, name: str, lo: int, hi: int) -> int:
     return int(f)
 
 
+def check_slider_bounds(value: Any, lo: float, hi: float) -> None:
+    """The bound check a gr.Slider makes (same message), for sliders whose box accepts any number
+    (:class:`specviz.ui.layout.LenientSlider`). Raises ValueError; non-numbers are left to
+    :func:`engine_settings`."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return
+    if f < lo:
+        raise ValueError(f"Value {value} is less than minimum value {lo}.")
+    if f > hi:
+        raise ValueError(f"Value {value} is greater than maximum value {hi}.")
+
+
 def parse_rates(text: str | None) -> tuple[float, ...] | None:
     """'0.8, 0.6, 0.4' -> (0.8, 0.6, 0.4); blank -> None. Raises ValueError on non-numbers."""
     if text is None or not str(text).strip():

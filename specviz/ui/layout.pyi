@@ -1,0 +1,188 @@
+"""The Gradio Blocks: controls on the left, the views stacked below, every event named.
+
+Built at import of ``app.py`` without loading any model (:class:`DecoderCache` loads lazily).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import gradio as gr
+
+from specviz.trace import MAX_TRACE_BYTES
+from specviz.viz import explain
+
+from . import handlers as h
+from .cache import DecoderCache, StopSignals
+from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
+CSS_PATH = ROOT / "assets" / "app.css"
+# clicking a token in the stream moves the step slider to that token's step (which fires its input event)
+PICK_STEP_JS = """
+element.addEventListener('click', (event) => {
+  const token = event.target.closest('[data-step]');
+  const slider = document.querySelector('#sv-step input[type=range]');
+  if (!token || !slider || slider.disabled) return;
+  slider.value = token.dataset.step;
+  slider.dispatchEvent(new Event('input', {bubbles: true}));
+});
+"""
+
+from gradio.events import Dependency
+
+class LenientSlider(gr.Slider):
+    """A gr.Slider whose typed-in value reaches the handler even when it is out of range: Gradio's
+    own bound check raises an error that marks every output of the event with an "Error" badge.
+    The handlers check or clamp the value instead (run: the same message in the progress line;
+    step / position: clamped to the trace)."""
+
+    def get_block_name(self) -> str:
+        return "slider"
+
+    def preprocess(self, payload: float) -> float:
+        return gr.Number.round_to_precision(payload, self.precision)
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component
+
+
+def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
+    from specviz.engine import METHODS, VERIFY_METHODS
+
+    c: dict[str, gr.components.Component] = {}
+    c["example"] = gr.Dropdown([e["name"] for e in examples], label="Example prompts", value=None)
+    c["prompt"] = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="sv-prompt",
+                             value=examples[0]["prompt"] if examples else "")
+    c["method"] = gr.Radio(list(METHODS), value="ngram", label="Method (proposer)",
+                           info="none = plain decoding; ngram = prompt lookup; suffix = suffix decoding; "
+                                "draft_model = a small model")
+    c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
+    c["verify"] = gr.Dropdown([AUTO_VERIFY, *VERIFY_METHODS], value=AUTO_VERIFY, label="Verification",
+                              info="auto = greedy at temperature 0, else standard")
+    with gr.Row():
+        c["temperature"] = gr.Number(0.0, label="temperature", minimum=0, step=0.1)
+        c["top_k"] = gr.Number(0, label="top-k (0 = off)", minimum=0, precision=0)
+        c["top_p"] = gr.Number(1.0, label="top-p (1 = off)", minimum=0.01, maximum=1.0, step=0.05)
+    with gr.Row():
+        c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens")
+        c["seed"] = gr.Number(0, label="seed", precision=0, minimum=0)
+    with gr.Accordion("n-gram (prompt lookup) settings", open=False):
+        with gr.Row():
+            c["lookup_min"] = gr.Slider(1, 8, value=2, step=1, label="prompt_lookup_min")
+            c["lookup_max"] = gr.Slider(1, 8, value=4, step=1, label="prompt_lookup_max")
+    with gr.Accordion("advanced", open=False):
+        c["rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2", label="synthetic rates a_1, a_2, … (verify = synthetic)")
+        c["compare"] = gr.Checkbox(True, label='compare with method "none" (runs the baseline once per '
+                                               'prompt and sampling settings)')
+    return c
+
+
+def _stream_views() -> dict[str, gr.components.Component]:
+    v: dict[str, gr.components.Component] = {}
+    gr.Markdown("## 1 · Token stream")
+    v["progress"] = gr.Markdown("Ready: pick an example or type a prompt, then press Run.", elem_id="sv-progress")
+    v["stream"] = gr.HTML(elem_id="sv-stream", js_on_load=PICK_STEP_JS)
+    v["summary"] = gr.Markdown(elem_id="sv-summary")
+    gr.Markdown(explain.STREAM, elem_classes="sv-explain")
+    return v
+
+
+def _detail_views() -> dict[str, gr.components.Component]:
+    v: dict[str, gr.components.Component] = {}
+    gr.Markdown("## 2 · Steps and the numbers behind each decision")
+    with gr.Row():
+        gr.Markdown(explain.GRID, elem_classes="sv-explain")
+        gr.Markdown(explain.RESIDUAL, elem_classes="sv-explain")
+    with gr.Row():
+        v["step"] = LenientSlider(0, 1, value=0, step=1, label="step", interactive=False, elem_id="sv-step")
+        v["position"] = LenientSlider(1, 2, value=1, step=1, label="position in the step (k'+1 = bonus slot)",
+                                  interactive=False, elem_id="sv-position")
+    with gr.Row(equal_height=False):
+        v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
+        v["residual"] = gr.Plot(label="residual view", elem_id="sv-residual", show_label=False)
+    gr.Markdown("## 3 · Where the draft came from (methods ngram and suffix)")
+    gr.Markdown(explain.MATCH, elem_classes="sv-explain")
+    with gr.Row(equal_height=False):
+        v["match"] = gr.HTML(elem_id="sv-match")
+        v["trie"] = gr.Plot(label="continuation trie", elem_id="sv-trie", show_label=False)
+    gr.Markdown("## 4 · Run statistics")
+    gr.Markdown(explain.STATS, elem_classes="sv-explain")
+    v["speedup"] = gr.HTML(elem_id="sv-speedup")
+    v["stats"] = gr.Plot(label="run statistics", elem_id="sv-stats", show_label=False)
+    return v
+
+
+def _export_replay() -> dict[str, gr.components.Component]:
+    e: dict[str, gr.components.Component] = {}
+    gr.Markdown("## 5 · Export and replay")
+    gr.Markdown("Download the trace (JSON) and a report with every view (HTML, opens offline), or upload a "
+                "trace JSON saved earlier to explore it again without any model. Uploads are read as data "
+                "and validated; nothing in them is executed.", elem_classes="sv-explain")
+    with gr.Row():
+        with gr.Column():
+            e["export"] = gr.Button("Export trace + figures", elem_id="sv-export")
+            e["files"] = gr.File(label="downloads", file_count="multiple", interactive=False, elem_id="sv-files")
+        e["upload"] = gr.File(label=f"upload a trace JSON to replay it (max {MAX_TRACE_BYTES // 2**20} MB)",
+                              file_types=[".json"], type="filepath", elem_id="sv-upload")
+    return e
+
+
+def build_app(target: str | None = None, draft: str | None = None, device: str | None = None,
+              examples_path: str | Path = EXAMPLES_PATH) -> gr.Blocks:
+    """The app's Blocks. Loads no model: the first Run loads (target, draft) on ``device``.
+
+    Args:
+        target / draft: model directories (or hub ids); None -> the bundled demo models.
+        device: "cpu", "cuda", ... or None (CUDA when available).
+        examples_path: JSON file of example prompts.
+    Returns:
+        gr.Blocks; launch it with ``demo.launch(**launch_options())``.
+    """
+    session = h.SessionHandlers(DecoderCache(target, draft, device), StopSignals())
+    examples = h.load_examples(examples_path)
+    with gr.Blocks(title="specviz: speculative decoding, visualised", analytics_enabled=False) as demo:
+        state = gr.State(h.new_state())
+        gr.Markdown("# specviz · speculative decoding, step by step")
+        gr.Markdown(explain.INTRO, elem_classes="sv-explain")
+        gr.Markdown(session.cache.describe(), elem_id="sv-models")
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=2, min_width=340):
+                c = _controls(examples)
+                with gr.Row():
+                    run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
+            with gr.Column(scale=3, min_width=400):
+                v = _stream_views()
+        v.update(_detail_views())
+        e = _export_replay()
+        progress = v["progress"]
+        views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
+        full = [progress, *views, v["step"], v["position"], state]
+        inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
+                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"]]
+        run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
+        stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
+        sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
+        # a drag fires many input events: "always_last" runs the latest value after the pending one
+        # (the default "once" drops it, leaving the views on an older step); one concurrency group
+        # keeps step and position events in order
+        v["step"].input(h.select_step, [state, v["step"]], [v["position"], *sel, v["step"]], api_name="select_step",
+                        trigger_mode="always_last", concurrency_id="selection")
+        v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position",
+                            trigger_mode="always_last", concurrency_id="selection")
+        e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay")
+        e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
+        c["example"].input(partial(h.load_example, examples), [c["example"]],
+                           [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],
+                            c["lookup_min"], c["lookup_max"]], api_name="load_example")
+    return demo
+
+
+def launch_options() -> dict:
+    """Keyword arguments every launch should pass: the stylesheet and the upload size cap."""
+    return {"css_paths": [str(CSS_PATH)] if CSS_PATH.exists() else None, "max_file_size": MAX_TRACE_BYTES}
