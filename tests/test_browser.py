@@ -170,3 +170,71 @@ def test_empty_prompt_shows_an_error_and_the_app_stays_up(browser, app_url):
     _run(page, "none", max_new=8)
     assert page.locator("#sv-stream .sv-target").count() == 8
     page.close()
+
+
+def _no_error_badges(page) -> None:
+    for view in ("sv-prompt", "sv-stream", "sv-grid", "sv-residual", "sv-match", "sv-trie", "sv-stats", "sv-step",
+                 "sv-position"):
+        assert "Error" not in page.locator(f"#{view}").inner_text(), view
+
+
+def test_a_fast_drag_of_the_step_slider_ends_on_the_last_value(browser, app_url):
+    page, errors = _open(browser, app_url)
+    _run(page, "draft_model", max_new=32)
+    last = int(page.locator("#sv-step input[type=range]").get_attribute("max"))
+    assert last >= 3
+    # a drag: many input events in a row, faster than the server answers
+    page.locator("#sv-step input[type=range]").evaluate(
+        """async (el, last) => { for (let v = 1; v <= last; v++) { el.value = v;
+                            el.dispatchEvent(new Event('input', {bubbles: true}));
+                            await new Promise(r => setTimeout(r, 25)); } }""", last)
+    _wait_caption(page, f"step {last}")
+    page.wait_for_timeout(1500)  # no older event lands afterwards
+    assert any(t.startswith(f"step {last}") for t in page.locator("#sv-residual .annotation-text").all_text_contents())
+    assert page.locator("#sv-step input[type=range]").input_value() == str(last)
+    _no_error_badges(page)
+    assert not errors, errors
+    page.close()
+
+
+def test_a_typed_out_of_range_step_is_clamped(browser, app_url):
+    page, errors = _open(browser, app_url)
+    _run(page, "draft_model")
+    last = int(page.locator("#sv-step input[type=range]").get_attribute("max"))
+    _set(page, "number input for step", 999)
+    _wait_caption(page, f"step {last}")
+    page.wait_for_function("v => document.querySelector('#sv-step input[type=range]').value === v", arg=str(last),
+                           timeout=10_000)
+    _no_error_badges(page)
+    assert not errors, errors
+    page.close()
+
+
+def test_closing_the_example_dropdown_keeps_the_prompt(browser, app_url):
+    page, errors = _open(browser, app_url)
+    before = page.locator("#sv-prompt textarea").input_value()
+    assert before
+    box = page.get_by_label("Example prompts")
+    box.click()
+    box.press("Escape")
+    page.locator("#sv-progress").click()  # click away
+    page.wait_for_timeout(1500)
+    assert page.locator("#sv-prompt textarea").input_value() == before
+    _no_error_badges(page)
+    assert not errors, errors
+    page.close()
+
+
+def test_a_bad_setting_shows_the_message_and_keeps_the_views(browser, app_url):
+    page, errors = _open(browser, app_url)
+    _run(page, "ngram", max_new=8)
+    tokens = page.locator("#sv-stream .sv-tok").count()
+    _set(page, "number input for max new tokens", 9999)  # the box clamps to 512: more than the tiny context
+    page.click("#sv-run")
+    _wait_progress(page, "exceeds the model's context", timeout=30_000)
+    assert _progress(page).startswith("error ·")
+    page.wait_for_timeout(500)
+    assert page.locator("#sv-stream .sv-tok").count() == tokens
+    _no_error_badges(page)
+    assert not errors, errors
+    page.close()
