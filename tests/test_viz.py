@@ -288,3 +288,32 @@ def test_report_and_dict_input(traces):
     assert page.count("Plotly.newPlot") == 4
     assert len(token_events(tr)) == len(tr.output_token_ids) + sum(
         1 for s in tr.steps if s.num_accepted < len(s.draft_token_ids))
+
+
+def test_method_none_says_acceptance_is_not_applicable(traces):
+    from specviz.ui.views import summary_markdown
+
+    none, ngram = traces["none-greedy"], traces["ngram-greedy"]
+    assert "mean acceptance length: not applicable (no drafts)" in summary_markdown(none)
+    assert "1.00" not in summary_markdown(none).split("·")[0]
+    texts = [a.text for a in stats_figure(none).layout.annotations if a.name == "no-drafts"]
+    assert texts == ["not applicable (no drafts)"] * 2
+    assert not [a for a in stats_figure(ngram).layout.annotations if a.name == "no-drafts"]
+    assert "not applicable" not in summary_markdown(ngram)
+
+
+def test_suffix_trie_panel_points_to_the_candidates_table(traces):
+    tr = traces["suffix-greedy"]
+    drafted = [s for s in tr.steps if s.draft_token_ids]
+    if not drafted:
+        pytest.skip("the tiny model's suffix run drafted nothing")
+    fig = trie_figure(tr, drafted[0].index)
+    text = " ".join([fig.layout.title.text or "", *(a.text or "" for a in fig.layout.annotations)])
+    assert "candidates are in the table at left" in text and "no n-gram match" not in text
+
+
+def test_report_grid_hint_does_not_mention_sliders(traces):
+    page = report_html(traces["ngram-standard"])
+    hint = page.split("<h2>Step grid</h2>", 1)[1].split("</p>", 1)[0]
+    assert "One row per verification step" in hint and "slider" not in hint.lower()
+    assert "Hover a cell" in hint

@@ -43,8 +43,12 @@ def summary_markdown(trace: Trace) -> str:
         return "_No steps yet._"
     m = metrics_of(trace)
     cfg = trace.config
-    head = (f"**mean acceptance length {m['mean_acceptance_length']:.2f}** tokens per drafting step · "
-            f"draft acceptance rate {m['draft_acceptance_rate']:.2f} · {m['num_generated_tokens']} tokens in "
+    if m["num_drafts"]:
+        accept = (f"**mean acceptance length {m['mean_acceptance_length']:.2f}** tokens per drafting step · "
+                  f"draft acceptance rate {m['draft_acceptance_rate']:.2f}")
+    else:  # method none (or no step drafted): there is nothing to accept
+        accept = "**mean acceptance length: not applicable (no drafts)** · draft acceptance rate: not applicable"
+    head = (f"{accept} · {m['num_generated_tokens']} tokens in "
             f"{m['num_steps']} steps ({m['tokens_per_step']:.2f} tokens per target forward)")
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
             f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "

@@ -29,6 +29,12 @@ never used. Pick a step and a position with the sliders to see the numbers behin
 right.
 """
 
+# the exported report has no sliders: it shows the step selected at export
+GRID_REPORT = GRID.replace(
+    "Pick a step and a position with the sliders to see the numbers behind that decision on the\nright.",
+    "Hover a cell for its numbers; the residual view below shows the step and position that were selected\n"
+    "when the report was exported.")
+
 RESIDUAL = """\
 **Why was this token accepted?** Bars compare the target's distribution **p** (blue), the proposer's
 **q** (orange) and the residual **max(p − q, 0)/Z** (green) over the most likely tokens. The draft token x

@@ -67,7 +67,7 @@ def report_html(trace: Trace | dict[str, Any], step: int | None = None, position
     body = [
         "<h1>specviz trace report</h1>", settings_html(trace), md(explain.INTRO),
         "<h2>Token stream</h2>", md(explain.STREAM), token_stream_html(trace, s),
-        "<h2>Step grid</h2>", md(explain.GRID), fig_html("grid", True),
+        "<h2>Step grid</h2>", md(explain.GRID_REPORT), fig_html("grid", True),
         "<h2>Residual view</h2>", md(explain.RESIDUAL), fig_html("residual", False),
         "<h2>N-gram match</h2>", md(explain.MATCH), match_context_html(trace, s), fig_html("trie", False),
         "<h2>Run statistics</h2>", md(explain.STATS), speedup_html(run_summary(trace), baseline),

@@ -179,6 +179,9 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     """
     trace = as_trace(trace)
     st = trace.steps[step]
+    if st.match.get("kind") == "suffix" and any(c.get("draft") for c in st.match.get("candidates", [])):
+        return message_figure(f"step {st.index}: suffix decoding has no n-gram trie; its candidates are in the "
+                              "table at left", height=160)
     if not st.match.get("n") or not st.match.get("trie"):
         return message_figure(f"step {st.index}: no n-gram match to draw", height=160)
     nodes = trie_placement(st)

@@ -96,6 +96,11 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
                              name="P(accept i | accepted i−1)", line={"color": "#f97316"}), row=1, col=2)
     fig.update_xaxes(title_text="draft position i", dtick=1, row=1, col=2)
     fig.update_yaxes(range=[0, 1.05], row=1, col=2)
+    if not m["num_drafts"]:  # method none: no acceptance to show, say so instead of flat charts
+        for col in (1, 2):
+            fig.add_annotation(text="not applicable (no drafts)", showarrow=False, font={"size": 14, "color": "#6b7280"},
+                               xref="x domain" if col == 1 else "x2 domain", yref="y domain" if col == 1 else "y2 domain",
+                               x=0.5, y=0.5, name="no-drafts")
     _theory_panel(fig, trace, m, k)
     _time_panel(fig, run_summary(trace), baseline)
     fig.update_layout(height=620, plot_bgcolor="#ffffff", barmode="stack", margin={"l": 60, "r": 20, "t": 40, "b": 60},
