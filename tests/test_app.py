@@ -287,6 +287,10 @@ def test_stop_ends_the_run_cleanly(endless_app_url):
     shown = [t for f, t in stream_tokens(final[STREAM]) if f != "rejected"]
     assert 0 < len(shown) < 400
     assert client.predict(api_name="/stop")[PROGRESS] == "Nothing is running."
+    # the stopped trace is consistent: its export replays (output_token_ids = the committed tokens)
+    path = [p for p in client.predict(0, 1, api_name="/export") if p.endswith("trace.json")][0]
+    replayed = Client(endless_app_url, verbose=False).predict(handle_file(path), api_name="/replay")
+    assert replayed[PROGRESS].startswith("**replay**")
 
 
 def test_stop_in_one_session_does_not_stop_another(endless_app_url):
@@ -413,3 +417,19 @@ def test_load_example_without_a_choice_is_a_no_op():
         assert len(out) == 1 + len(handlers.EXAMPLE_FIELDS)
         assert all(isinstance(o, type(gr.skip())) for o in out)
     assert handlers.load_example(examples, "a")[:2] == ("x = 1\n", "none")
+
+
+def test_stop_on_a_partial_snapshot_keeps_the_trace_consistent(app_url):
+    from specviz.ui import handlers
+    from specviz.ui.cache import StopSignals
+
+    client = Client(app_url, verbose=False)
+    client.predict(*run_args(method="draft_model", compare=False), api_name="/run")
+    path = [p for p in client.predict(0, 1, api_name="/export") if p.endswith("trace.json")][0]
+    snapshot = json.loads(open(path, encoding="utf-8").read())
+    snapshot.update(output_token_ids=[], stop_reason="")  # what a streamed snapshot holds mid-run
+    out = handlers.stop(StopSignals(), {"trace": snapshot, "baselines": {}, "baseline": None})
+    assert out[PROGRESS].startswith("**stopped**")
+    stopped = Trace.from_dict(out[-1]["trace"])
+    handlers.check_consistency(stopped)  # raises if output_token_ids disagrees with the steps
+    assert stopped.output_token_ids == [t for s in stopped.steps for t in s.committed_token_ids]
