@@ -76,10 +76,13 @@ def hf_rows(dec, draft_model, prompt, max_new, repeats):
 
 
 def graph_gpu_ms(dec) -> float | None:
-    """GPU time (ms) of every CUDA-graph replay of the last request (target and drafter), from the
-    CUDA events StaticRunner records around each replay; None for the eager runner."""
-    runners = [dec.target_runner] + ([dec.current_proposer.runner] if hasattr(dec.current_proposer, "runner") else [])
-    events = [e for r in runners for e in (getattr(r, "graph_events", None) or [])]
+    """GPU time (ms) of every CUDA-graph replay of the last request: the target's and the drafter's
+    forwards (StaticRunner) and the captured verification step (StepVerifier: probs, sampler,
+    record), from the CUDA events recorded around each replay; None when nothing was captured."""
+    objs = [dec.target_runner, dec.step_verifier]
+    if hasattr(dec.current_proposer, "runner"):
+        objs.append(dec.current_proposer.runner)
+    events = [e for r in objs for e in (getattr(r, "graph_events", None) or [])]
     if not events:
         return None
     torch.cuda.synchronize()
@@ -88,10 +91,18 @@ def graph_gpu_ms(dec) -> float | None:
 
 def _arm_timers(dec) -> None:
     with dec._pool_lock:
-        for runners in dec._free_runners.values():
-            for r in runners:
+        for pooled in dec._free_runners.values():
+            for r in pooled:
                 if hasattr(r, "graph_events"):
                     r.graph_events = []
+
+
+def _disarm_timers(dec) -> None:
+    with dec._pool_lock:
+        for pooled in dec._free_runners.values():
+            for r in pooled:
+                if hasattr(r, "graph_events"):
+                    r.graph_events = None
 
 
 def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
@@ -107,6 +118,7 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
                 _arm_timers(dec)
                 trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
                 gpu = graph_gpu_ms(dec)
+                _disarm_timers(dec)
             rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
                          "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
                          "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
@@ -146,7 +158,8 @@ def random_llama(path: Path, device) -> Path:
                           num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=2048,
                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         torch.manual_seed(0)
-        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
+        with torch.device(device):  # initialising 0.9 B parameters on the CPU takes a while
+            LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(path)
         tok.save_pretrained(path)
     return path
 
@@ -159,6 +172,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--no-big", action="store_true", help="skip the random 0.9B Llama")
+    ap.add_argument("--only-big", action="store_true", help="only the random 0.9B Llama")
     ap.add_argument("--commit", default=None, help="commit to record (the GPU machine's copy has no .git)")
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
     ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
@@ -166,23 +180,49 @@ def main() -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     max_new, repeats = (24, 1) if args.smoke else (args.max_new, args.repeats)
     methods = [("none", 1), ("ngram", 5), ("draft_model", 5)]
-    suites = [run_suite(f"target {args.target}, draft {args.draft}", args.target, args.draft, device,
-                        DEMO_PROMPT, max_new, repeats, methods)]
-    if not args.smoke and not args.no_big:
-        big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
-        suites.append(run_suite("random 0.9B Llama, draft = itself", big, big, device, REPETITIVE, max_new, repeats,
-                                methods))
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip()
     result = {"date": date.today().isoformat(), "commit": commit, "device": str(device),
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-              "torch": torch.__version__, "max_new_tokens": max_new, "repeats": repeats, "suites": suites}
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench_e2e.json").write_text(json.dumps(result, indent=1))
-        print(f"wrote {out / 'bench_e2e.json'}")
+              "torch": torch.__version__, "max_new_tokens": max_new, "repeats": repeats, "suites": []}
+    jobs = []
+    if not args.only_big:
+        jobs.append((f"target {args.target}, draft {args.draft}", args.target, args.draft, DEMO_PROMPT))
+    if not args.smoke and not args.no_big:
+        big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
+        jobs.append(("random 0.9B Llama, draft = itself", big, big, REPETITIVE))
+    for title, target, draft, prompt in jobs:
+        suite = run_suite(title, target, draft, device, prompt, max_new, repeats, methods)
+        suite["goals"] = goals(suite["rows"])
+        print(json.dumps(suite["goals"], indent=1), flush=True)
+        result["suites"].append(suite)
+        if args.out:  # after every suite, so a timeout keeps what finished
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "bench_e2e.json").write_text(json.dumps(result, indent=1))
+            print(f"wrote {out / 'bench_e2e.json'}", flush=True)
 
+
+def goals(rows: list[dict]) -> dict:
+    """The issue's three ratios, for every static-runner method: tokens/s with tracing on over HF
+    assisted generation's, the cost of tracing (1 - on/off tokens/s), wall over GPU time per step."""
+    by = {r["name"]: r for r in rows}
+    assisted = by.get("hf assistant_model", {}).get("tok_s")
+    out = {}
+    for r in rows:
+        if not r["name"].startswith("specviz static") or not r["name"].endswith("trace=on"):
+            continue
+        off = by[r["name"][: -len("on")] + "off"]
+        key = r["name"][len("specviz static "): -len(" trace=on")]
+        gpu_on, gpu_off = r.get("graph_gpu_ms_per_step"), off.get("graph_gpu_ms_per_step")
+        out[key] = {
+            "vs_hf_assistant_trace_on": None if not assisted else round(r["tok_s"] / assisted, 2),
+            "tracing_cost": round(1 - r["tok_s"] / off["tok_s"], 3),
+            "wall_over_gpu_trace_on": None if not gpu_on else round(r["ms_per_step"] / gpu_on, 2),
+            "wall_over_gpu_trace_off": None if not gpu_off else round(off["ms_per_step"] / gpu_off, 2),
+            "equal_to_hf_greedy": r["equal_to_hf_greedy"] and off["equal_to_hf_greedy"],
+        }
+    return out
 
 if __name__ == "__main__":
     main()

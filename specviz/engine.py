@@ -27,11 +27,12 @@ from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, r
 from .proposers import DraftModelProposer, NgramProposer, StepContext, resolve_lookup_bounds
 from .proposers.base import Draft, Proposer
 from .proposers.suffix import GlobalSuffixCache, SuffixProposer
-from .record import gather_step, host_record, to_host
+from .record import host_record
 from .runner import EagerRunner, ModelRunner
 from .static_runner import StaticRunner
-from .sampling import logits_to_probs, rejection_sample, validate_sampling_params
+from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
+from .verify_step import StepVerifier, VerifySpec
 
 METHODS = ("none", "ngram", "suffix", "draft_model")
 RUNNERS = ("auto", "eager", "static")
@@ -108,6 +109,7 @@ class SpecDecoder:
         self.eos_token_ids = _eos_ids(target_model, tokenizer)
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.current_proposer: Proposer | None = None
+        self.step_verifier: StepVerifier | None = None
         self._free_runners: dict[int, list[ModelRunner]] = {}  # reused across requests (graphs, caches)
         self._pool_lock = threading.Lock()
         self.suffix_cache = GlobalSuffixCache()  # method "suffix": outputs of earlier requests
@@ -142,15 +144,22 @@ class SpecDecoder:
         return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names)
 
     def _acquire_runner(self, model: torch.nn.Module) -> ModelRunner:
-        with self._pool_lock:
-            free = self._free_runners.setdefault(id(model), [])
-            runner = free.pop() if free else None
-        return runner if runner is not None else self.runner_factory(model)
+        return self._acquire(id(model), lambda: self.runner_factory(model))
 
     def _release_runner(self, model: torch.nn.Module, runner: ModelRunner | None) -> None:
-        if runner is not None:
+        self._release(id(model), runner)
+
+    def _acquire(self, key: Any, make: Callable[[], Any]) -> Any:
+        """A pooled per-request object (runner with its cache and graphs, step verifier)."""
+        with self._pool_lock:
+            free = self._free_runners.setdefault(key, [])
+            obj = free.pop() if free else None
+        return obj if obj is not None else make()
+
+    def _release(self, key: Any, obj: Any) -> None:
+        if obj is not None:
             with self._pool_lock:
-                self._free_runners[id(model)].append(runner)
+                self._free_runners.setdefault(key, []).append(obj)
 
     # ---- inputs ----------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -188,12 +197,12 @@ class SpecDecoder:
         :class:`~specviz.events.EventBus` to publish on, e.g. with your own subscribers).
         Raises ValueError on invalid settings or prompt."""
         trace = None
-        for trace in self.iter_generate(prompt, **settings):
+        for trace in self.iter_generate(prompt, _stream_texts=False, **settings):
             pass
         return trace
 
     def iter_generate(self, prompt: str | Sequence[int], bus: ev.EventBus | None = None,
-                      **settings: Any) -> Iterator[Trace]:
+                      _stream_texts: bool = True, **settings: Any) -> Iterator[Trace]:
         """Like :meth:`generate`, but yields the partial trace after every step (for streaming
         views); closing the iterator stops the request cleanly (stop_reason "stopped").
 
@@ -219,11 +228,12 @@ class SpecDecoder:
         bus = bus or ev.EventBus()
         recorder = Recorder(bus)
         try:
-            yield from self._run(ids, cfg, bus, recorder)
+            yield from self._run(ids, cfg, bus, recorder, _stream_texts)
         finally:
             recorder.close()
 
-    def _run(self, ids: list[int], cfg: GenerationConfig, bus: ev.EventBus, recorder: Recorder) -> Iterator[Trace]:
+    def _run(self, ids: list[int], cfg: GenerationConfig, bus: ev.EventBus, recorder: Recorder,
+             stream_texts: bool = True) -> Iterator[Trace]:
         start = time.perf_counter()
         bus.publish(ev.GenerationStarted(config=self._describe(cfg, ids), prompt_token_ids=list(ids)))
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
@@ -232,17 +242,20 @@ class SpecDecoder:
         if proposer is not None:
             proposer.reset()
         runner = self.target_runner = self._acquire_runner(self.target_model)
+        verifier = self.step_verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
         runner.reset()
         passes = 0
         if len(ids) > 1:
             runner.forward(torch.tensor(ids[:-1], dtype=torch.long))  # prefill
             passes += 1
+        last = torch.tensor([ids[-1]], dtype=torch.long).to(self.device)  # [1]: later steps keep it on the device
         generated: list[int] = []
         stop_reason = "stopped"
         step = 0
         try:
             while True:
-                committed, hit_eos = self._step(step, ids, len(generated), cfg, runner, proposer, ctx, bus)
+                committed, hit_eos, last = self._step(step, ids, last, len(generated), cfg, runner, verifier,
+                                                      proposer, ctx, bus)
                 passes += 1
                 ids.extend(committed)
                 generated.extend(committed)
@@ -251,12 +264,14 @@ class SpecDecoder:
                 if hit_eos or len(generated) >= cfg.max_new_tokens:
                     stop_reason = "eos" if hit_eos else "max_new_tokens"
                     break
-                self._add_texts(recorder.trace, generated)
+                if stream_texts:
+                    self._add_texts(recorder.trace, generated)
                 yield recorder.trace
         finally:
             if hasattr(proposer, "finish"):
                 proposer.finish(generated)
             self._release_runner(self.target_model, runner)
+            self._release("verifier", verifier)
             if isinstance(proposer, DraftModelProposer):
                 self._release_runner(self.draft_model, proposer.runner)
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
@@ -264,9 +279,14 @@ class SpecDecoder:
             self._add_texts(recorder.trace, generated)
         yield recorder.trace
 
-    def _step(self, step: int, ids: list[int], num_generated: int, cfg: GenerationConfig, runner: ModelRunner,
-              proposer: Proposer | None, ctx: StepContext, bus: ev.EventBus) -> tuple[list[int], bool]:
-        """One verification step. Returns (committed tokens, whether EOS was committed)."""
+    def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,
+              runner: ModelRunner, verifier: StepVerifier, proposer: Proposer | None, ctx: StepContext,
+              bus: ev.EventBus) -> tuple[list[int], bool, torch.Tensor]:
+        """One verification step. ``last``: the last committed token, int64 [1] on the device.
+        Returns (committed tokens, whether EOS was committed, the next step's ``last``).
+
+        Nothing here waits for the GPU except the verifier's one device-to-host copy of the
+        step's record (proposers that work on the host, such as ngram, read ``ids``)."""
         remaining = cfg.max_new_tokens - num_generated
         t0 = time.perf_counter()
         k_step = min(cfg.num_speculative_tokens, remaining - 1)  # never draft past max_new_tokens
@@ -274,28 +294,27 @@ class SpecDecoder:
             draft = proposer.propose(ids, k_step, ctx)
         else:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
-        x = draft.token_ids.to(self.device)  # [k']
+        x = draft.token_ids.to(self.device)  # [k'] int64
         t1 = time.perf_counter()
-        logits = runner.forward(torch.cat([torch.tensor([ids[-1]], device=self.device), x]))  # [k'+1, V]
-        p = logits_to_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)  # [k'+1, V] float32
+        logits = runner.forward(torch.cat([last, x]))  # [k'+1, V]: p_1..p_{k'+1} in one forward
         t2 = time.perf_counter()
-        q = draft.probs.to(self.device) if draft.probs is not None else None  # [k', V] or None
-        out = rejection_sample(p[None], None if q is None else q[None], x[None], method=cfg.verify,
-                               generator=ctx.generator, synthetic_rates=cfg.synthetic_rates,
-                               backend=cfg.sampler_backend)
-        host = to_host(gather_step(out, p, q, x, detailed=cfg.detailed_trace))  # the step's one D2H copy
+        q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
+        spec = VerifySpec(k=int(x.numel()), vocab=self.vocab_size, verify=cfg.verify, temperature=cfg.temperature,
+                          top_k=cfg.top_k, top_p=cfg.top_p, full_q=q is not None, detailed=cfg.detailed_trace,
+                          synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend)
+        host, next_last, backend = verifier.run(spec, logits, q, x, ctx.generator)  # the step's one D2H copy
         t3 = time.perf_counter()
-        draft_ids = [int(t) for t in host["draft"].tolist()]
+        draft_ids = [int(t) for t in host["draft"]]
         acc = int(host["num_accepted"][0])
-        emitted = [int(t) for t in host["output"][: acc + 1].tolist()]
+        emitted = [int(t) for t in host["output"][: acc + 1]]
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
         bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none", token_ids=draft_ids,
                                      details=draft.details, draft_ms=(t1 - t0) * 1e3))
-        record = (host_record(host, draft_ids, cfg.verify, out.backend) if cfg.detailed_trace
+        record = (host_record(host, draft_ids, cfg.verify, backend) if cfg.detailed_trace
                   else _brief_record(emitted, acc, len(draft_ids)))
         bus.publish(ev.StepVerified(step=step, record=record, verify_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2) * 1e3))
         bus.publish(ev.TokensCommitted(step=step, token_ids=committed, num_generated=num_generated + len(committed)))
-        return committed, hit_eos
+        return committed, hit_eos, next_last
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _describe(self, cfg: GenerationConfig, ids: list[int]) -> dict[str, Any]:

@@ -81,31 +81,52 @@ def gather_step(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None, i
     return parts
 
 
-def to_host(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """One device-to-host copy of every tensor in ``parts`` (packed as float64)."""
-    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()]).cpu()
+Layout = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def pack(parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Layout]:
+    """Pack every tensor of ``parts`` into one float64 device vector (ids up to 2**53 stay exact).
+    Returns (flat [total] float64 on the parts' device, layout: (name, shape) in order)."""
+    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()])
+    return flat, tuple((name, tuple(t.shape)) for name, t in parts.items())
+
+
+def unpack(values: list[float], layout: Layout) -> dict[str, list]:
+    """Split a packed step (as a host list of floats) back into nested lists by ``layout``."""
     host, offset = {}, 0
-    for name, t in parts.items():
-        host[name] = flat[offset : offset + t.numel()].view(t.shape)
-        offset += t.numel()
+    for name, shape in layout:
+        n = 1
+        for d in shape:
+            n *= d
+        chunk = values[offset : offset + n]
+        offset += n
+        if len(shape) == 2:
+            chunk = [chunk[r * shape[1] : (r + 1) * shape[1]] for r in range(shape[0])]
+        host[name] = chunk
     return host
 
 
-def _pairs(vals: torch.Tensor, ids: torch.Tensor) -> list[list[float]]:
-    return [[int(i), float(v)] for v, i in zip(vals.tolist(), ids.tolist()) if v > 0]
+def to_host(parts: dict[str, torch.Tensor]) -> dict[str, list]:
+    """One device-to-host copy of every tensor in ``parts`` (packed as float64), as nested lists."""
+    flat, layout = pack(parts)
+    return unpack(flat.cpu().tolist(), layout)
 
 
-def host_record(h: dict[str, torch.Tensor], ids: list[int], method: str, backend: str) -> dict[str, Any]:
-    """Plain-data step record from :func:`to_host` output (``detailed=True``)."""
+def _pairs(vals: list[float], ids: list[float]) -> list[list[float]]:
+    return [[int(i), v] for v, i in zip(vals, ids) if v > 0]
+
+
+def host_record(h: dict[str, list], ids: list[int], method: str, backend: str) -> dict[str, Any]:
+    """Plain-data step record from :func:`unpack` / :func:`to_host` output (``detailed=True``)."""
     k = len(ids)
     acc = int(h["num_accepted"][0])
-    output = [int(t) for t in h["output"].tolist()]
+    output = [int(t) for t in h["output"]]
     positions = []
     for i in range(k):
         positions.append({
-            "index": i + 1, "token_id": ids[i], "p": float(h["p"][i]), "q": float(h["q"][i]),
-            "u": float(h["u"][i]), "accept_prob": float(h["accept_prob"][i]),
-            "accepted": bool(h["accepted"][i]), "residual_mass": float(h["residual_mass"][i]),
+            "index": i + 1, "token_id": ids[i], "p": h["p"][i], "q": h["q"][i],
+            "u": h["u"][i], "accept_prob": h["accept_prob"][i],
+            "accepted": bool(h["accepted"][i]), "residual_mass": h["residual_mass"][i],
             "p_top": _pairs(h["p_top_v"][i], h["p_top_i"][i]),
             "q_top": _pairs(h["q_top_v"][i], h["q_top_i"][i]) if "q_top_v" in h else [[ids[i], 1.0]],
             "residual_top": _pairs(h["residual_top_v"][i], h["residual_top_i"][i]),
@@ -118,7 +139,7 @@ def host_record(h: dict[str, torch.Tensor], ids: list[int], method: str, backend
         "emitted": {
             "position": acc + 1, "token_id": emitted_id,
             "kind": "target" if k == 0 else kind,
-            "p": float(h["emit_p"][0]),
+            "p": h["emit_p"][0],
             "top": _pairs(h["emit_top_v"][0], h["emit_top_i"][0]),
         },
         "positions": positions,
@@ -126,6 +147,6 @@ def host_record(h: dict[str, torch.Tensor], ids: list[int], method: str, backend
         "backend": backend,
     }
     if "block_P" in h:
-        record["block"] = {name: [float(x) for x in h["block_" + name].tolist()] for name in ("P", "rho", "h", "eta")}
+        record["block"] = {name: list(h["block_" + name]) for name in ("P", "rho", "h", "eta")}
         record["block"]["tau"] = acc
     return record

@@ -49,7 +49,8 @@ class StaticRunner:
     def truncate(self, length: int) -> None:
         if not 0 <= length <= self.seq_len:
             raise ValueError(f"cannot truncate a cache of {self.seq_len} tokens to {length}")
-        self._set_position(length)
+        if length != self.seq_len or length == 0:  # every draft accepted: nothing to roll back
+            self._set_position(length)
         self.seq_len = length
 
     @torch.inference_mode()
@@ -99,9 +100,12 @@ class StaticRunner:
 
     @torch.inference_mode()  # on CUDA the positions are inference tensors (made in the first forward)
     def _set_position(self, length: int) -> None:
-        for layer in self.cache.layers:
-            if getattr(layer, "is_initialized", False):
-                layer.cumulative_length.fill_(length)
+        """Set every layer's write position (0-dim int64 device tensors) to ``length``: two
+        multi-tensor launches however many layers there are."""
+        positions = [layer.cumulative_length for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
+        if positions:
+            torch._foreach_zero_(positions)
+            torch._foreach_add_(positions, length)
 
     def _capture(self, n: int, ids: torch.Tensor):
         """Capture one forward of n tokens at the current position (the cache is initialised by the

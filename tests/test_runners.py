@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 import torch
 
@@ -83,3 +85,61 @@ def test_engine_with_triton_backend_equals_reference(tiny_dirs):
     env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1")
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert "ENGINE-TRITON-OK" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+@needs_cuda
+@pytest.mark.parametrize("verify", ("greedy", "standard", "block", "synthetic"))
+def test_step_verifier_graph_equals_eager(verify):
+    """The captured verification step (probs, Triton sampler, record, next input) returns exactly the
+    eager unit's record, also on later replays with new inputs and noise."""
+    from specviz.verify_step import StepVerifier, VerifySpec
+
+    dev, V = torch.device("cuda"), 1000
+    graphed, eager = StepVerifier(dev), StepVerifier(dev, cuda_graphs=False)
+    temperature = 0.0 if verify == "greedy" else 0.9
+    rates = (0.9, 0.7, 0.5, 0.3) if verify == "synthetic" else None
+    gen_a, gen_b = torch.Generator(dev).manual_seed(3), torch.Generator(dev).manual_seed(3)
+    data = torch.Generator(dev).manual_seed(11)
+    for k in (0, 1, 4):
+        for full_q in ((False,) if verify == "greedy" else (False, True)):
+            for detailed in (True, False):
+                spec = VerifySpec(k=k, vocab=V, verify=verify, temperature=temperature, top_k=None, top_p=None,
+                                  full_q=full_q, detailed=detailed, synthetic_rates=rates, backend="triton")
+                for _ in range(3):
+                    logits = torch.randn(k + 1, V, device=dev, generator=data) * 3
+                    x = torch.randint(0, V, (k,), device=dev, generator=data)
+                    if k:  # make some drafts agree with the target's argmax
+                        x[: k // 2 + 1] = logits[: k // 2 + 1].argmax(-1)
+                    q = torch.softmax(torch.randn(k, V, device=dev, generator=data) * 3, -1) if full_q else None
+                    got = graphed.run(spec, logits, q, x, gen_a)
+                    want = eager.run(spec, logits, q, x, gen_b)
+                    assert got[0] == want[0], (spec, "record")
+                    assert got[1].tolist() == want[1].tolist(), (spec, "next input")
+    assert len(graphed._graphs) > 0 and not eager._graphs
+
+
+@needs_cuda
+def test_engine_sampling_with_verifier_graphs_equals_eager_verifier(tiny_dirs):
+    """Seeded sampling runs give identical traces with and without the captured verification step."""
+    from specviz.verify_step import StepVerifier
+
+    target, draft = tiny_dirs["llama"]
+    dec = SpecDecoder.from_pretrained(target, draft, device="cuda", dtype="float32", runner="static")
+    for kw in (dict(method="draft_model", verify="standard", temperature=0.8),
+               dict(method="draft_model", verify="block", temperature=0.8, top_k=50),
+               dict(method="ngram", verify="synthetic", synthetic_rates=[0.9, 0.7, 0.5], temperature=1.0,
+                    prompt_lookup_min=1),
+               dict(method="ngram", verify="greedy", prompt_lookup_min=1)):
+        run = lambda: dec.generate(PROMPT, num_speculative_tokens=3, max_new_tokens=30, seed=7, **kw)  # noqa: E731
+        graphed = run()
+        assert dec.step_verifier.cuda_graphs and dec.step_verifier._graphs
+        dec._free_runners["verifier"] = [StepVerifier(dec.device, cuda_graphs=False)]
+        plain = run()
+        assert not dec.step_verifier.cuda_graphs
+        dec._free_runners["verifier"] = []
+        assert graphed.output_token_ids == plain.output_token_ids, kw
+        strip = lambda t: [{**asdict(s), "timings_ms": None} for s in t.steps]  # noqa: E731
+        assert strip(graphed) == strip(plain), kw
