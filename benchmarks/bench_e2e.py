@@ -71,8 +71,37 @@ def hf_rows(dec, draft_model, prompt, max_new, repeats):
         tokens = out[0, ids.shape[1]:].tolist()
         reference = reference or tokens
         rows.append({"name": name, "tok_s": len(tokens) / sec, "ms_per_step": None, "tokens": len(tokens),
-                     "mean_acceptance_length": None, "equal_to_hf_greedy": tokens == reference})
+                     "mean_acceptance_length": None, "equal_to_hf_greedy": tokens == reference,
+                     "first_difference": first_difference(model, ids, tokens, reference)})
+        print_row(rows[-1])
     return rows, reference
+
+
+def first_difference(model, prompt_ids, tokens: list[int], reference: list[int]) -> dict | None:
+    """Where ``tokens`` first differs from the HF greedy ``reference``, and the margin there: the
+    gap between the two largest target logits after the common prefix, from one eager forward in
+    the model's dtype (a gap of a few bf16 ulps is a near-tie that batched verification may break
+    the other way; algorithms.md). None if equal."""
+    if tokens == reference:
+        return None
+    i = next((j for j, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+    prompt = prompt_ids.view(-1).tolist() if torch.is_tensor(prompt_ids) else list(prompt_ids)
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + reference[:i]], device=device)).logits[0, -1]
+    top = torch.topk(logits.float(), 2).values.tolist()
+    return {"index": i, "ours": tokens[i] if i < len(tokens) else None,
+            "hf": reference[i] if i < len(reference) else None, "top2_logit_gap": top[0] - top[1]}
+
+
+def print_row(r: dict) -> None:
+    step = "" if r["ms_per_step"] is None else f"{r['ms_per_step']:7.2f} ms/step"
+    if r.get("graph_gpu_ms_per_step") is not None:
+        step += f" (graphs {r['graph_gpu_ms_per_step']:.2f} GPU ms)"
+    tau = r["mean_acceptance_length"] or float("nan")
+    diff = r.get("first_difference")
+    eq = "True" if diff is None else f"False (first at {diff['index']}, top-2 logit gap {diff['top2_logit_gap']:.4f})"
+    print(f"{r['name']:<48} {r['tok_s']:9.1f} tok/s {step:>16}  tau={tau:.2f}  equal={eq}", flush=True)
 
 
 def graph_gpu_ms(dec) -> float | None:
@@ -124,7 +153,10 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
                          "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
                          "tokens": len(trace.output_token_ids),
                          "mean_acceptance_length": trace.metrics["mean_acceptance_length"],
-                         "equal_to_hf_greedy": trace.output_token_ids == reference})
+                         "equal_to_hf_greedy": trace.output_token_ids == reference,
+                         "first_difference": first_difference(dec.target_model, dec.encode(prompt),
+                                                              trace.output_token_ids, reference)})
+            print_row(rows[-1])
     return rows
 
 
@@ -139,12 +171,6 @@ def run_suite(title, target, draft, device, prompt, max_new, repeats, methods):
     assisted = next((r["tok_s"] for r in rows if r["name"] == "hf assistant_model"), None)
     for r in rows:
         r["vs_hf_assistant"] = r["tok_s"] / assisted if assisted else None
-        step = "" if r["ms_per_step"] is None else f"{r['ms_per_step']:7.2f} ms/step"
-        if r.get("graph_gpu_ms_per_step") is not None:
-            step += f" (graphs {r['graph_gpu_ms_per_step']:.2f} GPU ms)"
-        tau = r["mean_acceptance_length"] or float("nan")
-        print(f"{r['name']:<48} {r['tok_s']:9.1f} tok/s {step:>16}  tau={tau:.2f}  equal={r['equal_to_hf_greedy']}",
-              flush=True)
     return {"title": title, "rows": rows}
 
 

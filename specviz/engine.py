@@ -252,10 +252,11 @@ class SpecDecoder:
         generated: list[int] = []
         stop_reason = "stopped"
         step = 0
+        publish: _Once | None = None  # the previous step's events, published during the next step
         try:
             while True:
-                committed, hit_eos, last = self._step(step, ids, last, len(generated), cfg, runner, verifier,
-                                                      proposer, ctx, bus)
+                committed, hit_eos, last, publish = self._step(step, ids, last, len(generated), cfg, runner,
+                                                               verifier, proposer, ctx, bus, publish)
                 passes += 1
                 ids.extend(committed)
                 generated.extend(committed)
@@ -264,10 +265,13 @@ class SpecDecoder:
                 if hit_eos or len(generated) >= cfg.max_new_tokens:
                     stop_reason = "eos" if hit_eos else "max_new_tokens"
                     break
-                if stream_texts:
+                if stream_texts:  # a streamed trace is whole at every yield
+                    publish()
                     self._add_texts(recorder.trace, generated)
                 yield recorder.trace
         finally:
+            if publish is not None:
+                publish()
             if hasattr(proposer, "finish"):
                 proposer.finish(generated)
             self._release_runner(self.target_model, runner)
@@ -281,12 +285,15 @@ class SpecDecoder:
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,
               runner: ModelRunner, verifier: StepVerifier, proposer: Proposer | None, ctx: StepContext,
-              bus: ev.EventBus) -> tuple[list[int], bool, torch.Tensor]:
-        """One verification step. ``last``: the last committed token, int64 [1] on the device.
-        Returns (committed tokens, whether EOS was committed, the next step's ``last``).
+              bus: ev.EventBus, previous: "_Once | None") -> tuple[list[int], bool, torch.Tensor, "_Once"]:
+        """One verification step. ``last``: the last committed token, int64 [1] on the device;
+        ``previous``: the previous step's event publication, run here while the GPU computes this
+        step's target forward. Returns (committed tokens, whether EOS was committed, the next step's
+        ``last``, this step's event publication).
 
         Nothing here waits for the GPU except the verifier's one device-to-host copy of the
-        step's record (proposers that work on the host, such as ngram, read ``ids``)."""
+        step's tokens (proposers that work on the host, such as ngram, read ``ids``); the step's
+        detailed record is copied behind it and read one step later."""
         remaining = cfg.max_new_tokens - num_generated
         t0 = time.perf_counter()
         k_step = min(cfg.num_speculative_tokens, remaining - 1)  # never draft past max_new_tokens
@@ -298,23 +305,32 @@ class SpecDecoder:
         t1 = time.perf_counter()
         logits = runner.forward(torch.cat([last, x]))  # [k'+1, V]: p_1..p_{k'+1} in one forward
         t2 = time.perf_counter()
+        if previous is not None:
+            previous()
+        t2b = time.perf_counter()
         q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
         spec = VerifySpec(k=int(x.numel()), vocab=self.vocab_size, verify=cfg.verify, temperature=cfg.temperature,
                           top_k=cfg.top_k, top_p=cfg.top_p, full_q=q is not None, detailed=cfg.detailed_trace,
                           synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend)
-        host, next_last, backend = verifier.run(spec, logits, q, x, ctx.generator)  # the step's one D2H copy
+        core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
         t3 = time.perf_counter()
-        draft_ids = [int(t) for t in host["draft"]]
-        acc = int(host["num_accepted"][0])
-        emitted = [int(t) for t in host["output"][: acc + 1]]
+        draft_ids = [int(t) for t in core["draft"]]
+        acc = int(core["num_accepted"][0])
+        emitted = [int(t) for t in core["output"][: acc + 1]]
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
-        bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none", token_ids=draft_ids,
-                                     details=draft.details, draft_ms=(t1 - t0) * 1e3))
-        record = (host_record(host, draft_ids, cfg.verify, backend) if cfg.detailed_trace
-                  else _brief_record(emitted, acc, len(draft_ids)))
-        bus.publish(ev.StepVerified(step=step, record=record, verify_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2) * 1e3))
-        bus.publish(ev.TokensCommitted(step=step, token_ids=committed, num_generated=num_generated + len(committed)))
-        return committed, hit_eos, next_last
+        timings = dict(draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2b) * 1e3)
+
+        def publish() -> None:
+            bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none",
+                                         token_ids=draft_ids, details=draft.details, draft_ms=timings["draft_ms"]))
+            record = (host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend) if detail is not None
+                      else _brief_record(emitted, acc, len(draft_ids)))
+            bus.publish(ev.StepVerified(step=step, record=record, verify_ms=timings["verify_ms"],
+                                        sample_ms=timings["sample_ms"]))
+            bus.publish(ev.TokensCommitted(step=step, token_ids=committed,
+                                           num_generated=num_generated + len(committed)))
+
+        return committed, hit_eos, next_last, _Once(publish)
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _describe(self, cfg: GenerationConfig, ids: list[int]) -> dict[str, Any]:
@@ -347,6 +363,18 @@ class SpecDecoder:
             ids.update(int(t) for t, _ in s.emitted.top)
         for t in sorted(i for i in ids if str(i) not in texts):
             texts[str(t)] = tok.decode([t])
+
+
+class _Once:
+    """A callable that runs ``fn`` on its first call only."""
+
+    def __init__(self, fn: Callable[[], None]):
+        self._fn: Callable[[], None] | None = fn
+
+    def __call__(self) -> None:
+        fn, self._fn = self._fn, None
+        if fn is not None:
+            fn()
 
 
 def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[list[int], bool]:

@@ -56,23 +56,33 @@ def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | No
     return cand.index_select(0, out.num_accepted[:1].clamp(max=k))
 
 
-def gather_step(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor,
-                detailed: bool = True) -> dict[str, torch.Tensor]:
-    """Device tensors of one row-0 step. p: float32 [k'+1, V]; q: [k', V] or None; ids: [k']."""
+def gather_core(out: RejectionOutput, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the engine needs to go on (row 0): output ids [k'+1], num_accepted [1], draft ids [k']."""
     k = ids.numel()
-    parts = {"output": out.output_token_ids[0, : k + 1], "num_accepted": out.num_accepted[:1], "draft": ids}
-    if not detailed:
-        return parts
-    parts.update(
+    return {"output": out.output_token_ids[0, : k + 1], "num_accepted": out.num_accepted[:1], "draft": ids}
+
+
+def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
+                  ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The rest of the trace's step record (row 0), on the device: per-position decisions, the top-20
+    of p, q, the residuals and the emitted token's distribution (all four in one batched top-k),
+    block verification's P, rho, h, eta. p: float32 [k'+1, V]; q: [k', V] or None; ids: [k']."""
+    k = ids.numel()
+    parts = dict(
         kind=out.token_kind[0, : k + 1], u=out.u[0, :k], p=out.p_draft[0, :k], q=out.q_draft[0, :k],
         accept_prob=out.accept_prob[0, :k], accepted=out.accepted[0, :k], residual_mass=out.residual_mass[0, :k],
     )
-    resid = _residuals(p, q, ids)
-    for name, dist in (("p_top", p[: k + 1]), ("residual_top", resid)) + ((("q_top", q.float()),) if q is not None else ()):
-        vals, top_ids = _top(dist, TOP_N)
-        parts[name + "_v"], parts[name + "_i"] = vals, top_ids
-    vals, top_ids = _top(_emitted_weights(out, p, q, ids, resid), TOP_N)
-    parts["emit_top_v"], parts["emit_top_i"] = vals, top_ids
+    resid = _residuals(p, q, ids)  # [k', V]
+    groups = [("p_top", p[: k + 1]), ("residual_top", resid)]
+    if q is not None:
+        groups.append(("q_top", q.float()))
+    groups.append(("emit_top", _emitted_weights(out, p, q, ids, resid)))
+    vals, top_ids = _top(torch.cat([d for _, d in groups]), TOP_N)  # [rows, 20]
+    row = 0
+    for name, dist in groups:
+        n = dist.shape[0]
+        parts[name + "_v"], parts[name + "_i"] = vals[row : row + n], top_ids[row : row + n]
+        row += n
     slot = out.num_accepted[:1].clamp(max=k)  # [1] on device: no sync
     parts["emit_p"] = p[slot, out.output_token_ids[0].gather(0, slot)]  # p_j(emitted token)
     if out.block is not None:
@@ -81,14 +91,31 @@ def gather_step(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None, i
     return parts
 
 
+def gather_step(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor,
+                detailed: bool = True) -> dict[str, torch.Tensor]:
+    """Device tensors of one row-0 step: :func:`gather_core`, plus :func:`gather_detail` if ``detailed``."""
+    parts = gather_core(out, ids)
+    if detailed:
+        parts.update(gather_detail(out, p, q, ids))
+    return parts
+
+
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 def pack(parts: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Layout]:
-    """Pack every tensor of ``parts`` into one float64 device vector (ids up to 2**53 stay exact).
-    Returns (flat [total] float64 on the parts' device, layout: (name, shape) in order)."""
-    flat = torch.cat([t.reshape(-1).to(torch.float64) for t in parts.values()])
-    return flat, tuple((name, tuple(t.shape)) for name, t in parts.items())
+    """Pack every tensor of ``parts`` into one float64 device vector (ids up to 2**53 stay exact),
+    one concatenation per dtype (few kernel launches). Returns (flat [total] float64 on the
+    parts' device, layout: (name, shape) in packed order)."""
+    by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in parts.items():
+        by_dtype.setdefault(t.dtype, []).append((name, t))
+    chunks, layout = [], []
+    for items in by_dtype.values():
+        cat = torch.cat([t.reshape(-1) for _, t in items])
+        chunks.append(cat.to(torch.float64))
+        layout += [(name, tuple(t.shape)) for name, t in items]
+    return torch.cat(chunks), tuple(layout)
 
 
 def unpack(values: list[float], layout: Layout) -> dict[str, list]:

@@ -1,19 +1,23 @@
-"""Everything a verification step does after the target's forward, as one unit.
+"""Everything a verification step does after the target's forward, in two units.
 
-    p       = logits_to_probs(logits)                      # [k'+1, V] float32
-    out     = rejection_sample(p, q, x, noise)             # accepted + recovered/bonus
-    record  = gather_step(out, p, q, x) packed to float64  # the trace's step record, on the device
-    next_in = out.output_token_ids[num_accepted]           # the next step's first input, on the device
+    core:   p       = logits_to_probs(logits)                     # [k'+1, V] float32
+            out     = rejection_sample(p, q, x, noise)            # accepted + recovered/bonus
+            tokens  = output ids, num_accepted, draft ids         # what the engine needs to go on
+            next_in = out.output_token_ids[num_accepted]          # next step's first input, on the device
+    detail: the rest of the trace's step record (top-20s of p, q, residuals, emitted distribution,
+            per-position decisions, block P/rho/h/eta), gathered and packed on the device
 
-:class:`StepVerifier` runs that unit eagerly (CPU, or the reference sampler), or, on CUDA with the
-Triton sampler, as a CUDA graph captured once per :class:`VerifySpec` (draft length k' and the
-request's sampling settings) and replayed every step. Either way the packed record reaches the
-host in one device-to-host copy (on CUDA: a non-blocking copy into a pinned buffer, then one wait
-on an event), which is the step's only synchronisation with the GPU.
+:class:`StepVerifier` runs both eagerly (CPU, or the reference sampler), or, on CUDA with the
+Triton sampler, as two CUDA graphs captured once per :class:`VerifySpec` (draft length k' and the
+request's sampling settings). On CUDA the core's packed tokens come back in one non-blocking copy
+into pinned memory followed by one event wait: the step's only synchronisation with the GPU. The
+detail graph and its own copy run on a side stream behind the core, overlapping the next step's
+drafting and target forward; the engine collects it (:meth:`PendingDetail.result`) one step later,
+while the GPU is busy, so tracing adds little to the step time.
 
 The noise (uniforms u and the exponential race's E) is drawn eagerly from the request's generator
 before the replay, exactly as :func:`~specviz.sampling.types.draw_noise` draws it, so the captured
-and the eager unit consume the generator identically and return bit-identical records.
+and the eager units consume the generator identically and return bit-identical records.
 Design after gpt-fast (static buffers + graph replay) and vLLM ``v1/sample/rejection_sampler.py``.
 """
 
@@ -23,20 +27,20 @@ from dataclasses import dataclass
 
 import torch
 
-from .record import Layout, gather_step, pack, unpack
+from .record import Layout, gather_core, gather_detail, pack, unpack
 from .sampling import logits_to_probs, rejection_sample
 from .sampling.types import RejectionOutput, SamplerNoise, draw_noise
 
 
 @dataclass(frozen=True)
 class VerifySpec:
-    """What fixes a step's computation (one CUDA graph each).
+    """What fixes a step's computation (one pair of CUDA graphs each).
 
     k: draft length k' of this step (>= 0); vocab: V; verify: "greedy" | "standard" | "block" |
     "synthetic"; temperature / top_k / top_p: as :func:`~specviz.sampling.logits_to_probs`;
     full_q: the draft came with probabilities q [k', V] (False: one-hot q at the draft ids);
-    detailed: gather the full record (top-20s, residuals) or only tokens and counts;
-    synthetic_rates: unconditional rates for verify "synthetic"; backend: "reference" | "triton".
+    detailed: also gather the detail record; synthetic_rates: unconditional rates for verify
+    "synthetic"; backend: "reference" | "triton".
     """
 
     k: int
@@ -51,13 +55,13 @@ class VerifySpec:
     backend: str
 
 
-def _compute(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
-             noise: SamplerNoise | None) -> tuple[torch.Tensor, Layout, torch.Tensor, RejectionOutput]:
-    """The unit itself. logits: [k'+1, V] float; q: float32 [k', V] or None; x: int64 [k'];
-    noise: SamplerNoise for [1, k', V] or None (greedy). Returns (packed record float64 [n],
-    its layout, next input token int64 [1], the sampler's output), all on logits' device."""
+def _core(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
+          noise: SamplerNoise | None) -> tuple[torch.Tensor, Layout, torch.Tensor, RejectionOutput, torch.Tensor]:
+    """logits: [k'+1, V] float; q: float32 [k', V] or None; x: int64 [k']; noise: SamplerNoise for
+    [1, k', V] or None (greedy). Returns (packed tokens float64 [2k'+2], layout, next input int64 [1],
+    the sampler's output, p float32 [k'+1, V]), all on logits' device."""
     p = logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)  # [k'+1, V] float32
-    if spec.backend == "triton":  # arguments were validated by the eager first call (see StepVerifier)
+    if spec.backend == "triton":  # arguments were validated by an eager call first (see _capture)
         from kernels.rejection_sampler import rejection_sample_triton
 
         out = rejection_sample_triton(p[None], None if q is None else q[None], x[None], method=spec.verify,
@@ -65,14 +69,32 @@ def _compute(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: 
     else:
         out = rejection_sample(p[None], None if q is None else q[None], x[None], method=spec.verify,
                                noise=noise, synthetic_rates=spec.synthetic_rates, backend=spec.backend)
-    flat, layout = pack(gather_step(out, p, q, x, detailed=spec.detailed))
+    flat, layout = pack(gather_core(out, x))
     next_input = out.output_token_ids[0].gather(0, out.num_accepted[:1].clamp(max=spec.k))  # [1]
-    return flat, layout, next_input, out
+    return flat, layout, next_input, out, p
+
+
+class PendingDetail:
+    """The detail record of one step, possibly still being computed and copied on the GPU."""
+
+    def __init__(self, layout: Layout, host: torch.Tensor | list[float], done: torch.cuda.Event | None = None):
+        self._layout, self._host, self._done = layout, host, done
+        self._value: dict[str, list] | None = None
+
+    def result(self) -> dict[str, list]:
+        """Wait for the copy (if any) and return the record as nested host lists (see
+        :func:`specviz.record.unpack`). The verifier reads it itself before it reuses the buffer."""
+        if self._value is None:
+            if self._done is not None:
+                self._done.synchronize()
+            values = self._host if isinstance(self._host, list) else self._host.tolist()
+            self._value = unpack(values, self._layout)
+        return self._value
 
 
 @dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
+class _Graphs:
+    core: torch.cuda.CUDAGraph
     logits: torch.Tensor
     q: torch.Tensor | None
     x: torch.Tensor
@@ -80,41 +102,62 @@ class _Graph:
     flat: torch.Tensor
     layout: Layout
     next_input: torch.Tensor
-    host: torch.Tensor  # pinned float64 [n]
-    done: torch.cuda.Event
+    host: torch.Tensor  # pinned float64, the core's packed tokens
+    core_done: torch.cuda.Event
+    detail: torch.cuda.CUDAGraph | None = None
+    detail_flat: torch.Tensor | None = None
+    detail_layout: Layout = ()
+    detail_host: torch.Tensor | None = None  # pinned float64
+    keep: tuple = ()  # the core's outputs the detail graph reads (sampler output, p)
 
 
 class StepVerifier:
-    """Runs :func:`_compute` for one request at a time (pool one per target runner).
+    """Verifies the steps of one request at a time (the engine pools one per target runner).
 
     Args:
         device: where logits live.
-        cuda_graphs: capture one CUDA graph per :class:`VerifySpec` (default: on CUDA, used only
-            with backend "triton"; the reference sampler synchronises with the host).
+        cuda_graphs: capture the units as CUDA graphs (default: on CUDA; used only with backend
+            "triton", since the reference sampler synchronises with the host).
     Attributes:
-        graph_events: set to a list to collect (start, end) CUDA events around every replay.
+        graph_events: set to a list to collect (start, end) CUDA events around every replay
+            (core and detail; the detail's run on the side stream).
     """
 
     def __init__(self, device: torch.device, cuda_graphs: bool | None = None):
         self.device = torch.device(device)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
-        self._graphs: dict[VerifySpec, _Graph] = {}
+        self._graphs: dict[VerifySpec, _Graphs] = {}
         self._pool = None
+        self._side: torch.cuda.Stream | None = None
+        self._detail_done: torch.cuda.Event | None = None  # the last detail enqueued on the side stream
+        self._pending: PendingDetail | None = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
 
     @torch.inference_mode()
     def run(self, spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
-            generator: torch.Generator | None) -> tuple[dict[str, list], torch.Tensor, str]:
+            generator: torch.Generator | None) -> tuple[dict[str, list], torch.Tensor, str, PendingDetail | None]:
         """Verify one step. logits: [k'+1, V] float32 on ``device``; q: [k', V] or None; x: int64 [k'].
 
-        Returns (the step record as nested host lists, see :func:`specviz.record.unpack`; the next
-        step's first input token, int64 [1] on the device; the sampler backend that ran).
-        Raises ValueError for invalid sampler inputs (from the sampler's validation)."""
+        Returns (the core record as host lists: "output" [k'+1], "num_accepted" [1], "draft" [k'];
+        the next step's first input, int64 [1] on the device; the sampler backend that ran; the
+        detail record, None unless ``spec.detailed``). Collect the PendingDetail before the next
+        call. Raises ValueError for invalid sampler inputs (from the sampler's validation)."""
         noise = None if spec.verify == "greedy" else draw_noise(1, spec.k, spec.vocab, generator=generator,
                                                                 device=self.device)
         if not (self.cuda_graphs and spec.backend == "triton"):
-            flat, layout, next_input, out = _compute(spec, logits, q, x, noise)
-            return unpack(flat.cpu().tolist(), layout), next_input, out.backend
+            flat, layout, next_input, out, p = _core(spec, logits, q, x, noise)
+            core = unpack(flat.cpu().tolist(), layout)
+            detail = None
+            if spec.detailed:
+                dflat, dlayout = pack(gather_detail(out, p, q, x))
+                detail = PendingDetail(dlayout, dflat.cpu().tolist())
+            return core, next_input, out.backend, detail
+        main = torch.cuda.current_stream(self.device)
+        if self._pending is not None:  # read before its pinned buffer can be reused (no wait if collected)
+            self._pending.result()
+            self._pending = None
+        if self._detail_done is not None:  # the graphs share one memory pool: never overlap two of them
+            main.wait_event(self._detail_done)
         g = self._graphs.get(spec)
         if g is None:
             g = self._graphs[spec] = self._capture(spec, logits, q, x, noise)
@@ -125,36 +168,66 @@ class StepVerifier:
         if g.noise is not None:
             g.noise.u.copy_(noise.u)
             g.noise.exp.copy_(noise.exp)
-        if self.graph_events is not None:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            g.graph.replay()
-            end.record()
-            self.graph_events.append((start, end))
-        else:
-            g.graph.replay()
-        g.host.copy_(g.flat, non_blocking=True)  # the step's one device-to-host copy
-        g.done.record()
-        g.done.synchronize()
-        return unpack(g.host.tolist(), g.layout), g.next_input.clone(), "triton"
+        self._replay(g.core)
+        g.host.copy_(g.flat, non_blocking=True)
+        g.core_done.record(main)
+        detail = None
+        if g.detail is not None:  # behind the core, on the side stream; collected next step
+            with torch.cuda.stream(self._side):
+                self._side.wait_event(g.core_done)
+                self._replay(g.detail)
+                g.detail_host.copy_(g.detail_flat, non_blocking=True)
+                done = torch.cuda.Event()
+                done.record(self._side)
+            self._detail_done = done
+            detail = self._pending = PendingDetail(g.detail_layout, g.detail_host, done)
+        g.core_done.synchronize()  # the step's one wait on the GPU
+        return unpack(g.host.tolist(), g.layout), g.next_input.clone(), "triton", detail
 
-    def _capture(self, spec, logits, q, x, noise) -> _Graph:
-        """Validate through the public sampler once (eagerly), warm up (Triton compiles), capture."""
+    def _replay(self, graph: torch.cuda.CUDAGraph) -> None:
+        if self.graph_events is None:
+            graph.replay()
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        self.graph_events.append((start, end))
+
+    def _capture(self, spec, logits, q, x, noise) -> _Graphs:
+        """Validate through the public sampler once (eagerly), warm up (Triton compiles), capture
+        the core; run it once so the detail's warm-up reads valid tokens; capture the detail."""
         rejection_sample(logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)[None],
                          None if q is None else q[None], x[None], method=spec.verify, noise=noise,
                          synthetic_rates=spec.synthetic_rates, backend="triton")
+        if self._side is None:
+            self._side = torch.cuda.Stream(self.device)
         s_logits, s_x = logits.clone(), x.clone()
         s_q = None if q is None else q.clone()
         s_noise = None if noise is None else SamplerNoise(u=noise.u.clone(), exp=noise.exp.clone())
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                _compute(spec, s_logits, s_q, s_x, s_noise)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            flat, layout, next_input, _ = _compute(spec, s_logits, s_q, s_x, s_noise)
-        self._pool = graph.pool()
-        host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-        return _Graph(graph, s_logits, s_q, s_x, s_noise, flat, layout, next_input, host, torch.cuda.Event())
+        main = torch.cuda.current_stream(self.device)
+        warm = torch.cuda.Stream(self.device)
+        warm.wait_stream(main)
+        with torch.cuda.stream(warm):
+            for _ in range(2):  # allocator, lazy init, Triton compilation: outside the capture
+                _core(spec, s_logits, s_q, s_x, s_noise)
+        main.wait_stream(warm)
+        core = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(core, pool=self._pool):
+            flat, layout, next_input, out, p = _core(spec, s_logits, s_q, s_x, s_noise)
+        self._pool = core.pool()
+        g = _Graphs(core, s_logits, s_q, s_x, s_noise, flat, layout, next_input,
+                    torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True), torch.cuda.Event())
+        if spec.detailed:
+            core.replay()  # out and p now hold real values
+            warm.wait_stream(main)
+            with torch.cuda.stream(warm):
+                for _ in range(2):
+                    gather_detail(out, p, s_q, s_x)
+            main.wait_stream(warm)
+            g.detail = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g.detail, pool=self._pool):
+                g.detail_flat, g.detail_layout = pack(gather_detail(out, p, s_q, s_x))
+            g.detail_host = torch.empty(g.detail_flat.shape, dtype=torch.float64, pin_memory=True)
+            g.keep = (out, p)
+        return g
