@@ -82,16 +82,18 @@ class StaticRunner:
         mask = self._causal_mask(ids.shape[1])
         return self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True).logits
 
-    def _causal_mask(self, n: int) -> torch.Tensor | None:
+    def _causal_mask(self, n: int) -> torch.Tensor:
         """4D mask [1, 1, n, max_cache_len] built on the device from the cache's write position:
         query i (at position pos + i) sees keys 0..pos + i, never the stale entries past them.
         Passing it ready-made keeps transformers from deciding on the host (a sync, which a CUDA
         graph capture forbids) whether the mask can be skipped."""
         layer = self.cache.layers[0]
-        if not getattr(layer, "is_initialized", False):
-            return None  # the first forward (prefill from position 0): the model's own causal mask
+        # Before the first forward the cache is unallocated and the position is 0. The explicit mask
+        # is used then too: the model's own causal mask picks another attention kernel, whose
+        # rounding would make a runner's first request differ (in the last bits) from later ones.
+        pos = layer.cumulative_length if getattr(layer, "is_initialized", False) else 0
         kv = torch.arange(self.max_cache_len, device=self.device)  # [max_cache_len]
-        q_pos = layer.cumulative_length + torch.arange(n, device=self.device)  # [n]
+        q_pos = pos + torch.arange(n, device=self.device)  # [n]
         allowed = kv[None, :] <= q_pos[:, None]  # [n, max_cache_len]
         if self.model.config._attn_implementation == "sdpa":
             return allowed[None, None]

@@ -143,3 +143,16 @@ def test_engine_sampling_with_verifier_graphs_equals_eager_verifier(tiny_dirs):
         assert graphed.output_token_ids == plain.output_token_ids, kw
         strip = lambda t: [{**asdict(s), "timings_ms": None} for s in t.steps]  # noqa: E731
         assert strip(graphed) == strip(plain), kw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_static_runner_first_request_equals_later_ones(tiny_dirs, device):
+    """A fresh static runner (first request: the cache is allocated during its prefill) computes
+    exactly what a pooled, reused one computes: seeded sampling traces are identical."""
+    target, draft = tiny_dirs["llama"]
+    dec = SpecDecoder.from_pretrained(target, draft, device=device, dtype="float32", runner="static")
+    kw = dict(method="draft_model", verify="standard", temperature=0.8, num_speculative_tokens=3, max_new_tokens=20,
+              seed=7)
+    strip = lambda t: [{**asdict(s), "timings_ms": None} for s in t.steps]  # noqa: E731
+    first, second = strip(dec.generate(PROMPT, **kw)), strip(dec.generate(PROMPT, **kw))
+    assert first == second
