@@ -138,8 +138,9 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     rows = []
     for method, k in methods:  # HF and specviz both stop at EOS: outputs are compared whole
         for detailed in (True, False):
-            kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed,
-                      prompt_lookup_min=2, prompt_lookup_max=4)
+            kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed)
+            if method in ("ngram", "ngram_gpu"):
+                kw.update(prompt_lookup_min=2, prompt_lookup_max=4)
             sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
             steps = len(trace.steps)
             gpu = None
@@ -199,13 +200,14 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--no-big", action="store_true", help="skip the random 0.9B Llama")
     ap.add_argument("--only-big", action="store_true", help="only the random 0.9B Llama")
+    ap.add_argument("--methods", default="none,ngram,draft_model", help="comma-separated specviz methods (k = 5)")
     ap.add_argument("--commit", default=None, help="commit to record (the GPU machine's copy has no .git)")
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
     ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
     args = ap.parse_args()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     max_new, repeats = (24, 1) if args.smoke else (args.max_new, args.repeats)
-    methods = [("none", 1), ("ngram", 5), ("draft_model", 5)]
+    methods = [(m, 1 if m == "none" else 5) for m in args.methods.split(",")]
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip()
     result = {"date": date.today().isoformat(), "commit": commit, "device": str(device),

@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
     g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
     g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
-    g.add_argument("--method", default="ngram", help="none | ngram | suffix | draft_model")
+    g.add_argument("--method", default="ngram", help="none | ngram | ngram_gpu | suffix | draft_model")
     g.add_argument("--prompt", required=True)
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
     g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic")

@@ -26,6 +26,7 @@ from . import events as ev
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from .proposers import DraftModelProposer, NgramProposer, StepContext, resolve_lookup_bounds
 from .proposers.base import Draft, Proposer
+from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import GlobalSuffixCache, SuffixProposer
 from .record import host_record
 from .runner import EagerRunner, ModelRunner
@@ -34,7 +35,7 @@ from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
 from .verify_step import StepVerifier, VerifySpec
 
-METHODS = ("none", "ngram", "suffix", "draft_model")
+METHODS = ("none", "ngram", "ngram_gpu", "suffix", "draft_model")
 RUNNERS = ("auto", "eager", "static")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
 MAX_SPECULATIVE_TOKENS = 32
@@ -179,6 +180,10 @@ class SpecDecoder:
     def make_proposer(self, cfg: GenerationConfig) -> Proposer | None:
         if cfg.method == "ngram":
             return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens)
+        if cfg.method == "ngram_gpu":  # the matcher kernel on CUDA, its PyTorch reference elsewhere
+            return NgramGPUProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens,
+                                    backend="triton" if self.device.type == "cuda" else "reference",
+                                    device=self.device)
         if cfg.method == "suffix":
             return SuffixProposer(cfg.num_speculative_tokens, global_cache=self.suffix_cache)
         if cfg.method == "draft_model":
@@ -189,7 +194,7 @@ class SpecDecoder:
     def generate(self, prompt: str | Sequence[int], **settings: Any) -> Trace:
         """Run one request and return its :class:`Trace`.
 
-        Settings (keywords): method ("none" | "ngram" | "suffix" | "draft_model"), num_speculative_tokens
+        Settings (keywords): method ("none" | "ngram" | "ngram_gpu" | "suffix" | "draft_model"), num_speculative_tokens
         (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
@@ -341,7 +346,7 @@ class SpecDecoder:
                  dtype=self.names.get("dtype", str(next(self.target_model.parameters()).dtype).split(".")[-1]),
                  runner=getattr(self.runner_factory, "func", self.runner_factory).__name__, prompt_length=len(ids),
                  vocab_size=self.vocab_size)
-        if cfg.method == "ngram":
+        if cfg.method in ("ngram", "ngram_gpu"):
             d["prompt_lookup_min"], d["prompt_lookup_max"] = resolve_lookup_bounds(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
         return d
 

@@ -8,7 +8,7 @@ import torch
 from specviz import SpecDecoder, Trace
 
 ARCHS = ("llama", "qwen2")
-SPEC_METHODS = ("none", "ngram", "suffix", "draft_model")
+SPEC_METHODS = ("none", "ngram", "ngram_gpu", "suffix", "draft_model")
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 MAX_NEW = 40
 
@@ -27,7 +27,7 @@ def test_greedy_equals_hf_generate(decoders, arch, method, k):
     dec = decoders[arch]
     prompt_ids = dec.encode(PROMPT)
     expected = hf_greedy(dec, prompt_ids, MAX_NEW)
-    lookup = {"prompt_lookup_min": 1, "prompt_lookup_max": 3} if method == "ngram" else {}
+    lookup = {"prompt_lookup_min": 1, "prompt_lookup_max": 3} if method in ("ngram", "ngram_gpu") else {}
     trace = dec.generate(PROMPT, method=method, num_speculative_tokens=k, max_new_tokens=MAX_NEW, **lookup)
     assert trace.output_token_ids == expected
     if method != "none":  # the speculative path really ran

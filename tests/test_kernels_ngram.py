@@ -132,12 +132,13 @@ def test_triton_equals_reference(device, dtype):
 def test_proposer_triton_backend(device):
     p = NgramGPUProposer(prompt_lookup_min=2, prompt_lookup_max=4, num_speculative_tokens=2, backend="triton", device=device)
     d = p.propose([2, 3, 4, 5, 1, 2, 3, 4, 1, 2, 3, 4])
-    assert d.token_ids.tolist() == [1, 2] and d.details == {"backend": "triton", "n": 4, "match_position": 4}
+    assert d.token_ids.tolist() == [1, 2]
+    assert (d.details["backend"], d.details["n"], d.details["match_position"]) == ("triton", 4, 4)
 
 
 def test_proposer_protocol_and_defaults():
     p = NgramGPUProposer()
-    assert isinstance(p, Proposer) and p.name == "ngram" and p.num_speculative_tokens == 5
+    assert isinstance(p, Proposer) and p.name == "ngram_gpu" and p.num_speculative_tokens == 5
     assert (p.prompt_lookup_min, p.prompt_lookup_max) == (5, 5)
     assert resolve_lookup_bounds(3, None) == (3, 3) and resolve_lookup_bounds(None, 4) == (4, 4)
     with pytest.raises(ValueError):
@@ -147,9 +148,33 @@ def test_proposer_protocol_and_defaults():
     q = NgramGPUProposer(prompt_lookup_min=3, prompt_lookup_max=3, num_speculative_tokens=4)
     d = q.propose([1, 2, 3, 100, 1, 2, 3, 200, 1, 2, 3, 300, 1, 2, 3], num_tokens=2)
     assert d.token_ids.dtype == torch.int64 and d.token_ids.tolist() == [100, 1] and d.probs is None
-    assert d.details == {"backend": "reference", "n": 3, "match_position": 0}
+    assert d.details == {"kind": "ngram_gpu", "backend": "reference", "n": 3, "match_position": 0, "suffix": [1, 2, 3],
+                         "suffix_start": 12, "occurrences": [0], "prompt_lookup_min": 3, "prompt_lookup_max": 3}
     none = q.propose([1, 2, 3, 4, 5])
     assert len(none) == 0 and none.details["n"] == 0 and none.details["match_position"] == -1
+    assert none.details["occurrences"] == [] and none.details["suffix_start"] == 5
+
+
+def test_proposer_device_context_follows_the_committed_tokens():
+    """The device buffer grows by the new tokens only, and is rewritten when the context is not a
+    continuation (a new request without reset, or a shorter context); drafts always equal a
+    fresh proposer's and the CPU NgramProposer's."""
+    from specviz.proposers.ngram import NgramProposer
+
+    rng = random.Random(3)
+    p = NgramGPUProposer(prompt_lookup_min=1, prompt_lookup_max=3, num_speculative_tokens=4)
+    cpu = NgramProposer(1, 3, 4)
+    ctx = [rng.randrange(6) for _ in range(40)]
+    for step in range(60):
+        if step == 30:
+            ctx = ctx[:25] + [7, 7, 7]  # rolled back and changed: not a continuation
+        ctx = ctx + [rng.randrange(6) for _ in range(rng.randrange(1, 4))]
+        got = p.propose(ctx)
+        fresh = NgramGPUProposer(prompt_lookup_min=1, prompt_lookup_max=3, num_speculative_tokens=4).propose(ctx)
+        want = cpu.propose(ctx)
+        assert got.token_ids.tolist() == fresh.token_ids.tolist() == want.token_ids.tolist(), step
+        assert got.details == fresh.details and got.details["match_position"] == want.details["match_position"]
+    assert p._buf.numel() >= len(ctx)
 
 
 def test_invalid_arguments():

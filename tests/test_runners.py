@@ -21,7 +21,7 @@ def test_static_runner_matches_eager_greedy(tiny_dirs, arch, device):
     target, draft = tiny_dirs[arch]
     eager = SpecDecoder.from_pretrained(target, draft, device=device, dtype="float32")
     static = SpecDecoder.from_pretrained(target, draft, device=device, dtype="float32", runner="static")
-    for method, k in (("none", 1), ("ngram", 3), ("suffix", 4), ("draft_model", 2), ("draft_model", 5)):
+    for method, k in (("none", 1), ("ngram", 3), ("ngram_gpu", 3), ("suffix", 4), ("draft_model", 2), ("draft_model", 5)):
         kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=40, prompt_lookup_min=1)
         want = eager.generate(PROMPT, **kw).output_token_ids
         for _ in range(2):  # the second request reuses the pooled runner (and its graphs)

@@ -317,3 +317,23 @@ def test_report_grid_hint_does_not_mention_sliders(traces):
     hint = page.split("<h2>Step grid</h2>", 1)[1].split("</p>", 1)[0]
     assert "One row per verification step" in hint and "slider" not in hint.lower()
     assert "Hover a cell" in hint
+
+
+def test_ngram_gpu_match_view(decoders):
+    """Method ngram_gpu drafts exactly what ngram drafts; its match view marks the suffix and the
+    occurrence used, and says why there is no trie."""
+    dec = decoders["llama"]
+    kw = dict(num_speculative_tokens=4, max_new_tokens=MAX_NEW, prompt_lookup_min=1, prompt_lookup_max=3)
+    cpu, gpu = dec.generate(PROMPT, method="ngram", **kw), dec.generate(PROMPT, method="ngram_gpu", **kw)
+    assert [s.draft_token_ids for s in gpu.steps] == [s.draft_token_ids for s in cpu.steps]
+    assert [s.match.get("match_position") for s in gpu.steps] == [s.match.get("match_position") for s in cpu.steps]
+    st = next(s for s in gpu.steps if s.match.get("n"))
+    assert st.proposer == "ngram_gpu" and st.match["occurrences"] == [st.match["match_position"]]
+    page = match_context_html(gpu, st.index)
+    roles = re.findall(r'data-role="(\w+)"', page)
+    assert roles.count("suffix") == st.match["n"] and roles.count("chosen") == st.match["n"]
+    assert "returns only the occurrence it used" in page
+    assert "builds no continuation trie" in trie_figure(gpu, st.index).layout.annotations[0].text
+    empty = next((s for s in gpu.steps if not s.match.get("n")), None)
+    if empty is not None:
+        assert "no earlier occurrence" in match_context_html(gpu, empty.index)

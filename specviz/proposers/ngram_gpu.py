@@ -156,11 +156,18 @@ def resolve_lookup_bounds(prompt_lookup_min: int | None, prompt_lookup_max: int 
 
 
 class NgramGPUProposer:
-    """Prompt-lookup proposer backed by the batched matcher (reference or Triton).
+    """Prompt-lookup proposer on the device: method "ngram_gpu" (vLLM's name for its GPU n-gram proposer).
 
-    Implements :class:`specviz.proposers.base.Proposer` (name "ngram"). q is one-hot, so
-    ``Draft.probs`` is None; ``Draft.details`` = {"backend", "n", "match_position"} (n = 0 and
-    match_position = -1 when nothing matched).
+    Implements :class:`specviz.proposers.base.Proposer` (name "ngram_gpu"). The context lives in a
+    device buffer that grows by the newly committed tokens each step (a few-token host-to-device
+    copy); the batched matcher (reference PyTorch or the Triton kernel) runs on it, and one small
+    device-to-host copy returns the draft length and the match. Drafts equal :class:`NgramProposer`'s
+    (same rules, tests/test_kernels_ngram.py). q is one-hot, so ``Draft.probs`` is None.
+
+    ``Draft.details``: kind "ngram_gpu", backend, n (0 = no match), match_position (-1 = none),
+    suffix (the last n tokens), suffix_start, occurrences ([match_position]: the matcher reports
+    only the earliest occurrence, the one used, not all of them nor their continuation trie),
+    prompt_lookup_min/max.
 
     Args:
         prompt_lookup_min, prompt_lookup_max: n-gram lengths tried (vLLM defaults, see
@@ -168,14 +175,14 @@ class NgramGPUProposer:
         num_speculative_tokens: k.
         backend: "reference" (PyTorch) or "triton" (``kernels.ngram_matcher``; needs CUDA, or
             TRITON_INTERPRET=1 set before triton is imported to run on CPU).
-        device: where the context tensor is built; default "cuda" for triton when available,
+        device: where the context buffer lives; default "cuda" for triton when available,
             else "cpu".
 
     Raises:
         ValueError: bad bounds, k < 0 or an unknown backend.
     """
 
-    name = "ngram"
+    name = "ngram_gpu"
 
     def __init__(
         self,
@@ -195,11 +202,17 @@ class NgramGPUProposer:
         if device is None:
             device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        self.reset()
 
     def reset(self) -> None:
-        """Stateless: nothing to forget."""
+        """Forget the request's context (the device buffer is kept for reuse)."""
+        self._len = 0
+        self._last = -1
+        if not hasattr(self, "_buf"):
+            self._buf = torch.empty(0, dtype=torch.int64, device=self.device)
 
-    def match_batch(self, token_ids: torch.Tensor, lengths: torch.Tensor, num_tokens: int | None = None) -> NgramMatch:
+    def match_batch(self, token_ids: torch.Tensor, lengths: torch.Tensor, num_tokens: int | None = None,
+                    validate_lengths: bool = True) -> NgramMatch:
         """Match a batch: token_ids int [B, L], lengths [B] -> :class:`NgramMatch` with k columns."""
         k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.num_speculative_tokens)
         fn = ngram_match_reference
@@ -213,22 +226,39 @@ class NgramGPUProposer:
             prompt_lookup_min=self.prompt_lookup_min,
             prompt_lookup_max=self.prompt_lookup_max,
             num_speculative_tokens=max(k, 0),
+            validate_lengths=validate_lengths,
         )
+
+    def _context(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """The device context [1, L]: appends only the tokens not yet in the buffer (the engine's
+        context only grows within a request; anything else is rewritten whole)."""
+        L = len(token_ids)
+        if L < self._len or (self._len and int(token_ids[self._len - 1]) != self._last):
+            self._len = 0  # not a continuation of what the buffer holds
+        if L > self._buf.numel():
+            grown = torch.empty(max(2 * self._buf.numel(), L, 256), dtype=torch.int64, device=self.device)
+            grown[: self._len] = self._buf[: self._len]
+            self._buf = grown
+        if L > self._len:
+            self._buf[self._len : L] = torch.as_tensor([int(t) for t in token_ids[self._len :]], dtype=torch.int64)
+        self._len, self._last = L, (int(token_ids[-1]) if L else -1)
+        return self._buf[:L].view(1, L)
 
     def propose(
         self, token_ids: Sequence[int], num_tokens: int | None = None, context: StepContext | None = None
     ) -> Draft:
-        """Draft up to min(num_tokens, k) tokens continuing ``token_ids`` (one row)."""
-        ctx = torch.as_tensor(list(token_ids), dtype=torch.int64, device=self.device).reshape(1, -1)  # [1, L]
-        lengths = torch.tensor([ctx.shape[1]], dtype=torch.int64, device=self.device)  # [1]
-        m = self.match_batch(ctx, lengths, num_tokens)
-        n_draft = int(m.num_draft[0])
-        return Draft(
-            token_ids=m.draft_token_ids[0, :n_draft].to("cpu", torch.int64),
-            probs=None,
-            details={
-                "backend": self.backend,
-                "n": int(m.ngram_len[0]),
-                "match_position": int(m.match_position[0]),
-            },
-        )
+        """Draft up to min(num_tokens, k) tokens continuing ``token_ids`` (one row). The draft
+        tensor stays on the proposer's device."""
+        ctx = self._context(token_ids)  # [1, L]
+        L = ctx.shape[1]
+        lengths = torch.full((1,), L, dtype=torch.int64, device=self.device)  # [1], no host copy
+        m = self.match_batch(ctx, lengths, num_tokens, validate_lengths=False)
+        head = torch.cat([m.num_draft, m.ngram_len, m.match_position]).tolist()  # the one device-to-host copy
+        n_draft, n, pos = (int(v) for v in head)
+        details = {
+            "kind": "ngram_gpu", "backend": self.backend, "n": n, "match_position": pos,
+            "suffix": [int(t) for t in token_ids[L - n :]] if n else [], "suffix_start": L - n if n else L,
+            "occurrences": [pos] if n else [],
+            "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max,
+        }
+        return Draft(token_ids=m.draft_token_ids[0, :n_draft], probs=None, details=details)

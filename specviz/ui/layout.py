@@ -53,7 +53,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     c["prompt"] = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="sv-prompt",
                              value=examples[0]["prompt"] if examples else "")
     c["method"] = gr.Radio(list(METHODS), value="ngram", label="Method (proposer)",
-                           info="none = plain decoding; ngram = prompt lookup; suffix = suffix decoding; "
+                           info="none = plain decoding; ngram = prompt lookup (ngram_gpu: the same on the "
+                                "device, with the Triton matcher on CUDA); suffix = suffix decoding; "
                                 "draft_model = a small model")
     c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *VERIFY_METHODS], value=AUTO_VERIFY, label="Verification",

@@ -57,7 +57,7 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
     """Keyword settings for ``SpecDecoder.iter_generate``.
 
     verify "auto" (or None) -> the engine's default (greedy at temperature 0, else standard);
-    top_k 0 -> off; top_p 1 -> off; prompt lookup bounds only for method "ngram";
+    top_k 0 -> off; top_p 1 -> off; prompt lookup bounds only for methods "ngram" and "ngram_gpu";
     synthetic rates only for verify "synthetic".
     Raises:
         ValueError: a value outside the UI's ranges (num_speculative_tokens 1..12,
@@ -78,7 +78,7 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
         "max_new_tokens": _int(max_new_tokens, "max_new_tokens", 1, MAX_UI_NEW_TOKENS),
         "seed": _int(seed, "seed", 0, 2**31 - 1),
     }
-    if settings["method"] == "ngram":
+    if settings["method"] in ("ngram", "ngram_gpu"):
         settings["prompt_lookup_min"] = _int(prompt_lookup_min, "prompt_lookup_min", 1, 64)
         settings["prompt_lookup_max"] = _int(prompt_lookup_max, "prompt_lookup_max", 1, 64)
     if settings["verify"] == "synthetic":

@@ -31,10 +31,12 @@ STYLE = {
 
 def _no_match_text(trace: Trace, step: Step) -> str:
     method = step.proposer or trace.config.get("method", "")
-    if method != "ngram":
+    if method not in ("ngram", "ngram_gpu"):
         return (f"This step's draft came from '{method}', not from prompt lookup: there is no n-gram match to show.\n"
                 "Run with method 'ngram' to see where drafts are copied from.")
     tried = ", ".join(f"n={t['n']}: {t['occurrences']}" for t in step.match.get("tried", []))
+    if not tried and "prompt_lookup_max" in step.match:
+        tried = f"n = {step.match['prompt_lookup_max']} down to {step.match['prompt_lookup_min']}: none"
     return (f"Step {step.index}: no earlier occurrence of the context's last n tokens "
             f"(occurrences tried {tried or '—'}), so nothing was drafted and the target decoded one token.")
 
@@ -87,10 +89,14 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
         else:
             parts.append(piece)
     m = st.match
+    occurrences = (("occurrence", f"earlier occurrences ({len(m['occurrences'])})"),) if m.get("kind") != "ngram_gpu" else ()
     legend = " ".join(f'<span style="{STYLE[r]};padding:0 4px">{name}</span>' for r, name in (
-        ("suffix", f"last {m['n']} token(s): looked up"),
-        ("occurrence", f"earlier occurrences ({len(m['occurrences'])})"),
+        ("suffix", f"last {m['n']} token(s): looked up"), *occurrences,
         ("chosen", "earliest occurrence (used)"), ("draft", f"copied as the draft ({len(st.draft_token_ids)})")))
+    if m.get("kind") == "ngram_gpu":
+        legend += ("<div style='font-size:12px;color:#4b5563;margin-top:4px'>ngram_gpu: the device matcher returns "
+                   "only the occurrence it used; method 'ngram' also lists every occurrence and their continuations."
+                   "</div>")
     box = ("font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px;line-height:1.8;white-space:pre-wrap;"
            "word-break:break-word;border:1px solid #d1d5db;border-radius:8px;padding:8px;max-height:360px;"
            "overflow-y:auto")
@@ -182,6 +188,10 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     if st.match.get("kind") == "suffix" and any(c.get("draft") for c in st.match.get("candidates", [])):
         return message_figure(f"step {st.index}: suffix decoding has no n-gram trie; its candidates are in the "
                               "table at left", height=160)
+    if st.match.get("kind") == "ngram_gpu" and st.match.get("n"):
+        return message_figure(f"step {st.index}: ngram_gpu matched n = {st.match['n']} at context position "
+                              f"{st.match['match_position']}; the device matcher builds no continuation trie "
+                              "(method 'ngram' draws it)", height=160)
     if not st.match.get("n") or not st.match.get("trie"):
         return message_figure(f"step {st.index}: no n-gram match to draw", height=160)
     nodes = trie_placement(st)
