@@ -18,7 +18,7 @@ from specviz.trace import Trace  # noqa: E402
 from specviz.ui import build_app, launch_options  # noqa: E402
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
-API = ("run", "stop", "select_step", "select_position", "replay", "export", "load_example")
+API = ("run", "stop", "select_step", "select_position", "replay", "replay_settings", "export", "load_example")
 # outputs of run / stop / replay: progress, stream, summary, grid, residual, match, trie, stats, speedup,
 # step slider, position slider (the session state is not part of the API)
 PROGRESS, STREAM, SUMMARY, GRID, RESIDUAL, MATCH, TRIE, STATS, SPEEDUP, STEP, POSITION = range(11)
@@ -185,6 +185,24 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     assert replayed[PROGRESS].startswith("**replay**")
     assert stream_tokens(replayed[STREAM]) == stream_tokens(out[STREAM])
     assert plot(replayed[GRID])["data"][0]["z"] == plot(out[GRID])["data"][0]["z"]
+    # ... and its controls are refilled from the trace, so Run repeats the request live
+    settings = other.predict(api_name="/replay_settings")
+    want = trace.config
+    assert settings[0] == trace.prompt_text and settings[1] == "ngram"
+    assert settings[2:5] == (want["num_speculative_tokens"], want["verify"], want["temperature"])
+    assert settings[7] == want["max_new_tokens"] and settings[9:11] == (want["prompt_lookup_min"], want["prompt_lookup_max"])
+    again = other.predict(*run_args(method="ngram"), api_name="/run")
+    assert stream_tokens(again[STREAM]) == stream_tokens(out[STREAM])
+
+
+def test_replay_settings_change_nothing_without_a_successful_replay():
+    from specviz.ui import handlers as h
+
+    import gradio as gr
+
+    for state in (None, h.new_state(), {**h.new_state(), "replayed": False}):  # e.g. after a refused upload
+        out = h.replay_settings(state)
+        assert len(out) == len(h.REPLAY_FIELDS) + 1 and all(v == gr.skip() for v in out)
 
 
 def test_replay_refuses_what_is_not_a_trace(app_url, tmp_path):

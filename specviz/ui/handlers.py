@@ -297,10 +297,51 @@ def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
         check_consistency(trace)
     except TraceFormatError as exc:
         return _message_outputs(f"this is not a specviz trace: {exc}")
-    state.update(trace=trace.to_dict(), baseline=None)
+    state.update(trace=trace.to_dict(), baseline=None, replayed=True)
     cfg = trace.config
     return _full_outputs(f"**replay** · an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
                          f"{len(trace.output_token_ids)} tokens (no model needed)", trace, state)
+
+
+REPLAY_FIELDS = ("prompt", "method", "num_speculative_tokens", "verify", "temperature", "top_k", "top_p",
+                 "max_new_tokens", "seed", "prompt_lookup_min", "prompt_lookup_max")
+
+
+def replay_settings(state: dict[str, Any] | None) -> tuple[Any, ...]:
+    """After a successful replay: the trace's prompt and settings for the controls, in
+    ``REPLAY_FIELDS`` order, then the session state, so that Run repeats the request live. A
+    setting the controls cannot show (an unknown method, k above the slider's cap, a
+    model-specific value) is left as it was (gr.skip()); after a refused upload nothing changes."""
+    from specviz.engine import METHODS, VERIFY_METHODS
+
+    if not (state or {}).get("replayed"):
+        return (gr.skip(),) * (len(REPLAY_FIELDS) + 1)
+    state = {**state, "replayed": False}
+    trace = _trace_of(state)
+    cfg = trace.config
+
+    def num(name: str, lo: float, hi: float, cast=float) -> Any:
+        value = cfg.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+            return gr.skip()
+        return cast(value)
+
+    method = cfg.get("method")
+    verify = cfg.get("verify")
+    return (
+        trace.prompt_text or gr.skip(),
+        method if method in METHODS else gr.skip(),
+        num("num_speculative_tokens", 1, MAX_UI_SPECULATIVE_TOKENS, int),
+        verify if verify in VERIFY_METHODS else gr.skip(),
+        num("temperature", 0, 100),
+        0 if cfg.get("top_k") is None else num("top_k", 0, 10**7, int),
+        1.0 if cfg.get("top_p") is None else num("top_p", 0.01, 1.0),
+        num("max_new_tokens", 1, MAX_UI_NEW_TOKENS, int),
+        num("seed", 0, 2**31 - 1, int),
+        num("prompt_lookup_min", 1, 8, int),
+        num("prompt_lookup_max", 1, 8, int),
+        state,
+    )
 
 
 def export(state: dict[str, Any] | None, step: Any, position: Any) -> list[str]:
