@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -23,7 +24,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--target", default=None, help="target model directory (default: bundled demo target)")
     ap.add_argument("--draft", default=None, help="draft model directory (default: bundled demo draft)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for flag in ("target", "draft"):
+        value = getattr(args, flag)
+        if value and _looks_local(value) and not Path(value).expanduser().is_dir():
+            ap.error(f"--{flag} {value}: no such directory (give a model directory with config.json, "
+                     "*.safetensors and tokenizer files)")
+    return args
+
+
+def _looks_local(value: str) -> bool:
+    """A path rather than a hub id ("org/name"): absolute, relative with ./ or ~, or not org/name."""
+    return value.startswith(("/", ".", "~")) or value.count("/") != 1 or Path(value).exists()
 
 
 demo = build_app()

@@ -23,6 +23,7 @@ from specviz.viz import (
     residual_figure,
     run_summary,
     speedup_html,
+    step_costs,
     stats_figure,
     step_grid_figure,
     token_events,
@@ -132,8 +133,18 @@ def test_handmade_stats_and_alpha():
     assert summary["tokens"] == 6 and summary["steps"] == 3 and summary["tokens_per_forward"] == 2.0
     assert summary["decode_s"] == pytest.approx(1.5)  # 3 steps x (100 + 350 + 50) ms
     assert summary["decode_tokens_per_second"] == pytest.approx(4.0)
-    table = speedup_html(summary, dict(summary, tokens_per_forward=1.0, decode_tokens_per_second=1.0))
-    assert "4.00× in tokens/s" in table and "2.00× in tokens per target forward" in table
+    # a method-none baseline: 6 one-token steps of 100 ms each
+    base = dict(method="none", tokens=6, steps=6, target_forward_passes=7, tokens_per_forward=1.0,
+                time_ms={"draft": 0.0, "verify": 600.0, "sample": 0.0}, decode_s=0.6, decode_tokens_per_second=10.0)
+    costs = step_costs(summary, base)  # per step: 100 + 350 + 50 ms = 1.0 + 3.5 + 0.5 plain steps
+    assert costs == pytest.approx({"draft": 1.0, "verify": 3.5, "sample": 0.5, "total": 5.0})
+    table = speedup_html(summary, base)
+    text = " ".join(re.sub(r"<[^>]+>", " ", table).split())
+    assert "2.00× tokens per target forward" in text and "Measured on this machine: 0.40× tokens/s" in text
+    assert "2.00 / 5.00 = 0.40×" in text and "speculation loses" in text
+    fast = speedup_html(summary, dict(base, time_ms={"draft": 0.0, "verify": 6000.0, "sample": 0.0}, decode_s=6.0,
+                                      decode_tokens_per_second=1.0))
+    assert "4.00× tokens/s" in fast and "speculation loses" not in fast
 
 
 def test_handmade_residual_bars():

@@ -58,11 +58,15 @@ def _sliders(trace: Trace, step: int, position: int) -> tuple[Any, Any]:
             gr.Slider(minimum=1, maximum=max(k + 1, 2), value=position, step=1, interactive=k > 0))
 
 
-def _message_outputs(message: str, state: dict[str, Any] | None = None) -> tuple[Any, ...]:
+STALE_NOTE = "the views below are unchanged (from before this click)"
+
+
+def _message_outputs(message: str, state: dict[str, Any] | None = None, note: str = STALE_NOTE) -> tuple[Any, ...]:
     """Outputs of run / stop / replay that show ``message`` in the progress line (and as a toast)
-    and leave every view, both sliders and (unless given) the session state as they are."""
+    and leave every view, both sliders and (unless given) the session state as they are. ``note``
+    (appended to the progress line) says what the views show, so nobody mistakes them for a result."""
     gr.Warning(message)
-    return (f"**error** · {message}", *([gr.skip()] * 10), gr.skip() if state is None else state)
+    return (f"**error** · {message} · _{note}_", *([gr.skip()] * 10), gr.skip() if state is None else state)
 
 
 def _full_outputs(progress: str, trace: Trace, state: dict[str, Any]) -> tuple[Any, ...]:
@@ -159,7 +163,8 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
             yield last
     except gr.Error as exc:
         # the views keep what they show; the state keeps the last trace drawn (if any update was)
-        yield _message_outputs(exc.message, None if last is None else last[-1])
+        yield _message_outputs(exc.message, None if last is None else last[-1],
+                               STALE_NOTE if last is None else "the views below show this run up to the error")
 
 
 def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,

@@ -45,6 +45,18 @@ class LenientSlider(gr.Slider):
         return gr.Number.round_to_precision(payload, self.precision)
 
 
+class LenientNumber(gr.Number):
+    """A gr.Number whose out-of-range value reaches the handler (see :class:`LenientSlider`): the
+    run handler validates it and says what to change in the progress line, instead of Gradio's
+    bound check marking every output with an "Error" badge."""
+
+    def get_block_name(self) -> str:
+        return "number"
+
+    def preprocess(self, payload: float | None) -> float | int | None:
+        return None if payload is None else self.round_to_precision(payload, self.precision)
+
+
 def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     from specviz.engine import METHODS, VERIFY_METHODS
 
@@ -60,12 +72,12 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *VERIFY_METHODS], value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
     with gr.Row():
-        c["temperature"] = gr.Number(0.0, label="temperature", minimum=0, step=0.1)
-        c["top_k"] = gr.Number(0, label="top-k (0 = off)", minimum=0, precision=0)
-        c["top_p"] = gr.Number(1.0, label="top-p (1 = off)", minimum=0.01, maximum=1.0, step=0.05)
+        c["temperature"] = LenientNumber(0.0, label="temperature", minimum=0, step=0.1)
+        c["top_k"] = LenientNumber(0, label="top-k (0 = off)", minimum=0, precision=0)
+        c["top_p"] = LenientNumber(1.0, label="top-p (1 = off)", minimum=0.01, maximum=1.0, step=0.05)
     with gr.Row():
         c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens")
-        c["seed"] = gr.Number(0, label="seed", precision=0, minimum=0)
+        c["seed"] = LenientNumber(0, label="seed", precision=0, minimum=0)
     with gr.Accordion("n-gram (prompt lookup) settings", open=False):
         with gr.Row():
             c["lookup_min"] = gr.Slider(1, 8, value=2, step=1, label="prompt_lookup_min")

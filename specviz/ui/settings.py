@@ -67,6 +67,8 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
         temp = float(temperature)
     except (TypeError, ValueError):
         raise ValueError(f"temperature must be a number >= 0, got {temperature!r}") from None
+    if not temp >= 0:  # also NaN
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temp:g}")
     k = _int(num_speculative_tokens, "num_speculative_tokens", 1, MAX_UI_SPECULATIVE_TOKENS)
     settings: dict[str, Any] = {
         "method": str(method),
@@ -74,7 +76,7 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
         "verify": None if verify in (None, "", AUTO_VERIFY) else str(verify),
         "temperature": temp,
         "top_k": _int(top_k or 0, "top_k", 0, 10**7) or None,
-        "top_p": None if top_p is None or float(top_p) >= 1.0 else float(top_p),
+        "top_p": _top_p(top_p),
         "max_new_tokens": _int(max_new_tokens, "max_new_tokens", 1, MAX_UI_NEW_TOKENS),
         "seed": _int(seed, "seed", 0, 2**31 - 1),
     }
@@ -84,6 +86,19 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
     if settings["verify"] == "synthetic":
         settings["synthetic_rates"] = parse_rates(synthetic_rates)
     return settings
+
+
+def _top_p(top_p: Any) -> float | None:
+    """top_p in (0, 1]; 1 (or empty) -> off. Raises ValueError otherwise."""
+    if top_p is None:
+        return None
+    try:
+        value = float(top_p)
+    except (TypeError, ValueError):
+        raise ValueError(f"top_p must be a number in (0, 1] (1 = off), got {top_p!r}") from None
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1 = off), got {value:g}")
+    return None if value == 1.0 else value
 
 
 def check_prompt(prompt: Any) -> str:

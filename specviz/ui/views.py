@@ -45,7 +45,7 @@ def summary_markdown(trace: Trace) -> str:
     cfg = trace.config
     if m["num_drafts"]:
         accept = (f"**mean acceptance length {m['mean_acceptance_length']:.2f}** tokens per drafting step · "
-                  f"draft acceptance rate {m['draft_acceptance_rate']:.2f}")
+                  f"draft acceptance rate {m['draft_acceptance_rate']:.2f} (accepted / drafted tokens)")
     else:  # method none (or no step drafted): there is nothing to accept
         accept = "**mean acceptance length: not applicable (no drafts)** · draft acceptance rate: not applicable"
     head = (f"{accept} · {m['num_generated_tokens']} tokens in "

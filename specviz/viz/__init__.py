@@ -6,12 +6,19 @@ from specviz.viz.export import figure_png, figures, report_html
 from specviz.viz.grid import grid_cells, step_grid_figure
 from specviz.viz.match import match_context_html, trie_figure, trie_placement
 from specviz.viz.residual import clamp_selection, message_figure, residual_figure
-from specviz.viz.stats import estimated_alpha, expected_tokens_per_step, run_summary, speedup_html, stats_figure
+from specviz.viz.stats import (
+    estimated_alpha,
+    expected_tokens_per_step,
+    run_summary,
+    speedup_html,
+    stats_figure,
+    step_costs,
+)
 from specviz.viz.stream import legend_html, token_stream_html
 
 __all__ = [
     "FATES", "FATE_STYLE", "as_trace", "clamp_selection", "estimated_alpha", "expected_tokens_per_step",
     "figure_png", "figures", "grid_cells", "legend_html", "match_context_html", "message_figure", "report_html",
-    "residual_figure", "run_summary", "speedup_html", "stats_figure", "step_grid_figure", "token_events",
+    "residual_figure", "run_summary", "speedup_html", "stats_figure", "step_costs", "step_grid_figure", "token_events",
     "token_stream_html", "trie_figure", "trie_placement",
 ]

@@ -21,6 +21,7 @@ Fates (one per drafted position or emitted token), names as in algorithms.md:
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +84,10 @@ def label(trace: Trace, token_id: int, width: int = 14) -> str:
 
 
 def quoted(trace: Trace, token_id: int) -> str:
-    """repr() of a token's text, HTML-escaped for Plotly hover texts and titles."""
-    return html.escape(repr(token_text(trace, token_id)), quote=False)
+    """A token's text in quotes for Plotly hover texts and titles, on one line: invisible
+    characters made visible (:func:`visible`; runs of more than 3 spaces as ␣×n), HTML-escaped."""
+    text = re.sub(r"␣{4,}", lambda m: f"␣×{len(m.group())}", visible(token_text(trace, token_id)))
+    return html.escape(f"‘{text}’", quote=False)
 
 
 def decision_slot(step: Step) -> int:

@@ -31,6 +31,9 @@ STYLE = {
 
 def _no_match_text(trace: Trace, step: Step) -> str:
     method = step.proposer or trace.config.get("method", "")
+    if method == "none":
+        return ("Method none drafts nothing: every step is one plain decoding step of the target. "
+                "Run with method 'ngram' to see where prompt-lookup drafts are copied from.")
     if method not in ("ngram", "ngram_gpu"):
         return (f"This step's draft came from '{method}', not from prompt lookup: there is no n-gram match to show.\n"
                 "Run with method 'ngram' to see where drafts are copied from.")

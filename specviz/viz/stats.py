@@ -119,7 +119,8 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
         fig.add_trace(go.Scatter(x=[alpha], y=[m["mean_acceptance_length"]], mode="markers+text",
                                  text=[f"measured: {m['mean_acceptance_length']:.2f}"], textposition="top left",
                                  marker={"size": 13, "color": "#dc2626", "symbol": "star"},
-                                 name="this run (drafting steps)"), row=2, col=1)
+                                 name=f"this run: a = {alpha:.2f} (accepted / verified positions, not / drafted)"),
+                      row=2, col=1)
     fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", line={"color": "#111827", "width": 1},
                              name="plain decoding: 1 token per forward"), row=2, col=1)
     fig.update_xaxes(title_text="acceptance rate a (= accepted / verified positions)", range=[0, 1], row=2, col=1)
@@ -160,12 +161,43 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     note = ("<p style='color:#6b7280'>No method-none baseline for this trace: tick “compare with method none” "
             "(advanced settings) and run to measure the speedup.</p>")
     if baseline:
-        fwd = _ratio(run["tokens_per_forward"], baseline["tokens_per_forward"])
-        tps = _ratio(run.get("decode_tokens_per_second", 0.0), baseline.get("decode_tokens_per_second", 0.0))
-        note = (f"<p><b>speedup over none: {tps:.2f}× in tokens/s</b> (decode time on this machine), "
-                f"{fwd:.2f}× in tokens per target forward (hardware-independent).</p>")
+        note = _speedup_note(run, baseline)
     return (f"<div class='sv-speedup'><table style='border-collapse:collapse;font-size:14px'>"
             f"<tr><th></th>{head}</tr>{body}</table>{note}</div>")
+
+
+def step_costs(run: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float]:
+    """This run's time per verification step split into draft / verify / sample, in units of
+    one step of the method-none ``baseline`` (both :func:`run_summary` dicts), and their sum
+    "total". Then tokens/s speedup = (tokens per target forward ratio) / total, exactly."""
+    unit = 1e3 * baseline["decode_s"] / baseline["steps"] if baseline.get("steps") and baseline.get("decode_s") else 0.0
+    steps = run.get("steps") or 0
+    parts = {k: (run["time_ms"].get(k, 0.0) / steps / unit if steps and unit else 0.0)
+             for k in ("draft", "verify", "sample")}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """Both speedups and why they differ on this machine, from the measured step costs."""
+    fwd = _ratio(run["tokens_per_forward"], baseline["tokens_per_forward"])
+    tps = _ratio(run.get("decode_tokens_per_second", 0.0), baseline.get("decode_tokens_per_second", 0.0))
+    c = step_costs(run, baseline)
+    note = (f"<p><b>{fwd:.2f}× tokens per target forward</b> over method none: the speedup if a forward cost the "
+            "same however many tokens it verifies and drafting were free (large targets on a GPU come close). "
+            f"<b>Measured on this machine: {tps:.2f}× tokens/s.</b></p>")
+    if c["total"] > 0:
+        note += (f"<p style='font-size:13px'>Why they differ: one step of this run costs <b>{c['total']:.2f}</b> "
+                 f"steps of method none (drafting {c['draft']:.2f} + verify forward of up to k+1 tokens "
+                 f"{c['verify']:.2f} + sampler and record {c['sample']:.2f}), and yields {fwd:.2f}× the tokens: "
+                 f"{fwd:.2f} / {c['total']:.2f} = {fwd / c['total']:.2f}×.")
+        if tps < 1:
+            note += (" Here speculation loses: the drafting and the wider verify forward cost more than the target "
+                     "forwards they save. That happens when the target is small (its forward is cheap, barely more "
+                     "than the draft's) or runs on a CPU (where a forward's cost grows with the tokens it checks); "
+                     "tokens per target forward is the number that carries over to a large target on a GPU.")
+        note += "</p>"
+    return note
 
 
 def _ratio(a: float, b: float) -> float:

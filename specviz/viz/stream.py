@@ -55,7 +55,13 @@ def _title(ev: TokenEvent, trace: Trace) -> str:
 
 
 def _piece_html(piece: str) -> str:
-    return html.escape(piece).replace("\n", "↵\n").replace("\t", "→\t") or "∅"
+    """A token's text for the stream: the layout is kept (newlines break lines), newline and tab
+    get a visible mark, and the spaces of a whitespace-only token (indentation) are drawn as faint
+    dots, so an indentation token is a readable box rather than an empty one."""
+    text = html.escape(piece).replace("\n", "↵\n").replace("\t", "→\t") or "∅"
+    if piece and not piece.strip(" \n\t"):
+        text = text.replace(" ", "<span style='opacity:0.45'>·</span>")
+    return text
 
 
 def legend_html(fates: tuple[str, ...] = LEGEND_FATES) -> str:
