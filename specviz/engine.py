@@ -220,6 +220,10 @@ class SpecDecoder:
         """Like :meth:`generate`, but yields the partial trace after every step (for streaming
         views); closing the iterator stops the request cleanly (stop_reason "stopped").
 
+        Events: a step's DraftProposed / StepVerified / TokensCommitted are published during the
+        next step, while its target forward runs (one step late), and before GenerationFinished;
+        here they are flushed before every yield, so each yielded trace holds every finished step.
+
         The same Trace object is yielded each time and grows in place (copy it to keep a
         snapshot); its metrics are filled when the request ends. ``wall_time_s`` then includes
         the time the caller spent between steps; ``metrics["time_ms"]`` holds the engine's own
