@@ -61,7 +61,9 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     from specviz.engine import METHODS, VERIFY_METHODS
 
     c: dict[str, gr.components.Component] = {}
-    c["example"] = gr.Dropdown([e["name"] for e in examples], label="Example prompts", value=None)
+    # the controls start with the first example's prompt and settings, so the dropdown names it
+    c["example"] = gr.Dropdown([e["name"] for e in examples], label="Example prompts",
+                               value=examples[0]["name"] if examples else None)
     c["prompt"] = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="sv-prompt",
                              value=examples[0]["prompt"] if examples else "")
     c["method"] = gr.Radio(list(METHODS), value="ngram", label="Method (proposer)",
