@@ -174,7 +174,9 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     out = client.predict(*run_args(method="ngram"), api_name="/run")
     files = client.predict(0, 1, api_name="/export")
     by_name = {p.replace("\\", "/").rsplit("/", 1)[-1]: p for p in files}
-    assert {"trace.json", "report.html"} <= set(by_name)
+    stem = "specviz-ngram-k4-greedy-T0.0-seed0"  # named after the run, so compared runs do not collide
+    assert {f"{stem}.trace.json", f"{stem}.report.html"} <= set(by_name)
+    by_name["trace.json"], by_name["report.html"] = by_name[f"{stem}.trace.json"], by_name[f"{stem}.report.html"]
     text = open(by_name["trace.json"], encoding="utf-8").read()
     trace = Trace.from_json(text)
     assert len(trace.output_token_ids) == 16

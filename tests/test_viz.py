@@ -348,3 +348,15 @@ def test_ngram_gpu_match_view(decoders):
     empty = next((s for s in gpu.steps if not s.match.get("n")), None)
     if empty is not None:
         assert "no earlier occurrence" in match_context_html(gpu, empty.index)
+
+
+def test_summary_says_when_prompt_lookup_rarely_matched(decoders, traces):
+    from specviz.ui.views import summary_markdown
+
+    rare = decoders["llama"].generate("x = 1", method="ngram", num_speculative_tokens=4, max_new_tokens=12,
+                                      prompt_lookup_min=5, prompt_lookup_max=5)
+    drafted = sum(1 for s in rare.steps if s.draft_token_ids)
+    assert drafted < 0.3 * len(rare.steps)
+    assert f"found a match at only {drafted} of {len(rare.steps)} steps" in summary_markdown(rare)
+    assert "found a match at only" not in summary_markdown(handmade())  # ngram, 2 of 3 steps drafted
+    assert "found a match at only" not in summary_markdown(traces["draft_model-standard"])

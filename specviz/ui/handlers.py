@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import threading
 import time
@@ -357,15 +358,26 @@ def export(state: dict[str, Any] | None, step: Any, position: Any) -> list[str]:
         raise gr.Error("nothing to export yet: run a request or upload a trace first")
     out = Path(tempfile.mkdtemp(prefix="specviz-export-"))
     base = (state or {}).get("baseline")
-    (out / "trace.json").write_text(trace.to_json(), encoding="utf-8")
-    (out / "report.html").write_text(report_html(trace, int(step or 0), int(position or 1), base), encoding="utf-8")
-    files = [str(out / "trace.json"), str(out / "report.html")]
+    stem = export_stem(trace)
+    (out / f"{stem}.trace.json").write_text(trace.to_json(), encoding="utf-8")
+    (out / f"{stem}.report.html").write_text(report_html(trace, int(step or 0), int(position or 1), base),
+                                             encoding="utf-8")
+    files = [str(out / f"{stem}.trace.json"), str(out / f"{stem}.report.html")]
     for name, fig in figures(trace, int(step or 0), int(position or 1), base).items():
         png = figure_png(fig)
         if png is not None:
-            (out / f"{name}.png").write_bytes(png)
-            files.append(str(out / f"{name}.png"))
+            (out / f"{stem}.{name}.png").write_bytes(png)
+            files.append(str(out / f"{stem}.{name}.png"))
     return files
+
+
+def export_stem(trace: Trace) -> str:
+    """File name stem of an export, e.g. ``specviz-draft_model-k4-block-T0.8-seed0``, so that the
+    downloads of runs being compared do not overwrite each other."""
+    cfg = trace.config
+    parts = [str(cfg.get("method", "run")), f"k{cfg.get('num_speculative_tokens', '')}", str(cfg.get("verify", "")),
+             f"T{cfg.get('temperature', '')}", f"seed{cfg.get('seed', '')}"]
+    return "specviz-" + "-".join(re.sub(r"[^A-Za-z0-9_.]+", "", p) for p in parts if p)
 
 
 def load_examples(path: str | Path) -> list[dict[str, Any]]:

@@ -50,6 +50,11 @@ def summary_markdown(trace: Trace) -> str:
         accept = "**mean acceptance length: not applicable (no drafts)** · draft acceptance rate: not applicable"
     head = (f"{accept} · {m['num_generated_tokens']} tokens in "
             f"{m['num_steps']} steps ({m['tokens_per_step']:.2f} tokens per target forward)")
+    drafted = sum(1 for st in trace.steps if st.draft_token_ids)
+    if cfg.get("method") in ("ngram", "ngram_gpu") and trace.stop_reason and drafted < 0.3 * len(trace.steps):
+        head += (f"  \nPrompt lookup found a match at only {drafted} of {len(trace.steps)} steps: it copies drafts "
+                 "from earlier text, so it needs text that repeats itself (a longer prompt, code that reuses its "
+                 "names, or a lower prompt_lookup_min).")
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
             f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "
             f"stop: {trace.stop_reason or 'running'}")
