@@ -18,7 +18,8 @@ from specviz.trace import Trace  # noqa: E402
 from specviz.ui import build_app, launch_options  # noqa: E402
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
-API = ("run", "stop", "select_step", "select_position", "replay", "replay_settings", "export", "load_example")
+API = ("run", "stop", "select_step", "select_position", "select_cell", "replay", "replay_settings", "export",
+       "load_example")
 # outputs of run / stop / replay: progress, stream, summary, grid, residual, match, trie, stats, speedup,
 # step slider, position slider (the session state is not part of the API)
 PROGRESS, STREAM, SUMMARY, GRID, RESIDUAL, MATCH, TRIE, STATS, SPEEDUP, STEP, POSITION = range(11)
@@ -132,6 +133,12 @@ def test_select_step_and_position_follow_the_session(app_url):
     assert 'outline:2px solid #111827' in stream  # the selected step's tokens are outlined
     stream2, grid2, residual2, match2, trie2 = client.predict(1, 1, api_name="/select_position")
     assert caption(plot(residual2)).startswith("step 1, position 1")
+    # a click on grid cell (row 1, column 0), as the page's script sends it
+    step_sl, pos_sl, stream3, grid3, residual3, match3, trie3 = client.predict("1,0,123", api_name="/select_cell")
+    assert (step_sl["value"], pos_sl["value"]) == (1, 1)
+    assert caption(plot(residual3)).startswith("step 1, position 1")
+    unreadable = client.predict("nonsense", api_name="/select_cell")  # changes nothing, raises nothing
+    assert len(unreadable) == 7
 
 
 @pytest.mark.parametrize("args, message", [

@@ -140,6 +140,19 @@ def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
     page.locator("#sv-stream [data-step='1']").first.click()
     _wait_caption(page, "step 1")
     assert page.locator("#sv-step input[type=range]").input_value() == "1"
+    # clicking a cell of the step grid selects that step and draft position
+    page.wait_for_selector("#sv-grid .js-plotly-plot .heatmaplayer")
+    page.locator("#sv-grid").scroll_into_view_if_needed()
+    xy = page.evaluate("""() => {
+        const gd = document.querySelector('#sv-grid .js-plotly-plot');
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
+        return [r.left + xa._offset + xa.l2p(0), r.top + ya._offset + ya.l2p(3)];
+    }""")
+    page.mouse.click(*xy)
+    _wait_caption(page, "step 3")
+    assert page.locator("#sv-step input[type=range]").input_value() == "3"
+    assert page.locator("#sv-position input[type=range]").input_value() == "1"
+    assert not page.locator("#sv-pick").is_visible()
     assert not errors, errors
     page.close()
 
@@ -153,7 +166,9 @@ def test_stop_ends_a_long_run(browser, endless_app_url):
     page.click("#sv-run")
     _wait_progress(page, "running ·", timeout=60_000)
     _wait_caption(page, "Running: this view is drawn when the run ends")  # no stale views of an earlier run
-    page.click("#sv-stop")
+    # a DOM click, without Playwright's actionability wait: on a loaded 2-core machine the page redrawing the
+    # running views kept that wait from finishing within 30 s (seen twice while other jobs ran)
+    page.locator("#sv-stop").dispatch_event("click")
     _wait_progress(page, "stopped ·", timeout=60_000)
     page.wait_for_timeout(1500)  # a cancelled run must not overwrite the stopped view
     assert "stopped ·" in _progress(page)

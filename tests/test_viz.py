@@ -360,3 +360,15 @@ def test_summary_says_when_prompt_lookup_rarely_matched(decoders, traces):
     assert f"found a match at only {drafted} of {len(rare.steps)} steps" in summary_markdown(rare)
     assert "found a match at only" not in summary_markdown(handmade())  # ngram, 2 of 3 steps drafted
     assert "found a match at only" not in summary_markdown(traces["draft_model-standard"])
+
+
+def test_grid_cell_click_selects_step_and_position():
+    from specviz.viz.grid import cell_selection, grid_width
+
+    tr = handmade()  # K = 3; step 0: 2 of 3 accepted; step 1: nothing drafted; step 2: 3 of 3 accepted
+    assert grid_width(tr) == 3
+    assert cell_selection(tr, 0, 0) == (0, 1) and cell_selection(tr, 0, 2) == (0, 3)
+    assert cell_selection(tr, 0, 3) == (0, 3)  # the step's own token: slot num_accepted + 1
+    assert cell_selection(tr, 1, 0) == (1, 1) and cell_selection(tr, 1, 3) == (1, 1)  # no draft: its own token
+    assert cell_selection(tr, 2, 3) == (2, 4)  # bonus slot k'+1
+    assert cell_selection(tr, 99, -4) == (2, 1)  # clamped

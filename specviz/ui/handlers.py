@@ -264,6 +264,21 @@ def select_position(state: dict[str, Any] | None, step: Any, position: Any) -> t
     return selection_views(trace, int(_number(step, 0)), int(_number(position, 1)))
 
 
+def select_cell(state: dict[str, Any] | None, cell: Any) -> tuple[Any, ...]:
+    """A click on a step-grid cell, sent by the page's script as "row,column[,nonce]": select
+    that step and position (:func:`specviz.viz.grid.cell_selection`), move both sliders there
+    and redraw the selection views. Anything unreadable changes nothing."""
+    from specviz.viz.grid import cell_selection
+
+    trace = _trace_of(state)
+    parts = str(cell or "").split(",")
+    if trace is None or not trace.steps or len(parts) < 2:
+        return (gr.skip(),) * 7
+    s, i = cell_selection(trace, int(_number(parts[0], 0)), int(_number(parts[1], 0)))
+    step_slider, position_slider = _sliders(trace, s, i)
+    return (step_slider, position_slider, *selection_views(trace, s, i))
+
+
 def check_consistency(trace: Trace) -> None:
     """Refuse a trace whose parts disagree (``Trace.from_json`` checks only the types): step
     indices 0..n-1; per step, one position per draft token and num_accepted within the draft;

@@ -20,7 +20,10 @@ from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
 CSS_PATH = ROOT / "assets" / "app.css"
-# clicking a token in the stream moves the step slider to that token's step (which fires its input event)
+# clicking a token in the stream moves the step slider to that token's step (which fires its input event);
+# clicking a cell of the step grid sends "row,column,nonce" through the hidden #sv-pick box (its input
+# event selects that step and position). Plotly reports clicks through the graph div's own emitter,
+# so every newly drawn grid is bound once.
 PICK_STEP_JS = """
 element.addEventListener('click', (event) => {
   const token = event.target.closest('[data-step]');
@@ -29,6 +32,20 @@ element.addEventListener('click', (event) => {
   slider.value = token.dataset.step;
   slider.dispatchEvent(new Event('input', {bubbles: true}));
 });
+const svBindGrid = () => {
+  const gd = document.querySelector('#sv-grid .js-plotly-plot');
+  if (!gd || gd.svBound || typeof gd.on !== 'function') return;
+  gd.svBound = true;
+  gd.on('plotly_click', (ev) => {
+    const pt = ev && ev.points && ev.points[0];
+    const box = document.querySelector('#sv-pick textarea, #sv-pick input');
+    if (!pt || !box || pt.data.type !== 'heatmap') return;
+    box.value = `${pt.y},${pt.x},${Date.now()}`;
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  });
+};
+new MutationObserver(svBindGrid).observe(document.body, {childList: true, subtree: true});
+svBindGrid();
 """
 
 
@@ -111,6 +128,8 @@ def _detail_views() -> dict[str, gr.components.Component]:
         v["step"] = LenientSlider(0, 1, value=0, step=1, label="step", interactive=False, elem_id="sv-step")
         v["position"] = LenientSlider(1, 2, value=1, step=1, label="position in the step (k'+1 = bonus slot)",
                                   interactive=False, elem_id="sv-position")
+    # filled by the grid's click handler (PICK_STEP_JS); hidden by app.css
+    v["pick"] = gr.Textbox(elem_id="sv-pick", elem_classes="sv-hidden", show_label=False, container=False)
     with gr.Row(equal_height=False):
         v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
         v["residual"] = gr.Plot(label="residual view", elem_id="sv-residual", show_label=False)
@@ -181,6 +200,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         # (the default "once" drops it, leaving the views on an older step); one concurrency group
         # keeps step and position events in order
         v["step"].input(h.select_step, [state, v["step"]], [v["position"], *sel, v["step"]], api_name="select_step",
+                        trigger_mode="always_last", concurrency_id="selection")
+        v["pick"].change(h.select_cell, [state, v["pick"]], [v["step"], v["position"], *sel], api_name="select_cell",
                         trigger_mode="always_last", concurrency_id="selection")
         v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position",
                             trigger_mode="always_last", concurrency_id="selection")

@@ -25,13 +25,12 @@ GRID = """\
 **Step grid.** One row per verification step (one target forward pass), one column per draft position
 x1…xk, plus the token the step produced itself ("+1 token": recovered or bonus). Reading a row left to
 right replays the check: green cells passed, the first red cell failed, light-grey cells after it were
-never used. Pick a step and a position with the sliders to see the numbers behind that decision on the
-right.
+never used. Click a cell (or use the sliders) to see the numbers behind that decision on the right.
 """
 
 # the exported report has no sliders: it shows the step selected at export
 GRID_REPORT = GRID.replace(
-    "Pick a step and a position with the sliders to see the numbers behind that decision on the\nright.",
+    "Click a cell (or use the sliders) to see the numbers behind that decision on the right.",
     "Hover a cell for its numbers; the residual view below shows the step and position that were selected\n"
     "when the report was exported.")
 

@@ -51,12 +51,29 @@ def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
     return FATES.index(fate), label(trace, tok, 10), hover
 
 
+def grid_width(trace: Trace) -> int:
+    """K: the draft columns of the grid (the widest draft, at least num_speculative_tokens
+    unless the method is none); column K (0-based) holds each step's own token."""
+    return max([int(trace.config.get("num_speculative_tokens", 0) or 0)] * (trace.config.get("method") != "none")
+               + [len(s.draft_token_ids) for s in trace.steps] + [0])
+
+
+def cell_selection(trace: Trace, row: int, column: int) -> tuple[int, int]:
+    """(step, position) selected by a click on grid cell (row, column), both 0-based: a draft
+    column -> that draft position (past the step's draft: its own token's slot), the last
+    column -> the step's own token (slot num_accepted + 1). Clamped to the trace."""
+    step = trace.steps[min(max(int(row), 0), len(trace.steps) - 1)]
+    k = len(step.draft_token_ids)
+    column = max(int(column), 0)
+    position = column + 1 if column < min(k, grid_width(trace)) else step.num_accepted + 1
+    return step.index, position
+
+
 def grid_cells(trace: Trace | dict[str, Any]) -> tuple[list[list[float]], list[list[str]], list[list[str]]]:
     """(z, text, hover) matrices [num_steps][K + 1]: z = index into FATES (NaN = no cell),
     K = the widest draft of the run (at least num_speculative_tokens)."""
     trace = as_trace(trace)
-    k = max([int(trace.config.get("num_speculative_tokens", 0) or 0)] * (trace.config.get("method") != "none")
-            + [len(s.draft_token_ids) for s in trace.steps] + [0])
+    k = grid_width(trace)
     z, text, hover = [], [], []
     for step in trace.steps:
         zr, tr, hr = [math.nan] * (k + 1), [""] * (k + 1), [""] * (k + 1)
