@@ -7,6 +7,10 @@
         out    = rejection_sample(p, q, x, method=verify)    # accepted + recovered/bonus
         commit accepted + 1 tokens; target.truncate(len(context) - 1)
 
+p, the sampler and the step's trace record run in :class:`~specviz.verify_step.StepVerifier`
+(CUDA graphs on a GPU); the step waits for the GPU once, for its tokens, and publishes its
+events during the next step's target forward.
+
 ``method="none"`` is plain autoregressive decoding through the same loop (k' = 0 every step,
 the sampler then just draws the bonus token from p), so it is the baseline every chart compares
 against. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023, vLLM ``v1/spec_decode``.
