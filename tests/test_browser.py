@@ -136,10 +136,13 @@ def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
     assert after != before
     assert page.locator("#sv-stream [data-step='2']").first.evaluate("e => getComputedStyle(e).outlineStyle") == "solid"
     page.locator("#sv-residual").screenshot(path=str(SHOTS / "browser_residual_step2.png"))
-    # clicking a token in the stream selects its step
-    page.locator("#sv-stream [data-step='1']").first.click()
+    # clicking a token in the stream selects its step and its position in the step
+    token = page.locator("#sv-stream [data-step='1']").first
+    slot = token.get_attribute("data-slot")
+    token.click()
     _wait_caption(page, "step 1")
     assert page.locator("#sv-step input[type=range]").input_value() == "1"
+    assert page.locator("#sv-position input[type=range]").input_value() == slot
     # clicking a cell of the step grid selects that step and draft position
     page.wait_for_selector("#sv-grid .js-plotly-plot .heatmaplayer")
     page.locator("#sv-grid").scroll_into_view_if_needed()

@@ -372,3 +372,22 @@ def test_grid_cell_click_selects_step_and_position():
     assert cell_selection(tr, 1, 0) == (1, 1) and cell_selection(tr, 1, 3) == (1, 1)  # no draft: its own token
     assert cell_selection(tr, 2, 3) == (2, 4)  # bonus slot k'+1
     assert cell_selection(tr, 99, -4) == (2, 1)  # clamped
+
+
+def test_block_rescue_is_marked():
+    """A block step that accepted drafts token-wise verification would have rejected (same uniforms):
+    the grid stars them, the hover and the residual title say so, the summary lists the step."""
+    from specviz.ui.views import summary_markdown
+    from specviz.viz.common import block_rescued, tokenwise_accepted
+
+    tr = handmade()
+    st = tr.steps[0]  # 2 of 3 accepted; make it a block step whose token-wise test fails at position 2
+    st.positions[0].accept_prob, st.positions[1].accept_prob = 0.8, 0.1
+    st.block = {"P": [0.8, 0.3, 0.0], "rho": [0.5, 0.4, 0.0], "h": [0.9, 0.7, 0.0], "eta": [0.3, 0.6, 0.95], "tau": 2}
+    assert tokenwise_accepted(st) == 1 and block_rescued(st) == 1
+    assert tokenwise_accepted(tr.steps[2]) is None and block_rescued(tr.steps[2]) == 0
+    z, text, hover = grid_cells(tr)
+    assert text[0][1].startswith("★") and not text[0][0].startswith("★") and "token-wise" in hover[0][1]
+    assert "★ Block verification accepted 1 draft token(s)" in summary_markdown(tr) and "step 0 (+1)" in summary_markdown(tr)
+    assert "by block verification" in title_text(residual_figure(tr, 0, 2))
+    assert "★" not in summary_markdown(handmade())

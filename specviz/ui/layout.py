@@ -20,17 +20,20 @@ from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
 CSS_PATH = ROOT / "assets" / "app.css"
-# clicking a token in the stream moves the step slider to that token's step (which fires its input event);
-# clicking a cell of the step grid sends "row,column,nonce" through the hidden #sv-pick box (its input
-# event selects that step and position). Plotly reports clicks through the graph div's own emitter,
+# clicking a token in the stream or a cell of the step grid sends "step,column,nonce" (column = position - 1)
+# through the hidden #sv-pick box, whose change event selects that step and position. Plotly reports clicks through the graph div's own emitter,
 # so every newly drawn grid is bound once.
 PICK_STEP_JS = """
+const svPick = (row, column) => {
+  const box = document.querySelector('#sv-pick textarea, #sv-pick input');
+  if (!box) return;
+  box.value = `${row},${column},${Date.now()}`;
+  box.dispatchEvent(new Event('input', {bubbles: true}));
+};
 element.addEventListener('click', (event) => {
   const token = event.target.closest('[data-step]');
-  const slider = document.querySelector('#sv-step input[type=range]');
-  if (!token || !slider || slider.disabled) return;
-  slider.value = token.dataset.step;
-  slider.dispatchEvent(new Event('input', {bubbles: true}));
+  if (!token) return;
+  svPick(token.dataset.step, Number(token.dataset.slot || 1) - 1);  // the token's own step and position
 });
 const svBindGrid = () => {
   const gd = document.querySelector('#sv-grid .js-plotly-plot');
@@ -38,10 +41,7 @@ const svBindGrid = () => {
   gd.svBound = true;
   gd.on('plotly_click', (ev) => {
     const pt = ev && ev.points && ev.points[0];
-    const box = document.querySelector('#sv-pick textarea, #sv-pick input');
-    if (!pt || !box || pt.data.type !== 'heatmap') return;
-    box.value = `${pt.y},${pt.x},${Date.now()}`;
-    box.dispatchEvent(new Event('input', {bubbles: true}));
+    if (pt && pt.data.type === 'heatmap') svPick(pt.y, pt.x);
   });
 };
 new MutationObserver(svBindGrid).observe(document.body, {childList: true, subtree: true});

@@ -20,7 +20,7 @@ from specviz.viz import (
     token_stream_html,
     trie_figure,
 )
-from specviz.viz.common import metrics_of
+from specviz.viz.common import block_rescued, metrics_of
 
 # outputs of a full redraw, in order
 VIEW_NAMES = ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")
@@ -50,6 +50,12 @@ def summary_markdown(trace: Trace) -> str:
         accept = "**mean acceptance length: not applicable (no drafts)** · draft acceptance rate: not applicable"
     head = (f"{accept} · {m['num_generated_tokens']} tokens in "
             f"{m['num_steps']} steps ({m['tokens_per_step']:.2f} tokens per target forward)")
+    rescued = [(st.index, block_rescued(st)) for st in trace.steps if block_rescued(st)]
+    if rescued:
+        where = ", ".join(f"step {i} (+{n})" for i, n in rescued[:8]) + (" …" if len(rescued) > 8 else "")
+        head += (f"  \n★ Block verification accepted {sum(n for _, n in rescued)} draft token(s) that token-wise "
+                 f"verification would have rejected with the same uniforms: {where}. Click a ★ cell in the step "
+                 "grid to see why.")
     drafted = sum(1 for st in trace.steps if st.draft_token_ids)
     if cfg.get("method") in ("ngram", "ngram_gpu") and trace.stop_reason and drafted < 0.3 * len(trace.steps):
         head += (f"  \nPrompt lookup found a match at only {drafted} of {len(trace.steps)} steps: it copies drafts "

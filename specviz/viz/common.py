@@ -110,6 +110,26 @@ def emitted_fate(step: Step) -> str:
     return step.emitted.kind if step.emitted.kind in FATE_STYLE else "target"
 
 
+def tokenwise_accepted(step: Step) -> int | None:
+    """For a block-verification step: how many draft tokens token-wise (standard) verification
+    would have accepted with the same uniforms (eta_i <= min(1, p_i/q_i), stopping at the first
+    failure; algorithms.md). None for other steps."""
+    if not step.block or not step.positions:
+        return None
+    eta = step.block.get("eta", [])
+    for i, pos in enumerate(step.positions):
+        if i >= len(eta) or eta[i] > pos.accept_prob:
+            return i
+    return len(step.positions)
+
+
+def block_rescued(step: Step) -> int:
+    """Draft tokens block verification accepted beyond what token-wise verification would have
+    (0 for other steps)."""
+    tokenwise = tokenwise_accepted(step)
+    return 0 if tokenwise is None else max(step.num_accepted - tokenwise, 0)
+
+
 def context_before(trace: Trace, step_index: int) -> list[int]:
     """Token ids the proposer saw at step ``step_index``: the prompt + every token committed
     by earlier steps."""

@@ -15,7 +15,17 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from .common import FATE_STYLE, FATES, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted
+from .common import (
+    FATE_STYLE,
+    FATES,
+    as_trace,
+    emitted_fate,
+    fmt_prob,
+    label,
+    position_fate,
+    quoted,
+    tokenwise_accepted,
+)
 
 VISIBLE_ROWS = 22  # rows shown at once; pan/zoom the y axis for the rest
 ROW_PX = 26
@@ -34,11 +44,17 @@ def _draft_cell(trace: Trace, step: Step, i: int) -> tuple[int, str, str]:
     fate = position_fate(step, i)
     tok = step.draft_token_ids[i - 1]
     pos = step.positions[i - 1] if i <= len(step.positions) else None
+    tokenwise = tokenwise_accepted(step)
+    rescued = tokenwise is not None and tokenwise < i <= step.num_accepted
     hover = f"step {step.index}, draft position {i}: {fate}<br>token {quoted(trace, tok)} (id {tok})"
     if pos is not None:
         hover += (f"<br>p(x) = {fmt_prob(pos.p)}, q(x) = {fmt_prob(pos.q)}"
                   f"<br>u = {fmt_prob(pos.u)}, min(1, p/q) = {fmt_prob(pos.accept_prob)}")
-    return FATES.index(fate), label(trace, tok, 10), hover
+    if rescued:
+        hover += (f"<br>★ accepted by block verification (τ = {step.num_accepted}); token-wise verification "
+                  f"would have stopped after {tokenwise}")
+    text = label(trace, tok, 10)
+    return FATES.index(fate), ("★" + text if rescued else text), hover
 
 
 def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:

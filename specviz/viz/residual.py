@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 
 from specviz.trace import Position, Step, Trace
 
-from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted
+from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted, tokenwise_accepted
 
 MAX_BARS = 10
 WRAP = 86  # characters per title line
@@ -142,7 +142,7 @@ def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
                              marker={"symbol": "diamond", "size": 13, "line": {"width": 1, "color": "#111827"},
                                      "color": ["#15803d" if ok else "#dc2626" for ok in passes]}), row=row, col=1)
     tau = int(b.get("tau", step.num_accepted))
-    tokenwise = next((i for i, (e, r) in enumerate(zip(b["eta"][:k], ratio)) if e > r), k)
+    tokenwise = tokenwise_accepted(step)
     fig.update_yaxes(range=[0, 1.05], title_text="block", row=row, col=1)
     return (f"block: τ = last i with η_i ≤ h_i = {tau} → {tau} token(s) accepted. With these same uniforms "
             f"token-wise verification (η_i ≤ min(1, p_i/q_i)) would have accepted {tokenwise}; block verification "
@@ -157,8 +157,11 @@ def _title(trace: Trace, step: Step, i: int) -> str:
         return f"step {step.index}, slot {i} (after the last draft token): the bonus slot, p_{i}"
     fate = position_fate(step, i)
     text = f"step {step.index}, position {i}: draft {quoted(trace, step.draft_token_ids[i - 1])} was {fate}"
+    if step.block and i <= step.num_accepted and i > (tokenwise_accepted(step) or 0):
+        text += " (★ by block verification; token-wise would have rejected it)"
     if i == step.num_accepted + 1:
-        text += f"; {step.emitted.kind} token {quoted(trace, step.emitted.token_id)} drawn here"
+        how = ("the target's argmax (greedy)" if trace.config.get("verify") == "greedy" else "drawn here")
+        text += f"; {step.emitted.kind} token {quoted(trace, step.emitted.token_id)} {how}"
     return text
 
 
