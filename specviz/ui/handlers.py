@@ -325,7 +325,7 @@ def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
 
 
 REPLAY_FIELDS = ("prompt", "method", "num_speculative_tokens", "verify", "temperature", "top_k", "top_p",
-                 "max_new_tokens", "seed", "prompt_lookup_min", "prompt_lookup_max")
+                 "max_new_tokens", "seed", "prompt_lookup_min", "prompt_lookup_max", "example")
 
 
 def replay_settings(state: dict[str, Any] | None) -> tuple[Any, ...]:
@@ -361,6 +361,7 @@ def replay_settings(state: dict[str, Any] | None) -> tuple[Any, ...]:
         num("seed", 0, 2**31 - 1, int),
         num("prompt_lookup_min", 1, 8, int),
         num("prompt_lookup_max", 1, 8, int),
+        None,  # the example dropdown: the controls now hold the trace's settings, not an example's
         state,
     )
 

@@ -208,7 +208,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay").then(
             h.replay_settings, [state], [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"],
                                          c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
-                                         state],
+                                         c["example"], state],
             api_name="replay_settings")
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],
