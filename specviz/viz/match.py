@@ -210,7 +210,7 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line={"color": "#cbd5e1", "width": 1.5}, hoverinfo="skip",
                              showlegend=False))
     fig.add_trace(go.Scatter(x=px, y=py, mode="lines", line={"color": "#0284c7", "width": 4}, hoverinfo="skip",
-                             name="the drafted continuation"))
+                             name="the drafted continuation", showlegend=False))  # named in the title instead
     texts = [(f"+{nd['node']['more']} more ({nd['node']['count']})" if nd["node"]["token_id"] is None
               else f"{label(trace, nd['node']['token_id'], 7)} ×{nd['node']['count']}") for nd in nodes]
     fig.add_trace(go.Scatter(
@@ -228,7 +228,7 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
         height=min(170 + 50 * rows, 700), plot_bgcolor="#ffffff", margin={"l": 20, "r": 20, "t": 60, "b": 40},
         title={"text": f"what followed the {len(st.match['occurrences'])} earlier occurrence(s) of the last "
                        f"{st.match['n']} token(s)<br><span style='font-size:11px'>×count = how many occurrences "
-                       "continue this way; the purple dot is the looked-up suffix</span>", "font": {"size": 13}},
+                       "continue this way; the purple dot is the looked-up suffix; blue = the drafted continuation</span>", "font": {"size": 13}},
         xaxis={"title": "tokens after the match", "dtick": 1, "range": [-0.6, max(nd["depth"] for nd in nodes) + 0.6]},
         yaxis={"visible": False, "range": [rows - 0.5, -0.8]},
         legend={"orientation": "h", "y": -0.02, "x": 1.0, "xanchor": "right", "yanchor": "top"},
