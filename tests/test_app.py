@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -226,8 +227,9 @@ def test_replay_refuses_what_is_not_a_trace(app_url, tmp_path):
 
 def test_load_example_fills_the_controls(app_url):
     client = Client(app_url, verbose=False)
-    prompt, method, *_ = client.predict("Config class, n-gram lookup (greedy)", api_name="/load_example")
-    assert prompt.startswith("class LlamaConfig") and method == "ngram"
+    first = json.loads((Path(__file__).resolve().parent.parent / "assets/examples/prompts.json").read_text())["examples"][0]
+    prompt, method, *_ = client.predict(first["name"], api_name="/load_example")
+    assert prompt == first["prompt"] and method == first["settings"]["method"]
 
 
 @pytest.mark.parametrize("choice", [None])
