@@ -195,6 +195,16 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     assert replayed[PROGRESS].startswith("**replay**")
     assert stream_tokens(replayed[STREAM]) == stream_tokens(out[STREAM])
     assert plot(replayed[GRID])["data"][0]["z"] == plot(out[GRID])["data"][0]["z"]
+    # the method-none comparison travels in the file, so the replay shows the speedup too
+    assert "baseline_none" in json.loads(text)["metrics"]
+    assert "Measured on this machine" in replayed[SPEEDUP] and "method none" in replayed[SPEEDUP]
+    # a malformed comparison is refused like any malformed trace
+    data = json.loads(text)
+    data["metrics"]["baseline_none"]["decode_s"] = "fast"
+    bad = tmp_path / "bad-baseline.json"
+    bad.write_text(json.dumps(data))
+    refused = other.predict(handle_file(str(bad)), api_name="/replay")
+    assert refused[PROGRESS].startswith("**error** · this is not a specviz trace") and "decode_s" in refused[PROGRESS]
     # ... and its controls are refilled from the trace, so Run repeats the request live
     settings = other.predict(api_name="/replay_settings")
     want = trace.config

@@ -302,6 +302,34 @@ def check_consistency(trace: Trace) -> None:
                                f"{len(committed)} (or different ones): the trace is inconsistent")
 
 
+BASELINE_KEY = "baseline_none"  # trace.metrics key of an exported run's method-none comparison
+_SUMMARY_NUMBERS = ("tokens", "steps", "target_forward_passes", "tokens_per_forward", "decode_s",
+                    "decode_tokens_per_second", "wall_time_s", "tokens_per_second")
+
+
+def check_baseline(summary: Any) -> dict[str, Any] | None:
+    """The method-none run summary stored in an uploaded trace (None if absent), checked as data:
+    finite numbers >= 0 for every field the speedup table reads, time_ms a dict of such numbers.
+    Raises:
+        TraceFormatError: present but malformed."""
+    if summary is None:
+        return None
+    where = f"metrics.{BASELINE_KEY}"
+    if not isinstance(summary, dict):
+        raise TraceFormatError(f"{where} must be an object (a method-none run summary)")
+
+    def ok(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and 0 <= v < float("inf")
+
+    bad = [k for k in _SUMMARY_NUMBERS if not ok(summary.get(k))]
+    times = summary.get("time_ms")
+    if not isinstance(times, dict) or not all(isinstance(k, str) and ok(v) for k, v in times.items()):
+        bad.append("time_ms")
+    if bad:
+        raise TraceFormatError(f"{where} has missing or invalid fields: {', '.join(bad)}")
+    return {**{k: summary[k] for k in _SUMMARY_NUMBERS}, "time_ms": dict(times), "method": "none"}
+
+
 def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
     """Upload: read a trace JSON (size-capped, validated as data and for consistency, never
     executed) and draw it. A refused file leaves the views as they were, with the reason in the
@@ -316,9 +344,10 @@ def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
     try:
         trace = Trace.from_json(Path(path).read_bytes())
         check_consistency(trace)
+        baseline = check_baseline(trace.metrics.pop(BASELINE_KEY, None))
     except TraceFormatError as exc:
         return _message_outputs(f"this is not a specviz trace: {exc}")
-    state.update(trace=trace.to_dict(), baseline=None, replayed=True)
+    state.update(trace=trace.to_dict(), baseline=baseline, replayed=True)
     cfg = trace.config
     return _full_outputs(f"**replay** · an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
                          f"{len(trace.output_token_ids)} tokens (no model needed)", trace, state)
@@ -375,7 +404,10 @@ def export(state: dict[str, Any] | None, step: Any, position: Any) -> list[str]:
     out = Path(tempfile.mkdtemp(prefix="specviz-export-"))
     base = (state or {}).get("baseline")
     stem = export_stem(trace)
-    (out / f"{stem}.trace.json").write_text(trace.to_json(), encoding="utf-8")
+    saved = Trace.from_dict(trace.to_dict())
+    if base:  # the method-none run it was compared with travels with it (replay shows the speedup again)
+        saved.metrics = {**saved.metrics, BASELINE_KEY: base}
+    (out / f"{stem}.trace.json").write_text(saved.to_json(), encoding="utf-8")
     (out / f"{stem}.report.html").write_text(report_html(trace, int(step or 0), int(position or 1), base),
                                              encoding="utf-8")
     files = [str(out / f"{stem}.trace.json"), str(out / f"{stem}.report.html")]
