@@ -118,20 +118,13 @@ def graph_gpu_ms(dec) -> float | None:
     return sum(start.elapsed_time(end) for start, end in events)
 
 
-def _arm_timers(dec) -> None:
+def _set_timers(dec, armed: bool) -> None:
+    """Arm (a fresh event list each) or disarm the CUDA-event timers of every pooled runner and verifier."""
     with dec._pool_lock:
         for pooled in dec._free_runners.values():
             for r in pooled:
                 if hasattr(r, "graph_events"):
-                    r.graph_events = []
-
-
-def _disarm_timers(dec) -> None:
-    with dec._pool_lock:
-        for pooled in dec._free_runners.values():
-            for r in pooled:
-                if hasattr(r, "graph_events"):
-                    r.graph_events = None
+                    r.graph_events = [] if armed else None
 
 
 def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
@@ -145,10 +138,10 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
             steps = len(trace.steps)
             gpu = None
             if dec.device.type == "cuda" and label == "static":
-                _arm_timers(dec)
+                _set_timers(dec, True)
                 trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
                 gpu = graph_gpu_ms(dec)
-                _disarm_timers(dec)
+                _set_timers(dec, False)
             rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
                          "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
                          "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),

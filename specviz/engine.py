@@ -170,7 +170,7 @@ class SpecDecoder:
         """Run two tiny requests (method none, and draft_model if there is a draft) so that one-time
         costs (allocations, kernel selection, CUDA-graph capture of the 1-token forwards) are not
         charged to the first real request's timings. Leaves no state behind but pooled runners."""
-        prompt = [int(t) for t in self.encode("def f(x):\n    return")]
+        prompt = self.encode("def f(x):\n    return")
         self.generate(prompt, method="none", max_new_tokens=3)
         if self.draft_model is not None:
             self.generate(prompt, method="draft_model", num_speculative_tokens=2, max_new_tokens=4)
@@ -215,12 +215,12 @@ class SpecDecoder:
         :class:`~specviz.events.EventBus` to publish on, e.g. with your own subscribers).
         Raises ValueError on invalid settings or prompt."""
         trace = None
-        for trace in self.iter_generate(prompt, _stream_texts=False, **settings):
+        for trace in self._iter(prompt, settings.pop("bus", None), False, settings):  # texts decoded once, at the end
             pass
         return trace
 
     def iter_generate(self, prompt: str | Sequence[int], bus: ev.EventBus | None = None,
-                      _stream_texts: bool = True, **settings: Any) -> Iterator[Trace]:
+                      **settings: Any) -> Iterator[Trace]:
         """Like :meth:`generate`, but yields the partial trace after every step (for streaming
         views); closing the iterator stops the request cleanly (stop_reason "stopped").
 
@@ -232,6 +232,12 @@ class SpecDecoder:
         snapshot); its metrics are filled when the request ends. ``wall_time_s`` then includes
         the time the caller spent between steps; ``metrics["time_ms"]`` holds the engine's own
         draft / verify / sample time."""
+        yield from self._iter(prompt, bus, True, settings)
+
+    def _iter(self, prompt: str | Sequence[int], bus: ev.EventBus | None, stream_texts: bool,
+              settings: dict[str, Any]) -> Iterator[Trace]:
+        """The request behind generate / iter_generate; ``stream_texts``: fill the trace's texts
+        (and publish every finished step) before each yield."""
         if settings.get("verify") is None:
             settings["verify"] = "greedy" if settings.get("temperature", 0.0) == 0 else "standard"
         if settings.get("sampler_backend", "auto") == "auto":
@@ -250,7 +256,7 @@ class SpecDecoder:
         bus = bus or ev.EventBus()
         recorder = Recorder(bus)
         try:
-            yield from self._run(ids, cfg, bus, recorder, _stream_texts)
+            yield from self._run(ids, cfg, bus, recorder, stream_texts)
         finally:
             recorder.close()
 

@@ -1,9 +1,10 @@
 """Turn one verification step's device tensors into the trace's plain-data step record.
 
-Everything a step's record needs (the sampler's per-position decisions, top-20 of p, q, the
-residuals and the emitted token's distribution) is gathered on the device, packed into one
-float64 vector and copied to the host once: the step costs a single device-to-host copy, which
-also gives the engine the emitted tokens it needs for its stop conditions.
+:func:`gather_core` (the tokens the engine needs to go on) and :func:`gather_detail` (the
+sampler's per-position decisions, top-20 of p, q, the residuals and the emitted token's
+distribution) gather on the device; :func:`pack` puts each into one float64 vector, copied to the
+host once (see :mod:`specviz.verify_step`), where :func:`unpack` and :func:`host_record` turn it
+into the trace's plain-data step record.
 """
 
 from __future__ import annotations
@@ -91,15 +92,6 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
     return parts
 
 
-def gather_step(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor,
-                detailed: bool = True) -> dict[str, torch.Tensor]:
-    """Device tensors of one row-0 step: :func:`gather_core`, plus :func:`gather_detail` if ``detailed``."""
-    parts = gather_core(out, ids)
-    if detailed:
-        parts.update(gather_detail(out, p, q, ids))
-    return parts
-
-
 Layout = tuple[tuple[str, tuple[int, ...]], ...]
 
 
@@ -133,18 +125,12 @@ def unpack(values: list[float], layout: Layout) -> dict[str, list]:
     return host
 
 
-def to_host(parts: dict[str, torch.Tensor]) -> dict[str, list]:
-    """One device-to-host copy of every tensor in ``parts`` (packed as float64), as nested lists."""
-    flat, layout = pack(parts)
-    return unpack(flat.cpu().tolist(), layout)
-
-
 def _pairs(vals: list[float], ids: list[float]) -> list[list[float]]:
     return [[int(i), v] for v, i in zip(vals, ids) if v > 0]
 
 
 def host_record(h: dict[str, list], ids: list[int], method: str, backend: str) -> dict[str, Any]:
-    """Plain-data step record from :func:`unpack` / :func:`to_host` output (``detailed=True``)."""
+    """Plain-data step record from :func:`unpack` output (core and detail merged) (``detailed=True``)."""
     k = len(ids)
     acc = int(h["num_accepted"][0])
     output = [int(t) for t in h["output"]]

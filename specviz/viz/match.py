@@ -44,6 +44,11 @@ def _no_match_text(trace: Trace, step: Step) -> str:
             f"(occurrences tried {tried or '—'}), so nothing was drafted and the target decoded one token.")
 
 
+def _suffix_drafted(step: Step) -> bool:
+    """The step's draft came from suffix decoding (a candidate with a continuation)."""
+    return step.match.get("kind") == "suffix" and any(c.get("draft") for c in step.match.get("candidates", []))
+
+
 def _roles(step: Step, ctx_len: int) -> dict[int, str]:
     m = step.match
     n, roles = int(m.get("n", 0)), {}
@@ -71,7 +76,7 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
     """
     trace = as_trace(trace)
     st = trace.steps[step]
-    if st.match.get("kind") == "suffix" and any(c.get("draft") for c in st.match.get("candidates", [])):
+    if _suffix_drafted(st):
         return suffix_html(trace, st)
     if not st.match.get("n"):
         return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">'
@@ -188,7 +193,7 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     """
     trace = as_trace(trace)
     st = trace.steps[step]
-    if st.match.get("kind") == "suffix" and any(c.get("draft") for c in st.match.get("candidates", [])):
+    if _suffix_drafted(st):
         return message_figure(f"step {st.index}: suffix decoding has no n-gram trie; its candidates are in the "
                               "table at left", height=160)
     if st.match.get("kind") == "ngram_gpu" and st.match.get("n"):
