@@ -18,15 +18,15 @@ from specviz.train.tokenizer import EOS_ID, PAD_ID, encode_documents, train_bpe,
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "assets" / "models"
-# Recorded in assets/models/README.md; the same on this machine, CI and the H200 run.
-TRAIN_LIST_SHA256 = "09d07a538d75817ce76b460368f75e57fa479daae2cb46e5ecdd14d4348c7aab"
-HELDOUT_LIST_SHA256 = "28df0fc9f4f2e1bd04a78cab51403e12b3adbaf1bedfb3fb20d6094fc2a761ab"
-TOKENIZER_SHA256 = "dd97c912011181c68293d950b2c6d7069c2042653fb945c594d971f1d98f3dfc"
+# The v1 family's corpus (transformers 5.17.0, every .py file): the same 2,531 / 150 files and bytes on this
+# machine, CI and the H200 (assets/models/README.md, "v1"); relpaths carry the "transformers/" prefix since v2.
+V1_TRAIN_BYTES, V1_HELDOUT_BYTES = 46_223_778, 2_818_154
+TOKENIZER_SHA256 = None  # set from the bundled card below (v2 tokenizer); checked when the models are bundled
 
 
 @pytest.fixture(scope="module")
 def full_corpus():
-    return corpus.build_corpus()
+    return corpus.build_corpus("transformers-5.17")
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +41,61 @@ def smoke_run(tmp_path_factory):
 
 
 # ---- corpus -------------------------------------------------------------------------------
-def test_corpus_split_and_hashes_match_the_card(full_corpus):
+def test_v1_corpus_manifest_reproduces_the_v1_split(full_corpus):
     s = full_corpus.summary()
     assert (s["train_files"], s["heldout_files"]) == (2531, 150)
-    assert s["train_list_sha256"] == TRAIN_LIST_SHA256
-    assert s["heldout_list_sha256"] == HELDOUT_LIST_SHA256
-    assert all(corpus.is_heldout(f.relpath) for f in full_corpus.heldout)
-    assert not any(corpus.is_heldout(f.relpath) for f in full_corpus.train)
+    assert (s["train_bytes"], s["heldout_bytes"]) == (V1_TRAIN_BYTES, V1_HELDOUT_BYTES)
+    assert s["sources"]["resolved"] == {"transformers": "5.17.0"}
+    m = full_corpus.manifest
+    assert all(corpus.split_of(f.relpath, f.package, m) == "heldout" for f in full_corpus.heldout)
+    assert not any(corpus.split_of(f.relpath, f.package, m) != "train" for f in full_corpus.train)
     rels = [f.relpath for f in full_corpus.train]
-    assert rels == sorted(rels)
+    assert rels == sorted(rels) and all(r.startswith("transformers/") for r in rels)
 
 
-def test_corpus_refuses_another_transformers_version(monkeypatch):
-    monkeypatch.setattr(corpus.importlib.metadata, "version", lambda name: "5.24.0")
-    with pytest.raises(RuntimeError, match="5.17.0"):
-        corpus.build_corpus(1, 1)
+def test_strict_manifest_refuses_another_version_and_missing_packages(monkeypatch):
+    real = corpus.importlib.metadata.distribution
+
+    class Other:
+        def __init__(self, d):
+            self.d, self.version = d, "5.24.0"
+
+        def __getattr__(self, name):
+            return getattr(self.d, name)
+
+    monkeypatch.setattr(corpus.importlib.metadata, "distribution", lambda name: Other(real(name)))
+    with pytest.raises(corpus.CorpusError, match="5.17.0"):
+        corpus.build_corpus("transformers-5.17", 1, 1)
+    monkeypatch.undo()
+    with pytest.raises(corpus.CorpusError, match="not installed"):
+        corpus.build_corpus(corpus.Manifest(name="x", packages=("no-such-package-xyz",)))
+    lax = corpus.build_corpus(corpus.Manifest(name="x", packages=("no-such-package-xyz", "transformers==1.0"),
+                                              strict=False))
+    assert lax.sources["skipped"] == {"no-such-package-xyz": "not installed",
+                                      "transformers": "pinned 1.0, found 5.17.0"}
+    assert not lax.train
+
+
+def test_manifest_filter_dedup_package_holdout_and_cap(tmp_path, monkeypatch):
+    files = {"pkga/a.py": "x = 1\n" * 6, "pkga/dup.py": "x = 1\n" * 6, "pkga/long.py": "y = '" + "z" * 600 + "'\n" * 6,
+             "pkga/tests/t.py": "assert 1\n" * 6, "pkga/short.py": "x = 2\n", "pkgb/b.py": "b = 3\n" * 6,
+             "pkga/big.py": "w = 4\n" * 50}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+
+    def fake(name):
+        rels = sorted(r for r in files if r.startswith(name + "/"))
+        return "1.0", [(r, tmp_path / r) for r in rels]
+
+    monkeypatch.setattr(corpus, "_distribution_files", fake)
+    m = corpus.Manifest(name="t", packages=("pkga==1.0", "pkgb"), heldout_packages=("pkgb",), heldout_modulus=1000,
+                        max_package_bytes=50)
+    c = corpus.build_corpus(m)
+    assert [f.relpath for f in c.train] == ["pkga/a.py"]  # big.py over the cap; dup/long/tests/short filtered
+    assert [f.relpath for f in c.heldout_packages] == ["pkgb/b.py"]
+    assert c.sources["counts"] == {"listed": 7, "filtered_out": 3, "duplicates": 1, "over_package_cap": 1}
+    assert c.sources["resolved"] == {"pkga": "1.0", "pkgb": "1.0"}
 
 
 # ---- tokenizer ----------------------------------------------------------------------------
@@ -118,9 +158,17 @@ def test_smoke_recipe_runs_and_saves_loadable_models(smoke_run):
     out, log = smoke_run
     cfg = configs.PRESETS["smoke"]
     assert log["steps"] == cfg.steps and not log["stopped_early"]
-    assert log["train"][-1]["loss_target"] < log["train"][0]["loss_target"]
+    assert log["target"]["train"][-1]["loss_target"] < log["target"]["train"][0]["loss_target"]
+    assert log["draft"]["steps"] == cfg.draft_steps
+    assert log["draft"]["train"][-1]["loss_draft"] < log["draft"]["train"][0]["loss_draft"]  # distillation loss
+    for name in ("target", "draft"):  # the saved weights are the best evaluated ones
+        best = min(r[f"loss_{name}"] for r in log[name]["heldout"])
+        assert log[name]["best_heldout_loss"] == best
+        assert log["final_heldout"][f"heldout_{name}"]["nats_per_token"] == pytest.approx(best, abs=0.05)
     saved = json.loads((out / "train_log.json").read_text())
-    assert saved["heldout"][-1]["step"] == cfg.steps
+    assert saved["target"]["heldout"][-1]["step"] == cfg.steps
+    prompts = json.loads((out / "heldout_prompts.json").read_text())["prompts"]
+    assert prompts and all(p["text"].endswith(":") for p in prompts)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     for name in ("specviz-target", "specviz-draft"):
@@ -143,7 +191,9 @@ def test_smoke_recipe_is_deterministic_on_cpu(smoke_run, tmp_path):
 
     _, log = smoke_run
     again = run(str(tmp_path), preset="smoke", seed=0, device="cpu")
-    assert [r["loss_target"] for r in again["train"]] == [r["loss_target"] for r in log["train"]]
+    for name in ("target", "draft"):
+        key = f"loss_{name}"
+        assert [r[key] for r in again[name]["train"]] == [r[key] for r in log[name]["train"]]
     assert again["tokenizer"]["sha256"] == log["tokenizer"]["sha256"]
 
 

@@ -1,5 +1,5 @@
 """``python -m specviz.train --out DIR [--preset demo|smoke] [--seed N] [--device cuda|cpu]
-[--time-budget-s S] [--compile]``: run the training recipe (see :mod:`specviz.train.recipe`)."""
+[--time-budget-s S] [--compile] [--steps N] [--draft-steps N] [--no-heads]``: run the training recipe (see :mod:`specviz.train.recipe`)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default=None, choices=["cuda", "cpu"])
     ap.add_argument("--time-budget-s", type=float, default=None, help="stop training after S seconds")
     ap.add_argument("--compile", action="store_true", help="torch.compile both models for training")
+    ap.add_argument("--steps", type=int, default=None, help="fix the target's step count (reproduce a logged plan)")
+    ap.add_argument("--draft-steps", type=int, default=None, help="fix the draft's step count")
+    ap.add_argument("--no-heads", action="store_true", help="skip the heads registered in specviz.train.heads")
     args = ap.parse_args(argv)
     from specviz.train.recipe import run
 
-    log = run(args.out, args.preset, args.seed, args.device, args.time_budget_s, args.compile)
+    log = run(args.out, args.preset, args.seed, args.device, args.time_budget_s, args.compile, args.steps,
+              args.draft_steps, heads=not args.no_heads)
     last = log["heldout"][-1] if log["heldout"] else {}
     print(json.dumps({"steps": log["steps"], "tokens_seen": log["tokens_seen"], "heldout": last,
-                      "phases_s": log["phases_s"], "stopped_early": log["stopped_early"]}))
+                      "final_heldout": log.get("final_heldout"), "phases_s": log["phases_s"],
+                      "stopped_early": log["stopped_early"]}))
     return log
 
 

@@ -1,47 +1,107 @@
-"""The training corpus: the Python source of the pinned transformers package.
+"""The training corpus: Python sources of installed packages (and the standard library), chosen by a manifest.
 
-Every machine the project runs on has ``transformers==5.17.0`` installed, and its ``.py`` files are
-byte-identical everywhere (49 MB), so each machine builds the same corpus locally with no download.
-The Python standard library is *not* used: it differs between Python versions (3.11 on CI, 3.12 on
-the GPU machine).
+No data set can be downloaded on any machine the project runs on, but every machine has Python packages
+installed. A **manifest** (JSON, ``specviz/train/manifests/*.json``) names the packages (``name==version``
+pins, or a bare name whose version is resolved at build time and recorded), whether the standard library is
+included, a file filter and the hold-out rules. :func:`build_corpus` reads the matching ``.py`` files of each
+distribution (``importlib.metadata``: the files its RECORD lists), filters them, de-duplicates by content hash
+and splits them; :meth:`Corpus.summary` records every resolved pin and a hash of each split, which the model
+card quotes so that a rebuild can be checked byte for byte.
 
-Split rule (fixed, no randomness): a file is held out iff the first byte of
-``sha256(relpath.encode("utf-8"))`` is divisible by ``HOLDOUT_MODULUS`` (20), i.e. about 5% of files.
-The list hash of a split is ``sha256`` of the lines ``f"{relpath}\\t{sha256(file bytes)}\\n"`` joined
-in sorted relpath order; the model card records it so a rebuild can be checked byte for byte.
+File filter (``Manifest``): ``.py`` files only; no ``__pycache__`` and no directory named in
+``exclude_dirs`` (tests, vendored copies); UTF-8 only; at most ``max_file_bytes``; no line longer than
+``max_line_chars`` (generated tables, minified data); at least ``min_lines`` lines. Files whose bytes equal an
+earlier file's (sorted by relpath) are dropped. Per distribution at most ``max_package_bytes`` of training
+files are kept (files taken in ``sha256(relpath)`` order), so one huge package cannot dominate.
+
+Splits (fixed, no randomness). relpath = the path inside site-packages (unique: one distribution owns each
+path), e.g. ``"sklearn/linear_model/_base.py"``, or ``"stdlib/<path>"`` for the standard library.
+
+* ``heldout_packages``: every file of a distribution named in ``heldout_packages`` (whole packages never seen in
+  training, for an out-of-package evaluation);
+* ``heldout``: other files with ``sha256(relpath)[0] % heldout_modulus == 0``; for a distribution named in
+  ``legacy_holdout`` the rule is the v1 recipe's, ``sha256(inner path)[0] % m == 0``, so that the v1 model's
+  held-out transformers files stay held out and both families can be compared on them;
+* ``train``: the rest.
+
+The list hash of a split is ``sha256`` of ``f"{relpath}\\t{sha256(bytes)}\\n"`` lines in sorted relpath order.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
-from dataclasses import dataclass
+import sys
+import sysconfig
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-PINNED_TRANSFORMERS = "5.17.0"
-HOLDOUT_MODULUS = 20
+MANIFEST_DIR = Path(__file__).resolve().parent / "manifests"
+STDLIB = "stdlib"
+
+
+class CorpusError(RuntimeError):
+    """A manifest cannot be honoured here (a pinned version differs, a package is missing in strict mode)."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What goes into a corpus (see the module docstring for the rules).
+
+    packages: "name==version" (pinned) or "name" (resolved at build time, recorded in the summary).
+    stdlib: include the running interpreter's standard library (its version is recorded).
+    strict: a missing package or a pin that differs raises CorpusError; otherwise it is skipped and recorded.
+    """
+
+    name: str
+    packages: tuple[str, ...] = ()
+    stdlib: bool = False
+    strict: bool = True
+    exclude_dirs: tuple[str, ...] = ("tests", "test", "testing", "_vendor", "vendor", "site-packages")
+    stdlib_exclude: tuple[str, ...] = ("idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "pydoc_data")
+    max_file_bytes: int = 300_000
+    max_line_chars: int = 500
+    min_lines: int = 5
+    max_package_bytes: int | None = None
+    heldout_packages: tuple[str, ...] = ()
+    heldout_modulus: int = 40
+    legacy_holdout: dict[str, int] = field(default_factory=dict)
+    description: str = ""
+
+    @classmethod
+    def load(cls, name_or_path: str) -> "Manifest":
+        """A manifest by name (``specviz/train/manifests/<name>.json``) or by path. Raises FileNotFoundError."""
+        named = MANIFEST_DIR / f"{name_or_path}.json"
+        path = named if named.exists() else Path(name_or_path)
+        data = json.loads(path.read_text())
+        for key in ("packages", "exclude_dirs", "stdlib_exclude", "heldout_packages"):
+            if key in data:
+                data[key] = tuple(data[key])
+        return cls(**data)
 
 
 @dataclass(frozen=True)
 class SourceFile:
-    """One corpus file.
-
-    relpath: path relative to the transformers package directory, "/"-separated.
-    sha256:  hex digest of the file's bytes.
-    text:    the file decoded as UTF-8 (strict; every file of the pinned package decodes).
-    """
+    """One corpus file. relpath: the path inside site-packages ("stdlib/<path>" for the standard library); sha256: hex digest of its bytes;
+    text: the file decoded as UTF-8; package: the distribution name (or "stdlib")."""
 
     relpath: str
     sha256: str
     text: str
+    package: str = ""
 
 
 @dataclass(frozen=True)
 class Corpus:
-    """The split corpus. train / heldout: files sorted by relpath; *_hash: see module docstring."""
+    """The split corpus: files sorted by relpath in each split; ``sources``: resolved pins and counts."""
 
     train: tuple[SourceFile, ...]
     heldout: tuple[SourceFile, ...]
+    heldout_packages: tuple[SourceFile, ...] = ()
+    manifest: Manifest | None = None
+    sources: dict = field(default_factory=dict)
 
     @property
     def train_hash(self) -> str:
@@ -52,25 +112,17 @@ class Corpus:
         return list_hash(self.heldout)
 
     def summary(self) -> dict:
-        """Plain-data description (file counts, bytes, hashes) for logs and the model card."""
-        return {
-            "source": f"transformers=={PINNED_TRANSFORMERS} package, all .py files",
-            "holdout_rule": f"sha256(relpath)[0] % {HOLDOUT_MODULUS} == 0",
-            "train_files": len(self.train),
-            "train_bytes": sum(len(f.text.encode()) for f in self.train),
-            "train_list_sha256": self.train_hash,
-            "heldout_files": len(self.heldout),
-            "heldout_bytes": sum(len(f.text.encode()) for f in self.heldout),
-            "heldout_list_sha256": self.heldout_hash,
-        }
+        """Plain-data description (pins, rules, file counts, bytes, list hashes) for logs and the model card."""
+        out = {"manifest": asdict(self.manifest) if self.manifest else None, "sources": self.sources}
+        for name in ("train", "heldout", "heldout_packages"):
+            files = getattr(self, name)
+            out[f"{name}_files"] = len(files)
+            out[f"{name}_bytes"] = sum(len(f.text.encode()) for f in files)
+            out[f"{name}_list_sha256"] = list_hash(files)
+        return out
 
 
-def is_heldout(relpath: str) -> bool:
-    """The fixed split rule: True iff sha256(relpath)[0] % HOLDOUT_MODULUS == 0."""
-    return hashlib.sha256(relpath.encode("utf-8")).digest()[0] % HOLDOUT_MODULUS == 0
-
-
-def list_hash(files: tuple[SourceFile, ...] | list[SourceFile]) -> str:
+def list_hash(files) -> str:
     """sha256 hex of "relpath\\tsha256\\n" lines in the given (sorted) order."""
     h = hashlib.sha256()
     for f in files:
@@ -78,49 +130,145 @@ def list_hash(files: tuple[SourceFile, ...] | list[SourceFile]) -> str:
     return h.hexdigest()
 
 
-def transformers_root() -> str:
-    """Directory of the installed transformers package.
-
-    Raises RuntimeError if the installed version is not PINNED_TRANSFORMERS (the corpus would differ).
-    """
-    version = importlib.metadata.version("transformers")
-    if version != PINNED_TRANSFORMERS:
-        raise RuntimeError(f"corpus needs transformers=={PINNED_TRANSFORMERS}, found {version}")
-    import transformers
-
-    return os.path.dirname(transformers.__file__)
+def _first_byte(text: str) -> int:
+    return hashlib.sha256(text.encode("utf-8")).digest()[0]
 
 
-def list_relpaths(root: str) -> list[str]:
-    """Every ``.py`` file under root, as sorted "/"-separated relative paths."""
-    out = []
+def split_of(relpath: str, package: str, m: Manifest) -> str:
+    """"train" | "heldout" | "heldout_packages" for one file (the module docstring's rules)."""
+    if package in m.heldout_packages:
+        return "heldout_packages"
+    if package in m.legacy_holdout:  # relpath = "<package dir>/<path inside it>", as v1 hashed it
+        inner = relpath.split("/", 1)[1]
+        return "heldout" if _first_byte(inner) % m.legacy_holdout[package] == 0 else "train"
+    return "heldout" if _first_byte(relpath) % m.heldout_modulus == 0 else "train"
+
+
+def _distribution_files(name: str) -> tuple[str, list[tuple[str, Path]]]:
+    """(version, [(path inside site-packages, absolute path)]) of an installed distribution's .py files."""
+    dist = importlib.metadata.distribution(name)
+    files = []
+    for f in dist.files or []:
+        rel = str(f).replace(os.sep, "/")
+        if rel.endswith(".py") and not rel.startswith("..") and "/__pycache__/" not in rel:
+            files.append((rel, Path(dist.locate_file(f))))
+    return dist.version, sorted(files)
+
+
+def _stdlib_files(m: Manifest) -> tuple[str, list[tuple[str, Path]]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+        top = rel_dir.split("/")[0]
+        if top in m.stdlib_exclude:
+            dirnames[:] = []
+            continue
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and d not in m.exclude_dirs)
         for name in filenames:
             if name.endswith(".py"):
-                rel = os.path.relpath(os.path.join(dirpath, name), root)
-                out.append(rel.replace(os.sep, "/"))
-    return sorted(out)
+                rel = f"{rel_dir}/{name}" if rel_dir != "." else name
+                files.append((rel, Path(dirpath) / name))
+    return ".".join(map(str, sys.version_info[:3])), sorted(files)
 
 
-def read_file(root: str, relpath: str) -> SourceFile:
-    """Read one file; raises UnicodeDecodeError if it is not UTF-8."""
-    with open(os.path.join(root, *relpath.split("/")), "rb") as fh:
-        data = fh.read()
-    return SourceFile(relpath, hashlib.sha256(data).hexdigest(), data.decode("utf-8"))
+def _keep(rel: str, data: bytes, m: Manifest) -> str | None:
+    """The decoded text if the file passes the filter, else None."""
+    parts = rel.split("/")[:-1]
+    if any(p in m.exclude_dirs for p in parts) or len(data) > m.max_file_bytes:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    lines = text.splitlines()
+    if len(lines) < m.min_lines or any(len(line) > m.max_line_chars for line in lines):
+        return None
+    return text
 
 
-def build_corpus(max_train_files: int | None = None, max_heldout_files: int | None = None) -> Corpus:
-    """Read and split the corpus.
+def _parse_pin(spec: str) -> tuple[str, str | None]:
+    name, _, version = spec.partition("==")
+    return name.strip(), (version.strip() or None)
 
-    max_train_files / max_heldout_files: keep only the first N of each split (sorted order); the
-    smoke preset uses a handful. None keeps all.
-    Raises RuntimeError if transformers is not the pinned version.
+
+def _sources(m: Manifest) -> tuple[dict, list[tuple[str, str, Path]]]:
+    """Resolve the manifest: (record of pins and skips, [(package, relpath, absolute path)])."""
+    record: dict = {"resolved": {}, "skipped": {}}
+    out: list[tuple[str, str, Path]] = []
+    for spec in m.packages:
+        name, pin = _parse_pin(spec)
+        try:
+            version, files = _distribution_files(name)
+        except importlib.metadata.PackageNotFoundError:
+            if m.strict:
+                raise CorpusError(f"manifest {m.name!r} needs {spec}, which is not installed here") from None
+            record["skipped"][name] = "not installed"
+            continue
+        if pin is not None and version != pin:
+            if m.strict:
+                raise CorpusError(f"manifest {m.name!r} pins {name}=={pin}, found {version}")
+            record["skipped"][name] = f"pinned {pin}, found {version}"
+            continue
+        record["resolved"][name] = version
+        out += [(name, rel, path) for rel, path in files]
+    if m.stdlib:
+        version, files = _stdlib_files(m)
+        record["resolved"][STDLIB] = version
+        out += [(STDLIB, f"{STDLIB}/{rel}", path) for rel, path in files]
+    return record, out
+
+
+def build_corpus(manifest: Manifest | str = "transformers-5.17", max_train_files: int | None = None,
+                 max_heldout_files: int | None = None) -> Corpus:
+    """Read, filter, de-duplicate and split the corpus a manifest describes.
+
+    manifest: a Manifest, a manifest name or a path. max_train_files / max_heldout_files: keep only the first N
+    of the train / each held-out split (sorted order; the smoke preset uses a handful). Raises CorpusError
+    (strict manifests) when a package is missing or a pin differs.
     """
-    root = transformers_root()
-    rels = list_relpaths(root)
-    train_rels = [r for r in rels if not is_heldout(r)][:max_train_files]
-    held_rels = [r for r in rels if is_heldout(r)][:max_heldout_files]
-    train = tuple(read_file(root, r) for r in train_rels)
-    heldout = tuple(read_file(root, r) for r in held_rels)
-    return Corpus(train=train, heldout=heldout)
+    m = Manifest.load(manifest) if isinstance(manifest, str) else manifest
+    record, sources = _sources(m)
+    seen: set[str] = set()
+    splits: dict[str, list[SourceFile]] = {"train": [], "heldout": [], "heldout_packages": []}
+    counts = {"listed": len(sources), "filtered_out": 0, "duplicates": 0, "over_package_cap": 0}
+    for package, rel, path in sorted(sources, key=lambda s: s[1]):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            counts["filtered_out"] += 1
+            continue
+        text = _keep(rel, data, m)
+        if text is None:
+            counts["filtered_out"] += 1
+            continue
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in seen:
+            counts["duplicates"] += 1
+            continue
+        seen.add(digest)
+        splits[split_of(rel, package, m)].append(SourceFile(rel, digest, text, package))
+    splits["train"] = _cap_packages(splits["train"], m.max_package_bytes, counts)
+    record["counts"] = counts
+    return Corpus(train=tuple(splits["train"][:max_train_files]), heldout=tuple(splits["heldout"][:max_heldout_files]),
+                  heldout_packages=tuple(splits["heldout_packages"][:max_heldout_files]), manifest=m, sources=record)
+
+
+def _cap_packages(files: list[SourceFile], cap: int | None, counts: dict) -> list[SourceFile]:
+    """At most ``cap`` bytes of training files per package (taken in sha256(relpath) order), sorted by relpath."""
+    if cap is None:
+        return files
+    by_pkg: dict[str, list[SourceFile]] = {}
+    for f in files:
+        by_pkg.setdefault(f.package, []).append(f)
+    kept = []
+    for group in by_pkg.values():
+        total = 0
+        for f in sorted(group, key=lambda f: hashlib.sha256(f.relpath.encode()).hexdigest()):
+            size = len(f.text.encode())
+            if total + size > cap:
+                counts["over_package_cap"] += 1
+                continue
+            total += size
+            kept.append(f)
+    return sorted(kept, key=lambda f: f.relpath)

@@ -99,7 +99,7 @@ def evaluate(models_dir: str, num_prompts: int = DEFAULT_NUM_PROMPTS, max_new_to
     draft_dir, device, dtype) defaults to ``specviz.SpecDecoder.from_pretrained``. corpus_limits:
     (max train files, max held-out files), for tests. Raises ValueError if no prompt can be cut."""
     target_dir, draft_dir = os.path.join(models_dir, "specviz-target"), os.path.join(models_dir, "specviz-draft")
-    corpus = build_corpus(*corpus_limits)
+    corpus = build_corpus("transformers-5.17", *corpus_limits)
     seq_len = json.load(open(os.path.join(target_dir, "config.json")))["max_position_embeddings"]
     out: dict = {"machine": _machine(), "corpus": corpus.summary(),
                  "settings": {"num_prompts": num_prompts, "max_new_tokens": max_new_tokens,
@@ -151,6 +151,82 @@ def _summary(rows: list[dict], corpus) -> dict:
     }
 
 
+def repeated_ngram_share(ids: list[int], n: int = 4) -> float | None:
+    """Share of the n-grams of ``ids`` that repeat an earlier n-gram of the same sequence:
+    1 - #distinct / #total (0 = no repetition; a loop of period p < len gives close to 1). None if len < n."""
+    grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    return 1 - len(set(grams)) / len(grams) if grams else None
+
+
+def load_prompts(path: str) -> list[tuple[str, Prompt]]:
+    """[(split, Prompt)] from a recipe's heldout_prompts.json (see :func:`specviz.train.recipe._write_prompts`)."""
+    data = json.load(open(path))
+    return [(r["split"], Prompt(r["relpath"], r["def_line"], r["text"], r["header"])) for r in data["prompts"]]
+
+
+def bytes_normalised_loss(model_dir: str, manifest: str, n_windows: int | None, seq_len: int) -> dict:
+    """fp32 CPU held-out loss of a saved model on a manifest's held-out split, per token and per byte (per byte
+    is comparable across tokenizers: two families with different BPEs are compared on the same files)."""
+    from transformers import AutoTokenizer
+
+    corpus = build_corpus(manifest)
+    texts = [f.text for f in corpus.heldout]
+    res = model_heldout_loss(model_dir, texts, n_windows, seq_len)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    n_tokens = sum(len(tok(t, add_special_tokens=False, verbose=False)["input_ids"]) + 1 for t in texts)
+    res["bytes_per_token"] = sum(len(t.encode()) for t in texts) / n_tokens
+    res["nats_per_byte"] = res["loss"] / res["bytes_per_token"]
+    res["manifest"], res["files"] = manifest, len(texts)
+    return res
+
+
+def evaluate_family(models_dir: str, prompts_file: str, k: int = 4, spec_tokens: int = 64, repetition_tokens: int = 256,
+                    loss_manifest: str | None = "transformers-5.17", loss_windows: int | None = 256,
+                    device: str = "cpu", dtype: str = "float32", splits: tuple[str, ...] = ("heldout", "heldout_packages"),
+                    limit: int | None = None) -> dict:
+    """The model family's goal numbers (issue: model family v2), one JSON-able dict.
+
+    Per split of ``prompts_file``: draft_model and ngram, greedy, k, ``spec_tokens`` new tokens (pooled vLLM
+    metrics, tokens per step, outputs identical); the target's 256-token greedy continuation (method none) and
+    its repeated-4-gram share (mean over prompts); plus the held-out loss on ``loss_manifest``'s held-out files
+    in nats/token and nats/byte (the same files for every family)."""
+    from specviz import SpecDecoder
+
+    target_dir, draft_dir = os.path.join(models_dir, "specviz-target"), os.path.join(models_dir, "specviz-draft")
+    seq_len = json.load(open(os.path.join(target_dir, "config.json")))["max_position_embeddings"]
+    decoder = SpecDecoder.from_pretrained(target_dir, draft_dir, device=device, dtype=dtype)
+    prompts = load_prompts(prompts_file)
+    out: dict = {"machine": _machine(), "models": models_dir, "prompts_file": prompts_file,
+                 "settings": {"num_speculative_tokens": k, "spec_new_tokens": spec_tokens,
+                              "repetition_new_tokens": repetition_tokens, "temperature": 0.0, "device": device,
+                              "dtype": dtype}, "splits": {}}
+    for split in splits:
+        chosen = [p for s, p in prompts if s == split][:limit]
+        rows = []
+        for i, p in enumerate(chosen):
+            row = run_prompt(decoder, p, spec_tokens, k)
+            tr = decoder.generate(p.text, method="none", temperature=0.0, max_new_tokens=repetition_tokens)
+            row["repeated_4gram_share"] = repeated_ngram_share(list(tr.output_token_ids))
+            row["repetition_continuation"] = tr.text
+            rows.append(row)
+            print(f"[{split} {i + 1}/{len(chosen)}] {p.relpath}:{p.def_line} "
+                  f"tau={row['draft_model']['mean_acceptance_length']:.2f} rep4={row['repeated_4gram_share']}",
+                  file=sys.stderr)
+        shares = [r["repeated_4gram_share"] for r in rows if r["repeated_4gram_share"] is not None]
+        out["splits"][split] = {
+            "num_prompts": len(rows),
+            "draft_model": pooled(rows, "draft_model") if rows else None,
+            "ngram": pooled(rows, "ngram") if rows else None,
+            "outputs_differ": sum(not r["outputs_identical"] for r in rows),
+            "mean_repeated_4gram_share": sum(shares) / len(shares) if shares else None,
+            "prompts": rows,
+        }
+    if loss_manifest:
+        out["heldout_loss"] = {n: bytes_normalised_loss(d, loss_manifest, loss_windows, seq_len)
+                               for n, d in (("target", target_dir), ("draft", draft_dir))}
+    return out
+
+
 def _machine() -> dict:
     return {"python": sys.version.split()[0], "torch": torch.__version__, "platform": platform.platform(),
             "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
@@ -166,7 +242,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--heldout-windows", type=int, default=None, help="default: all")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--prompts", default=None, help="a recipe's heldout_prompts.json: evaluate the family's goals "
+                    "(draft_model/ngram at --k over --spec-tokens, repetition over 256 tokens, per-byte loss)")
+    ap.add_argument("--spec-tokens", type=int, default=64)
+    ap.add_argument("--limit", type=int, default=None, help="at most this many prompts per split")
     a = ap.parse_args(argv)
+    if a.prompts:
+        res = evaluate_family(a.models, a.prompts, a.k, a.spec_tokens, a.max_new_tokens, device=a.device,
+                              dtype=a.dtype, limit=a.limit)
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+        with open(a.out, "w") as fh:
+            json.dump(res, fh, indent=1)
+        print(json.dumps({sp: {k: v for k, v in r.items() if k != "prompts"} for sp, r in res["splits"].items()}, indent=1))
+        print(json.dumps(res.get("heldout_loss")))
+        return res
     res = evaluate(a.models, a.num_prompts, a.max_new_tokens, a.k, a.heldout_windows, a.device, a.dtype)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as fh:

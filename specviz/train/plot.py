@@ -5,7 +5,8 @@ from __future__ import annotations
 import warnings
 
 
-def plot_losses(log: dict, path: str, names: tuple[str, ...] = ("target", "draft")) -> str | None:
+def plot_losses(log: dict, path: str, names: tuple[str, ...] = ("target", "draft"),
+                title: str = "specviz demo models: loss on held-out Python source") -> str | None:
     """Train (thin) and held-out (markers) loss against tokens seen, one colour per model.
 
     log: a train_log.json dict (see :func:`specviz.train.loop.train_models`). Returns ``path``, or
@@ -22,10 +23,15 @@ def plot_losses(log: dict, path: str, names: tuple[str, ...] = ("target", "draft
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for name, colour in zip(names, ("tab:blue", "tab:orange")):
-        tr = [(r["tokens"] / 1e6, r[f"loss_{name}"]) for r in log["train"]]
-        ho = [(r["tokens"] / 1e6, r[f"loss_{name}"]) for r in log["heldout"]]
-        ax.plot(*zip(*tr), color=colour, lw=0.8, alpha=0.7, label=f"{name} train")
-        ax.plot(*zip(*ho), color=colour, marker="o", ms=3.5, lw=1.6, label=f"{name} held-out")
+        key = f"loss_{name}"
+        tr = [(r["tokens"] / 1e6, r[key]) for r in log["train"] if key in r]
+        ho = [(r["tokens"] / 1e6, r[key]) for r in log["heldout"] if key in r]
+        distilled = name == "draft" and "draft" in log and isinstance(log["draft"], dict)
+        if tr:
+            ax.plot(*zip(*tr), color=colour, lw=0.8, alpha=0.7,
+                    label=f"{name} train" + (" (distillation loss)" if distilled else ""))
+        if ho:
+            ax.plot(*zip(*ho), color=colour, marker="o", ms=3.5, lw=1.6, label=f"{name} held-out (corpus CE)")
     ax.set_xlabel("tokens seen per model (millions)")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.set_yscale("log")
@@ -34,7 +40,7 @@ def plot_losses(log: dict, path: str, names: tuple[str, ...] = ("target", "draft
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    ax.set_title("specviz demo models: loss on transformers 5.17.0 source")
+    ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
