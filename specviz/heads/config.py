@@ -100,12 +100,12 @@ class HeadConfig:
 
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3 / vLLM default taps (2, L//2, L-3) for a target of L decoder layers (kept as is,
-    repeats included, for small L, as vLLM does). Raises ValueError for L < 4 (a tap out of range)."""
-    if num_layers < 4:
-        raise ValueError(f"EAGLE-3 taps (2, L//2, L-3) need a target of >= 4 layers, got L={num_layers}; "
-                         "give aux_layer_ids explicitly")
-    return (2, num_layers // 2, num_layers - 3)
+    """EAGLE-3 / vLLM default taps (2, L//2, L-3) for a target of L decoder layers, kept as is
+    (repeats included) for L >= 4. For L < 4 (tiny test targets only) each id is clamped into
+    [0, L): a specviz choice, vLLM has no rule there. Raises ValueError for L < 1."""
+    if num_layers < 1:
+        raise ValueError(f"a target needs >= 1 decoder layer for EAGLE-3 taps, got L={num_layers}")
+    return tuple(min(max(i, 0), num_layers - 1) for i in (2, num_layers // 2, num_layers - 3))
 
 
 def head_config_from_target(target_config, kind: str, aux_layer_ids: tuple[int, ...] | None = None,

@@ -27,21 +27,27 @@ def ttt_mask(T: int, step: int, device=None) -> torch.Tensor:
     return torch.cat([causal] + [eye] * step, dim=1)[None, None]
 
 
-def unroll(head, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor, steps: int):
-    """Run ``steps`` TTT steps. features [B, T, F] target features of rows t (f_t or the EAGLE-3 taps);
-    input_ids int64 [B, T + steps]: row t of step s reads input_ids[:, t + s] (so pass x_{1..T+steps},
-    the tokens after each feature, padded at the end with any id: those rows are masked by the
-    caller's labels); position_ids int64 [B, T] (positions of the features, usually arange(T)).
-    Returns a list of ``steps`` (hidden [B, T, d], logits float32 [B, T, V]); step s's logits at row t
-    predict x_{t+2+s}. Works for EAGLE-1 too (its later steps read its own output feature)."""
+def iter_unroll(head, features: torch.Tensor, input_ids: torch.Tensor, position_ids: torch.Tensor, steps: int):
+    """Run ``steps`` TTT steps, yielding (hidden [B, T, d], logits float32 [B, T, V]) per step.
+
+    features [B, T, F]: target features of rows t (f_t, or the EAGLE-3 taps); input_ids int64
+    [B, T + steps]: row t of step s reads input_ids[:, t + s], so pass x_{1..T+steps} (the tokens
+    after each feature; pad the end with any id: rows whose label lies past the window are the
+    caller's to drop); position_ids int64 [B, T] (the features' positions, usually arange(T)).
+    Step s's logits at row t predict x_{t+2+s}. Works for EAGLE-1 too (its later steps read its own
+    output feature). Raises ValueError for inconsistent shapes."""
     B, T = features.shape[:2]
     if input_ids.shape != (B, T + steps) or position_ids.shape != (B, T):
         raise ValueError(f"unroll: input_ids must be [B, T + steps] = {(B, T + steps)} and position_ids "
                          f"[B, T] = {(B, T)}; got {tuple(input_ids.shape)}, {tuple(position_ids.shape)}")
-    cache, hidden, out = DynamicCache(), features, []
+    cache, hidden = DynamicCache(), features
     for s in range(steps):
         mask = ttt_mask(T, s, features.device)
         hidden, logits = head(hidden, input_ids[:, s : s + T], position_ids + s, cache,
                               from_target=(s == 0), attention_mask=mask)
-        out.append((hidden, logits))
-    return out
+        yield hidden, logits
+
+
+def unroll(head, features, input_ids, position_ids, steps: int) -> list:
+    """:func:`iter_unroll` as a list of ``steps`` (hidden, logits) pairs."""
+    return list(iter_unroll(head, features, input_ids, position_ids, steps))

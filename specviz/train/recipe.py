@@ -122,7 +122,7 @@ def run(
 
     log = train_models(runners, lrs, train_w, held_w, cfg, seed, dev, time_budget_s, write, models)
     phase("train")
-    log["heads"] = train_heads(models["target"], train_w, dev)
+    log["heads"] = train_heads(models["target"], train_w, held_w, dev, out_dir, heads=() if preset == "smoke" else None)
     meta["saved"] = {n: save_model(m, hf_tok, os.path.join(out_dir, d)) for n, m, d in
                      (("target", models["target"], TARGET_DIR), ("draft", models["draft"], DRAFT_DIR))}
     phase("save")
