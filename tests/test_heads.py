@@ -76,6 +76,7 @@ def test_forward_shapes_and_features(target, kind):
     tf = target_features(target, ids, cfg, with_logits=True)
     assert tf.features.shape == (B, T, cfg.feature_size)
     assert cfg.feature_size == (3 * d if kind == "eagle3" else d)
+    assert cfg.taps == ((2, 4, 5) if kind == "eagle3" else ("final",))
     assert torch.allclose(tf.logits, target(input_ids=ids).logits, atol=1e-5)
     hidden, logits = head(tf.features, ids, torch.arange(T).expand(B, T), None, from_target=True)
     assert hidden.shape == (B, T, d) and logits.shape == (B, T, V) and logits.dtype == torch.float32

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from transformers import LlamaConfig
 
 KINDS = ("eagle", "eagle3")
+HEAD_DIRS = {"eagle": "specviz-eagle", "eagle3": "specviz-eagle3"}  # directory names under assets/models/
 FORMAT = "specviz-head-v1"
 
 
@@ -68,6 +69,13 @@ class HeadConfig:
     def feature_size(self) -> int:
         """F: width of the target features of a first pass (d for eagle, len(aux)*d for eagle3)."""
         return self.hidden_size * max(1, len(self.aux_layer_ids))
+
+    @property
+    def taps(self) -> tuple:
+        """The target features a runner must return for this head, named as in
+        :mod:`specviz.heads.extract`: ("final",) for eagle (the final-norm output f_t), the aux layer
+        ids for eagle3 (HF ``hidden_states[l]`` = the input of decoder layer l), concatenated in order."""
+        return ("final",) if self.kind == "eagle" else self.aux_layer_ids
 
     def layer_config(self) -> LlamaConfig:
         """The one-layer LlamaConfig the head's transformers modules are built from (SDPA attention)."""

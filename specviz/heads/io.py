@@ -10,10 +10,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from specviz.heads.config import HeadConfig, check_matches_target
+from specviz.heads.config import HEAD_DIRS, HeadConfig, check_matches_target
 from specviz.heads.modules import build_head
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
+ASSETS_MODELS = Path(__file__).resolve().parent.parent.parent / "assets" / "models"
+
+
+def default_head_dir(kind: str) -> Path:
+    """Where the bundled head of ``kind`` lives: assets/models/specviz-eagle or specviz-eagle3
+    (it may not exist yet: the heads are trained by ``python -m specviz.train.heads``)."""
+    if kind not in HEAD_DIRS:
+        raise ValueError(f"unknown head kind {kind!r}; use one of {sorted(HEAD_DIRS)}")
+    return ASSETS_MODELS / HEAD_DIRS[kind]
 
 
 def save_head(head, directory: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> list[str]:

@@ -9,17 +9,17 @@ autocast on CUDA), evaluates held-out agreement with the target's argmax per unr
 saves ``out_dir/specviz-eagle/`` or ``out_dir/specviz-eagle3/`` (config.json + model.safetensors in
 bf16 + train_log.json). Losses and the label alignment: :mod:`specviz.heads.losses`.
 
-Default sizes (how they were chosen): the v2 target (d=256, 20 layers, V=8192, T=1024) costs about
-2 * 16.8 M (weights incl. LM head) + 10 M (causal attention) ~ 44 MFLOP per token forward. EAGLE-1
-adds its fwd+bwd (~2.5 x 6.5 MFLOP: fc, one layer, the 8192-way LM head) ~ 16 MFLOP -> ~60 MFLOP
-per token; EAGLE-3 with S=5 steps adds 5 x (layer + LM head ~ 6 MFLOP) x 2.7 plus dense masked
-attention over (s+1)T keys (~1 MFLOP x (s+1) x 3 per step) ~ 130 MFLOP -> ~175 MFLOP per token.
-The project measured ~145 TFLOP/s effective for small-model training on the H200
-(results/train/probe_compile.json, compiled); assuming ~100 TFLOP/s eager, a 32 x 1024-token step
-takes ~20 ms (EAGLE-1) and ~57 ms (EAGLE-3): 6000 and 2400 steps ~ 120-140 s + evaluation, i.e.
-~196 M and ~79 M tokens. ``time_budget_s`` stops a run that would overrun (the log says
-``stopped_early``); :func:`estimate_flops_per_token` recomputes the estimate for any target.
-Not yet measured on the H200.
+Default sizes (how they were chosen; :func:`estimate_flops_per_token` recomputes them for any
+target): the v2 target (d=256, 20 layers, GQA 4/2, SwiGLU 704, V=8192, T=1024) costs ~44 MFLOP per
+token forward (weights incl. the LM head, causal attention). EAGLE-1's fwd+bwd (fc, one layer, the
+8192-way LM head; x3, the frozen LM head's weight gradient skipped) adds ~15 MFLOP -> ~59 MFLOP per
+token, 1.9 TFLOP per 32 x 1024-token step. EAGLE-3 with S=5 steps adds 5 x (layer with 2d-wide
+q/k/v + LM head) fwd+bwd plus dense masked attention over (s+1)T keys at step s -> ~160 MFLOP per
+token, 5.3 TFLOP per step. The project measured ~145 TFLOP/s effective for small-model training on
+the H200 (results/train/probe_compile.json, compiled); assuming ~100 TFLOP/s here (eager), a step
+takes ~19 ms (EAGLE-1) / ~53 ms (EAGLE-3), so 6000 / 2400 steps take ~117 / ~126 s plus evaluation
+(~196 M / ~79 M tokens). ``time_budget_s`` stops a run that would overrun (the log then says
+``stopped_early``). These are estimates: not yet measured on the H200.
 
 CLI: ``python -m specviz.train.heads --target DIR --out DIR [--heads eagle,eagle3]
 [--time-budget-s S] [--smoke] [--device cuda|cpu] [--preset NAME]``. Windows come from
@@ -43,13 +43,12 @@ from typing import Callable, Sequence
 
 import torch
 
-from specviz.heads import build_head, head_config_from_target, save_head, target_features
+from specviz.heads import HEAD_DIRS, build_head, head_config_from_target, save_head, target_features
 from specviz.heads.losses import agreement, eagle1_loss, eagle3_loss
 from specviz.train.data import BatchOrder
 from specviz.train.loop import autocast, lr_lambda
 
 IGNORE_INDEX = -100
-HEAD_DIRS = {"eagle": "specviz-eagle", "eagle3": "specviz-eagle3"}
 
 
 # ---- configuration ----------------------------------------------------------------------------
@@ -141,8 +140,11 @@ def evaluate_head(kind: str, head, target, heldout: torch.Tensor, cfg: HeadTrain
         batch = windows[i : i + cfg.eval_batch_size]
         tf = _features(target, batch, head.config, device)
         with autocast(device):
-            loss, _ = _loss(kind, head, tf, batch, cfg, None, train=False)
             agr = agreement(head, tf, batch, cfg.ttt_steps)
+            if kind == "eagle":
+                loss, _ = _loss(kind, head, tf, batch, cfg, None, train=False)
+            else:  # the TTT objective from the same unrolled pass
+                loss = sum(cfg.decay**s * agr["ce"][s] for s in range(cfg.ttt_steps))
         w = batch.shape[0]
         for k, v in {"loss": loss.detach().float(), **agr}.items():
             sums[k] = sums.get(k, 0) + v.float() * w
