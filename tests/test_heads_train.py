@@ -161,3 +161,14 @@ def test_time_budget_stops_early(tmp_path, one_thread):
     cfg = dataclasses.replace(train_heads_mod.SMOKE["eagle"], steps=10_000, eval_windows=2)
     head, log = train_heads_mod.fit_head("eagle", target, w, w[:2], "cpu", cfg, time_budget_s=1.0)
     assert log["stopped_early"] and log["steps"] < cfg.steps and log["heldout"]
+
+
+def test_batch_indices_follow_the_lm_batch_order():
+    import dataclasses
+
+    from specviz.train.data import BatchOrder
+
+    cfg = dataclasses.replace(train_heads_mod.DEFAULTS["eagle"], steps=50, batch_size=7, seed=3)
+    idx = train_heads_mod._batch_indices(23, cfg)  # 23 windows: batches straddle epochs
+    order = BatchOrder(23, 7, 3)
+    assert torch.equal(idx, torch.stack([order.indices(s) for s in range(50)]))

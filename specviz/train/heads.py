@@ -45,7 +45,7 @@ import torch
 
 from specviz.heads import HEAD_DIRS, build_head, head_config_from_target, save_head, target_features
 from specviz.heads.losses import agreement, eagle1_loss, eagle3_loss
-from specviz.train.data import BatchOrder
+from specviz.train.data import BatchOrder, epoch_permutation
 from specviz.train.loop import autocast, lr_lambda
 
 IGNORE_INDEX = -100
@@ -158,6 +158,15 @@ def _r(xs):
     return [round(x, 4) for x in xs]
 
 
+def _batch_indices(n_windows: int, cfg: HeadTrainConfig) -> torch.Tensor:
+    """All steps' window indices at once, int64 [steps, batch_size]: the same order as
+    :class:`~specviz.train.data.BatchOrder` (concatenated seeded epoch permutations). Moving them to
+    the device once avoids a host-to-device copy (a sync) per step."""
+    total = cfg.steps * cfg.batch_size
+    perms = [epoch_permutation(n_windows, cfg.seed, e) for e in range(-(-total // n_windows))]
+    return torch.cat(perms)[:total].view(cfg.steps, cfg.batch_size)
+
+
 def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: HeadTrainConfig,
              time_budget_s: float | None = None):
     """Train one head from scratch. Returns (head fp32 on device, log dict)."""
@@ -170,6 +179,7 @@ def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: Hea
                             fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     order = BatchOrder(train_windows.shape[0], cfg.batch_size, cfg.seed)
+    batch_idx = _batch_indices(train_windows.shape[0], cfg).to(device)  # [steps, B], moved once
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     seq_len = train_windows.shape[1] - 1
     log = {"head": kind, "config": dataclasses.asdict(cfg), "head_config": dataclasses.asdict(head_cfg),
@@ -179,7 +189,7 @@ def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: Hea
     acc: dict[str, torch.Tensor] = {}
     t0, n_acc, step = time.time(), 0, 0
     for step in range(1, cfg.steps + 1):
-        batch = train_windows[order.indices(step - 1).to(device)]  # [B, T+1]
+        batch = train_windows[batch_idx[step - 1]]  # [B, T+1]
         tf = _features(target, batch, head_cfg, device)
         with autocast(device):
             loss, stats = _loss(kind, runner, tf, batch, cfg, gen, train=True)
