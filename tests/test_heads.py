@@ -82,6 +82,13 @@ def test_forward_shapes_and_features(target, kind):
     assert hidden.shape == (B, T, d) and logits.shape == (B, T, V) and logits.dtype == torch.float32
     h1, l1 = head(tf.features[0], ids[0], torch.arange(T), None, from_target=True)  # 2-D inputs
     assert h1.shape == (T, d) and torch.allclose(l1, logits[0], atol=1e-5)
+    # no cache: causal over the rows whatever the positions (a later row never changes an earlier one)
+    pos = torch.arange(5, 5 + T).expand(B, T)
+    _, a = head(tf.features, ids, pos, None, from_target=True)
+    ids2 = ids.clone()
+    ids2[:, -1] = (ids2[:, -1] + 1) % V
+    _, b = head(tf.features, ids2, pos, None, from_target=True)
+    assert torch.equal(a[:, :-1], b[:, :-1]) and not torch.equal(a[:, -1], b[:, -1])
     h2, l2 = head(hidden, ids, torch.arange(T).expand(B, T), None, from_target=False)  # fed back
     assert h2.shape == (B, T, d) and l2.shape == (B, T, V)
     # no target weights in the head's parameters or state_dict (shared, frozen)

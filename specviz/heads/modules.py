@@ -33,12 +33,14 @@ Step API (the proposer drives it; identical for both heads)::
     input_ids    int64 [B, T] or [T]: the token AFTER each feature, x_{j+1} (methods.md 1.1).
     position_ids int64 [B, T] or [T]: the feature's position j (draft step m >= 2 of a chain from
                  committed length n runs at position n+m-2).
-    cache        a transformers ``DynamicCache`` (or None: no cache, plain causal attention over the
-                 T rows). Slot i of the cache must hold position i: call with position_ids starting
-                 at ``cache.get_seq_length()``; roll back to a committed length Lc with
+    cache        a transformers ``DynamicCache``, or None: no cache, plain causal attention over the
+                 T rows (row i sees rows <= i, whatever the positions; SDPA ``is_causal``). With a
+                 cache, slot i must hold position i: call with position_ids starting at
+                 ``cache.get_seq_length()``; roll back to a committed length Lc with
                  :func:`crop_cache` (``DynamicCache.crop(-n)``).
-    attention_mask bool [B or 1, 1, T, S] (True = attend), S = cached + T keys; default: key slot
-                 s is visible iff s <= the query's position. The training-time test passes its own.
+    attention_mask bool [B or 1, 1, T, S] (True = attend), S = cached + T keys; default with a
+                 cache: key slot s is visible iff s <= the query's position. The training-time
+                 test passes its own.
     returns      hidden float [B, T, d] (the head's dtype; fed back as the next feature) and
                  logits float32 [B, T, V] (predicting x_{j+2}); the leading B is dropped for 2-D inputs.
 
@@ -124,9 +126,9 @@ class _Head(nn.Module):
         dt = self.dtype
         h_in = self._first_hidden(features.to(dt), from_target)  # [B, T, d]
         emb = self.embed_tokens(input_ids).to(dt)  # [B, T, d]
-        if attention_mask is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            attention_mask = position_mask(position_ids, past + input_ids.shape[1])
+        if attention_mask is None and cache is not None:
+            attention_mask = position_mask(position_ids, cache.get_seq_length() + input_ids.shape[1])
+        # cache None and no mask: plain causal attention over the T rows (SDPA is_causal / flash)
         pos_emb = self.rotary_emb(h_in, position_ids)
         hidden = self._layer_out(emb, h_in, attention_mask, pos_emb, position_ids, cache)  # [B, T, d]
         logits = self._logits(hidden).float()  # [B, T, V]
