@@ -144,7 +144,7 @@ def run(
     log["final_heldout"] = _final_losses(models, held_w, held_pkg_w, cfg, dev, meta)
     phase("final_eval")
     write(log)
-    if heads:
+    if heads and preset != "smoke":  # the smoke run stays seconds long; heads have their own --smoke test
         try:  # a head must never cost a finished LM
             log["heads"] = train_heads_on(models["target"], train_w, held_w, dev, out_dir)
         except Exception as exc:  # noqa: BLE001
@@ -219,12 +219,7 @@ def _final_losses(models, held_w, held_pkg_w, cfg: TrainConfig, dev, meta: dict)
 def train_heads_on(target, train_w, held_w, dev, out_dir: str) -> dict:
     """Every head registered in :mod:`specviz.train.heads`, trained on the frozen target and saved under
     ``out_dir``; returns {head name: log}."""
-    import inspect
-
-    params = inspect.signature(train_heads).parameters
-    if "out_dir" in params:
-        return train_heads(target, train_w, held_w, dev, out_dir)
-    return train_heads(target, train_w, dev)
+    return train_heads(target, train_w, held_w, dev, out_dir)
 
 
 def tokenizer_sample(corpus, max_bytes: int | None) -> list[str]:
