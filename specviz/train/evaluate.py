@@ -29,6 +29,7 @@ import time
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from specviz.train.corpus import build_corpus
 from specviz.train.data import pack, windows
@@ -40,15 +41,23 @@ METHODS = ("draft_model", "ngram")
 COUNTERS = ("num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_generated_tokens")
 
 
-def model_heldout_loss(model_dir: str, heldout_texts: list[str], n_windows: int | None, seq_len: int) -> dict:
-    """fp32 CPU loss of one saved model on the first n_windows held-out windows (None = all)."""
+def model_heldout_loss(model_dir: str, heldout_texts: list[str], n_windows: int | None, seq_len: int,
+                       device: str = "cpu") -> dict:
+    """fp32 loss of one saved model on the first n_windows held-out windows (None = all), on ``device``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True)
+    dev = torch.device(device)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True).to(dev)
     docs = [tok(t, add_special_tokens=False, verbose=False)["input_ids"] for t in heldout_texts]
-    w = windows(pack(docs, tok.eos_token_id), seq_len)[:n_windows]  # [W, seq_len + 1]
-    return {"loss": heldout_loss(model, w, 4, torch.device("cpu")), "windows": int(w.shape[0]), "seq_len": seq_len}
+    w = windows(pack(docs, tok.eos_token_id), seq_len)[:n_windows].to(dev)  # [W, seq_len + 1]
+    total = 0.0
+    with torch.no_grad():  # fp32 on any device (no autocast): the card's numbers
+        for chunk in w.split(4):
+            logits = model(input_ids=chunk[:, :-1], use_cache=False).logits  # [b, T, V]
+            total += float(F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten())) * chunk.shape[0]
+    loss = total / w.shape[0]
+    return {"loss": loss, "windows": int(w.shape[0]), "seq_len": seq_len, "device": device}
 
 
 def run_prompt(decoder, prompt: Prompt, max_new_tokens: int, k: int) -> dict:
@@ -164,14 +173,15 @@ def load_prompts(path: str) -> list[tuple[str, Prompt]]:
     return [(r["split"], Prompt(r["relpath"], r["def_line"], r["text"], r["header"])) for r in data["prompts"]]
 
 
-def bytes_normalised_loss(model_dir: str, manifest: str, n_windows: int | None, seq_len: int) -> dict:
+def bytes_normalised_loss(model_dir: str, manifest: str, n_windows: int | None, seq_len: int,
+                          device: str = "cpu") -> dict:
     """fp32 CPU held-out loss of a saved model on a manifest's held-out split, per token and per byte (per byte
     is comparable across tokenizers: two families with different BPEs are compared on the same files)."""
     from transformers import AutoTokenizer
 
     corpus = build_corpus(manifest)
     texts = [f.text for f in corpus.heldout]
-    res = model_heldout_loss(model_dir, texts, n_windows, seq_len)
+    res = model_heldout_loss(model_dir, texts, n_windows, seq_len, device)
     tok = AutoTokenizer.from_pretrained(model_dir)
     n_tokens = sum(len(tok(t, add_special_tokens=False, verbose=False)["input_ids"]) + 1 for t in texts)
     res["bytes_per_token"] = sum(len(t.encode()) for t in texts) / n_tokens
@@ -181,7 +191,7 @@ def bytes_normalised_loss(model_dir: str, manifest: str, n_windows: int | None, 
 
 
 def evaluate_family(models_dir: str, prompts_file: str, k: int = 4, spec_tokens: int = 64, repetition_tokens: int = 256,
-                    loss_manifest: str | None = "transformers-5.17", loss_windows: int | None = 256,
+                    loss_manifest: str | None = "transformers-5.17", loss_windows: int | None = None,
                     device: str = "cpu", dtype: str = "float32", splits: tuple[str, ...] = ("heldout", "heldout_packages"),
                     limit: int | None = None) -> dict:
     """The model family's goal numbers (issue: model family v2), one JSON-able dict.
@@ -222,7 +232,7 @@ def evaluate_family(models_dir: str, prompts_file: str, k: int = 4, spec_tokens:
             "prompts": rows,
         }
     if loss_manifest:
-        out["heldout_loss"] = {n: bytes_normalised_loss(d, loss_manifest, loss_windows, seq_len)
+        out["heldout_loss"] = {n: bytes_normalised_loss(d, loss_manifest, loss_windows, seq_len, device)
                                for n, d in (("target", target_dir), ("draft", draft_dir))}
     return out
 
