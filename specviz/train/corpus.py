@@ -68,6 +68,7 @@ class Manifest:
     heldout_packages: tuple[str, ...] = ()
     heldout_modulus: int = 40
     legacy_holdout: dict[str, int] = field(default_factory=dict)
+    stdlib_version: str | None = None  # pin of the standard library (the interpreter's version), checked like a package
     description: str = ""
 
     @classmethod
@@ -214,6 +215,9 @@ def _sources(m: Manifest) -> tuple[dict, list[tuple[str, str, Path]]]:
         out += [(name, rel, path) for rel, path in files]
     if m.stdlib:
         version, files = _stdlib_files(m)
+        if m.stdlib_version is not None and version != m.stdlib_version and m.strict:
+            raise CorpusError(f"manifest {m.name!r} pins the standard library of Python {m.stdlib_version}, "
+                              f"this interpreter is {version}")
         record["resolved"][STDLIB] = version
         out += [(STDLIB, f"{STDLIB}/{rel}", path) for rel, path in files]
     return record, out
