@@ -72,6 +72,7 @@ from kernels.sampler_helpers import (
     reduce_row_argmax,
     sum_rows,
 )
+from specviz.sampling.rates import conditional_rates
 from specviz.sampling.types import BlockDetails, RejectionOutput, SamplerNoise
 
 _SLOW_BLOCK = tl.constexpr(1024)  # vocabulary chunk of the (rare) whole-row race loop
@@ -352,16 +353,12 @@ def _rates(method: str, synthetic_rates, K: int, device: torch.device) -> torch.
         return torch.empty(1, dtype=torch.float64, device=device)
     if isinstance(synthetic_rates, (list, tuple)):
         return _cached_rates(tuple(float(a) for a in synthetic_rates), K, str(device))
-    from specviz.sampling.reference import _conditional_rates
-
-    return _conditional_rates(synthetic_rates, K, device).contiguous()
+    return conditional_rates(synthetic_rates, K, device).contiguous()
 
 
 @functools.lru_cache(maxsize=64)
 def _cached_rates(rates: tuple[float, ...], K: int, device: str) -> torch.Tensor:
-    from specviz.sampling.reference import _conditional_rates
-
-    return _conditional_rates(list(rates), K, torch.device(device)).contiguous()
+    return conditional_rates(list(rates), K, torch.device(device)).contiguous()
 
 
 def _alloc_outputs(B: int, K: int, device: torch.device) -> dict[str, torch.Tensor]:
