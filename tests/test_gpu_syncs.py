@@ -9,6 +9,9 @@ Counted per call of ``SpecDecoder._step`` in a warm request (a first request cap
   detail record, which ran on a side stream behind that wait (``PendingDetail``; by then the GPU is
   busy with this step's target forward, so it does not idle the GPU's queue).
 A step's first call also runs the drafter's eager prefill (per-request set-up), so it is left out.
+Not seen by either count: the CUDA driver's own stream sync before a non-blocking copy from pageable
+host memory; host drafts (ngram, suffix) and other host inputs are therefore staged in pinned memory
+(specviz/transfer.py).
 Skipped without CUDA (the lead runs it on the H200: benchmarks/run_gpu_suite.sh).
 """
 
