@@ -8,7 +8,8 @@ between repeats):
 * the rejection sampler, full q, for B x K x V x dtype in {1,8,64,256} x {1,4,8} x
   {32000,128256,151936} x {fp32,bf16}, methods standard, block and greedy: reference vs Triton,
   the bytes the sampler must read per second (see ``must_read_bytes``) against the copy
-  bandwidth, and block / standard; plus one-hot q and synthetic at the goal shape;
+  bandwidth, and block / standard; plus one-hot q, synthetic and the one-pass block kernel
+  (``block_one_pass``: block_two_pass=False, the design before the two-pass one) at the goal shape;
 * the n-gram matcher for B x L in {1,64,256} x {1024,8192,32768}: reference vs Triton.
 Every Triton result is also checked against the reference (token ids must be equal).
 Triton calls are also timed as CUDA-graph replays (GPU time without host overhead) and on the
@@ -130,21 +131,23 @@ def same_outputs(ref, tri) -> bool:
 def bench_sampler_case(B, K, V, dtype_name, full, methods, copy_GBps) -> list[dict]:
     dtype = DTYPES[dtype_name]
     recs = []
-    for method in methods:
+    for label in methods:  # "block_one_pass": block with the one-pass kernel (block_two_pass=False)
+        method = "block" if label == "block_one_pass" else label
+        variant = {"block_two_pass": False} if label == "block_one_pass" else {}
         p, q, ids, noise = make_sampler_inputs(B, K, V, dtype, full, method)
         rates = RATES[:K] if method == "synthetic" else None
         kw = dict(method=method, noise=noise, synthetic_rates=rates)
         ref = rejection_sample(p, q, ids, backend="reference", **kw)
-        tri = rejection_sample_triton(p, q, ids, **kw)
+        tri = rejection_sample_triton(p, q, ids, **kw, **variant)
         match = same_outputs(ref, tri)
         heavy = B * (K + 1) * V > 2e7
         t_ref = median_ms(lambda: rejection_sample(p, q, ids, backend="reference", **kw), heavy=heavy)
-        call = lambda: rejection_sample_triton(p, q, ids, **kw)  # noqa: E731
+        call = lambda: rejection_sample_triton(p, q, ids, **kw, **variant)  # noqa: E731
         t_tri, t_graph, t_host = median_ms(call), graph_ms(call), host_us(call)
         nbytes = must_read_bytes(ref, V, p.element_size(), q.element_size() if full else 0, full, method)
         gbps = nbytes / t_tri / 1e6
         recs.append(
-            dict(B=B, K=K, V=V, dtype=dtype_name, q="full" if full else "onehot", method=method,
+            dict(B=B, K=K, V=V, dtype=dtype_name, q="full" if full else "onehot", method=label,
                  ref_ms=t_ref, triton_ms=t_tri, speedup=t_ref / t_tri, must_read_bytes=nbytes,
                  triton_GBps=gbps, frac_copy_bw=gbps / copy_GBps, match_reference=match,
                  triton_graph_ms=t_graph, host_us=t_host,
@@ -217,7 +220,7 @@ def run(args) -> dict:
         res["sampler"] += bench_sampler_case(B, K, V, d, True, methods, copy_GBps)
         if (B, K, V) == GOAL:
             res["sampler"] += bench_sampler_case(B, K, V, d, False, methods + ("synthetic",), copy_GBps)
-            res["sampler"] += bench_sampler_case(B, K, V, d, True, ("synthetic",), copy_GBps)
+            res["sampler"] += bench_sampler_case(B, K, V, d, True, ("synthetic", "block_one_pass"), copy_GBps)
         last = res["sampler"][-1]
         print(f"sampler B={B} K={K} V={V} {d}: {time.time() - t_start:.0f}s ({last['speedup']:.1f}x)", flush=True)
         torch.cuda.empty_cache()
@@ -285,7 +288,7 @@ def render(res: dict) -> str:
     goal = [r for r in res["sampler"] if (r["B"], r["K"], r["V"]) == GOAL]
     std = {(r["q"], r["dtype"]): r for r in goal if r["method"] == "standard"}
     for r in goal:
-        s0 = std[(r["q"], r["dtype"])] if r["method"] == "block" else None
+        s0 = std[(r["q"], r["dtype"])] if r["method"] in ("block", "block_one_pass") else None
         ratio = None if s0 is None else r["triton_ms"] / s0["triton_ms"]
         g, g0 = r.get("triton_graph_ms"), None if s0 is None else s0.get("triton_graph_ms")
         gratio = g / g0 if (g and g0) else None

@@ -40,7 +40,20 @@ def _sampler_configs():
                 scalars = {"B": "i32", "V": "i32", "NB": "i32"}
                 label = f"{method}/{'full' if full else 'onehot'}/{dtype}"
                 sig = {**common, **scalars, **{k: "constexpr" for k in const}}
-                yield rejection_sampler._sampler_pass_kernel, sig, const, {"num_warps": 8}, label
+                two = method == "block" and full
+                const_p = const | {"TWO_PASS": two}
+                sig_p = {**common, **scalars, **{k: "constexpr" for k in const_p}}
+                yield rejection_sampler._sampler_pass_kernel, sig_p, const_p, {"num_warps": 8}, label
+                if two:  # the two-pass block kernels
+                    dec = {"tau_ptr": "*i32", "scale_ptr": "*fp32"}
+                    c2 = {"K": K, "K_P2": 4}
+                    sig_d = {k: common[k] for k in ("p_ptr", "q_ptr", "ids_ptr", "u_ptr", "pf_ptr", "pi_ptr")}
+                    sig_d = {**sig_d, **dec, **scalars, **{k: "constexpr" for k in c2}}
+                    yield rejection_sampler._block_decide_kernel, sig_d, c2, {"num_warps": 4}, label
+                    sig_r = {k: common[k] for k in ("p_ptr", "q_ptr", "ids_ptr", "e_ptr")}
+                    sig_r = {**sig_r, **dec, "pf_ptr": "*fp32", "pi_ptr": "*i32", **scalars,
+                             **{k: "constexpr" for k in (*c2, "BLOCK_V")}}
+                    yield rejection_sampler._block_race_kernel, sig_r, c2 | {"BLOCK_V": bv}, {"num_warps": 8}, label
                 outs = {
                     "out_ids_ptr": "*i64", "out_kind_ptr": "*i8", "out_nacc_ptr": "*i64", "out_ndraft_ptr": "*i64",
                     "out_px_ptr": "*fp32", "out_qx_ptr": "*fp32", "out_ap_ptr": "*fp32", "out_acc_ptr": "*u8",

@@ -7,14 +7,16 @@ order, so they agree to float32 rounding of a sum. Sources: Leviathan et al. 202
 Chen et al. 2023 (standard), Sun et al. 2024 arXiv 2403.10444 / vLLM PR 46781 (block), vLLM
 ``v1/sample/rejection_sampler.py`` (batched layout, exponential-race resampling, synthetic).
 
-Design (two launches, no atomics, deterministic):
+Design (two launches, four for block with full q; no atomics, deterministic):
 
 1. ``_sampler_pass_kernel``, grid (B, NB = cdiv(V, BLOCK_V)): one program per (row, vocab
    block). Each recomputes the per-slot scalars (k', p_t(x_t), q_t(x_t), ratios, block P chain)
    from K gathers, then walks only the rows that can matter and writes per-block partials:
    - full q, slots t < k': count of non-finite q, sum max(p - q, 0), sum p (residual mass);
-   - block, full q: sum max(P p - q, 0) and sum P p (rho) and a race candidate for every row
-     0..k' (tau is not known before rho is);
+   - block, full q: sum max(P p - q, 0) and sum P p (rho). Two-pass (the default): nothing else
+     here; ``_block_decide_kernel`` (grid (B,)) then takes tau and P_tau from the sums and
+     ``_block_race_kernel`` (grid (B, NB)) races row tau only. One-pass (``block_two_pass=False``):
+     a race candidate for every row 0..k' in this kernel (tau is not known before rho is);
    - standard / synthetic: the race only at the row where the speculative decision (assuming
      every q row finite) stops; one-hot q: that is the only row read at all;
    - block, one-hot q: rho is closed form, so tau and the one race row are known up front;
@@ -62,6 +64,7 @@ from kernels.sampler_helpers import (
     NUM_I,
     STANDARD,
     block_chain,
+    block_full_rho,
     block_tau,
     draft_scalars,
     first_fail,
@@ -72,6 +75,7 @@ from kernels.sampler_helpers import (
     reduce_row_argmax,
     sum_rows,
 )
+from specviz.sampling.rates import conditional_rates
 from specviz.sampling.types import BlockDetails, RejectionOutput, SamplerNoise
 
 _SLOW_BLOCK = tl.constexpr(1024)  # vocabulary chunk of the (rare) whole-row race loop
@@ -109,7 +113,7 @@ def _sampler_pass_kernel(
     pi_ptr,  # [NUM_I, B, K+1, NB] int32 partials (out)
     B, V, NB,
     K: tl.constexpr, K_P2: tl.constexpr, METHOD: tl.constexpr, FULL_Q: tl.constexpr,
-    BLOCK_V: tl.constexpr,
+    BLOCK_V: tl.constexpr, TWO_PASS: tl.constexpr = False,
 ):  # fmt: skip
     b = tl.program_id(0)
     vb = tl.program_id(1)
@@ -124,12 +128,17 @@ def _sampler_pass_kernel(
         e = tl.full([BLOCK_V], 1.0, tl.float32)
     else:
         j, P0 = _speculative_decision(slot, kd, in_draft, id_ok, p_x, q_x, ratio, u_ptr, rate_ptr, b, K, K_P2, METHOD)
-        e = tl.load(e_ptr + b.to(tl.int64) * V + offs, mask=vmask, other=1.0)
+        if TWO_PASS:  # sums only: no race here, no noise read
+            e = tl.full([BLOCK_V], 1.0, tl.float32)
+        else:
+            e = tl.load(e_ptr + b.to(tl.int64) * V + offs, mask=vmask, other=1.0)
         if FULL_Q:
             t_lo = 0
             t_hi = tl.maximum(kd, j + 1)
             if METHOD == BLOCK:
                 t_hi = kd + 1
+                if TWO_PASS:  # the bonus row only matters to the race, which runs on row tau later
+                    t_hi = kd
         else:
             t_lo = j
             t_hi = j + 1
@@ -159,13 +168,66 @@ def _sampler_pass_kernel(
                 if METHOD == BLOCK:
                     scale = tl.where(in_t, pick(P0, slot, t), 1.0)
                 w = race_weights(p, q, offs, scale, in_t & idok_t, x_t, FULL_Q)
-                s, si = tl.max(race_score(w, e), axis=0, return_indices=True)
-                tl.store(pf_ptr + F_RACE * NP + out, s)
-                tl.store(pi_ptr + I_RACE * NP + out, vb * BLOCK_V + si)
+                if not TWO_PASS:
+                    s, si = tl.max(race_score(w, e), axis=0, return_indices=True)
+                    tl.store(pf_ptr + F_RACE * NP + out, s)
+                    tl.store(pi_ptr + I_RACE * NP + out, vb * BLOCK_V + si)
                 if METHOD == BLOCK:
                     if FULL_Q:
                         tl.store(pf_ptr + F_RQ * NP + out, tl.sum(w, axis=0))
                         tl.store(pf_ptr + F_RP * NP + out, tl.sum(tl.maximum(scale * p, 0.0), axis=0))
+
+
+@triton.jit
+def _block_decide_kernel(
+    p_ptr, q_ptr, ids_ptr, u_ptr, pf_ptr, pi_ptr,
+    tau_ptr,  # [B] int32 out: tau (the emitted slot)
+    scale_ptr,  # [B] float32 out: P_tau (1 when tau = k': the bonus row)
+    B, V, NB,
+    K: tl.constexpr, K_P2: tl.constexpr,
+):  # fmt: skip
+    """Two-pass block verification, full q, between the sums pass and the race: tau and P_tau per
+    row, from the sums, with the finalize kernel's exact rules (non-finite q rows included)."""
+    b = tl.program_id(0)
+    NP = B * (K + 1) * NB
+    slot, x, kd, in_draft, id_ok, p_x, q_x, ratio = draft_scalars(ids_ptr, p_ptr, q_ptr, b, V, K, K_P2, True)
+    nonfinite = sum_rows(pf_ptr, pi_ptr, b, NB, NP, kd, slot, K, I_NONFINITE, True)
+    valid = id_ok & (nonfinite == 0)
+    q_x = tl.where(valid, q_x, 0.0)
+    ratio = tl.where(valid, ratio, 0.0)
+    u = tl.load(u_ptr + b * K + slot, mask=slot < K, other=0.0)
+    P, P0, rho1 = block_chain(slot, kd, valid & (q_x > 0), ratio, p_x, K, K_P2)
+    rho = block_full_rho(pf_ptr, pi_ptr, b, NB, NP, kd, slot, valid, P, K, K_P2)
+    h, j = block_tau(P, rho, u, slot, kd, in_draft)
+    tl.store(tau_ptr + b, j.to(tl.int32))
+    tl.store(scale_ptr + b, tl.where(j == kd, 1.0, pick(P0, slot, j)))
+
+
+@triton.jit
+def _block_race_kernel(
+    p_ptr, q_ptr, ids_ptr, e_ptr, tau_ptr, scale_ptr, pf_ptr, pi_ptr,
+    B, V, NB,
+    K: tl.constexpr, K_P2: tl.constexpr, BLOCK_V: tl.constexpr,
+):  # fmt: skip
+    """Two-pass block verification, full q: the exponential race on row tau only, grid (B, NB),
+    writing the same per-block partials the one-pass kernel writes for that row."""
+    b = tl.program_id(0)
+    vb = tl.program_id(1)
+    slot, x, kd, in_draft, id_ok, p_x, q_x, ratio = draft_scalars(ids_ptr, p_ptr, q_ptr, b, V, K, K_P2, True)
+    j = tl.load(tau_ptr + b)
+    scale = tl.load(scale_ptr + b)
+    offs = vb * BLOCK_V + tl.arange(0, BLOCK_V)
+    vmask = offs < V
+    in_t = j < kd
+    e = tl.load(e_ptr + b.to(tl.int64) * V + offs, mask=vmask, other=1.0)
+    p = tl.load(p_ptr + (b.to(tl.int64) * (K + 1) + j) * V + offs, mask=vmask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + (b.to(tl.int64) * K + j) * V + offs, mask=vmask & in_t, other=0.0).to(tl.float32)
+    w = race_weights(p, q, offs, scale, in_t & (pick(id_ok.to(tl.int32), slot, j) > 0), pick(x, slot, j), True)
+    s, si = tl.max(race_score(w, e), axis=0, return_indices=True)
+    out = (b * (K + 1) + j) * NB + vb
+    NP = B * (K + 1) * NB
+    tl.store(pf_ptr + F_RACE * NP + out, s)
+    tl.store(pi_ptr + I_RACE * NP + out, vb * BLOCK_V + si)
 
 
 @triton.jit
@@ -216,13 +278,7 @@ def _sampler_finalize_kernel(
         accept_prob = match.to(tl.float32)
     elif METHOD == BLOCK:
         if FULL_Q:  # rho_{t-1} = sum max(P_{t} p_t - q_t, 0) for 1 <= t < k'; 0 once P is 0
-            r_q = sum_rows(pf_ptr, pi_ptr, b, NB, NP, kd, slot, K, F_RQ, False)
-            r_p = sum_rows(pf_ptr, pi_ptr, b, NB, NP, kd, slot, K, F_RP, False)
-            rho = tl.zeros([K_P2], dtype=tl.float32)
-            for t in tl.static_range(1, K):
-                r_t = tl.where(pick(valid.to(tl.int32), slot, t) > 0, pick(r_q, slot, t), pick(r_p, slot, t))
-                r_t = tl.where((t < kd) & (pick(P, slot, t - 1) > 0), r_t, 0.0)
-                rho = tl.where(slot == t - 1, r_t, rho)
+            rho = block_full_rho(pf_ptr, pi_ptr, b, NB, NP, kd, slot, valid, P, K, K_P2)
         h, j = block_tau(P, rho, u, slot, kd, in_draft)
         scale = tl.where(j == kd, 1.0, pick(P0, slot, j))
         tl.store(out_P_ptr + b * K + slot, P, mask=slot < K)
@@ -286,6 +342,7 @@ def rejection_sample_triton(
     synthetic_rates=None,
     block_v: int | None = None,
     num_warps: int | None = None,
+    block_two_pass: bool = True,
 ) -> RejectionOutput:
     """Verify a batch of drafts with the Triton kernels (backend "triton" of
     :func:`specviz.sampling.rejection_sample`, which validates the arguments first).
@@ -299,6 +356,9 @@ def rejection_sample_triton(
         synthetic_rates: unconditional rates a_1 >= a_2 >= ... (method "synthetic").
         block_v: vocabulary block per program (power of two); default by device and batch.
         num_warps: warps per program of the pass kernel; default by block_v.
+        block_two_pass: method "block" with full q: sums first, then the race on row tau only
+            (two more launches, one race instead of k'+1); False: the one-pass kernel (races every
+            row 0..k'). Both give the same result bit for bit.
 
     Returns:
         RejectionOutput with backend "triton", every field as the reference computes it.
@@ -330,9 +390,17 @@ def rejection_sample_triton(
         ins = (p, q, ids, u, e, rates)
         if K == 0:  # no null pointers into the launcher (only masked loads touch these)
             ins = tuple(_nonempty(t) for t in ins)
+        two = block_two_pass and method == "block" and draft_probs is not None and K > 0
+        warps = num_warps or _num_warps(bv)
         _sampler_pass_kernel[(B, nb)](
-            *ins, pf, pi, B, V, nb, BLOCK_V=bv, num_warps=num_warps or _num_warps(bv), enable_fp_fusion=False, **meta
+            *ins, pf, pi, B, V, nb, BLOCK_V=bv, TWO_PASS=two, num_warps=warps, enable_fp_fusion=False, **meta
         )
+        if two:  # tau from the sums, then the race on row tau (results/kernels/README.md: the two-pass design)
+            tau, scale = torch.empty(B, dtype=torch.int32, device=device), torch.empty(B, dtype=torch.float32, device=device)
+            _block_decide_kernel[(B,)](p, q, ids, u, pf, pi, tau, scale, B, V, nb, K=K, K_P2=meta["K_P2"],
+                                       num_warps=4, enable_fp_fusion=False)
+            _block_race_kernel[(B, nb)](p, q, ids, e, tau, scale, pf, pi, B, V, nb, K=K, K_P2=meta["K_P2"],
+                                        BLOCK_V=bv, num_warps=warps, enable_fp_fusion=False)
         _sampler_finalize_kernel[(B,)](
             *ins, pf, pi, *out.values(), B, V, nb, K1_P2=triton.next_power_of_2(K + 1),
             num_warps=4, enable_fp_fusion=False, **meta,
@@ -352,16 +420,12 @@ def _rates(method: str, synthetic_rates, K: int, device: torch.device) -> torch.
         return torch.empty(1, dtype=torch.float64, device=device)
     if isinstance(synthetic_rates, (list, tuple)):
         return _cached_rates(tuple(float(a) for a in synthetic_rates), K, str(device))
-    from specviz.sampling.reference import _conditional_rates
-
-    return _conditional_rates(synthetic_rates, K, device).contiguous()
+    return conditional_rates(synthetic_rates, K, device).contiguous()
 
 
 @functools.lru_cache(maxsize=64)
 def _cached_rates(rates: tuple[float, ...], K: int, device: str) -> torch.Tensor:
-    from specviz.sampling.reference import _conditional_rates
-
-    return _conditional_rates(list(rates), K, torch.device(device)).contiguous()
+    return conditional_rates(list(rates), K, torch.device(device)).contiguous()
 
 
 def _alloc_outputs(B: int, K: int, device: torch.device) -> dict[str, torch.Tensor]:

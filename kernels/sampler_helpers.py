@@ -198,3 +198,18 @@ def sum_rows(pf_ptr, pi_ptr, b, NB, NP, kd, slot, K: tl.constexpr, F: tl.constex
                 v += tl.sum(tl.load(pf_ptr + F * NP + row + vbs, mask=m, other=0.0), axis=0)
         acc = tl.where(slot == t, v, acc)
     return acc
+
+
+@triton.jit
+def block_full_rho(pf_ptr, pi_ptr, b, NB, NP, kd, slot, valid, P, K: tl.constexpr, K_P2: tl.constexpr):
+    """Block verification, full q: rho_{t-1} = sum_x max(P_{t} p_t - q_t, 0) for 1 <= t < k' from the
+    pass kernel's partials (plane F_RQ; F_RP where the q row is not finite), 0 once P is 0
+    (reference ``_block_rho``). valid, P: vectors over slots. Returns rho [K_P2]."""
+    r_q = sum_rows(pf_ptr, pi_ptr, b, NB, NP, kd, slot, K, F_RQ, False)
+    r_p = sum_rows(pf_ptr, pi_ptr, b, NB, NP, kd, slot, K, F_RP, False)
+    rho = tl.zeros([K_P2], dtype=tl.float32)
+    for t in tl.static_range(1, K):
+        r_t = tl.where(pick(valid.to(tl.int32), slot, t) > 0, pick(r_q, slot, t), pick(r_p, slot, t))
+        r_t = tl.where((t < kd) & (pick(P, slot, t - 1) > 0), r_t, 0.0)
+        rho = tl.where(slot == t - 1, r_t, rho)
+    return rho

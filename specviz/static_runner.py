@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from transformers import StaticCache
 
+from .transfer import to_device
+
 
 class StaticRunner:
     """Args:
@@ -59,7 +61,7 @@ class StaticRunner:
         if self.seq_len + n > self.max_cache_len:
             raise ValueError(f"the static KV cache holds {self.max_cache_len} tokens; "
                              f"{self.seq_len} + {n} do not fit (shorten the prompt or max_new_tokens)")
-        ids = token_ids.to(self.device).view(1, n)  # [1, n]
+        ids = to_device(token_ids, self.device).view(1, n)  # [1, n]; a host input is queued, no wait
         if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
             graph, static_ids, static_logits = self._graphs.get(n) or self._capture(n, ids)
             static_ids.copy_(ids)

@@ -8,8 +8,11 @@
             per-position decisions, block P/rho/h/eta), gathered and packed on the device
 
 :class:`StepVerifier` runs both eagerly (CPU, or the reference sampler), or, on CUDA with the
-Triton sampler, as two CUDA graphs captured once per :class:`VerifySpec` (draft length k' and the
-request's sampling settings). On CUDA the core's packed tokens come back in one non-blocking copy
+Triton sampler, as two CUDA graphs captured once per :func:`graph_key` of a :class:`VerifySpec`
+(draft length k', verification rule, q kind, which logits processors are on). The sampling values
+themselves (1/temperature, top-p's cut, top-k's index) are device tensors the graphs read
+(:class:`SamplingTensors`), so one graph serves every temperature, top-p and top-k; the cache keeps
+at most ``max_graphs`` pairs (least recently used evicted: synthetic rates stay in the key). On CUDA the core's packed tokens come back in one non-blocking copy
 into pinned memory followed by one event wait: the step's only synchronisation with the GPU. The
 detail graph and its own copy run on a side stream behind the core, overlapping the next step's
 drafting and target forward; the engine collects it (:meth:`PendingDetail.result`) one step later,
@@ -23,8 +26,10 @@ Design after gpt-fast (static buffers + graph replay) and vLLM ``v1/sample/rejec
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from .record import Layout, gather_core, gather_detail, pack, unpack
@@ -55,12 +60,78 @@ class VerifySpec:
     backend: str
 
 
+def graph_key(spec: VerifySpec) -> VerifySpec:
+    """The part of ``spec`` that fixes a captured graph: the sampling values are replaced by
+    whether each processor is on (temperature > 0, top-k > 0, top-p < 1), since the graph reads
+    the values from :class:`SamplingTensors`."""
+    return replace(spec, temperature=float(spec.temperature > 0), top_k=1 if spec.top_k else None,
+                   top_p=0.5 if spec.top_p is not None and spec.top_p < 1.0 else None)
+
+
+@dataclass
+class SamplingTensors:
+    """A request's sampling values as device tensors, read by the captured graphs.
+
+    inv_temperature: float32 [1], float32(1 / T) (T > 0); top_p_cut: float32 [1], float32(1 - top_p),
+    HF TopPLogitsWarper's threshold on the ascending cumulative mass; top_k_index: int64 [1],
+    min(top_k, V) - 1 (the k-th largest logit's rank).
+    """
+
+    inv_temperature: torch.Tensor
+    top_p_cut: torch.Tensor
+    top_k_index: torch.Tensor
+    values: tuple | None = None  # last written (host), to skip unchanged writes
+
+    @classmethod
+    def empty(cls, device: torch.device) -> "SamplingTensors":
+        f = torch.ones(2, dtype=torch.float32, device=device)
+        return cls(f[0:1], f[1:2], torch.zeros(1, dtype=torch.int64, device=device))
+
+    def write(self, spec: VerifySpec) -> None:
+        """Set the values for ``spec`` (three fill kernels, no host wait; nothing if unchanged)."""
+        values = (float(np.float32(1.0 / spec.temperature)) if spec.temperature > 0 else 1.0,
+                  float(np.float32(1.0 - spec.top_p)) if spec.top_p is not None else 0.0,
+                  min(spec.top_k, spec.vocab) - 1 if spec.top_k else 0)
+        if values != self.values:
+            self.inv_temperature.fill_(values[0])
+            self.top_p_cut.fill_(values[1])
+            self.top_k_index.fill_(values[2])
+            self.values = values
+
+
+def probs_from_tensors(logits: torch.Tensor, key: VerifySpec, s: SamplingTensors) -> torch.Tensor:
+    """:func:`~specviz.sampling.logits_to_probs` with the values read from device tensors (so a CUDA
+    graph captured once serves every value): logits [R, V] -> float32 [R, V]. ``key`` says which
+    processors are on (:func:`graph_key`). Same order and tie rules as HF's warpers; temperature
+    scales by the float32 reciprocal (as CUDA's division by a host scalar does), the k-th largest
+    logit comes from a full descending sort instead of ``topk`` (the same value)."""
+    x = logits.float()  # [R, V]
+    if key.temperature == 0:
+        return torch.zeros_like(x).scatter_(-1, x.argmax(dim=-1, keepdim=True), 1.0)
+    x = x * s.inv_temperature
+    if key.top_k:
+        kth = x.sort(dim=-1, descending=True).values.gather(-1, s.top_k_index.expand(x.shape[0], 1))  # [R, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if key.top_p is not None:
+        sorted_logits, sorted_idx = torch.sort(x, dim=-1, descending=False)  # [R, V]
+        remove_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= s.top_p_cut
+        remove_sorted[..., -1:] = False  # min_tokens_to_keep = 1
+        x = x.masked_fill(remove_sorted.scatter(-1, sorted_idx, remove_sorted), float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
 def _core(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
-          noise: SamplerNoise | None) -> tuple[torch.Tensor, Layout, torch.Tensor, RejectionOutput, torch.Tensor]:
+          noise: SamplerNoise | None, settings: SamplingTensors | None = None,
+          ) -> tuple[torch.Tensor, Layout, torch.Tensor, RejectionOutput, torch.Tensor]:
     """logits: [k'+1, V] float; q: float32 [k', V] or None; x: int64 [k']; noise: SamplerNoise for
-    [1, k', V] or None (greedy). Returns (packed tokens float64 [2k'+2], layout, next input int64 [1],
-    the sampler's output, p float32 [k'+1, V]), all on logits' device."""
-    p = logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)  # [k'+1, V] float32
+    [1, k', V] or None (greedy); settings: the sampling values as device tensors (``spec`` is then
+    a :func:`graph_key`), or None (``spec``'s own values, :func:`logits_to_probs`). Returns (packed
+    tokens float64 [2k'+2], layout, next input int64 [1], the sampler's output, p float32 [k'+1, V]),
+    all on logits' device."""
+    if settings is None:
+        p = logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)  # [k'+1, V] float32
+    else:
+        p = probs_from_tensors(logits, spec, settings)
     if spec.backend == "triton":  # arguments were validated by an eager call first (see _capture)
         from kernels.rejection_sampler import rejection_sample_triton
 
@@ -104,6 +175,7 @@ class _Graphs:
     next_input: torch.Tensor
     host: torch.Tensor  # pinned float64, the core's packed tokens
     core_done: torch.cuda.Event
+    settings: SamplingTensors
     detail: torch.cuda.CUDAGraph | None = None
     detail_flat: torch.Tensor | None = None
     detail_layout: Layout = ()
@@ -118,15 +190,17 @@ class StepVerifier:
         device: where logits live.
         cuda_graphs: capture the units as CUDA graphs (default: on CUDA; used only with backend
             "triton", since the reference sampler synchronises with the host).
+        max_graphs: most captured (core, detail) pairs kept; the least recently used is dropped.
     Attributes:
         graph_events: set to a list to collect (start, end) CUDA events around every replay
             (core and detail; the detail's run on the side stream).
     """
 
-    def __init__(self, device: torch.device, cuda_graphs: bool | None = None):
+    def __init__(self, device: torch.device, cuda_graphs: bool | None = None, max_graphs: int = 64):
         self.device = torch.device(device)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
-        self._graphs: dict[VerifySpec, _Graphs] = {}
+        self.max_graphs = int(max_graphs)
+        self._graphs: OrderedDict[VerifySpec, _Graphs] = OrderedDict()  # by graph_key, least recent first
         self._pool = None
         self._side: torch.cuda.Stream | None = None
         self._detail_done: torch.cuda.Event | None = None  # the last detail enqueued on the side stream
@@ -145,7 +219,12 @@ class StepVerifier:
         noise = None if spec.verify == "greedy" else draw_noise(1, spec.k, spec.vocab, generator=generator,
                                                                 device=self.device)
         if not (self.cuda_graphs and spec.backend == "triton"):
-            flat, layout, next_input, out, p = _core(spec, logits, q, x, noise)
+            settings = None  # Triton on CUDA: the graphs' processing, so both paths give equal records
+            if spec.backend == "triton" and self.device.type == "cuda":
+                settings = SamplingTensors.empty(self.device)
+                settings.write(spec)
+            key = graph_key(spec) if settings is not None else spec
+            flat, layout, next_input, out, p = _core(key, logits, q, x, noise, settings)
             core = unpack(flat.cpu().tolist(), layout)
             detail = None
             if spec.detailed:
@@ -158,9 +237,8 @@ class StepVerifier:
             self._pending = None
         if self._detail_done is not None:  # the graphs share one memory pool: never overlap two of them
             main.wait_event(self._detail_done)
-        g = self._graphs.get(spec)
-        if g is None:
-            g = self._graphs[spec] = self._capture(spec, logits, q, x, noise)
+        g = self._lookup(spec, lambda key: self._capture(key, spec, logits, q, x, noise))
+        g.settings.write(spec)
         g.logits.copy_(logits)
         g.x.copy_(x)
         if g.q is not None:
@@ -184,6 +262,18 @@ class StepVerifier:
         g.core_done.synchronize()  # the step's one wait on the GPU
         return unpack(g.host.tolist(), g.layout), g.next_input.clone(), "triton", detail
 
+    def _lookup(self, spec: VerifySpec, capture):
+        """The graphs for ``graph_key(spec)``, captured by ``capture(key)`` on a miss; keeps at most
+        ``max_graphs`` (drops the least recently used: its memory returns to the shared pool)."""
+        key = graph_key(spec)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._graphs[key] = capture(key)
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(key)
+        return g
+
     def _replay(self, graph: torch.cuda.CUDAGraph) -> None:
         if self.graph_events is None:
             graph.replay()
@@ -194,9 +284,10 @@ class StepVerifier:
         end.record()
         self.graph_events.append((start, end))
 
-    def _capture(self, spec, logits, q, x, noise) -> _Graphs:
-        """Validate through the public sampler once (eagerly), warm up (Triton compiles), capture
-        the core; run it once so the detail's warm-up reads valid tokens; capture the detail."""
+    def _capture(self, key, spec, logits, q, x, noise) -> _Graphs:
+        """Validate through the public sampler once (eagerly, with ``spec``'s values), warm up
+        (Triton compiles), capture the core for ``key`` (reading the values from its
+        SamplingTensors); run it once so the detail's warm-up reads valid tokens; capture the detail."""
         rejection_sample(logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)[None],
                          None if q is None else q[None], x[None], method=spec.verify, noise=noise,
                          synthetic_rates=spec.synthetic_rates, backend="triton")
@@ -205,20 +296,22 @@ class StepVerifier:
         s_logits, s_x = logits.clone(), x.clone()
         s_q = None if q is None else q.clone()
         s_noise = None if noise is None else SamplerNoise(u=noise.u.clone(), exp=noise.exp.clone())
+        settings = SamplingTensors.empty(self.device)
+        settings.write(spec)
         main = torch.cuda.current_stream(self.device)
         warm = torch.cuda.Stream(self.device)
         warm.wait_stream(main)
         with torch.cuda.stream(warm):
             for _ in range(2):  # allocator, lazy init, Triton compilation: outside the capture
-                _core(spec, s_logits, s_q, s_x, s_noise)
+                _core(key, s_logits, s_q, s_x, s_noise, settings)
         main.wait_stream(warm)
         core = torch.cuda.CUDAGraph()
         with torch.cuda.graph(core, pool=self._pool):
-            flat, layout, next_input, out, p = _core(spec, s_logits, s_q, s_x, s_noise)
+            flat, layout, next_input, out, p = _core(key, s_logits, s_q, s_x, s_noise, settings)
         self._pool = core.pool()
         g = _Graphs(core, s_logits, s_q, s_x, s_noise, flat, layout, next_input,
-                    torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True), torch.cuda.Event())
-        if spec.detailed:
+                    torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True), torch.cuda.Event(), settings)
+        if key.detailed:
             core.replay()  # out and p now hold real values
             warm.wait_stream(main)
             with torch.cuda.stream(warm):

@@ -11,6 +11,11 @@ KV cache: the drafter's runner follows the committed tokens exactly. Each call c
 tokens in its cache with ``token_ids`` and truncates to their common prefix (rollback after a
 rejection), then feeds the committed tokens it has not seen (catch-up: after a full accept the
 last draft token and the bonus token), then drafts.
+
+No host waits (one wait per engine step, the verifier's): the catch-up tokens go to the device from
+pinned memory, the draft tokens kept in the cache come back to the host by a non-blocking copy that
+the next call reads (complete by then: the engine's verification waited after it), and sampled
+drafts use the exponential race that ``torch.multinomial(q, 1)`` runs, without its host-side checks.
 """
 
 from __future__ import annotations
@@ -20,7 +25,17 @@ from typing import Sequence
 import torch
 
 from ..runner import EagerRunner, ModelRunner
+from ..transfer import to_device
 from .base import Draft, StepContext
+
+
+def _sample(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """x ~ q for q float32 [V] -> int64 [1], without a host wait. The exponential race
+    argmax(q / E), E ~ Exp(1), exactly as ``torch.multinomial(q, 1)`` computes it (PyTorch
+    ``aten/src/ATen/native/Distributions.cpp``, the one-sample path): same generator draws, same
+    token, minus multinomial's validity checks (two host reads of the device per call)."""
+    e = torch.empty_like(q).exponential_(generator=generator)  # [V]
+    return (q / e).argmax(dim=-1, keepdim=True)
 
 
 class DraftModelProposer:
@@ -40,6 +55,7 @@ class DraftModelProposer:
         self.num_speculative_tokens = int(num_speculative_tokens)
         self._cached: list[int] = []
         self._pending: torch.Tensor | None = None  # draft tokens fed last step, still on the device
+        self._pending_host: tuple[torch.Tensor, torch.cuda.Event] | None = None  # their pinned copy, queued
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, num_speculative_tokens: int = 5) -> "DraftModelProposer":
@@ -48,14 +64,20 @@ class DraftModelProposer:
     @property
     def cached_ids(self) -> list[int]:
         """The tokens whose keys/values are in the drafter's cache, in order."""
-        if self._pending is not None:  # read lazily: by now the step's one D2H copy has synced
-            self._cached.extend(self._pending.tolist())
-            self._pending = None
+        if self._pending is not None:  # read lazily: in the engine the copy is complete by now
+            if self._pending_host is not None:
+                host, copied = self._pending_host
+                if not copied.query():  # only when called outside the engine's loop
+                    copied.synchronize()
+                self._cached.extend(host.tolist())
+            else:
+                self._cached.extend(self._pending.tolist())
+            self._pending, self._pending_host = None, None
         return self._cached
 
     def reset(self) -> None:
         self.runner.reset()
-        self._cached, self._pending = [], None
+        self._cached, self._pending, self._pending_host = [], None, None
 
     def _sync_cache(self, token_ids: list[int]) -> torch.Tensor:
         """Roll the cache back to the longest prefix it shares with ``token_ids`` (keeping at
@@ -68,6 +90,7 @@ class DraftModelProposer:
         self.runner.truncate(common)
         self._cached = list(token_ids)
         feed = torch.tensor(token_ids[common:], dtype=torch.long)
+        feed = to_device(feed, getattr(self.runner, "device", feed.device))  # [n]; queued, no wait
         return self.runner.forward(feed)[-1]
 
     def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
@@ -81,7 +104,7 @@ class DraftModelProposer:
         for i in range(k):
             if ctx.temperature > 0:
                 q = torch.softmax(logits / ctx.temperature, dim=-1)  # [V] float32
-                x = torch.multinomial(q, 1, generator=ctx.generator)  # [1]
+                x = _sample(q, ctx.generator)  # [1]
                 probs.append(q)
             else:
                 x = logits.argmax(dim=-1, keepdim=True)  # [1]
@@ -90,6 +113,13 @@ class DraftModelProposer:
                 logits = self.runner.forward(x)[-1]
         draft = torch.cat(tokens)  # [k]
         self._pending = draft[:-1]
+        self._pending_host = None
+        if draft.is_cuda and k > 1:  # back to the host behind this step's work, read next call
+            host = torch.empty(k - 1, dtype=torch.long, pin_memory=True)
+            host.copy_(self._pending, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(draft.device))
+            self._pending_host = (host, copied)
         return Draft(
             token_ids=draft,
             probs=torch.stack(probs) if probs else None,  # [k, V] or None (one-hot)

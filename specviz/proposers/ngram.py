@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from ..transfer import pinned
 from .base import Draft, StepContext
 
 TRIE_MAX_DEPTH = 8  # continuation depth kept in the trie view (>= usual k)
@@ -114,7 +115,8 @@ class NgramProposer:
                     "prompt_lookup_min": self.prompt_lookup_min,
                     "prompt_lookup_max": self.prompt_lookup_max,
                 }
-                return Draft(token_ids=torch.as_tensor(draft, dtype=torch.long), probs=None, details=details)
+                ids = pinned(torch.as_tensor(draft, dtype=torch.long))  # pinned: the engine's copy does not wait
+                return Draft(token_ids=ids, probs=None, details=details)
         details = {"kind": "ngram", "n": 0, "suffix": [], "suffix_start": int(ctx.size), "occurrences": [],
                    "match_position": -1, "tried": tried, "trie": [],
                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}

@@ -27,6 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..transfer import pinned
 from .base import Draft, StepContext
 
 
@@ -200,7 +201,8 @@ class SuffixProposer:
         details = {"kind": "suffix", "candidates": cands, "chosen": best,
                    "cached_requests": len(self.global_cache), "config": self.config.__dict__}
         tokens = best["draft"] if best else []
-        return Draft(token_ids=torch.tensor(tokens, dtype=torch.long), probs=None, details=details)
+        ids = pinned(torch.tensor(tokens, dtype=torch.long))  # pinned: the engine's copy does not wait
+        return Draft(token_ids=ids, probs=None, details=details)
 
     def finish(self, output_ids: Sequence[int]) -> None:
         """Add a finished request's output to the global tree."""

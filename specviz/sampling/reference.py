@@ -42,6 +42,7 @@ from specviz.sampling.types import (
     SamplerNoise,
     draw_noise,
 )
+from specviz.sampling.rates import conditional_rates as _conditional_rates
 
 BACKENDS = ("reference", "triton")
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
@@ -139,23 +140,6 @@ def _describe(x) -> str:
     if isinstance(x, torch.Tensor):
         return f"{x.dtype} tensor of shape {list(x.shape)}"
     return type(x).__name__
-
-
-def _conditional_rates(rates, K: int, device: torch.device) -> torch.Tensor:
-    """Unconditional rates a_1.. -> conditional a_i / a_{i-1} (a_0 = 1; 0 if a_{i-1} = 0), float64 [K]."""
-    if rates is None:
-        raise ValueError("method 'synthetic' needs synthetic_rates: a_1 >= a_2 >= ... in [0, 1], length >= K")
-    a = torch.as_tensor(rates, dtype=torch.float64).detach().cpu()
-    if a.dim() != 1 or a.numel() < K:
-        raise ValueError(f"synthetic_rates must be 1-D with length >= K = {K}, got shape {list(a.shape)}")
-    a = a[:K]
-    if not bool(torch.isfinite(a).all()) or bool((a < 0).any()) or bool((a > 1).any()):
-        raise ValueError(f"synthetic_rates must lie in [0, 1], got {a.tolist()}")
-    prev = torch.cat([torch.ones(1, dtype=torch.float64), a])[:K]  # [K] a_{i-1}, a_0 = 1
-    if bool((a > prev).any()):
-        raise ValueError(f"synthetic_rates must be non-increasing (a_1 >= a_2 >= ...), got {a.tolist()}")
-    safe = torch.where(prev > 0, prev, torch.ones_like(prev))
-    return torch.where(prev > 0, a / safe, torch.zeros_like(a)).to(device)
 
 
 # ------------------------------------------------------------------------------------ the math

@@ -1,0 +1,43 @@
+"""benchmarks/bench_shapes.py imports and runs: a --dry-run (tiny shapes, CPU) writes its JSON and table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import bench_shapes  # noqa: E402
+
+
+def test_dry_run_writes_json_and_table(tmp_path):
+    result = bench_shapes.main(["--out", str(tmp_path), "--dry-run", "--commit", "test"])
+    saved = json.loads((tmp_path / "bench_shapes.json").read_text())
+    assert saved["commit"] == "test" and saved["copy_GBps"] > 0 and len(saved["shapes"]) == 1
+    rows = {r["name"]: r for r in saved["shapes"][0]["rows"]}
+    assert {"hf generate", "specviz none trace=on", "specviz none trace=off"} <= set(rows)
+    synthetic = [r for r in rows.values() if "synthetic" in r["name"]]
+    assert [r["expected_tokens"] for r in synthetic] == [bench_shapes.expected_tokens(a, 4) for a in (0.6, 0.8, 0.9)]
+    assert all(r["tok_s"] > 0 and r["speedup_vs_none"] > 0 and r["mean_acceptance_length"] >= 1 for r in synthetic)
+    table = (tmp_path / "bench_shapes.md").read_text()
+    assert "% of roofline" in table and "synthetic a=0.8" in table
+    assert result["shapes"][0]["profile_eager_forward"] is None  # kernel profiles need CUDA
+
+
+def test_weight_bytes_count_the_lm_head_and_skip_an_untied_input_embedding():
+    cfg = dict(bench_shapes.DRY_SHAPES["dry"])
+    untied = bench_shapes.build(cfg, torch.device("cpu"), torch.float32, 0)
+    tied = bench_shapes.build({**cfg, "tie_word_embeddings": True}, torch.device("cpu"), torch.float32, 0)
+    emb = cfg["vocab_size"] * cfg["hidden_size"] * 4
+    all_untied = sum(p.numel() * 4 for p in untied.parameters())
+    assert bench_shapes.weight_bytes_per_token(untied) == all_untied - emb
+    assert bench_shapes.weight_bytes_per_token(tied) == sum(p.numel() * 4 for p in tied.parameters()) == all_untied - emb
+
+
+def test_expected_tokens_formula():
+    assert bench_shapes.expected_tokens(0.8, 4) == pytest.approx(1 + 0.8 + 0.8**2 + 0.8**3 + 0.8**4)
+    assert bench_shapes.expected_tokens(1.0, 4) == 5.0
