@@ -5,15 +5,27 @@ the totals. It round-trips through JSON (:meth:`Trace.to_json` / :meth:`Trace.fr
 loading validates the data's shape and types and never executes anything, so an uploaded
 trace is safe to view.
 
-Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and algorithms.md:
+Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and algorithms.md, counted
+from what was **committed**, not from what the sampler decided: when the request stops (EOS or
+max_new_tokens) inside a step, the sampler's later accepted drafts and its emitted token are
+dropped (:attr:`Step.num_accepted` keeps the sampler's decision; :attr:`Step.committed_token_ids`
+what was kept; :attr:`Step.num_accepted_committed`, :attr:`Step.emitted_committed` and
+:attr:`Step.num_drafts_discarded` derive the rest), and every metric counts only what was kept.
+vLLM's scheduler counts the sampler's decision instead (``len(generated_token_ids) - 1``).
 
 * num_drafts: steps whose proposer drafted k' > 0 tokens; num_draft_tokens: sum of k'.
-* mean_acceptance_length = 1 + num_accepted_tokens / num_drafts (1.0 with no drafts).
-* draft_acceptance_rate = num_accepted_tokens / num_draft_tokens.
-* accepted_per_position[i] = #drafting steps that accepted >= i+1 tokens (vLLM's counts);
-  acceptance_rate_per_position[i] = that / num_drafts (unconditional);
-  conditional_acceptance_rate[i] = P(accept i+1 | accepted i).
-* acceptance_histogram[j] = #drafting steps with exactly j accepted.
+* num_discarded_draft_tokens: drafts after the stop of a step cut by EOS / max_new_tokens
+  (neither accepted nor rejected: the output ended before them).
+* num_accepted_tokens: committed accepted drafts (sum of num_accepted_committed).
+* mean_acceptance_length = committed tokens of drafting steps / num_drafts
+  (= 1 + num_accepted_tokens / num_drafts when no step was cut; 1.0 with no drafts).
+* draft_acceptance_rate = num_accepted_tokens / (num_draft_tokens - num_discarded_draft_tokens).
+* accepted_per_position[i] = #drafting steps that committed >= i+1 accepted drafts (vLLM's
+  counts); acceptance_rate_per_position[i] = that / num_drafts (unconditional);
+  conditional_acceptance_rate[i] = P(accept i+1 | accepted i), over steps whose position i+1
+  was drafted and not discarded.
+* acceptance_histogram[j] = #drafting steps with exactly j committed accepted drafts.
+* tokens_per_step = committed tokens / steps.
 """
 
 from __future__ import annotations
@@ -85,6 +97,23 @@ class Step:
     block: dict[str, Any] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     sampler_backend: str = "reference"
+
+    # What was committed, derived from num_accepted (the sampler's decision) and
+    # committed_token_ids (what the stop kept: a prefix of accepted drafts + emitted token).
+    @property
+    def num_accepted_committed(self) -> int:
+        """Accepted drafts that reached the output: min(num_accepted, len(committed_token_ids))."""
+        return min(self.num_accepted, len(self.committed_token_ids))
+
+    @property
+    def emitted_committed(self) -> bool:
+        """The step's own (recovered / bonus / target) token reached the output."""
+        return len(self.committed_token_ids) > self.num_accepted
+
+    @property
+    def num_drafts_discarded(self) -> int:
+        """Drafts after the stop (EOS / max_new_tokens) inside this step: 0 unless the step was cut."""
+        return 0 if self.emitted_committed else len(self.draft_token_ids) - self.num_accepted_committed
 
 
 @dataclass
@@ -199,24 +228,29 @@ def _step_from_dict(data: Any, i: int) -> Step:
 
 # ---- metrics -----------------------------------------------------------------------------
 def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str, Any]:
-    """vLLM's spec-decode metrics over ``steps`` (see module docstring)."""
+    """vLLM's spec-decode metrics over ``steps``, from committed tokens (see module docstring)."""
     k = max([num_speculative_tokens, *(len(s.draft_token_ids) for s in steps)] or [0])
     drafting = [s for s in steps if s.draft_token_ids]
     num_drafts = len(drafting)
     num_draft_tokens = sum(len(s.draft_token_ids) for s in drafting)
-    num_accepted = sum(s.num_accepted for s in drafting)
-    per_pos = [sum(1 for s in drafting if s.num_accepted >= i + 1) for i in range(k)]
-    hist = [sum(1 for s in drafting if s.num_accepted == j) for j in range(k + 1)]
-    offered = [sum(1 for s in drafting if len(s.draft_token_ids) >= i + 1 and s.num_accepted >= i) for i in range(k)]
+    discarded = sum(s.num_drafts_discarded for s in drafting)
+    acc = [s.num_accepted_committed for s in drafting]
+    verified = [len(s.draft_token_ids) - s.num_drafts_discarded for s in drafting]  # drafts not discarded
+    num_accepted = sum(acc)
+    per_pos = [sum(1 for a in acc if a >= i + 1) for i in range(k)]
+    hist = [sum(1 for a in acc if a == j) for j in range(k + 1)]
+    offered = [sum(1 for a, n in zip(acc, verified) if n >= i + 1 and a >= i) for i in range(k)]
     generated = sum(len(s.committed_token_ids) for s in steps)
+    drafting_tokens = sum(len(s.committed_token_ids) for s in drafting)
     return {
         "num_steps": len(steps),
         "num_drafts": num_drafts,
         "num_draft_tokens": num_draft_tokens,
+        "num_discarded_draft_tokens": discarded,
         "num_accepted_tokens": num_accepted,
         "num_generated_tokens": generated,
-        "mean_acceptance_length": 1.0 + num_accepted / num_drafts if num_drafts else 1.0,
-        "draft_acceptance_rate": num_accepted / num_draft_tokens if num_draft_tokens else 0.0,
+        "mean_acceptance_length": drafting_tokens / num_drafts if num_drafts else 1.0,
+        "draft_acceptance_rate": num_accepted / (num_draft_tokens - discarded) if num_draft_tokens > discarded else 0.0,
         "accepted_per_position": per_pos,
         "acceptance_rate_per_position": [c / num_drafts if num_drafts else 0.0 for c in per_pos],
         "conditional_acceptance_rate": [a / o if o else 0.0 for a, o in zip(per_pos, offered)],

@@ -32,12 +32,14 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def estimated_alpha(trace: Trace | dict[str, Any]) -> float | None:
-    """accepted / verified positions over drafting steps (None when nothing was drafted).
-    Verified positions of a step: min(num_accepted + 1, k')."""
+    """accepted / verified positions over drafting steps (None when nothing was drafted), from
+    committed tokens (:attr:`~specviz.trace.Step.num_accepted_committed`). Verified positions of a
+    step: min(accepted + 1, k' - drafts discarded at a stop)."""
     trace = as_trace(trace)
     drafting = [s for s in trace.steps if s.draft_token_ids]
-    reached = sum(min(s.num_accepted + 1, len(s.draft_token_ids)) for s in drafting)
-    return sum(s.num_accepted for s in drafting) / reached if reached else None
+    reached = sum(min(s.num_accepted_committed + 1, len(s.draft_token_ids) - s.num_drafts_discarded)
+                  for s in drafting)
+    return sum(s.num_accepted_committed for s in drafting) / reached if reached else None
 
 
 def run_summary(trace: Trace | dict[str, Any]) -> dict[str, Any]:
