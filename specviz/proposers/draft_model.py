@@ -4,8 +4,11 @@ Sources: Leviathan et al. 2023; Chen et al. 2023; vLLM ``v1/spec_decode/draft_mo
 ``assistant_model`` (``generation/candidate_generator.py``).
 
 q: greedy drafting (temperature 0) takes argmax, so q is one-hot and ``Draft.probs`` is None;
-otherwise x_i ~ q_i = softmax(draft_logits_i / T) (temperature only, algorithms.md) and
-``Draft.probs`` holds q_i exactly.
+otherwise q_i = ``logits_to_probs(draft_logits_i, T, top_k, top_p)``, the request's full
+processing (as vLLM's draft-model proposer applies the request's sampling metadata), x_i ~ q_i,
+and ``Draft.probs`` holds q_i exactly. With top-k / top-p on the target side only, the draft
+would keep proposing tokens outside p's support and an identical draft would lose most of its
+acceptance (issue 10, point 4).
 
 KV cache: the drafter's runner follows the committed tokens exactly. Each call compares the
 tokens in its cache with ``token_ids`` and truncates to their common prefix (rollback after a
@@ -20,6 +23,7 @@ from typing import Sequence
 import torch
 
 from ..runner import EagerRunner, ModelRunner
+from ..sampling import logits_to_probs
 from .base import Draft, StepContext
 
 
@@ -80,7 +84,7 @@ class DraftModelProposer:
         tokens, probs = [], []
         for i in range(k):
             if ctx.temperature > 0:
-                q = torch.softmax(logits / ctx.temperature, dim=-1)  # [V] float32
+                q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)  # [V] float32
                 x = torch.multinomial(q, 1, generator=ctx.generator)  # [1]
                 probs.append(q)
             else:
