@@ -19,6 +19,7 @@ against. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023, vLLM ``v1/sp
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -83,10 +84,33 @@ def validate_config(cfg: GenerationConfig, has_draft_model: bool) -> None:
         _fail(f"unknown sampler_backend {cfg.sampler_backend!r}; choose auto, reference or triton")
     if cfg.verify == "greedy" and cfg.temperature > 0:
         _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
-    if cfg.verify == "synthetic" and not cfg.synthetic_rates:
-        _fail("verify='synthetic' needs synthetic_rates (per-position acceptance rates, e.g. [0.8, 0.6, 0.4])")
+    if cfg.verify == "synthetic":
+        _check_synthetic_rates(cfg.synthetic_rates, cfg.num_speculative_tokens if cfg.method != "none" else 0)
     if cfg.method == "draft_model" and not has_draft_model:
         _fail("method 'draft_model' needs a draft model: pass draft=... to SpecDecoder.from_pretrained")
+
+
+def _check_synthetic_rates(rates: tuple[float, ...] | None, k: int) -> None:
+    """verify="synthetic" (vLLM's benchmarking mode, not lossless): rates a_1..a_k are the
+    unconditional per-position acceptance rates, a_i = P(at least i drafts accepted); each in
+    [0, 1], non-increasing, one per draft position (k = num_speculative_tokens; extras ignored)."""
+    what = ("synthetic_rates are the unconditional per-position acceptance rates a_1 >= a_2 >= ... "
+            "(a_i = the fraction of steps that accept at least i drafts): each must lie in [0, 1], they must be "
+            f"non-increasing, and num_speculative_tokens k = {k} needs {k} of them (one per draft position)")
+    if not rates:
+        _fail(f"verify='synthetic' needs synthetic_rates, e.g. [0.8, 0.6, 0.4] for k = 3; {what}")
+    shown = ", ".join(f"{a:g}" for a in rates)
+    problems = []
+    if len(rates) < k:
+        problems.append(f"{len(rates)} given")
+    outside = [a for a in rates if not (math.isfinite(a) and 0.0 <= a <= 1.0)]
+    if outside:
+        problems.append(f"{', '.join(f'{a:g}' for a in outside)} outside [0, 1]")
+    rises = [i + 2 for i in range(len(rates) - 1) if rates[i + 1] > rates[i]]
+    if rises:
+        problems.append(f"a_{rises[0]} > a_{rises[0] - 1}")
+    if problems:
+        _fail(f"invalid synthetic_rates [{shown}] ({'; '.join(problems)}): {what}")
 
 
 class SpecDecoder:

@@ -54,7 +54,8 @@ def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | No
     cand = torch.cat([cand, p[k : k + 1]])  # bonus slot: p_{k'+1}    [k'+1, V]
     zero = cand.sum(dim=-1, keepdim=True) == 0
     cand = torch.where(zero, p[: k + 1], cand)  # the sampler's fallback to p when Z == 0
-    return cand.index_select(0, out.num_accepted[:1].clamp(max=k))
+    slot = out.num_accepted[:1].clamp(max=k)
+    return cand.index_select(0, slot), zero[:, 0].index_select(0, slot)  # [1, V], [1] bool
 
 
 def gather_core(out: RejectionOutput, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -77,7 +78,8 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
     groups = [("p_top", p[: k + 1]), ("residual_top", resid)]
     if q is not None:
         groups.append(("q_top", q.float()))
-    groups.append(("emit_top", _emitted_weights(out, p, q, ids, resid)))
+    emit_w, emit_empty = _emitted_weights(out, p, q, ids, resid)
+    groups.append(("emit_top", emit_w))
     vals, top_ids = _top(torch.cat([d for _, d in groups]), TOP_N)  # [rows, 20]
     row = 0
     for name, dist in groups:
@@ -86,6 +88,7 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
         row += n
     slot = out.num_accepted[:1].clamp(max=k)  # [1] on device: no sync
     parts["emit_p"] = p[slot, out.output_token_ids[0].gather(0, slot)]  # p_j(emitted token)
+    parts["emit_empty"] = emit_empty  # [1] bool: the residual was empty, drawn from p
     if out.block is not None:
         for name in ("P", "rho", "h", "eta"):
             parts["block_" + name] = getattr(out.block, name)[0, :k]
@@ -154,6 +157,7 @@ def host_record(h: dict[str, list], ids: list[int], method: str, backend: str) -
             "kind": "target" if k == 0 else kind,
             "p": h["emit_p"][0],
             "top": _pairs(h["emit_top_v"][0], h["emit_top_i"][0]),
+            "residual_empty": kind == "recovered" and k > 0 and bool(h["emit_empty"][0]),
         },
         "positions": positions,
         "method": method,

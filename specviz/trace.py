@@ -73,13 +73,22 @@ class Emitted:
     """The token a step drew itself: kind "recovered" (from the residual at the first rejected
     position), "bonus" (from p_{k'+1} after a full accept) or "target" (a step with no draft, a
     plain decoding step). position: 1-based slot in the step; p: its target probability;
-    top: up to 20 [token_id, prob] of the distribution it was drawn from."""
+    top: up to 20 [token_id, prob] of the distribution it was drawn from.
+
+    residual_empty: a recovered token whose residual max(p_j - q_j, 0) was empty (Z_j = 0), so
+    the sampler drew it from p_j instead (algorithms.md: "If Z == 0 numerically, fall back to
+    p_i"); it may then equal the rejected draft. Z_j = 0 means p_j <= q_j everywhere, i.e.
+    p_j = q_j (one-hot q: p_j one-hot at the draft), where standard and block verification accept
+    with probability 1 up to rounding; only verify="synthetic", whose rejections are forced
+    whatever p says, meets it in practice. The token then is what plain decoding from the
+    target would draw at that position."""
 
     position: int
     token_id: int
     kind: str
     p: float
     top: list[list[float]] = field(default_factory=list)
+    residual_empty: bool = False
 
 
 @dataclass
