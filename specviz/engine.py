@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from . import events as ev
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
+from .models import (DEFAULT_DRAFT, DEFAULT_TARGET, check_vocab_rows, load_model, load_tokenizer, resolve_device,
+                     resolve_dtype, tokenizer_mismatch)
 from .proposers import DraftModelProposer, NgramProposer, StepContext, resolve_lookup_bounds
 from .proposers.base import Draft, Proposer
 from .proposers.ngram_gpu import NgramGPUProposer
@@ -119,11 +120,17 @@ class SpecDecoder:
     Build with :meth:`from_pretrained`. Every request gets its own runners (KV caches), so one
     decoder may serve several threads at once; ``target_runner`` and ``current_proposer`` are
     the most recent request's, kept for inspection.
+
+    ``draft_tokenizer``: the draft's own tokenizer (from_pretrained loads it from the draft's
+    directory); it must equal the target's (:func:`specviz.models.tokenizer_mismatch`), or
+    ValueError says what differs. The models' vocabulary rows may differ by padding beyond the
+    tokenizer (draft q is then cut or zero-padded to the target's V). None: the draft is taken
+    to share ``tokenizer``.
     """
 
     def __init__(self, target_model: torch.nn.Module, tokenizer: Any, draft_model: torch.nn.Module | None = None,
                  runner_factory: Callable[[torch.nn.Module], ModelRunner] = EagerRunner,
-                 names: dict[str, str] | None = None):
+                 names: dict[str, str] | None = None, draft_tokenizer: Any = None):
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.device = next(target_model.parameters()).device
         self.runner_factory = runner_factory
@@ -131,10 +138,12 @@ class SpecDecoder:
         self.names = names or {}
         self.vocab_size = int(target_model.get_output_embeddings().weight.shape[0])
         if draft_model is not None:
+            problem = tokenizer_mismatch(tokenizer, draft_tokenizer) if draft_tokenizer is not None else None
+            if problem:
+                raise ValueError(problem)
             draft_vocab = int(draft_model.get_output_embeddings().weight.shape[0])
             if draft_vocab != self.vocab_size:
-                raise ValueError(f"the draft's vocabulary ({draft_vocab}) differs from the target's ({self.vocab_size}); "
-                                 "the draft model must share the target's tokenizer")
+                check_vocab_rows(self.vocab_size, draft_vocab, len(tokenizer))
         self.eos_token_ids = _eos_ids(target_model, tokenizer)
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.current_proposer: Proposer | None = None
@@ -165,12 +174,14 @@ class SpecDecoder:
         target_model = load_model(target, dev, dt)
         tokenizer = load_tokenizer(target)
         draft_model = load_model(draft, dev, dt) if draft is not None else None
+        draft_tokenizer = load_tokenizer(draft) if draft is not None else None
         names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
         factory = EagerRunner
         if runner == "static" or (runner == "auto" and dev.type == "cuda"):
             limit = int(getattr(target_model.config, "max_position_embeddings", max_cache_len) or max_cache_len)
             factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len))
-        return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names)
+        return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names,
+                   draft_tokenizer=draft_tokenizer)
 
     def _acquire_runner(self, model: torch.nn.Module) -> ModelRunner:
         return self._acquire(id(model), lambda: self.runner_factory(model))
@@ -224,7 +235,8 @@ class SpecDecoder:
         if cfg.method == "suffix":
             return SuffixProposer(cfg.num_speculative_tokens, global_cache=self.suffix_cache)
         if cfg.method == "draft_model":
-            return DraftModelProposer(self._acquire_runner(self.draft_model), cfg.num_speculative_tokens)
+            return DraftModelProposer(self._acquire_runner(self.draft_model), cfg.num_speculative_tokens,
+                                      vocab_size=self.vocab_size)
         return None
 
     # ---- the loop --------------------------------------------------------------------------

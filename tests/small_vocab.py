@@ -40,12 +40,18 @@ def perturb(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
 
 
 def save(path: Path, vocab: int, seed: int = 0, tokenizer_vocab: int | None = None,
-         names: list[str] | None = None, noise: float = 0.0, noise_seed: int = 1, **kw) -> Path:
+         names: list[str] | None = None, noise: float = 0.0, noise_seed: int = 1, pad_rows: int = 0,
+         **kw) -> Path:
     """Save a model with ``vocab`` rows and a tokenizer of ``tokenizer_vocab`` (default vocab) tokens;
-    ``noise`` > 0: the model of ``seed`` perturbed by :func:`perturb`."""
+    ``noise`` > 0: the model of ``seed`` perturbed by :func:`perturb`; ``pad_rows``: that many extra
+    vocabulary rows beyond the tokenizer, with output weights large enough to win unless cut."""
     model = build_model(vocab, seed, **kw)
     if noise:
         perturb(model, noise, noise_seed)
+    if pad_rows:
+        model.resize_token_embeddings(vocab + pad_rows, mean_resizing=False)
+        with torch.no_grad():
+            model.get_output_embeddings().weight[vocab:] = 50.0 * model.get_output_embeddings().weight[:1].sign()
     model.generation_config.eos_token_id = None
     model.save_pretrained(path, safe_serialization=True)
     build_tokenizer(tokenizer_vocab or vocab, names).save_pretrained(path)

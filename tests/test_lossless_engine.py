@@ -39,7 +39,16 @@ def _draft_model(target, draft):
     return SpecDecoder.from_pretrained(target, draft, device="cpu", dtype="float32"), "draft_model"
 
 
-PROPOSERS = {"draft_model": _draft_model}  # EAGLE / Medusa / MTP: one entry each
+def _padded_draft_model(target, draft):
+    """The same draft with 4 padding vocabulary rows beyond the tokenizer (cut to the target's V)."""
+    padded = draft.parent / "draft_padded"
+    if not padded.exists():
+        small_vocab.save(padded, V, seed=0, init=0.15, noise=0.2, pad_rows=4)
+    return _draft_model(target, padded)
+
+
+# EAGLE / Medusa / MTP: one entry each
+PROPOSERS = {"draft_model": _draft_model, "draft_model_padded": _padded_draft_model}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +61,8 @@ def small_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=sorted(PROPOSERS))
 def decoder(request, small_dirs):
-    return PROPOSERS[request.param](*small_dirs)
+    dec, method = PROPOSERS[request.param](*small_dirs)
+    return dec, method
 
 
 @torch.inference_mode()

@@ -31,17 +31,22 @@ class DraftModelProposer:
     """Args:
         runner: a :class:`~specviz.runner.ModelRunner` over the draft model (e.g. EagerRunner).
         num_speculative_tokens: k >= 1.
+        vocab_size: the target's V, when the draft's vocabulary rows differ from it by padding
+            beyond the shared tokenizer: draft logits are cut to V, or q padded with zeros to V
+            (as vLLM pads the draft distribution), so padding rows are never drafted. None: the
+            draft's own rows.
     Raises:
         ValueError: k < 1.
     """
 
     name = "draft_model"
 
-    def __init__(self, runner: ModelRunner, num_speculative_tokens: int = 5):
+    def __init__(self, runner: ModelRunner, num_speculative_tokens: int = 5, vocab_size: int | None = None):
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.runner = runner
         self.num_speculative_tokens = int(num_speculative_tokens)
+        self.vocab_size = vocab_size
         self._cached: list[int] = []
         self._pending: torch.Tensor | None = None  # draft tokens fed last step, still on the device
 
@@ -82,11 +87,13 @@ class DraftModelProposer:
             return Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": "draft_model"})
         logits = self._sync_cache(list(token_ids))  # [V]
         tokens, probs = [], []
+        V = self.vocab_size or logits.shape[-1]
         for i in range(k):
+            logits = logits[:V]  # [min(V_draft, V)]: padding rows beyond the target's V never drafted
             if ctx.temperature > 0:
-                q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)  # [V] float32
+                q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)  # [V_draft'] float32
                 x = torch.multinomial(q, 1, generator=ctx.generator)  # [1]
-                probs.append(q)
+                probs.append(torch.nn.functional.pad(q, (0, V - q.shape[-1])))  # [V]: zeros for missing rows
             else:
                 x = logits.argmax(dim=-1, keepdim=True)  # [1]
             tokens.append(x)
