@@ -25,7 +25,8 @@ vLLM's scheduler counts the sampler's decision instead (``len(generated_token_id
   conditional_acceptance_rate[i] = P(accept i+1 | accepted i), over steps whose position i+1
   was drafted and not discarded.
 * acceptance_histogram[j] = #drafting steps with exactly j committed accepted drafts.
-* tokens_per_step = committed tokens / steps.
+* tokens_per_step = tokens_per_target_forward = committed tokens / verification steps
+  (:func:`tokens_per_target_forward`; the one definition every view and label uses).
 """
 
 from __future__ import annotations
@@ -236,6 +237,22 @@ def _step_from_dict(data: Any, i: int) -> Step:
 
 
 # ---- metrics -----------------------------------------------------------------------------
+TOKENS_PER_FORWARD_FORMULA = ("generated tokens / verification steps (one target forward each; the prefill "
+                              "forward emits no token and is not counted)")
+
+
+def tokens_per_target_forward(num_tokens: int, num_steps: int) -> float:
+    """Tokens per target forward = committed tokens / verification steps (0.0 with no steps).
+
+    Every verification step is one target forward over [last token, x_1..x_k'] and commits
+    1..k'+1 tokens; the prefill forward (over prompt[:-1]) commits none and is NOT counted, so
+    plain decoding (method "none") scores exactly 1.0 and ``Trace.target_forward_passes`` =
+    steps + 1. vLLM (vllm-project/vllm#24344) calls output tokens / verification steps the
+    "seq-normalized acceptance length". The hardware-independent speedup over method none is the
+    ratio of this number."""
+    return num_tokens / num_steps if num_steps else 0.0
+
+
 def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str, Any]:
     """vLLM's spec-decode metrics over ``steps``, from committed tokens (see module docstring)."""
     k = max([num_speculative_tokens, *(len(s.draft_token_ids) for s in steps)] or [0])
@@ -264,7 +281,8 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
         "acceptance_rate_per_position": [c / num_drafts if num_drafts else 0.0 for c in per_pos],
         "conditional_acceptance_rate": [a / o if o else 0.0 for a, o in zip(per_pos, offered)],
         "acceptance_histogram": hist,
-        "tokens_per_step": generated / len(steps) if steps else 0.0,
+        "tokens_per_step": tokens_per_target_forward(generated, len(steps)),
+        "tokens_per_target_forward": tokens_per_target_forward(generated, len(steps)),
         "time_ms": {
             key: sum(s.timings_ms.get(key, 0.0) for s in steps) for key in ("draft", "verify", "sample")
         },
