@@ -453,7 +453,7 @@ def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[li
 def _brief_record(emitted: list[int], acc: int, k: int) -> dict[str, Any]:
     kind = "target" if k == 0 else ("bonus" if acc == k else "recovered")
     return {"num_accepted": acc, "output_token_ids": emitted, "positions": [],
-            "emitted": {"position": acc + 1, "token_id": emitted[-1], "kind": kind, "p": 0.0, "top": []}}
+            "emitted": {"position": acc + 1, "token_id": emitted[-1], "kind": kind, "p": None, "top": []}}
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:

@@ -73,8 +73,8 @@ class Position:
 class Emitted:
     """The token a step drew itself: kind "recovered" (from the residual at the first rejected
     position), "bonus" (from p_{k'+1} after a full accept) or "target" (a step with no draft, a
-    plain decoding step). position: 1-based slot in the step; p: its target probability;
-    top: up to 20 [token_id, prob] of the distribution it was drawn from.
+    plain decoding step). position: 1-based slot in the step; p: its target probability (None:
+    not recorded, a ``detailed_trace=False`` run); top: up to 20 [token_id, prob] of the distribution it was drawn from.
 
     residual_empty: a recovered token whose residual max(p_j - q_j, 0) was empty (Z_j = 0), so
     the sampler drew it from p_j instead (algorithms.md: "If Z == 0 numerically, fall back to
@@ -87,7 +87,7 @@ class Emitted:
     position: int
     token_id: int
     kind: str
-    p: float
+    p: float | None  # None: not recorded (detailed_trace=False)
     top: list[list[float]] = field(default_factory=list)
     residual_empty: bool = False
 
@@ -172,6 +172,9 @@ class Trace:
         kw["steps"] = [_step_from_dict(s, i) for i, s in enumerate(_check_list(obj.get("steps", []), "trace.steps"))]
         _check_int_list(kw["prompt_token_ids"], "trace.prompt_token_ids")
         _check_int_list(kw["output_token_ids"], "trace.output_token_ids")
+        _check(kw["config"], CONFIG_SCHEMA, "trace.config")
+        _check(kw.get("metrics", {}), METRICS_SCHEMA, "trace.metrics")
+        _check(kw.get("token_texts", {}), {str: str}, "trace.token_texts")
         return cls(**kw)
 
 
@@ -233,7 +236,121 @@ def _step_from_dict(data: Any, i: int) -> Step:
     ]
     _check_int_list(kw["draft_token_ids"], f"{where}.draft_token_ids")
     _check_int_list(kw["committed_token_ids"], f"{where}.committed_token_ids")
+    for name, schema in (("match", MATCH_SCHEMA), ("block", BLOCK_SCHEMA), ("timings_ms", {str: float})):
+        if kw.get(name) is not None:
+            _check(kw[name], schema, f"{where}.{name}")
+    _check(kw["emitted"].top, [TOP_PAIR], f"{where}.emitted.top")
+    for j, pos in enumerate(kw["positions"]):
+        for name in ("p_top", "q_top", "residual_top"):
+            _check(getattr(pos, name), [TOP_PAIR], f"{where}.positions[{j}].{name}")
     return Step(**kw)
+
+
+# ---- the schema of the nested plain-data fields ---------------------------------------------
+# A schema is a type (int / float = any finite number / str / bool), a list [item schema], a
+# dict {str: value schema} (any keys), a dict of named keys (all optional; other keys must be
+# plain JSON and are not read by any view), a tuple of alternatives, or None (JSON null).
+# Every key a view reads is listed, so a malformed upload fails here, not in a figure.
+@dataclass(frozen=True)
+class _Pred:
+    """A schema given by a test function and its description."""
+
+    test: Any
+    text: str
+
+
+TOP_PAIR = _Pred(lambda v: isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_num(v[1]),
+                 "a [token_id, prob] pair")
+TRIE_NODE: dict[str, Any] = {"token_id": int, "count": int}
+TRIE_NODE["children"] = [TRIE_NODE]
+SUFFIX_CANDIDATE = {"source": str, "match_length": int, "node_count": int, "draft": [int], "probs": [float],
+                    "counts": [int], "score": float}
+MATCH_SCHEMA = {
+    "kind": str, "backend": str, "greedy": bool,
+    # ngram / ngram_gpu (prompt lookup)
+    "n": int, "suffix": [int], "suffix_start": int, "occurrences": [int], "match_position": int,
+    "tried": [{"n": int, "occurrences": int}], "trie": [TRIE_NODE], "prompt_lookup_min": int,
+    "prompt_lookup_max": int,
+    # suffix decoding
+    "candidates": [SUFFIX_CANDIDATE], "chosen": (SUFFIX_CANDIDATE, None), "cached_requests": int,
+    "config": {str: (float, bool, str, None)},
+}
+BLOCK_SCHEMA = {"P": [float], "rho": [float], "h": [float], "eta": [float], "tau": int}
+_OPT_INT, _OPT_NUM, _OPT_STR = (int, None), (float, None), (str, None)
+CONFIG_SCHEMA = {
+    "method": str, "num_speculative_tokens": int, "verify": str, "temperature": float, "top_k": _OPT_INT,
+    "top_p": _OPT_NUM, "max_new_tokens": int, "seed": int, "prompt_lookup_min": _OPT_INT,
+    "prompt_lookup_max": _OPT_INT, "synthetic_rates": ([float], None), "sampler_backend": str,
+    "detailed_trace": bool, "target": _OPT_STR, "draft": _OPT_STR, "device": _OPT_STR, "dtype": _OPT_STR,
+    "runner": _OPT_STR, "prompt_length": int, "vocab_size": int,
+}
+METRICS_SCHEMA = {
+    **{key: int for key in ("num_steps", "num_drafts", "num_draft_tokens", "num_discarded_draft_tokens",
+                            "num_accepted_tokens", "num_generated_tokens")},
+    **{key: float for key in ("mean_acceptance_length", "draft_acceptance_rate", "tokens_per_step",
+                              "tokens_per_target_forward")},
+    "accepted_per_position": [int], "acceptance_rate_per_position": [float],
+    "conditional_acceptance_rate": [float], "acceptance_histogram": [int], "time_ms": {str: float},
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _matches(value: Any, schema: Any) -> bool:
+    if schema is None:
+        return value is None
+    if schema is int:
+        return _is_int(value)
+    if schema is float:
+        return _is_num(value)
+    if schema in (str, bool):
+        return isinstance(value, schema)
+    if isinstance(schema, _Pred):
+        return bool(schema.test(value))
+    if isinstance(schema, tuple):
+        return any(_matches(value, s) for s in schema)
+    try:
+        _check(value, schema, "")
+    except TraceFormatError:
+        return False
+    return True
+
+
+def _describe_schema(schema: Any) -> str:
+    if schema is None:
+        return "null"
+    if isinstance(schema, type):
+        return {int: "an integer", float: "a finite number", str: "a string", bool: "true/false"}[schema]
+    if isinstance(schema, _Pred):
+        return schema.text
+    if isinstance(schema, tuple):
+        return " or ".join(_describe_schema(s) for s in schema)
+    if isinstance(schema, list):
+        return f"a list of {_describe_schema(schema[0])}"
+    return "an object"
+
+
+def _check(value: Any, schema: Any, where: str) -> None:
+    """Raise TraceFormatError (naming the field) unless ``value`` matches ``schema``."""
+    if isinstance(schema, list):
+        for i, item in enumerate(_check_list(value, where)):
+            _check(item, schema[0], f"{where}[{i}]")
+    elif isinstance(schema, dict) and set(schema) == {str}:
+        for key, item in _check_obj(value, where).items():
+            _check(item, schema[str], f"{where}.{key}")
+    elif isinstance(schema, dict):
+        obj = _check_obj(value, where)
+        for key, sub in schema.items():
+            if key in obj:
+                _check(obj[key], sub, f"{where}.{key}")
+    elif not _matches(value, schema):
+        raise TraceFormatError(f"{where} must be {_describe_schema(schema)}, got {json.dumps(value)[:60]}")
 
 
 # ---- metrics -----------------------------------------------------------------------------
