@@ -26,27 +26,34 @@ def _top(dist: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return vals, ids
 
 
-def _residuals(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-    """Standard residual weights max(p_i - q_i, 0) for the k' drafted positions: [k', V].
-    One-hot q: p_i with x_i zeroed."""
-    k = ids.numel()
+def _effective_q(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """q [k', V] as the sampler uses it (specviz.sampling.reference, "Invalid input"): one-hot at
+    x_i for a deterministic draft; the zero vector at a position whose id is outside [0, V) or
+    whose q row is not finite (never accepted, residual = p_i)."""
+    k, V = ids.numel(), p.shape[-1]
+    ok = (ids >= 0) & (ids < V)  # [k']
+    safe = torch.where(ok, ids, torch.zeros_like(ids)).view(-1, 1)  # [k', 1]
     if q is None:
-        w = p[:k].clone()
-        w.scatter_(1, ids.view(-1, 1), 0.0)
-        return w
-    return (p[:k] - q.float()).clamp_min(0.0)
+        return torch.zeros_like(p[:k]).scatter_(1, safe, ok.float().view(-1, 1))
+    qf = q.float()
+    ok = ok & torch.isfinite(qf).all(dim=-1)
+    return torch.where(ok.view(-1, 1), qf, torch.zeros_like(qf))
 
 
-def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
-                     ids: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-    """Weights [1, V] of the distribution the step's own token was drawn from (device only)."""
+def _residuals(p: torch.Tensor, q_eff: torch.Tensor) -> torch.Tensor:
+    """Standard residual weights max(p_i - q_i, 0) for the k' drafted positions: [k', V]
+    (one-hot q: p_i with x_i zeroed). q_eff: :func:`_effective_q`."""
+    return (p[: q_eff.shape[0]] - q_eff).clamp_min(0.0)
+
+
+def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q_eff: torch.Tensor,
+                     ids: torch.Tensor, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights [1, V] of the distribution the step's own token was drawn from, and whether the
+    sampler fell back to p because they summed to 0 ([1] bool) (device only)."""
     k = ids.numel()
     if out.method == "block" and k > 0:
         prefix = torch.cat([torch.ones(1, device=p.device), out.block.P[0, : k - 1].float()])  # P_0..P_{k'-1}
-        qk = torch.zeros_like(p[:k]) if q is None else q.float()
-        if q is None:
-            qk.scatter_(1, ids.view(-1, 1), 1.0)
-        cand = (prefix.view(-1, 1) * p[:k] - qk).clamp_min(0.0)
+        cand = (prefix.view(-1, 1) * p[:k] - q_eff).clamp_min(0.0)
     elif out.method == "greedy":
         cand = p[:k]
     else:
@@ -74,11 +81,12 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
         kind=out.token_kind[0, : k + 1], u=out.u[0, :k], p=out.p_draft[0, :k], q=out.q_draft[0, :k],
         accept_prob=out.accept_prob[0, :k], accepted=out.accepted[0, :k], residual_mass=out.residual_mass[0, :k],
     )
-    resid = _residuals(p, q, ids)  # [k', V]
+    q_eff = _effective_q(p, q, ids)  # [k', V]
+    resid = _residuals(p, q_eff)  # [k', V]
     groups = [("p_top", p[: k + 1]), ("residual_top", resid)]
     if q is not None:
         groups.append(("q_top", q.float()))
-    emit_w, emit_empty = _emitted_weights(out, p, q, ids, resid)
+    emit_w, emit_empty = _emitted_weights(out, p, q_eff, ids, resid)
     groups.append(("emit_top", emit_w))
     vals, top_ids = _top(torch.cat([d for _, d in groups]), TOP_N)  # [rows, 20]
     row = 0
