@@ -19,6 +19,7 @@ against. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023, vLLM ``v1/sp
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -27,7 +28,8 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from . import events as ev
-from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
+from .models import (DEFAULT_DRAFT, DEFAULT_TARGET, check_vocab_rows, load_model, load_tokenizer, resolve_device,
+                     resolve_dtype, tokenizer_mismatch)
 from .proposers import DraftModelProposer, NgramProposer, StepContext, resolve_lookup_bounds
 from .proposers.base import Draft, Proposer
 from .proposers.ngram_gpu import NgramGPUProposer
@@ -83,10 +85,33 @@ def validate_config(cfg: GenerationConfig, has_draft_model: bool) -> None:
         _fail(f"unknown sampler_backend {cfg.sampler_backend!r}; choose auto, reference or triton")
     if cfg.verify == "greedy" and cfg.temperature > 0:
         _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
-    if cfg.verify == "synthetic" and not cfg.synthetic_rates:
-        _fail("verify='synthetic' needs synthetic_rates (per-position acceptance rates, e.g. [0.8, 0.6, 0.4])")
+    if cfg.verify == "synthetic":
+        _check_synthetic_rates(cfg.synthetic_rates, cfg.num_speculative_tokens if cfg.method != "none" else 0)
     if cfg.method == "draft_model" and not has_draft_model:
         _fail("method 'draft_model' needs a draft model: pass draft=... to SpecDecoder.from_pretrained")
+
+
+def _check_synthetic_rates(rates: tuple[float, ...] | None, k: int) -> None:
+    """verify="synthetic" (vLLM's benchmarking mode, not lossless): rates a_1..a_k are the
+    unconditional per-position acceptance rates, a_i = P(at least i drafts accepted); each in
+    [0, 1], non-increasing, one per draft position (k = num_speculative_tokens; extras ignored)."""
+    what = ("synthetic_rates are the unconditional per-position acceptance rates a_1 >= a_2 >= ... "
+            "(a_i = the fraction of steps that accept at least i drafts): each must lie in [0, 1], they must be "
+            f"non-increasing, and num_speculative_tokens k = {k} needs {k} of them (one per draft position)")
+    if not rates:
+        _fail(f"verify='synthetic' needs synthetic_rates, e.g. [0.8, 0.6, 0.4] for k = 3; {what}")
+    shown = ", ".join(f"{a:g}" for a in rates)
+    problems = []
+    if len(rates) < k:
+        problems.append(f"{len(rates)} given")
+    outside = [a for a in rates if not (math.isfinite(a) and 0.0 <= a <= 1.0)]
+    if outside:
+        problems.append(f"{', '.join(f'{a:g}' for a in outside)} outside [0, 1]")
+    rises = [i + 2 for i in range(len(rates) - 1) if rates[i + 1] > rates[i]]
+    if rises:
+        problems.append(f"a_{rises[0]} > a_{rises[0] - 1}")
+    if problems:
+        _fail(f"invalid synthetic_rates [{shown}] ({'; '.join(problems)}): {what}")
 
 
 class SpecDecoder:
@@ -95,11 +120,17 @@ class SpecDecoder:
     Build with :meth:`from_pretrained`. Every request gets its own runners (KV caches), so one
     decoder may serve several threads at once; ``target_runner`` and ``current_proposer`` are
     the most recent request's, kept for inspection.
+
+    ``draft_tokenizer``: the draft's own tokenizer (from_pretrained loads it from the draft's
+    directory); it must equal the target's (:func:`specviz.models.tokenizer_mismatch`), or
+    ValueError says what differs. The models' vocabulary rows may differ by padding beyond the
+    tokenizer (draft q is then cut or zero-padded to the target's V). None: the draft is taken
+    to share ``tokenizer``.
     """
 
     def __init__(self, target_model: torch.nn.Module, tokenizer: Any, draft_model: torch.nn.Module | None = None,
                  runner_factory: Callable[[torch.nn.Module], ModelRunner] = EagerRunner,
-                 names: dict[str, str] | None = None):
+                 names: dict[str, str] | None = None, draft_tokenizer: Any = None):
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.device = next(target_model.parameters()).device
         self.runner_factory = runner_factory
@@ -107,10 +138,12 @@ class SpecDecoder:
         self.names = names or {}
         self.vocab_size = int(target_model.get_output_embeddings().weight.shape[0])
         if draft_model is not None:
+            problem = tokenizer_mismatch(tokenizer, draft_tokenizer) if draft_tokenizer is not None else None
+            if problem:
+                raise ValueError(problem)
             draft_vocab = int(draft_model.get_output_embeddings().weight.shape[0])
             if draft_vocab != self.vocab_size:
-                raise ValueError(f"the draft's vocabulary ({draft_vocab}) differs from the target's ({self.vocab_size}); "
-                                 "the draft model must share the target's tokenizer")
+                check_vocab_rows(self.vocab_size, draft_vocab, len(tokenizer))
         self.eos_token_ids = _eos_ids(target_model, tokenizer)
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.current_proposer: Proposer | None = None
@@ -141,12 +174,14 @@ class SpecDecoder:
         target_model = load_model(target, dev, dt)
         tokenizer = load_tokenizer(target)
         draft_model = load_model(draft, dev, dt) if draft is not None else None
+        draft_tokenizer = load_tokenizer(draft) if draft is not None else None
         names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
         factory = EagerRunner
         if runner == "static" or (runner == "auto" and dev.type == "cuda"):
             limit = int(getattr(target_model.config, "max_position_embeddings", max_cache_len) or max_cache_len)
             factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len))
-        return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names)
+        return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names,
+                   draft_tokenizer=draft_tokenizer)
 
     def _acquire_runner(self, model: torch.nn.Module) -> ModelRunner:
         return self._acquire(id(model), lambda: self.runner_factory(model))
@@ -200,7 +235,8 @@ class SpecDecoder:
         if cfg.method == "suffix":
             return SuffixProposer(cfg.num_speculative_tokens, global_cache=self.suffix_cache)
         if cfg.method == "draft_model":
-            return DraftModelProposer(self._acquire_runner(self.draft_model), cfg.num_speculative_tokens)
+            return DraftModelProposer(self._acquire_runner(self.draft_model), cfg.num_speculative_tokens,
+                                      vocab_size=self.vocab_size)
         return None
 
     # ---- the loop --------------------------------------------------------------------------
@@ -265,7 +301,7 @@ class SpecDecoder:
         start = time.perf_counter()
         bus.publish(ev.GenerationStarted(config=self._describe(cfg, ids), prompt_token_ids=list(ids)))
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        ctx = StepContext(temperature=cfg.temperature, generator=generator)
+        ctx = StepContext(temperature=cfg.temperature, generator=generator, top_k=cfg.top_k, top_p=cfg.top_p)
         proposer = self.current_proposer = self.make_proposer(cfg)
         if proposer is not None:
             proposer.reset()
@@ -417,7 +453,7 @@ def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[li
 def _brief_record(emitted: list[int], acc: int, k: int) -> dict[str, Any]:
     kind = "target" if k == 0 else ("bonus" if acc == k else "recovered")
     return {"num_accepted": acc, "output_token_ids": emitted, "positions": [],
-            "emitted": {"position": acc + 1, "token_id": emitted[-1], "kind": kind, "p": 0.0, "top": []}}
+            "emitted": {"position": acc + 1, "token_id": emitted[-1], "kind": kind, "p": None, "top": []}}
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:

@@ -86,3 +86,48 @@ def _explain(name_or_path: str | os.PathLike, exc: Exception) -> str:
         hint = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return (f"could not load model {str(name_or_path)!r}: {hint}. Give a local model directory "
             f"(config.json + safetensors + tokenizer files) or a hub id on a machine that can reach the hub.")
+
+
+SPECIAL_ATTRS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+
+
+def tokenizer_mismatch(target_tok, draft_tok, show: int = 3) -> str | None:
+    """Why ``draft_tok`` cannot serve the target's token ids (None when it can).
+
+    Compares what speculative decoding relies on (the draft's token ids must mean the target's):
+    the number of tokens (added tokens included), the token string of every id, and the special
+    tokens (bos / eos / pad / unk ids and the list of special tokens). Model vocabularies
+    (embedding rows) may still differ by padding beyond the tokenizer (vLLM pads the draft
+    distribution with zeros, e.g. 151936 vs 152064 rows in Qwen models): see
+    :func:`check_vocab_rows`. Returns a message naming the first ``show`` differing ids."""
+    n_t, n_d = len(target_tok), len(draft_tok)
+    a = target_tok.convert_ids_to_tokens(list(range(min(n_t, n_d))))
+    b = draft_tok.convert_ids_to_tokens(list(range(min(n_t, n_d))))
+    diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    problems = []
+    if diff:
+        listed = ", ".join(f"id {i}: {a[i]!r} vs {b[i]!r}" for i in diff[:show])
+        problems.append(f"{len(diff)} of the {min(n_t, n_d)} shared ids have different token strings ({listed})")
+    if n_t != n_d:
+        problems.append(f"the target's tokenizer has {n_t} tokens, the draft's {n_d}")
+    for attr in SPECIAL_ATTRS:
+        x, y = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if x != y:
+            problems.append(f"{attr} is {x} in the target's tokenizer, {y} in the draft's")
+    if sorted(target_tok.all_special_tokens) != sorted(draft_tok.all_special_tokens):
+        problems.append(f"special tokens differ: {sorted(target_tok.all_special_tokens)} vs "
+                        f"{sorted(draft_tok.all_special_tokens)}")
+    if not problems:
+        return None
+    return ("the draft's tokenizer differs from the target's: " + "; ".join(problems) +
+            ". Speculative decoding needs a draft with the target's tokenizer (the same token for every id).")
+
+
+def check_vocab_rows(target_rows: int, draft_rows: int, tokenizer_len: int) -> None:
+    """Raise ValueError unless both models have a row for every token of the shared tokenizer;
+    rows beyond it are padding (a difference there is fine: q is cut or padded with zeros to the
+    target's rows)."""
+    if min(target_rows, draft_rows) < tokenizer_len:
+        raise ValueError(f"the draft's vocabulary ({draft_rows} rows) and the target's ({target_rows} rows) must both "
+                         f"cover the shared tokenizer's {tokenizer_len} tokens; the draft model must share the "
+                         "target's tokenizer")

@@ -26,27 +26,34 @@ def _top(dist: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return vals, ids
 
 
-def _residuals(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-    """Standard residual weights max(p_i - q_i, 0) for the k' drafted positions: [k', V].
-    One-hot q: p_i with x_i zeroed."""
-    k = ids.numel()
+def _effective_q(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """q [k', V] as the sampler uses it (specviz.sampling.reference, "Invalid input"): one-hot at
+    x_i for a deterministic draft; the zero vector at a position whose id is outside [0, V) or
+    whose q row is not finite (never accepted, residual = p_i)."""
+    k, V = ids.numel(), p.shape[-1]
+    ok = (ids >= 0) & (ids < V)  # [k']
+    safe = torch.where(ok, ids, torch.zeros_like(ids)).view(-1, 1)  # [k', 1]
     if q is None:
-        w = p[:k].clone()
-        w.scatter_(1, ids.view(-1, 1), 0.0)
-        return w
-    return (p[:k] - q.float()).clamp_min(0.0)
+        return torch.zeros_like(p[:k]).scatter_(1, safe, ok.float().view(-1, 1))
+    qf = q.float()
+    ok = ok & torch.isfinite(qf).all(dim=-1)
+    return torch.where(ok.view(-1, 1), qf, torch.zeros_like(qf))
 
 
-def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
-                     ids: torch.Tensor, resid: torch.Tensor) -> torch.Tensor:
-    """Weights [1, V] of the distribution the step's own token was drawn from (device only)."""
+def _residuals(p: torch.Tensor, q_eff: torch.Tensor) -> torch.Tensor:
+    """Standard residual weights max(p_i - q_i, 0) for the k' drafted positions: [k', V]
+    (one-hot q: p_i with x_i zeroed). q_eff: :func:`_effective_q`."""
+    return (p[: q_eff.shape[0]] - q_eff).clamp_min(0.0)
+
+
+def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q_eff: torch.Tensor,
+                     ids: torch.Tensor, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights [1, V] of the distribution the step's own token was drawn from, and whether the
+    sampler fell back to p because they summed to 0 ([1] bool) (device only)."""
     k = ids.numel()
     if out.method == "block" and k > 0:
         prefix = torch.cat([torch.ones(1, device=p.device), out.block.P[0, : k - 1].float()])  # P_0..P_{k'-1}
-        qk = torch.zeros_like(p[:k]) if q is None else q.float()
-        if q is None:
-            qk.scatter_(1, ids.view(-1, 1), 1.0)
-        cand = (prefix.view(-1, 1) * p[:k] - qk).clamp_min(0.0)
+        cand = (prefix.view(-1, 1) * p[:k] - q_eff).clamp_min(0.0)
     elif out.method == "greedy":
         cand = p[:k]
     else:
@@ -54,7 +61,8 @@ def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | No
     cand = torch.cat([cand, p[k : k + 1]])  # bonus slot: p_{k'+1}    [k'+1, V]
     zero = cand.sum(dim=-1, keepdim=True) == 0
     cand = torch.where(zero, p[: k + 1], cand)  # the sampler's fallback to p when Z == 0
-    return cand.index_select(0, out.num_accepted[:1].clamp(max=k))
+    slot = out.num_accepted[:1].clamp(max=k)
+    return cand.index_select(0, slot), zero[:, 0].index_select(0, slot)  # [1, V], [1] bool
 
 
 def gather_core(out: RejectionOutput, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -73,11 +81,13 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
         kind=out.token_kind[0, : k + 1], u=out.u[0, :k], p=out.p_draft[0, :k], q=out.q_draft[0, :k],
         accept_prob=out.accept_prob[0, :k], accepted=out.accepted[0, :k], residual_mass=out.residual_mass[0, :k],
     )
-    resid = _residuals(p, q, ids)  # [k', V]
+    q_eff = _effective_q(p, q, ids)  # [k', V]
+    resid = _residuals(p, q_eff)  # [k', V]
     groups = [("p_top", p[: k + 1]), ("residual_top", resid)]
     if q is not None:
         groups.append(("q_top", q.float()))
-    groups.append(("emit_top", _emitted_weights(out, p, q, ids, resid)))
+    emit_w, emit_empty = _emitted_weights(out, p, q_eff, ids, resid)
+    groups.append(("emit_top", emit_w))
     vals, top_ids = _top(torch.cat([d for _, d in groups]), TOP_N)  # [rows, 20]
     row = 0
     for name, dist in groups:
@@ -86,6 +96,7 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
         row += n
     slot = out.num_accepted[:1].clamp(max=k)  # [1] on device: no sync
     parts["emit_p"] = p[slot, out.output_token_ids[0].gather(0, slot)]  # p_j(emitted token)
+    parts["emit_empty"] = emit_empty  # [1] bool: the residual was empty, drawn from p
     if out.block is not None:
         for name in ("P", "rho", "h", "eta"):
             parts["block_" + name] = getattr(out.block, name)[0, :k]
@@ -154,6 +165,7 @@ def host_record(h: dict[str, list], ids: list[int], method: str, backend: str) -
             "kind": "target" if k == 0 else kind,
             "p": h["emit_p"][0],
             "top": _pairs(h["emit_top_v"][0], h["emit_top_i"][0]),
+            "residual_empty": kind == "recovered" and k > 0 and bool(h["emit_empty"][0]),
         },
         "positions": positions,
         "method": method,

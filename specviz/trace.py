@@ -5,15 +5,28 @@ the totals. It round-trips through JSON (:meth:`Trace.to_json` / :meth:`Trace.fr
 loading validates the data's shape and types and never executes anything, so an uploaded
 trace is safe to view.
 
-Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and algorithms.md:
+Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and algorithms.md, counted
+from what was **committed**, not from what the sampler decided: when the request stops (EOS or
+max_new_tokens) inside a step, the sampler's later accepted drafts and its emitted token are
+dropped (:attr:`Step.num_accepted` keeps the sampler's decision; :attr:`Step.committed_token_ids`
+what was kept; :attr:`Step.num_accepted_committed`, :attr:`Step.emitted_committed` and
+:attr:`Step.num_drafts_discarded` derive the rest), and every metric counts only what was kept.
+vLLM's scheduler counts the sampler's decision instead (``len(generated_token_ids) - 1``).
 
 * num_drafts: steps whose proposer drafted k' > 0 tokens; num_draft_tokens: sum of k'.
-* mean_acceptance_length = 1 + num_accepted_tokens / num_drafts (1.0 with no drafts).
-* draft_acceptance_rate = num_accepted_tokens / num_draft_tokens.
-* accepted_per_position[i] = #drafting steps that accepted >= i+1 tokens (vLLM's counts);
-  acceptance_rate_per_position[i] = that / num_drafts (unconditional);
-  conditional_acceptance_rate[i] = P(accept i+1 | accepted i).
-* acceptance_histogram[j] = #drafting steps with exactly j accepted.
+* num_discarded_draft_tokens: drafts after the stop of a step cut by EOS / max_new_tokens
+  (neither accepted nor rejected: the output ended before them).
+* num_accepted_tokens: committed accepted drafts (sum of num_accepted_committed).
+* mean_acceptance_length = committed tokens of drafting steps / num_drafts
+  (= 1 + num_accepted_tokens / num_drafts when no step was cut; 1.0 with no drafts).
+* draft_acceptance_rate = num_accepted_tokens / (num_draft_tokens - num_discarded_draft_tokens).
+* accepted_per_position[i] = #drafting steps that committed >= i+1 accepted drafts (vLLM's
+  counts); acceptance_rate_per_position[i] = that / num_drafts (unconditional);
+  conditional_acceptance_rate[i] = P(accept i+1 | accepted i), over steps whose position i+1
+  was drafted and not discarded.
+* acceptance_histogram[j] = #drafting steps with exactly j committed accepted drafts.
+* tokens_per_step = tokens_per_target_forward = committed tokens / verification steps
+  (:func:`tokens_per_target_forward`; the one definition every view and label uses).
 """
 
 from __future__ import annotations
@@ -60,14 +73,23 @@ class Position:
 class Emitted:
     """The token a step drew itself: kind "recovered" (from the residual at the first rejected
     position), "bonus" (from p_{k'+1} after a full accept) or "target" (a step with no draft, a
-    plain decoding step). position: 1-based slot in the step; p: its target probability;
-    top: up to 20 [token_id, prob] of the distribution it was drawn from."""
+    plain decoding step). position: 1-based slot in the step; p: its target probability (None:
+    not recorded, a ``detailed_trace=False`` run); top: up to 20 [token_id, prob] of the distribution it was drawn from.
+
+    residual_empty: a recovered token whose residual max(p_j - q_j, 0) was empty (Z_j = 0), so
+    the sampler drew it from p_j instead (algorithms.md: "If Z == 0 numerically, fall back to
+    p_i"); it may then equal the rejected draft. Z_j = 0 means p_j <= q_j everywhere, i.e.
+    p_j = q_j (one-hot q: p_j one-hot at the draft), where standard and block verification accept
+    with probability 1 up to rounding; only verify="synthetic", whose rejections are forced
+    whatever p says, meets it in practice. The token then is what plain decoding from the
+    target would draw at that position."""
 
     position: int
     token_id: int
     kind: str
-    p: float
+    p: float | None  # None: not recorded (detailed_trace=False)
     top: list[list[float]] = field(default_factory=list)
+    residual_empty: bool = False
 
 
 @dataclass
@@ -85,6 +107,23 @@ class Step:
     block: dict[str, Any] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     sampler_backend: str = "reference"
+
+    # What was committed, derived from num_accepted (the sampler's decision) and
+    # committed_token_ids (what the stop kept: a prefix of accepted drafts + emitted token).
+    @property
+    def num_accepted_committed(self) -> int:
+        """Accepted drafts that reached the output: min(num_accepted, len(committed_token_ids))."""
+        return min(self.num_accepted, len(self.committed_token_ids))
+
+    @property
+    def emitted_committed(self) -> bool:
+        """The step's own (recovered / bonus / target) token reached the output."""
+        return len(self.committed_token_ids) > self.num_accepted
+
+    @property
+    def num_drafts_discarded(self) -> int:
+        """Drafts after the stop (EOS / max_new_tokens) inside this step: 0 unless the step was cut."""
+        return 0 if self.emitted_committed else len(self.draft_token_ids) - self.num_accepted_committed
 
 
 @dataclass
@@ -133,6 +172,9 @@ class Trace:
         kw["steps"] = [_step_from_dict(s, i) for i, s in enumerate(_check_list(obj.get("steps", []), "trace.steps"))]
         _check_int_list(kw["prompt_token_ids"], "trace.prompt_token_ids")
         _check_int_list(kw["output_token_ids"], "trace.output_token_ids")
+        _check(kw["config"], CONFIG_SCHEMA, "trace.config")
+        _check(kw.get("metrics", {}), METRICS_SCHEMA, "trace.metrics")
+        _check(kw.get("token_texts", {}), {str: str}, "trace.token_texts")
         return cls(**kw)
 
 
@@ -194,34 +236,170 @@ def _step_from_dict(data: Any, i: int) -> Step:
     ]
     _check_int_list(kw["draft_token_ids"], f"{where}.draft_token_ids")
     _check_int_list(kw["committed_token_ids"], f"{where}.committed_token_ids")
+    for name, schema in (("match", MATCH_SCHEMA), ("block", BLOCK_SCHEMA), ("timings_ms", {str: float})):
+        if kw.get(name) is not None:
+            _check(kw[name], schema, f"{where}.{name}")
+    _check(kw["emitted"].top, [TOP_PAIR], f"{where}.emitted.top")
+    for j, pos in enumerate(kw["positions"]):
+        for name in ("p_top", "q_top", "residual_top"):
+            _check(getattr(pos, name), [TOP_PAIR], f"{where}.positions[{j}].{name}")
     return Step(**kw)
 
 
+# ---- the schema of the nested plain-data fields ---------------------------------------------
+# A schema is a type (int / float = any finite number / str / bool), a list [item schema], a
+# dict {str: value schema} (any keys), a dict of named keys (all optional; other keys must be
+# plain JSON and are not read by any view), a tuple of alternatives, or None (JSON null).
+# Every key a view reads is listed, so a malformed upload fails here, not in a figure.
+@dataclass(frozen=True)
+class _Pred:
+    """A schema given by a test function and its description."""
+
+    test: Any
+    text: str
+
+
+TOP_PAIR = _Pred(lambda v: isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_num(v[1]),
+                 "a [token_id, prob] pair")
+TRIE_NODE: dict[str, Any] = {"token_id": int, "count": int}
+TRIE_NODE["children"] = [TRIE_NODE]
+SUFFIX_CANDIDATE = {"source": str, "match_length": int, "node_count": int, "draft": [int], "probs": [float],
+                    "counts": [int], "score": float}
+MATCH_SCHEMA = {
+    "kind": str, "backend": str, "greedy": bool,
+    # ngram / ngram_gpu (prompt lookup)
+    "n": int, "suffix": [int], "suffix_start": int, "occurrences": [int], "match_position": int,
+    "tried": [{"n": int, "occurrences": int}], "trie": [TRIE_NODE], "prompt_lookup_min": int,
+    "prompt_lookup_max": int,
+    # suffix decoding
+    "candidates": [SUFFIX_CANDIDATE], "chosen": (SUFFIX_CANDIDATE, None), "cached_requests": int,
+    "config": {str: (float, bool, str, None)},
+}
+BLOCK_SCHEMA = {"P": [float], "rho": [float], "h": [float], "eta": [float], "tau": int}
+_OPT_INT, _OPT_NUM, _OPT_STR = (int, None), (float, None), (str, None)
+CONFIG_SCHEMA = {
+    "method": str, "num_speculative_tokens": int, "verify": str, "temperature": float, "top_k": _OPT_INT,
+    "top_p": _OPT_NUM, "max_new_tokens": int, "seed": int, "prompt_lookup_min": _OPT_INT,
+    "prompt_lookup_max": _OPT_INT, "synthetic_rates": ([float], None), "sampler_backend": str,
+    "detailed_trace": bool, "target": _OPT_STR, "draft": _OPT_STR, "device": _OPT_STR, "dtype": _OPT_STR,
+    "runner": _OPT_STR, "prompt_length": int, "vocab_size": int,
+}
+METRICS_SCHEMA = {
+    **{key: int for key in ("num_steps", "num_drafts", "num_draft_tokens", "num_discarded_draft_tokens",
+                            "num_accepted_tokens", "num_generated_tokens")},
+    **{key: float for key in ("mean_acceptance_length", "draft_acceptance_rate", "tokens_per_step",
+                              "tokens_per_target_forward")},
+    "accepted_per_position": [int], "acceptance_rate_per_position": [float],
+    "conditional_acceptance_rate": [float], "acceptance_histogram": [int], "time_ms": {str: float},
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _matches(value: Any, schema: Any) -> bool:
+    if schema is None:
+        return value is None
+    if schema is int:
+        return _is_int(value)
+    if schema is float:
+        return _is_num(value)
+    if schema in (str, bool):
+        return isinstance(value, schema)
+    if isinstance(schema, _Pred):
+        return bool(schema.test(value))
+    if isinstance(schema, tuple):
+        return any(_matches(value, s) for s in schema)
+    try:
+        _check(value, schema, "")
+    except TraceFormatError:
+        return False
+    return True
+
+
+def _describe_schema(schema: Any) -> str:
+    if schema is None:
+        return "null"
+    if isinstance(schema, type):
+        return {int: "an integer", float: "a finite number", str: "a string", bool: "true/false"}[schema]
+    if isinstance(schema, _Pred):
+        return schema.text
+    if isinstance(schema, tuple):
+        return " or ".join(_describe_schema(s) for s in schema)
+    if isinstance(schema, list):
+        return f"a list of {_describe_schema(schema[0])}"
+    return "an object"
+
+
+def _check(value: Any, schema: Any, where: str) -> None:
+    """Raise TraceFormatError (naming the field) unless ``value`` matches ``schema``."""
+    if isinstance(schema, list):
+        for i, item in enumerate(_check_list(value, where)):
+            _check(item, schema[0], f"{where}[{i}]")
+    elif isinstance(schema, dict) and set(schema) == {str}:
+        for key, item in _check_obj(value, where).items():
+            _check(item, schema[str], f"{where}.{key}")
+    elif isinstance(schema, dict):
+        obj = _check_obj(value, where)
+        for key, sub in schema.items():
+            if key in obj:
+                _check(obj[key], sub, f"{where}.{key}")
+    elif not _matches(value, schema):
+        raise TraceFormatError(f"{where} must be {_describe_schema(schema)}, got {json.dumps(value)[:60]}")
+
+
 # ---- metrics -----------------------------------------------------------------------------
+TOKENS_PER_FORWARD_FORMULA = ("generated tokens / verification steps (one target forward each; the prefill "
+                              "forward emits no token and is not counted)")
+
+
+def tokens_per_target_forward(num_tokens: int, num_steps: int) -> float:
+    """Tokens per target forward = committed tokens / verification steps (0.0 with no steps).
+
+    Every verification step is one target forward over [last token, x_1..x_k'] and commits
+    1..k'+1 tokens; the prefill forward (over prompt[:-1]) commits none and is NOT counted, so
+    plain decoding (method "none") scores exactly 1.0 and ``Trace.target_forward_passes`` =
+    steps + 1. vLLM (vllm-project/vllm#24344) calls output tokens / verification steps the
+    "seq-normalized acceptance length". The hardware-independent speedup over method none is the
+    ratio of this number."""
+    return num_tokens / num_steps if num_steps else 0.0
+
+
 def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str, Any]:
-    """vLLM's spec-decode metrics over ``steps`` (see module docstring)."""
+    """vLLM's spec-decode metrics over ``steps``, from committed tokens (see module docstring)."""
     k = max([num_speculative_tokens, *(len(s.draft_token_ids) for s in steps)] or [0])
     drafting = [s for s in steps if s.draft_token_ids]
     num_drafts = len(drafting)
     num_draft_tokens = sum(len(s.draft_token_ids) for s in drafting)
-    num_accepted = sum(s.num_accepted for s in drafting)
-    per_pos = [sum(1 for s in drafting if s.num_accepted >= i + 1) for i in range(k)]
-    hist = [sum(1 for s in drafting if s.num_accepted == j) for j in range(k + 1)]
-    offered = [sum(1 for s in drafting if len(s.draft_token_ids) >= i + 1 and s.num_accepted >= i) for i in range(k)]
+    discarded = sum(s.num_drafts_discarded for s in drafting)
+    acc = [s.num_accepted_committed for s in drafting]
+    verified = [len(s.draft_token_ids) - s.num_drafts_discarded for s in drafting]  # drafts not discarded
+    num_accepted = sum(acc)
+    per_pos = [sum(1 for a in acc if a >= i + 1) for i in range(k)]
+    hist = [sum(1 for a in acc if a == j) for j in range(k + 1)]
+    offered = [sum(1 for a, n in zip(acc, verified) if n >= i + 1 and a >= i) for i in range(k)]
     generated = sum(len(s.committed_token_ids) for s in steps)
+    drafting_tokens = sum(len(s.committed_token_ids) for s in drafting)
     return {
         "num_steps": len(steps),
         "num_drafts": num_drafts,
         "num_draft_tokens": num_draft_tokens,
+        "num_discarded_draft_tokens": discarded,
         "num_accepted_tokens": num_accepted,
         "num_generated_tokens": generated,
-        "mean_acceptance_length": 1.0 + num_accepted / num_drafts if num_drafts else 1.0,
-        "draft_acceptance_rate": num_accepted / num_draft_tokens if num_draft_tokens else 0.0,
+        "mean_acceptance_length": drafting_tokens / num_drafts if num_drafts else 1.0,
+        "draft_acceptance_rate": num_accepted / (num_draft_tokens - discarded) if num_draft_tokens > discarded else 0.0,
         "accepted_per_position": per_pos,
         "acceptance_rate_per_position": [c / num_drafts if num_drafts else 0.0 for c in per_pos],
         "conditional_acceptance_rate": [a / o if o else 0.0 for a, o in zip(per_pos, offered)],
         "acceptance_histogram": hist,
-        "tokens_per_step": generated / len(steps) if steps else 0.0,
+        "tokens_per_step": tokens_per_target_forward(generated, len(steps)),
+        "tokens_per_target_forward": tokens_per_target_forward(generated, len(steps)),
         "time_ms": {
             key: sum(s.timings_ms.get(key, 0.0) for s in steps) for key in ("draft", "verify", "sample")
         },

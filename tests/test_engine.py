@@ -66,8 +66,12 @@ def test_eos_inside_accepted_draft_stops(self_decoders, arch):
     assert trace.output_token_ids == plain[: idx + 1]
     assert trace.stop_reason == "eos"
     last = trace.steps[-1]
-    # EOS came from inside a fully accepted draft: the step emitted more than it committed
-    assert last.num_accepted > 0 and len(last.committed_token_ids) <= last.num_accepted + 1
+    # the last step committed a prefix of what the sampler output (accepted drafts + its own
+    # token), cut just after the EOS; the metrics count only that prefix
+    start = len(trace.output_token_ids) - len(last.committed_token_ids)
+    sampler_out = last.draft_token_ids[: last.num_accepted] + [last.emitted.token_id]
+    assert last.num_accepted > 0 and last.committed_token_ids == sampler_out[: idx + 1 - start]
+    assert trace.metrics["num_accepted_tokens"] == sum(s.num_accepted_committed for s in trace.steps)
 
 
 @pytest.mark.parametrize("max_new", (1, 2, 3, 5, 9, 13))

@@ -3,7 +3,11 @@
 vLLM's check (tests/v1/spec_decode/test_rejection_sampler_utils.py, docs/algorithms.md "Correctness
 tests"): fixed p_i and q_i per position, many trials, a chi-square test of the tokens emitted at
 each output position (among the rows that emitted it) against p_i, bins with expected count < 5
-merged, pass if chi2 < df + 10 * sqrt(2 * df).
+merged. A position passes when its chi-square p-value (scipy.stats) exceeds ALPHA / m, m = the
+positions x cases of the test (Bonferroni; tests/stats_helpers.py), so a correct sampler fails a
+test with probability <= ALPHA = 1e-3. (The old bound chi2 < df + 10 sqrt(2 df) let recovered
+tokens from max(p - 0.9 q, 0) and over-acceptance u <= r^0.9 pass; both negative controls below
+must fail at the threshold and sample size used.)
 
 V = 2048 here (not 4096) to keep the whole grid at about half a minute on 2 CPU cores; trials per
 configuration = 10 * V = 20480 rows, run in chunks of 2048 rows to bound memory.
@@ -15,10 +19,11 @@ import math
 
 import numpy as np
 import pytest
-import scipy.stats
 import torch
 
-from specviz.sampling import KIND_RECOVERED, logits_to_probs, rejection_sample
+from specviz.sampling import KIND_RECOVERED, SamplerNoise, draw_noise, logits_to_probs, rejection_sample
+from stats_helpers import chi_square as chi_square_pvalue
+from stats_helpers import threshold
 
 V = 2048
 TRIALS = 10 * V
@@ -50,8 +55,10 @@ def make_case(K: int, temperature: float, seed: int):
     return p, q, d
 
 
-def run_chunks(p, q, d, method, full_q: bool, seed: int, trials: int = TRIALS, chunk: int = CHUNK):
-    """Run the sampler on ``trials`` rows in chunks; yields RejectionOutputs."""
+def run_chunks(p, q, d, method, full_q: bool, seed: int, trials: int = TRIALS, chunk: int = CHUNK,
+               u_power: float = 1.0):
+    """Run the sampler on ``trials`` rows in chunks; yields RejectionOutputs. ``u_power`` != 1
+    (negative controls only): the sampler gets u^(1/u_power), i.e. accepts iff u <= r^u_power."""
     K, V = q.shape
     g = torch.Generator().manual_seed(seed)
     for start in range(0, trials, chunk):
@@ -59,29 +66,10 @@ def run_chunks(p, q, d, method, full_q: bool, seed: int, trials: int = TRIALS, c
         source = q if full_q else d
         ids = torch.multinomial(source, n, replacement=True, generator=g).T.contiguous()  # [n, K]
         draft_probs = q.expand(n, K, V) if full_q else None
-        yield rejection_sample(p.expand(n, K + 1, V), draft_probs, ids, method=method, generator=g)
-
-
-def chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
-    """chi2 statistic and df of observed counts [V] against probs [V]; bins with expected < 5 merged
-    into one bin (itself merged into the smallest remaining bin if still < 5)."""
-    n = counts.sum()
-    expected = n * probs / probs.sum()
-    small = expected < 5
-    obs = list(counts[~small])
-    exp = list(expected[~small])
-    if small.any():
-        o, e = counts[small].sum(), expected[small].sum()
-        if e >= 5 or not exp:
-            obs.append(o)
-            exp.append(e)
-        else:
-            i = int(np.argmin(exp))
-            obs[i] += o
-            exp[i] += e
-    obs, exp = np.asarray(obs, dtype=np.float64), np.asarray(exp, dtype=np.float64)
-    stat = scipy.stats.chisquare(obs, exp).statistic
-    return float(stat), len(obs) - 1
+        noise = draw_noise(n, K, V, generator=g)
+        if u_power != 1.0:
+            noise = SamplerNoise(u=noise.u ** (1.0 / u_power), exp=noise.exp)
+        yield rejection_sample(p.expand(n, K + 1, V), draft_probs, ids, method=method, noise=noise)
 
 
 def position_counts(outputs, K: int, V: int, tamper=None) -> np.ndarray:
@@ -96,21 +84,26 @@ def position_counts(outputs, K: int, V: int, tamper=None) -> np.ndarray:
     return counts
 
 
-def failing_positions(counts: np.ndarray, p: torch.Tensor) -> list[str]:
-    """The positions whose chi2 reaches the limit df + 10 sqrt(2 df), with their statistics."""
-    failed = []
+# Bonferroni families: every position of every case of one parametrized test
+GRID_TESTS = sum(K + 1 for K in (1, 3, 5)) * 2 * 2 * 2  # K x temperature x q kind x method
+SMALL_TESTS = (4 + 1) * 2 * 2  # SMALL_K + 1 positions x q kind x method
+
+
+def failing_positions(counts: np.ndarray, p: torch.Tensor, num_tests: int) -> list[str]:
+    """The positions whose chi-square p-value is <= ALPHA / num_tests, with their statistics."""
+    failed, limit = [], threshold(num_tests)
     for i in range(counts.shape[0]):
-        stat, df = chi_square(counts[i], p[i].double().numpy())
-        limit = df + 10 * math.sqrt(2 * df)
-        if not stat < limit:
-            failed.append(f"position {i}: chi2 {stat:.1f} >= {limit:.1f} (df {df}, n {counts[i].sum()})")
+        stat, df, pval = chi_square_pvalue(counts[i], p[i].double().numpy())
+        if not pval > limit:
+            failed.append(f"position {i}: chi2 {stat:.1f} (df {df}, n {counts[i].sum()}), p-value {pval:.2e} "
+                          f"<= {limit:.1e}")
     return failed
 
 
-def assert_matches_target(counts: np.ndarray, p: torch.Tensor) -> None:
+def assert_matches_target(counts: np.ndarray, p: torch.Tensor, num_tests: int) -> None:
     for i in range(counts.shape[0]):
         assert counts[i].sum() >= MIN_ROWS, f"position {i} emitted by only {counts[i].sum()} rows"
-    failed = failing_positions(counts, p)
+    failed = failing_positions(counts, p, num_tests)
     assert not failed, "; ".join(failed)
 
 
@@ -122,7 +115,7 @@ def test_emitted_tokens_follow_target(method, full_q, temperature, K):
     seed = 1000 * K + int(temperature * 10) + (0 if full_q else 7)
     p, q, d = make_case(K, temperature, seed)
     counts = position_counts(run_chunks(p, q, d, method, full_q, seed + 1), K, V)
-    assert_matches_target(counts, p)
+    assert_matches_target(counts, p, GRID_TESTS)
 
 
 # A small vocabulary with p and q far apart: block verification's own residual
@@ -143,7 +136,7 @@ def small_case(seed: int = 0):
 def test_emitted_tokens_follow_target_small_vocab(method, full_q):
     p, q, d = small_case()
     outputs = run_chunks(p, q, d, method, full_q, seed=3, trials=SMALL_TRIALS, chunk=50_000)
-    assert_matches_target(position_counts(outputs, SMALL_K, SMALL_V), p)
+    assert_matches_target(position_counts(outputs, SMALL_K, SMALL_V), p, SMALL_TESTS)
 
 
 def _redraw(out, weights_of_rows, where):
@@ -168,7 +161,7 @@ def test_negative_control_no_residual_correction_fails(method):
         return _redraw(out, p[out.num_accepted[rec]], rec)
 
     counts = position_counts(run_chunks(p, q, d, method, True, seed), K, V, tamper=tamper)
-    assert failing_positions(counts, p), "a sampler without the residual correction passed"
+    assert failing_positions(counts, p, GRID_TESTS), "a sampler without the residual correction passed"
 
 
 def test_block_negative_control_standard_residual_fails():
@@ -182,4 +175,34 @@ def test_block_negative_control_standard_residual_fails():
         return _redraw(out, (p[tau[wrong]] - q[tau[wrong]]).clamp_min(0), wrong)
 
     outputs = run_chunks(p, q, d, "block", True, seed=3, trials=SMALL_TRIALS, chunk=50_000)
-    assert failing_positions(position_counts(outputs, SMALL_K, SMALL_V, tamper=tamper), p)
+    assert failing_positions(position_counts(outputs, SMALL_K, SMALL_V, tamper=tamper), p, SMALL_TESTS)
+
+
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_negative_control_weakened_residual_fails(method):
+    """Recovered tokens drawn from max(p - 0.9 q, 0) instead of max(p - q, 0) (block: from
+    max(P_tau p - 0.9 q, 0)) must fail, at the small-vocabulary test's sample size and threshold."""
+    p, q, d = small_case()
+
+    def tamper(out):
+        tau = out.num_accepted
+        rec = out.token_kind[torch.arange(tau.shape[0]), tau] == KIND_RECOVERED
+        scale = torch.ones(int(rec.sum()), 1)
+        if method == "block":
+            P0 = torch.cat([torch.ones(tau.shape[0], 1), out.block.P], 1)  # P_0..P_K
+            scale = P0.gather(1, tau[:, None])[rec]
+        return _redraw(out, (scale * p[tau[rec]] - 0.9 * q[tau[rec]]).clamp_min(0), rec)
+
+    outputs = run_chunks(p, q, d, method, True, seed=3, trials=SMALL_TRIALS, chunk=50_000)
+    counts = position_counts(outputs, SMALL_K, SMALL_V, tamper=tamper)
+    assert failing_positions(counts, p, SMALL_TESTS), "recovered tokens from max(p - 0.9 q, 0) passed"
+
+
+@pytest.mark.parametrize("method", ["standard", "block"])
+def test_negative_control_over_acceptance_fails(method):
+    """Accepting iff u <= r^0.9 (block: eta <= h^0.9), i.e. a little too often, must fail at the
+    small-vocabulary test's sample size and threshold (full q)."""
+    p, q, d = small_case()
+    outputs = run_chunks(p, q, d, method, True, seed=3, trials=SMALL_TRIALS, chunk=50_000, u_power=0.9)
+    counts = position_counts(outputs, SMALL_K, SMALL_V)
+    assert failing_positions(counts, p, SMALL_TESTS), "over-acceptance u <= r^0.9 passed"

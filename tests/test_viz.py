@@ -124,9 +124,11 @@ def test_handmade_stats_and_alpha():
     tr = handmade()
     fig = stats_figure(tr)
     hist = fig.data[0]
-    assert list(hist.y) == tr.metrics["acceptance_histogram"] == [0, 0, 1, 1]
-    # verified positions: step 0 -> 3 (2 accepted + the rejected one), step 2 -> 3; accepted 5
-    assert estimated_alpha(tr) == pytest.approx(5 / 6)
+    # from committed tokens: step 2's sampler accepted 3, but the stop kept 2 (x3 and the bonus cut)
+    assert list(hist.y) == tr.metrics["acceptance_histogram"] == [0, 0, 2, 0]
+    # verified positions: step 0 -> 3 (2 accepted + the rejected one), step 2 -> 2 (x3 discarded
+    # at the stop); accepted 2 + 2
+    assert estimated_alpha(tr) == pytest.approx(4 / 5)
     assert expected_tokens_per_step(0.0, 4) == 1.0 and expected_tokens_per_step(1.0, 4) == 5.0
     assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
     summary = run_summary(tr)

@@ -4,8 +4,11 @@ Sources: Leviathan et al. 2023; Chen et al. 2023; vLLM ``v1/spec_decode/draft_mo
 ``assistant_model`` (``generation/candidate_generator.py``).
 
 q: greedy drafting (temperature 0) takes argmax, so q is one-hot and ``Draft.probs`` is None;
-otherwise x_i ~ q_i = softmax(draft_logits_i / T) (temperature only, algorithms.md) and
-``Draft.probs`` holds q_i exactly.
+otherwise q_i = ``logits_to_probs(draft_logits_i, T, top_k, top_p)``, the request's full
+processing (as vLLM's draft-model proposer applies the request's sampling metadata), x_i ~ q_i,
+and ``Draft.probs`` holds q_i exactly. With top-k / top-p on the target side only, the draft
+would keep proposing tokens outside p's support and an identical draft would lose most of its
+acceptance (issue 10, point 4).
 
 KV cache: the drafter's runner follows the committed tokens exactly. Each call compares the
 tokens in its cache with ``token_ids`` and truncates to their common prefix (rollback after a
@@ -25,6 +28,7 @@ from typing import Sequence
 import torch
 
 from ..runner import EagerRunner, ModelRunner
+from ..sampling import logits_to_probs
 from ..transfer import to_device
 from .base import Draft, StepContext
 
@@ -42,17 +46,22 @@ class DraftModelProposer:
     """Args:
         runner: a :class:`~specviz.runner.ModelRunner` over the draft model (e.g. EagerRunner).
         num_speculative_tokens: k >= 1.
+        vocab_size: the target's V, when the draft's vocabulary rows differ from it by padding
+            beyond the shared tokenizer: draft logits are cut to V, or q padded with zeros to V
+            (as vLLM pads the draft distribution), so padding rows are never drafted. None: the
+            draft's own rows.
     Raises:
         ValueError: k < 1.
     """
 
     name = "draft_model"
 
-    def __init__(self, runner: ModelRunner, num_speculative_tokens: int = 5):
+    def __init__(self, runner: ModelRunner, num_speculative_tokens: int = 5, vocab_size: int | None = None):
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.runner = runner
         self.num_speculative_tokens = int(num_speculative_tokens)
+        self.vocab_size = vocab_size
         self._cached: list[int] = []
         self._pending: torch.Tensor | None = None  # draft tokens fed last step, still on the device
         self._pending_host: tuple[torch.Tensor, torch.cuda.Event] | None = None  # their pinned copy, queued
@@ -101,11 +110,13 @@ class DraftModelProposer:
             return Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": "draft_model"})
         logits = self._sync_cache(list(token_ids))  # [V]
         tokens, probs = [], []
+        V = self.vocab_size or logits.shape[-1]
         for i in range(k):
+            logits = logits[:V]  # [min(V_draft, V)]: padding rows beyond the target's V never drafted
             if ctx.temperature > 0:
-                q = torch.softmax(logits / ctx.temperature, dim=-1)  # [V] float32
+                q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)  # [V_draft'] float32
                 x = _sample(q, ctx.generator)  # [1]
-                probs.append(q)
+                probs.append(torch.nn.functional.pad(q, (0, V - q.shape[-1])))  # [V]: zeros for missing rows
             else:
                 x = logits.argmax(dim=-1, keepdim=True)  # [1]
             tokens.append(x)

@@ -103,7 +103,7 @@ class NgramGPUProposer:
     def reset(self) -> None:
         """Forget the request's context (the device buffer is kept for reuse)."""
         self._len = 0
-        self._last = -1
+        self._host: list[int] = []  # the tokens in the buffer, on the host (to compare prefixes)
         if not hasattr(self, "_buf"):
             self._buf = torch.empty(0, dtype=torch.int64, device=self.device)
 
@@ -126,19 +126,22 @@ class NgramGPUProposer:
         )
 
     def _context(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """The device context [1, L]: appends only the tokens not yet in the buffer (the engine's
-        context only grows within a request; anything else is rewritten whole)."""
-        L = len(token_ids)
-        if L < self._len or (self._len and int(token_ids[self._len - 1]) != self._last):
-            self._len = 0  # not a continuation of what the buffer holds
+        """The device context [1, L]: appends only the tokens not yet in the buffer when the
+        buffer's tokens are a prefix of ``token_ids`` (compared in full, as SuffixProposer does:
+        a new request that happens to share one token is not a continuation); anything else is
+        rewritten whole."""
+        ids = [int(t) for t in token_ids]
+        L = len(ids)
+        if L < self._len or ids[: self._len] != self._host:
+            self._len, self._host = 0, []  # not a continuation of what the buffer holds
         if L > self._buf.numel():
             grown = torch.empty(max(2 * self._buf.numel(), L, 256), dtype=torch.int64, device=self.device)
             grown[: self._len] = self._buf[: self._len]
             self._buf = grown
         if L > self._len:  # from pinned memory: queued, no host wait
-            new = pinned(torch.tensor([int(t) for t in token_ids[self._len :]], dtype=torch.int64))
+            new = pinned(torch.tensor(ids[self._len :], dtype=torch.int64))
             self._buf[self._len : L].copy_(new, non_blocking=True)
-        self._len, self._last = L, (int(token_ids[-1]) if L else -1)
+        self._len, self._host = L, ids
         return self._buf[:L].view(1, L)
 
     def propose(

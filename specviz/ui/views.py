@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specviz.trace import Trace
+from specviz.trace import Trace, tokens_per_target_forward
 from specviz.viz import (
     clamp_selection,
     match_context_html,
@@ -49,7 +49,8 @@ def summary_markdown(trace: Trace) -> str:
     else:  # method none (or no step drafted): there is nothing to accept
         accept = "**mean acceptance length: not applicable (no drafts)** · draft acceptance rate: not applicable"
     head = (f"{accept} · {m['num_generated_tokens']} tokens in "
-            f"{m['num_steps']} steps ({m['tokens_per_step']:.2f} tokens per target forward)")
+            f"{m['num_steps']} steps ({tokens_per_target_forward(m['num_generated_tokens'], m['num_steps']):.2f} "
+            "tokens per target forward: tokens / verification steps, prefill not counted)")
     rescued = [(st.index, block_rescued(st)) for st in trace.steps if block_rescued(st)]
     if rescued:
         where = ", ".join(f"step {i} (+{n})" for i, n in rescued[:8]) + (" …" if len(rescued) > 8 else "")

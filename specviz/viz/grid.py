@@ -63,7 +63,10 @@ def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
     slot = step.num_accepted + 1
     dropped = " (dropped at the stop)" if fate == "cut" else ""
     hover = (f"step {step.index}, slot {slot}: {step.emitted.kind} token{dropped}"
-             f"<br>token {quoted(trace, tok)} (id {tok})<br>p(x) = {fmt_prob(step.emitted.p)}")
+             f"<br>token {quoted(trace, tok)} (id {tok})<br>p(x) = "
+             f"{fmt_prob(step.emitted.p) if step.emitted.p is not None else 'not recorded'}")
+    if step.emitted.residual_empty:
+        hover += "<br>residual empty (Z = 0): drawn from p instead, so it may equal the rejected draft"
     return FATES.index(fate), label(trace, tok, 10), hover
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.trace import Trace
+from specviz.trace import TOKENS_PER_FORWARD_FORMULA, Trace, tokens_per_target_forward
 
 from .common import as_trace, metrics_of
 
@@ -32,18 +32,21 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def estimated_alpha(trace: Trace | dict[str, Any]) -> float | None:
-    """accepted / verified positions over drafting steps (None when nothing was drafted).
-    Verified positions of a step: min(num_accepted + 1, k')."""
+    """accepted / verified positions over drafting steps (None when nothing was drafted), from
+    committed tokens (:attr:`~specviz.trace.Step.num_accepted_committed`). Verified positions of a
+    step: min(accepted + 1, k' - drafts discarded at a stop)."""
     trace = as_trace(trace)
     drafting = [s for s in trace.steps if s.draft_token_ids]
-    reached = sum(min(s.num_accepted + 1, len(s.draft_token_ids)) for s in drafting)
-    return sum(s.num_accepted for s in drafting) / reached if reached else None
+    reached = sum(min(s.num_accepted_committed + 1, len(s.draft_token_ids) - s.num_drafts_discarded)
+                  for s in drafting)
+    return sum(s.num_accepted_committed for s in drafting) / reached if reached else None
 
 
 def run_summary(trace: Trace | dict[str, Any]) -> dict[str, Any]:
     """Plain-data totals of a run, as the speedup table compares them: method, tokens
     (generated), steps (verification steps = target forwards after the prefill),
-    target_forward_passes (incl. the prefill), tokens_per_forward (tokens / steps),
+    target_forward_passes (incl. the prefill), tokens_per_forward
+    (:func:`specviz.trace.tokens_per_target_forward`: tokens / steps, prefill not counted),
     time_ms {draft, verify, sample} (milliseconds summed over steps), decode_s (their sum in
     seconds: the decoding work, without the prefill and without whatever the caller did between
     steps, e.g. the app's streaming redraws), decode_tokens_per_second (tokens / decode_s),
@@ -59,7 +62,7 @@ def run_summary(trace: Trace | dict[str, Any]) -> dict[str, Any]:
         "tokens": tokens,
         "steps": steps,
         "target_forward_passes": int(trace.target_forward_passes),
-        "tokens_per_forward": tokens / steps if steps else 0.0,
+        "tokens_per_forward": tokens_per_target_forward(tokens, steps),
         "time_ms": time_ms,
         "decode_s": decode_s,
         "decode_tokens_per_second": tokens / decode_s if decode_s > 0 else 0.0,
@@ -83,7 +86,7 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
     k = len(m["acceptance_histogram"]) - 1
     fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.1, subplot_titles=(
         "accepted draft tokens per step (histogram)", "acceptance rate by draft position",
-        "tokens per target forward vs acceptance rate a", "time split (ms)"))
+        "tokens per drafting step vs acceptance rate a", "time split (ms)"))
     fig.add_trace(go.Bar(x=list(range(k + 1)), y=m["acceptance_histogram"], marker_color="#16a34a",
                          name="steps", showlegend=False, hovertemplate="%{y} step(s) accepted %{x}<extra></extra>"),
                   row=1, col=1)
@@ -124,7 +127,7 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
     fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", line={"color": "#111827", "width": 1},
                              name="plain decoding: 1 token per forward"), row=2, col=1)
     fig.update_xaxes(title_text="acceptance rate a (= accepted / verified positions)", range=[0, 1], row=2, col=1)
-    fig.update_yaxes(title_text="tokens per step", row=2, col=1)
+    fig.update_yaxes(title_text="tokens per drafting step", row=2, col=1)
 
 
 def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | None) -> None:
@@ -147,7 +150,8 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     ``baseline`` the table has one column and a note says how to get one."""
     rows = [("generated tokens", "tokens", "{:d}"),
             ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
-            ("tokens per target forward", "tokens_per_forward", "{:.2f}"),
+            ("verification steps (target forwards after the prefill)", "steps", "{:d}"),
+            ("tokens per target forward = tokens / verification steps", "tokens_per_forward", "{:.2f}"),
             ("decode time (s): draft + verify + sample", "decode_s", "{:.2f}"),
             ("tokens / s over the decode time", "decode_tokens_per_second", "{:.1f}"),
             ("wall time (s), incl. prefill and the app's redraws", "wall_time_s", "{:.2f}")]
@@ -157,7 +161,8 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
     for name, key, fmt in rows:
         cells = "".join(f"<td style='padding:4px 10px;text-align:right'>{fmt.format(c.get(key, 0))}</td>"
                         for _, c in cols)
-        body += f"<tr><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
+        hover = f" title='{html.escape(TOKENS_PER_FORWARD_FORMULA)}'" if key == "tokens_per_forward" else ""
+        body += f"<tr{hover}><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
     note = ("<p style='color:#6b7280'>No method-none baseline for this trace: tick “compare with method none” "
             "(advanced settings) and run to measure the speedup.</p>")
     if baseline:

@@ -46,7 +46,7 @@ def _title(ev: TokenEvent, trace: Trace) -> str:
     }.get(ev.fate, ev.fate)
     lines = [f"step {ev.step}, position {ev.slot}: {what}",
              f"token {token_text(trace, ev.token_id)!r} (id {ev.token_id})",
-             f"p(x) = {fmt_prob(ev.p)}"]
+             f"p(x) = {fmt_prob(ev.p) if ev.p is not None else 'not recorded'}"]
     if ev.fate in ("accepted", "rejected"):
         lines.append(f"q(x) = {fmt_prob(ev.q)}   u = {fmt_prob(ev.u)}   min(1, p/q) = {fmt_prob(ev.accept_prob)}")
     if ev.unused_after:

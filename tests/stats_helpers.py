@@ -1,0 +1,48 @@
+"""Chi-square goodness-of-fit with p-values (scipy.stats) for the losslessness tests.
+
+A test family of m chi-square tests (positions x cases) passes at family-wise level ALPHA when
+every p-value exceeds ALPHA / m (Bonferroni): a correct sampler then fails the whole family with
+probability <= ALPHA; seeds are fixed, so every run is reproducible. Negative controls (planted
+bugs) must fail at the same threshold and sample size."""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.stats
+
+ALPHA = 1e-3  # family-wise false-failure probability of one test
+
+
+def chi_square(counts: np.ndarray, expected_probs: np.ndarray) -> tuple[float, int, float]:
+    """(statistic, df, p-value) of observed ``counts`` [V] against ``expected_probs`` [V]
+    (scaled to the counts' total). Bins with expected count < 5 are merged into one (itself merged
+    into the smallest remaining bin if still < 5). A token observed where the expected
+    probability is exactly 0 gives p-value 0 (an impossible token was emitted)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    probs = np.asarray(expected_probs, dtype=np.float64)
+    n = counts.sum()
+    if n == 0:
+        return 0.0, 0, 1.0
+    if (counts[probs <= 0] > 0).any():
+        return float("inf"), 0, 0.0
+    expected = n * probs / probs.sum()
+    small = expected < 5
+    obs, exp = list(counts[~small]), list(expected[~small])
+    if small.any():
+        o, e = counts[small].sum(), expected[small].sum()
+        if e >= 5 or not exp:
+            obs.append(o)
+            exp.append(e)
+        else:
+            i = int(np.argmin(exp))
+            obs[i] += o
+            exp[i] += e
+    if len(obs) < 2:
+        return 0.0, 0, 1.0
+    res = scipy.stats.chisquare(np.asarray(obs), np.asarray(exp))
+    return float(res.statistic), len(obs) - 1, float(res.pvalue)
+
+
+def threshold(num_tests: int, alpha: float = ALPHA) -> float:
+    """Bonferroni: the per-test p-value threshold of a family of ``num_tests`` tests."""
+    return alpha / max(num_tests, 1)

@@ -1,0 +1,76 @@
+"""Uploaded traces are validated as data, every nested field included (issue 10, point 8), and a
+brief (detailed_trace=False) trace says the emitted token's p was not recorded."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from specviz.trace import Trace, TraceFormatError
+from specviz.viz import token_stream_html
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
+RUNS = {
+    "ngram": dict(method="ngram", prompt_lookup_min=1),
+    "ngram_gpu": dict(method="ngram_gpu", prompt_lookup_min=1),
+    "suffix": dict(method="suffix"),
+    "draft_block": dict(method="draft_model", temperature=0.8, verify="block"),
+    "none": dict(method="none"),
+}
+
+
+@pytest.fixture(scope="module")
+def traces(decoders):
+    dec = decoders["llama"]
+    return {name: dec.generate(PROMPT, num_speculative_tokens=3, max_new_tokens=12, **kw).to_dict()
+            for name, kw in RUNS.items()}
+
+
+def test_every_method_round_trips(traces):
+    for name, data in traces.items():
+        assert Trace.from_dict(copy.deepcopy(data)).to_dict() == data, name
+
+
+def _first(data, pred):
+    return next(s for s in data["steps"] if pred(s))
+
+
+MUTATIONS = [
+    ("ngram", lambda d: _first(d, lambda s: s["match"].get("n"))["match"].update(occurrences=["x"]), "occurrences[0]"),
+    ("ngram", lambda d: _first(d, lambda s: s["match"].get("n"))["match"].update(suffix="12"), "match.suffix"),
+    ("ngram", lambda d: _first(d, lambda s: s["match"].get("trie"))["match"]["trie"][0].update(count="many"),
+     "trie[0].count"),
+    ("ngram", lambda d: d["steps"][0]["match"].update(n=True), "match.n"),
+    ("suffix", lambda d: d["steps"][0]["match"].update(candidates=[{"draft": [1, "a"]}]), "candidates[0].draft[1]"),
+    ("draft_block", lambda d: _first(d, lambda s: s["block"])["block"].update(P=["nan"]), "block.P[0]"),
+    ("draft_block", lambda d: _first(d, lambda s: s["block"])["block"].update(tau=1.5), "block.tau"),
+    ("draft_block", lambda d: d["steps"][0].update(timings_ms={"draft": "fast"}), "timings_ms.draft"),
+    ("draft_block", lambda d: _first(d, lambda s: s["positions"])["positions"][0].update(p_top=[[1]]), "p_top[0]"),
+    ("draft_block", lambda d: d["steps"][0]["emitted"].update(top=[["a", 0.5]]), "emitted.top[0]"),
+    ("none", lambda d: d["config"].update(num_speculative_tokens="5"), "config.num_speculative_tokens"),
+    ("none", lambda d: d["config"].update(synthetic_rates=[0.5, "x"]), "config.synthetic_rates"),
+    ("none", lambda d: d["metrics"].update(acceptance_histogram="x"), "metrics.acceptance_histogram"),
+    ("none", lambda d: d["token_texts"].update({"3": 3}), "token_texts.3"),
+]
+
+
+@pytest.mark.parametrize("run, mutate, where", MUTATIONS, ids=[m[2] for m in MUTATIONS])
+def test_malformed_nested_fields_are_refused(traces, run, mutate, where):
+    data = copy.deepcopy(traces[run])
+    mutate(data)
+    text = json.dumps(data)
+    with pytest.raises(TraceFormatError, match=r"must be") as info:
+        Trace.from_json(text)
+    assert where in str(info.value)
+
+
+def test_brief_trace_records_p_as_not_recorded(decoders):
+    tr = decoders["llama"].generate(PROMPT, method="ngram", prompt_lookup_min=1, num_speculative_tokens=3,
+                                    max_new_tokens=10, detailed_trace=False)
+    assert all(s.emitted.p is None for s in tr.steps)
+    again = Trace.from_json(tr.to_json())
+    assert again.to_dict() == tr.to_dict()
+    page = token_stream_html(again)
+    assert "p(x) = not recorded" in page and "p(x) = 0" not in page
