@@ -1,11 +1,11 @@
 """The speculative decoding loop (batch size 1), read top to bottom.
 
-    prefill(prompt[:-1])
+    prefill(prompt[:-1]); proposer.observe(prefill's features)
     repeat until EOS or max_new_tokens:
         draft  = proposer.propose(context, k_step)          # x_1..x_k', q
-        logits = target.forward([last, x_1..x_k'])           # p_1..p_{k'+1}: one forward
+        logits = target.forward([last, x_1..x_k'])           # p_1..p_{k'+1} (+ feature taps): one forward
         out    = rejection_sample(p, q, x, method=verify)    # accepted + recovered/bonus
-        commit accepted + 1 tokens; target.truncate(len(context) - 1)
+        commit accepted + 1 tokens; proposer.observe(outcome); target.truncate(len(context) - 1)
 
 p, the sampler and the step's trace record run in :class:`~specviz.verify_step.StepVerifier`
 (CUDA graphs on a GPU); the step waits for the GPU once, for its tokens, and publishes its
@@ -29,7 +29,7 @@ import torch
 from . import events as ev
 from .models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer, resolve_device, resolve_dtype
 from .proposers import DraftModelProposer, NgramProposer, StepContext, resolve_lookup_bounds
-from .proposers.base import Draft, Proposer
+from .proposers.base import Draft, Outcome, Proposer
 from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import GlobalSuffixCache, SuffixProposer
 from .record import host_record
@@ -273,9 +273,12 @@ class SpecDecoder:
         verifier = self.step_verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
         runner.reset()
         passes = 0
+        taps = proposer.taps if proposer is not None else ()  # target features the proposer declared
         if len(ids) > 1:
-            runner.forward(torch.tensor(ids[:-1], dtype=torch.long))  # prefill
+            prefill = runner.forward_features(torch.tensor(ids[:-1], dtype=torch.long), taps)
             passes += 1
+            if proposer is not None:  # features f_0..f_{n-1}, each with the token after it
+                proposer.observe(Outcome(0, [], 0, ids[1:], prefill.features))
         last = torch.tensor([ids[-1]], dtype=torch.long).to(self.device)  # [1]: later steps keep it on the device
         generated: list[int] = []
         stop_reason = "stopped"
@@ -331,7 +334,8 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device)  # [k'] int64
         t1 = time.perf_counter()
-        logits = runner.forward(torch.cat([last, x]))  # [k'+1, V]: p_1..p_{k'+1} in one forward
+        forward = runner.forward_features(torch.cat([last, x]), proposer.taps if proposer is not None else ())
+        logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         t2 = time.perf_counter()
         if previous is not None:
             previous()
@@ -346,6 +350,9 @@ class SpecDecoder:
         acc = int(core["num_accepted"][0])
         emitted = [int(t) for t in core["output"][: acc + 1]]
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
+        if proposer is not None:  # the features at the committed positions, still on the device
+            proposer.observe(Outcome(len(ids) - 1, draft_ids, acc, committed,
+                                     {tap: f[: len(committed)] for tap, f in forward.features.items()}))
         timings = dict(draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2b) * 1e3)
 
         def publish() -> None:

@@ -20,10 +20,10 @@ from typing import Sequence
 import torch
 
 from ..runner import EagerRunner, ModelRunner
-from .base import Draft, StepContext
+from .base import Draft, NoFeedback, StepContext
 
 
-class DraftModelProposer:
+class DraftModelProposer(NoFeedback):
     """Args:
         runner: a :class:`~specviz.runner.ModelRunner` over the draft model (e.g. EagerRunner).
         num_speculative_tokens: k >= 1.
