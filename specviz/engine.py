@@ -265,7 +265,7 @@ class SpecDecoder:
         start = time.perf_counter()
         bus.publish(ev.GenerationStarted(config=self._describe(cfg, ids), prompt_token_ids=list(ids)))
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
-        ctx = StepContext(temperature=cfg.temperature, generator=generator)
+        ctx = StepContext(temperature=cfg.temperature, generator=generator, top_k=cfg.top_k, top_p=cfg.top_p)
         proposer = self.current_proposer = self.make_proposer(cfg)
         if proposer is not None:
             proposer.reset()

@@ -29,7 +29,9 @@ class StepContext:
     """Extra per-step inputs some proposers need (all optional).
 
     temperature:  float, the sampling temperature of the request (0 = greedy). Model-based
-                  proposers draw from softmax(logits / temperature) when > 0, argmax otherwise.
+                  proposers draw from the request's processed distribution
+                  ``logits_to_probs(logits, temperature, top_k, top_p)`` when > 0, argmax otherwise.
+    top_k, top_p: the request's top-k / top-p (None = off), applied to the draft's q as to p.
     generator:    torch.Generator for any randomness the proposer uses (seeded per request).
     target_hidden: float [T, H] target hidden states of the last verified positions (EAGLE,
                   Medusa, DFlash); None for proposers that do not need them.
@@ -37,6 +39,8 @@ class StepContext:
 
     temperature: float = 0.0
     generator: torch.Generator | None = None
+    top_k: int | None = None
+    top_p: float | None = None
     target_hidden: torch.Tensor | None = None
 
 
