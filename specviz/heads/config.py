@@ -1,0 +1,155 @@
+"""The frozen config of an EAGLE / EAGLE-3 head, saved as ``config.json`` beside its safetensors.
+
+A head's shape is derived from its target (:func:`head_config_from_target`): the head works in
+the target's hidden size d (it reads the target's embedding and feeds the target's LM head),
+uses the target's attention shape (heads, KV heads, head_dim), SwiGLU width, RMSNorm eps and RoPE.
+The config also records which target features the head consumes:
+
+* ``eagle``  (EAGLE-1, Li et al. 2024, arXiv 2401.15077): ``aux_layer_ids = ()``; the feature is
+  f_t, the target's final hidden state **after** the final RMSNorm (HF
+  ``model.model(...).last_hidden_state``). Feature width F = d.
+* ``eagle3`` (EAGLE-3, Li et al. 2025, arXiv 2503.01840): ``aux_layer_ids = (2, L//2, L-3)`` by
+  default (vLLM's default, EAGLE ``modeling_llama_kv.py``); tap l is HF ``hidden_states[l]`` = the
+  **input** of decoder layer l (residual stream, un-normed; 0 = embedding output). Feature width
+  F = 3d, the taps concatenated in the order of ``aux_layer_ids``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from transformers import LlamaConfig
+
+KINDS = ("eagle", "eagle3")
+FORMAT = "specviz-head-v1"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """Shape of one head. All sizes are the target's unless stated.
+
+    kind:                     "eagle" (EAGLE-1) or "eagle3" (EAGLE-3).
+    hidden_size:              d (must equal the target's hidden size).
+    vocab_size:               V (must equal the target's; the full vocab, no EAGLE-3 d2t map).
+    num_attention_heads, num_key_value_heads, head_dim: the head's one attention layer.
+    intermediate_size:        SwiGLU width of the head's MLP.
+    rms_norm_eps, rope_parameters, max_position_embeddings: as the target's LlamaConfig.
+    target_num_hidden_layers: L of the target the head was built for.
+    aux_layer_ids:            EAGLE-3 taps (HF ``hidden_states`` indices, each in [0, L)); () for EAGLE-1.
+    fc_bias:                  bias of the fusion fc (EAGLE-1 reference: True; EAGLE-3: False).
+    """
+
+    kind: str
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    target_num_hidden_layers: int
+    aux_layer_ids: tuple[int, ...] = ()
+    fc_bias: bool = True
+    rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"head kind {self.kind!r} is not one of {KINDS}")
+        object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+        if self.kind == "eagle3" and len(self.aux_layer_ids) < 1:
+            raise ValueError("an eagle3 head needs aux_layer_ids (e.g. (2, L//2, L-3))")
+        if self.kind == "eagle" and self.aux_layer_ids:
+            raise ValueError("an eagle (EAGLE-1) head reads the final-norm feature; give aux_layer_ids=()")
+
+    @property
+    def feature_size(self) -> int:
+        """F: width of the target features of a first pass (d for eagle, len(aux)*d for eagle3)."""
+        return self.hidden_size * max(1, len(self.aux_layer_ids))
+
+    def layer_config(self) -> LlamaConfig:
+        """The one-layer LlamaConfig the head's transformers modules are built from (SDPA attention)."""
+        cfg = LlamaConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=1, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings, rope_parameters=dict(self.rope_parameters),
+            attention_bias=False, mlp_bias=False, attention_dropout=0.0,
+        )
+        cfg._attn_implementation = "sdpa"
+        return cfg
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HeadConfig":
+        """Parse config.json. Raises ValueError for another format or unknown / missing keys."""
+        data = json.loads(text)
+        if data.pop("format", None) != FORMAT:
+            raise ValueError(f"config.json is not a {FORMAT} head config")
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(data) - names:
+            raise ValueError(f"unknown keys in head config.json: {sorted(set(data) - names)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"bad head config.json: {exc}") from exc
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3 / vLLM default taps (2, L//2, L-3) for a target of L decoder layers (kept as is,
+    repeats included, for small L, as vLLM does). Raises ValueError for L < 4 (a tap out of range)."""
+    if num_layers < 4:
+        raise ValueError(f"EAGLE-3 taps (2, L//2, L-3) need a target of >= 4 layers, got L={num_layers}; "
+                         "give aux_layer_ids explicitly")
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def head_config_from_target(target_config, kind: str, aux_layer_ids: tuple[int, ...] | None = None,
+                            intermediate_size: int | None = None) -> HeadConfig:
+    """The head config for a transformers Llama-like target config (``target.config``).
+
+    kind: "eagle" or "eagle3". aux_layer_ids: EAGLE-3 taps (default (2, L//2, L-3)).
+    intermediate_size: the head's SwiGLU width (default the target's).
+    Raises ValueError for an unknown kind or taps out of range."""
+    c = target_config
+    L = c.num_hidden_layers
+    if kind == "eagle3":
+        aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(L)
+    else:
+        aux = ()
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    rope = dict(getattr(c, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0})
+    cfg = HeadConfig(
+        kind=kind, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
+        head_dim=head_dim, intermediate_size=intermediate_size or c.intermediate_size,
+        rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
+        target_num_hidden_layers=L, aux_layer_ids=aux, fc_bias=(kind == "eagle"), rope_parameters=rope,
+    )
+    check_matches_target(cfg, target_config)
+    return cfg
+
+
+def check_matches_target(cfg: HeadConfig, target_config) -> None:
+    """Raise ValueError (saying what differs) unless the head can run on this target: same hidden
+    size, vocab and number of layers, and every aux layer id in [0, L)."""
+    c = target_config
+    problems = []
+    if cfg.hidden_size != c.hidden_size:
+        problems.append(f"hidden size {cfg.hidden_size} != target's {c.hidden_size}")
+    if cfg.vocab_size != c.vocab_size:
+        problems.append(f"vocab size {cfg.vocab_size} != target's {c.vocab_size}")
+    if cfg.target_num_hidden_layers != c.num_hidden_layers:
+        problems.append(f"built for a target of {cfg.target_num_hidden_layers} layers, this one has "
+                        f"{c.num_hidden_layers}")
+    bad = [i for i in cfg.aux_layer_ids if not 0 <= i < c.num_hidden_layers]
+    if bad:
+        problems.append(f"aux layer ids {bad} out of range [0, {c.num_hidden_layers})")
+    if problems:
+        raise ValueError(f"{cfg.kind} head does not match the target: " + "; ".join(problems)
+                         + ". Use a head trained for this target (python -m specviz.train.heads --target DIR).")
