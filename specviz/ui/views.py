@@ -10,7 +10,6 @@ from typing import Any
 from specviz.trace import Trace
 from specviz.viz import (
     clamp_selection,
-    match_context_html,
     message_figure,
     residual_figure,
     run_summary,
@@ -18,9 +17,9 @@ from specviz.viz import (
     stats_figure,
     step_grid_figure,
     token_stream_html,
-    trie_figure,
 )
 from specviz.viz.common import block_rescued, metrics_of
+from specviz.viz.source import source_figure, source_html, source_note
 
 # outputs of a full redraw, in order
 VIEW_NAMES = ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")
@@ -56,11 +55,9 @@ def summary_markdown(trace: Trace) -> str:
         head += (f"  \n★ Block verification accepted {sum(n for _, n in rescued)} draft token(s) that token-wise "
                  f"verification would have rejected with the same uniforms: {where}. Click a ★ cell in the step "
                  "grid to see why.")
-    drafted = sum(1 for st in trace.steps if st.draft_token_ids)
-    if cfg.get("method") in ("ngram", "ngram_gpu") and trace.stop_reason and drafted < 0.3 * len(trace.steps):
-        head += (f"  \nPrompt lookup found a match at only {drafted} of {len(trace.steps)} steps: it copies drafts "
-                 "from earlier text, so it needs text that repeats itself (a longer prompt, code that reuses its "
-                 "names, or a lower prompt_lookup_min).")
+    note = source_note(trace)  # the method's own hint (viz/source.py), e.g. prompt lookup rarely matching
+    if note:
+        head += "  \n" + note
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
             f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "
             f"stop: {trace.stop_reason or 'running'}")
@@ -81,7 +78,7 @@ def all_views(trace: Trace, step: int | None, position: int | None,
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)
     return (token_stream_html(trace, s), summary_markdown(trace), step_grid_figure(trace, s, i),
-            residual_figure(trace, s, i), match_context_html(trace, s), trie_figure(trace, s),
+            residual_figure(trace, s, i), source_html(trace, s, i), source_figure(trace, s),
             stats_figure(trace, baseline), speedup_html(run_summary(trace), baseline))
 
 
@@ -102,4 +99,4 @@ def selection_views(trace: Trace, step: int | None, position: int | None) -> tup
         return e[0], e[2], e[3], e[4], e[5]
     s, i = clamp_selection(trace, step, position)
     return (token_stream_html(trace, s), step_grid_figure(trace, s, i), residual_figure(trace, s, i),
-            match_context_html(trace, s), trie_figure(trace, s))
+            source_html(trace, s, i), source_figure(trace, s))
