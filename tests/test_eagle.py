@@ -300,3 +300,60 @@ def test_sampled_q_is_the_processed_head_distribution(small_decoder):
     assert all(want[i, int(t)] > 0 for i, t in enumerate(draft.token_ids))
     assert int((want > 0).sum(-1).max()) <= 5
 
+
+
+def test_eagle_views(eagle_decoders):
+    """The app's 'where the draft came from' panel for eagle / eagle3 traces (looked up by method name):
+    per draft position the feature and token that fed the head, its confidence and the target's
+    decision; the figure shows acceptance by position, also beside a draft_model run."""
+    from specviz.viz.eagle import acceptance_by_position_figure
+    from specviz.viz.source import source_figure, source_html
+
+    dec = eagle_decoders["eager"]
+    real = dict(dec.heads)
+    try:
+        for kind in ("eagle", "eagle3"):
+            ids = dec.encode(PROMPT)
+            dec.heads[kind] = OracleHead(kind, ids + _plain(dec).output_token_ids, dec.vocab_size, D,
+                                         wrong={len(ids) + 2})
+            tr = dec.generate(PROMPT, method=kind, num_speculative_tokens=3, max_new_tokens=16)
+            st = next(s for s in tr.steps if s.num_accepted < len(s.draft_token_ids))
+            page = source_html(tr, st.index, st.num_accepted + 1)
+            assert "sv-eagle" in page and page.count("<tr data-draft-index=") == len(st.draft_token_ids)
+            assert "rejected" in page and (st.num_accepted == 0 or "accepted" in page)
+            assert ("inputs of layers 2, 2, 1" in page and "target layers 2,2,1 @" in page) == (kind == "eagle3")
+            assert f"<tr data-draft-index='{st.num_accepted + 1}' style='background" in page  # the selection
+            for pos in st.match["positions"]:
+                assert 0.0 <= pos["draft_prob"] <= pos["head_top_prob"] <= 1.0
+            fig = source_figure(tr, st.index)
+            assert [t.name for t in fig.data] == [f"{kind}: accepted >= i", f"{kind}: mean head confidence"]
+            assert list(fig.data[0].y) == tr.metrics["acceptance_rate_per_position"]
+    finally:
+        dec.heads = real
+    other = dec.generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=8, prompt_lookup_min=1)
+    both = acceptance_by_position_figure([tr, other])
+    assert [t.name for t in both.data][-1] == "ngram: accepted >= i"
+    from specviz.viz.match import match_context_html, trie_figure
+
+    for st in other.steps[:3]:  # other methods keep their own view
+        assert source_html(other, st.index) == match_context_html(other, st.index)
+        assert source_figure(other, st.index) == trie_figure(other, st.index)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kind", ("eagle", "eagle3"))
+def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
+    """fp32 on CUDA: the static runner with CUDA graphs (taps captured in the graphs) gives the eager
+    runner's tokens and per-step acceptances, greedy and seeded sampling, and method none's tokens."""
+    target, heads = eagle_dirs
+    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
+                                           heads={k: str(v) for k, v in heads.items()}) for r in ("eager", "static")}
+    assert decs["static"].runner_factory.func is StaticRunner
+    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="block", seed=4)):
+        runs = {r: d.generate(PROMPT, method=kind, num_speculative_tokens=4, max_new_tokens=24, **kw)
+                for r, d in decs.items()}
+        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
+        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
+        if not kw:
+            assert runs["static"].output_token_ids == _plain(decs["static"], max_new_tokens=24).output_token_ids
+    assert decs["static"].target_runner._graphs and all(key[1] for key in decs["static"].target_runner._graphs)

@@ -19,6 +19,7 @@ from specviz.trace import Step, Trace
 from .common import as_trace, metrics_of, token_text
 from .residual import message_figure
 
+CELL = "style='padding:2px 6px;text-align:left'"  # compact cells (the panel is half the page wide)
 FATE_COLOUR = {"accepted": "#16a34a", "rejected": "#dc2626", "not verified": "#9ca3af"}
 
 
@@ -30,12 +31,13 @@ def _fate(step: Step, i: int) -> str:
 
 
 def _feature_text(match: dict[str, Any], pos: dict[str, Any]) -> str:
+    """Short name of the feature that fed the head's row (the table's note explains the names)."""
     if pos["feature"] != "target":
-        return f"the head's own output at position {pos['feature_position']}"
+        return f"head h @ {pos['feature_position']}"
     if match.get("kind") == "eagle3":
-        layers = ", ".join(str(x) for x in match.get("aux_layer_ids", []))
-        return f"target: inputs of layers {layers} at position {pos['feature_position']} (fused by fc)"
-    return f"target: final-norm hidden state f at position {pos['feature_position']}"
+        layers = ",".join(str(x) for x in match.get("aux_layer_ids", []))
+        return f"target layers {layers} @ {pos['feature_position']}"
+    return f"target f @ {pos['feature_position']}"
 
 
 def _code(trace: Trace, token_id: Any) -> str:
@@ -64,23 +66,37 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
         conf = f"{top:.2f}" if top is not None else "—"
         prob = f"{drafted:.2f}" if drafted is not None else "—"
         style = "background:#e0f2fe;font-weight:bold" if position == i else ""
-        rows.append(f"<tr data-draft-index='{i}' style='{style}'><td>{i}</td><td>{pos['input_position']}</td>"
-                    f"<td>{html.escape(_feature_text(m, pos))}</td><td>{_code(trace, pos.get('input_token_id'))}</td>"
-                    f"<td>{_code(trace, tok)}</td><td>{conf}</td><td>{prob}</td>"
-                    f"<td style='color:{FATE_COLOUR[fate]}'>{fate}</td></tr>")
-    first = m.get("first_pass", {})
-    recomputed = (f"This step the head first re-read the {first.get('length', 0)} newly committed position(s) "
-                  f"{first.get('start', 0)}..{first.get('start', 0) + first.get('length', 0) - 1} from the target's "
-                  "features, replacing what its own draft steps had written there (vllm#14649)."
-                  if first.get("length") else "")
+        cells = (str(i), _code(trace, tok), f"<span style='color:{FATE_COLOUR[fate]}'>{fate}</span>", conf, prob,
+                 html.escape(_feature_text(m, pos)), _code(trace, pos.get("input_token_id")))
+        rows.append(f"<tr data-draft-index='{i}' style='{style}'>" + "".join(f"<td {CELL}>{c}</td>" for c in cells)
+                    + "</tr>")
     note = (f"<p style='font-size:13px;color:#374151'>{'EAGLE-3' if m['kind'] == 'eagle3' else 'EAGLE'} drafts a "
-            f"chain from the root at position {m['root_position']}: draft 1 comes from the target's feature at "
-            "position n-1 with the root token, each later draft from the head's own output with the previous "
-            f"draft. Confidence = {q_name} of the head's top token. {recomputed}</p>")
-    head = ("<tr><th>draft i</th><th>row position</th><th>feature fed</th><th>token fed</th><th>drafted</th>"
-            f"<th>confidence</th><th>{q_name}(drafted)</th><th>target</th></tr>")
-    return (f"<div class='sv-match sv-eagle'>{note}<table style='font-size:13px;border-collapse:collapse' "
-            f"cellpadding='4'>{head}{''.join(rows)}</table></div>")
+            f"chain from the root token at position {m['root_position']}. Draft 1: the target's "
+            f"{_feature_name(m)} at the last committed position with the root token; draft i > 1: the head's own "
+            f"output h with draft i-1. Confidence = {q_name} of the head's top token. {_first_pass_text(m)}</p>")
+    head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("i", "drafted", "target", "conf.", "q(drafted)",
+                                                              "feature fed @ position", "token fed")) + "</tr>"
+    return (f"<div class='sv-match sv-eagle'>{note}<div style='overflow-x:auto'><table style='font-size:13px;"
+            f"border-collapse:collapse;white-space:nowrap' cellpadding='3'>{head}{''.join(rows)}</table></div></div>")
+
+
+def _feature_name(match: dict[str, Any]) -> str:
+    if match.get("kind") == "eagle3":
+        layers = ", ".join(str(x) for x in match.get("aux_layer_ids", []))
+        return f"inputs of layers {layers} (fused by the head's fc)"
+    return "final-norm hidden state f"
+
+
+def _first_pass_text(match: dict[str, Any]) -> str:
+    """Which committed positions the head (re)computed from target features before drafting."""
+    first = match.get("first_pass", {})
+    start, length = first.get("start", 0), first.get("length", 0)
+    if not length:
+        return ""
+    if start == 0:
+        return f"First the head read the prompt's features (positions 0..{length - 1})."
+    return (f"First the head re-read positions {start}..{start + length - 1} (just committed) from the target's "
+            "features, replacing what its own draft steps had written there (vllm#14649).")
 
 
 def _confidence_by_position(trace: Trace) -> list[float]:
