@@ -82,7 +82,8 @@ class ForwardOutput:
     features: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def pick_features(hidden_states: Sequence[torch.Tensor], taps: Sequence[str], num_layers: int) -> dict[str, torch.Tensor]:
+def pick_features(hidden_states: Sequence[torch.Tensor], taps: Sequence[str],
+                  num_layers: int) -> dict[str, torch.Tensor]:
     """{tap: hidden_states[index][0]} ([n, d] each) from a batch-1 ``hidden_states`` tuple."""
     return {tap: hidden_states[hidden_state_index(tap, num_layers)][0] for tap in taps}
 

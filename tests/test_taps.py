@@ -23,10 +23,16 @@ def test_hidden_states_entries_are_layer_inputs_and_the_final_norm(model):
     is the final norm's output (what the LM head multiplies), not the last layer's un-normed output."""
     ids = torch.arange(3, 15)[None]  # [1, 12]
     inputs, outputs = {}, {}
-    hooks = [layer.register_forward_pre_hook(lambda m, a, kw, i=i: inputs.__setitem__(i, a[0] if a else kw["hidden_states"]),
-                                             with_kwargs=True) for i, layer in enumerate(model.model.layers)]
-    hooks += [layer.register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
-              for i, layer in enumerate(model.model.layers)]
+    def keep_input(module, args, kwargs, i):
+        inputs[i] = args[0] if args else kwargs["hidden_states"]
+
+    def keep_output(module, args, out, i):
+        outputs[i] = out[0] if isinstance(out, tuple) else out
+
+    layers = list(enumerate(model.model.layers))
+    hooks = [layer.register_forward_pre_hook(lambda m, a, kw, i=i: keep_input(m, a, kw, i), with_kwargs=True)
+             for i, layer in layers]
+    hooks += [layer.register_forward_hook(lambda m, a, o, i=i: keep_output(m, a, o, i)) for i, layer in layers]
     try:
         with torch.no_grad():
             out = model(input_ids=ids, output_hidden_states=True)

@@ -83,8 +83,9 @@ class EagleProposer:
         """Queue the committed (target feature, next token) pairs for the next first pass, and fill
         the last draft's confidence numbers (the step's one host wait has passed by now)."""
         if outcome.start != self.committed + len(self._pending_ids):
-            raise RuntimeError(f"{self.name}: an outcome starts at position {outcome.start}, but the head has pairs "
-                               f"up to {self.committed + len(self._pending_ids)}; every target forward must be observed")
+            raise RuntimeError(f"{self.name}: an outcome starts at position {outcome.start}, but the head has "
+                               f"pairs up to {self.committed + len(self._pending_ids)}; every target forward must "
+                               "be observed")
         c = len(outcome.committed_token_ids)
         if c:
             feats = torch.cat([outcome.features[tap][:c] for tap in self.taps], dim=-1)  # [c, F]
