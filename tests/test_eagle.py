@@ -357,3 +357,16 @@ def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
         if not kw:
             assert runs["static"].output_token_ids == _plain(decs["static"], max_new_tokens=24).output_token_ids
     assert decs["static"].target_runner._graphs and all(key[1] for key in decs["static"].target_runner._graphs)
+
+
+def test_cli_eagle_methods(eagle_dirs, capsys):
+    """``--method eagle3 --eagle3-head DIR`` runs; without a head the CLI says what to pass (exit 2)."""
+    from specviz.cli import main
+
+    target, heads = eagle_dirs
+    common = ["generate", "--target", str(target), "--prompt", "def add(a, b):", "-k", "3", "--max-new-tokens", "6",
+              "--device", "cpu", "--dtype", "float32", "--no-color"]
+    assert main([*common, "--method", "eagle3", "--eagle3-head", str(heads["eagle3"])]) == 0
+    assert "mean acceptance length" in capsys.readouterr().out
+    assert main([*common, "--method", "eagle"]) == 2
+    assert "needs an EAGLE head" in capsys.readouterr().err
