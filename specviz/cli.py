@@ -60,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
     g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
     g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
-    g.add_argument("--method", default="ngram", help="none | ngram | ngram_gpu | suffix | draft_model")
+    g.add_argument("--method", default="ngram", choices=_method_names(),
+                   help=" | ".join(_method_names()) + " (eagle / eagle3 need a head: bundled, or --eagle-head / "
+                   "--eagle3-head)")
+    g.add_argument("--eagle-head", default=None, help="EAGLE-1 head dir (config.json + safetensors), method eagle")
+    g.add_argument("--eagle3-head", default=None, help="EAGLE-3 head dir (config.json + safetensors), method eagle3")
     g.add_argument("--prompt", required=True)
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
     g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic")
@@ -82,6 +86,12 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _method_names() -> tuple[str, ...]:
+    from .methods import names
+
+    return names()
+
+
 def _print_step(event: Any) -> None:
     rec = event.record
     print(f"step {event.step}: accepted {rec['num_accepted']}, emitted {rec['emitted']['kind']} "
@@ -94,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     from .events import EventBus, StepVerified
 
     try:
+        heads = {kind: d for kind, d in (("eagle", args.eagle_head), ("eagle3", args.eagle3_head)) if d}
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
-                                              runner=args.runner)
+                                              runner=args.runner, heads=heads or None)
         bus = EventBus()
         if args.steps:
             bus.subscribe(StepVerified, _print_step)

@@ -1,11 +1,11 @@
 """The speculative decoding loop (batch size 1), read top to bottom.
 
-    prefill(prompt[:-1])
+    prefill(prompt[:-1]); proposer.observe(prefill's features)
     repeat until EOS or max_new_tokens:
         draft  = proposer.propose(context, k_step)          # x_1..x_k', q
-        logits = target.forward([last, x_1..x_k'])           # p_1..p_{k'+1}: one forward
+        logits = target.forward([last, x_1..x_k'])           # p_1..p_{k'+1} (+ feature taps): one forward
         out    = rejection_sample(p, q, x, method=verify)    # accepted + recovered/bonus
-        commit accepted + 1 tokens; target.truncate(len(context) - 1)
+        commit accepted + 1 tokens; proposer.observe(outcome); target.truncate(len(context) - 1)
 
 p, the sampler and the step's trace record run in :class:`~specviz.verify_step.StepVerifier`
 (CUDA graphs on a GPU); the step waits for the GPU once, for its tokens, and publishes its
@@ -28,12 +28,12 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from . import events as ev
-from .models import (DEFAULT_DRAFT, DEFAULT_TARGET, check_vocab_rows, load_model, load_tokenizer, resolve_device,
-                     resolve_dtype, tokenizer_mismatch)
-from .proposers import DraftModelProposer, NgramProposer, StepContext, resolve_lookup_bounds
-from .proposers.base import Draft, Proposer
-from .proposers.ngram_gpu import NgramGPUProposer
-from .proposers.suffix import GlobalSuffixCache, SuffixProposer
+from . import methods
+from .models import (ASSETS_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, ModelLoadError, check_vocab_rows, load_model,
+                     load_tokenizer, resolve_device, resolve_dtype, tokenizer_mismatch)
+from .proposers import StepContext
+from .proposers.base import Draft, Outcome, Proposer
+from .proposers.suffix import GlobalSuffixCache
 from .record import host_record
 from .runner import EagerRunner, ModelRunner
 from .static_runner import StaticRunner
@@ -41,7 +41,8 @@ from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
 from .verify_step import StepVerifier, VerifySpec
 
-METHODS = ("none", "ngram", "ngram_gpu", "suffix", "draft_model")
+METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
+DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3"}
 RUNNERS = ("auto", "eager", "static")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
 MAX_SPECULATIVE_TOKENS = 32
@@ -70,10 +71,10 @@ def _fail(message: str) -> None:
     raise ValueError(message)
 
 
-def validate_config(cfg: GenerationConfig, has_draft_model: bool) -> None:
-    """Raise ValueError (saying what to change) for settings the engine cannot run."""
-    if cfg.method not in METHODS:
-        _fail(f"unknown method {cfg.method!r}; choose one of {', '.join(METHODS)}")
+def validate_config(cfg: GenerationConfig, decoder: "SpecDecoder | None" = None) -> None:
+    """Raise ValueError (saying what to change) for settings the engine cannot run (with
+    ``decoder``: also for a method it cannot run, e.g. a missing draft model or head)."""
+    method = methods.get(cfg.method)  # ValueError for an unknown method
     if cfg.verify not in VERIFY_METHODS:
         _fail(f"unknown verification {cfg.verify!r}; choose one of {', '.join(VERIFY_METHODS)}")
     if cfg.method != "none" and not 1 <= cfg.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
@@ -87,8 +88,9 @@ def validate_config(cfg: GenerationConfig, has_draft_model: bool) -> None:
         _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
     if cfg.verify == "synthetic":
         _check_synthetic_rates(cfg.synthetic_rates, cfg.num_speculative_tokens if cfg.method != "none" else 0)
-    if cfg.method == "draft_model" and not has_draft_model:
-        _fail("method 'draft_model' needs a draft model: pass draft=... to SpecDecoder.from_pretrained")
+    missing = method.missing(decoder) if decoder is not None else None
+    if missing:
+        _fail(missing)
 
 
 def _check_synthetic_rates(rates: tuple[float, ...] | None, k: int) -> None:
@@ -130,8 +132,11 @@ class SpecDecoder:
 
     def __init__(self, target_model: torch.nn.Module, tokenizer: Any, draft_model: torch.nn.Module | None = None,
                  runner_factory: Callable[[torch.nn.Module], ModelRunner] = EagerRunner,
-                 names: dict[str, str] | None = None, draft_tokenizer: Any = None):
+                 names: dict[str, str] | None = None, draft_tokenizer: Any = None,
+                 heads: dict[str, torch.nn.Module] | None = None, head_errors: dict[str, str] | None = None):
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
+        self.heads = dict(heads or {})  # {"eagle" | "eagle3": head attached to target_model} (specviz.heads)
+        self.head_errors = dict(head_errors or {})  # {kind: why its head is not loaded}, for the error message
         self.device = next(target_model.parameters()).device
         self.runner_factory = runner_factory
         self.target_runner: ModelRunner | None = None
@@ -155,11 +160,16 @@ class SpecDecoder:
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
-                        runner: str = "auto", max_cache_len: int = 4096) -> "SpecDecoder":
+                        runner: str = "auto", max_cache_len: int = 4096,
+                        heads: dict[str, str] | None = None) -> "SpecDecoder":
         """Load target (and optional draft) from a local directory or hub id, safetensors only.
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
-        draft). device None -> CUDA if available else CPU; dtype None -> bf16 on CUDA, fp32 on CPU.
+        draft, and the bundled EAGLE heads ``assets/models/specviz-eagle`` / ``specviz-eagle3``
+        when present). heads: {"eagle" | "eagle3": head directory} (:func:`specviz.heads.load_head`:
+        config.json + safetensors), loaded onto the target; a method whose head is absent raises
+        ValueError when asked for. device None -> CUDA if available else CPU; dtype None -> bf16
+        on CUDA, fp32 on CPU.
         runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`), "static"
         (pre-allocated cache of ``max_cache_len`` tokens, CUDA graphs on CUDA:
         :class:`~specviz.static_runner.StaticRunner`) or "auto" (static on CUDA, eager on CPU).
@@ -176,12 +186,19 @@ class SpecDecoder:
         draft_model = load_model(draft, dev, dt) if draft is not None else None
         draft_tokenizer = load_tokenizer(draft) if draft is not None else None
         names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
+        bundled = {k: d for k, d in DEFAULT_HEADS.items() if target == DEFAULT_TARGET and heads is None and d.exists()}
+        loaded, head_errors = _load_heads({**bundled, **(heads or {})}, target_model, explicit=set(heads or ()))
+        for kind, d in DEFAULT_HEADS.items():
+            if kind not in loaded and kind not in head_errors:
+                head_errors[kind] = (f"{d} is not there yet" if target == DEFAULT_TARGET and heads is None
+                                     else "none was given in heads=")
+        names.update({f"{kind}_head": str(d) for kind, d in {**bundled, **(heads or {})}.items() if kind in loaded})
         factory = EagerRunner
         if runner == "static" or (runner == "auto" and dev.type == "cuda"):
             limit = int(getattr(target_model.config, "max_position_embeddings", max_cache_len) or max_cache_len)
             factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len))
         return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names,
-                   draft_tokenizer=draft_tokenizer)
+                   draft_tokenizer=draft_tokenizer, heads=loaded, head_errors=head_errors)
 
     def _acquire_runner(self, model: torch.nn.Module) -> ModelRunner:
         return self._acquire(id(model), lambda: self.runner_factory(model))
@@ -225,25 +242,17 @@ class SpecDecoder:
             _fail("the prompt is empty: type some text (or pass a list of token ids)")
         return ids
 
-    def make_proposer(self, cfg: GenerationConfig) -> Proposer | None:
-        if cfg.method == "ngram":
-            return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens)
-        if cfg.method == "ngram_gpu":  # the matcher kernel on CUDA, its PyTorch reference elsewhere
-            return NgramGPUProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens,
-                                    backend="triton" if self.device.type == "cuda" else "reference",
-                                    device=self.device)
-        if cfg.method == "suffix":
-            return SuffixProposer(cfg.num_speculative_tokens, global_cache=self.suffix_cache)
-        if cfg.method == "draft_model":
-            return DraftModelProposer(self._acquire_runner(self.draft_model), cfg.num_speculative_tokens,
-                                      vocab_size=self.vocab_size)
-        return None
+    def make_proposer(self, cfg: GenerationConfig, **extras: Any) -> Proposer | None:
+        """The request's proposer, from the method registry (:mod:`specviz.methods`); ``extras``:
+        per-request objects a factory may use (e.g. ``suffix_cache``)."""
+        return methods.get(cfg.method).make(self, cfg, extras)
 
     # ---- the loop --------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], **settings: Any) -> Trace:
         """Run one request and return its :class:`Trace`.
 
-        Settings (keywords): method ("none" | "ngram" | "ngram_gpu" | "suffix" | "draft_model"), num_speculative_tokens
+        Settings (keywords): method (:data:`METHODS`: "none" | "ngram" | "ngram_gpu" | "suffix" | "draft_model" |
+        "eagle" | "eagle3"), num_speculative_tokens
         (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
@@ -284,7 +293,7 @@ class SpecDecoder:
             cfg = GenerationConfig(**settings)
         except TypeError as exc:
             raise ValueError(f"unknown generate() setting: {exc}") from None
-        validate_config(cfg, self.draft_model is not None)
+        validate_config(cfg, self)
         ids = self.encode(prompt)
         if self.max_length and len(ids) + cfg.max_new_tokens > self.max_length:
             _fail(f"prompt ({len(ids)} tokens) + max_new_tokens ({cfg.max_new_tokens}) exceeds the model's "
@@ -309,9 +318,12 @@ class SpecDecoder:
         verifier = self.step_verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
         runner.reset()
         passes = 0
+        taps = proposer.taps if proposer is not None else ()  # target features the proposer declared
         if len(ids) > 1:
-            runner.forward(torch.tensor(ids[:-1], dtype=torch.long))  # prefill
+            prefill = runner.forward_features(torch.tensor(ids[:-1], dtype=torch.long), taps)
             passes += 1
+            if proposer is not None:  # features f_0..f_{n-1}, each with the token after it
+                proposer.observe(Outcome(0, [], 0, ids[1:], prefill.features))
         last = torch.tensor([ids[-1]], dtype=torch.long).to(self.device)  # [1]: later steps keep it on the device
         generated: list[int] = []
         stop_reason = "stopped"
@@ -336,12 +348,11 @@ class SpecDecoder:
         finally:
             if publish is not None:
                 publish()
-            if hasattr(proposer, "finish"):
-                proposer.finish(generated)
+            finish = methods.get(cfg.method).finish  # the method's clean-up (pooled runner, global cache)
+            if finish is not None and proposer is not None:
+                finish(self, proposer, generated)
             self._release_runner(self.target_model, runner)
             self._release("verifier", verifier)
-            if isinstance(proposer, DraftModelProposer):
-                self._release_runner(self.draft_model, proposer.runner)
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
             self._add_texts(recorder.trace, generated)
@@ -367,7 +378,8 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         t1 = time.perf_counter()
-        logits = runner.forward(torch.cat([last, x]))  # [k'+1, V]: p_1..p_{k'+1} in one forward
+        forward = runner.forward_features(torch.cat([last, x]), proposer.taps if proposer is not None else ())
+        logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         t2 = time.perf_counter()
         if previous is not None:
             previous()
@@ -382,6 +394,9 @@ class SpecDecoder:
         acc = int(core["num_accepted"][0])
         emitted = [int(t) for t in core["output"][: acc + 1]]
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
+        if proposer is not None:  # the features at the committed positions, still on the device
+            proposer.observe(Outcome(len(ids) - 1, draft_ids, acc, committed,
+                                     {tap: f[: len(committed)] for tap, f in forward.features.items()}))
         timings = dict(draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2b) * 1e3)
 
         def publish() -> None:
@@ -405,8 +420,12 @@ class SpecDecoder:
                  dtype=self.names.get("dtype", str(next(self.target_model.parameters()).dtype).split(".")[-1]),
                  runner=getattr(self.runner_factory, "func", self.runner_factory).__name__, prompt_length=len(ids),
                  vocab_size=self.vocab_size)
-        if cfg.method in ("ngram", "ngram_gpu"):
-            d["prompt_lookup_min"], d["prompt_lookup_max"] = resolve_lookup_bounds(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+        describe = methods.get(cfg.method).describe
+        d.update(describe(cfg) if describe is not None else {})
+        if cfg.method in self.heads:  # which head drafted, and which target features it read
+            head_cfg = self.heads[cfg.method].config
+            d["head"] = {"path": self.names.get(f"{cfg.method}_head", ""), "kind": head_cfg.kind,
+                         "aux_layer_ids": list(head_cfg.aux_layer_ids)}
         return d
 
     def _add_texts(self, trace: Trace | None, generated: list[int]) -> None:
@@ -439,6 +458,28 @@ class _Once:
         fn, self._fn = self._fn, None
         if fn is not None:
             fn()
+
+
+def _load_heads(dirs: dict[str, Any], target_model: torch.nn.Module,
+                explicit: set[str]) -> tuple[dict[str, torch.nn.Module], dict[str, str]]:
+    """Load each head directory onto the target. A head asked for explicitly (``explicit``) that
+    fails raises :class:`ModelLoadError`; a bundled one that fails is left out, its reason kept."""
+    from .heads import load_head
+
+    loaded, errors = {}, {}
+    for kind, directory in dirs.items():
+        if kind not in ("eagle", "eagle3"):
+            raise ValueError(f"unknown head kind {kind!r} in heads=; use 'eagle' or 'eagle3'")
+        try:
+            head = load_head(directory, target_model)
+            if head.config.kind != kind:
+                raise ValueError(f"the head in {directory} is an {head.config.kind!r} head, not {kind!r}")
+            loaded[kind] = head
+        except ValueError as exc:
+            if kind in explicit:
+                raise ModelLoadError(f"could not load the {kind} head {str(directory)!r}: {exc}") from exc
+            errors[kind] = f"the bundled head {directory} does not load: {exc}"
+    return loaded, errors
 
 
 def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[list[int], bool]:

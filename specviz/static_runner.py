@@ -11,13 +11,21 @@ device, so a captured forward needs no host input but the token ids.
 With ``cuda_graphs=True`` (CUDA only) every forward of n <= ``max_graph_tokens`` tokens after the
 prefill replays a CUDA graph captured for that n (one graph per verify width k'+1 in use, and one
 for the drafter's single-token steps). Prefill runs eagerly.
+
+Feature taps (:meth:`StaticRunner.forward_features`): the requested hidden states come from the
+same forward (transformers' ``output_hidden_states``, see :mod:`specviz.runner`); under CUDA graphs
+they are static buffers captured inside the graph (one graph per (n, taps)), cloned on the
+device after each replay, so no host sync is added.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 from transformers import StaticCache
 
+from .runner import ForwardOutput, check_taps, pick_features
 from .transfer import to_device
 
 
@@ -40,7 +48,8 @@ class StaticRunner:
         self.max_graph_tokens = max_graph_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
         self.seq_len = 0
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # (n, taps) -> (graph, static ids [1, n], static logits [1, n, V], static features {tap: [n, d]})
+        self._graphs: dict[tuple[int, tuple[str, ...]], tuple] = {}
         self._pool = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
 
@@ -55,15 +64,20 @@ class StaticRunner:
             self._set_position(length)
         self.seq_len = length
 
-    @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.forward_features(token_ids).logits
+
+    @torch.inference_mode()
+    def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = ()) -> ForwardOutput:
+        taps = check_taps(taps, self.model)
         n = int(token_ids.numel())
         if self.seq_len + n > self.max_cache_len:
             raise ValueError(f"the static KV cache holds {self.max_cache_len} tokens; "
                              f"{self.seq_len} + {n} do not fit (shorten the prompt or max_new_tokens)")
         ids = to_device(token_ids, self.device).view(1, n)  # [1, n]; a host input is queued, no wait
         if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
-            graph, static_ids, static_logits = self._graphs.get(n) or self._capture(n, ids)
+            graph, static_ids, static_logits, static_features = (self._graphs.get((n, taps))
+                                                                 or self._capture(n, ids, taps))
             static_ids.copy_(ids)
             if self.graph_events is not None:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -74,15 +88,22 @@ class StaticRunner:
             else:
                 graph.replay()
             logits = static_logits[0].to(torch.float32, copy=True)  # [n, V]; the buffer is reused
+            features = {tap: h.clone() for tap, h in static_features.items()}  # [n, d] each; reused too
         else:
-            logits = self._eager(ids)[0].float()
+            logits, features = self._eager(ids, taps)
+            logits = logits[0].float()
         self.seq_len += n
-        return logits
+        return ForwardOutput(logits, features)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _eager(self, ids: torch.Tensor) -> torch.Tensor:
+    def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype."""
         mask = self._causal_mask(ids.shape[1])
-        return self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True).logits
+        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=bool(taps))
+        if not taps:
+            return out.logits, {}
+        return out.logits, pick_features(out.hidden_states, taps, self.model.config.num_hidden_layers)
 
     def _causal_mask(self, n: int) -> torch.Tensor:
         """4D mask [1, 1, n, max_cache_len] built on the device from the cache's write position:
@@ -111,21 +132,22 @@ class StaticRunner:
             torch._foreach_zero_(positions)
             torch._foreach_add_(positions, length)
 
-    def _capture(self, n: int, ids: torch.Tensor):
+    def _capture(self, n: int, ids: torch.Tensor, taps: tuple[str, ...] = ()):
         """Capture one forward of n tokens at the current position (the cache is initialised by the
-        eager prefill). Warm-up runs write stale entries past seq_len, then the position is restored."""
+        eager prefill), with its feature taps as static outputs. Warm-up runs write stale entries
+        past seq_len, then the position is restored."""
         static_ids = ids.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up outside capture (allocator, lazy init, autotuning)
-                self._eager(static_ids)
+                self._eager(static_ids, taps)
                 self._set_position(self.seq_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            static_logits = self._eager(static_ids)
+            static_logits, static_features = self._eager(static_ids, taps)
         self._pool = graph.pool()
         self._set_position(self.seq_len)  # capture records but does not run the position update
-        self._graphs[n] = (graph, static_ids, static_logits)
-        return self._graphs[n]
+        self._graphs[(n, taps)] = (graph, static_ids, static_logits, static_features)
+        return self._graphs[(n, taps)]

@@ -1,10 +1,18 @@
 """The one proposer protocol every speculative method implements.
 
-A proposer turns the committed context into a draft of at most ``num_tokens`` tokens. The
-engine calls :meth:`Proposer.reset` once per request and :meth:`Proposer.propose` once per
-verification step; a proposer that keeps state (a KV cache, a suffix tree) reconciles it with
-``token_ids`` itself, so rollback after a rejection and catch-up after a full accept need no
-extra call. Modelled on transformers' ``CandidateGenerator.get_candidates`` and vLLM's
+A proposer turns the committed context into a draft of at most ``num_tokens`` tokens. Its life
+in one request:
+
+    reset()
+    observe(prefill outcome)              # the prompt's target features (if it declared taps)
+    repeat: propose(context, k) -> Draft  # x_1..x_k', q
+            observe(outcome)              # what the target verified and committed, with features
+
+A proposer that keeps state (a KV cache, a suffix tree) may also reconcile it with ``token_ids``
+itself (n-gram and draft_model ignore :meth:`Proposer.observe`); feature-based drafters (EAGLE,
+EAGLE-3; Medusa and DFlash later) get the target's hidden states only through it, from the taps
+they declare in ``taps`` (names in :mod:`specviz.runner`). Modelled on transformers'
+``CandidateGenerator`` (``get_candidates`` / ``update_candidate_strategy``) and vLLM's
 ``v1/spec_decode`` proposers, with one signature for all of them.
 """
 
@@ -55,16 +63,52 @@ class Draft:
         return int(self.token_ids.numel())
 
 
+@dataclass
+class Outcome:
+    """What one target forward verified and committed, told to the proposer by ``observe``.
+
+    Row i of every feature is the target's hidden state at position ``start + i``, and
+    ``committed_token_ids[i]`` is the token at position ``start + i + 1``: exactly the
+    (feature at j, token at j + 1) pairs EAGLE's head consumes (methods.md 1.1).
+
+    start:               int, position of the first feature row (the forward's first input).
+    draft_token_ids:     list[int] x_1..x_k' verified by this forward ([] after the prefill).
+    num_accepted:        int, accepted draft tokens (0 after the prefill).
+    committed_token_ids: list[int], c tokens: the accepted drafts and the recovered/bonus token
+                         (after the prefill: the prompt's tokens after the first).
+    features:            {tap name: [c, d] tensor on the device, the model's dtype} for every
+                         tap the proposer declared, at the committed positions only.
+    """
+
+    start: int
+    draft_token_ids: list[int]
+    num_accepted: int
+    committed_token_ids: list[int]
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class NoFeedback:
+    """Defaults for proposers that need no target features and ignore outcomes (n-gram, suffix,
+    draft_model): no taps, and :meth:`observe` does nothing."""
+
+    taps: tuple[str, ...] = ()
+
+    def observe(self, outcome: Outcome) -> None:
+        """Ignore the outcome (the proposer reconciles its state from ``token_ids`` in propose)."""
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """What the engine needs from a speculative method.
 
     name: the method name as vLLM's ``v1/spec_decode`` names it ("ngram", "draft_model", ...).
     num_speculative_tokens: k, the most tokens one step may draft.
+    taps: the target feature taps it needs from every target forward (() for none).
     """
 
     name: str
     num_speculative_tokens: int
+    taps: tuple[str, ...]
 
     def reset(self) -> None:
         """Forget any per-request state (called before each new request)."""
@@ -74,3 +118,6 @@ class Proposer(Protocol):
     ) -> Draft:
         """Draft at most ``min(num_tokens, num_speculative_tokens)`` tokens continuing ``token_ids``
         (prompt + every committed token so far)."""
+
+    def observe(self, outcome: Outcome) -> None:
+        """Called after the prefill and after every verification step (see :class:`Outcome`)."""

@@ -30,7 +30,7 @@ import torch
 from ..runner import EagerRunner, ModelRunner
 from ..sampling import logits_to_probs
 from ..transfer import to_device
-from .base import Draft, StepContext
+from .base import Draft, NoFeedback, StepContext
 
 
 def _sample(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -42,7 +42,7 @@ def _sample(q: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     return (q / e).argmax(dim=-1, keepdim=True)
 
 
-class DraftModelProposer:
+class DraftModelProposer(NoFeedback):
     """Args:
         runner: a :class:`~specviz.runner.ModelRunner` over the draft model (e.g. EagerRunner).
         num_speculative_tokens: k >= 1.

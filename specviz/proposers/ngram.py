@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..transfer import pinned
-from .base import Draft, StepContext
+from .base import Draft, NoFeedback, StepContext
 
 TRIE_MAX_DEPTH = 8  # continuation depth kept in the trie view (>= usual k)
 
@@ -69,7 +69,7 @@ def continuation_trie(context: np.ndarray, starts: np.ndarray, n: int, depth: in
     return build(paths)
 
 
-class NgramProposer:
+class NgramProposer(NoFeedback):
     """Prompt-lookup proposer; deterministic, so ``Draft.probs`` is None (q is one-hot).
 
     Args:

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from specviz.proposers.base import Draft, StepContext
+from specviz.proposers.base import Draft, NoFeedback, StepContext
 from specviz.proposers.ngram_match import NgramMatch, check_ngram_args, ngram_match_reference
 from specviz.transfer import pinned
 
@@ -51,7 +51,7 @@ def resolve_lookup_bounds(prompt_lookup_min: int | None, prompt_lookup_max: int 
     return prompt_lookup_min, prompt_lookup_max
 
 
-class NgramGPUProposer:
+class NgramGPUProposer(NoFeedback):
     """Prompt-lookup proposer on the device: method "ngram_gpu" (vLLM's name for its GPU n-gram proposer).
 
     Implements :class:`specviz.proposers.base.Proposer` (name "ngram_gpu"). The context lives in a

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from ..transfer import pinned
-from .base import Draft, StepContext
+from .base import Draft, NoFeedback, StepContext
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _best_match(trie: SuffixTrie, context: Sequence[int], k: int, cfg: SuffixCon
     return cands
 
 
-class SuffixProposer:
+class SuffixProposer(NoFeedback):
     """Suffix decoding; deterministic, so ``Draft.probs`` is None (q one-hot).
 
     Args:

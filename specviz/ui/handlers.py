@@ -145,7 +145,7 @@ def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any], clear
     update also replaces the detail views of the previous run by a placeholder."""
     stream, summary, grid, stats = streaming_views(trace)
     wait = empty_views("Running: this view is drawn when the run ends (or when you press Stop).")
-    residual, match, trie, speedup = (wait[3], wait[4], wait[5], wait[7]) if clear else (gr.skip(),) * 4
+    residual, match, trie, speedup = (wait.residual, wait.match, wait.trie, wait.speedup) if clear else (gr.skip(),) * 4
     return (progress, stream, summary, grid, residual, match, trie, stats, speedup, gr.skip(), gr.skip(), state)
 
 

@@ -86,7 +86,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     c["method"] = gr.Radio(list(METHODS), value="ngram", label="Method (proposer)",
                            info="none = plain decoding; ngram = prompt lookup (ngram_gpu: the same on the "
                                 "device, with the Triton matcher on CUDA); suffix = suffix decoding; "
-                                "draft_model = a small model")
+                                "draft_model = a small model; eagle / eagle3 = a head on the target's hidden states "
+                                "(needs a trained head)")
     c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *VERIFY_METHODS], value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
@@ -133,7 +134,7 @@ def _detail_views() -> dict[str, gr.components.Component]:
     with gr.Row(equal_height=False):
         v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
         v["residual"] = gr.Plot(label="residual view", elem_id="sv-residual", show_label=False)
-    gr.Markdown("## 3 · Where the draft came from (methods ngram and suffix)")
+    gr.Markdown("## 3 · Where the draft came from (methods ngram, suffix, eagle, eagle3)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")

@@ -57,7 +57,8 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
     """Keyword settings for ``SpecDecoder.iter_generate``.
 
     verify "auto" (or None) -> the engine's default (greedy at temperature 0, else standard);
-    top_k 0 -> off; top_p 1 -> off; prompt lookup bounds only for methods "ngram" and "ngram_gpu";
+    top_k 0 -> off; top_p 1 -> off; prompt lookup bounds only for the methods that take them
+    ("ngram", "ngram_gpu": their registry entry's ``settings``);
     synthetic rates only for verify "synthetic".
     Raises:
         ValueError: a value outside the UI's ranges (num_speculative_tokens 1..12,
@@ -80,12 +81,20 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
         "max_new_tokens": _int(max_new_tokens, "max_new_tokens", 1, MAX_UI_NEW_TOKENS),
         "seed": _int(seed, "seed", 0, 2**31 - 1),
     }
-    if settings["method"] in ("ngram", "ngram_gpu"):
+    if "prompt_lookup_min" in _method_settings(settings["method"]):
         settings["prompt_lookup_min"] = _int(prompt_lookup_min, "prompt_lookup_min", 1, 64)
         settings["prompt_lookup_max"] = _int(prompt_lookup_max, "prompt_lookup_max", 1, 64)
     if settings["verify"] == "synthetic":
         settings["synthetic_rates"] = parse_rates(synthetic_rates)
     return settings
+
+
+def _method_settings(method: str) -> tuple[str, ...]:
+    """The generate() settings a method takes (:mod:`specviz.methods`); () for an unknown one (the
+    engine refuses it with its own message)."""
+    from specviz.methods import METHODS
+
+    return METHODS[method].settings if method in METHODS else ()
 
 
 def _top_p(top_p: Any) -> float | None:

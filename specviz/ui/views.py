@@ -1,16 +1,17 @@
-"""Trace -> every view the app shows, in one fixed order (the layout wires outputs in this order).
+"""Trace -> every view the app shows, as named tuples (:class:`Views`, :class:`StreamingViews`,
+:class:`SelectionViews`): read a view by name (``views.match``) or unpack them in field order
+(the layout wires its components in that order).
 
 Pure functions of data: no gradio, no model. The handlers wrap them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from specviz.trace import Trace, tokens_per_target_forward
 from specviz.viz import (
     clamp_selection,
-    match_context_html,
     message_figure,
     residual_figure,
     run_summary,
@@ -18,12 +19,46 @@ from specviz.viz import (
     stats_figure,
     step_grid_figure,
     token_stream_html,
-    trie_figure,
 )
 from specviz.viz.common import block_rescued, metrics_of
+from specviz.viz.source import source_figure, source_html, source_note
 
-# outputs of a full redraw, in order
-VIEW_NAMES = ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")
+
+
+class Views(NamedTuple):
+    """Every view of a full redraw (HTML / Markdown strings and Plotly figures). match / trie: the
+    method's "where the draft came from" panels (:mod:`specviz.viz.source`)."""
+
+    stream: Any
+    summary: Any
+    grid: Any
+    residual: Any
+    match: Any
+    trie: Any
+    stats: Any
+    speedup: Any
+
+
+class StreamingViews(NamedTuple):
+    """What a streamed update of a running request redraws."""
+
+    stream: Any
+    summary: Any
+    grid: Any
+    stats: Any
+
+
+class SelectionViews(NamedTuple):
+    """What a change of the selected step / position redraws."""
+
+    stream: Any
+    grid: Any
+    residual: Any
+    match: Any
+    trie: Any
+
+
+VIEW_NAMES = Views._fields  # outputs of a full redraw, in order
 
 
 def default_selection(trace: Trace) -> tuple[int, int]:
@@ -57,50 +92,50 @@ def summary_markdown(trace: Trace) -> str:
         head += (f"  \n★ Block verification accepted {sum(n for _, n in rescued)} draft token(s) that token-wise "
                  f"verification would have rejected with the same uniforms: {where}. Click a ★ cell in the step "
                  "grid to see why.")
-    drafted = sum(1 for st in trace.steps if st.draft_token_ids)
-    if cfg.get("method") in ("ngram", "ngram_gpu") and trace.stop_reason and drafted < 0.3 * len(trace.steps):
-        head += (f"  \nPrompt lookup found a match at only {drafted} of {len(trace.steps)} steps: it copies drafts "
-                 "from earlier text, so it needs text that repeats itself (a longer prompt, code that reuses its "
-                 "names, or a lower prompt_lookup_min).")
+    note = source_note(trace)  # the method's own hint (viz/source.py), e.g. prompt lookup rarely matching
+    if note:
+        head += "  \n" + note
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
             f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "
             f"stop: {trace.stop_reason or 'running'}")
     return head + "  \n" + tail
 
 
-def empty_views(message: str = "Press Run, or upload a trace JSON.") -> tuple[Any, ...]:
-    """Placeholders for every view (same order as VIEW_NAMES)."""
+def empty_views(message: str = "Press Run, or upload a trace JSON.") -> Views:
+    """Placeholders for every view."""
     html = f"<div style='color:#6b7280;padding:12px'>{message}</div>"
-    return (html, "", message_figure(message), message_figure(message), html, message_figure(message, 200),
-            message_figure(message), "")
+    return Views(stream=html, summary="", grid=message_figure(message), residual=message_figure(message), match=html,
+                 trie=message_figure(message, 200), stats=message_figure(message), speedup="")
 
 
 def all_views(trace: Trace, step: int | None, position: int | None,
-              baseline: dict[str, Any] | None) -> tuple[Any, ...]:
-    """Every view of ``trace`` at (step, position) (clamped), in VIEW_NAMES order."""
+              baseline: dict[str, Any] | None) -> Views:
+    """Every view of ``trace`` at (step, position) (clamped)."""
     if not trace.steps:
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)
-    return (token_stream_html(trace, s), summary_markdown(trace), step_grid_figure(trace, s, i),
-            residual_figure(trace, s, i), match_context_html(trace, s), trie_figure(trace, s),
-            stats_figure(trace, baseline), speedup_html(run_summary(trace), baseline))
+    return Views(stream=token_stream_html(trace, s), summary=summary_markdown(trace),
+                 grid=step_grid_figure(trace, s, i), residual=residual_figure(trace, s, i),
+                 match=source_html(trace, s, i), trie=source_figure(trace, s), stats=stats_figure(trace, baseline),
+                 speedup=speedup_html(run_summary(trace), baseline))
 
 
-def streaming_views(trace: Trace) -> tuple[Any, ...]:
-    """(stream, summary, grid, stats) of a partial trace: what a streamed update redraws."""
+def streaming_views(trace: Trace) -> StreamingViews:
+    """The views of a partial trace that a streamed update redraws."""
     if not trace.steps:
         e = empty_views("Running…")
-        return e[0], e[1], e[2], e[6]
+        return StreamingViews(e.stream, e.summary, e.grid, e.stats)
     last = len(trace.steps) - 1
-    return (token_stream_html(trace, last), summary_markdown(trace), step_grid_figure(trace, last, None),
-            stats_figure(trace, None))
+    return StreamingViews(stream=token_stream_html(trace, last), summary=summary_markdown(trace),
+                          grid=step_grid_figure(trace, last, None), stats=stats_figure(trace, None))
 
 
-def selection_views(trace: Trace, step: int | None, position: int | None) -> tuple[Any, ...]:
-    """(stream, grid, residual, match, trie) at the selection: what a step/position change redraws."""
+def selection_views(trace: Trace, step: int | None, position: int | None) -> SelectionViews:
+    """The views at the selection (clamped) that a step/position change redraws."""
     if not trace.steps:
         e = empty_views()
-        return e[0], e[2], e[3], e[4], e[5]
+        return SelectionViews(e.stream, e.grid, e.residual, e.match, e.trie)
     s, i = clamp_selection(trace, step, position)
-    return (token_stream_html(trace, s), step_grid_figure(trace, s, i), residual_figure(trace, s, i),
-            match_context_html(trace, s), trie_figure(trace, s))
+    return SelectionViews(stream=token_stream_html(trace, s), grid=step_grid_figure(trace, s, i),
+                          residual=residual_figure(trace, s, i), match=source_html(trace, s, i),
+                          trie=source_figure(trace, s))

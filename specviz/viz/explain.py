@@ -56,6 +56,10 @@ continuation after all occurrences with how many occurrences continue that way; 
 drafted continuation. Repetitive text (code, quoted passages) gives long matches and long accepted runs.
 Method "suffix" (suffix decoding) shows its candidate matches instead: the longest-scoring continuation in a
 suffix tree of this request and of earlier outputs becomes the draft.
+Methods "eagle" / "eagle3" draft with a small head that reads the target's own hidden states: the table
+lists, per draft token, the row that predicted it (the target's feature at the last committed position with
+the root token for draft 1, the head's own output with the previous draft after that), the head's
+confidence and what the target did; the plot compares acceptance by position with the head's confidence.
 """
 
 STATS = """\

@@ -19,7 +19,7 @@ from specviz.trace import Trace
 from . import explain
 from .common import as_trace
 from .grid import step_grid_figure
-from .match import match_context_html, trie_figure
+from .source import source_figure, source_html
 from .residual import clamp_selection, residual_figure
 from .stats import run_summary, speedup_html, stats_figure
 from .stream import token_stream_html
@@ -37,7 +37,7 @@ def figures(trace: Trace | dict[str, Any], step: int | None = None, position: in
         raise ValueError("the trace has no steps to draw")
     s, i = clamp_selection(trace, step, position)
     return {"grid": step_grid_figure(trace, s, i), "residual": residual_figure(trace, s, i),
-            "trie": trie_figure(trace, s), "stats": stats_figure(trace, baseline)}
+            "trie": source_figure(trace, s), "stats": stats_figure(trace, baseline)}
 
 
 def settings_html(trace: Trace) -> str:
@@ -54,7 +54,7 @@ def report_html(trace: Trace | dict[str, Any], step: int | None = None, position
     explanation. Raises TraceFormatError on a malformed dict; ValueError with no steps."""
     trace = as_trace(trace)
     figs = figures(trace, step, position, baseline)
-    s, _ = clamp_selection(trace, step, position)
+    s, i = clamp_selection(trace, step, position)
 
     def fig_html(name: str, first: bool) -> str:
         return figs[name].to_html(full_html=False, include_plotlyjs=first, default_width="100%")
@@ -69,7 +69,7 @@ def report_html(trace: Trace | dict[str, Any], step: int | None = None, position
         "<h2>Token stream</h2>", md(explain.STREAM), token_stream_html(trace, s),
         "<h2>Step grid</h2>", md(explain.GRID_REPORT), fig_html("grid", True),
         "<h2>Residual view</h2>", md(explain.RESIDUAL), fig_html("residual", False),
-        "<h2>N-gram match</h2>", md(explain.MATCH), match_context_html(trace, s), fig_html("trie", False),
+        "<h2>N-gram match</h2>", md(explain.MATCH), source_html(trace, s, i), fig_html("trie", False),
         "<h2>Run statistics</h2>", md(explain.STATS), speedup_html(run_summary(trace), baseline),
         fig_html("stats", False),
     ]
