@@ -15,6 +15,8 @@ for the drafter's single-token steps). Prefill runs eagerly.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import StaticCache
 
@@ -41,6 +43,7 @@ class StaticRunner:
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._pool = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
+        self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
 
     # ---- ModelRunner interface ---------------------------------------------------------------
     def reset(self) -> None:
@@ -112,6 +115,7 @@ class StaticRunner:
     def _capture(self, n: int, ids: torch.Tensor):
         """Capture one forward of n tokens at the current position (the cache is initialised by the
         eager prefill). Warm-up runs write stale entries past seq_len, then the position is restored."""
+        t0 = time.perf_counter()
         static_ids = ids.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -126,4 +130,6 @@ class StaticRunner:
         self._pool = graph.pool()
         self._set_position(self.seq_len)  # capture records but does not run the position update
         self._graphs[n] = (graph, static_ids, static_logits)
+        torch.cuda.synchronize(self.device)
+        self.capture_s += time.perf_counter() - t0
         return self._graphs[n]

@@ -21,6 +21,7 @@ from specviz.viz import (
     trie_figure,
 )
 from specviz.viz.common import block_rescued, metrics_of
+from specviz.viz.speed import capture_note
 
 # outputs of a full redraw, in order
 VIEW_NAMES = ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")
@@ -75,14 +76,16 @@ def empty_views(message: str = "Press Run, or upload a trace JSON.") -> tuple[An
 
 
 def all_views(trace: Trace, step: int | None, position: int | None,
-              baseline: dict[str, Any] | None) -> tuple[Any, ...]:
-    """Every view of ``trace`` at (step, position) (clamped), in VIEW_NAMES order."""
+              baseline: dict[str, Any] | None, no_baseline: str | None = None) -> tuple[Any, ...]:
+    """Every view of ``trace`` at (step, position) (clamped), in VIEW_NAMES order. ``baseline``:
+    the method-none comparison; ``no_baseline``: without one, what the speedup panel says instead."""
     if not trace.steps:
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)
     return (token_stream_html(trace, s), summary_markdown(trace), step_grid_figure(trace, s, i),
             residual_figure(trace, s, i), match_context_html(trace, s), trie_figure(trace, s),
-            stats_figure(trace, baseline), speedup_html(run_summary(trace), baseline))
+            stats_figure(trace, baseline),
+            speedup_html(run_summary(trace), baseline, no_baseline) + capture_note(metrics_of(trace).get("capture_ms", 0.0)))
 
 
 def streaming_views(trace: Trace) -> tuple[Any, ...]:
