@@ -25,6 +25,7 @@ from .trace import Trace
 
 DEFAULT_PAIRS = 3
 DEFAULT_SEGMENT_TOKENS = 32
+DEFAULT_BUDGET_S = 20.0  # no new pair starts after this (the first pair always runs)
 NOISY_SPREAD = 0.5  # (max ratio - min ratio) / median above this: "too noisy to read"
 _SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens", "seed", "sampler_backend", "detailed_trace")
 
@@ -63,7 +64,7 @@ def spread(ratios: list[float]) -> dict[str, Any]:
 
 
 def measure_speedup(decoder: Any, prompt: str, settings: dict[str, Any], pairs: int = DEFAULT_PAIRS,
-                    segment_tokens: int = DEFAULT_SEGMENT_TOKENS,
+                    segment_tokens: int = DEFAULT_SEGMENT_TOKENS, budget_s: float = DEFAULT_BUDGET_S,
                     progress: Callable[[int, int], None] | None = None, **extra: Any) -> dict[str, Any]:
     """Time ``settings``' method against method "none" beside each other (see the module docstring).
 
@@ -71,7 +72,8 @@ def measure_speedup(decoder: Any, prompt: str, settings: dict[str, Any], pairs: 
         decoder: a :class:`~specviz.engine.SpecDecoder`.
         prompt: the run's prompt; settings: its ``generate`` keywords (method, k, verify, sampling).
         pairs: segment pairs (>= 1); segment_tokens: new tokens per segment (capped by the run's
-            max_new_tokens).
+            max_new_tokens); budget_s: no pair starts once this many seconds have passed (a busy
+            machine then gets fewer pairs than asked, and ``n`` says how many ran).
         progress: called with (segments done, segments in all) after each segment.
         extra: more ``generate`` keywords for both methods (e.g. a frozen ``suffix_cache``, so that
             the segments neither learn from each other nor change the session's cache).
@@ -93,6 +95,8 @@ def measure_speedup(decoder: Any, prompt: str, settings: dict[str, Any], pairs: 
     runs: dict[str, list[Trace]] = {"method": [], "none": []}
     ratios = []
     for i in range(pairs):
+        if i and time.perf_counter() - t0 > budget_s:
+            break
         order = ("method", "none") if i % 2 == 0 else ("none", "method")
         pair = {}
         for j, which in enumerate(order):

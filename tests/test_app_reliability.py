@@ -124,7 +124,7 @@ def test_the_measurement_is_made_beside_each_run_not_cached(app_url):
     assert m1["n"] == m2["n"] == 3 and m1["segment_tokens"] == 12
     assert m1["ratios"] != m2["ratios"]  # timed again for the second run (equal floats would mean a cache)
     assert m1["method_summary"]["tokens"] == m2["method_summary"]["tokens"] == 36  # 3 segments of 12 tokens
-    assert re.search(r"measured beside this run in \d+\.\d s", two[SPEEDUP])
+    assert re.search(r"the measurement took \d+\.\d s", two[SPEEDUP])
 
 
 def test_measure_speedup_interleaves_and_reports_the_spread(decoders, monkeypatch):
@@ -148,6 +148,9 @@ def test_measure_speedup_interleaves_and_reports_the_spread(decoders, monkeypatc
     assert out["tokens"] == 32 and out["steps"] == 32  # method none: one token per step, 4 x 8 tokens
     assert speedup.spread([1.0, 1.1, 0.9])["noisy"] is False
     assert speedup.spread([0.5, 1.0, 2.0])["noisy"] is True  # the panel then says "too noisy to read"
+    short = speedup.measure_speedup(decoders["llama"], PROMPT, {"method": "ngram", "max_new_tokens": 4}, pairs=5,
+                                    segment_tokens=4, budget_s=0.0)
+    assert short["measurement"]["n"] == 1 and short["measurement"]["pairs"] == 5  # the budget cut it short
 
 
 def test_a_noisy_measurement_is_flagged_in_the_panel():
@@ -158,6 +161,8 @@ def test_a_noisy_measurement_is_flagged_in_the_panel():
     loud = measured_html({**base, "ratios": [0.6, 1.5, 2.4], "median": 1.5, "low": 0.6, "high": 2.4, "noisy": True})
     assert "1.45× tokens/s" in quiet and "range 1.40–1.50× over the 3 pairs" in quiet and "noisy" not in quiet
     assert "Too noisy to read" in loud and "0.60× to 2.40×" in loud
+    cut = measured_html({**base, "n": 1, "ratios": [1.2], "median": 1.2, "low": 1.2, "high": 1.2, "noisy": False})
+    assert "one pair: no spread" in cut and "the time budget ended it after 1 of 3 pairs" in cut
 
 
 def test_suffix_cache_is_per_session_and_can_be_reset(app_url):

@@ -27,7 +27,7 @@ from typing import Any, Generator, Iterator
 import gradio as gr
 
 from specviz.proposers.suffix import GlobalSuffixCache
-from specviz.speedup import DEFAULT_PAIRS, DEFAULT_SEGMENT_TOKENS, measure_speedup
+from specviz.speedup import DEFAULT_BUDGET_S, DEFAULT_PAIRS, DEFAULT_SEGMENT_TOKENS, measure_speedup  # noqa: F401
 from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.viz import figure_png, figures, report_html, run_summary
 
@@ -251,18 +251,19 @@ def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict
 
 def _measure(decoder: Any, text: str, settings: dict[str, Any], extra: dict[str, Any], pairs: int,
              state: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
-    """Measure the speedup beside the run (into ``state["baseline"]``), with a progress line per segment."""
+    """Measure the speedup beside the run into ``state["baseline"]`` (a progress line first); if
+    the measurement fails, ``state["no_baseline"]`` says why and the run's own views stay."""
     seg = min(settings["max_new_tokens"], DEFAULT_SEGMENT_TOKENS)
-    yield (f"**comparing** · done; now timing {pairs} pair(s) of {seg}-token segments against method none, "
+    yield (f"**comparing** · the run finished; now timing {pairs} pair(s) of {seg}-token segments against method none, "
            "interleaved…", *([gr.skip()] * 10), state)
     run_settings = {k: v for k, v in settings.items() if k != "suffix_cache"}
     try:
         state["baseline"] = measure_speedup(decoder, text, run_settings, pairs=pairs, **extra)
-    except Exception as exc:
+        state["no_baseline"] = None
+    except Exception as exc:  # the run itself succeeded: keep it, and say why there is no comparison
         if _is_oom(exc):
             _free_gpu()
-        raise gr.Error(f"the comparison with method none failed: {exc}") from None
-    state["no_baseline"] = None
+        state["no_baseline"] = f"The comparison with method none failed: {exc}"
 
 
 def _session(request: gr.Request | None) -> str:
@@ -563,7 +564,7 @@ class SessionHandlers:
         """The line under the header while the models load and warm up (polled by a timer, which
         this turns off once nothing is happening), and the warm-up's cost once done."""
         if self.cache.status:
-            return (f"**warming up** · {self.cache.status} · one-time work (CUDA-graph capture, kernel compilation) "
+            return (f"**warming up** · {self.cache.status.removeprefix('warm-up: ')} · one-time work (CUDA-graph capture, kernel compilation) "
                     "done now so that no run pays for it; a Run pressed meanwhile waits for it", gr.Timer(active=True))
         r = self.cache.warm_up_report
         done = (f"warmed up in {r['seconds']:.1f} s ({int(r['graphs'])} CUDA graphs captured, {r['capture_s']:.1f} s)"

@@ -110,7 +110,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                                '(short segments of both methods, interleaved)')
         c["pairs"] = LenientSlider(1, MAX_UI_PAIRS, value=h.DEFAULT_PAIRS, step=1, label="comparison pairs",
                                    info=f"pairs of {h.DEFAULT_SEGMENT_TOKENS}-token segments (this method, method "
-                                        "none) timed after the run: more pairs = a steadier median, a longer wait")
+                                        f"none) timed after the run: more pairs = a steadier median, a longer wait "
+                                        f"(no pair starts after {h.DEFAULT_BUDGET_S:.0f} s)")
     return c
 
 

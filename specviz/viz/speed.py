@@ -15,13 +15,12 @@ def measured_html(measurement: dict[str, Any]) -> str:
             low, high, n, noisy, cost_s)."""
     m = measurement
     n, seg = int(m["n"]), int(m["segment_tokens"])
-    what = (f"median of {n} interleaved pair{'s' if n != 1 else ''} of {seg}-token segments (this method, then "
-            f"method none, alternating the order), measured beside this run in {m['cost_s']:.1f} s")
-    if n < 2:
-        spread = "one pair: no spread"
-    else:
-        spread = f"range {m['low']:.2f}–{m['high']:.2f}× over the {n} pairs"
-    out = f"<p><b>Measured beside this run: {m['median']:.2f}× tokens/s</b> ({what}; {spread}).</p>"
+    what = (f"median of {n} interleaved pair{'s' if n != 1 else ''} of {seg}-token segments: this method and method "
+            "none, in alternating order")
+    spread = "one pair: no spread" if n < 2 else f"range {m['low']:.2f}–{m['high']:.2f}× over the {n} pairs"
+    short = f" (the time budget ended it after {n} of {m['pairs']} pairs)" if n < int(m["pairs"]) else ""
+    out = (f"<p><b>Measured beside this run: {m['median']:.2f}× tokens/s</b> ({what}; {spread}; the measurement "
+           f"took {m['cost_s']:.1f} s{short}).</p>")
     if m["noisy"]:
         out += (f"<p style='color:#b45309'><b>Too noisy to read:</b> the pairs disagree by more than half the median "
                 f"({m['low']:.2f}× to {m['high']:.2f}×); the machine was probably busy with something else. "
