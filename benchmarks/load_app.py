@@ -210,6 +210,28 @@ def soak(url: str, runs: int = 200, max_new: int = 24, compare_every: int = 4, n
     return result
 
 
+def handler_soak(cache: Any, runs: int = 160, max_new: int = 24, compare_every: int = 4,
+                 requests: list[tuple] = REQUESTS) -> dict[str, Any]:
+    """The soak without the web server: the Run handler called in this process (engine, handlers,
+    views, the measurement), one session state carried over; RSS after every run (after gc)."""
+    import gc
+
+    from specviz.ui import handlers
+    from specviz.ui.cache import StopSignals
+
+    signals, state, rss = StopSignals(), None, []
+    for n in range(runs):
+        out = None
+        for out in handlers.run(cache, signals, state, *run_args(requests[n % len(requests)], max_new,
+                                                                 compare=n % compare_every == 0)):
+            pass
+        assert str(out[0]).startswith("**done**"), out[0]
+        state = out[-1]
+        gc.collect()
+        rss.append(rss_mb())
+    return {"runs": runs, "rss_mb": rss, "rss_growth": growth(rss)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=None)
@@ -230,6 +252,11 @@ def main() -> int:
         if args.soak:
             report["soak"] = soak(url, args.soak, args.max_new_tokens)
             print(json.dumps({k: v for k, v in report["soak"].items() if k != "rss_mb"}, indent=1))
+            from specviz.ui.cache import DecoderCache
+
+            cache = DecoderCache(args.target, args.draft, args.device)
+            report["handler_soak"] = handler_soak(cache, args.soak, args.max_new_tokens)
+            print(json.dumps(report["handler_soak"]["rss_growth"], indent=1))
     finally:
         demo.close()
     if args.out:
