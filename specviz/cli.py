@@ -1,8 +1,14 @@
-"""Command line: ``python -m specviz generate --method ngram --prompt "..." --trace out.json``.
+"""Command line: ``specviz generate --method ngram --prompt "..." --trace out.json`` (or ``python -m specviz``).
 
-Prints the output with each token coloured by its fate (ANSI): accepted draft tokens green,
-rejected draft tokens red and struck through where they were proposed, recovered tokens
-yellow, bonus tokens cyan, plain target tokens uncoloured; then the metrics.
+Commands: ``generate`` (one request, printed by token fate), ``app`` (the web app, options as
+``app.py``: see :mod:`specviz.ui.launch`), ``train`` (the demo-model recipe, options as
+``python -m specviz.train``).
+
+``generate`` prints the output with each token coloured by its fate (ANSI): accepted draft tokens
+green, rejected draft tokens red and struck through where they were proposed, recovered tokens
+yellow, bonus tokens cyan, plain target tokens uncoloured; then the metrics and a legend. Without
+colours (``--no-color``, or stdout not a terminal) a rejected draft token is marked ``[-...-]``.
+With ``--steps`` each verification step is printed as it happens, as text (stderr).
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from .trace import Trace
 
 STYLE = {"accepted": "\033[32m", "rejected": "\033[9;31m", "recovered": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
+PLAIN_LEGEND = ("legend: [-x-] = a draft token the target rejected (not in the output; the token after it replaced "
+                "it); accepted, recovered and bonus tokens are not marked without --color")
 
 
 def colour_tokens(trace: Trace, colour: bool = True) -> str:
@@ -55,8 +63,11 @@ def format_metrics(trace: Trace) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m specviz", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="specviz", description="specviz: run speculative decoding and see what "
+                                 "happened inside (commands: app, generate, train)")
     sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("app", help="serve the web app (specviz app --help for its options)", add_help=False)
+    sub.add_parser("train", help="train the demo models (specviz train --help for its options)", add_help=False)
     g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
     g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
     g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
@@ -92,16 +103,41 @@ def _method_names() -> tuple[str, ...]:
     return names()
 
 
-def _print_step(event: Any) -> None:
-    rec = event.record
-    print(f"step {event.step}: accepted {rec['num_accepted']}, emitted {rec['emitted']['kind']} "
-          f"token {rec['emitted']['token_id']}", file=sys.stderr)
+def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
+    """Handlers for DraftProposed and StepVerified that print each step as text, e.g.
+    ``step 3: drafted 4 'x + y\n' · accepted 2 'x +' · recovered ' z'`` (to ``out``, default stderr)."""
+    drafts: dict[int, list[int]] = {}
+
+    def text(ids: list[int]) -> str:
+        return repr(tokenizer.decode(ids)) if ids else "''"
+
+    def on_draft(event: Any) -> None:
+        drafts[event.step] = list(event.token_ids)
+
+    def on_verified(event: Any) -> None:
+        rec, draft = event.record, drafts.pop(event.step, [])
+        acc, emitted = rec["num_accepted"], rec["emitted"]
+        head = f"step {event.step}: " + (f"drafted {len(draft)} {text(draft)} · accepted {acc} {text(draft[:acc])} · "
+                                          if draft else "no draft · ")
+        print(f"{head}{emitted['kind']} {text([emitted['token_id']])}", file=out or sys.stderr)
+
+    return on_draft, on_verified
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["app"]:
+        from .ui.launch import main as app_main
+
+        return app_main(argv[1:])
+    if argv[:1] == ["train"]:
+        from .train.__main__ import main as train_main
+
+        train_main(argv[1:])
+        return 0
     args = _parser().parse_args(argv)
     from .engine import SpecDecoder
-    from .events import EventBus, StepVerified
+    from .events import DraftProposed, EventBus, StepVerified
 
     try:
         heads = {kind: d for kind, d in (("eagle", args.eagle_head), ("eagle3", args.eagle3_head)) if d}
@@ -109,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                                               runner=args.runner, heads=heads or None)
         bus = EventBus()
         if args.steps:
-            bus.subscribe(StepVerified, _print_step)
+            on_draft, on_verified = step_printer(decoder.tokenizer)
+            bus.subscribe(DraftProposed, on_draft)
+            bus.subscribe(StepVerified, on_verified)
         rates = [float(a) for a in args.synthetic_rates.split(",")] if args.synthetic_rates else None
         trace = decoder.generate(
             args.prompt, bus=bus, method=args.method, num_speculative_tokens=args.num_speculative_tokens,
@@ -127,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_metrics(trace))
     if colour:
         print("legend: " + " ".join(f"{STYLE[k]}{k}{RESET}" if STYLE[k] else k for k in STYLE))
+    else:
+        print(PLAIN_LEGEND)
     if args.trace:
         with open(args.trace, "w", encoding="utf-8") as f:
             f.write(trace.to_json())

@@ -155,7 +155,9 @@ class SpecDecoder:
         self.step_verifier: StepVerifier | None = None
         self._free_runners: dict[int, list[ModelRunner]] = {}  # reused across requests (graphs, caches)
         self._pool_lock = threading.Lock()
-        self.suffix_cache = GlobalSuffixCache()  # method "suffix": outputs of earlier requests
+        # method "suffix": outputs of earlier requests, one tree per engine as vLLM keeps it; the app
+        # passes each browser session its own (generate(..., suffix_cache=...)), see SuffixProposer
+        self.suffix_cache = GlobalSuffixCache()
 
     @classmethod
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
@@ -218,14 +220,87 @@ class SpecDecoder:
             with self._pool_lock:
                 self._free_runners.setdefault(key, []).append(obj)
 
-    def warm_up(self) -> None:
-        """Run two tiny requests (method none, and draft_model if there is a draft) so that one-time
-        costs (allocations, kernel selection, CUDA-graph capture of the 1-token forwards) are not
-        charged to the first real request's timings. Leaves no state behind but pooled runners."""
+    def warm_up(self, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
+                verify_methods: Sequence[str] = VERIFY_METHODS, temperatures: Sequence[float] = (0.8, 1.0),
+                synthetic_rates: Sequence[float] = (0.8, 0.6, 0.4, 0.3, 0.2),
+                progress: Callable[[str], None] | None = None) -> dict[str, float]:
+        """Pay the one-time costs before the first real request, so that no request's timings carry them.
+
+        Always: two tiny requests (method none, and draft_model if there is a draft): allocations,
+        the first call of every module. Where the runners / verifier capture CUDA graphs (CUDA):
+        the pooled target runner's graphs for every verify width 1..max_speculative_tokens + 1,
+        the drafter's 1- and 2-token graphs, the verifier's graph pair for every
+        :func:`warm_up_specs` (k' = 0..max_speculative_tokens x verify method x one-hot / full q,
+        at temperature 0 and each of ``temperatures``; ``synthetic_rates`` for verify
+        synthetic), and the n-gram matcher kernel (Triton compilation). Settings outside those
+        (another temperature, top-k / top-p, other rates) still capture on first use; the engine
+        then excludes the capture from that step's times (``timings_ms["capture"]``).
+
+        Args:
+            progress: called with a short line ("verifier graphs 12/170") as the work proceeds.
+        Returns:
+            {"seconds": wall time, "capture_s": time spent capturing graphs, "graphs": graphs captured}.
+        """
+        t0, c0 = time.perf_counter(), self._pooled_capture_s()
+        say = progress or (lambda line: None)
         prompt = self.encode("def f(x):\n    return")
+        say("warm-up: first requests")
         self.generate(prompt, method="none", max_new_tokens=3)
         if self.draft_model is not None:
             self.generate(prompt, method="draft_model", num_speculative_tokens=2, max_new_tokens=4)
+        k_max = min(int(max_speculative_tokens), MAX_SPECULATIVE_TOKENS)
+        captured = self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say)
+        if self.draft_model is not None:
+            captured += self._warm_runner(self.draft_model, prompt, (1, 2), say)
+        verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
+        try:
+            if verifier.cuda_graphs:
+                specs = warm_up_specs(self.vocab_size, k_max, verify_methods, temperatures, tuple(synthetic_rates),
+                                      backend="triton")
+                generator = torch.Generator(device=self.device).manual_seed(0)
+                for n, spec in enumerate(specs, 1):
+                    self._warm_verifier(verifier, spec, generator)
+                    say(f"warm-up: verifier graphs {n}/{len(specs)}")
+                captured += len(specs)
+        finally:
+            self._release("verifier", verifier)
+        if self.device.type == "cuda":  # the matcher kernel compiles on its first call
+            NgramGPUProposer(2, 4, k_max, backend="triton", device=self.device).propose(prompt * 3, k_max)
+        say("warm-up: done")
+        return {"seconds": time.perf_counter() - t0, "capture_s": self._pooled_capture_s() - c0,
+                "graphs": float(captured)}
+
+    def _pooled_capture_s(self) -> float:
+        with self._pool_lock:
+            return _capture_s(*(obj for objs in self._free_runners.values() for obj in objs))
+
+    def _warm_runner(self, model: torch.nn.Module, prompt: list[int], widths: Sequence[int],
+                     say: Callable[[str], None]) -> int:
+        """Capture the pooled runner's graphs for every forward width in ``widths`` (no-op without graphs)."""
+        runner = self._acquire_runner(model)
+        try:
+            if not getattr(runner, "cuda_graphs", False):
+                return 0
+            runner.reset()
+            runner.forward(torch.tensor(prompt, dtype=torch.long))  # eager prefill: graphs need a filled cache
+            base = runner.seq_len
+            for n in widths:
+                runner.forward(torch.tensor(prompt[-1:] * n, dtype=torch.long))
+                runner.truncate(base)
+            say(f"warm-up: {len(widths)} forward graphs of {type(model).__name__}")
+            return len(widths)
+        finally:
+            runner.reset()
+            self._release_runner(model, runner)
+
+    def _warm_verifier(self, verifier: StepVerifier, spec: VerifySpec, generator: torch.Generator) -> None:
+        """One verification of random inputs with ``spec`` (captures its graphs on first use)."""
+        logits = torch.randn(spec.k + 1, spec.vocab, device=self.device)  # [k'+1, V]
+        q = torch.softmax(torch.randn(spec.k, spec.vocab, device=self.device), -1) if spec.full_q else None
+        x = torch.randint(spec.vocab, (spec.k,), device=self.device)  # [k']
+        _, _, _, detail = verifier.run(spec, logits, q, x, generator)
+        if detail is not None:
+            detail.result()
 
     # ---- inputs ----------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -257,7 +332,9 @@ class SpecDecoder:
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
         sampler_backend ("auto": Triton on CUDA, reference elsewhere), detailed_trace, bus (an
-        :class:`~specviz.events.EventBus` to publish on, e.g. with your own subscribers).
+        :class:`~specviz.events.EventBus` to publish on, e.g. with your own subscribers), suffix_cache
+        (method suffix: the :class:`~specviz.proposers.suffix.GlobalSuffixCache` of earlier outputs
+        to draft from and add this output to; default the decoder's own, shared by its requests).
         Raises ValueError on invalid settings or prompt."""
         trace = None
         for trace in self._iter(prompt, settings.pop("bus", None), False, settings):  # texts decoded once, at the end
@@ -289,6 +366,7 @@ class SpecDecoder:
             settings["sampler_backend"] = "triton" if self.device.type == "cuda" else "reference"
         if settings.get("synthetic_rates") is not None:
             settings["synthetic_rates"] = tuple(float(a) for a in settings["synthetic_rates"])
+        suffix_cache = settings.pop("suffix_cache", None)
         try:
             cfg = GenerationConfig(**settings)
         except TypeError as exc:
@@ -301,17 +379,17 @@ class SpecDecoder:
         bus = bus or ev.EventBus()
         recorder = Recorder(bus)
         try:
-            yield from self._run(ids, cfg, bus, recorder, stream_texts)
+            yield from self._run(ids, cfg, bus, recorder, stream_texts, suffix_cache)
         finally:
             recorder.close()
 
     def _run(self, ids: list[int], cfg: GenerationConfig, bus: ev.EventBus, recorder: Recorder,
-             stream_texts: bool = True) -> Iterator[Trace]:
+             stream_texts: bool = True, suffix_cache: GlobalSuffixCache | None = None) -> Iterator[Trace]:
         start = time.perf_counter()
         bus.publish(ev.GenerationStarted(config=self._describe(cfg, ids), prompt_token_ids=list(ids)))
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         ctx = StepContext(temperature=cfg.temperature, generator=generator, top_k=cfg.top_k, top_p=cfg.top_p)
-        proposer = self.current_proposer = self.make_proposer(cfg)
+        proposer = self.current_proposer = self.make_proposer(cfg, suffix_cache=suffix_cache)
         if proposer is not None:
             proposer.reset()
         runner = self.target_runner = self._acquire_runner(self.target_model)
@@ -370,17 +448,18 @@ class SpecDecoder:
         step's tokens (proposers that work on the host, such as ngram, read ``ids``); the step's
         detailed record is copied behind it and read one step later."""
         remaining = cfg.max_new_tokens - num_generated
-        t0 = time.perf_counter()
+        captured = functools.partial(_capture_s, runner, verifier, getattr(proposer, "runner", None))
+        c0, t0 = captured(), time.perf_counter()
         k_step = min(cfg.num_speculative_tokens, remaining - 1)  # never draft past max_new_tokens
         if proposer is not None and k_step > 0:
             draft = proposer.propose(ids, k_step, ctx)
         else:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), captured()
         forward = runner.forward_features(torch.cat([last, x]), proposer.taps if proposer is not None else ())
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), captured()
         if previous is not None:
             previous()
         t2b = time.perf_counter()
@@ -389,7 +468,7 @@ class SpecDecoder:
                           top_k=cfg.top_k, top_p=cfg.top_p, full_q=q is not None, detailed=cfg.detailed_trace,
                           synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend)
         core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), captured()
         draft_ids = [int(t) for t in core["draft"]]
         acc = int(core["num_accepted"][0])
         emitted = [int(t) for t in core["output"][: acc + 1]]
@@ -397,7 +476,9 @@ class SpecDecoder:
         if proposer is not None:  # the features at the committed positions, still on the device
             proposer.observe(Outcome(len(ids) - 1, draft_ids, acc, committed,
                                      {tap: f[: len(committed)] for tap, f in forward.features.items()}))
-        timings = dict(draft_ms=(t1 - t0) * 1e3, verify_ms=(t2 - t1) * 1e3, sample_ms=(t3 - t2b) * 1e3)
+        # one-time CUDA-graph capture (and the compilation inside it) is not the step's cost: excluded
+        timings = dict(draft_ms=(t1 - t0 - (c1 - c0)) * 1e3, verify_ms=(t2 - t1 - (c2 - c1)) * 1e3,
+                       sample_ms=(t3 - t2b - (c3 - c2)) * 1e3, capture_ms=(c3 - c0) * 1e3)
 
         def publish() -> None:
             bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none",
@@ -405,7 +486,7 @@ class SpecDecoder:
             record = (host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend) if detail is not None
                       else _brief_record(emitted, acc, len(draft_ids)))
             bus.publish(ev.StepVerified(step=step, record=record, verify_ms=timings["verify_ms"],
-                                        sample_ms=timings["sample_ms"]))
+                                        sample_ms=timings["sample_ms"], capture_ms=timings["capture_ms"]))
             bus.publish(ev.TokensCommitted(step=step, token_ids=committed,
                                            num_generated=num_generated + len(committed)))
 
@@ -480,6 +561,33 @@ def _load_heads(dirs: dict[str, Any], target_model: torch.nn.Module,
                 raise ModelLoadError(f"could not load the {kind} head {str(directory)!r}: {exc}") from exc
             errors[kind] = f"the bundled head {directory} does not load: {exc}"
     return loaded, errors
+
+
+def warm_up_specs(vocab: int, max_speculative_tokens: int, verify_methods: Sequence[str] = VERIFY_METHODS,
+                  temperatures: Sequence[float] = (0.8, 1.0),
+                  synthetic_rates: tuple[float, ...] = (0.8, 0.6, 0.4, 0.3, 0.2),
+                  backend: str = "triton") -> list[VerifySpec]:
+    """The verifier specs a request can reach with k <= ``max_speculative_tokens``: every k' in
+    0..max, each verify method, one-hot q (ngram, suffix, greedy draft) and, when sampling, full q
+    (draft_model at T > 0); greedy at temperature 0 only, the others at 0 and at ``temperatures``
+    (top-k / top-p off). Detailed records (the app's setting)."""
+    specs = []
+    for verify in verify_methods:
+        for temp in (0.0,) if verify == "greedy" else (0.0, *temperatures):
+            for full_q in (False,) if temp == 0 else (False, True):
+                for k in range(max_speculative_tokens + 1):
+                    if verify == "synthetic" and k > len(synthetic_rates):
+                        break  # more drafts than rates: the request is refused before verification
+                    specs.append(VerifySpec(k=k, vocab=vocab, verify=verify, temperature=float(temp), top_k=None,
+                                            top_p=None, full_q=full_q and k > 0, detailed=True,
+                                            synthetic_rates=synthetic_rates if verify == "synthetic" else None,
+                                            backend=backend))
+    return list(dict.fromkeys(specs))
+
+
+def _capture_s(*objects: Any) -> float:
+    """Seconds the runners / verifier spent capturing CUDA graphs so far (their ``capture_s``)."""
+    return sum(float(getattr(o, "capture_s", 0.0)) for o in objects if o is not None)
 
 
 def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[list[int], bool]:

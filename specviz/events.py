@@ -49,6 +49,7 @@ class StepVerified:
     record: dict[str, Any]
     verify_ms: float
     sample_ms: float
+    capture_ms: float = 0.0  # one-time CUDA-graph capture inside the step, excluded from the times above
 
 
 @dataclass(frozen=True)

@@ -120,9 +120,15 @@ register(Method("ngram_gpu", "prompt lookup on the device (Triton matcher on CUD
                 make=lambda dec, cfg, extras: NgramGPUProposer(
                     cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens,
                     backend="triton" if dec.device.type == "cuda" else "reference", device=dec.device)))
+def _suffix_cache(dec: "SpecDecoder", extras: dict[str, Any]):
+    """The request's global suffix cache: the caller's (the app passes each session its own), else the decoder's."""
+    cache = extras.get("suffix_cache")
+    return dec.suffix_cache if cache is None else cache
+
+
 register(Method("suffix", "suffix decoding", details="suffix",
                 make=lambda dec, cfg, extras: SuffixProposer(cfg.num_speculative_tokens,
-                                                             global_cache=extras.get("suffix_cache", dec.suffix_cache)),
+                                                             global_cache=_suffix_cache(dec, extras)),
                 finish=lambda dec, proposer, generated: proposer.finish(generated)))
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
                 finish=_release_draft_runner, details="draft_model"))

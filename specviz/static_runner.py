@@ -20,6 +20,7 @@ device after each replay, so no host sync is added.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -52,6 +53,7 @@ class StaticRunner:
         self._graphs: dict[tuple[int, tuple[str, ...]], tuple] = {}
         self._pool = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
+        self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
 
     # ---- ModelRunner interface ---------------------------------------------------------------
     def reset(self) -> None:
@@ -136,6 +138,7 @@ class StaticRunner:
         """Capture one forward of n tokens at the current position (the cache is initialised by the
         eager prefill), with its feature taps as static outputs. Warm-up runs write stale entries
         past seq_len, then the position is restored."""
+        t0 = time.perf_counter()
         static_ids = ids.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -150,4 +153,6 @@ class StaticRunner:
         self._pool = graph.pool()
         self._set_position(self.seq_len)  # capture records but does not run the position update
         self._graphs[(n, taps)] = (graph, static_ids, static_logits, static_features)
+        torch.cuda.synchronize(self.device)
+        self.capture_s += time.perf_counter() - t0
         return self._graphs[(n, taps)]

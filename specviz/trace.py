@@ -403,6 +403,7 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
         "time_ms": {
             key: sum(s.timings_ms.get(key, 0.0) for s in steps) for key in ("draft", "verify", "sample")
         },
+        "capture_ms": sum(s.timings_ms.get("capture", 0.0) for s in steps),  # excluded from time_ms
     }
 
 
@@ -449,7 +450,8 @@ class Recorder:
                 committed_token_ids=list(e.token_ids),
                 match=draft.details,
                 block=rec.get("block"),
-                timings_ms={"draft": draft.draft_ms, "verify": verified.verify_ms, "sample": verified.sample_ms},
+                timings_ms={"draft": draft.draft_ms, "verify": verified.verify_ms, "sample": verified.sample_ms,
+                            **({"capture": verified.capture_ms} if verified.capture_ms else {})},
                 sampler_backend=rec.get("backend", "reference"),
             )
         )

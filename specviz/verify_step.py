@@ -26,6 +26,7 @@ Design after gpt-fast (static buffers + graph replay) and vLLM ``v1/sample/rejec
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
@@ -206,6 +207,7 @@ class StepVerifier:
         self._detail_done: torch.cuda.Event | None = None  # the last detail enqueued on the side stream
         self._pending: PendingDetail | None = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
+        self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
 
     @torch.inference_mode()
     def run(self, spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
@@ -288,6 +290,7 @@ class StepVerifier:
         """Validate through the public sampler once (eagerly, with ``spec``'s values), warm up
         (Triton compiles), capture the core for ``key`` (reading the values from its
         SamplingTensors); run it once so the detail's warm-up reads valid tokens; capture the detail."""
+        t0 = time.perf_counter()
         rejection_sample(logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)[None],
                          None if q is None else q[None], x[None], method=spec.verify, noise=noise,
                          synthetic_rates=spec.synthetic_rates, backend="triton")
@@ -323,4 +326,6 @@ class StepVerifier:
                 g.detail_flat, g.detail_layout = pack(gather_detail(out, p, s_q, s_x))
             g.detail_host = torch.empty(g.detail_flat.shape, dtype=torch.float64, pin_memory=True)
             g.keep = (out, p)
+        torch.cuda.synchronize(self.device)
+        self.capture_s += time.perf_counter() - t0
         return g

@@ -76,8 +76,9 @@ def app_url(tiny_dirs):
 
 
 def run_args(prompt=PROMPT, method="ngram", k=4, verify="auto", temperature=0.0, max_new=16, compare=True,
-             top_k=0, top_p=1.0, seed=0, lookup=(1, 3), rates=""):
-    return (prompt, method, k, verify, temperature, top_k, top_p, max_new, seed, lookup[0], lookup[1], rates, compare)
+             top_k=0, top_p=1.0, seed=0, lookup=(1, 3), rates="", pairs=2):
+    return (prompt, method, k, verify, temperature, top_k, top_p, max_new, seed, lookup[0], lookup[1], rates, compare,
+            pairs)
 
 
 def plot(out) -> dict:
@@ -117,7 +118,12 @@ def test_run_draws_every_view(app_url, method):
     drafting_rows = sum(1 for row in grid["data"][0]["z"] if any(v is not None for v in row[:-1]))
     assert sum(stats["data"][0]["y"]) == drafting_rows  # histogram over drafting steps
     assert (drafting_rows == 0) == (method == "none")
-    assert "method none" in out[SPEEDUP] and "tokens per target forward" in out[SPEEDUP] and "Measured on this machine" in out[SPEEDUP]
+    assert "method none" in out[SPEEDUP] and "tokens per target forward" in out[SPEEDUP]
+    if method == "none":
+        assert "This run is method none itself" in out[SPEEDUP]
+    else:  # measured beside the run: 2 interleaved pairs of 16-token segments, with their range
+        assert "Measured beside this run" in out[SPEEDUP] and "median of 2 interleaved pairs of 16-token" in out[SPEEDUP]
+        assert re.search(r"range \d+\.\d\d–\d+\.\d\d× over the 2 pairs", out[SPEEDUP])
     if method == "ngram":
         assert 'data-role="suffix"' in out[MATCH]
         assert plot(out[TRIE])["data"], "the trie figure has traces"
@@ -182,7 +188,9 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     out = client.predict(*run_args(method="ngram"), api_name="/run")
     files = client.predict(0, 1, api_name="/export")
     by_name = {p.replace("\\", "/").rsplit("/", 1)[-1]: p for p in files}
-    stem = "specviz-ngram-k4-greedy-T0.0-seed0"  # named after the run, so compared runs do not collide
+    # named after the run, a short hash of its prompt and the time, so compared runs do not collide
+    stem = next(n for n in by_name if n.endswith(".trace.json"))[: -len(".trace.json")]
+    assert re.fullmatch(r"specviz-ngram-k4-greedy-T0\.0-seed0-p[0-9a-f]{6}-\d{8}T\d{6}Z", stem), stem
     assert {f"{stem}.trace.json", f"{stem}.report.html"} <= set(by_name)
     by_name["trace.json"], by_name["report.html"] = by_name[f"{stem}.trace.json"], by_name[f"{stem}.report.html"]
     text = open(by_name["trace.json"], encoding="utf-8").read()
@@ -197,7 +205,10 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     assert plot(replayed[GRID])["data"][0]["z"] == plot(out[GRID])["data"][0]["z"]
     # the method-none comparison travels in the file, so the replay shows the speedup too
     assert "baseline_none" in json.loads(text)["metrics"]
-    assert "Measured on this machine" in replayed[SPEEDUP] and "method none" in replayed[SPEEDUP]
+    assert "Measured beside this run" in replayed[SPEEDUP] and "method none" in replayed[SPEEDUP]
+    assert "median of 2 interleaved pairs" in replayed[SPEEDUP]  # with its spread
+    saved = json.loads(text)["metrics"]["baseline_none"]["measurement"]
+    assert saved["n"] == 2 and len(saved["ratios"]) == 2 and saved["low"] <= saved["median"] <= saved["high"]
     # a malformed comparison is refused like any malformed trace
     data = json.loads(text)
     data["metrics"]["baseline_none"]["decode_s"] = "fast"
@@ -311,14 +322,20 @@ def test_replay_refuses_an_inconsistent_trace(app_url, tmp_path, how, message):
     assert client.predict(0, api_name="/select_step")[1] != ""
 
 
+def _wait_for_update(job, seconds=60):
+    """Wait for the run's first streamed step (the progress line says "running")."""
+    deadline = time.time() + seconds
+    while not (job.outputs() and job.outputs()[-1][PROGRESS].startswith("**running**")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert job.outputs() and job.outputs()[-1][PROGRESS].startswith("**running**"), \
+        f"the run streamed no step within {seconds} s"
+
+
 def test_stop_ends_the_run_cleanly(endless_app_url):
     client = Client(endless_app_url, verbose=False)
     job = client.submit(*run_args(method="draft_model", k=12, max_new=400, compare=False,
                                   prompt="for i in range(10):\n"), api_name="/run")
-    deadline = time.time() + 60
-    while not job.outputs() and time.time() < deadline:  # wait for the first streamed update
-        time.sleep(0.05)
-    assert job.outputs(), "the run streamed no update within 60 s"
+    _wait_for_update(job)
     out = client.predict(api_name="/stop")
     assert out[PROGRESS].startswith("**stopped** · after")
     assert 0 < len([t for f, t in stream_tokens(out[STREAM]) if f != "rejected"]) < 400
@@ -335,12 +352,21 @@ def test_stop_ends_the_run_cleanly(endless_app_url):
 
 def test_stop_in_one_session_does_not_stop_another(endless_app_url):
     a, b = Client(endless_app_url, verbose=False), Client(endless_app_url, verbose=False)
-    job = a.submit(*run_args(method="draft_model", k=4, max_new=120, compare=False), api_name="/run")
-    deadline = time.time() + 60
-    while not job.outputs() and time.time() < deadline:
-        time.sleep(0.05)
-    assert b.predict(api_name="/stop")[PROGRESS] == "Nothing is running."
-    assert job.result(timeout=120)[PROGRESS].startswith("**done** · 120 tokens")
+    job_a = a.submit(*run_args(method="draft_model", k=4, max_new=120, compare=False), api_name="/run")
+    job_b = b.submit(*run_args(method="ngram", k=12, max_new=400, compare=False, prompt="while True:\n"),
+                     api_name="/run")
+    _wait_for_update(job_a)
+    _wait_for_update(job_b)  # both sessions are running now
+    assert not job_a.done() and not job_b.done()
+    stopped = b.predict(api_name="/stop")  # b stops its own run ...
+    assert stopped[PROGRESS].startswith("**stopped** · after")
+    final_b = job_b.result(timeout=120)
+    assert final_b[PROGRESS].startswith("**stopped** · after")
+    assert 0 < len([t for f, t in stream_tokens(final_b[STREAM]) if f != "rejected"]) < 400
+    # ... and a's run, which was streaming when b pressed Stop, goes on to its end
+    final_a = job_a.result(timeout=180)
+    assert final_a[PROGRESS].startswith("**done** · 120 tokens")
+    assert len([t for f, t in stream_tokens(final_a[STREAM]) if f != "rejected"]) == 120
 
 
 def test_two_sessions_run_at_once_and_keep_their_own_traces(app_url):
@@ -405,6 +431,9 @@ class _FakeCache:
     def get(self):
         return _OOMDecoder()
 
+    def loaded(self):
+        return True
+
 
 def test_gpu_out_of_memory_becomes_a_message():
     import gradio as gr
@@ -419,21 +448,35 @@ def test_gpu_out_of_memory_becomes_a_message():
 
 
 def test_engine_settings_conversion():
-    from specviz.ui.settings import baseline_key, baseline_settings, engine_settings
+    from specviz.ui.settings import engine_settings
 
     s = engine_settings("ngram", 5.0, "auto", "0.7", 0, 1.0, 64.0, 3, 2, 4, "")
     assert s == {"method": "ngram", "num_speculative_tokens": 5, "verify": None, "temperature": 0.7, "top_k": None,
                  "top_p": None, "max_new_tokens": 64, "seed": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    s2 = engine_settings("draft_model", 4, "synthetic", 1.0, 40, 0.9, 32, 0, 2, 4, "0.8, 0.5")
-    assert s2["synthetic_rates"] == (0.8, 0.5) and s2["top_k"] == 40 and s2["top_p"] == 0.9
+    s2 = engine_settings("draft_model", 4, "synthetic", 1.0, 40, 0.9, 32, 0, 2, 4, "0.8, 0.5, 0.5, 0.1")
+    assert s2["synthetic_rates"] == (0.8, 0.5, 0.5, 0.1) and s2["top_k"] == 40 and s2["top_p"] == 0.9
     assert "prompt_lookup_min" not in s2
     with pytest.raises(ValueError, match="num_speculative_tokens must be a whole number between 1 and 12"):
         engine_settings("ngram", 2.5, "auto", 0, 0, 1, 8, 0, 1, 1)
-    base = baseline_settings(s)
-    assert base["method"] == "none" and base["temperature"] == 0.7 and base["max_new_tokens"] == 64
-    # the baseline is shared by runs that differ only in the speculative settings
-    assert baseline_key("p", s) == baseline_key("p", dict(s, method="draft_model", num_speculative_tokens=3))
-    assert baseline_key("p", s) != baseline_key("p", dict(s, seed=4))
+
+
+@pytest.mark.parametrize("rates, problem", [
+    ("1.5, 0.5", "must lie in [0, 1]"),
+    ("0.5, 0.9, 0.1", "must be non-increasing"),
+    ("0.8, 0.5", "2 given for k = 5 draft positions"),
+    ("0.8, fast", "must be comma-separated numbers"),
+])
+def test_the_ui_says_what_a_synthetic_rate_is(rates, problem):
+    from specviz.ui.settings import engine_settings
+
+    with pytest.raises(ValueError) as exc:
+        engine_settings("ngram", 5, "synthetic", 0.0, 0, 1.0, 16, 0, 2, 4, rates)
+    message = str(exc.value)
+    assert problem in message
+    # every message says what a rate is, its range, the order and how many are needed
+    for part in ("the chance that a step accepts at least i draft tokens", "[0, 1]", "non-increasing",
+                 "k = 5: at least 5"):
+        assert part in message, (part, message)
 
 
 def test_missing_bundled_models_are_explained(monkeypatch, tmp_path):

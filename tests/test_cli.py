@@ -49,3 +49,43 @@ def test_cli_plain_when_not_a_terminal(tiny_dirs, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "\033[" not in out  # captured stdout is not a tty: no escape codes
     assert "mean acceptance length" in out
+
+
+def test_cli_steps_prints_text_not_token_ids(tiny_dirs, capsys):
+    target, _ = tiny_dirs["llama"]
+    code = main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model", "-k", "3",
+                 "--prompt", PROMPT, "--max-new-tokens", "8", "--device", "cpu", "--steps"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("step ")]
+    assert code == 0 and lines
+    # every step names what was drafted and emitted as quoted text, e.g. "drafted 3 ' a +' · accepted 3 ..."
+    import re
+
+    for line in lines:
+        assert re.fullmatch(r"step \d+: (drafted \d+ '.*' · accepted \d+ '.*' · |no draft · )"
+                            r"(accepted|recovered|bonus|target) '.*'", line), line
+        assert "token " not in line  # the old format printed "token <id>"
+
+
+def test_cli_plain_output_explains_its_marks(tiny_dirs, capsys):
+    target, draft = tiny_dirs["llama"]  # a different draft: some drafts are rejected
+    code = main(["generate", "--target", str(target), "--draft", str(draft), "--method", "draft_model",
+                 "--prompt", PROMPT, "--max-new-tokens", "12", "--device", "cpu", "--no-color"])
+    out = capsys.readouterr().out
+    assert code == 0 and "[-" in out  # rejected drafts are marked ...
+    assert "legend: [-x-] = a draft token the target rejected" in out  # ... and the marks explained
+
+
+def test_cli_has_app_generate_and_train_commands(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    helptext = capsys.readouterr().out
+    assert all(name in helptext for name in ("app", "generate", "train"))
+    with pytest.raises(SystemExit):
+        main(["app", "--help"])
+    assert "--no-warm-up" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--preset" in capsys.readouterr().out

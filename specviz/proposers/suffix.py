@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
+from copy import deepcopy
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -100,17 +101,55 @@ class _IncrementalTrie(SuffixTrie):
 
 
 class GlobalSuffixCache:
-    """The global tree: outputs of the last ``max_cached_requests`` requests (thread-safe)."""
+    """The global tree: outputs of the last ``max_cached_requests`` requests (thread-safe).
 
-    def __init__(self, config: SuffixConfig = SuffixConfig()):
+    Whose requests: vLLM keeps one per engine (``v1/spec_decode/suffix_decoding.py``), i.e. per
+    server, which suits a server whose users send similar requests. :class:`~specviz.SpecDecoder`
+    keeps one too (``decoder.suffix_cache``), but the app gives every browser session its own:
+    there the engine is shared by everyone who opens the page, so a shared tree would make the
+    same prompt draft differently (mean acceptance length 1.28 on a fresh server, 4.27 later)
+    depending on what strangers ran before, and a comparison could not start from a known state.
+
+    Args:
+        config: :class:`SuffixConfig`; frozen: drafts from its tree but ignores
+            :meth:`add_request` (see :meth:`snapshot`).
+    """
+
+    def __init__(self, config: SuffixConfig = SuffixConfig(), frozen: bool = False):
         self.config = config
         self.trie = SuffixTrie(config.max_depth)
         self._requests: OrderedDict[int, list[int]] = OrderedDict()
         self._next_id = 0
+        self.frozen = frozen
         self.lock = threading.Lock()
 
+    def snapshot(self) -> "GlobalSuffixCache":
+        """A frozen copy of the cache as it is now: repeated runs drafting from it (the app's
+        speedup measurement) see the same earlier outputs and neither learn from each other
+        nor change this cache."""
+        with self.lock:
+            copy = GlobalSuffixCache(self.config, frozen=True)
+            copy.trie, copy._requests = deepcopy(self.trie), OrderedDict(self._requests)
+            copy._next_id = self._next_id
+        return copy
+
+    def __deepcopy__(self, memo: dict) -> "GlobalSuffixCache":
+        """A live (not frozen) copy with its own lock: gr.State deep-copies its initial value
+        per browser session, which gives every session its own empty cache."""
+        copy = self.snapshot()
+        copy.frozen = self.frozen
+        return copy
+
+    def clear(self) -> None:
+        """Forget every earlier output (the app's "reset" button: a known starting state)."""
+        with self.lock:
+            self.trie = SuffixTrie(self.config.max_depth)
+            self._requests.clear()
+
     def add_request(self, output_ids: Sequence[int]) -> None:
-        if not output_ids:
+        """Add one finished request's output to the tree (evicting the oldest beyond
+        ``max_cached_requests``); a frozen cache ignores it."""
+        if not output_ids or self.frozen:
             return
         with self.lock:
             self.trie.add(output_ids)
@@ -158,7 +197,9 @@ class SuffixProposer(NoFeedback):
 
     Args:
         num_speculative_tokens: k >= 1.
-        global_cache: the shared :class:`GlobalSuffixCache` of earlier outputs (None: a private one).
+        global_cache: the :class:`GlobalSuffixCache` of earlier outputs (None: a private one); the
+            engine passes its own (one per decoder, as vLLM's per engine) or the request's
+            (the app: one per browser session, see :class:`GlobalSuffixCache` for why).
         config: :class:`SuffixConfig`.
     The request's output is added to the global cache by :meth:`finish` (the engine calls it when
     a request ends).

@@ -13,6 +13,25 @@ from typing import Any
 
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET
 
+from .settings import MAX_UI_SPECULATIVE_TOKENS  # the k slider's cap: warm-up covers k' up to it
+
+
+def device_in_use(device: str | None) -> str:
+    """The device a run will use, in words, e.g. "cuda:0 (NVIDIA H200)" or "cpu" (None: CUDA when
+    available). Reads the device without loading a model; an unusable device is named as asked."""
+    import torch
+
+    from specviz.models import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except (ValueError, RuntimeError):
+        return f"{device} (not available)"
+    if dev.type != "cuda":
+        return str(dev)
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
 
 class DecoderCache:
     """Thread-safe lazy cache of :class:`specviz.SpecDecoder` objects.
@@ -27,6 +46,8 @@ class DecoderCache:
         self.target, self.draft, self.device = target, draft, device
         self._lock = threading.Lock()
         self._decoders: dict[tuple[Any, ...], Any] = {}
+        self.status = ""  # what the load / warm-up is doing now ("" before it starts and once it is done)
+        self.warm_up_report: dict[str, float] | None = None
 
     @property
     def key(self) -> tuple[str | None, str | None, str | None]:
@@ -37,7 +58,7 @@ class DecoderCache:
         target = self.target or str(DEFAULT_TARGET)
         draft = self.draft or (str(DEFAULT_DRAFT) if self.target is None else None)
         draft = draft or "(none: method draft_model unavailable)"
-        line = f"target: `{target}` · draft: `{draft}` · device: `{self.device or 'auto'}`"
+        line = f"target: `{target}` · draft: `{draft}` · device: `{device_in_use(self.device)}`"
         if self.target is None and not DEFAULT_TARGET.exists():
             line += ("  \n**The bundled demo models are not in `assets/models/` yet** (train them with "
                      "`python -m specviz.train`, or start the app with `--target DIR --draft DIR`). "
@@ -62,10 +83,34 @@ class DecoderCache:
                         f"the bundled demo model is missing ({DEFAULT_TARGET}); train it with "
                         "`python -m specviz.train` or start the app with --target/--draft. "
                         "Uploaded traces can still be viewed.")
-                decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device)
-                decoder.warm_up()  # the first run's timings (and speedup) should not carry one-time costs
+                self.status = "loading the models"
+                try:
+                    decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device)
+                    # no run's timings (or speedup) should carry one-time costs: on CUDA this captures
+                    # every graph the UI's settings reach (tens of seconds), on the CPU it is quick
+                    self.warm_up_report = decoder.warm_up(MAX_UI_SPECULATIVE_TOKENS, progress=self._say)
+                finally:
+                    self.status = ""
                 self._decoders[self.key] = decoder
             return decoder
+
+    def _say(self, line: str) -> None:
+        self.status = line
+
+    def start_warm_up(self) -> threading.Thread:
+        """Load and warm up on a background thread now (the app calls it at launch), so the first
+        Run finds the graphs captured; a Run pressed meanwhile waits for it. A failed load is
+        left for the first Run to report."""
+
+        def work() -> None:
+            try:
+                self.get()
+            except Exception:  # noqa: BLE001  (reported to the user by the first Run)
+                pass
+
+        thread = threading.Thread(target=work, name="specviz-warm-up", daemon=True)
+        thread.start()
+        return thread
 
     def loaded(self) -> bool:
         """Whether the decoder is already in memory."""

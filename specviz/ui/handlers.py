@@ -1,9 +1,12 @@
 """Event handlers: session state + control values in, views out. The layout wires them up.
 
 Session state (one ``gr.State`` per browser session) is a dict: ``trace`` (the last trace's
-dict, or None), ``baselines`` ({baseline_key: run_summary} of method "none" runs) and
-``baseline`` (the summary matching the current trace, or None). Nothing else is shared between
-sessions except the lazily loaded models (:class:`~specviz.ui.cache.DecoderCache`).
+dict, or None), ``baseline`` (its method-none comparison, measured beside it by
+:func:`specviz.speedup.measure_speedup`, or None), ``no_baseline`` (why there is none, shown in
+the speedup panel) and ``suffix_cache`` (this session's
+:class:`~specviz.proposers.suffix.GlobalSuffixCache` of earlier outputs for method suffix).
+Nothing else is shared between sessions except the lazily loaded models
+(:class:`~specviz.ui.cache.DecoderCache`).
 User mistakes (bad settings, a bad upload) show a message in the progress line (and a
 ``gr.Warning`` toast) while every other output is skipped, so the views stay as they were; the
 app stays up. Only Export, whose single output is the download list, raises ``gr.Error``.
@@ -11,6 +14,7 @@ app stays up. Only Export, whose single output is the download list, raises ``gr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,19 +22,20 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import gradio as gr
 
+from specviz.proposers.suffix import GlobalSuffixCache
+from specviz.speedup import DEFAULT_BUDGET_S, DEFAULT_PAIRS, DEFAULT_SEGMENT_TOKENS, measure_speedup  # noqa: F401
 from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.viz import figure_png, figures, report_html, run_summary
 
 from .cache import DecoderCache, StopSignals
 from .settings import (
     MAX_UI_NEW_TOKENS,
+    MAX_UI_PAIRS,
     MAX_UI_SPECULATIVE_TOKENS,
-    baseline_key,
-    baseline_settings,
     check_prompt,
     check_slider_bounds,
     engine_settings,
@@ -39,12 +44,24 @@ from .views import all_views, default_selection, empty_views, selection_views, s
 from .worker import BackgroundRun
 
 UPDATES_PER_SECOND = 4  # streaming redraws at most this often
-MAX_BASELINES = 8  # per session
+NO_COMPARE = ("Not compared with method none: tick “compare with method none” (advanced settings) and run to "
+              "measure the speedup beside the run.")
+STOPPED = ("This run was stopped, so its comparison with method none was not made (it is measured beside a run "
+           "after the run ends, never taken from an earlier run). Run it to the end to measure the speedup.")
+IS_NONE = "This run is method none itself: plain decoding, the baseline the other methods are compared with."
+REPLAYED = "This uploaded trace carries no comparison with method none."
 
 
 def new_state() -> dict[str, Any]:
-    """A fresh session state."""
-    return {"trace": None, "baselines": {}, "baseline": None}
+    """A fresh session state (gr.State deep-copies it per session: each gets its own suffix cache)."""
+    return {"trace": None, "baseline": None, "no_baseline": None, "suffix_cache": GlobalSuffixCache()}
+
+
+def _suffix_cache(state: dict[str, Any]) -> GlobalSuffixCache:
+    """The session's suffix cache (created if the state predates it)."""
+    if not isinstance(state.get("suffix_cache"), GlobalSuffixCache):
+        state["suffix_cache"] = GlobalSuffixCache()
+    return state["suffix_cache"]
 
 
 def _trace_of(state: dict[str, Any] | None) -> Trace | None:
@@ -72,7 +89,8 @@ def _message_outputs(message: str, state: dict[str, Any] | None = None, note: st
 
 def _full_outputs(progress: str, trace: Trace, state: dict[str, Any]) -> tuple[Any, ...]:
     s, i = default_selection(trace)
-    return (progress, *all_views(trace, s, i, state.get("baseline")), *_sliders(trace, s, i), state)
+    return (progress, *all_views(trace, s, i, state.get("baseline"), state.get("no_baseline")),
+            *_sliders(trace, s, i), state)
 
 
 def _num_tokens(trace: Trace) -> int:
@@ -152,68 +170,100 @@ def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any], clear
 def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
         num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
         seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
-        request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
-    """The Run button: stream the request's views, then (if ``compare``) run or reuse the
-    method "none" baseline, then draw everything. Bad input, a load failure or a refused run ends
-    with the message in the progress line and the other outputs skipped (never raises gr.Error)."""
-    last = None
+        pairs: Any = DEFAULT_PAIRS, request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+    """The Run button: stream the request's views, then (if ``compare``) measure the speedup over
+    method "none" beside the run (``pairs`` interleaved pairs of short segments), then draw
+    everything. Bad input, a load failure or a refused run ends with the message in the progress
+    line (never raises gr.Error): before any update the other outputs are skipped; after one (an
+    error mid-run, e.g. the GPU out of memory) the session's previous trace is drawn again and
+    stays in the state, so it can still be exported."""
+    streamed = False
     try:
-        for last in _run(cache, signals, state, prompt, method, num_speculative_tokens, verify, temperature, top_k,
-                         top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates, compare,
-                         request):
-            yield last
+        for out in _run(cache, signals, state, prompt, method, num_speculative_tokens, verify, temperature, top_k,
+                        top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates, compare,
+                        pairs, request):
+            streamed = streamed or isinstance(out[-1], dict)  # an update that changed the session's trace
+            yield out
     except gr.Error as exc:
-        # the views keep what they show; the state keeps the last trace drawn (if any update was)
-        yield _message_outputs(exc.message, None if last is None else last[-1],
-                               STALE_NOTE if last is None else "the views below show this run up to the error")
+        previous = dict(state or new_state())
+        old = _trace_of(previous)
+        if not streamed or old is None:
+            yield _message_outputs(exc.message, previous if streamed else None)
+            return
+        gr.Warning(exc.message)
+        yield _full_outputs(f"**error** · {exc.message} · _the views below show your previous run (the session "
+                            "keeps it: Export still saves it)_", old, previous)
 
 
 def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
          num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
          seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
-         request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+         pairs: Any = DEFAULT_PAIRS, request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
     """:func:`run`'s body; raises gr.Error for the user's mistakes."""
-    state = dict(state or new_state(), baselines=dict((state or {}).get("baselines", {})))
+    state = dict(state or new_state())
     try:
         check_slider_bounds(num_speculative_tokens, 1, MAX_UI_SPECULATIVE_TOKENS)
         check_slider_bounds(max_new_tokens, 1, MAX_UI_NEW_TOKENS)
+        check_slider_bounds(pairs, 1, MAX_UI_PAIRS)
         text = check_prompt(prompt)
         settings = engine_settings(method, num_speculative_tokens, verify, temperature, top_k, top_p,
                                    max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates)
-        decoder = cache.get()
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
-    state["baseline"] = None
     session = _session(request)
-    flag = signals.start(session)
+    flag = signals.start(session)  # Stop works from here on, also while the models load
     try:
-        yield from _stream(decoder, text, settings, state, flag)
+        decoder, extra = yield from _load_and_stream(cache, text, method, settings, compare, state, flag)
     finally:
         signals.finish(session, flag)
     trace = Trace.from_dict(state["trace"])
     if trace.stop_reason == "stopped":
         yield _full_outputs(f"**stopped** · after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
         return
-    key = baseline_key(text, settings)
-    if method == "none":
-        state["baselines"][key] = run_summary(trace)
-    elif compare and key not in state["baselines"]:
-        yield (f"**baseline** · done ({trace.stop_reason}); now running method none on the same prompt "
-               "for the speedup…",
-               *([gr.skip()] * 10), state)
-        try:
-            base = decoder.generate(text, **baseline_settings(settings))
-        except Exception as exc:
-            if _is_oom(exc):
-                _free_gpu()
-            raise gr.Error(f"the baseline run failed: {exc}") from None
-        state["baselines"][key] = run_summary(base)
-    while len(state["baselines"]) > MAX_BASELINES:
-        state["baselines"].pop(next(iter(state["baselines"])))
-    state["baseline"] = state["baselines"].get(key)
+    state["no_baseline"] = IS_NONE if method == "none" else NO_COMPARE
+    if compare and method != "none":
+        yield from _measure(decoder, text, settings, extra, int(float(pairs)), state)
     done = (f"**done** · {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
             f"(stop: {trace.stop_reason})")
     yield _full_outputs(done, trace, state)
+
+
+def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict[str, Any], compare: bool,
+                     state: dict[str, Any], flag: threading.Event) -> Generator[tuple[Any, ...], None, tuple[Any, dict]]:
+    """Load the models (once; a progress line meanwhile), then stream the run into ``state``.
+    Returns (the decoder, the extra ``generate`` keywords for the measurement)."""
+    if not cache.loaded():
+        yield ("**loading** · the models load and warm up once (on a GPU: CUDA-graph capture, tens of seconds)…",
+               *([gr.skip()] * 10), gr.skip())
+    try:
+        decoder = cache.get()
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    extra: dict[str, Any] = {}
+    if method == "suffix":  # the session's own tree; the measurement drafts from a frozen copy of it
+        extra = {"suffix_cache": _suffix_cache(state).snapshot()}
+        settings = dict(settings, suffix_cache=_suffix_cache(state))
+    # what the speedup panel says if the run does not end normally (Stop)
+    state.update(baseline=None, no_baseline=IS_NONE if method == "none" else (STOPPED if compare else NO_COMPARE))
+    yield from _stream(decoder, text, settings, state, flag)
+    return decoder, extra
+
+
+def _measure(decoder: Any, text: str, settings: dict[str, Any], extra: dict[str, Any], pairs: int,
+             state: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    """Measure the speedup beside the run into ``state["baseline"]`` (a progress line first); if
+    the measurement fails, ``state["no_baseline"]`` says why and the run's own views stay."""
+    seg = min(settings["max_new_tokens"], DEFAULT_SEGMENT_TOKENS)
+    yield (f"**comparing** · the run finished; now timing {pairs} pair(s) of {seg}-token segments against method none, "
+           "interleaved…", *([gr.skip()] * 10), state)
+    run_settings = {k: v for k, v in settings.items() if k != "suffix_cache"}
+    try:
+        state["baseline"] = measure_speedup(decoder, text, run_settings, pairs=pairs, **extra)
+        state["no_baseline"] = None
+    except Exception as exc:  # the run itself succeeded: keep it, and say why there is no comparison
+        if _is_oom(exc):
+            _free_gpu()
+        state["no_baseline"] = f"The comparison with method none failed: {exc}"
 
 
 def _session(request: gr.Request | None) -> str:
@@ -226,13 +276,15 @@ def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request
     running = signals.stop(_session(request))
     trace = _trace_of(state)
     # a cancelled run may have unregistered already; its trace in state is then still partial
+    if trace is None and running:  # still loading, or before its first step
+        return ("**stopping** · the run ends after its first step", *([gr.skip()] * 10), state or new_state())
     if trace is None or (not running and trace.stop_reason):
         return ("Nothing is running.", *([gr.skip()] * 10), state or new_state())
     if not trace.stop_reason:
         trace.stop_reason = "stopped"
         # a partial snapshot has no output list yet: the committed tokens so far (replay checks this)
         trace.output_token_ids = [t for st in trace.steps for t in st.committed_token_ids]
-        state = dict(state, trace=trace.to_dict(), baseline=None)
+        state = dict(state, trace=trace.to_dict(), baseline=None)  # no_baseline: set by the run for this case
     return _full_outputs(f"**stopped** · after {len(trace.steps)} steps, {_num_tokens(trace)} tokens", trace, state)
 
 
@@ -327,7 +379,32 @@ def check_baseline(summary: Any) -> dict[str, Any] | None:
         bad.append("time_ms")
     if bad:
         raise TraceFormatError(f"{where} has missing or invalid fields: {', '.join(bad)}")
-    return {**{k: summary[k] for k in _SUMMARY_NUMBERS}, "time_ms": dict(times), "method": "none"}
+    out = {**{k: summary[k] for k in _SUMMARY_NUMBERS}, "time_ms": dict(times), "method": "none"}
+    if summary.get("measurement") is not None:
+        out["measurement"] = _check_measurement(summary["measurement"], f"{where}.measurement", ok)
+    return out
+
+
+def _check_measurement(m: Any, where: str, ok) -> dict[str, Any]:
+    """The side-by-side measurement of an uploaded comparison (:func:`specviz.speedup.measure_speedup`)."""
+    if not isinstance(m, dict):
+        raise TraceFormatError(f"{where} must be an object")
+    bad = [k for k in ("median", "low", "high", "cost_s") if not ok(m.get(k))]
+    bad += [k for k in ("pairs", "segment_tokens", "n") if not (isinstance(m.get(k), int) and ok(m.get(k)))]
+    ratios = m.get("ratios")
+    if not isinstance(ratios, list) or not all(ok(r) for r in ratios) or len(ratios) != m.get("n"):
+        bad.append("ratios")
+    if not isinstance(m.get("noisy"), bool):
+        bad.append("noisy")
+    if bad:
+        raise TraceFormatError(f"{where} has missing or invalid fields: {', '.join(bad)}")
+    method = check_baseline({**m.get("method_summary", {}), "method": "none"}) if isinstance(
+        m.get("method_summary"), dict) else None
+    if method is None:
+        raise TraceFormatError(f"{where}.method_summary must be an object (the method's segments pooled)")
+    method.pop("method")
+    return {**{k: m[k] for k in ("median", "low", "high", "cost_s", "pairs", "segment_tokens", "n", "noisy")},
+            "ratios": list(ratios), "method_summary": method}
 
 
 def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
@@ -347,7 +424,8 @@ def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
         baseline = check_baseline(trace.metrics.pop(BASELINE_KEY, None))
     except TraceFormatError as exc:
         return _message_outputs(f"this is not a specviz trace: {exc}")
-    state.update(trace=trace.to_dict(), baseline=baseline, replayed=True)
+    state.update(trace=trace.to_dict(), baseline=baseline, replayed=True,
+                 no_baseline=IS_NONE if trace.config.get("method") == "none" else REPLAYED)
     cfg = trace.config
     return _full_outputs(f"**replay** · an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
                          f"{len(trace.output_token_ids)} tokens (no model needed)", trace, state)
@@ -403,7 +481,7 @@ def export(state: dict[str, Any] | None, step: Any, position: Any) -> list[str]:
         raise gr.Error("nothing to export yet: run a request or upload a trace first")
     out = Path(tempfile.mkdtemp(prefix="specviz-export-"))
     base = (state or {}).get("baseline")
-    stem = export_stem(trace)
+    stem = export_stem(trace, time.gmtime())
     saved = Trace.from_dict(trace.to_dict())
     if base:  # the method-none run it was compared with travels with it (replay shows the speedup again)
         saved.metrics = {**saved.metrics, BASELINE_KEY: base}
@@ -419,12 +497,17 @@ def export(state: dict[str, Any] | None, step: Any, position: Any) -> list[str]:
     return files
 
 
-def export_stem(trace: Trace) -> str:
-    """File name stem of an export, e.g. ``specviz-draft_model-k4-block-T0.8-seed0``, so that the
-    downloads of runs being compared do not overwrite each other."""
+def export_stem(trace: Trace, when: time.struct_time | None = None) -> str:
+    """File name stem of an export, e.g. ``specviz-draft_model-k4-block-T0.8-seed0-p3f9a1c-20261201T101500Z``:
+    the settings, a short hash of the prompt (p + 6 hex digits of its SHA-256) and the export time
+    (UTC, ``when``; default now), so that the downloads of runs being compared (other settings,
+    another prompt, or the same one again) do not overwrite each other."""
     cfg = trace.config
+    prompt = trace.prompt_text or " ".join(map(str, trace.prompt_token_ids))
+    digest = hashlib.sha256(prompt.encode("utf-8")).hexdigest()[:6]
     parts = [str(cfg.get("method", "run")), f"k{cfg.get('num_speculative_tokens', '')}", str(cfg.get("verify", "")),
-             f"T{cfg.get('temperature', '')}", f"seed{cfg.get('seed', '')}"]
+             f"T{cfg.get('temperature', '')}", f"seed{cfg.get('seed', '')}", f"p{digest}",
+             time.strftime("%Y%m%dT%H%M%SZ", when or time.gmtime())]
     return "specviz-" + "-".join(re.sub(r"[^A-Za-z0-9_.]+", "", p) for p in parts if p)
 
 
@@ -466,13 +549,38 @@ class SessionHandlers:
 
     def run(self, state: dict[str, Any] | None, prompt: str, method: str, num_speculative_tokens: Any, verify: str,
             temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any, seed: Any, prompt_lookup_min: Any,
-            prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
+            prompt_lookup_max: Any, synthetic_rates: str, compare: bool, pairs: Any = DEFAULT_PAIRS,
             request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
         """See :func:`run`."""
         yield from run(self.cache, self.signals, state, prompt, method, num_speculative_tokens, verify, temperature,
                        top_k, top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates,
-                       compare, request)
+                       compare, pairs, request)
 
     def stop(self, state: dict[str, Any] | None, request: gr.Request = None) -> tuple[Any, ...]:
         """See :func:`stop`."""
         return stop(self.signals, state, request)
+
+    def warm_up_status(self) -> tuple[str, Any]:
+        """The line under the header while the models load and warm up (polled by a timer, which
+        this turns off once nothing is happening), and the warm-up's cost once done."""
+        if self.cache.status:
+            return (f"**warming up** · {self.cache.status.removeprefix('warm-up: ')} · one-time work (CUDA-graph capture, kernel compilation) "
+                    "done now so that no run pays for it; a Run pressed meanwhile waits for it", gr.Timer(active=True))
+        r = self.cache.warm_up_report
+        done = (f"warmed up in {r['seconds']:.1f} s ({int(r['graphs'])} CUDA graphs captured, {r['capture_s']:.1f} s)"
+                if r and r.get("graphs") else (f"warmed up in {r['seconds']:.1f} s" if r else ""))
+        return done, gr.Timer(active=False)
+
+
+def suffix_status(state: dict[str, Any] | None) -> str:
+    """The line beside "Reset suffix cache": how many earlier outputs this session's tree holds."""
+    n = len(state["suffix_cache"]) if isinstance((state or {}).get("suffix_cache"), GlobalSuffixCache) else 0
+    return (f"Method suffix drafts from this request and from this session's earlier outputs: the tree holds **{n}** "
+            f"earlier output{'s' if n != 1 else ''} (other browser sessions have their own).")
+
+
+def reset_suffix(state: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """The "Reset suffix cache" button: forget this session's earlier outputs (a known start for a comparison)."""
+    state = dict(state or new_state())
+    _suffix_cache(state).clear()
+    return suffix_status(state), state

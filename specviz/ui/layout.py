@@ -15,7 +15,7 @@ from specviz.viz import explain
 
 from . import handlers as h
 from .cache import DecoderCache, StopSignals
-from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
+from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, MAX_UI_SPECULATIVE_TOKENS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
@@ -88,6 +88,9 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                 "device, with the Triton matcher on CUDA); suffix = suffix decoding; "
                                 "draft_model = a small model; eagle / eagle3 = a head on the target's hidden states "
                                 "(needs a trained head)")
+    with gr.Row(equal_height=True):
+        c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
+        c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")
     c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *VERIFY_METHODS], value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
@@ -104,8 +107,12 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
             c["lookup_max"] = gr.Slider(1, 8, value=4, step=1, label="prompt_lookup_max")
     with gr.Accordion("advanced", open=False):
         c["rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2", label="synthetic rates a_1, a_2, … (verify = synthetic)")
-        c["compare"] = gr.Checkbox(True, label='compare with method "none" (runs the baseline once per '
-                                               'prompt and sampling settings)')
+        c["compare"] = gr.Checkbox(True, label='compare with method "none": measured beside every run '
+                                               '(short segments of both methods, interleaved)')
+        c["pairs"] = LenientSlider(1, MAX_UI_PAIRS, value=h.DEFAULT_PAIRS, step=1, label="comparison pairs",
+                                   info=f"pairs of {h.DEFAULT_SEGMENT_TOKENS}-token segments (this method, method "
+                                        f"none) timed after the run: more pairs = a steadier median, a longer wait "
+                                        f"(no pair starts after {h.DEFAULT_BUDGET_S:.0f} s)")
     return c
 
 
@@ -162,23 +169,27 @@ def _export_replay() -> dict[str, gr.components.Component]:
 
 
 def build_app(target: str | None = None, draft: str | None = None, device: str | None = None,
-              examples_path: str | Path = EXAMPLES_PATH) -> gr.Blocks:
+              examples_path: str | Path = EXAMPLES_PATH, cache: DecoderCache | None = None) -> gr.Blocks:
     """The app's Blocks. Loads no model: the first Run loads (target, draft) on ``device``.
 
     Args:
         target / draft: model directories (or hub ids); None -> the bundled demo models.
         device: "cpu", "cuda", ... or None (CUDA when available).
         examples_path: JSON file of example prompts.
+        cache: the decoders to use (default: a new :class:`DecoderCache` of target, draft, device),
+            e.g. one already warming up (:meth:`DecoderCache.start_warm_up`).
     Returns:
         gr.Blocks; launch it with ``demo.launch(**launch_options())``.
     """
-    session = h.SessionHandlers(DecoderCache(target, draft, device), StopSignals())
+    session = h.SessionHandlers(cache or DecoderCache(target, draft, device), StopSignals())
     examples = h.load_examples(examples_path)
     with gr.Blocks(title="specviz: speculative decoding, visualised", analytics_enabled=False) as demo:
         state = gr.State(h.new_state())
         gr.Markdown("# specviz · speculative decoding, step by step")
         gr.Markdown(explain.INTRO, elem_classes="sv-explain")
         gr.Markdown(session.cache.describe(), elem_id="sv-models")
+        warm = gr.Markdown("", elem_id="sv-warmup")
+        warm_timer = gr.Timer(1.0, active=False)
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
                 c = _controls(examples)
@@ -193,9 +204,14 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
         full = [progress, *views, v["step"], v["position"], state]
         inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
-                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"]]
+                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"]]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
-        stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
+        run_event.then(h.suffix_status, [state], [c["suffix_info"]], api_name="suffix_status")
+        stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop").then(
+            h.suffix_status, [state], [c["suffix_info"]])
+        c["suffix_reset"].click(h.reset_suffix, [state], [c["suffix_info"], state], api_name="reset_suffix")
+        demo.load(session.warm_up_status, None, [warm, warm_timer])
+        warm_timer.tick(session.warm_up_status, None, [warm, warm_timer])
         sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
         # a drag fires many input events: "always_last" runs the latest value after the pending one
         # (the default "once" drops it, leaving the views on an older step); one concurrency group

@@ -7,12 +7,12 @@ the UI's own caps.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 MAX_UI_SPECULATIVE_TOKENS = 12  # the slider's cap (the engine allows up to 32)
 MAX_UI_NEW_TOKENS = 512
+MAX_UI_PAIRS = 9  # the comparison's segment pairs (the slider's cap)
 MAX_PROMPT_CHARS = 20_000
 AUTO_VERIFY = "auto"
 
@@ -41,14 +41,33 @@ def check_slider_bounds(value: Any, lo: float, hi: float) -> None:
         raise ValueError(f"Value {value} is greater than maximum value {hi}.")
 
 
-def parse_rates(text: str | None) -> tuple[float, ...] | None:
-    """'0.8, 0.6, 0.4' -> (0.8, 0.6, 0.4); blank -> None. Raises ValueError on non-numbers."""
+RATES_HELP = ("synthetic rates are acceptance rates per draft position, a_1, a_2, …: a_i is the chance that a "
+              "step accepts at least i draft tokens (unconditional, as vLLM counts it), so each lies in [0, 1] and "
+              "they are non-increasing (a_1 ≥ a_2 ≥ …); give one per draft position")
+
+
+def parse_rates(text: str | None, k: int | None = None) -> tuple[float, ...] | None:
+    """'0.8, 0.6, 0.4' -> (0.8, 0.6, 0.4); blank -> None.
+
+    Raises:
+        ValueError: not numbers, a rate outside [0, 1], rates that increase, or fewer than ``k``
+            (the message says what a rate is and how many are needed; rates after the k-th are
+            ignored by the engine)."""
     if text is None or not str(text).strip():
         return None
+    need = f" (k = {k}: at least {k}, e.g. {', '.join(f'{0.8 ** (i + 1):.2f}' for i in range(k))})" if k else ""
     try:
-        return tuple(float(x) for x in str(text).replace(";", ",").split(",") if x.strip())
+        rates = tuple(float(x) for x in str(text).replace(";", ",").split(",") if x.strip())
     except ValueError:
-        raise ValueError(f"synthetic rates must be comma-separated numbers like 0.8, 0.6, 0.4; got {text!r}") from None
+        raise ValueError(f"synthetic rates must be comma-separated numbers like 0.8, 0.6, 0.4; got {text!r}. "
+                         f"{RATES_HELP}{need}") from None
+    if not all(0.0 <= a <= 1.0 for a in rates):  # also NaN
+        raise ValueError(f"synthetic rates must lie in [0, 1], got {text!r}: {RATES_HELP}{need}")
+    if any(b > a for a, b in zip(rates, rates[1:])):
+        raise ValueError(f"synthetic rates must be non-increasing, got {text!r}: {RATES_HELP}{need}")
+    if k and len(rates) < k:
+        raise ValueError(f"synthetic rates: {len(rates)} given for k = {k} draft positions: {RATES_HELP}{need}")
+    return rates
 
 
 def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None, temperature: Any, top_k: Any,
@@ -85,7 +104,7 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
         settings["prompt_lookup_min"] = _int(prompt_lookup_min, "prompt_lookup_min", 1, 64)
         settings["prompt_lookup_max"] = _int(prompt_lookup_max, "prompt_lookup_max", 1, 64)
     if settings["verify"] == "synthetic":
-        settings["synthetic_rates"] = parse_rates(synthetic_rates)
+        settings["synthetic_rates"] = parse_rates(synthetic_rates, k)
     return settings
 
 
@@ -118,17 +137,3 @@ def check_prompt(prompt: Any) -> str:
     if len(text) > MAX_PROMPT_CHARS:
         raise ValueError(f"the prompt has {len(text)} characters; the app accepts at most {MAX_PROMPT_CHARS}")
     return text
-
-
-def baseline_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """The method "none" run with the same sampling settings (verification: greedy at
-    temperature 0, else standard; with no drafts every rule reduces to sampling from p)."""
-    keep = ("temperature", "top_k", "top_p", "max_new_tokens", "seed")
-    out = {key: settings[key] for key in keep}
-    out.update(method="none", num_speculative_tokens=1, verify=None)
-    return out
-
-
-def baseline_key(prompt: str, settings: dict[str, Any]) -> str:
-    """Cache key of the baseline run: the prompt and the sampling settings."""
-    return json.dumps([prompt, baseline_settings(settings)], sort_keys=True)

@@ -22,6 +22,7 @@ from specviz.viz import (
 )
 from specviz.viz.common import block_rescued, metrics_of
 from specviz.viz.source import source_figure, source_html, source_note
+from specviz.viz.speed import capture_note
 
 
 
@@ -109,15 +110,18 @@ def empty_views(message: str = "Press Run, or upload a trace JSON.") -> Views:
 
 
 def all_views(trace: Trace, step: int | None, position: int | None,
-              baseline: dict[str, Any] | None) -> Views:
-    """Every view of ``trace`` at (step, position) (clamped)."""
+              baseline: dict[str, Any] | None, no_baseline: str | None = None) -> Views:
+    """Every view of ``trace`` at (step, position) (clamped). ``baseline``: the method-none comparison;
+    ``no_baseline``: without one, what the speedup panel says instead."""
     if not trace.steps:
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)
+    speedup = (speedup_html(run_summary(trace), baseline, no_baseline)
+               + capture_note(metrics_of(trace).get("capture_ms", 0.0)))
     return Views(stream=token_stream_html(trace, s), summary=summary_markdown(trace),
                  grid=step_grid_figure(trace, s, i), residual=residual_figure(trace, s, i),
                  match=source_html(trace, s, i), trie=source_figure(trace, s), stats=stats_figure(trace, baseline),
-                 speedup=speedup_html(run_summary(trace), baseline))
+                 speedup=speedup)
 
 
 def streaming_views(trace: Trace) -> StreamingViews:

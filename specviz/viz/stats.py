@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from specviz.trace import TOKENS_PER_FORWARD_FORMULA, Trace, tokens_per_target_forward
 
 from .common import as_trace, metrics_of
+from .speed import measured_html
 
 TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
 
@@ -131,7 +132,11 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
 
 
 def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | None) -> None:
+    meas = (baseline or {}).get("measurement")
     bars = [(f"this run ({run['method']})", run)] + ([("method none", baseline)] if baseline else [])
+    if meas:  # equal workloads: the segments measured side by side
+        bars = [(f"{run['method']}, {meas['n']} segments", meas["method_summary"]),
+                (f"none, {meas['n']} segments", baseline)]
     last = list(TIME_COLOURS)[-1]
     for part, colour in TIME_COLOURS.items():
         totals = [f"{sum(b['time_ms'].values()):.0f} ms" if part == last else "" for _, b in bars]
@@ -141,13 +146,15 @@ def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | 
     fig.update_xaxes(title_text="ms: draft · verify (target forward) · sample", row=2, col=2)
 
 
-def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
+def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: str | None = None) -> str:
     """HTML table comparing :func:`run_summary` of this run with the method "none" baseline.
 
     Tokens per target forward (tokens / verification steps) is the hardware-independent gain;
     tokens/s over the decode time (draft + verify + sample) is what this machine measured for
     the decoding itself (the app's streaming redraws between steps are not counted). Without a
-    ``baseline`` the table has one column and a note says how to get one."""
+    ``baseline`` the table has one column and the note ``missing`` (default: how to get one) says why.
+    A baseline measured beside the run (``baseline["measurement"]``, :mod:`specviz.speedup`) is
+    shown as the median ratio with its spread."""
     rows = [("generated tokens", "tokens", "{:d}"),
             ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
             ("verification steps (target forwards after the prefill)", "steps", "{:d}"),
@@ -155,7 +162,9 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
             ("decode time (s): draft + verify + sample", "decode_s", "{:.2f}"),
             ("tokens / s over the decode time", "decode_tokens_per_second", "{:.1f}"),
             ("wall time (s), incl. prefill and the app's redraws", "wall_time_s", "{:.2f}")]
-    cols = [(f"this run: {run['method']}", run)] + ([("method none", baseline)] if baseline else [])
+    meas = (baseline or {}).get("measurement")
+    none_label = f"method none ({meas['n']} × {meas['segment_tokens']}-token segments)" if meas else "method none"
+    cols = [(f"this run: {run['method']}", run)] + ([(none_label, baseline)] if baseline else [])
     head = "".join(f"<th style='padding:4px 10px;text-align:right'>{html.escape(n)}</th>" for n, _ in cols)
     body = ""
     for name, key, fmt in rows:
@@ -165,6 +174,8 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None) -> str:
         body += f"<tr{hover}><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
     note = ("<p style='color:#6b7280'>No method-none baseline for this trace: tick “compare with method none” "
             "(advanced settings) and run to measure the speedup.</p>")
+    if missing:
+        note = f"<p style='color:#6b7280'>{html.escape(missing)}</p>"
     if baseline:
         note = _speedup_note(run, baseline)
     return (f"<div class='sv-speedup'><table style='border-collapse:collapse;font-size:14px'>"
@@ -186,17 +197,21 @@ def step_costs(run: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float
 def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
     """Both speedups and why they differ on this machine, from the measured step costs."""
     fwd = _ratio(run["tokens_per_forward"], baseline["tokens_per_forward"])
+    meas = baseline.get("measurement")
+    seg = meas["method_summary"] if meas else run  # the cost split: from the segments measured side by side
     tps = _ratio(run.get("decode_tokens_per_second", 0.0), baseline.get("decode_tokens_per_second", 0.0))
-    c = step_costs(run, baseline)
+    c = step_costs(seg, baseline)
     note = (f"<p><b>{fwd:.2f}× tokens per target forward</b> over method none: the speedup if a forward cost the "
-            "same however many tokens it verifies and drafting were free (large targets on a GPU come close). "
-            f"<b>Measured on this machine: {tps:.2f}× tokens/s.</b></p>")
+            "same however many tokens it verifies and drafting were free (large targets on a GPU come close).</p>")
+    note += (measured_html(meas) if meas else
+             f"<p><b>Measured on this machine: {tps:.2f}× tokens/s</b> (one run of each, no spread recorded).</p>")
+    fwd = _ratio(seg["tokens_per_forward"], baseline["tokens_per_forward"])
     if c["total"] > 0:
-        note += (f"<p style='font-size:13px'>Why they differ: one step of this run costs <b>{c['total']:.2f}</b> "
+        note += (f"<p style='font-size:13px'>Why they differ: one step of this {'method' if meas else 'run'} costs <b>{c['total']:.2f}</b> "
                  f"steps of method none (drafting {c['draft']:.2f} + verify forward of up to k+1 tokens "
                  f"{c['verify']:.2f} + sampler and record {c['sample']:.2f}), and yields {fwd:.2f}× the tokens: "
-                 f"{fwd:.2f} / {c['total']:.2f} = {fwd / c['total']:.2f}×.")
-        if tps < 1:
+                 f"{fwd:.2f} / {c['total']:.2f} = {fwd / c['total']:.2f}×{' (the segments pooled)' if meas else ''}.")
+        if (meas["median"] if meas else tps) < 1:
             note += (" Here speculation loses: the drafting and the wider verify forward cost more than the target "
                      "forwards they save. That happens when the target is small (its forward is cheap, barely more "
                      "than the draft's) or runs on a CPU (where a forward's cost grows with the tokens it checks); "

@@ -1,0 +1,59 @@
+"""Start the web app: ``specviz app`` (the console script) or ``python app.py``, same options.
+
+Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --device,
+--no-warm-up. With no --target the bundled demo models in assets/models/ are used. At launch the
+models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
+with a progress line in the page, so that no run pays one-time costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description="specviz: run speculative decoding and see what happened inside")
+    ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
+    ap.add_argument("--port", type=int, default=7860)
+    ap.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    ap.add_argument("--target", default=None, help="target model directory (default: bundled demo target)")
+    ap.add_argument("--draft", default=None, help="draft model directory (default: bundled demo draft)")
+    ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="load the models at the first Run instead of at launch")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "specviz app") -> argparse.Namespace:
+    """The app's options; exits (code 2) with a message for a model directory that does not exist."""
+    ap = parser(prog)
+    args = ap.parse_args(argv)
+    for flag in ("target", "draft"):
+        value = getattr(args, flag)
+        if value and _looks_local(value) and not Path(value).expanduser().is_dir():
+            ap.error(f"--{flag} {value}: no such directory (give a model directory with config.json, "
+                     "*.safetensors and tokenizer files)")
+    return args
+
+
+def _looks_local(value: str) -> bool:
+    """A path rather than a hub id ("org/name"): absolute, relative with ./ or ~, or not org/name."""
+    return value.startswith(("/", ".", "~")) or value.count("/") != 1 or Path(value).exists()
+
+
+def main(argv: list[str] | None = None, prog: str = "specviz app") -> int:
+    """Parse the options, start the warm-up, serve the app (blocks until stopped)."""
+    from .cache import DecoderCache
+    from .layout import build_app, launch_options
+
+    args = parse_args(argv, prog)
+    cache = DecoderCache(args.target, args.draft, args.device)
+    if not args.no_warm_up:
+        cache.start_warm_up()
+    demo = build_app(args.target, args.draft, args.device, cache=cache)
+    demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
+    return 0

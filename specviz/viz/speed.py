@@ -1,0 +1,38 @@
+"""The measured part of the speedup panel: the method-none comparison made beside a run
+(:func:`specviz.speedup.measure_speedup`), with its spread, and notes on what the timings exclude."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def measured_html(measurement: dict[str, Any]) -> str:
+    """One paragraph: the median tokens/s ratio over the interleaved segment pairs, its range and
+    n, what the measurement cost, and a warning when the range is too wide to read.
+
+    Args:
+        measurement: ``baseline_none["measurement"]`` (keys pairs, segment_tokens, ratios, median,
+            low, high, n, noisy, cost_s)."""
+    m = measurement
+    n, seg = int(m["n"]), int(m["segment_tokens"])
+    what = (f"median of {n} interleaved pair{'s' if n != 1 else ''} of {seg}-token segments: this method and method "
+            "none, in alternating order")
+    spread = "one pair: no spread" if n < 2 else f"range {m['low']:.2f}–{m['high']:.2f}× over the {n} pairs"
+    short = f" (the time budget ended it after {n} of {m['pairs']} pairs)" if n < int(m["pairs"]) else ""
+    out = (f"<p><b>Measured beside this run: {m['median']:.2f}× tokens/s</b> ({what}; {spread}; the measurement "
+           f"took {m['cost_s']:.1f} s{short}).</p>")
+    if m["noisy"]:
+        out += (f"<p style='color:#b45309'><b>Too noisy to read:</b> the pairs disagree by more than half the median "
+                f"({m['low']:.2f}× to {m['high']:.2f}×); the machine was probably busy with something else. "
+                "Run again when it is idle, or raise the comparison pairs (advanced settings).</p>")
+    return out
+
+
+def capture_note(capture_ms: float) -> str:
+    """A note when one-time CUDA-graph capture (and the compilation inside it) ran during the run
+    (excluded from its timings by the engine), else ""."""
+    if not capture_ms:
+        return ""
+    return (f"<p style='font-size:13px;color:#6b7280'>This run captured CUDA graphs for settings not warmed up at "
+            f"start ({capture_ms / 1e3:.2f} s, a one-time cost): that time is excluded from its timings and from the "
+            "speedup.</p>")
