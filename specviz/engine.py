@@ -250,6 +250,12 @@ class SpecDecoder:
             self.generate(prompt, method="draft_model", num_speculative_tokens=2, max_new_tokens=4)
         k_max = min(int(max_speculative_tokens), MAX_SPECULATIVE_TOKENS)
         captured = self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say)
+        for kind in self.heads:  # eagle / eagle3: the target's forwards that also return the head's taps
+            self.generate(prompt, method=kind, num_speculative_tokens=2, max_new_tokens=4)
+            from .proposers.eagle import head_taps
+
+            captured += self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say,
+                                          taps=head_taps(self.heads[kind].config))
         if self.draft_model is not None:
             captured += self._warm_runner(self.draft_model, prompt, (1, 2), say)
         verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
@@ -275,8 +281,9 @@ class SpecDecoder:
             return _capture_s(*(obj for objs in self._free_runners.values() for obj in objs))
 
     def _warm_runner(self, model: torch.nn.Module, prompt: list[int], widths: Sequence[int],
-                     say: Callable[[str], None]) -> int:
-        """Capture the pooled runner's graphs for every forward width in ``widths`` (no-op without graphs)."""
+                     say: Callable[[str], None], taps: tuple[str, ...] = ()) -> int:
+        """Capture the pooled runner's graphs for every forward width in ``widths`` (no-op without graphs),
+        with the feature ``taps`` a proposer declares (one graph per (width, taps))."""
         runner = self._acquire_runner(model)
         try:
             if not getattr(runner, "cuda_graphs", False):
@@ -285,7 +292,7 @@ class SpecDecoder:
             runner.forward(torch.tensor(prompt, dtype=torch.long))  # eager prefill: graphs need a filled cache
             base = runner.seq_len
             for n in widths:
-                runner.forward(torch.tensor(prompt[-1:] * n, dtype=torch.long))
+                runner.forward_features(torch.tensor(prompt[-1:] * n, dtype=torch.long), taps)
                 runner.truncate(base)
             say(f"warm-up: {len(widths)} forward graphs of {type(model).__name__}")
             return len(widths)
