@@ -1,7 +1,8 @@
 """specviz web app: ``python app.py`` serves http://127.0.0.1:7860.
 
 The UI is built at import (``demo``); models load on the first Run, never at import.
-Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --device.
+Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --device,
+--present (the presentation layout).
 With no --target the bundled demo models in assets/models/ are used.
 """
 
@@ -24,6 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--target", default=None, help="target model directory (default: bundled demo target)")
     ap.add_argument("--draft", default=None, help="draft model directory (default: bundled demo draft)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    ap.add_argument("--present", action="store_true",
+                    help="presentation layout: large type, Run and the lesson chapter above the fold (or ?present=1)")
     args = ap.parse_args(argv)
     for flag in ("target", "draft"):
         value = getattr(args, flag)
@@ -42,6 +45,6 @@ demo = build_app()
 
 if __name__ == "__main__":
     args = parse_args()
-    if args.target or args.draft or args.device:
-        demo = build_app(args.target, args.draft, args.device)
+    if args.target or args.draft or args.device or args.present:
+        demo = build_app(args.target, args.draft, args.device, present=args.present)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())

@@ -14,12 +14,14 @@ from specviz.trace import MAX_TRACE_BYTES
 from specviz.viz import explain
 
 from . import handlers as h
+from . import lesson as lesson_ui
 from .cache import DecoderCache, StopSignals
 from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
 CSS_PATH = ROOT / "assets" / "app.css"
+LESSON_CSS_PATH = ROOT / "assets" / "css" / "lesson.css"
 # clicking a token in the stream or a cell of the step grid sends "step,column,nonce" (column = position - 1)
 # through the hidden #sv-pick box, whose change event selects that step and position. Plotly reports clicks through the graph div's own emitter,
 # so every newly drawn grid is bound once.
@@ -161,13 +163,15 @@ def _export_replay() -> dict[str, gr.components.Component]:
 
 
 def build_app(target: str | None = None, draft: str | None = None, device: str | None = None,
-              examples_path: str | Path = EXAMPLES_PATH) -> gr.Blocks:
+              examples_path: str | Path = EXAMPLES_PATH, present: bool = False) -> gr.Blocks:
     """The app's Blocks. Loads no model: the first Run loads (target, draft) on ``device``.
 
     Args:
         target / draft: model directories (or hub ids); None -> the bundled demo models.
         device: "cpu", "cuda", ... or None (CUDA when available).
         examples_path: JSON file of example prompts.
+        present: open in the presentation layout (large type, Run and the lesson chapter above the
+            fold); any page also gets it with ``?present=1`` in its URL.
     Returns:
         gr.Blocks; launch it with ``demo.launch(**launch_options())``.
     """
@@ -176,12 +180,13 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
     with gr.Blocks(title="specviz: speculative decoding, visualised", analytics_enabled=False) as demo:
         state = gr.State(h.new_state())
         gr.Markdown("# specviz · speculative decoding, step by step")
+        lesson = lesson_ui.lesson_panel(present)
         gr.Markdown(explain.INTRO, elem_classes="sv-explain")
         gr.Markdown(session.cache.describe(), elem_id="sv-models")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
                 c = _controls(examples)
-                with gr.Row():
+                with gr.Row(elem_id="sv-run-row"):
                     run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
             with gr.Column(scale=3, min_width=400):
@@ -210,6 +215,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                                          c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
                                          c["example"], state],
             api_name="replay_settings")
+        lesson_ui.wire_lesson(lesson, state, v)
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],
                            [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],
@@ -219,4 +225,5 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
 
 def launch_options() -> dict:
     """Keyword arguments every launch should pass: the stylesheet and the upload size cap."""
-    return {"css_paths": [str(CSS_PATH)] if CSS_PATH.exists() else None, "max_file_size": MAX_TRACE_BYTES}
+    css = [str(p) for p in (CSS_PATH, LESSON_CSS_PATH) if p.exists()]
+    return {"css_paths": css or None, "max_file_size": MAX_TRACE_BYTES}

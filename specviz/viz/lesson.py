@@ -89,11 +89,10 @@ def intro_chapter(trace: Trace) -> Chapter:
     how = METHOD_TEXT.get(method, f"method {html.escape(method)} (a proposer this lesson has no special text for)")
     rule = VERIFY_TEXT.get(verify, f"verification {html.escape(verify)}")
     n = len(trace.steps)
-    text = (f"This run used <b>{how}</b>, num_speculative_tokens k = {cfg.get('num_speculative_tokens')}, "
-            f"temperature {cfg.get('temperature')}, and <b>{rule}</b>. It took {n} verification step(s), each "
-            "one target forward. For every step we see what the proposer drafted and why, the one target forward, "
-            "the acceptance test at each position, the recovered or bonus token, and what was committed; then the "
-            "run's statistics.")
+    text = (f"This run used <b>{how}</b>, k = {cfg.get('num_speculative_tokens')}, temperature "
+            f"{cfg.get('temperature')}, and <b>{rule}</b>. {n} verification step(s), one target forward each. Per step: "
+            "the draft, the target forward, the test at each position, the recovered or bonus token, the commit; "
+            "then the statistics.")
     return Chapter("intro", f"A real run, step by step ({n} steps)", text, 0 if n else None, None, "stream")
 
 
