@@ -259,8 +259,9 @@ def outcome_chapter(trace: Trace, st: Step) -> Chapter:
             z = f", Z = Σ max(p − q, 0) = {fmt_prob(pos.residual_mass)}" if pos is not None else ""
             dist = f"the <b>residual distribution</b> r = max(p_{slot} − q_{slot}, 0) / Z{z}"
         title = f"Step {st.index}: the recovered token {y}, drawn from the residual"
+        r_text = f"r({y}) = {fmt_prob(r)}" if r is not None else f"r({y}) outside the residual's recorded top entries"
         text = (f"Draft position {slot} was rejected, so the step draws its own token from {dist}. It drew {y}: "
-                f"r({y}) = {fmt_prob(r)}, p({y}) = {fmt_prob(e.p)}. The residual's top entries: {_top(trace, e.top)}. "
+                f"{r_text}, p({y}) = {fmt_prob(e.p)}. The residual's top entries: {_top(trace, e.top)}. "
                 "It puts mass only where the target wants more than the draft offered; that is what makes the "
                 "output follow p." + (" (Synthetic verification: not lossless.)" if verify == "synthetic" else ""))
     return Chapter("outcome", title, text, st.index, slot, "residual")
