@@ -3,6 +3,7 @@ verification rule, and a generic text for a method the lesson does not know."""
 
 from __future__ import annotations
 
+import html as html_lib
 import re
 
 import pytest
@@ -155,3 +156,31 @@ def test_chapter_of_step_jumps_to_the_steps_first_chapter(traces):
     assert chapters[chapter_of_step(chapters, 999)].step == len(trace.steps) - 1
     assert chapters[chapter_of_step(chapters, -4)].step == 0
     assert lesson_chapters(Trace({"method": "ngram"}, [1]))[0].kind == "intro"  # no steps: the intro only
+
+
+def test_views_a_lecturer_found_unclear(traces):
+    """Decision headings per decision, no residual legend at temperature 0, r(x) on hover."""
+    from specviz.viz import residual_figure, step_grid_figure, token_stream_html
+    from specviz.viz.residual import decision_heading
+
+    greedy, standard = traces["dm_greedy"], traces["dm_standard"]
+    stream = html_lib.unescape(token_stream_html(greedy))
+    assert "recovered token (from the residual)" not in stream
+    assert "replacement token (the target's argmax)" in stream
+    names = {d.name for d in step_grid_figure(greedy).data}
+    assert "recovered token (from the residual)" not in names
+    st = next(s for s in greedy.steps if s.num_accepted < len(s.draft_token_ids))
+    fig = residual_figure(greedy, st.index, st.num_accepted + 1)
+    assert not any(d.name and d.name.startswith("residual") for d in fig.data)
+    assert decision_heading(greedy, st, st.num_accepted + 1).startswith("Why was ") and "rejected" in \
+        decision_heading(greedy, st, st.num_accepted + 1)
+    if st.num_accepted:
+        assert decision_heading(greedy, st, 1).endswith("accepted?")
+    full = next((s for s in standard.steps if s.num_accepted == len(s.draft_token_ids) and s.draft_token_ids), None)
+    if full is not None:
+        assert decision_heading(standard, full, len(full.draft_token_ids) + 1).startswith("Where did the bonus token")
+    rec = next(s for s in standard.steps if s.emitted.kind == "recovered")
+    html = token_stream_html(standard)
+    assert "r(x) = " in html and "recovered token (from the residual)" in html
+    r = dict((int(t), v) for t, v in rec.emitted.top).get(rec.emitted.token_id)
+    assert f"r(x) = {fmt_prob(r)}" in html

@@ -49,11 +49,13 @@ const svFocus = () => {
   const panel = document.getElementById('sv-lesson');
   document.body.style.paddingTop = `${panel ? panel.offsetHeight : 0}px`;  // the panel is fixed while a lesson runs
   // after the views redraw (their heights settle), put the view's top just below the panel
-  setTimeout(() => {
+  const place = () => {
     const below = panel ? panel.offsetHeight : 0;
     const top = target.getBoundingClientRect().top + window.scrollY - below - 8;
     window.scrollTo({top: Math.max(top, 0), behavior: 'instant'});
-  }, 250);
+  };
+  setTimeout(place, 250);
+  setTimeout(place, 900);
 };
 new MutationObserver(svFocus).observe(element, {childList: true, subtree: true, characterData: true});
 if (!window.svLessonKeys) {

@@ -20,10 +20,12 @@ from .common import (
     FATES,
     as_trace,
     emitted_fate,
+    fate_label,
     fmt_prob,
     label,
     position_fate,
     quoted,
+    residual_prob,
     tokenwise_accepted,
 )
 
@@ -64,6 +66,8 @@ def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
     dropped = " (dropped at the stop)" if fate == "cut" else ""
     hover = (f"step {step.index}, slot {slot}: {step.emitted.kind} token{dropped}"
              f"<br>token {quoted(trace, tok)} (id {tok})<br>p(x) = {fmt_prob(step.emitted.p)}")
+    if step.emitted.kind == "recovered" and trace.config.get("verify") != "greedy":
+        hover += f", r(x) = {fmt_prob(residual_prob(step))} (the residual it was drawn from)"
     return FATES.index(fate), label(trace, tok, 10), hover
 
 
@@ -125,7 +129,7 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
         colorscale=_colorscale(), zmin=0, zmax=len(FATES), showscale=False, xgap=2, ygap=2,
     ))
     for fate in FATES:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=FATE_STYLE[fate][2],
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=fate_label(fate, trace),
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[fate][0],
                                          "line": {"width": 1, "color": "#6b7280"}}))
     rows = min(max(n, 1), VISIBLE_ROWS)

@@ -22,7 +22,7 @@ from specviz.trace import Position, Step, Trace
 from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted, tokenwise_accepted
 
 MAX_BARS = 10
-WRAP = 86  # characters per title line
+WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px window
 P_COLOUR, Q_COLOUR, R_COLOUR, B_COLOUR = "#2563eb", "#f97316", "#16a34a", "#9333ea"
 
 
@@ -165,6 +165,25 @@ def _title(trace: Trace, step: Step, i: int) -> str:
     return text
 
 
+def decision_heading(trace: Trace, step: Step, i: int) -> str:
+    """The caption's heading for slot ``i`` of ``step``: one question per decision (accepted,
+    rejected, unused, recovered / replacement, bonus, plain target token)."""
+    k = len(step.draft_token_ids)
+    own = quoted(trace, step.emitted.token_id)
+    if k == 0:
+        return f"Where did {own} come from? (no draft: one token from p)"
+    if i > k:
+        return f"Where did the bonus token {own} come from?"
+    x, fate = quoted(trace, step.draft_token_ids[i - 1]), position_fate(step, i)
+    if fate == "rejected":
+        if trace.config.get("verify") == "greedy":
+            return f"Why was {x} rejected, and why {own}?"
+        return f"Why was {x} rejected, and where did the recovered {own} come from?"
+    if fate == "unused":
+        return f"Why was {x} never used?"
+    return f"Why was {x} accepted?"
+
+
 def _subplots(gauge: bool, block: bool) -> tuple[go.Figure, int | None, int | None]:
     """Rows: bars, then the accept-test bar (``gauge``), then the block panel (``block``).
     Returns (figure, gauge row or None, block row or None)."""
@@ -209,7 +228,7 @@ def residual_figure(trace: Trace | dict[str, Any], step: int | None = None, posi
                               f"{st.num_accepted + 1} was rejected, so the step drew a recovered token, not a bonus.")
     if has_block:
         lines.append(_block_panel(fig, st, block_row))
-    return _finish(fig, [_title(trace, st, i), *lines], has_block)
+    return _finish(fig, [decision_heading(trace, st, i), _title(trace, st, i), *lines], has_block)
 
 
 def _own_mark(trace: Trace, st: Step) -> tuple[int, str, str]:
@@ -224,7 +243,9 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     fig, gauge_row, block_row = _subplots(verify != "greedy", has_block)
     p, q, r = _as_dict(pos.p_top), _as_dict(pos.q_top), _as_dict(pos.residual_top)
     p.setdefault(pos.token_id, pos.p), q.setdefault(pos.token_id, pos.q)
-    series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q), ("residual max(p−q,0)/Z", R_COLOUR, r)]
+    series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q)]
+    if verify != "greedy":  # greedy replaces a rejected token by the target's argmax: no residual is drawn
+        series.append(("residual max(p−q,0)/Z", R_COLOUR, r))
     marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
     here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
     if here:
