@@ -135,7 +135,7 @@ def _detail_views() -> dict[str, gr.components.Component]:
     with gr.Row(equal_height=False):
         v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
         v["residual"] = gr.Plot(label="residual view", elem_id="sv-residual", show_label=False)
-    gr.Markdown("## 3 · Where the draft came from (methods ngram and suffix)")
+    gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")

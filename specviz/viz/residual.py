@@ -29,6 +29,7 @@ P_COLOUR, Q_COLOUR, R_COLOUR, B_COLOUR = "#2563eb", "#f97316", "#16a34a", "#9333
 def message_figure(text: str, height: int = 260) -> go.Figure:
     """An empty figure that only says ``text`` (used for empty states)."""
     fig = go.Figure()
+    text = "<br>".join(w for line in text.split("\n") for w in (textwrap.wrap(line, 58) or [""]))  # fits 1024 px
     fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                        font={"size": 14, "color": "#374151"}, align="center")
     fig.update_layout(height=height, xaxis={"visible": False}, yaxis={"visible": False},
