@@ -75,8 +75,19 @@ def browser(tmp_path_factory):
     shutil.rmtree(profile, ignore_errors=True)
 
 
-def _open(browser, url, width=1280, height=720):
+@pytest.fixture
+def pages(browser):
+    """Opened pages, closed after the test (an open Gradio page keeps polling and slows the next ones)."""
+    opened: list = []
+    yield opened
+    for page in opened:
+        page.close()
+
+
+def _open(browser, url, width=1280, height=720, pages=None):
     page = browser.new_page()
+    if pages is not None:
+        pages.append(page)
     page.set_viewport_size({"width": width, "height": height})
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -85,7 +96,7 @@ def _open(browser, url, width=1280, height=720):
     return page, errors
 
 
-def _run(page, method: str, verify: str = "auto", temperature: float = 0.0, max_new: int = 8) -> None:
+def _run(page, method: str, verify: str = "auto", temperature: float = 0.0, max_new: int = 6) -> None:
     page.locator("#sv-prompt textarea").fill(PROMPT)
     page.get_by_label(method, exact=True).check()
     for label, value in (("temperature", temperature), ("number input for max new tokens", max_new),
@@ -138,9 +149,9 @@ def _selected_step(page) -> int:
     return int(page.locator("#sv-step input[type=number]").input_value())
 
 
-def test_lesson_walks_a_greedy_ngram_run(browser, app_url):
+def test_lesson_walks_a_greedy_ngram_run(browser, app_url, pages):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page, errors = _open(browser, app_url, 1024, 768)
+    page, errors = _open(browser, app_url, 1024, 768, pages)
     _run(page, "ngram")
     _check_fit(page, "ngram-greedy")
     seen = _walk(page, "ngram-greedy")
@@ -154,8 +165,8 @@ def test_lesson_walks_a_greedy_ngram_run(browser, app_url):
     assert not errors, errors
 
 
-def test_lesson_walks_a_standard_draft_model_run(browser, app_url):
-    page, errors = _open(browser, app_url, 1024, 768)
+def test_lesson_walks_a_standard_draft_model_run(browser, app_url, pages):
+    page, errors = _open(browser, app_url, 1024, 768, pages)
     _run(page, "draft_model", "standard", 1.0)
     _check_fit(page, "draft-model-standard")
     seen = _walk(page, "draft-model-standard")
@@ -164,8 +175,8 @@ def test_lesson_walks_a_standard_draft_model_run(browser, app_url):
     assert not errors, errors
 
 
-def test_lesson_walks_a_block_run(browser, app_url):
-    page, errors = _open(browser, app_url, 1024, 768)
+def test_lesson_walks_a_block_run(browser, app_url, pages):
+    page, errors = _open(browser, app_url, 1024, 768, pages)
     _run(page, "draft_model", "block", 1.0)
     _check_fit(page, "block")
     seen = _walk(page, "block")
@@ -179,8 +190,8 @@ def _inside(page, selector: str) -> bool:
     return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 720 and box["x"] + box["width"] <= 1280
 
 
-def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_url):
-    page, errors = _open(browser, app_url + "?present=1")
+def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_url, pages):
+    page, errors = _open(browser, app_url + "?present=1", pages=pages)
     assert page.evaluate("document.body.classList.contains('sv-present')")
     assert page.evaluate("window.scrollY") == 0 and _inside(page, "#sv-run") and _inside(page, "#sv-lesson-start")
     _run(page, "draft_model", "standard", 1.0)
@@ -218,8 +229,8 @@ def _check_fit(page, name: str) -> None:
     assert not any(cut.values()), cut
 
 
-def test_ngram_gpu_figures_fit_at_1024px(browser, app_url):
-    page, errors = _open(browser, app_url, 1024, 768)
+def test_ngram_gpu_figures_fit_at_1024px(browser, app_url, pages):
+    page, errors = _open(browser, app_url, 1024, 768, pages)
     _run(page, "ngram_gpu")
     _check_fit(page, "ngram-gpu")
     assert not errors, errors

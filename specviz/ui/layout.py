@@ -12,6 +12,7 @@ import gradio as gr
 
 from specviz.trace import MAX_TRACE_BYTES
 from specviz.viz import explain
+from specviz.viz.residual import message_figure
 
 from . import handlers as h
 from . import lesson as lesson_ui
@@ -49,6 +50,18 @@ const svBindGrid = () => {
 new MutationObserver(svBindGrid).observe(document.body, {childList: true, subtree: true});
 svBindGrid();
 """
+
+
+# what each figure will show, drawn before the first run (instead of an empty box)
+PLACEHOLDERS = {
+    "grid": "After Run: the step grid, one row per target forward and one column per draft position, "
+            "coloured by accepted / rejected / recovered / bonus.",
+    "residual": "After Run: the numbers behind one decision: p vs q, the test u ≤ min(1, p/q), and the "
+                "residual a recovered token was drawn from.",
+    "trie": "After Run: where the draft came from (the n-gram continuation trie or the suffix tree).",
+    "stats": "After Run: acceptance per position, tokens per target forward against the theory, and where "
+             "the time went.",
+}
 
 
 class LenientSlider(gr.Slider):
@@ -133,17 +146,21 @@ def _detail_views() -> dict[str, gr.components.Component]:
     # filled by the grid's click handler (PICK_STEP_JS); hidden by app.css
     v["pick"] = gr.Textbox(elem_id="sv-pick", elem_classes="sv-hidden", show_label=False, container=False)
     with gr.Row(equal_height=False):
-        v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
-        v["residual"] = gr.Plot(label="residual view", elem_id="sv-residual", show_label=False)
+        v["grid"] = gr.Plot(message_figure(PLACEHOLDERS["grid"]), label="step grid", elem_id="sv-grid",
+                            show_label=False)
+        v["residual"] = gr.Plot(message_figure(PLACEHOLDERS["residual"]), label="residual view",
+                                elem_id="sv-residual", show_label=False)
     gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")
-        v["trie"] = gr.Plot(label="continuation trie", elem_id="sv-trie", show_label=False)
+        v["trie"] = gr.Plot(message_figure(PLACEHOLDERS["trie"], 200), label="continuation trie", elem_id="sv-trie",
+                            show_label=False)
     gr.Markdown("## 4 · Run statistics")
     gr.Markdown(explain.STATS, elem_classes="sv-explain")
     v["speedup"] = gr.HTML(elem_id="sv-speedup")
-    v["stats"] = gr.Plot(label="run statistics", elem_id="sv-stats", show_label=False)
+    v["stats"] = gr.Plot(message_figure(PLACEHOLDERS["stats"]), label="run statistics", elem_id="sv-stats",
+                         show_label=False)
     return v
 
 
@@ -215,7 +232,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                                          c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
                                          c["example"], state],
             api_name="replay_settings")
-        lesson_ui.wire_lesson(lesson, state, v)
+        lesson_ui.wire_lesson(lesson, state, v, resets=[run_btn.click, e["upload"].upload])
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],
                            [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],

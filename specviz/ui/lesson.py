@@ -3,7 +3,7 @@ presentation layout's switch. The chapters are :mod:`specviz.viz.lesson` (pure f
 trace); these handlers only move an index and select the chapter's step and position in the
 existing views.
 
-Events (api names): ``lesson_start``, ``lesson_next``, ``lesson_back``, ``lesson_goto`` (a step
+Events (api names, besides ``lesson_reset`` when a run or upload ends the lesson): ``lesson_start``, ``lesson_next``, ``lesson_back``, ``lesson_goto`` (a step
 index), ``lesson_play`` (toggles Play), ``lesson_tick`` (Play's timer: the next chapter, pausing at
 the last). Keyboard while a lesson runs: right arrow = Next, left arrow = Back, space = Play/Pause
 (ignored while typing in a field). The presentation layout (large type, Run and the chapter above
@@ -171,9 +171,15 @@ def lesson_tick(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
     return (*out, gr.skip(), gr.skip())
 
 
-def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any]) -> None:
+def lesson_reset(lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    """A new run or upload ends the lesson: (idle panel, lesson state, timer off, Play button)."""
+    return (IDLE.format(present=""), new_lesson(), gr.Timer(active=False), gr.Button("Play"))
+
+
+def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any], resets: list[Any] = ()) -> None:
     """Connect the lesson controls ``c`` (from :func:`lesson_panel`) to the session ``state``
-    and the views (``views`` holds step, position, stream, grid, residual, match, trie)."""
+    and the views (``views`` holds step, position, stream, grid, residual, match, trie);
+    ``resets``: event triggers (e.g. ``run_button.click``) that end a running lesson."""
     outs = [c["text"], c["state"], views["step"], views["position"],
             *(views[n] for n in ("stream", "grid", "residual", "match", "trie"))]
     common = {"concurrency_id": "selection", "trigger_mode": "always_last"}
@@ -182,5 +188,8 @@ def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any]) -> No
     c["back"].click(lesson_back, [state, c["state"]], outs, api_name="lesson_back", **common)
     c["goto"].submit(lesson_goto, [state, c["state"], c["goto"]], outs, api_name="lesson_goto", **common)
     c["play"].click(lesson_play, [c["state"]], [c["timer"], c["play"], c["state"]], api_name="lesson_play")
+    if resets:
+        gr.on(list(resets), lesson_reset, [c["state"]], [c["text"], c["state"], c["timer"], c["play"]],
+              api_name="lesson_reset")
     c["timer"].tick(lesson_tick, [state, c["state"]], [*outs, c["timer"], c["play"]], api_name="lesson_tick",
                     **common)
