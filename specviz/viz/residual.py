@@ -186,7 +186,7 @@ def decision_heading(trace: Trace, step: Step, i: int) -> str:
     k = len(step.draft_token_ids)
     own = quoted(trace, step.emitted.token_id)
     if k == 0:
-        return f"Where did {own} come from? (no draft: one token from p)"
+        return f"Nothing drafted: where did {own} come from?"
     if i > k:
         return f"Where did the bonus token {own} come from?"
     x, fate = quoted(trace, step.draft_token_ids[i - 1]), position_fate(step, i)
