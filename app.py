@@ -3,7 +3,7 @@
 The UI is built at import (``demo``); models load at launch on a background thread (or at the
 first Run with --no-warm-up), never at import.
 Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --device,
---no-warm-up. With no --target the bundled demo models in assets/models/ are used.
+--no-warm-up, --present (the presentation layout; or ?present=1). With no --target the bundled demo models in assets/models/ are used.
 """
 
 from __future__ import annotations

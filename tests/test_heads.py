@@ -230,11 +230,12 @@ def test_mismatched_head_raises(target, tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_bundled_target(kind):
-    """The heads build on the bundled target (d=384, 8 layers, MHA) from its config alone."""
+    """The heads build on the bundled target (family v2: d=256, 20 layers, GQA) from its config alone."""
     t = load_model(DEFAULT_TARGET, torch.device("cpu"), torch.float32)
     head = _head(t, kind)
+    L = t.config.num_hidden_layers
     if kind == "eagle3":
-        assert head.config.aux_layer_ids == (2, 4, 5)
+        assert head.config.aux_layer_ids == (2, L // 2, L - 3)
     ids = torch.randint(0, t.config.vocab_size, (1, 12))
     feats = target_features(t, ids, head.config).features
     hidden, logits = head(feats, ids, torch.arange(12)[None], None, from_target=True)

@@ -12,6 +12,7 @@ import pytest
 
 from specviz.engine import METHODS
 from specviz.trace import Emitted, Position, Step, Trace, compute_metrics
+from specviz.viz.common import fmt_prob
 from specviz.viz import (
     FATES,
     estimated_alpha,
@@ -227,9 +228,14 @@ def test_block_panel_shows_P_h_eta(traces):
     fig = residual_figure(tr, st.index, st.num_accepted + 1)
     by_name = {d.name: d for d in fig.data if d.name}
     k = len(st.draft_token_ids)
-    assert list(by_name["P_i (block acceptance weight)"].y) == pytest.approx(st.block["P"][:k])
-    assert list(by_name["h_i (pass probability)"].y) == pytest.approx(st.block["h"][:k])
-    assert list(by_name["η_i (uniform; passes if η_i ≤ h_i)"].y) == pytest.approx(st.block["eta"][:k])
+    assert list(by_name["P_i"].y) == pytest.approx(st.block["P"][:k])
+    assert list(by_name["h_i"].y) == pytest.approx(st.block["h"][:k])
+    assert list(by_name["η_i"].y) == pytest.approx(st.block["eta"][:k])
+    # readable at a glance (issue 17): the block series are named where drawn, the legend keeps <= 4 entries
+    assert sum(1 for d in fig.data if d.name and d.showlegend is not False) <= 4
+    assert not any(by_name[n].showlegend is not False for n in ("P_i", "h_i", "η_i", "min(1, p/q)"))
+    if st.num_accepted < k:  # the recovered token's block residual is defined in the caption
+        assert "the block residual the recovered token was drawn from" in title_text(fig)
     assert f"τ = last i with η_i ≤ h_i = {st.num_accepted} → {st.num_accepted} token(s) accepted" in title_text(fig)
 
 
@@ -260,9 +266,13 @@ def test_ngram_match_and_trie(traces):
     assert path == st.draft_token_ids[: len(path)] and len(path) == min(len(st.draft_token_ids), 6)
     fig = trie_figure(tr, st.index)
     assert len(fig.data[-1].x) == len(placed) + 1  # the suffix root + every node
-    other = traces["draft_model-standard"]
-    assert "not from prompt lookup" in html.unescape(match_context_html(other, 0))
-    assert "no n-gram match" in trie_figure(other, 0).layout.annotations[0].text
+    other = traces["draft_model-standard"]  # section 3 shows the draft model's own candidates (issue 17)
+    st = next(s for s in other.steps if s.draft_token_ids)
+    table = html.unescape(match_context_html(other, st.index))
+    assert table.count("<tr data-position=") == len(st.draft_token_ids)
+    assert f"<td>{fmt_prob(st.positions[0].q)}</td>" in table
+    assert "candidates and q for each drafted position" in trie_figure(other, st.index).layout.annotations[0].text.replace(
+        "<br>", " ")
 
 
 def test_suffix_candidates_table(traces):
@@ -315,14 +325,24 @@ def test_method_none_says_acceptance_is_not_applicable(traces):
     assert "not applicable" not in summary_markdown(ngram)
 
 
-def test_suffix_trie_panel_points_to_the_candidates_table(traces):
+def test_suffix_trie_panel_draws_the_candidates_as_a_tree(traces):
+    from specviz.viz.common import label
+    from specviz.viz.suffix_tree import suffix_branches
+
     tr = traces["suffix-greedy"]
-    drafted = [s for s in tr.steps if s.draft_token_ids]
+    drafted = [s for s in tr.steps if s.draft_token_ids and s.match.get("chosen")]
     if not drafted:
         pytest.skip("the tiny model's suffix run drafted nothing")
-    fig = trie_figure(tr, drafted[0].index)
-    text = " ".join([fig.layout.title.text or "", *(a.text or "" for a in fig.layout.annotations)])
-    assert "candidates are in the table at left" in text and "no n-gram match" not in text
+    st = drafted[0]
+    fig = trie_figure(tr, st.index)
+    assert fig.layout.title.text.startswith("suffix decoding:") and "no n-gram match" not in fig.layout.title.text
+    nodes = [d for d in fig.data if d.mode == "markers+text"][0]
+    branches = suffix_branches(st)
+    assert sum(b["chosen"] for b in branches) == 1
+    chosen = st.match["chosen"]
+    for t, p in zip(chosen["draft"], chosen["probs"]):  # the drafted branch, token by token with its probability
+        assert f"{label(tr, t, 7)} {p:.2f}" in nodes.text
+    assert list(st.draft_token_ids) == list(chosen["draft"])[: len(st.draft_token_ids)]
 
 
 def test_report_grid_hint_does_not_mention_sliders(traces):

@@ -25,6 +25,8 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="load the models at the first Run instead of at launch")
+    ap.add_argument("--present", action="store_true",
+                    help="presentation layout: large type, Run and the lesson chapter above the fold (or ?present=1)")
     return ap
 
 
@@ -54,6 +56,6 @@ def main(argv: list[str] | None = None, prog: str = "specviz app") -> int:
     cache = DecoderCache(args.target, args.draft, args.device)
     if not args.no_warm_up:
         cache.start_warm_up()
-    demo = build_app(args.target, args.draft, args.device, cache=cache)
+    demo = build_app(args.target, args.draft, args.device, cache=cache, present=args.present)
     demo.launch(server_name=args.host, server_port=args.port, share=args.share, **launch_options())
     return 0

@@ -12,14 +12,17 @@ import gradio as gr
 
 from specviz.trace import MAX_TRACE_BYTES
 from specviz.viz import explain
+from specviz.viz.residual import message_figure
 
 from . import handlers as h
+from . import lesson as lesson_ui
 from .cache import DecoderCache, StopSignals
 from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, MAX_UI_SPECULATIVE_TOKENS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
 CSS_PATH = ROOT / "assets" / "app.css"
+LESSON_CSS_PATH = ROOT / "assets" / "css" / "lesson.css"
 # clicking a token in the stream or a cell of the step grid sends "step,column,nonce" (column = position - 1)
 # through the hidden #sv-pick box, whose change event selects that step and position. Plotly reports clicks through the graph div's own emitter,
 # so every newly drawn grid is bound once.
@@ -47,6 +50,18 @@ const svBindGrid = () => {
 new MutationObserver(svBindGrid).observe(document.body, {childList: true, subtree: true});
 svBindGrid();
 """
+
+
+# what each figure will show, drawn before the first run (instead of an empty box)
+PLACEHOLDERS = {
+    "grid": "After Run: the step grid, one row per target forward and one column per draft position, "
+            "coloured by accepted / rejected / recovered / bonus.",
+    "residual": "After Run: the numbers behind one decision: p vs q, the test u ≤ min(1, p/q), and the "
+                "residual a recovered token was drawn from.",
+    "trie": "After Run: where the draft came from (the n-gram continuation trie or the suffix tree).",
+    "stats": "After Run: acceptance per position, tokens per target forward against the theory, and where "
+             "the time went.",
+}
 
 
 class LenientSlider(gr.Slider):
@@ -139,17 +154,21 @@ def _detail_views() -> dict[str, gr.components.Component]:
     # filled by the grid's click handler (PICK_STEP_JS); hidden by app.css
     v["pick"] = gr.Textbox(elem_id="sv-pick", elem_classes="sv-hidden", show_label=False, container=False)
     with gr.Row(equal_height=False):
-        v["grid"] = gr.Plot(label="step grid", elem_id="sv-grid", show_label=False)
-        v["residual"] = gr.Plot(label="residual view", elem_id="sv-residual", show_label=False)
-    gr.Markdown("## 3 · Where the draft came from (methods ngram, suffix, eagle, eagle3)")
+        v["grid"] = gr.Plot(message_figure(PLACEHOLDERS["grid"]), label="step grid", elem_id="sv-grid",
+                            show_label=False)
+        v["residual"] = gr.Plot(message_figure(PLACEHOLDERS["residual"]), label="residual view",
+                                elem_id="sv-residual", show_label=False)
+    gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE head)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")
-        v["trie"] = gr.Plot(label="continuation trie", elem_id="sv-trie", show_label=False)
+        v["trie"] = gr.Plot(message_figure(PLACEHOLDERS["trie"], 200), label="continuation trie", elem_id="sv-trie",
+                            show_label=False)
     gr.Markdown("## 4 · Run statistics")
     gr.Markdown(explain.STATS, elem_classes="sv-explain")
     v["speedup"] = gr.HTML(elem_id="sv-speedup")
-    v["stats"] = gr.Plot(label="run statistics", elem_id="sv-stats", show_label=False)
+    v["stats"] = gr.Plot(message_figure(PLACEHOLDERS["stats"]), label="run statistics", elem_id="sv-stats",
+                         show_label=False)
     return v
 
 
@@ -169,7 +188,8 @@ def _export_replay() -> dict[str, gr.components.Component]:
 
 
 def build_app(target: str | None = None, draft: str | None = None, device: str | None = None,
-              examples_path: str | Path = EXAMPLES_PATH, cache: DecoderCache | None = None) -> gr.Blocks:
+              examples_path: str | Path = EXAMPLES_PATH, cache: DecoderCache | None = None,
+              present: bool = False) -> gr.Blocks:
     """The app's Blocks. Loads no model: the first Run loads (target, draft) on ``device``.
 
     Args:
@@ -178,6 +198,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         examples_path: JSON file of example prompts.
         cache: the decoders to use (default: a new :class:`DecoderCache` of target, draft, device),
             e.g. one already warming up (:meth:`DecoderCache.start_warm_up`).
+        present: open in the presentation layout (large type, Run and the lesson chapter above the
+            fold); any page also gets it with ``?present=1`` in its URL.
     Returns:
         gr.Blocks; launch it with ``demo.launch(**launch_options())``.
     """
@@ -186,6 +208,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
     with gr.Blocks(title="specviz: speculative decoding, visualised", analytics_enabled=False) as demo:
         state = gr.State(h.new_state())
         gr.Markdown("# specviz · speculative decoding, step by step")
+        lesson = lesson_ui.lesson_panel(present)
         gr.Markdown(explain.INTRO, elem_classes="sv-explain")
         gr.Markdown(session.cache.describe(), elem_id="sv-models")
         warm = gr.Markdown("", elem_id="sv-warmup")
@@ -193,7 +216,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
                 c = _controls(examples)
-                with gr.Row():
+                with gr.Row(elem_id="sv-run-row"):
                     run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
             with gr.Column(scale=3, min_width=400):
@@ -227,6 +250,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                                          c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
                                          c["example"], state],
             api_name="replay_settings")
+        lesson_ui.wire_lesson(lesson, state, v, resets=[run_btn.click, e["upload"].upload])
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],
                            [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],
@@ -236,4 +260,5 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
 
 def launch_options() -> dict:
     """Keyword arguments every launch should pass: the stylesheet and the upload size cap."""
-    return {"css_paths": [str(CSS_PATH)] if CSS_PATH.exists() else None, "max_file_size": MAX_TRACE_BYTES}
+    css = [str(p) for p in (CSS_PATH, LESSON_CSS_PATH) if p.exists()]
+    return {"css_paths": css or None, "max_file_size": MAX_TRACE_BYTES}

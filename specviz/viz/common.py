@@ -41,6 +41,22 @@ FATE_STYLE: dict[str, tuple[str, str, str]] = {
 }
 
 
+def fate_label(fate: str, trace: Trace | None = None) -> str:
+    """The legend label of ``fate``; under greedy verification (temperature 0) the token after a
+    rejection is the target's argmax, not a draw from the residual, and is labelled so."""
+    if fate == "recovered" and trace is not None and trace.config.get("verify") == "greedy":
+        return "replacement token (the target's argmax)"
+    return FATE_STYLE[fate][2]
+
+
+def residual_prob(step: Step) -> float | None:
+    """r(y) of a step's recovered token y: its probability in the distribution it was drawn from
+    (``emitted.top``); None for other kinds or when y is outside the recorded top entries."""
+    if step.emitted.kind != "recovered":
+        return None
+    return next((float(v) for t, v in step.emitted.top if int(t) == step.emitted.token_id), None)
+
+
 def as_trace(trace: Trace | dict[str, Any]) -> Trace:
     """A :class:`Trace` from a Trace or its dict (validated by ``Trace.from_dict``).
 

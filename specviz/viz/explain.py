@@ -35,7 +35,8 @@ GRID_REPORT = GRID.replace(
     "when the report was exported.")
 
 RESIDUAL = """\
-**Why was this token accepted?** Bars compare the target's distribution **p** (blue), the proposer's
+**Accepted, rejected, recovered or bonus: the numbers behind one decision** (the figure's
+heading asks the question for the selected token). Bars compare the target's distribution **p** (blue), the proposer's
 **q** (orange) and the residual **max(p − q, 0)/Z** (green) over the most likely tokens. The draft token x
 is accepted when a uniform random number **u ≤ min(1, p(x)/q(x))** (the green region of the bar below):
 tokens the proposer over-rates (q > p) are sometimes rejected. After a rejection the replacement is drawn

@@ -20,10 +20,12 @@ from .common import (
     FATES,
     as_trace,
     emitted_fate,
+    fate_label,
     fmt_prob,
     label,
     position_fate,
     quoted,
+    residual_prob,
     tokenwise_accepted,
 )
 
@@ -67,6 +69,8 @@ def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
              f"{fmt_prob(step.emitted.p) if step.emitted.p is not None else 'not recorded'}")
     if step.emitted.residual_empty:
         hover += "<br>residual empty (Z = 0): drawn from p instead, so it may equal the rejected draft"
+    if step.emitted.kind == "recovered" and trace.config.get("verify") != "greedy":
+        hover += f", r(x) = {fmt_prob(residual_prob(step))} (the residual it was drawn from)"
     return FATES.index(fate), label(trace, tok, 10), hover
 
 
@@ -128,7 +132,7 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
         colorscale=_colorscale(), zmin=0, zmax=len(FATES), showscale=False, xgap=2, ygap=2,
     ))
     for fate in FATES:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=FATE_STYLE[fate][2],
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=fate_label(fate, trace),
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[fate][0],
                                          "line": {"width": 1, "color": "#6b7280"}}))
     rows = min(max(n, 1), VISIBLE_ROWS)

@@ -78,6 +78,10 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
     st = trace.steps[step]
     if _suffix_drafted(st):
         return suffix_html(trace, st)
+    if st.match.get("kind") == "draft_model" and st.draft_token_ids:
+        from .draft_candidates import draft_candidates_html
+
+        return draft_candidates_html(trace, st)
     if not st.match.get("n"):
         return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">'
                 f'{html.escape(_no_match_text(trace, st))}</div>')
@@ -194,8 +198,12 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     trace = as_trace(trace)
     st = trace.steps[step]
     if _suffix_drafted(st):
-        return message_figure(f"step {st.index}: suffix decoding has no n-gram trie; its candidates are in the "
-                              "table at left", height=160)
+        from .suffix_tree import suffix_tree_figure
+
+        return suffix_tree_figure(trace, st)
+    if st.match.get("kind") == "draft_model" and st.draft_token_ids:
+        return message_figure(f"step {st.index}: the draft model's candidates and q for each drafted position are "
+                              "in the table at left", height=160)
     if st.match.get("kind") == "ngram_gpu" and st.match.get("n"):
         return message_figure(f"step {st.index}: ngram_gpu matched n = {st.match['n']} at context position "
                               f"{st.match['match_position']}; the device matcher builds no continuation trie "
@@ -230,10 +238,11 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
         hoverinfo="text", showlegend=False))
     rows = max([nd["row"] for nd in nodes] + [0]) + 1
     fig.update_layout(
-        height=min(170 + 50 * rows, 700), plot_bgcolor="#ffffff", margin={"l": 20, "r": 20, "t": 60, "b": 40},
-        title={"text": f"what followed the {len(st.match['occurrences'])} earlier occurrence(s) of the last "
+        height=min(170 + 50 * rows, 700), plot_bgcolor="#ffffff", margin={"l": 20, "r": 20, "t": 96, "b": 40},
+        title={"text": f"what followed the {len(st.match['occurrences'])} earlier occurrence(s)<br>of the last "
                        f"{st.match['n']} token(s)<br><span style='font-size:11px'>×count = how many occurrences "
-                       "continue this way; the purple dot is the looked-up suffix; blue = the drafted continuation</span>", "font": {"size": 13}},
+                       "continue this way;<br>purple dot = the looked-up suffix; blue = the drafted continuation</span>",
+               "font": {"size": 13}},
         xaxis={"title": "tokens after the match", "dtick": 1, "range": [-0.6, max(nd["depth"] for nd in nodes) + 0.6]},
         yaxis={"visible": False, "range": [rows - 0.5, -0.8]},
         legend={"orientation": "h", "y": -0.02, "x": 1.0, "xanchor": "right", "yanchor": "top"},

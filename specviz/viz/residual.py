@@ -22,13 +22,14 @@ from specviz.trace import Position, Step, Trace
 from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted, tokenwise_accepted
 
 MAX_BARS = 10
-WRAP = 86  # characters per title line
+WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px window
 P_COLOUR, Q_COLOUR, R_COLOUR, B_COLOUR = "#2563eb", "#f97316", "#16a34a", "#9333ea"
 
 
 def message_figure(text: str, height: int = 260) -> go.Figure:
     """An empty figure that only says ``text`` (used for empty states)."""
     fig = go.Figure()
+    text = "<br>".join(w for line in text.split("\n") for w in (textwrap.wrap(line, 58) or [""]))  # fits 1024 px
     fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                        font={"size": 14, "color": "#374151"}, align="center")
     fig.update_layout(height=height, xaxis={"visible": False}, yaxis={"visible": False},
@@ -112,14 +113,14 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
     fig.add_trace(go.Bar(x=[1.0], y=[""], orientation="h", marker_color="#fee2e2", showlegend=False,
                          hoverinfo="skip", width=0.5, offsetgroup="gauge"), row=row, col=1)
     fig.add_trace(go.Bar(x=[thr], y=[""], orientation="h", marker_color="#86efac", width=0.5, offsetgroup="gauge",
-                         name=f"accept region: {sym} ≤ {name}", hovertemplate=f"{name} = %{{x:.4f}}<extra></extra>"),
+                         name=f"accept region: {sym} ≤ {name}", showlegend=False, hovertemplate=f"{name} = %{{x:.4f}}<extra></extra>"),
                   row=row, col=1)
     ok = verdict in ("accepted", "passes")
     fig.add_trace(go.Scatter(x=[u], y=[""], mode="markers+text", text=[f"{sym} = {fmt_prob(u)}"],
                              textposition="middle left" if u > 0.6 else "middle right", cliponaxis=False,
                              marker={"symbol": "diamond", "size": 16, "color": "#15803d" if ok else "#dc2626",
                                      "line": {"width": 1, "color": "#111827"}},
-                             name=f"{sym} (the uniform drawn)", hovertemplate=f"{sym} = %{{x:.4f}}<extra></extra>"),
+                             name=f"{sym} (the uniform drawn)", showlegend=False, hovertemplate=f"{sym} = %{{x:.4f}}<extra></extra>"),
                   row=row, col=1)
     fig.update_xaxes(range=[0, 1.02], row=row, col=1, title_standoff=4, title_font={"size": 11},
                      title_text=(f"{sym} ~ Uniform(0, 1): green = pass ({sym} ≤ {name}), red = fail; τ = the last pass"
@@ -129,21 +130,34 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
 
 
 def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
+    """Block verification's numbers per draft position, each series named where it is drawn (no
+    legend entries): bars h_i, a purple line P_i, grey dashes min(1, p_i/q_i), diamonds η_i."""
     b = step.block
     k = len(step.draft_token_ids)
     x = [f"x{i}" for i in range(1, k + 1)]
     ratio = [pos.accept_prob for pos in step.positions[:k]]
-    for y, name, colour in ((b["P"][:k], "P_i (block acceptance weight)", B_COLOUR),
-                            (b["h"][:k], "h_i (pass probability)", "#14b8a6"),
-                            (ratio, "min(1, p_i/q_i) (token-wise test)", "#9ca3af")):
-        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=colour), row=row, col=1)
     passes = [e <= h for e, h in zip(b["eta"][:k], b["h"][:k])]
-    fig.add_trace(go.Scatter(x=x, y=b["eta"][:k], mode="markers", name="η_i (uniform; passes if η_i ≤ h_i)",
+    fig.add_trace(go.Bar(x=x, y=b["h"][:k], name="h_i", marker_color="#99f6e4", showlegend=False, width=0.6,
+                         text=[f"h={fmt_prob(v)}" for v in b["h"][:k]], textposition="inside", insidetextanchor="start",
+                         hovertemplate="h_%{x} = %{y:.4f}: the probability to accept the block up to here<extra></extra>"),
+                  row=row, col=1)
+    fig.add_trace(go.Scatter(x=x, y=b["P"][:k], mode="lines+markers", name="P_i", showlegend=False,
+                             line={"color": B_COLOUR, "width": 2}, marker={"size": 7},
+                             hovertemplate="P_%{x} = %{y:.4f}: how well the first i tokens match<extra></extra>"),
+                  row=row, col=1)
+    fig.add_trace(go.Scatter(x=x, y=ratio, mode="markers", name="min(1, p/q)", showlegend=False,
+                             marker={"symbol": "line-ew-open", "size": 22, "line": {"width": 3, "color": "#6b7280"}},
+                             hovertemplate="min(1, p/q) = %{y:.4f}: the token-wise test<extra></extra>"), row=row, col=1)
+    fig.add_trace(go.Scatter(x=x, y=b["eta"][:k], mode="markers", name="η_i", showlegend=False,
                              marker={"symbol": "diamond", "size": 13, "line": {"width": 1, "color": "#111827"},
-                                     "color": ["#15803d" if ok else "#dc2626" for ok in passes]}), row=row, col=1)
+                                     "color": ["#15803d" if ok else "#dc2626" for ok in passes]},
+                             hovertemplate="η_%{x} = %{y:.4f} (the uniform; passes if ≤ h_i)<extra></extra>"),
+                  row=row, col=1)
     tau = int(b.get("tau", step.num_accepted))
     tokenwise = tokenwise_accepted(step)
-    fig.update_yaxes(range=[0, 1.05], title_text="block", row=row, col=1)
+    fig.update_yaxes(range=[0, 1.05], title_text="block test", row=row, col=1)
+    fig.update_xaxes(title_text="teal bar h_i · purple line P_i · grey dash min(1, p/q) · ◆ η_i (green passes, red fails)",
+                     title_font={"size": 11}, title_standoff=2, row=row, col=1)
     return (f"block: τ = last i with η_i ≤ h_i = {tau} → {tau} token(s) accepted. With these same uniforms "
             f"token-wise verification (η_i ≤ min(1, p_i/q_i)) would have accepted {tokenwise}; block verification "
             "accepts at least as many on average, not on every draw")
@@ -160,9 +174,29 @@ def _title(trace: Trace, step: Step, i: int) -> str:
     if step.block and i <= step.num_accepted and i > (tokenwise_accepted(step) or 0):
         text += " (★ by block verification; token-wise would have rejected it)"
     if i == step.num_accepted + 1:
-        how = ("the target's argmax (greedy)" if trace.config.get("verify") == "greedy" else "drawn here")
-        text += f"; {step.emitted.kind} token {quoted(trace, step.emitted.token_id)} {how}"
+        greedy = trace.config.get("verify") == "greedy"
+        kind = "replacement" if greedy and step.emitted.kind == "recovered" else step.emitted.kind
+        text += f"; {kind} token {quoted(trace, step.emitted.token_id)} {'the target’s argmax (greedy)' if greedy else 'drawn here'}"
     return text
+
+
+def decision_heading(trace: Trace, step: Step, i: int) -> str:
+    """The caption's heading for slot ``i`` of ``step``: one question per decision (accepted,
+    rejected, unused, recovered / replacement, bonus, plain target token)."""
+    k = len(step.draft_token_ids)
+    own = quoted(trace, step.emitted.token_id)
+    if k == 0:
+        return f"Nothing drafted: where did {own} come from?"
+    if i > k:
+        return f"Where did the bonus token {own} come from?"
+    x, fate = quoted(trace, step.draft_token_ids[i - 1]), position_fate(step, i)
+    if fate == "rejected":
+        if trace.config.get("verify") == "greedy":
+            return f"Why was {x} rejected, and why {own}?"
+        return f"Why was {x} rejected, and where did the recovered {own} come from?"
+    if fate == "unused":
+        return f"Why was {x} never used?"
+    return f"Why was {x} accepted?"
 
 
 def _subplots(gauge: bool, block: bool) -> tuple[go.Figure, int | None, int | None]:
@@ -209,7 +243,7 @@ def residual_figure(trace: Trace | dict[str, Any], step: int | None = None, posi
                               f"{st.num_accepted + 1} was rejected, so the step drew a recovered token, not a bonus.")
     if has_block:
         lines.append(_block_panel(fig, st, block_row))
-    return _finish(fig, [_title(trace, st, i), *lines], has_block)
+    return _finish(fig, [decision_heading(trace, st, i), _title(trace, st, i), *lines], has_block)
 
 
 def _own_mark(trace: Trace, st: Step) -> tuple[int, str, str]:
@@ -224,16 +258,21 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     fig, gauge_row, block_row = _subplots(verify != "greedy", has_block)
     p, q, r = _as_dict(pos.p_top), _as_dict(pos.q_top), _as_dict(pos.residual_top)
     p.setdefault(pos.token_id, pos.p), q.setdefault(pos.token_id, pos.q)
-    series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q), ("residual max(p−q,0)/Z", R_COLOUR, r)]
+    series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q)]
+    if verify != "greedy":  # greedy replaces a rejected token by the target's argmax: no residual is drawn
+        series.append(("residual max(p−q,0)/Z", R_COLOUR, r))
     marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
     here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
+    block_note = None
     if here:
         if verify == "block":
             series.append(("block residual (drawn from)", B_COLOUR, _as_dict(st.emitted.top)))
+            block_note = ("purple bars: the block residual the recovered token was drawn from, "
+                          "normalize(max(P_τ·p − q, 0)) at this position (Sun et al. 2024)")
         marks.append(_own_mark(trace, st))
     _bars(fig, trace, series, [pos.token_id, st.emitted.token_id if here else None], marks)
     test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row)
-    return fig, block_row, [test + f"  ·  Z = Σ max(p−q, 0) = {fmt_prob(pos.residual_mass)}"]
+    return fig, block_row, [test + f"  ·  Z = Σ max(p−q, 0) = {fmt_prob(pos.residual_mass)}", *filter(None, [block_note])]
 
 
 def _own_token(trace: Trace, st: Step, has_block: bool) -> tuple[go.Figure, int | None, list[str]]:

@@ -121,7 +121,8 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
     alpha = estimated_alpha(trace)
     if alpha is not None:
         fig.add_trace(go.Scatter(x=[alpha], y=[m["mean_acceptance_length"]], mode="markers+text",
-                                 text=[f"measured: {m['mean_acceptance_length']:.2f}"], textposition="top left",
+                                 text=[f"measured: {m['mean_acceptance_length']:.2f}"],
+                                 textposition="top left" if alpha > 0.5 else "top right",  # inside the panel
                                  marker={"size": 13, "color": "#dc2626", "symbol": "star"},
                                  name=f"this run: a = {alpha:.2f} (accepted / verified positions, not / drafted)"),
                       row=2, col=1)
@@ -143,7 +144,9 @@ def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | 
         fig.add_trace(go.Bar(y=[name for name, _ in bars], x=[b["time_ms"].get(part, 0.0) for _, b in bars],
                              orientation="h", name=part, marker_color=colour, text=totals, textposition="outside",
                              cliponaxis=False, hovertemplate=f"{part}: %{{x:.1f}} ms<extra></extra>"), row=2, col=2)
-    fig.update_xaxes(title_text="ms: draft · verify (target forward) · sample", row=2, col=2)
+    longest = max([sum(b["time_ms"].values()) for _, b in bars] + [1.0])
+    # room on the right for the "N ms" totals written outside the bars
+    fig.update_xaxes(title_text="ms: draft · verify (target forward) · sample", range=[0, longest * 1.22], row=2, col=2)
 
 
 def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: str | None = None) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from specviz.trace import Trace
 
-from .common import FATE_STYLE, TokenEvent, as_trace, fmt_prob, token_events, token_text
+from .common import FATE_STYLE, TokenEvent, as_trace, fate_label, fmt_prob, residual_prob, token_events, token_text
 
 PROMPT_CHARS = 240  # longer prompts show only their last PROMPT_CHARS characters (and at most PROMPT_LINES lines)
 PROMPT_LINES = 4
@@ -44,9 +44,14 @@ def _title(ev: TokenEvent, trace: Trace) -> str:
         "bonus": "bonus token, drawn from p after every draft token was accepted",
         "target": "target token (this step drafted nothing)",
     }.get(ev.fate, ev.fate)
+    greedy = trace.config.get("verify") == "greedy"
+    if ev.fate == "recovered" and greedy:
+        what = "replacement token: the target's argmax after the rejection (greedy verification)"
     lines = [f"step {ev.step}, position {ev.slot}: {what}",
              f"token {token_text(trace, ev.token_id)!r} (id {ev.token_id})",
              f"p(x) = {fmt_prob(ev.p) if ev.p is not None else 'not recorded'}"]
+    if ev.fate == "recovered" and not greedy and 0 <= ev.step < len(trace.steps):
+        lines[-1] += f"   r(x) = {fmt_prob(residual_prob(trace.steps[ev.step]))} (the residual it was drawn from)"
     if ev.fate in ("accepted", "rejected"):
         lines.append(f"q(x) = {fmt_prob(ev.q)}   u = {fmt_prob(ev.u)}   min(1, p/q) = {fmt_prob(ev.accept_prob)}")
     if ev.unused_after:
@@ -64,12 +69,13 @@ def _piece_html(piece: str) -> str:
     return text
 
 
-def legend_html(fates: tuple[str, ...] = LEGEND_FATES) -> str:
-    """A one-line colour legend for the token fates."""
+def legend_html(fates: tuple[str, ...] = LEGEND_FATES, trace: Trace | None = None) -> str:
+    """A one-line colour legend for the token fates (labels as :func:`~specviz.viz.common.fate_label`
+    gives them for ``trace``: at greedy verification the replacement token is the target's argmax)."""
     items = []
     for fate in fates:
         style = _span_style(fate, False, False) + "padding:1px 6px;"
-        items.append(f'<span style="{style}">{html.escape(FATE_STYLE[fate][2])}</span>')
+        items.append(f'<span style="{style}">{html.escape(fate_label(fate, trace))}</span>')
     note = ('<span style="color:#64748b">tokens of one verification step touch; a gap separates steps</span>')
     return ('<div class="sv-legend" style="display:flex;flex-wrap:wrap;gap:6px;margin:4px 0 8px 0;'
             'font-size:13px">' + "".join(items) + note + "</div>")
@@ -106,4 +112,4 @@ def token_stream_html(trace: Trace | dict[str, Any], selected_step: int | None =
         )
     if not trace.steps:
         parts.append('<span style="color:#9ca3af"> (no tokens yet)</span>')
-    return f'<div class="sv-stream">{legend_html()}<div style="{_BOX}">{"".join(parts)}</div></div>'
+    return f'<div class="sv-stream">{legend_html(trace=trace)}<div style="{_BOX}">{"".join(parts)}</div></div>'

@@ -1,0 +1,109 @@
+"""The app on a GPU (issue 13, point 6): launch app.py's Blocks on CUDA with the bundled models, drive every
+bundled example and every method / verification mode twice through gradio_client (first and second run of each
+setting in one fresh app process), and record what the speedup panel reports (the side-by-side measurement in
+the exported trace's ``metrics.baseline_none``) plus tokens per target forward and capture time.
+
+    PYTHONPATH=/root/gpu-site python3 scripts/gpu_app_check.py --out $OUT/app_gpu.json
+
+Writes the JSON and a markdown table beside it (``.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do not cover
+    ("eagle3 greedy", "eagle3", "greedy", 0.0, 4, ""),
+    ("eagle greedy", "eagle", "greedy", 0.0, 4, ""),
+    ("eagle3 standard T=0.8", "eagle3", "standard", 0.8, 4, ""),
+    ("ngram_gpu greedy", "ngram_gpu", "greedy", 0.0, 5, ""),
+    ("suffix greedy", "suffix", "greedy", 0.0, 5, ""),
+    ("draft_model block T=1", "draft_model", "block", 1.0, 4, ""),
+    ("draft_model synthetic (not lossless)", "draft_model", "synthetic", 0.0, 4, "0.9, 0.8, 0.7, 0.6"),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--limit", type=int, default=None, help="only the first N cases (a quick check)")
+    a = ap.parse_args()
+    from gradio_client import Client
+
+    import load_app
+
+    t0 = time.time()
+    demo, url = load_app.launch(None, None, a.device)
+    launch_s = time.time() - t0
+    client = Client(url, verbose=False)
+    examples = json.loads((ROOT / "assets/examples/prompts.json").read_text())["examples"]
+    cases = []
+    for ex in examples:
+        st = ex["settings"]
+        cases.append((ex["name"], ex["prompt"], st["method"], st.get("verify", "greedy"), st.get("temperature", 0.0),
+                      st.get("num_speculative_tokens", 4), st.get("max_new_tokens", a.max_new_tokens),
+                      st.get("prompt_lookup_min", 2), st.get("prompt_lookup_max", 4), st.get("seed", 0), ""))
+    prompt = examples[1]["prompt"] if len(examples) > 1 else examples[0]["prompt"]
+    for name, method, verify, temp, k, rates in EXTRA:
+        cases.append((name, prompt, method, verify, temp, k, a.max_new_tokens, 2, 4, 0, rates))
+    rows = []
+    for name, prompt, method, verify, temp, k, max_new, lo, hi, seed, rates in cases[: a.limit]:
+        for attempt in (1, 2):
+            args = (prompt, method, k, verify, temp, 0, 1.0, max_new, seed, lo, hi, rates, True, 3)
+            t = time.time()
+            try:
+                out = client.predict(*args, api_name="/run")
+                files = client.predict(0, 0, api_name="/export")
+                trace_file = next(f for f in (files if isinstance(files, list) else [files])
+                                  if str(f).endswith(".json"))
+                tr = json.loads(Path(trace_file).read_text())
+                m = tr["metrics"]
+                meas = (m.get("baseline_none") or {}).get("measurement") or {}
+                row = {"case": name, "run": attempt, "method": method, "verify": verify, "temperature": temp, "k": k,
+                       "tokens": m.get("num_generated_tokens"),
+                       "tokens_per_target_forward": m.get("tokens_per_target_forward"),
+                       "mean_acceptance_length": m.get("mean_acceptance_length"), "capture_ms": m.get("capture_ms"),
+                       "speedup_median": meas.get("median"), "speedup_low": meas.get("low"),
+                       "speedup_high": meas.get("high"), "speedup_n": meas.get("n"), "noisy": meas.get("noisy"),
+                       "progress": str(out[0])[:200], "wall_s": round(time.time() - t, 2)}
+            except Exception as exc:  # noqa: BLE001  (record and go on: one failing case must not end the check)
+                row = {"case": name, "run": attempt, "method": method, "verify": verify, "error": repr(exc)[:300],
+                       "wall_s": round(time.time() - t, 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": a.device,
+           "launch_and_warm_up_s": round(launch_s, 1), "rows": rows}
+    try:
+        import torch
+
+        res["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        pass
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    lines = ["| case | run | tokens/forward | MAL | speedup (median, range, n) | capture ms |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['case']} | {r['run']} | error: {r['error'][:80]} | | | |")
+            continue
+        sp = (f"{r['speedup_median']:.2f}x ({r['speedup_low']:.2f}-{r['speedup_high']:.2f}, n={r['speedup_n']})"
+              if r["speedup_median"] else "none")
+        lines.append(f"| {r['case']} | {r['run']} | {r['tokens_per_target_forward']:.2f} | "
+                     f"{r['mean_acceptance_length']:.2f} | {sp} | {r['capture_ms']:.0f} |")
+    Path(a.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    demo.close()
+
+
+if __name__ == "__main__":
+    main()

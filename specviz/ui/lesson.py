@@ -1,0 +1,195 @@
+"""Lesson mode controls: Lesson / Back / Play / Next, jump to a step, the chapter panel, and the
+presentation layout's switch. The chapters are :mod:`specviz.viz.lesson` (pure functions of the
+trace); these handlers only move an index and select the chapter's step and position in the
+existing views.
+
+Events (api names, besides ``lesson_reset`` when a run or upload ends the lesson): ``lesson_start``, ``lesson_next``, ``lesson_back``, ``lesson_goto`` (a step
+index), ``lesson_play`` (toggles Play), ``lesson_tick`` (Play's timer: the next chapter, pausing at
+the last). Keyboard while a lesson runs: right arrow = Next, left arrow = Back, space = Play/Pause
+(ignored while typing in a field). The presentation layout (large type, Run and the chapter above
+the fold) is on with ``?present=1`` in the URL or ``build_app(present=True)`` (``app.py --present``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from specviz.trace import Trace
+from specviz.viz.lesson import chapter_html, chapter_of_step, lesson_chapters
+
+from .handlers import _number, _sliders, _trace_of
+from .views import selection_views
+
+PLAY_SECONDS = 6.0  # Play shows the next chapter after this many seconds
+IDLE = ("<div class='sv-lesson-idle'{present}>Lesson mode: after a run (or an uploaded trace), press "
+        "<b>Lesson</b> to walk through it chapter by chapter: Next / Back (→ / ←), Play (space), or jump to a step."
+        "</div>")
+NO_TRACE = "<div class='sv-lesson-idle'>There is no run to explain yet: press Run (or upload a trace), then Lesson.</div>"
+
+# Highlights the view the chapter talks about, scrolls it into view below the (sticky) chapter
+# panel, binds the keyboard once, and turns the presentation layout on (?present=1 or data-present).
+LESSON_JS = """
+const params = new URLSearchParams(window.location.search);
+if (['1', 'true', 'yes'].includes(params.get('present')) || element.querySelector('[data-present="1"]')) {
+  document.body.classList.add('sv-present');
+}
+const svFocus = () => {
+  const ch = element.querySelector('.sv-chapter');
+  document.body.classList.toggle('sv-lesson-on', !!ch);
+  if (!ch) document.body.style.paddingTop = '';
+  document.querySelectorAll('.sv-focus').forEach((e) => e.classList.remove('sv-focus'));
+  if (!ch) return;
+  const target = document.getElementById(ch.dataset.focus);
+  if (!target) return;
+  target.classList.add('sv-focus');
+  if (element.svShown === ch.dataset.index) return;
+  element.svShown = ch.dataset.index;
+  const panel = document.getElementById('sv-lesson');
+  document.body.style.paddingTop = `${panel ? panel.offsetHeight : 0}px`;  // the panel is fixed while a lesson runs
+  // after the views redraw (their heights settle), put the view's top just below the panel
+  const place = () => {
+    const below = panel ? panel.offsetHeight : 0;
+    const top = target.getBoundingClientRect().top + window.scrollY - below - 8;
+    window.scrollTo({top: Math.max(top, 0), behavior: 'instant'});
+  };
+  setTimeout(place, 250);
+  setTimeout(place, 900);
+};
+new MutationObserver(svFocus).observe(element, {childList: true, subtree: true, characterData: true});
+if (!window.svLessonKeys) {
+  window.svLessonKeys = true;
+  document.addEventListener('keydown', (ev) => {
+    if (!document.body.classList.contains('sv-lesson-on') || ev.ctrlKey || ev.metaKey || ev.altKey) return;
+    if (ev.target && ev.target.closest && ev.target.closest('input, textarea, select, [contenteditable="true"]')) return;
+    const id = {ArrowRight: 'sv-lesson-next', ArrowLeft: 'sv-lesson-back', ' ': 'sv-lesson-play'}[ev.key];
+    const button = id && document.getElementById(id);
+    if (!button) return;
+    ev.preventDefault();
+    button.click();
+  });
+}
+"""
+
+
+def new_lesson() -> dict[str, Any]:
+    """A lesson's session state: the chapter shown (-1: none) and whether Play is on."""
+    return {"index": -1, "playing": False}
+
+
+def lesson_panel(present: bool = False) -> dict[str, Any]:
+    """The lesson bar and chapter panel (call inside the Blocks, where it should appear)."""
+    c: dict[str, Any] = {}
+    with gr.Group(elem_id="sv-lesson"):
+        with gr.Row(elem_id="sv-lesson-bar", equal_height=True):
+            c["start"] = gr.Button("Lesson", variant="primary", elem_id="sv-lesson-start", scale=0, min_width=110)
+            c["back"] = gr.Button("◀ Back", elem_id="sv-lesson-back", scale=0, min_width=110)
+            c["play"] = gr.Button("Play", elem_id="sv-lesson-play", scale=0, min_width=110)
+            c["next"] = gr.Button("Next ▶", elem_id="sv-lesson-next", scale=0, min_width=110)
+            c["goto"] = gr.Number(None, label="jump to step", precision=0, minimum=0, elem_id="sv-lesson-goto", scale=0,
+                                  min_width=120)
+        c["text"] = gr.HTML(IDLE.format(present=" data-present='1'" if present else ""), elem_id="sv-lesson-text",
+                            js_on_load=LESSON_JS)
+    c["timer"] = gr.Timer(PLAY_SECONDS, active=False)
+    c["state"] = gr.State(new_lesson())
+    return c
+
+
+def _show(trace: Trace, lesson: dict[str, Any], index: int) -> tuple[Any, ...]:
+    """(chapter html, lesson state, step slider, position slider, stream, grid, residual, match,
+    trie) for chapter ``index`` (clamped). A chapter about the whole run (statistics) leaves the
+    sliders and the selection views as they are."""
+    chapters = lesson_chapters(trace)
+    n = min(max(int(index), 0), len(chapters) - 1)
+    ch = chapters[n]
+    lesson = {**lesson, "index": n}
+    if ch.step is None or not trace.steps:
+        return (chapter_html(chapters, n), lesson, *([gr.skip()] * 7))
+    position = ch.position if ch.position is not None else trace.steps[ch.step].num_accepted + 1
+    views = selection_views(trace, ch.step, position)
+    return (chapter_html(chapters, n), lesson, *_sliders(trace, ch.step, position), *views)
+
+
+def _skip(message: str, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    return (message, {**new_lesson(), **(lesson or {}), "index": -1}, *([gr.skip()] * 7))
+
+
+def lesson_start(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Lesson: the first chapter of the session's trace (a message when there is none)."""
+    trace = _trace_of(state)
+    if trace is None or not trace.steps:
+        return _skip(NO_TRACE, lesson)
+    return _show(trace, lesson or new_lesson(), 0)
+
+
+def _move(state: dict[str, Any] | None, lesson: dict[str, Any] | None, delta: int) -> tuple[Any, ...]:
+    trace = _trace_of(state)
+    if trace is None or not trace.steps:
+        return _skip(NO_TRACE, lesson)
+    lesson = lesson or new_lesson()
+    return _show(trace, lesson, max(int(lesson.get("index", -1)), 0 if delta > 0 else 1) + delta)
+
+
+def lesson_next(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Next: the following chapter (stays on the last one; starts the lesson if none is shown)."""
+    if (lesson or {}).get("index", -1) < 0:
+        return lesson_start(state, lesson)
+    return _move(state, lesson, +1)
+
+
+def lesson_back(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Back: the previous chapter (stays on the first)."""
+    return _move(state, lesson, -1)
+
+
+def lesson_goto(state: dict[str, Any] | None, lesson: dict[str, Any] | None, step: Any) -> tuple[Any, ...]:
+    """Jump to step: the first chapter of that step (clamped to the run's steps)."""
+    trace = _trace_of(state)
+    if trace is None or not trace.steps:
+        return _skip(NO_TRACE, lesson)
+    chapters = lesson_chapters(trace)
+    return _show(trace, lesson or new_lesson(), chapter_of_step(chapters, int(_number(step, 0))))
+
+
+def lesson_play(lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Play / Pause: (timer, button, lesson state); Play advances every PLAY_SECONDS."""
+    playing = not (lesson or {}).get("playing", False)
+    return (gr.Timer(active=playing), gr.Button("Pause" if playing else "Play"),
+            {**new_lesson(), **(lesson or {}), "playing": playing})
+
+
+def lesson_tick(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    """Play's timer: the next chapter; at the last chapter (or without a trace) Play pauses.
+    Returns :func:`lesson_next`'s outputs, then the timer and the Play button."""
+    trace = _trace_of(state)
+    lesson = lesson or new_lesson()
+    out = lesson_next(state, lesson)
+    count = len(lesson_chapters(trace)) if trace is not None and trace.steps else 0
+    if out[1]["index"] < 0 or out[1]["index"] >= count - 1:
+        return (*out[:1], {**out[1], "playing": False}, *out[2:], gr.Timer(active=False), gr.Button("Play"))
+    return (*out, gr.skip(), gr.skip())
+
+
+def lesson_reset(lesson: dict[str, Any] | None) -> tuple[Any, ...]:
+    """A new run or upload ends the lesson: (idle panel, lesson state, timer off, Play button)."""
+    return (IDLE.format(present=""), new_lesson(), gr.Timer(active=False), gr.Button("Play"))
+
+
+def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any], resets: list[Any] = ()) -> None:
+    """Connect the lesson controls ``c`` (from :func:`lesson_panel`) to the session ``state``
+    and the views (``views`` holds step, position, stream, grid, residual, match, trie);
+    ``resets``: event triggers (e.g. ``run_button.click``) that end a running lesson."""
+    outs = [c["text"], c["state"], views["step"], views["position"],
+            *(views[n] for n in ("stream", "grid", "residual", "match", "trie"))]
+    common = {"concurrency_id": "selection", "trigger_mode": "always_last"}
+    c["start"].click(lesson_start, [state, c["state"]], outs, api_name="lesson_start", **common)
+    c["next"].click(lesson_next, [state, c["state"]], outs, api_name="lesson_next", **common)
+    c["back"].click(lesson_back, [state, c["state"]], outs, api_name="lesson_back", **common)
+    c["goto"].submit(lesson_goto, [state, c["state"], c["goto"]], outs, api_name="lesson_goto", **common)
+    c["play"].click(lesson_play, [c["state"]], [c["timer"], c["play"], c["state"]], api_name="lesson_play")
+    if resets:
+        gr.on(list(resets), lesson_reset, [c["state"]], [c["text"], c["state"], c["timer"], c["play"]],
+              api_name="lesson_reset")
+    c["timer"].tick(lesson_tick, [state, c["state"]], [*outs, c["timer"], c["play"]], api_name="lesson_tick",
+                    **common)

@@ -1,0 +1,39 @@
+"""Where a draft model's tokens came from: at each drafted position, the drafted token x_i, its
+draft probability q_i(x_i), the draft's own top candidates (q_top, recorded by the sampler) and
+the target's p_i(x_i). Greedy drafting (temperature 0) takes q's argmax; otherwise x_i is
+sampled from q = softmax(logits / T) (specviz/proposers/draft_model.py)."""
+
+from __future__ import annotations
+
+import html
+
+from specviz.trace import Step, Trace
+
+from .common import fmt_prob, token_text
+
+TOP = 5  # candidates listed per position
+
+
+def draft_candidates_html(trace: Trace, step: Step) -> str:
+    """HTML table of ``step``'s drafted positions (see module docstring); rows carry
+    ``data-position``. A step without per-position details gets a sentence instead."""
+    how = "took the draft's argmax (greedy drafting)" if (step.match or {}).get("greedy") else \
+        "sampled x_i from the draft's q = softmax(logits / T)"
+    if not step.positions:
+        return (f"<div class='sv-match-empty' style='padding:12px;color:#374151'>step {step.index}: the draft model "
+                f"drafted {len(step.draft_token_ids)} token(s); this trace has no per-position details.</div>")
+    rows = []
+    for pos in step.positions:
+        cands = " ".join(
+            f"<code style='{'font-weight:bold;background:#fed7aa' if int(t) == pos.token_id else ''}'>"
+            f"{html.escape(repr(token_text(trace, int(t))))}</code>&nbsp;{fmt_prob(float(q))}"
+            for t, q in pos.q_top[:TOP])
+        rows.append(f"<tr data-position='{pos.index}'><td>x{pos.index}</td>"
+                    f"<td><code>{html.escape(repr(token_text(trace, pos.token_id)))}</code></td>"
+                    f"<td>{fmt_prob(pos.q)}</td><td>{cands or '—'}</td><td>{fmt_prob(pos.p)}</td></tr>")
+    head = ("<tr><th>i</th><th>drafted x_i</th><th>q(x_i)</th><th>the draft's top candidates (q)</th>"
+            "<th>target p(x_i)</th></tr>")
+    note = (f"<p style='font-size:13px;color:#374151'>Step {step.index}: the draft model ran once per position and "
+            f"{how}; the drafted token is highlighted among its candidates.</p>")
+    return (f"<div class='sv-match sv-draft-candidates'>{note}<table style='font-size:13px;border-collapse:collapse' "
+            f"cellpadding='4'>{head}{''.join(rows)}</table></div>")

@@ -1,0 +1,343 @@
+"""Lesson mode: a real run told as a sequence of chapters, each written from the trace's numbers.
+
+Pure functions of a :class:`~specviz.trace.Trace`; no gradio, no model. Per verification step
+the chapters are (algorithms.md's terms, vLLM's method names):
+
+1. ``draft``: what the proposer drafted and why (the n-gram match, the suffix-tree candidate,
+   the draft model's own top candidates q, or a generic line for a method this module does not
+   know, e.g. one added later through the method registry);
+2. ``forward``: the one target forward over the k' draft tokens (p_1 ... p_{k'+1} at once);
+3. ``test``: the acceptance test at each verified position (greedy: the target's argmax;
+   standard: u <= min(1, p/q); block: eta_i <= h_i, Sun et al. 2024; synthetic: u <= a_i / a_(i-1),
+   not lossless); block adds a ``block`` chapter with tau;
+4. ``outcome``: the recovered token and the residual it was drawn from, or the bonus token;
+5. ``commit``: the tokens the step committed.
+
+A run starts with an ``intro`` chapter and ends with ``stats`` (metrics from ``trace.metrics``,
+defined in specviz/trace.py). Each chapter names the step and position it selects in the
+existing views and the view it highlights (``focus``).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from specviz.trace import Position, Step, Trace
+
+from .common import as_trace, fmt_prob, metrics_of, quoted, tokenwise_accepted
+
+FOCUS_VIEWS = ("stream", "grid", "residual", "match", "stats")
+TOP_CANDIDATES = 3  # draft candidates / residual entries named in a sentence
+
+METHOD_TEXT = {
+    "none": "method none (plain decoding: no proposer, one token per target forward)",
+    "ngram": "method ngram (prompt lookup: drafts are copied from earlier text, no model)",
+    "ngram_gpu": "method ngram_gpu (prompt lookup on the device: the same drafts as ngram)",
+    "suffix": "method suffix (suffix decoding: drafts follow a suffix tree of this request and of earlier outputs)",
+    "draft_model": "method draft_model (a small language model drafts token by token)",
+}
+VERIFY_TEXT = {
+    "greedy": ("greedy verification: a draft token is accepted iff it is the target's argmax; the output equals "
+               "plain greedy decoding token for token"),
+    "standard": ("standard verification (rejection sampling): x is accepted when u ≤ min(1, p(x)/q(x)); lossless, "
+                 "the output follows the target's distribution exactly"),
+    "block": ("block verification (Sun et al. 2024): the draft is judged as a whole through P_i, h_i and η_i; "
+              "lossless, and accepts at least as many tokens as standard on average"),
+    "synthetic": ("synthetic verification: position i is accepted with a given rate a_i, not from p and q. It is "
+                  "NOT lossless (the output does not follow the target); use it for speed studies only"),
+}
+
+
+@dataclass(frozen=True)
+class Chapter:
+    """One page of a lesson.
+
+    kind: intro | draft | forward | test | block | outcome | commit | stats.
+    title / text: HTML-safe strings (token texts escaped), written from the trace's numbers.
+    step: the step index it talks about (None for intro / stats); position: the 1-based slot it
+    selects in the views (None: the step's decision slot); focus: one of FOCUS_VIEWS.
+    """
+
+    kind: str
+    title: str
+    text: str
+    step: int | None = None
+    position: int | None = None
+    focus: str = "stream"
+
+
+def _toks(trace: Trace, ids: list[int]) -> str:
+    return " ".join(quoted(trace, t) for t in ids) or "(none)"
+
+
+def _top(trace: Trace, pairs: list[list[float]], n: int = TOP_CANDIDATES) -> str:
+    return ", ".join(f"{quoted(trace, int(t))} {fmt_prob(float(v))}" for t, v in pairs[:n]) or "—"
+
+
+def _verify(trace: Trace) -> str:
+    return str(trace.config.get("verify", ""))
+
+
+def _method(trace: Trace, step: Step | None = None) -> str:
+    return str((step.proposer if step is not None and step.proposer else None) or trace.config.get("method", ""))
+
+
+def intro_chapter(trace: Trace) -> Chapter:
+    cfg = trace.config
+    method, verify = _method(trace), _verify(trace)
+    how = METHOD_TEXT.get(method, f"method {html.escape(method)} (a proposer this lesson has no special text for)")
+    rule = VERIFY_TEXT.get(verify, f"verification {html.escape(verify)}")
+    n = len(trace.steps)
+    text = (f"This run used <b>{how}</b>, k = {cfg.get('num_speculative_tokens')}, temperature "
+            f"{cfg.get('temperature')}, and <b>{rule}</b>. {n} verification step(s), one target forward each. Per step: "
+            "the draft, the target forward, the test at each position, the recovered or bonus token, the commit; "
+            "then the statistics.")
+    return Chapter("intro", f"A real run, step by step ({n} steps)", text, 0 if n else None, None, "stream")
+
+
+# ---- 1. the draft ---------------------------------------------------------------------------
+def _draft_why(trace: Trace, st: Step) -> str:
+    """Why the proposer drafted these tokens, per method (generic for unknown methods)."""
+    m, method, k = st.match or {}, _method(trace, st), len(st.draft_token_ids)
+    drafted = _toks(trace, st.draft_token_ids)
+    if m.get("kind") in ("ngram", "ngram_gpu") and m.get("n"):
+        occ = m.get("occurrences") or [m.get("match_position")]
+        return (f"The last n = {m['n']} token(s) of the context, {_toks(trace, m.get('suffix', []))}, occur earlier "
+                f"({len(occ)} occurrence(s); the earliest, at context position {m.get('match_position')}, is used). "
+                f"The {k} token(s) that followed it are copied as the draft: {drafted}. No model ran.")
+    if m.get("kind") == "suffix" and m.get("chosen"):
+        c = m["chosen"]
+        steps = ", ".join(f"{quoted(trace, t)} ({fmt_prob(p)})" for t, p in zip(c["draft"], c["probs"]))
+        n_cands = sum(1 for x in m.get("candidates", []) if x.get("draft"))
+        return (f"Suffix decoding matched the last m = {c['match_length']} token(s) in the {c['source']} suffix tree "
+                f"({'this request' if c['source'] == 'local' else 'earlier outputs'}) and followed its most frequent "
+                f"continuation (running probability in brackets): {steps}. Its score {fmt_prob(c['score'])} (the sum "
+                f"of those probabilities) was the best of {n_cands} candidate(s), so it became the draft.")
+    if method == "draft_model" or m.get("kind") == "draft_model":
+        how = "took its argmax (greedy drafting at temperature 0)" if m.get("greedy") else \
+            "sampled from q = softmax(logits / T)"
+        per = []
+        for i, pos in enumerate(st.positions[:k], start=1):
+            per.append(f"x{i} = {quoted(trace, pos.token_id)} with q = {fmt_prob(pos.q)} "
+                       f"(its top candidates: {_top(trace, pos.q_top)})")
+        return (f"The draft model ran {k} forward(s), one per token, and at each position {how}: "
+                + ("; ".join(per) or drafted) + ".")
+    qs = ", ".join(f"q(x{i}) = {fmt_prob(p.q)}" for i, p in enumerate(st.positions[:k], start=1))
+    return (f"The proposer {html.escape(method)} drafted {k} token(s): {drafted}"
+            + (f" ({qs})." if qs else "."))
+
+
+def _no_draft_why(trace: Trace, st: Step) -> str:
+    method, m = _method(trace, st), st.match or {}
+    if method == "none":
+        return "Method none never drafts: this is one plain decoding step of the target."
+    tried = ", ".join(f"n = {t['n']}: {t['occurrences']}" for t in m.get("tried", []))
+    if method in ("ngram", "ngram_gpu"):
+        return ("No earlier occurrence of the context's last n tokens" + (f" (occurrences tried {tried})" if tried
+                                                                          else "") +
+                ", so nothing was drafted and the target decodes one token, as plain decoding would.")
+    return (f"The proposer {html.escape(method)} had nothing to suggest, so the target decodes one token, as plain "
+            "decoding would.")
+
+
+def draft_chapter(trace: Trace, st: Step) -> Chapter:
+    k = len(st.draft_token_ids)
+    if k == 0:
+        return Chapter("draft", f"Step {st.index}: nothing drafted", _no_draft_why(trace, st), st.index, 1, "match")
+    known = (st.match or {}).get("kind") in ("ngram", "ngram_gpu", "suffix", "draft_model")
+    return Chapter("draft", f"Step {st.index}: the proposer drafts {k} token(s)", _draft_why(trace, st), st.index, 1,
+                   "match" if known else "grid")
+
+
+# ---- 2. the target forward ------------------------------------------------------------------
+def forward_chapter(trace: Trace, st: Step) -> Chapter:
+    k = len(st.draft_token_ids)
+    ps = ", ".join(f"p(x{i}) = {fmt_prob(p.p)}" for i, p in enumerate(st.positions[:k], start=1))
+    ms = st.timings_ms.get("verify")
+    text = (f"The target runs <b>one</b> forward over the context plus the {k} draft token(s). It returns all "
+            f"{k + 1} next-token distributions p_1 … p_{k + 1} at once (p_{k + 1} is the bonus slot, used only if "
+            "every draft token is accepted). "
+            + (f"The target's probability of each draft token: {ps}. " if ps else "")
+            + (f"This forward took {ms:.1f} ms on the machine that recorded the run." if ms else ""))
+    return Chapter("forward", f"Step {st.index}: one target forward checks all {k} draft tokens", text, st.index, 1,
+                   "grid")
+
+
+# ---- 3. the acceptance test -----------------------------------------------------------------
+def _argmax(pos: Position) -> int | None:
+    return int(max(pos.p_top, key=lambda tv: tv[1])[0]) if pos.p_top else None
+
+
+def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
+    """The acceptance test of one drafted position, with the trace's numbers."""
+    verify, x = _verify(trace), quoted(trace, pos.token_id)
+    i = pos.index
+    if verify == "greedy":
+        top = _argmax(pos)
+        if pos.accepted:
+            return f"The target's argmax at position {i} is {x} (p = {fmt_prob(pos.p)}), the draft token: {x} is accepted."
+        best = quoted(trace, top) if top is not None else "another token"
+        return f"The target's argmax at position {i} is {best}, not {x}: {x} is rejected."
+    if verify == "block" and st.block:
+        b, j = st.block, i - 1
+        eta, h = b["eta"][j], b["h"][j]
+        ok = eta <= h
+        return (f"Block test at position {i}: P_{i} = {fmt_prob(b['P'][j])} (how well the first {i} token(s) match), "
+                f"h_{i} = {fmt_prob(h)} (the probability to accept the block up to {i}); η_{i} = {fmt_prob(eta)} "
+                f"{'≤' if ok else '>'} h_{i}, so position {i} {'passes' if ok else 'fails'}. Token-wise it would be "
+                f"η_{i} {'≤' if eta <= pos.accept_prob else '>'} min(1, p/q) = {fmt_prob(pos.accept_prob)}.")
+    if verify == "synthetic":
+        rate = f"a_{i}" if i == 1 else f"a_{i} / a_{i - 1}"
+        return (f"u = {fmt_prob(pos.u)} {'≤' if pos.accepted else '>'} {rate} = {fmt_prob(pos.accept_prob)}, "
+                f"so {x} is {'accepted' if pos.accepted else 'rejected'}. Synthetic: the given rate decides, not p "
+                f"and q, so this run is not lossless.")
+    onehot = " (q is one-hot: the proposer is deterministic, so the test is u ≤ p(x))" if pos.q >= 1.0 else ""
+    return (f"u = {fmt_prob(pos.u)} {'≤' if pos.accepted else '>'} min(1, p/q) = min(1, {fmt_prob(pos.p)} / "
+            f"{fmt_prob(pos.q)}) = {fmt_prob(pos.accept_prob)}, so {x} is "
+            f"{'accepted' if pos.accepted else 'rejected'}{onehot}.")
+
+
+def test_chapters(trace: Trace, st: Step) -> list[Chapter]:
+    """One chapter per verified position (block: every position, then tau)."""
+    k = len(st.draft_token_ids)
+    if k and len(st.positions) < k:
+        return [Chapter("test", f"Step {st.index}: the acceptance test", "This trace was recorded without "
+                        "per-position details (detailed_trace=False): p, q and u are not available. "
+                        f"{st.num_accepted} of {k} draft token(s) were accepted.", st.index, None, "grid")]
+    block = _verify(trace) == "block" and bool(st.block)
+    last = k if block else min(st.num_accepted + 1, k)
+    out = []
+    for pos in st.positions[:last]:
+        verdict = ("passes" if st.block["eta"][pos.index - 1] <= st.block["h"][pos.index - 1] else "fails") \
+            if block else ("accepted" if pos.accepted else "rejected")
+        text = test_sentence(trace, st, pos)
+        if not block and not pos.accepted and pos.index < k:
+            text += f" The {k - pos.index} draft token(s) after it are never checked."
+        out.append(Chapter("test", f"Step {st.index}, position {pos.index}: {quoted(trace, pos.token_id)} {verdict}",
+                           text, st.index, pos.index, "residual"))
+    if block and k:
+        tau, tokenwise = int(st.block.get("tau", st.num_accepted)), tokenwise_accepted(st)
+        extra = (f" Block verification keeps {tau - tokenwise} token(s) (★ in the grid) that token-wise verification "
+                 "would have thrown away with these same uniforms." if tokenwise is not None and tau > tokenwise else "")
+        out.append(Chapter("block", f"Step {st.index}: τ = {tau}",
+                           f"τ = the last position i with η_i ≤ h_i = {tau}, so the first {tau} draft token(s) are "
+                           f"accepted. Token-wise verification (η_i ≤ min(1, p_i/q_i), stopping at the first failure) "
+                           f"would have accepted {tokenwise}.{extra}", st.index, st.num_accepted + 1, "residual"))
+    return out
+
+
+# ---- 4. the step's own token ----------------------------------------------------------------
+def _prob_in(pairs: list[list[float]], token: int) -> float | None:
+    return next((float(v) for t, v in pairs if int(t) == token), None)
+
+
+def outcome_chapter(trace: Trace, st: Step) -> Chapter:
+    k, e, verify = len(st.draft_token_ids), st.emitted, _verify(trace)
+    y, slot = quoted(trace, e.token_id), st.num_accepted + 1
+    if k == 0:
+        title, text = (f"Step {st.index}: the target's own token {y}",
+                       f"With no draft, the target draws its next token from p: {y} (p = {fmt_prob(e.p)}).")
+    elif st.num_accepted == k:
+        how = "its argmax" if verify == "greedy" else "a draw from it"
+        title = f"Step {st.index}: all {k} accepted, bonus token {y}"
+        text = (f"Every draft token was accepted, so p_{k + 1}, already computed by the same forward, gives a free "
+                f"<b>bonus token</b>: {how}, {y} (p = {fmt_prob(e.p)}). The step yields {k + 1} tokens from one "
+                "target forward.")
+    elif verify == "greedy":
+        title = f"Step {st.index}: the target's argmax {y} replaces the rejected token"
+        text = (f"Draft position {slot} was rejected. At temperature 0 the step emits the target's argmax there "
+                f"instead: {y} (p = {fmt_prob(e.p)}). No residual is sampled: greedy verification has no randomness.")
+    else:
+        pos = st.positions[slot - 1] if slot <= len(st.positions) else None
+        r = _prob_in(e.top, e.token_id)
+        if verify == "block" and st.block:
+            P = ([1.0] + list(st.block.get("P", [])))[st.num_accepted]
+            dist = (f"the <b>block residual</b> normalize(max(P_τ·p_{slot} − q_{slot}, 0)) with P_τ = P_{st.num_accepted}"
+                    f" = {fmt_prob(P)}")
+        else:
+            z = f", Z = Σ max(p − q, 0) = {fmt_prob(pos.residual_mass)}" if pos is not None else ""
+            dist = f"the <b>residual distribution</b> r = max(p_{slot} − q_{slot}, 0) / Z{z}"
+        title = f"Step {st.index}: the recovered token {y}, drawn from the residual"
+        r_text = f"r({y}) = {fmt_prob(r)}" if r is not None else f"r({y}) outside the residual's recorded top entries"
+        text = (f"Draft position {slot} was rejected, so the step draws its own token from {dist}. It drew {y}: "
+                f"{r_text}, p({y}) = {fmt_prob(e.p)}. The residual's top entries: {_top(trace, e.top)}. "
+                "It puts mass only where the target wants more than the draft offered; that is what makes the "
+                "output follow p." + (" (Synthetic verification: not lossless.)" if verify == "synthetic" else ""))
+    return Chapter("outcome", title, text, st.index, slot, "residual")
+
+
+# ---- 5. what was committed ------------------------------------------------------------------
+def commit_chapter(trace: Trace, st: Step) -> Chapter:
+    done = sum(len(s.committed_token_ids) for s in trace.steps[: st.index + 1])
+    n, acc = len(st.committed_token_ids), st.num_accepted
+    own = {"recovered": "recovered", "bonus": "bonus", "target": "target"}.get(st.emitted.kind, st.emitted.kind)
+    text = (f"Step {st.index} commits {n} token(s): {_toks(trace, st.committed_token_ids)} "
+            f"({acc} accepted draft token(s) + 1 {own} token). After {st.index + 1} target forward(s) the output has "
+            f"{done} token(s), {done / (st.index + 1):.2f} per forward.")
+    if n < acc + 1:
+        text += (f" The request stopped ({html.escape(trace.stop_reason or 'stop')}) inside this step, so only {n} "
+                 f"of its {acc + 1} tokens were kept.")
+    return Chapter("commit", f"Step {st.index}: {n} token(s) committed", text, st.index, None, "stream")
+
+
+# ---- the run ----------------------------------------------------------------------------------
+def stats_chapter(trace: Trace) -> Chapter:
+    m = metrics_of(trace)
+    per_forward = m.get("tokens_per_target_forward", m.get("tokens_per_step", 0.0))
+    if m["num_drafts"]:
+        text = (f"{m['num_generated_tokens']} tokens in {m['num_steps']} steps. <b>Mean acceptance length</b> "
+                f"= 1 + accepted / drafting steps = 1 + {m['num_accepted_tokens']} / {m['num_drafts']} = "
+                f"{m['mean_acceptance_length']:.2f} (vLLM's definition). Below it: the <b>draft acceptance rate</b> "
+                f"= accepted / drafted = {m['num_accepted_tokens']} / {m['num_draft_tokens']} = "
+                f"{m['draft_acceptance_rate']:.2f}, and {per_forward:.2f} tokens per target forward over all steps "
+                "(the gain that carries over to a large target on a GPU).")
+    else:
+        text = (f"{m['num_generated_tokens']} tokens in {m['num_steps']} steps, {per_forward:.2f} per target forward: "
+                "nothing was drafted, so there is no acceptance to measure.")
+    return Chapter("stats", "The run's statistics", text, None, None, "stats")
+
+
+def step_chapters(trace: Trace, st: Step) -> list[Chapter]:
+    if not st.draft_token_ids:
+        return [draft_chapter(trace, st), outcome_chapter(trace, st), commit_chapter(trace, st)]
+    return [draft_chapter(trace, st), forward_chapter(trace, st), *test_chapters(trace, st),
+            outcome_chapter(trace, st), commit_chapter(trace, st)]
+
+
+def lesson_chapters(trace: Trace | dict) -> list[Chapter]:
+    """Every chapter of a lesson on ``trace`` (a Trace or its dict): intro, the chapters of each
+    step in order, then the statistics. A trace without steps gives the intro only.
+    Raises:
+        specviz.trace.TraceFormatError: ``trace`` is a malformed dict."""
+    trace = as_trace(trace)
+    out = [intro_chapter(trace)]
+    for st in trace.steps:
+        out += step_chapters(trace, st)
+    if trace.steps:
+        out.append(stats_chapter(trace))
+    return out
+
+
+def chapter_of_step(chapters: list[Chapter], step: int) -> int:
+    """Index of the first chapter about ``step`` (clamped to the steps the lesson has; 0 if none)."""
+    idx = [n for n, c in enumerate(chapters) if c.step is not None and c.kind != "intro"]
+    if not idx:
+        return 0
+    steps = [chapters[n].step for n in idx]
+    want = min(max(int(step), min(steps)), max(steps))
+    return next(n for n in idx if chapters[n].step >= want)
+
+
+def chapter_html(chapters: list[Chapter], index: int) -> str:
+    """The chapter ``index`` (clamped) as the lesson panel shows it. The outer div carries
+    data-focus (the view's element id, e.g. sv-residual), data-step, data-position, data-index
+    and data-count, which the page's script uses to highlight and scroll to the view."""
+    n = min(max(int(index), 0), len(chapters) - 1)
+    c = chapters[n]
+    where = f"step {c.step}" if c.step is not None and c.kind != "intro" else c.kind
+    return (f"<div class='sv-chapter' data-focus='sv-{c.focus}' data-step='{'' if c.step is None else c.step}' "
+            f"data-position='{'' if c.position is None else c.position}' data-index='{n}' data-count='{len(chapters)}'>"
+            f"<div class='sv-chapter-where'>chapter {n + 1} of {len(chapters)} · {where} · "
+            f"highlighted: the {c.focus} view</div><div class='sv-chapter-title'>{c.title}</div>"
+            f"<div class='sv-chapter-text'>{c.text}</div></div>")

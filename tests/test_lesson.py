@@ -1,0 +1,186 @@
+"""Lesson chapters (specviz.viz.lesson): written from the trace's own numbers, for every method and
+verification rule, and a generic text for a method the lesson does not know."""
+
+from __future__ import annotations
+
+import html as html_lib
+import re
+
+import pytest
+
+from specviz.trace import Emitted, Position, Step, Trace, compute_metrics
+from specviz.viz.common import fmt_prob, quoted
+from specviz.viz.lesson import FOCUS_VIEWS, chapter_html, chapter_of_step, lesson_chapters
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+
+
+@pytest.fixture(scope="module")
+def traces(decoders):
+    dec = decoders["llama"]
+    runs = {
+        "ngram_greedy": dict(method="ngram", temperature=0.0, prompt_lookup_min=1, prompt_lookup_max=3),
+        "dm_standard": dict(method="draft_model", verify="standard", temperature=1.0),
+        "dm_block": dict(method="draft_model", verify="block", temperature=1.0),
+        "dm_greedy": dict(method="draft_model", temperature=0.0),
+        "suffix": dict(method="suffix", temperature=0.0),
+        "ngram_gpu": dict(method="ngram_gpu", temperature=0.0, prompt_lookup_min=1, prompt_lookup_max=3),
+        "synthetic": dict(method="draft_model", verify="synthetic", temperature=1.0, synthetic_rates=[0.9, 0.5, 0.3]),
+        "none": dict(method="none", temperature=0.0),
+    }
+    return {name: dec.generate(PROMPT, num_speculative_tokens=3, max_new_tokens=14, seed=3, **kw)
+            for name, kw in runs.items()}
+
+
+def plain(text: str) -> str:
+    return re.sub(r"<[^>]+>", "", text)
+
+
+def test_every_method_and_rule_gives_a_full_lesson(traces):
+    for name, trace in traces.items():
+        chapters = lesson_chapters(trace)
+        assert chapters[0].kind == "intro" and chapters[-1].kind == "stats", name
+        assert all(c.focus in FOCUS_VIEWS for c in chapters), name
+        for st in trace.steps:  # every step has a draft, an outcome and a commit chapter, in that order
+            kinds = [c.kind for c in chapters if c.step == st.index and c.kind != "intro"]
+            assert kinds[0] == "draft" and kinds[-2:] == ["outcome", "commit"], (name, kinds)
+            tests = [c for c in chapters if c.step == st.index and c.kind == "test"]
+            want = len(st.draft_token_ids) if trace.config["verify"] == "block" else min(st.num_accepted + 1,
+                                                                                          len(st.draft_token_ids))
+            assert len(tests) == want, (name, st.index)
+        html = chapter_html(chapters, len(chapters) + 5)  # clamped to the last chapter
+        assert f"data-index='{len(chapters) - 1}'" in html and "data-focus='sv-stats'" in html
+
+
+def test_standard_test_and_residual_texts_carry_the_trace_numbers(traces):
+    trace = traces["dm_standard"]
+    chapters = lesson_chapters(trace)
+    rejected = [(st, st.positions[st.num_accepted]) for st in trace.steps if st.num_accepted < len(st.draft_token_ids)]
+    assert rejected, "the tiny random models should reject some draft token"
+    st, pos = rejected[0]
+    test = next(c for c in chapters if c.kind == "test" and c.step == st.index and c.position == pos.index)
+    want = (f"u = {fmt_prob(pos.u)} > min(1, p/q) = min(1, {fmt_prob(pos.p)} / {fmt_prob(pos.q)}) = "
+            f"{fmt_prob(pos.accept_prob)}, so {quoted(trace, pos.token_id)} is rejected")
+    assert want in test.text
+    out = next(c for c in chapters if c.kind == "outcome" and c.step == st.index)
+    r = dict((int(t), v) for t, v in st.emitted.top).get(st.emitted.token_id)
+    y = quoted(trace, st.emitted.token_id)
+    assert (f"r({y}) = {fmt_prob(r)}" if r is not None else f"r({y}) outside") in out.text
+    assert f"p({y}) = {fmt_prob(st.emitted.p)}" in out.text and f"Z = Σ max(p − q, 0) = {fmt_prob(pos.residual_mass)}" in out.text
+    assert out.focus == "residual" and out.position == st.num_accepted + 1
+    stats = plain(chapters[-1].text)
+    m = trace.metrics
+    assert f"1 + {m['num_accepted_tokens']} / {m['num_drafts']} = {m['mean_acceptance_length']:.2f}" in stats
+    assert f"{m['num_accepted_tokens']} / {m['num_draft_tokens']} = {m['draft_acceptance_rate']:.2f}" in stats
+
+
+def test_greedy_names_the_argmax_and_no_residual(traces):
+    checked = 0
+    for name in ("ngram_greedy", "dm_greedy"):
+        trace = traces[name]
+        chapters = lesson_chapters(trace)
+        for st in trace.steps:
+            if st.num_accepted < len(st.draft_token_ids):
+                pos = st.positions[st.num_accepted]
+                best = max(pos.p_top, key=lambda tv: tv[1])[0]
+                test = next(c for c in chapters if c.kind == "test" and c.step == st.index and c.position == pos.index)
+                assert (f"The target's argmax at position {pos.index} is {quoted(trace, int(best))}, not "
+                        f"{quoted(trace, pos.token_id)}") in test.text
+                out = next(c for c in chapters if c.kind == "outcome" and c.step == st.index)
+                assert "argmax" in out.text and "residual distribution" not in out.text
+                checked += 1
+    assert checked, "the tiny random models should reject some greedy draft"
+
+
+def test_block_chapters_give_P_h_eta_and_tau(traces):
+    trace = traces["dm_block"]
+    chapters = lesson_chapters(trace)
+    st = trace.steps[0]
+    b = st.block
+    for i in range(1, len(st.draft_token_ids) + 1):
+        c = next(c for c in chapters if c.kind == "test" and c.step == 0 and c.position == i)
+        assert f"P_{i} = {fmt_prob(b['P'][i - 1])}" in c.text and f"h_{i} = {fmt_prob(b['h'][i - 1])}" in c.text
+        assert f"η_{i} = {fmt_prob(b['eta'][i - 1])}" in c.text
+    tau = next(c for c in chapters if c.kind == "block" and c.step == 0)
+    assert f"= {b['tau']}, so the first {b['tau']} draft token(s) are accepted" in tau.text
+
+
+def test_method_specific_draft_texts(traces):
+    ngram = traces["ngram_greedy"]
+    st = next(s for s in ngram.steps if s.draft_token_ids)
+    c = next(c for c in lesson_chapters(ngram) if c.kind == "draft" and c.step == st.index)
+    assert f"n = {st.match['n']}" in c.text and f"context position {st.match['match_position']}" in c.text
+    dm = traces["dm_standard"]
+    st = dm.steps[0]
+    c = next(c for c in lesson_chapters(dm) if c.kind == "draft" and c.step == 0)
+    top = st.positions[0].q_top[0]
+    assert f"x1 = {quoted(dm, st.positions[0].token_id)} with q = {fmt_prob(st.positions[0].q)}" in c.text
+    assert f"{quoted(dm, int(top[0]))} {fmt_prob(top[1])}" in c.text
+    suffix = traces["suffix"]
+    st = next((s for s in suffix.steps if s.match.get("chosen")), None)
+    if st is not None:
+        c = next(c for c in lesson_chapters(suffix) if c.kind == "draft" and c.step == st.index)
+        assert f"m = {st.match['chosen']['match_length']}" in c.text and "suffix tree" in c.text
+    syn = lesson_chapters(traces["synthetic"])
+    assert "NOT lossless" in syn[0].text and any("not lossless" in c.text for c in syn if c.kind == "test")
+    none = lesson_chapters(traces["none"])
+    assert "never drafts" in none[1].text and not any(c.kind == "test" for c in none)
+
+
+def _hand_trace(method: str) -> Trace:
+    pos = [Position(1, 5, 0.5, 0.8, 0.93, 0.625, False, 0.3, [[6, 0.5], [5, 0.5]], [[5, 0.8]], [[6, 1.0]])]
+    st = Step(0, method, [5], 0, Emitted(1, 6, "recovered", 0.5, [[6, 1.0]]), pos, [6], match={"kind": method})
+    cfg = {"method": method, "verify": "standard", "num_speculative_tokens": 1, "temperature": 1.0}
+    t = Trace(cfg, [1, 2], steps=[st], output_token_ids=[6], token_texts={"5": "x", "6": "y"})
+    t.metrics = compute_metrics(t.steps, 1)
+    return t
+
+
+def test_unknown_method_falls_back_to_generic_text():
+    trace = _hand_trace("eagle3")
+    chapters = lesson_chapters(trace)
+    draft = next(c for c in chapters if c.kind == "draft")
+    assert "The proposer eagle3 drafted 1 token(s): ‘x’ (q(x1) = 0.8)." == draft.text and draft.focus == "grid"
+    test = next(c for c in chapters if c.kind == "test")
+    assert "u = 0.93 > min(1, p/q) = min(1, 0.5 / 0.8) = 0.625, so ‘x’ is rejected." == test.text
+    out = next(c for c in chapters if c.kind == "outcome")
+    assert "r(‘y’) = 1" in out.text and "Z = Σ max(p − q, 0) = 0.3" in out.text
+    assert "eagle3" in chapters[0].text
+
+
+def test_chapter_of_step_jumps_to_the_steps_first_chapter(traces):
+    trace = traces["dm_standard"]
+    chapters = lesson_chapters(trace)
+    n = chapter_of_step(chapters, 2)
+    assert chapters[n].step == 2 and chapters[n].kind == "draft" and chapters[n - 1].step == 1
+    assert chapters[chapter_of_step(chapters, 999)].step == len(trace.steps) - 1
+    assert chapters[chapter_of_step(chapters, -4)].step == 0
+    assert lesson_chapters(Trace({"method": "ngram"}, [1]))[0].kind == "intro"  # no steps: the intro only
+
+
+def test_views_a_lecturer_found_unclear(traces):
+    """Decision headings per decision, no residual legend at temperature 0, r(x) on hover."""
+    from specviz.viz import residual_figure, step_grid_figure, token_stream_html
+    from specviz.viz.residual import decision_heading
+
+    greedy, standard = traces["dm_greedy"], traces["dm_standard"]
+    stream = html_lib.unescape(token_stream_html(greedy))
+    assert "recovered token (from the residual)" not in stream
+    assert "replacement token (the target's argmax)" in stream
+    names = {d.name for d in step_grid_figure(greedy).data}
+    assert "recovered token (from the residual)" not in names
+    st = next(s for s in greedy.steps if s.num_accepted < len(s.draft_token_ids))
+    fig = residual_figure(greedy, st.index, st.num_accepted + 1)
+    assert not any(d.name and d.name.startswith("residual") for d in fig.data)
+    assert decision_heading(greedy, st, st.num_accepted + 1).startswith("Why was ") and "rejected" in \
+        decision_heading(greedy, st, st.num_accepted + 1)
+    if st.num_accepted:
+        assert decision_heading(greedy, st, 1).endswith("accepted?")
+    full = next((s for s in standard.steps if s.num_accepted == len(s.draft_token_ids) and s.draft_token_ids), None)
+    if full is not None:
+        assert decision_heading(standard, full, len(full.draft_token_ids) + 1).startswith("Where did the bonus token")
+    rec = next(s for s in standard.steps if s.emitted.kind == "recovered")
+    html = token_stream_html(standard)
+    assert "r(x) = " in html and "recovered token (from the residual)" in html
+    r = dict((int(t), v) for t, v in rec.emitted.top).get(rec.emitted.token_id)
+    assert f"r(x) = {fmt_prob(r)}" in html

@@ -1,0 +1,236 @@
+"""Lesson mode in the real app (tiny models, one launch shared by every test): the lesson_* api
+names through gradio_client, and headless Chromium walking a lesson end to end for a greedy
+n-gram run, a standard draft_model run and a block run (keyboard only), the presentation layout at
+1280x720, and every figure text inside its figure at 1024 px. Screenshots go to
+``screenshots-tmp/`` (git-ignored)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client  # noqa: E402
+from test_app import _launch, run_args  # noqa: E402
+
+from specviz.ui import build_app  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+# lesson outputs: chapter html, step slider, position slider, stream, grid, residual, match, trie
+TEXT, STEP, POSITION = 0, 1, 2
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dirs):
+    target, draft = tiny_dirs["llama"]
+    demo = build_app(str(target), str(draft), "cpu")
+    url = _launch(demo)
+    yield url
+    demo.close()
+
+
+def test_lesson_api_names_and_events(app_url):
+    client = Client(app_url, verbose=False)
+    names = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    for name in ("lesson_start", "lesson_next", "lesson_back", "lesson_goto", "lesson_play", "lesson_tick"):
+        assert f"/{name}" in names, name
+    before = client.predict(api_name="/lesson_start")
+    assert "no run to explain yet" in before[TEXT]
+    client.predict(*run_args(method="draft_model", verify="standard", temperature=1.0, max_new=10, compare=False),
+                   api_name="/run")
+    first = client.predict(api_name="/lesson_start")
+    assert "data-index='0'" in first[TEXT] and "sv-chapter" in first[TEXT]
+    second = client.predict(api_name="/lesson_next")
+    assert "data-index='1'" in second[TEXT] and "Step 0: the proposer drafts" in second[TEXT]
+    assert second[STEP]["value"] == 0 if isinstance(second[STEP], dict) else second[STEP] == 0
+    back = client.predict(api_name="/lesson_back")
+    assert "data-index='0'" in back[TEXT]
+    jump = client.predict(2, api_name="/lesson_goto")
+    assert "data-step='2'" in jump[TEXT] and "Step 2: the proposer drafts" in jump[TEXT]
+    assert (jump[STEP]["value"] if isinstance(jump[STEP], dict) else jump[STEP]) == 2
+    tick = client.predict(api_name="/lesson_tick")
+    assert "data-step='2'" in tick[TEXT] and "one target forward" in tick[TEXT]
+
+
+# ---- the browser -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
+    playwright = pytest.importorskip("playwright.sync_api")
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with playwright.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True, args=ARGS,
+                                                   viewport={"width": 1280, "height": 720})
+        yield ctx
+        ctx.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def pages(browser):
+    """Opened pages, closed after the test (an open Gradio page keeps polling and slows the next ones)."""
+    opened: list = []
+    yield opened
+    for page in opened:
+        page.close()
+
+
+def _open(browser, url, width=1280, height=720, pages=None):
+    page = browser.new_page()
+    if pages is not None:
+        pages.append(page)
+    page.set_viewport_size({"width": width, "height": height})
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("#sv-run")
+    return page, errors
+
+
+def _run(page, method: str, verify: str = "auto", temperature: float = 0.0, max_new: int = 6) -> None:
+    page.locator("#sv-prompt textarea").fill(PROMPT)
+    page.get_by_label(method, exact=True).check()
+    for label, value in (("temperature", temperature), ("number input for max new tokens", max_new),
+                         ("number input for num_speculative_tokens (k)", 3)):
+        box = page.get_by_label(label, exact=True)
+        box.fill(str(value))
+        box.press("Enter")
+    if method.startswith("ngram"):  # prompt lookup on single tokens: the tiny models' text rarely repeats longer runs
+        page.get_by_text("n-gram (prompt lookup) settings").click()
+        box = page.get_by_label("number input for prompt_lookup_min", exact=True)
+        box.fill("1")
+        box.press("Enter")
+    if verify != "auto":
+        page.get_by_label("Verification").click()
+        page.get_by_role("option", name=verify, exact=True).click()
+    page.click("#sv-run")
+    page.wait_for_function("document.querySelector('#sv-progress').innerText.includes('done ·')", timeout=120_000)
+
+
+def _chapter(page) -> dict:
+    return page.evaluate("""() => { const c = document.querySelector('.sv-chapter');
+        return c ? {...c.dataset, focused: [...document.querySelectorAll('.sv-focus')].map(e => e.id),
+                    text: c.innerText} : null; }""")
+
+
+def _walk(page, name: str) -> list[dict]:
+    """Lesson, then the right arrow until the last chapter; every chapter highlights its view."""
+    page.click("#sv-lesson-start")
+    page.wait_for_selector(".sv-chapter")
+    seen = [_chapter(page)]
+    count = int(seen[0]["count"])
+    for n in range(1, count):
+        page.locator("body").press("ArrowRight")
+        page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{n}'", timeout=20_000)
+        page.wait_for_timeout(60)
+        seen.append(_chapter(page))
+        if seen[-1]["focus"] == "sv-residual" and seen[-2]["focus"] != "sv-residual":
+            page.wait_for_timeout(400)
+            page.screenshot(path=str(SHOTS / f"lesson-{name}-residual.png"))
+    for c in seen:
+        assert c["focused"] == [c["focus"]], c
+    page.locator("body").press("ArrowLeft")
+    page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{count - 2}'", timeout=20_000)
+    page.wait_for_timeout(400)
+    page.screenshot(path=str(SHOTS / f"lesson-{name}-end.png"))
+    return seen
+
+
+def _selected_step(page) -> int:
+    return int(page.locator("#sv-step input[type=number]").input_value())
+
+
+def test_lesson_walks_a_greedy_ngram_run(browser, app_url, pages):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page, errors = _open(browser, app_url, 1024, 768, pages)
+    _run(page, "ngram")
+    _check_fit(page, "ngram-greedy")
+    seen = _walk(page, "ngram-greedy")
+    assert seen[-1]["focus"] == "sv-stats" and "Mean acceptance length" in seen[-1]["text"], seen[-1]
+    tests = [c for c in seen if "accepted" in c["text"].split("\n")[1] or "rejected" in c["text"].split("\n")[1]]
+    assert any("argmax" in c["text"] for c in tests)
+    page.fill("#sv-lesson-goto input", "1")
+    page.press("#sv-lesson-goto input", "Enter")
+    page.wait_for_function("document.querySelector('.sv-chapter').dataset.step === '1'", timeout=20_000)
+    assert _selected_step(page) == 1
+    assert not errors, errors
+
+
+def test_lesson_walks_a_standard_draft_model_run(browser, app_url, pages):
+    page, errors = _open(browser, app_url, 1024, 768, pages)
+    _run(page, "draft_model", "standard", 1.0)
+    _check_fit(page, "draft-model-standard")
+    seen = _walk(page, "draft-model-standard")
+    assert any("u = " in c["text"] and "min(1, p/q)" in c["text"] for c in seen)
+    assert any(c["focus"] == "sv-match" and "its top candidates" in c["text"] for c in seen)
+    assert not errors, errors
+
+
+def test_lesson_walks_a_block_run(browser, app_url, pages):
+    page, errors = _open(browser, app_url, 1024, 768, pages)
+    _run(page, "draft_model", "block", 1.0)
+    _check_fit(page, "block")
+    seen = _walk(page, "block")
+    assert any("Block test at position" in c["text"] and "η_" in c["text"] for c in seen)
+    assert any("τ = " in c["text"] for c in seen)
+    assert not errors, errors
+
+
+def _inside(page, selector: str) -> bool:
+    box = page.locator(selector).first.bounding_box()
+    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 720 and box["x"] + box["width"] <= 1280
+
+
+def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_url, pages):
+    page, errors = _open(browser, app_url + "?present=1", pages=pages)
+    assert page.evaluate("document.body.classList.contains('sv-present')")
+    assert page.evaluate("window.scrollY") == 0 and _inside(page, "#sv-run") and _inside(page, "#sv-lesson-start")
+    _run(page, "draft_model", "standard", 1.0)
+    page.click("#sv-lesson-start")
+    page.wait_for_selector(".sv-chapter")
+    for _ in range(4):  # the page scrolls to each chapter's view; the chapter stays on screen
+        page.locator("body").press("ArrowRight")
+        page.wait_for_timeout(500)
+        assert _inside(page, ".sv-chapter") and _inside(page, "#sv-lesson-next")
+    page.screenshot(path=str(SHOTS / "lesson-present-1280x720.png"))
+    assert not errors, errors
+
+
+FIT_JS = """(sel) => {
+  const out = [];
+  for (const plot of document.querySelectorAll(sel + ' .js-plotly-plot')) {
+    const frame = plot.getBoundingClientRect();
+    for (const t of plot.querySelectorAll('.main-svg text, .main-svg .annotation-text')) {
+      const r = t.getBoundingClientRect();
+      if (!t.textContent.trim() || r.width === 0) continue;
+      if (r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1 || r.bottom > frame.bottom + 1)
+        out.push(`${t.textContent.slice(0, 60)} [${Math.round(r.left)}..${Math.round(r.right)} in ` +
+                 `${Math.round(frame.left)}..${Math.round(frame.right)}]`);
+    }
+  }
+  return out;
+}"""
+
+
+def _check_fit(page, name: str) -> None:
+    """Every text of the grid, residual, trie and stats figures lies inside its figure."""
+    page.wait_for_timeout(800)
+    cut = {view: page.evaluate(FIT_JS, f"#{view}") for view in ("sv-grid", "sv-residual", "sv-trie", "sv-stats")}
+    page.screenshot(path=str(SHOTS / f"fit-1024-{name}.png"), full_page=True)
+    assert not any(cut.values()), cut
+
+
+def test_ngram_gpu_figures_fit_at_1024px(browser, app_url, pages):
+    page, errors = _open(browser, app_url, 1024, 768, pages)
+    _run(page, "ngram_gpu")
+    _check_fit(page, "ngram-gpu")
+    assert not errors, errors
