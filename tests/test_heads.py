@@ -239,3 +239,13 @@ def test_bundled_target(kind):
     feats = target_features(t, ids, head.config).features
     hidden, logits = head(feats, ids, torch.arange(12)[None], None, from_target=True)
     assert hidden.shape == (1, 12, t.config.hidden_size) and logits.shape == (1, 12, t.config.vocab_size)
+
+
+def test_default_eagle3_taps():
+    from specviz.heads import default_aux_layer_ids
+
+    assert default_aux_layer_ids(20) == (2, 10, 17)  # model family v2
+    assert default_aux_layer_ids(8) == (2, 4, 5)  # the old bundled target (methods.md 4.1)
+    assert default_aux_layer_ids(2) == (1, 1, 0)  # tiny targets: clamped into [0, L)
+    with pytest.raises(ValueError):
+        default_aux_layer_ids(0)
