@@ -228,10 +228,15 @@ def test_mismatched_head_raises(target, tmp_path):
         head_config_from_target(target.config, "medusa")
 
 
+@pytest.fixture(scope="module")
+def bundled():
+    return load_model(DEFAULT_TARGET, torch.device("cpu"), torch.float32)
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_bundled_target(kind):
+def test_bundled_target(bundled, kind):
     """The heads build on the bundled target (d=384, 8 layers, MHA) from its config alone."""
-    t = load_model(DEFAULT_TARGET, torch.device("cpu"), torch.float32)
+    t = bundled
     head = _head(t, kind)
     if kind == "eagle3":
         assert head.config.aux_layer_ids == (2, 4, 5)
