@@ -228,10 +228,15 @@ def test_mismatched_head_raises(target, tmp_path):
         head_config_from_target(target.config, "medusa")
 
 
+@pytest.fixture(scope="module")
+def bundled():
+    return load_model(DEFAULT_TARGET, torch.device("cpu"), torch.float32)
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_bundled_target(kind):
+def test_bundled_target(bundled, kind):
     """The heads build on the bundled target (family v2: d=256, 20 layers, GQA) from its config alone."""
-    t = load_model(DEFAULT_TARGET, torch.device("cpu"), torch.float32)
+    t = bundled
     head = _head(t, kind)
     L = t.config.num_hidden_layers
     if kind == "eagle3":
@@ -240,3 +245,13 @@ def test_bundled_target(kind):
     feats = target_features(t, ids, head.config).features
     hidden, logits = head(feats, ids, torch.arange(12)[None], None, from_target=True)
     assert hidden.shape == (1, 12, t.config.hidden_size) and logits.shape == (1, 12, t.config.vocab_size)
+
+
+def test_default_eagle3_taps():
+    from specviz.heads import default_aux_layer_ids
+
+    assert default_aux_layer_ids(20) == (2, 10, 17)  # model family v2
+    assert default_aux_layer_ids(8) == (2, 4, 5)  # the old bundled target (methods.md 4.1)
+    assert default_aux_layer_ids(2) == (1, 1, 0)  # tiny targets: clamped into [0, L)
+    with pytest.raises(ValueError):
+        default_aux_layer_ids(0)

@@ -172,3 +172,36 @@ def test_batch_indices_follow_the_lm_batch_order():
     idx = train_heads_mod._batch_indices(23, cfg)  # 23 windows: batches straddle epochs
     order = BatchOrder(23, 7, 3)
     assert torch.equal(idx, torch.stack([order.indices(s) for s in range(50)]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)")
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_cuda_training_steps_and_ttt_equals_chain(kind):
+    """On CUDA: a few bf16-autocast training steps run (fused AdamW, device generator, masked SDPA)
+    and reduce nothing to NaN; in fp32 the TTT logits still equal the chain's."""
+    import dataclasses
+
+    from tiny_models import build_model
+
+    from specviz.heads import build_head, head_config_from_target, target_features
+    from specviz.heads.chain import chain_logits
+    from specviz.heads.ttt import unroll
+
+    dev = torch.device("cuda")
+    target = build_model("llama", seed=0, layers=8, hidden=64).float().to(dev)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    w = torch.randint(0, target.config.vocab_size, (32, 65), device=dev)
+    cfg = dataclasses.replace(train_heads_mod.SMOKE[kind], steps=6, eval_every=3, log_every=3)
+    head, log = train_heads_mod.fit_head(kind, target, w, w[:8], dev, cfg)
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in log["train"])
+    head = build_head(head_config_from_target(target.config, kind), target).to(dev).eval()
+    T, S = 16, 4
+    x = torch.randint(0, target.config.vocab_size, (1, T + S + 1), device=dev)
+    with torch.no_grad():
+        feats = target_features(target, x[:, :T], head.config).features
+        steps = unroll(head, feats, x[:, 1 : T + S + 1], torch.arange(T, device=dev)[None], S)
+    for t in (0, T // 2, T - 1):
+        _, chain = chain_logits(head, feats[0, : t + 1], x[0, : t + 2], S, forced=x[0, t + 2 : t + 1 + S])
+        for s in range(S):
+            assert torch.allclose(steps[s][1][0, t], chain[s], atol=1e-3, rtol=1e-3), (t, s)

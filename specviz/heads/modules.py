@@ -37,7 +37,10 @@ Step API (the proposer drives it; identical for both heads)::
                  T rows (row i sees rows <= i, whatever the positions; SDPA ``is_causal``). With a
                  cache, slot i must hold position i: call with position_ids starting at
                  ``cache.get_seq_length()``; roll back to a committed length Lc with
-                 :func:`crop_cache` (``DynamicCache.crop(-n)``).
+                 :func:`crop_cache` (``DynamicCache.crop(-n)``). Any object with transformers'
+                 ``update(k, v, layer_idx) -> (keys, values)`` and ``get_seq_length()`` works (e.g.
+                 a preallocated per-position cache for CUDA graphs); if its ``update`` returns S
+                 key slots other than cached + T, pass ``attention_mask`` for those S slots.
     attention_mask bool [B or 1, 1, T, S] (True = attend), S = cached + T keys; default with a
                  cache: key slot s is visible iff s <= the query's position. The training-time
                  test passes its own.

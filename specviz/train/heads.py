@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
