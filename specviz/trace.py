@@ -12,7 +12,10 @@ Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and algorithms.md
 * draft_acceptance_rate = num_accepted_tokens / num_draft_tokens.
 * accepted_per_position[i] = #drafting steps that accepted >= i+1 tokens (vLLM's counts);
   acceptance_rate_per_position[i] = that / num_drafts (unconditional);
-  conditional_acceptance_rate[i] = P(accept i+1 | accepted i).
+  conditional_acceptance_rate[i] = P(accept i+1 | accepted i) = accepted_per_position[i] /
+  offered_per_position[i], where offered_per_position[i] = #drafting steps that drafted >= i+1
+  tokens and accepted >= i (position i+1 was verified).
+* draft_coverage = num_drafts / num_steps (share of steps that had a draft; vllm#24344).
 * acceptance_histogram[j] = #drafting steps with exactly j accepted.
 """
 
@@ -220,6 +223,8 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
         "accepted_per_position": per_pos,
         "acceptance_rate_per_position": [c / num_drafts if num_drafts else 0.0 for c in per_pos],
         "conditional_acceptance_rate": [a / o if o else 0.0 for a, o in zip(per_pos, offered)],
+        "offered_per_position": offered,
+        "draft_coverage": num_drafts / len(steps) if steps else 0.0,
         "acceptance_histogram": hist,
         "tokens_per_step": generated / len(steps) if steps else 0.0,
         "time_ms": {
