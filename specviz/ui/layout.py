@@ -13,6 +13,7 @@ import gradio as gr
 from specviz.trace import MAX_TRACE_BYTES
 from specviz.viz import explain
 
+from . import compare as compare_ui
 from . import handlers as h
 from .cache import DecoderCache, StopSignals
 from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
@@ -178,42 +179,45 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         gr.Markdown("# specviz · speculative decoding, step by step")
         gr.Markdown(explain.INTRO, elem_classes="sv-explain")
         gr.Markdown(session.cache.describe(), elem_id="sv-models")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=2, min_width=340):
-                c = _controls(examples)
-                with gr.Row():
-                    run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
-            with gr.Column(scale=3, min_width=400):
-                v = _stream_views()
-        v.update(_detail_views())
-        e = _export_replay()
-        progress = v["progress"]
-        views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
-        full = [progress, *views, v["step"], v["position"], state]
-        inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
-                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"]]
-        run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
-        stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
-        sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
-        # a drag fires many input events: "always_last" runs the latest value after the pending one
-        # (the default "once" drops it, leaving the views on an older step); one concurrency group
-        # keeps step and position events in order
-        v["step"].input(h.select_step, [state, v["step"]], [v["position"], *sel, v["step"]], api_name="select_step",
-                        trigger_mode="always_last", concurrency_id="selection")
-        v["pick"].change(h.select_cell, [state, v["pick"]], [v["step"], v["position"], *sel], api_name="select_cell",
-                        trigger_mode="always_last", concurrency_id="selection")
-        v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position",
-                            trigger_mode="always_last", concurrency_id="selection")
-        e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay").then(
-            h.replay_settings, [state], [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"],
-                                         c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
-                                         c["example"], state],
-            api_name="replay_settings")
-        e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
-        c["example"].input(partial(h.load_example, examples), [c["example"]],
-                           [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],
-                            c["lookup_min"], c["lookup_max"]], api_name="load_example")
+        with gr.Tabs() as tabs:
+            with gr.Tab("Single run", id="single"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=2, min_width=340):
+                        c = _controls(examples)
+                        with gr.Row():
+                            run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
+                    with gr.Column(scale=3, min_width=400):
+                        v = _stream_views()
+                v.update(_detail_views())
+                e = _export_replay()
+                progress = v["progress"]
+                views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
+                full = [progress, *views, v["step"], v["position"], state]
+                inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
+                          c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"]]
+                run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
+                stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
+                sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
+                # a drag fires many input events: "always_last" runs the latest value after the pending one
+                # (the default "once" drops it, leaving the views on an older step); one concurrency group
+                # keeps step and position events in order
+                v["step"].input(h.select_step, [state, v["step"]], [v["position"], *sel, v["step"]], api_name="select_step",
+                                trigger_mode="always_last", concurrency_id="selection")
+                v["pick"].change(h.select_cell, [state, v["pick"]], [v["step"], v["position"], *sel], api_name="select_cell",
+                                trigger_mode="always_last", concurrency_id="selection")
+                v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position",
+                                    trigger_mode="always_last", concurrency_id="selection")
+                e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay").then(
+                    h.replay_settings, [state], [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"],
+                                                 c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
+                                                 c["example"], state],
+                    api_name="replay_settings")
+                e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
+                c["example"].input(partial(h.load_example, examples), [c["example"]],
+                                   [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],
+                                    c["lookup_min"], c["lookup_max"]], api_name="load_example")
+            compare_ui.compare_tab(session.cache, state, full, tabs)
     return demo
 
 
