@@ -204,7 +204,7 @@ def iter_comparison(decoder: Any, comparison: Comparison, stop: threading.Event 
     """Run every (config, prompt, seed) of :func:`plan` not yet in ``comparison.runs`` on ``decoder``
     (a loaded SpecDecoder), appending each result to ``comparison.runs`` and yielding it. A set
     ``stop`` ends the comparison after the current run. Raises ValueError for settings or prompts the
-    engine refuses (the runs before it are kept)."""
+    engine refuses, naming the configuration, prompt and seed (the runs before it are kept)."""
     import torch
 
     if not comparison.machine:
@@ -217,8 +217,12 @@ def iter_comparison(decoder: Any, comparison: Comparison, stop: threading.Event 
         if stop is not None and stop.is_set():
             return
         t0 = time.perf_counter()
-        trace = decoder.generate(comparison.prompts[p].text,
-                                 **comparison.configs[c].settings(s, comparison.max_new_tokens))
+        try:
+            trace = decoder.generate(comparison.prompts[p].text,
+                                     **comparison.configs[c].settings(s, comparison.max_new_tokens))
+        except ValueError as exc:
+            raise ValueError(f"{comparison.configs[c].label} on prompt {p + 1} ({comparison.prompts[p].name!r}), "
+                             f"seed {s}: {exc}") from None
         result = RunResult(c, p, s, trace, time.perf_counter() - t0)
         comparison.runs.append(result)
         yield result

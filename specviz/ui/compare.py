@@ -138,7 +138,9 @@ def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = Non
     n = max([len(r.trace.output_token_ids) for r in c.runs if r.prompt == prompt and r.seed == seed] or [1])
     position = min(max(int(position), 1), n)
     source = vc.rules_source(c)
-    rules = vc.rules_figure(source) if source is not None else _message("no speculative run yet")
+    rules = vc.rules_figure(source) if source is not None else _message(
+        "no run at temperature > 0 verified with standard or block (greedy runs draw no uniforms):<br>"
+        "try the preset “same draft, every rule”")
     prompt_dd = gr.Dropdown(choices=[(f"{i + 1}: {p.name}", i) for i, p in enumerate(c.prompts)], value=prompt)
     seed_dd = gr.Dropdown(choices=list(c.seeds), value=seed)
     run_dd = gr.Dropdown(choices=[(cfg.label, i) for i, cfg in enumerate(c.configs)],
@@ -154,10 +156,9 @@ def _message(text: str):
     return message_figure(text)
 
 
-def _error(message: str) -> tuple:
+def _error(message: str, note: str = "the views below are unchanged") -> tuple:
     gr.Warning(message)
-    return (f"**error** · {message} · _the views below are unchanged_", *([gr.skip()] * (len(OUTPUT_NAMES) - 1)),
-            gr.skip())
+    return (f"**error** · {message} · _{note}_", *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), gr.skip())
 
 
 def _progress(c: Comparison, total: int, last: str) -> str:
@@ -192,7 +193,8 @@ class CompareHandlers:
                 label = f"{c.configs[r.config].label}, prompt {r.prompt + 1}, seed {r.seed} ({r.wall_s:.1f} s)"
                 yield (*_views(c, _progress(c, total, label)), c.to_dict())
         except ValueError as exc:
-            yield _error(str(exc))
+            yield _error(str(exc), f"the views below show the {len(c.runs)} runs before it" if c.runs else
+                         "the views below are unchanged")
             return
         finally:
             self.signals.finish(session, flag)
@@ -300,7 +302,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                 u["progress"] = gr.Markdown("Pick a preset or configurations and prompts, then press Run comparison.",
                                             elem_id="sv-compare-progress")
                 u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True,
-                                          elem_id="sv-compare-table", label="one row per configuration (sortable)")
+                                          column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table", label="one row per configuration (sortable)")
                 gr.Markdown(vc.TABLE_HELP, elem_classes="sv-explain")
         gr.Markdown("### Token strips: where each method drafted, was rejected, got a bonus")
         with gr.Row():

@@ -21,9 +21,10 @@ from .stats import expected_tokens_per_step
 
 STRIP_FATES = ("accepted", "recovered", "bonus", "target")  # fates a committed token can have
 TABLE_COLUMNS = ("configuration", "runs", "tokens / target forward", "mean acceptance length (vLLM)",
-                 "draft coverage", "draft acceptance rate", "conditional acceptance c_i [Wilson 95%]",
-                 "tokens/s", "speedup (measured)", "speedup (cost model)", "ms/step draft · verify · sample",
+                 "draft coverage", "draft acceptance rate", "c_i (Wilson 95%, n) for i = 1..k",
+                 "tokens/s", "speedup (measured)", "speedup (cost model)", "ms/step: draft · verify · sample",
                  "lossless")
+COLUMN_WIDTHS = ("13%", "4%", "7%", "7%", "6%", "6%", "22%", "6%", "6%", "6%", "8%", "9%")
 
 TABLE_HELP = """**How each column is computed** (pooled over every prompt and seed of the row: counts are summed
 over requests, then divided, as vLLM sums its counters; definitions in `specviz/trace.py`):
@@ -51,8 +52,12 @@ def _fmt(x: Any, spec: str = ".2f") -> str:
 
 
 def _conditional(row: dict[str, Any]) -> str:
-    return "  ".join(f"{c['rate']:.2f} [{c['low']:.2f}, {c['high']:.2f}] n={c['n']}" if c["rate"] is not None
-                     else f"— n=0" for c in row["conditional"]) or "—"
+    """c_1 … c_k as ``.92 (.85-.96, n40)``: rate, Wilson 95 % interval, steps that verified position i."""
+    def p(x: float) -> str:
+        return f"{x:.2f}".lstrip("0") if x < 1 else "1"
+
+    return " · ".join(f"{p(c['rate'])} ({p(c['low'])}-{p(c['high'])}, n{c['n']})" if c["rate"] is not None
+                      else "— (n0)" for c in row["conditional"]) or "—"
 
 
 def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
@@ -260,13 +265,15 @@ def ksweep_figure(rows: list[dict[str, Any]]) -> go.Figure:
 
 def rules_source(comparison: Comparison) -> Trace | None:
     """The run "the same draft, every rule" replays: the first run at temperature > 0 verified with
-    block (block's h is recorded), else standard, preferring a draft model."""
+    block (block's h is recorded), else standard, preferring a draft model; None when there is none
+    (greedy runs record no uniforms)."""
     def rank(r) -> tuple:
         c = comparison.configs[r.config]
         return (c.temperature == 0 or c.verify not in ("block", "standard"), c.verify != "block",
                 c.method != "draft_model", r.prompt, r.seed)
 
-    runs = [r for r in comparison.runs if comparison.configs[r.config].method != "none"]
+    runs = [r for r in comparison.runs if comparison.configs[r.config].method != "none"
+            and comparison.configs[r.config].temperature > 0 and comparison.configs[r.config].verify in ("block", "standard")]
     best = min(runs, key=rank, default=None)
     return best.trace if best is not None else None
 
