@@ -180,8 +180,13 @@ def _tiny_comparison(decoders, temperature=0.0, seeds=(0,)):
     return run_comparison(decoders["llama"], c)
 
 
-def test_runner_adds_method_none_and_greedy_runs_are_lossless(decoders):
-    c = _tiny_comparison(decoders)
+@pytest.fixture(scope="module")
+def greedy_comparison(decoders):
+    return _tiny_comparison(decoders)
+
+
+def test_runner_adds_method_none_and_greedy_runs_are_lossless(greedy_comparison):
+    c = greedy_comparison
     assert [x.label for x in c.configs] == ["none T=0", "ngram k=3 greedy T=0", "draft_model k=2 greedy T=0"]
     assert len(c.runs) == 3 * 2
     assert [r.config for r in c.runs[:3]] == [0, 1, 2]  # interleaved: every configuration per prompt, none first
@@ -197,8 +202,8 @@ def test_export_import_replays_equal(decoders, tmp_path):
     assert "first-token" in table(c)[1]["lossless"]["detail"]
 
 
-def test_import_refuses_malformed_data(decoders):
-    c = _tiny_comparison(decoders)
+def test_import_refuses_malformed_data(greedy_comparison):
+    c = greedy_comparison
     good = c.to_dict()
 
     def refused(mutate, message):
@@ -243,7 +248,7 @@ def test_cli_compare_writes_csv_json_and_html(tiny_dirs, tmp_path, capsys):
     back = Comparison.from_json((out / "compare.json").read_text())
     assert len(back.runs) == 3
     html = (out / "compare.html").read_text()
-    assert "plotly" in html.lower() and "tokens / target forward" in html
+    assert "plotly" in html.lower() and "tokens / forward" in html and "AL (vLLM)" in html
     assert main(["compare", "--target", str(target), "--methods", "ngram", "--seeds", "a", "--prompt", "x",
                  "--out", str(out)]) == 2
     assert "--seeds must be" in capsys.readouterr().err

@@ -68,7 +68,7 @@ def test_presets_fill_the_controls(app_url):
     assert ks == "1,2,3,5,8" and "draft_model" in methods and temps == "0"
     methods, ks, verify, temps = client.predict("same draft, every rule (draft model, T = 0.8)",
                                                 api_name="/compare_preset")
-    assert methods == ["draft_model"] and set(verify) == {"greedy", "standard", "block"} and temps == "0.8"
+    assert methods == ["draft_model"] and set(verify) == {"standard", "block"} and temps == "0.8"
 
 
 def test_bad_input_says_what_to_change(app_url, tmp_path):

@@ -42,8 +42,9 @@ PRESETS = {
     "all methods, greedy, k=5": {"methods": "all", "ks": "5", "verify": ["auto"], "temperatures": "0"},
     "k sweep (k = 1, 2, 3, 5, 8; greedy)": {"methods": ["ngram", "suffix", "draft_model"], "ks": "1,2,3,5,8",
                                              "verify": ["auto"], "temperatures": "0"},
+    # the engine runs greedy verification at T = 0 only; the same-draft view decides greedy on the recorded drafts
     "same draft, every rule (draft model, T = 0.8)": {"methods": ["draft_model"], "ks": "4",
-                                                      "verify": ["greedy", "standard", "block"], "temperatures": "0.8"},
+                                                      "verify": ["standard", "block"], "temperatures": "0.8"},
 }
 
 
@@ -301,9 +302,10 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
             with gr.Column(scale=5, min_width=500):
                 u["progress"] = gr.Markdown("Pick a preset or configurations and prompts, then press Run comparison.",
                                             elem_id="sv-compare-progress")
-                u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True,
-                                          column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table", label="one row per configuration (sortable)")
                 gr.Markdown(vc.TABLE_HELP, elem_classes="sv-explain")
+        u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=640,
+                                  column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table",
+                                  label="one row per configuration, pooled over prompts and seeds (click a header to sort)")
         gr.Markdown("### Token strips: where each method drafted, was rejected, got a bonus")
         with gr.Row():
             u["prompt"] = gr.Dropdown([], label="prompt", elem_id="sv-compare-prompt")

@@ -20,25 +20,25 @@ from .common import FATE_STYLE, emitted_fate, quoted
 from .stats import expected_tokens_per_step
 
 STRIP_FATES = ("accepted", "recovered", "bonus", "target")  # fates a committed token can have
-TABLE_COLUMNS = ("configuration", "runs", "tokens / target forward", "mean acceptance length (vLLM)",
-                 "draft coverage", "draft acceptance rate", "c_i (Wilson 95%, n) for i = 1..k",
-                 "tokens/s", "speedup (measured)", "speedup (cost model)", "ms/step: draft · verify · sample",
+TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "coverage", "accept rate", "tokens/s",
+                 "speedup", "speedup (model)", "ms/step: draft / verify / sample", "c_i (Wilson 95%, n), i = 1..k",
                  "lossless")
-COLUMN_WIDTHS = ("13%", "4%", "7%", "7%", "6%", "6%", "22%", "6%", "6%", "6%", "8%", "9%")
+COLUMN_WIDTHS = ("12%", "5%", "7%", "6%", "7%", "6%", "6%", "7%", "7%", "10%", "19%", "8%")
+STRIP_TEXT_MAX = 40  # wider strips show colours only (tokens on hover and in the scrubber's table)
 
 TABLE_HELP = """**How each column is computed** (pooled over every prompt and seed of the row: counts are summed
 over requests, then divided, as vLLM sums its counters; definitions in `specviz/trace.py`):
 
-- **tokens / target forward** = generated tokens / verification steps (target forwards after the prefill; steps with
+- **tokens / forward** = generated tokens / verification steps (target forwards after the prefill; steps with
   no draft count). vllm#24344 calls it "seq-normalized AL"; it is what a fast target on a GPU turns into speed.
-- **mean acceptance length (vLLM)** = 1 + accepted / drafts, over steps that drafted (vLLM `metrics.py`). It ignores
-  steps with no draft: n-gram and suffix look better here than in the column before. **draft coverage** = drafts /
+- **AL (vLLM)**, mean acceptance length = 1 + accepted / drafts, over steps that drafted (vLLM `metrics.py`). It ignores
+  steps with no draft: n-gram and suffix look better here than in the column before. **coverage** = drafts /
   steps shows how many steps had a draft.
-- **draft acceptance rate** = accepted / drafted tokens. **c_i** = P(draft i accepted | drafts 1..i-1 accepted):
+- **accept rate** (draft acceptance rate) = accepted / drafted tokens. **c_i** = P(draft i accepted | drafts 1..i-1 accepted):
   accepted at i / steps that verified position i, with the Wilson 95 % interval and n.
 - **tokens/s** = tokens / decode time (draft + verify + sample, prefill excluded), on this machine.
-  **speedup (measured)** = tokens/s / tokens/s of method none at the same temperature, run in this comparison.
-  **speedup (cost model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
+  **speedup** (measured) = tokens/s / tokens/s of method none at the same temperature, run in this comparison.
+  **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
   ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
   costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
 - **lossless**: at temperature 0, output = method none's token for token (runs equal / runs). At T > 0, a
@@ -70,17 +70,18 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     for row in rows:
         ms = row["ms_per_step"]
         out.append([row["label"], row["runs"], r(row["tokens_per_target_forward"]), r(row["mean_acceptance_length"]),
-                    r(row["draft_coverage"]), r(row["draft_acceptance_rate"]), _conditional(row),
-                    r(row["tokens_per_s"], 1), r(row["speedup"]), r(row["predicted_speedup"]),
-                    f"{ms['draft']:.1f} · {ms['verify']:.1f} · {ms['sample']:.1f}", row["lossless"]["badge"]])
+                    r(row["draft_coverage"]), r(row["draft_acceptance_rate"]), r(row["tokens_per_s"], 1),
+                    r(row["speedup"]), r(row["predicted_speedup"]),
+                    f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample']:.1f}", _conditional(row),
+                    row["lossless"]["badge"]])
     return out
 
 
 def table_html(rows: list[dict[str, Any]]) -> str:
     """The table as static HTML (for the report), with each column's formula as a tooltip."""
     tips = dict(zip(TABLE_COLUMNS, ("", "prompts x seeds", "tokens / steps", "1 + accepted / drafts", "drafts / steps",
-                                    "accepted / drafted", "accepted_i / verified_i, Wilson 95%", "tokens / decode s",
-                                    "tokens/s / method none tokens/s", "Leviathan cost model", "ms per step", "")))
+                                    "accepted / drafted", "tokens / decode s", "tokens/s / method none tokens/s",
+                                    "Leviathan cost model", "ms per step", "accepted_i / verified_i, Wilson 95%", "")))
     head = "".join(f"<th title='{html.escape(tips[c])}' style='padding:4px 8px;text-align:left'>{html.escape(c)}</th>"
                    for c in TABLE_COLUMNS)
     body = ""
@@ -121,7 +122,7 @@ def strips_figure(comparison: Comparison, prompt: int, seed: int, position: int 
     for name, t in rows:
         cells = strip_cells(t)[:n]
         z.append([codes[c["fate"]] for c in cells] + [None] * (n - len(cells)))
-        text.append([_cell_label(t, c) for c in cells] + [""] * (n - len(cells)))
+        text.append([_cell_label(t, c) if n <= STRIP_TEXT_MAX else "" for c in cells] + [""] * (n - len(cells)))
         hover.append([_cell_hover(t, c, i + 1) for i, c in enumerate(cells)] + [""] * (n - len(cells)))
         for i, c in enumerate(cells):
             if c["slot"] == 1:
@@ -148,7 +149,8 @@ def strips_figure(comparison: Comparison, prompt: int, seed: int, position: int 
                       plot_bgcolor="#ffffff", legend={"orientation": "h", "y": -0.25 if len(rows) > 3 else -0.6,
                                                       "font": {"size": 11}},
                       title={"text": f"prompt {prompt + 1}, seed {seed}: each cell is one output token; a dark tick "
-                                     "starts a target forward", "font": {"size": 13}})
+                                     "starts a target forward" + ("" if n <= STRIP_TEXT_MAX else " (tokens on hover)"),
+                             "font": {"size": 13}})
     fig.update_xaxes(title_text="output position", dtick=4 if n > 16 else 1, range=[0.5, n + 0.5])
     fig.update_yaxes(autorange="reversed", automargin=True)
     return fig
