@@ -252,3 +252,28 @@ def test_cli_compare_writes_csv_json_and_html(tiny_dirs, tmp_path, capsys):
     assert main(["compare", "--target", str(target), "--methods", "ngram", "--seeds", "a", "--prompt", "x",
                  "--out", str(out)]) == 2
     assert "--seeds must be" in capsys.readouterr().err
+
+
+def _first_token_comparison(spec_first, none_first, p_top):
+    cfg = RunConfig("draft_model", 2, "standard", 1.0)
+    c = Comparison([RunConfig("none", 1, "standard", 1.0), cfg], [Prompt("a", "x")], list(range(len(spec_first))), 4)
+    for seed, (s_tok, n_tok) in enumerate(zip(spec_first, none_first)):
+        none_step = _step(0, [], 0, [n_tok])
+        none_step.emitted.top = [list(x) for x in p_top]
+        c.runs.append(RunResult(0, 0, seed, _trace([none_step], method="none", k=1, seed=seed, temperature=1.0,
+                                                   verify="standard"), 1.0))
+        c.runs.append(RunResult(1, 0, seed, _trace([_step(0, [3, 4], 0, [s_tok])], method="draft_model", k=2,
+                                                   seed=seed, temperature=1.0, verify="standard"), 1.0))
+    return c
+
+
+def test_sampled_losslessness_check_flags_a_biased_first_token_and_passes_a_fair_one():
+    p_top = [[5, 0.7], [6, 0.3]]
+    fair = [5] * 14 + [6] * 6  # 20 seeds, close to p
+    biased = [6] * 16 + [5] * 4  # mostly the 0.3 token: a sampler that ignores p
+    ok = losslessness(_first_token_comparison(fair, fair, p_top), 1)
+    bad = losslessness(_first_token_comparison(biased, fair, p_top), 1)
+    assert ok["ok"] is True and "n=20" in ok["badge"]
+    assert bad["ok"] is False and bad["badge"].startswith("✗")
+    outside = losslessness(_first_token_comparison([9] + fair[1:], fair, [[5, 0.7], [6, 0.3]]), 1)
+    assert outside["ok"] is False  # a token p gives probability 0
