@@ -14,8 +14,8 @@ from test_app import _launch  # noqa: E402
 
 from specviz.ui import build_app  # noqa: E402
 
-API = ("compare", "compare_stop", "compare_preset", "compare_view", "compare_scrub", "compare_export",
-       "compare_import", "compare_open")
+API = ("compare", "compare_stop", "compare_preset", "compare_view", "compare_view_seed", "compare_scrub",
+       "compare_export", "compare_import", "compare_open")
 # outputs of compare / compare_import: progress, table, strips, scrub, rules, ksweep, prompt, seed, run, position
 PROGRESS, TABLE, STRIPS, SCRUB, RULES, KSWEEP, PROMPT, SEED, RUN, POSITION = range(10)
 
@@ -92,3 +92,19 @@ def test_sampled_comparison_with_seeds_reports_the_distribution_check(app_url):
     assert all("first-token χ²" in r[-1] for r in rows[1:]), [r[-1] for r in rows]
     rules = json.dumps(out[RULES])
     assert "greedy: mean acc. length" in rules and "block: mean acc. length" in rules
+
+
+def test_stop_ends_the_comparison_after_the_current_run(app_url):
+    import time
+
+    client = Client(app_url, verbose=False)
+    job = client.submit(["ngram", "draft_model"], "2", ["auto"], "0", [], "def add(a, b):\n    return a", "0-60", 8,
+                        api_name="/compare")
+    deadline = time.time() + 120
+    while time.time() < deadline and not any("running" in str(o[PROGRESS]) for o in job.outputs()):
+        time.sleep(0.2)
+    assert "stopping" in client.predict(api_name="/compare_stop")
+    final = job.result(timeout=120)
+    assert final[PROGRESS].startswith("**stopped** ·"), final[PROGRESS]
+    done = int(final[PROGRESS].split("·")[1].split("/")[0])
+    assert 1 <= done < 3 * 61

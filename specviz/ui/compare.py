@@ -3,8 +3,8 @@ finishes; the table, aligned token strips with a shared scrubber, the same draft
 the k sweep; export (CSV, JSON, HTML) and import. Handlers are functions of plain data.
 
 Session state of the tab (one ``gr.State``): the comparison's dict (:meth:`Comparison.to_dict`) or None.
-Every event has an api_name: compare, compare_stop, compare_preset, compare_view, compare_scrub,
-compare_export, compare_import, compare_open.
+Every event has an api_name: compare, compare_stop, compare_preset, compare_view, compare_view_seed,
+compare_scrub, compare_export, compare_import, compare_open.
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                       api_name="compare_preset")
     for comp in (u["prompt"], u["seed"]):
         comp.input(view, [state, u["prompt"], u["seed"], u["position"]], [u["strips"], u["scrub"], u["position"]],
-                   api_name="compare_view" if comp is u["prompt"] else False)
+                   api_name="compare_view" if comp is u["prompt"] else "compare_view_seed")
     u["position"].input(view, [state, u["prompt"], u["seed"], u["position"]], [u["strips"], u["scrub"], u["position"]],
                         api_name="compare_scrub", trigger_mode="always_last")
     exp_btn.click(export, [state], [u["files"]], api_name="compare_export")
