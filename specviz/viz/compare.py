@@ -287,7 +287,7 @@ def report_html(comparison: Comparison) -> str:
     rows = table(comparison)
     parts = [f"<h1>specviz comparison</h1><p>{len(comparison.runs)} runs: {len(comparison.configs)} configurations × "
              f"{len(comparison.prompts)} prompts × seeds {comparison.seeds}, {comparison.max_new_tokens} new tokens; "
-             f"machine: {html.escape(str(comparison.machine))}</p>", table_html(rows),
+             f"machine: {html.escape(', '.join(f'{k} {v}' for k, v in comparison.machine.items()))}</p>", table_html(rows),
              "<div style='font-size:13px;max-width:1000px'>" + _md_to_html(TABLE_HELP) + "</div>"]
     figs = [strips_figure(comparison, p, comparison.seeds[0]) for p in range(len(comparison.prompts))]
     source = rules_source(comparison)
