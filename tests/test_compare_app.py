@@ -15,7 +15,7 @@ from test_app import _launch  # noqa: E402
 from specviz.ui import build_app  # noqa: E402
 
 API = ("compare", "compare_stop", "compare_preset", "compare_view", "compare_view_seed", "compare_scrub",
-       "compare_export", "compare_import", "compare_open")
+       "compare_pick", "compare_export", "compare_import", "compare_open")
 # outputs of compare / compare_import: progress, table, strips, scrub, rules, ksweep, prompt, seed, run, position
 PROGRESS, TABLE, STRIPS, SCRUB, RULES, KSWEEP, PROMPT, SEED, RUN, POSITION = range(10)
 
@@ -60,6 +60,8 @@ def test_compare_runs_every_configuration_and_exports_a_comparison_that_imports_
     assert "from the comparison" in opened[0] and "draft_model" in opened[0]
     moved = other.predict(0, 0, 3, api_name="/compare_scrub")
     assert "output position 3" in moved[1]
+    picked = other.predict("draft_model k=2 greedy T=0|5|1", 0, 0, api_name="/compare_pick")
+    assert "output position 5" in picked[1] and picked[3] == 2
 
 
 def test_presets_fill_the_controls(app_url):

@@ -39,6 +39,12 @@ def test_compare_tab_runs_and_draws_every_view(browser, app_url):  # noqa: F811
     labels = page.locator("#sv-compare-strips .ytick text").all_text_contents()
     assert "none T=0" in labels and len(labels) == n_methods + 1, labels
     assert "output position 1" in page.locator("#sv-compare-scrub").inner_text()
+    page.locator("#sv-compare-strips").scroll_into_view_if_needed()  # mouse clicks need it in the viewport
+    box = page.locator("#sv-compare-strips .nsewdrag").first.bounding_box()  # click row 2, output position 3
+    n_rows, n_cols = n_methods + 1, 16
+    page.mouse.click(box["x"] + box["width"] * 2.5 / n_cols, box["y"] + box["height"] * 1.5 / n_rows)
+    page.wait_for_function("() => document.querySelector('#sv-compare-scrub').innerText.includes('output position 3')",
+                           timeout=30_000)
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.locator("#sv-compare-tab").screenshot(path=str(SHOTS / "compare_tab.png"))
     page.click("#sv-compare-open")

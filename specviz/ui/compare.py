@@ -4,7 +4,7 @@ the k sweep; export (CSV, JSON, HTML) and import. Handlers are functions of plai
 
 Session state of the tab (one ``gr.State``): the comparison's dict (:meth:`Comparison.to_dict`) or None.
 Every event has an api_name: compare, compare_stop, compare_preset, compare_view, compare_view_seed,
-compare_scrub, compare_export, compare_import, compare_open.
+compare_scrub, compare_pick (a click on a strip cell), compare_export, compare_import, compare_open.
 """
 
 from __future__ import annotations
@@ -270,6 +270,42 @@ def open_run(state: dict[str, Any] | None, config: Any, prompt: Any, seed: Any, 
     return (*h._full_outputs(progress, r.trace, main), gr.Tabs(selected="single"))
 
 
+# a click on a strip cell sends "row label|position|nonce" through the hidden #sv-compare-pick box, whose change
+# event moves the scrubber there and picks that configuration for "open"; every newly drawn strip is bound once
+PICK_CELL_JS = """
+const svBindStrips = () => {
+  const gd = document.querySelector('#sv-compare-strips .js-plotly-plot');
+  if (!gd || gd.svBound || typeof gd.on !== 'function') return;
+  gd.svBound = true;
+  gd.on('plotly_click', (ev) => {
+    const pt = ev && ev.points && ev.points[0];
+    const box = document.querySelector('#sv-compare-pick textarea, #sv-compare-pick input');
+    if (!pt || pt.data.type !== 'heatmap' || !box) return;
+    box.value = `${pt.y}|${pt.x}|${Date.now()}`;
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  });
+};
+new MutationObserver(svBindStrips).observe(document.body, {childList: true, subtree: true});
+svBindStrips();
+"""
+
+
+def pick_cell(state: dict[str, Any] | None, cell: Any, prompt: Any, seed: Any) -> tuple:
+    """A click on a strip cell ("label|position[|nonce]"): the scrubber moves to that output position
+    and the configuration to open becomes that row's. Anything unreadable changes nothing."""
+    c = _comparison(state)
+    parts = str(cell or "").split("|")
+    if c is None or not c.runs or len(parts) < 2:
+        return (gr.skip(),) * 4
+    config = next((i for i, cfg in enumerate(c.configs) if cfg.label == parts[0]), None)
+    try:
+        position = int(float(parts[1]))
+    except ValueError:
+        return (gr.skip(),) * 4
+    strips, scrub, slider = view(state, prompt, seed, position)
+    return strips, scrub, slider, gr.skip() if config is None else config
+
+
 # ---- layout --------------------------------------------------------------------------------
 def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, tabs: gr.Tabs) -> dict[str, Any]:
     """The Compare tab inside ``tabs``; ``main_outputs``: the single-run tab's full outputs (for
@@ -313,7 +349,8 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
             u["position"] = gr.Slider(1, 2, value=1, step=1, label="output position (shared scrubber)",
                                       elem_id="sv-compare-position")
         u["strips"] = gr.Plot(elem_id="sv-compare-strips", show_label=False)
-        u["scrub"] = gr.HTML(elem_id="sv-compare-scrub")
+        u["pick"] = gr.Textbox(elem_id="sv-compare-pick", elem_classes="sv-hidden", show_label=False, container=False)
+        u["scrub"] = gr.HTML(elem_id="sv-compare-scrub", js_on_load=PICK_CELL_JS)
         with gr.Row():
             u["run"] = gr.Dropdown([], label="configuration to open")
             open_btn = gr.Button("Open this run in the single-run views", elem_id="sv-compare-open")
@@ -342,6 +379,9 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                    api_name="compare_view" if comp is u["prompt"] else "compare_view_seed")
     u["position"].input(view, [state, u["prompt"], u["seed"], u["position"]], [u["strips"], u["scrub"], u["position"]],
                         api_name="compare_scrub", trigger_mode="always_last")
+    u["pick"].change(pick_cell, [state, u["pick"], u["prompt"], u["seed"]],
+                     [u["strips"], u["scrub"], u["position"], u["run"]], api_name="compare_pick",
+                     trigger_mode="always_last")
     exp_btn.click(export, [state], [u["files"]], api_name="compare_export")
     u["upload"].upload(import_comparison, [u["upload"]], outputs, api_name="compare_import")
     open_btn.click(open_run, [state, u["run"], u["prompt"], u["seed"], main_state], [*main_outputs, tabs],
