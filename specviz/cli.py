@@ -94,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--steps", action="store_true", help="print each verification step as it happens")
     g.add_argument("--no-color", action="store_true", help="plain text (the default when stdout is not a terminal)")
     g.add_argument("--color", action="store_true", help="ANSI colours even when stdout is not a terminal")
+    _compare_parser(sub)
     return ap
 
 
@@ -122,6 +123,29 @@ def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
         print(f"{head}{emitted['kind']} {text([emitted['token_id']])}", file=out or sys.stderr)
 
     return on_draft, on_verified
+def _compare_parser(sub: Any) -> None:
+    """``compare``: many configurations on the same prompts -> DIR/compare.csv, .json, .html."""
+    c = sub.add_parser("compare", help="run several methods on the same prompts; write CSV, JSON and an HTML report")
+    c.add_argument("--target", default=None, help="target model dir (default: bundled demo target)")
+    c.add_argument("--draft", default=None, help="draft model dir (method draft_model)")
+    c.add_argument("--methods", default="ngram,suffix,draft_model",
+                   help="comma-separated methods (method none is always run as the baseline)")
+    c.add_argument("-k", "--num-speculative-tokens", default="5", help="k, or comma-separated values")
+    c.add_argument("--k-sweep", default=None, help="comma-separated k values for every method (overrides -k)")
+    c.add_argument("--verify", default=None, help="greedy | standard | block | synthetic, or comma-separated")
+    c.add_argument("--temperature", default="0", help="temperature, or comma-separated values")
+    c.add_argument("--seeds", default="0", help="comma-separated seeds, or a range like 0-4")
+    c.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable)")
+    c.add_argument("--prompt-set", default=None,
+                   help="bundled prompt category (or 'all') from assets/examples/compare_prompts.json, or a JSON file")
+    c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("--prompt-lookup-min", type=int, default=2)
+    c.add_argument("--prompt-lookup-max", type=int, default=4)
+    c.add_argument("--device", default=None)
+    c.add_argument("--dtype", default=None)
+    c.add_argument("--out", required=True, help="directory for compare.csv, compare.json, compare.html")
+
+
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,6 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         train_main(argv[1:])
         return 0
     args = _parser().parse_args(argv)
+    if args.command == "compare":
+        from .compare_cli import compare_main
+
+        return compare_main(args)
     from .engine import SpecDecoder
     from .events import DraftProposed, EventBus, StepVerified
 

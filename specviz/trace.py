@@ -22,8 +22,10 @@ vLLM's scheduler counts the sampler's decision instead (``len(generated_token_id
 * draft_acceptance_rate = num_accepted_tokens / (num_draft_tokens - num_discarded_draft_tokens).
 * accepted_per_position[i] = #drafting steps that committed >= i+1 accepted drafts (vLLM's
   counts); acceptance_rate_per_position[i] = that / num_drafts (unconditional);
-  conditional_acceptance_rate[i] = P(accept i+1 | accepted i), over steps whose position i+1
-  was drafted and not discarded.
+  conditional_acceptance_rate[i] = P(accept i+1 | accepted i) = accepted_per_position[i] /
+  offered_per_position[i], where offered_per_position[i] = #drafting steps whose position i+1 was
+  drafted, not discarded, and reached (accepted >= i).
+* draft_coverage = num_drafts / num_steps (share of steps that had a draft; vllm#24344).
 * acceptance_histogram[j] = #drafting steps with exactly j committed accepted drafts.
 * tokens_per_step = tokens_per_target_forward = committed tokens / verification steps
   (:func:`tokens_per_target_forward`; the one definition every view and label uses).
@@ -397,6 +399,8 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
         "accepted_per_position": per_pos,
         "acceptance_rate_per_position": [c / num_drafts if num_drafts else 0.0 for c in per_pos],
         "conditional_acceptance_rate": [a / o if o else 0.0 for a, o in zip(per_pos, offered)],
+        "offered_per_position": offered,
+        "draft_coverage": num_drafts / len(steps) if steps else 0.0,
         "acceptance_histogram": hist,
         "tokens_per_step": tokens_per_target_forward(generated, len(steps)),
         "tokens_per_target_forward": tokens_per_target_forward(generated, len(steps)),

@@ -14,6 +14,7 @@ from specviz.trace import MAX_TRACE_BYTES
 from specviz.viz import explain
 from specviz.viz.residual import message_figure
 
+from . import compare as compare_ui
 from . import handlers as h
 from . import lesson as lesson_ui
 from .cache import DecoderCache, StopSignals
@@ -213,19 +214,22 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         gr.Markdown(session.cache.describe(), elem_id="sv-models")
         warm = gr.Markdown("", elem_id="sv-warmup")
         warm_timer = gr.Timer(1.0, active=False)
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=2, min_width=340):
-                c = _controls(examples)
-                with gr.Row(elem_id="sv-run-row"):
-                    run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
-            with gr.Column(scale=3, min_width=400):
-                v = _stream_views()
-        v.update(_detail_views())
-        e = _export_replay()
-        progress = v["progress"]
-        views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
-        full = [progress, *views, v["step"], v["position"], state]
+        with gr.Tabs() as tabs:
+            with gr.Tab("Single run", id="single"):
+                with gr.Row(equal_height=False):
+                    with gr.Column(scale=2, min_width=340):
+                        c = _controls(examples)
+                        with gr.Row(elem_id="sv-run-row"):
+                            run_btn = gr.Button("Run", variant="primary", elem_id="sv-run")
+                            stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-stop")
+                    with gr.Column(scale=3, min_width=400):
+                        v = _stream_views()
+                v.update(_detail_views())
+                e = _export_replay()
+                progress = v["progress"]
+                views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
+                full = [progress, *views, v["step"], v["position"], state]
+            compare_ui.compare_tab(session.cache, state, full, tabs)
         inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
                   c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"]]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)

@@ -1,0 +1,533 @@
+"""Method comparison: many configurations x prompts x seeds on one loaded decoder, pooled metrics.
+
+A :class:`Comparison` is plain data: the configurations (method x k x verification x temperature),
+the prompts, the seeds and one :class:`RunResult` (a :class:`~specviz.trace.Trace` plus its wall
+time) per run. :func:`iter_comparison` runs them one after another on a loaded
+:class:`~specviz.engine.SpecDecoder`, interleaved (prompt, seed, then every configuration, method
+none first), yielding as each run finishes. Method none always runs in the same comparison, at every
+temperature used: speedups are never computed from a cached or estimated baseline.
+
+Pooled metrics (:func:`pooled_row`): the steps of every run of a configuration are pooled and passed
+to :func:`specviz.trace.compute_metrics` (metric definitions live there only; pooling steps = summing
+vLLM's counters over requests). On top of those counts this module adds statistics, not metrics:
+Wilson intervals of the conditional per-position rates, the speedup over method none measured in the
+same comparison, the speedup Leviathan et al.'s cost model predicts from the measured step costs, and
+the losslessness check. Imports no gradio or plotly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Sequence
+
+from .trace import Step, Trace, TraceFormatError, compute_metrics
+
+COMPARISON_FORMAT = "specviz-comparison"
+COMPARISON_VERSION = 1
+MAX_COMPARISON_BYTES = 64 * 1024 * 1024  # imports above this are refused
+MAX_RUNS = 2000
+RULES = ("greedy", "standard", "block")  # verification rules of the "same draft, every rule" view
+
+
+class ComparisonFormatError(TraceFormatError):
+    """Raised when JSON is not a valid specviz comparison (the message says which field)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One row of the comparison: a method and its verification settings.
+
+    method: a name in ``specviz.engine.METHODS``; num_speculative_tokens: k (1..32); verify: "greedy" |
+    "standard" | "block" | "synthetic" (resolved: greedy at temperature 0, else standard, when None);
+    temperature: >= 0; prompt_lookup_min/max: methods ngram / ngram_gpu (None = vLLM's defaults)."""
+
+    method: str
+    num_speculative_tokens: int = 5
+    verify: str | None = None
+    temperature: float = 0.0
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+
+    def resolved(self) -> "RunConfig":
+        """The same configuration with ``verify`` filled in (the engine's default) and method none's
+        k set to 1 (it drafts nothing), so equal runs have equal configurations."""
+        verify = self.verify or ("greedy" if self.temperature == 0 else "standard")
+        k = 1 if self.method == "none" else int(self.num_speculative_tokens)
+        lookup = self.method in ("ngram", "ngram_gpu")
+        return RunConfig(self.method, k, verify, float(self.temperature),
+                         self.prompt_lookup_min if lookup else None, self.prompt_lookup_max if lookup else None)
+
+    @property
+    def label(self) -> str:
+        """Short name, e.g. ``ngram k=5 greedy T=0``."""
+        if self.method == "none":
+            return f"none T={self.temperature:g}"
+        return f"{self.method} k={self.num_speculative_tokens} {self.verify} T={self.temperature:g}"
+
+    def settings(self, seed: int, max_new_tokens: int) -> dict[str, Any]:
+        """Keywords for ``SpecDecoder.generate``."""
+        out = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens, "verify": self.verify,
+               "temperature": self.temperature, "seed": int(seed), "max_new_tokens": int(max_new_tokens)}
+        if self.method in ("ngram", "ngram_gpu"):
+            out.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
+        return out
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt of the comparison: name, category (e.g. "code completion"), text."""
+
+    name: str
+    text: str
+    category: str = ""
+
+
+@dataclass
+class RunResult:
+    """One finished run: indices into the comparison's configs and prompts, the seed, the trace and
+    ``wall_s``, the seconds measured around the whole request (prefill included)."""
+
+    config: int
+    prompt: int
+    seed: int
+    trace: Trace
+    wall_s: float
+
+
+@dataclass
+class Comparison:
+    """Configurations x prompts x seeds -> runs. ``machine``: where it ran (device, torch, date)."""
+
+    configs: list[RunConfig]
+    prompts: list[Prompt]
+    seeds: list[int]
+    max_new_tokens: int
+    runs: list[RunResult] = field(default_factory=list)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+    def runs_of(self, config: int) -> list[RunResult]:
+        return [r for r in self.runs if r.config == config]
+
+    def find(self, config: int, prompt: int, seed: int) -> RunResult | None:
+        return next((r for r in self.runs if (r.config, r.prompt, r.seed) == (config, prompt, seed)), None)
+
+    def baseline_of(self, config: int) -> int | None:
+        """Index of the method-none configuration at the same temperature (None if absent)."""
+        t = self.configs[config].temperature
+        return next((i for i, c in enumerate(self.configs) if c.method == "none" and c.temperature == t), None)
+
+    # ---- serialisation -------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": COMPARISON_FORMAT, "version": COMPARISON_VERSION,
+                "configs": [asdict(c) for c in self.configs], "prompts": [asdict(p) for p in self.prompts],
+                "seeds": list(self.seeds), "max_new_tokens": self.max_new_tokens, "machine": dict(self.machine),
+                "runs": [{"config": r.config, "prompt": r.prompt, "seed": r.seed, "wall_s": r.wall_s,
+                          "trace": r.trace.to_dict()} for r in self.runs]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, max_bytes: int = MAX_COMPARISON_BYTES) -> "Comparison":
+        """Parse and validate a comparison as data (nothing is executed). Raises
+        :class:`ComparisonFormatError` (a ValueError) naming the bad field, also for input over
+        ``max_bytes``."""
+        if len(text) > max_bytes:
+            raise ComparisonFormatError(f"comparison is {len(text)} bytes; the limit is {max_bytes}")
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ComparisonFormatError(f"not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Comparison":
+        from ._compare_io import comparison_from_dict
+
+        return comparison_from_dict(data)
+
+
+# ---- building and running ----------------------------------------------------------------
+def with_baselines(configs: Sequence[RunConfig]) -> list[RunConfig]:
+    """The resolved configurations, duplicates dropped, with a method-none configuration added
+    (first) for every temperature that has none."""
+    out: list[RunConfig] = []
+    for c in (c.resolved() for c in configs):
+        if c not in out:
+            out.append(c)
+    for t in sorted({c.temperature for c in out}, reverse=True):
+        if not any(c.method == "none" and c.temperature == t for c in out):
+            out.insert(0, RunConfig("none", 1, "greedy" if t == 0 else "standard", t))
+    return out
+
+
+def new_comparison(configs: Sequence[RunConfig], prompts: Sequence[Prompt | str], seeds: Sequence[int],
+                   max_new_tokens: int = 64) -> Comparison:
+    """A comparison with nothing run yet. Raises ValueError on no configurations / prompts / seeds,
+    an unknown method or verification, a bad k or temperature, or more than MAX_RUNS runs."""
+    from .engine import MAX_SPECULATIVE_TOKENS, METHODS, VERIFY_METHODS
+
+    prompts = [p if isinstance(p, Prompt) else Prompt(f"prompt {i + 1}", str(p)) for i, p in enumerate(prompts)]
+    if not configs or not prompts or not seeds:
+        raise ValueError("a comparison needs at least one configuration, one prompt and one seed")
+    for c in configs:
+        if c.method not in METHODS:
+            raise ValueError(f"unknown method {c.method!r}; choose from {', '.join(METHODS)}")
+        if c.verify is not None and c.verify not in VERIFY_METHODS:
+            raise ValueError(f"unknown verification {c.verify!r}; choose from {', '.join(VERIFY_METHODS)}")
+        if not 1 <= int(c.num_speculative_tokens) <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {c.num_speculative_tokens}")
+        if not (isinstance(c.temperature, (int, float)) and c.temperature >= 0 and math.isfinite(c.temperature)):
+            raise ValueError(f"temperature must be a number >= 0, got {c.temperature!r}")
+    if any(not p.text.strip() for p in prompts):
+        raise ValueError("a prompt is empty: type some text or remove it")
+    full = with_baselines(configs)
+    seeds = sorted({int(s) for s in seeds})
+    if len(full) * len(prompts) * len(seeds) > MAX_RUNS:
+        raise ValueError(f"{len(full)} configurations x {len(prompts)} prompts x {len(seeds)} seeds is more than "
+                         f"{MAX_RUNS} runs; use fewer")
+    return Comparison(list(full), list(prompts), seeds, int(max_new_tokens))
+
+
+def plan(comparison: Comparison) -> list[tuple[int, int, int]]:
+    """(config, prompt, seed) in running order: per prompt and seed, every configuration (method none
+    first), so slow drift of the machine's speed affects every configuration alike."""
+    order = sorted(range(len(comparison.configs)), key=lambda i: comparison.configs[i].method != "none")
+    return [(c, p, s) for p in range(len(comparison.prompts)) for s in comparison.seeds for c in order]
+
+
+def iter_comparison(decoder: Any, comparison: Comparison, stop: threading.Event | None = None) -> Iterator[RunResult]:
+    """Run every (config, prompt, seed) of :func:`plan` not yet in ``comparison.runs`` on ``decoder``
+    (a loaded SpecDecoder), appending each result to ``comparison.runs`` and yielding it. A set
+    ``stop`` ends the comparison after the current run. Raises ValueError for settings or prompts the
+    engine refuses, naming the configuration, prompt and seed (the runs before it are kept)."""
+    import torch
+
+    if not comparison.machine:
+        comparison.machine = {"device": str(decoder.device), "torch": torch.__version__,
+                              "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    done = {(r.config, r.prompt, r.seed) for r in comparison.runs}
+    for c, p, s in plan(comparison):
+        if (c, p, s) in done:
+            continue
+        if stop is not None and stop.is_set():
+            return
+        t0 = time.perf_counter()
+        try:
+            trace = decoder.generate(comparison.prompts[p].text,
+                                     **comparison.configs[c].settings(s, comparison.max_new_tokens))
+        except ValueError as exc:
+            raise ValueError(f"{comparison.configs[c].label} on prompt {p + 1} ({comparison.prompts[p].name!r}), "
+                             f"seed {s}: {exc}") from None
+        result = RunResult(c, p, s, trace, time.perf_counter() - t0)
+        comparison.runs.append(result)
+        yield result
+
+
+def run_comparison(decoder: Any, comparison: Comparison) -> Comparison:
+    """Run the whole comparison (see :func:`iter_comparison`) and return it."""
+    for _ in iter_comparison(decoder, comparison):
+        pass
+    return comparison
+
+
+# ---- statistics on pooled metrics ---------------------------------------------------------
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (scipy.stats.binomtest(...).proportion_ci,
+    method "wilson"). (0, 1) when n = 0 (nothing observed)."""
+    if n <= 0:
+        return 0.0, 1.0
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def pooled_metrics(traces: Sequence[Trace], num_speculative_tokens: int) -> dict[str, Any]:
+    """trace.py's metrics over the steps of every trace pooled (vLLM's counters summed over requests:
+    step-weighted, not a mean of per-request means)."""
+    steps: list[Step] = [s for t in traces for s in t.steps]
+    return compute_metrics(steps, num_speculative_tokens)
+
+
+def tokens_per_target_forward(m: dict[str, Any]) -> float:
+    """Tokens per target forward (verification steps; the prefill is not counted), read from trace.py's
+    metrics by name ("tokens_per_target_forward" where defined, else its equal "tokens_per_step")."""
+    return float(m.get("tokens_per_target_forward", m.get("tokens_per_step", 0.0)))
+
+
+def decode_seconds(m: dict[str, Any]) -> float:
+    """Engine time of the decode loop (draft + verify + sample), seconds; prefill excluded."""
+    return sum(float(v) for v in m.get("time_ms", {}).values()) / 1e3
+
+
+def predicted_speedup(m: dict[str, Any], base_ms_per_step: float) -> float | None:
+    """Speedup Leviathan et al. 2023's cost model predicts from this configuration's measured
+    acceptance and drafting cost: E[tokens per step] / (1 + t_draft / t_step(none)), where
+    E = (1 - g) + g (1 - a^(k+1)) / (1 - a), g = draft coverage, a = accepted / verified positions,
+    k = mean draft length of drafting steps, t_draft = measured draft ms per step. It assumes, as the
+    paper does, that verifying k+1 tokens costs one plain step and the sampler is free; the gap to the
+    measured speedup is what those assumptions miss (see the time split). None without drafts."""
+    steps, drafts = m["num_steps"], m["num_drafts"]
+    if not steps or not drafts or base_ms_per_step <= 0:
+        return None
+    a = m["num_accepted_tokens"] / max(sum(m["offered_per_position"]), 1)
+    k = m["num_draft_tokens"] / drafts
+    g = drafts / steps
+    per_draft = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
+    t_draft = m["time_ms"].get("draft", 0.0) / steps
+    return ((1 - g) + g * per_draft) / (1 + t_draft / base_ms_per_step)
+
+
+def time_split(m: dict[str, Any]) -> dict[str, float]:
+    """Milliseconds per verification step: draft, verify (target forward), sample (sampler + record)."""
+    n = m["num_steps"] or 1
+    return {part: float(m["time_ms"].get(part, 0.0)) / n for part in ("draft", "verify", "sample")}
+
+
+# ---- losslessness -------------------------------------------------------------------------
+def losslessness(comparison: Comparison, config: int) -> dict[str, Any]:
+    """The row's losslessness check, against method none's runs of the same prompts and seeds.
+
+    Temperature 0: every run's output must equal method none's token for token ("equal" counts
+    runs). Temperature > 0: a chi-square goodness-of-fit test (scipy.stats.chisquare) of the
+    FIRST output token over the seeds, per prompt, against the target's p at that position (method
+    none's recorded top-20 probabilities, the rest pooled into one bin), p-values combined over
+    prompts by Fisher's method. One token per run, so with few seeds it detects only gross bias
+    (a draft sampler ignoring temperature, a wrong residual at the first position) and never proves
+    losslessness; the label says so. verify "synthetic" is not lossless by design.
+
+    Returns {"badge": short text, "detail": sentence, "ok": True/False/None (None: not checked)}."""
+    cfg = comparison.configs[config]
+    if cfg.method == "none":
+        return {"badge": "baseline", "detail": "method none is the reference", "ok": None}
+    if cfg.verify == "synthetic":
+        return {"badge": "not lossless (synthetic)", "detail": "synthetic verification forces acceptance rates; "
+                "it is for speed studies and changes the output", "ok": False}
+    base = comparison.baseline_of(config)
+    pairs = [(r, comparison.find(base, r.prompt, r.seed)) for r in comparison.runs_of(config)] if base is not None else []
+    pairs = [(r, b) for r, b in pairs if b is not None]
+    if not pairs:
+        return {"badge": "not checked", "detail": "no method-none run of the same prompts and seeds", "ok": None}
+    if cfg.temperature == 0:
+        bad = [(r, _first_difference(r.trace.output_token_ids, b.trace.output_token_ids)) for r, b in pairs]
+        bad = [(r, i) for r, i in bad if i is not None]
+        if not bad:
+            return {"badge": f"✓ equal ({len(pairs)}/{len(pairs)})",
+                    "detail": f"output equals method none's token for token in all {len(pairs)} runs", "ok": True}
+        r, i = bad[0]
+        return {"badge": f"✗ differs ({len(bad)}/{len(pairs)})",
+                "detail": f"{len(bad)} of {len(pairs)} runs differ from method none (first: prompt {r.prompt + 1}, "
+                          f"seed {r.seed}, at output token {i + 1})", "ok": False}
+    return _first_token_test(pairs)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _first_token_test(pairs: list[tuple[RunResult, RunResult]]) -> dict[str, Any]:
+    from scipy.stats import chisquare, combine_pvalues
+
+    by_prompt: dict[int, list[tuple[RunResult, RunResult]]] = {}
+    for r, b in pairs:
+        by_prompt.setdefault(r.prompt, []).append((r, b))
+    pvalues, n = [], 0
+    for group in by_prompt.values():
+        first = [r.trace.output_token_ids[0] for r, _ in group if r.trace.output_token_ids]
+        top = _first_distribution(group[0][1].trace)
+        if len(first) < 2 or not top:
+            continue
+        bins = [t for t, _ in top]
+        probs = [p for _, p in top]
+        rest = max(1.0 - sum(probs), 0.0)
+        observed = [sum(1 for t in first if t == b) for b in bins] + [sum(1 for t in first if t not in bins)]
+        expected = [p * len(first) for p in probs] + [rest * len(first)]
+        keep = [i for i, e in enumerate(expected) if e > 0]
+        if any(observed[i] for i in range(len(observed)) if i not in keep):  # a token p gives probability 0
+            pvalues.append(0.0)
+        elif len(keep) > 1:
+            obs, exp = [observed[i] for i in keep], [expected[i] for i in keep]
+            scale = sum(obs) / sum(exp)
+            pvalues.append(float(chisquare(obs, [e * scale for e in exp]).pvalue))
+        n += len(first)
+    if not pvalues:
+        return {"badge": "not checked (run ≥ 2 seeds)", "detail": "the first-token test needs at least 2 seeds and "
+                "a recorded target distribution", "ok": None}
+    p = float(combine_pvalues(pvalues, method="fisher").pvalue) if len(pvalues) > 1 else pvalues[0]
+    ok = p >= 0.01
+    detail = (f"first-token chi-square over {n} runs ({len(pvalues)} prompts, Fisher-combined): p = {p:.3g}. "
+              "One token per run: with few seeds it finds only gross bias and cannot show losslessness")
+    return {"badge": f"{'≈' if ok else '✗'} first-token χ² p={p:.2g} (n={n})", "detail": detail, "ok": ok}
+
+
+def _first_distribution(trace: Trace) -> list[list[float]]:
+    """[token_id, p] pairs (up to 20) of the target's processed distribution at the first output
+    position, as recorded by a method-none run (its step 0 drew from p)."""
+    if not trace.steps:
+        return []
+    s = trace.steps[0]
+    if s.positions:
+        return [[int(t), float(p)] for t, p in s.positions[0].p_top]
+    return [[int(t), float(p)] for t, p in s.emitted.top]
+
+
+# ---- the table ----------------------------------------------------------------------------
+def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
+    """One row of the table: the configuration's pooled metrics and statistics (plain data).
+
+    Keys: label, method, k, verify, temperature, runs, tokens, steps, tokens_per_target_forward,
+    mean_acceptance_length (vLLM: 1 + accepted / drafts), draft_coverage (drafts / steps),
+    draft_acceptance_rate, conditional (per position: {rate, n, low, high}, Wilson 95 %),
+    tokens_per_s (tokens / decode time), e2e_tokens_per_s (tokens / wall time incl. prefill),
+    speedup (measured, over method none at the same temperature in this comparison),
+    predicted_speedup (:func:`predicted_speedup`), ms_per_step {draft, verify, sample},
+    step_cost (ms per step / method none's ms per step), lossless (:func:`losslessness`)."""
+    cfg = comparison.configs[config]
+    runs = comparison.runs_of(config)
+    m = pooled_metrics([r.trace for r in runs], cfg.num_speculative_tokens)
+    tokens = m["num_generated_tokens"]
+    dec = decode_seconds(m)
+    base = comparison.baseline_of(config)
+    bm = pooled_metrics([r.trace for r in comparison.runs_of(base)], 1) if base is not None else None
+    base_tps = bm["num_generated_tokens"] / decode_seconds(bm) if bm and decode_seconds(bm) > 0 else 0.0
+    base_ms = 1e3 * decode_seconds(bm) / bm["num_steps"] if bm and bm["num_steps"] else 0.0
+    tps = tokens / dec if dec > 0 else 0.0
+    split = time_split(m)
+    n_cond = m["offered_per_position"] if cfg.method != "none" else []
+    conditional = [{"rate": a / n if n else None, "n": n, "low": wilson_interval(a, n)[0], "high": wilson_interval(a, n)[1]}
+                   for a, n in zip(m["accepted_per_position"], n_cond)]
+    wall = sum(r.wall_s for r in runs)
+    return {
+        "label": cfg.label, "method": cfg.method, "k": cfg.num_speculative_tokens, "verify": cfg.verify,
+        "temperature": cfg.temperature, "runs": len(runs), "tokens": tokens, "steps": m["num_steps"],
+        "num_drafts": m["num_drafts"], "num_draft_tokens": m["num_draft_tokens"],
+        "num_accepted_tokens": m["num_accepted_tokens"],
+        "tokens_per_target_forward": tokens_per_target_forward(m),
+        "mean_acceptance_length": m["mean_acceptance_length"] if m["num_drafts"] else None,
+        "draft_coverage": m["draft_coverage"], "draft_acceptance_rate": m["draft_acceptance_rate"] if m["num_draft_tokens"] else None,
+        "conditional": conditional, "tokens_per_s": tps, "e2e_tokens_per_s": tokens / wall if wall > 0 else 0.0,
+        "speedup": tps / base_tps if base_tps > 0 and runs else None,
+        "predicted_speedup": predicted_speedup(m, base_ms) if cfg.method != "none" else None,
+        "ms_per_step": split,
+        "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
+        "lossless": losslessness(comparison, config),
+    }
+
+
+def table(comparison: Comparison) -> list[dict[str, Any]]:
+    """:func:`pooled_row` for every configuration that has finished runs, in configuration order."""
+    return [pooled_row(comparison, i) for i in range(len(comparison.configs)) if comparison.runs_of(i)]
+
+
+CSV_COLUMNS = ("label", "method", "k", "verify", "temperature", "runs", "tokens", "steps", "tokens_per_target_forward",
+               "mean_acceptance_length", "draft_coverage", "draft_acceptance_rate", "conditional_acceptance",
+               "tokens_per_s", "e2e_tokens_per_s", "speedup", "predicted_speedup", "draft_ms_per_step",
+               "verify_ms_per_step", "sample_ms_per_step", "lossless")
+
+
+def _csv_cell(row: dict[str, Any], col: str) -> Any:
+    if col == "conditional_acceptance":
+        return " ".join(f"{c['rate']:.3f}[{c['low']:.3f},{c['high']:.3f}]n={c['n']}" if c["rate"] is not None
+                        else f"-n={c['n']}" for c in row["conditional"])
+    if col.endswith("_ms_per_step"):
+        return f"{row['ms_per_step'][col.split('_')[0]]:.3f}"
+    if col == "lossless":
+        return row["lossless"]["badge"]
+    value = row[col]
+    return f"{value:.6g}" if isinstance(value, float) else ("" if value is None else value)
+
+
+def table_csv(comparison: Comparison) -> str:
+    """The table as CSV text, one row per configuration (conditional acceptance as
+    ``rate[low,high]n=N`` per position, Wilson 95 %)."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in table(comparison):
+        writer.writerow([_csv_cell(row, c) for c in CSV_COLUMNS])
+    return buf.getvalue()
+
+
+# ---- the same draft, every rule -----------------------------------------------------------
+def same_draft_rules(trace: Trace) -> dict[str, list[int | None]]:
+    """How many draft tokens of each recorded step greedy, standard and block verification accept
+    on the SAME drafts and the SAME uniforms (the trace's u_i; block's eta_i = u_i), computed from the
+    recorded p_i(x_i), q_i(x_i) and argmax p_i (algorithms.md; the rules of
+    ``specviz/sampling/reference.py``):
+
+    * greedy: the longest prefix with x_i = argmax p_i;
+    * standard: the longest prefix with u_i <= min(1, p_i(x_i) / q_i(x_i));
+    * block: tau = the last i with u_i <= h_i. h needs sum_x max(P_i p_{i+1}(x) - q_{i+1}(x), 0):
+      closed form for one-hot drafts (ngram, suffix, greedy draft model); for full q only the block
+      run's own recorded h is available, so block is None for full-q steps of other rules.
+
+    Each step keeps the recorded run's context: this is a per-step replay of one draft stream, not
+    three full decodes. Steps without a draft give 0 for every rule. Needs a detailed trace of a
+    run at temperature > 0 verified with standard or block (greedy runs record no uniforms:
+    standard and block are then None). Returns {rule: [accepted per step]}."""
+    out: dict[str, list[int | None]] = {rule: [] for rule in RULES}
+    for s in trace.steps:
+        for rule in RULES:
+            out[rule].append(_rule_accepts(s, rule, trace.config))
+    return out
+
+
+def _rule_accepts(step: Step, rule: str, config: dict[str, Any]) -> int | None:
+    pos = step.positions
+    if not step.draft_token_ids:
+        return 0
+    if len(pos) != len(step.draft_token_ids):
+        return None  # a brief trace (detailed_trace=False) has no per-position data
+    if rule == "greedy":
+        n = 0
+        for x, p in zip(step.draft_token_ids, pos):
+            if not p.p_top or int(p.p_top[0][0]) != x:
+                break
+            n += 1
+        return n
+    if config.get("verify") == "greedy":
+        return None  # no uniforms were drawn
+    if rule == "standard":
+        n = 0
+        for p in pos:
+            if p.u > p.accept_prob:
+                break
+            n += 1
+        return n
+    h = _block_h(step)
+    if h is None:
+        return None
+    return max([i + 1 for i, (p, hi) in enumerate(zip(pos, h)) if p.u <= hi], default=0)
+
+
+def _block_h(step: Step) -> list[float] | None:
+    """Block verification's h_1..h_k' for ``step``: recorded when the step was block-verified, else
+    the one-hot closed form (q_i(x_i) = 1 at every position), else None."""
+    if step.block and step.block.get("h"):
+        return [float(v) for v in step.block["h"][: len(step.positions)]]
+    if any(p.q != 1.0 for p in step.positions):
+        return None
+    P, out = 1.0, []
+    Ps = []
+    for p in step.positions:
+        P = min(1.0, P * p.p) if P > 0 else 0.0
+        Ps.append(P)
+    for i, P in enumerate(Ps):
+        if i == len(Ps) - 1:
+            out.append(P)
+            continue
+        rho = P * (1.0 - step.positions[i + 1].p)
+        denom = rho + 1.0 - P
+        out.append(1.0 if denom == 0 else rho / denom)
+    return out

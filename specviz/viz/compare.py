@@ -1,0 +1,312 @@
+"""Figures of a comparison (:mod:`specviz.compare`): the table, aligned token strips, the same draft
+under every rule, the k sweep, and an offline HTML report. Pure functions of plain data; plotly only.
+
+Every number comes from :func:`specviz.compare.table` (metrics from specviz/trace.py); fates from
+:mod:`specviz.viz.common`.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from specviz.compare import RULES, Comparison, same_draft_rules, table
+from specviz.trace import Trace
+
+from .common import FATE_STYLE, emitted_fate, quoted
+from .stats import expected_tokens_per_step
+
+STRIP_FATES = ("accepted", "recovered", "bonus", "target")  # fates a committed token can have
+TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "coverage", "accept rate", "tokens/s",
+                 "speedup", "speedup (model)", "ms/step: draft / verify / sample", "c_i (Wilson 95%, n), i = 1..k",
+                 "lossless")
+COLUMN_WIDTHS = ("12%", "5%", "7%", "6%", "7%", "6%", "6%", "7%", "7%", "10%", "19%", "8%")
+STRIP_TEXT_MAX = 40  # wider strips show colours only (tokens on hover and in the scrubber's table)
+
+TABLE_HELP = """**How each column is computed** (pooled over every prompt and seed of the row: counts are summed
+over requests, then divided, as vLLM sums its counters; definitions in `specviz/trace.py`):
+
+- **tokens / forward** = generated tokens / verification steps (target forwards after the prefill; steps with
+  no draft count). vllm#24344 calls it "seq-normalized AL"; it is what a fast target on a GPU turns into speed.
+- **AL (vLLM)**, mean acceptance length = 1 + accepted / drafts, over steps that drafted (vLLM `metrics.py`). It ignores
+  steps with no draft: n-gram and suffix look better here than in the column before. **coverage** = drafts /
+  steps shows how many steps had a draft.
+- **accept rate** (draft acceptance rate) = accepted / drafted tokens. **c_i** = P(draft i accepted | drafts 1..i-1 accepted):
+  accepted at i / steps that verified position i, with the Wilson 95 % interval and n.
+- **tokens/s** = tokens / decode time (draft + verify + sample, prefill excluded), on this machine.
+  **speedup** (measured) = tokens/s / tokens/s of method none at the same temperature, run in this comparison.
+  **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
+  ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
+  costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
+- **lossless**: at temperature 0, output = method none's token for token (runs equal / runs). At T > 0, a
+  chi-square test of the first output token over the seeds against the target's p: with few seeds it finds only
+  gross bias and never proves losslessness.
+"""
+
+
+def _fmt(x: Any, spec: str = ".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _conditional(row: dict[str, Any]) -> str:
+    """c_1 … c_k as ``.92 (.85-.96, n40)``: rate, Wilson 95 % interval, steps that verified position i."""
+    def p(x: float) -> str:
+        return f"{x:.2f}".lstrip("0") if x < 1 else "1"
+
+    return " · ".join(f"{p(c['rate'])} ({p(c['low'])}-{p(c['high'])}, n{c['n']})" if c["rate"] is not None
+                      else "— (n0)" for c in row["conditional"]) or "—"
+
+
+def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    """The rows of the table view, in TABLE_COLUMNS order: numbers stay numbers (so the column sorts),
+    missing values are None."""
+    def r(x: Any, n: int = 2) -> Any:
+        return None if x is None else round(float(x), n)
+
+    out = []
+    for row in rows:
+        ms = row["ms_per_step"]
+        out.append([row["label"], row["runs"], r(row["tokens_per_target_forward"]), r(row["mean_acceptance_length"]),
+                    r(row["draft_coverage"]), r(row["draft_acceptance_rate"]), r(row["tokens_per_s"], 1),
+                    r(row["speedup"]), r(row["predicted_speedup"]),
+                    f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample']:.1f}", _conditional(row),
+                    row["lossless"]["badge"]])
+    return out
+
+
+def table_html(rows: list[dict[str, Any]]) -> str:
+    """The table as static HTML (for the report), with each column's formula as a tooltip."""
+    tips = dict(zip(TABLE_COLUMNS, ("", "prompts x seeds", "tokens / steps", "1 + accepted / drafts", "drafts / steps",
+                                    "accepted / drafted", "tokens / decode s", "tokens/s / method none tokens/s",
+                                    "Leviathan cost model", "ms per step", "accepted_i / verified_i, Wilson 95%", "")))
+    head = "".join(f"<th title='{html.escape(tips[c])}' style='padding:4px 8px;text-align:left'>{html.escape(c)}</th>"
+                   for c in TABLE_COLUMNS)
+    body = ""
+    for row, cells in zip(rows, table_rows(rows)):
+        tds = "".join(f"<td style='padding:4px 8px'>{html.escape('—' if v is None else str(v))}</td>" for v in cells)
+        body += f"<tr title='{html.escape(row['lossless']['detail'])}'>{tds}</tr>"
+    return f"<table style='border-collapse:collapse;font-size:13px'><tr>{head}</tr>{body}</table>"
+
+
+# ---- aligned token strips ------------------------------------------------------------------
+def strip_cells(trace: Trace) -> list[dict[str, Any]]:
+    """One cell per committed output token, in output order: token_id, fate (accepted / recovered /
+    bonus / target), step, slot (1-based in the step), rejected (the rejected draft token a recovered
+    token replaced, else None)."""
+    cells = []
+    for s in trace.steps:
+        for j, tok in enumerate(s.committed_token_ids):
+            own = j >= s.num_accepted
+            fate = emitted_fate(s) if own else "accepted"
+            rejected = s.draft_token_ids[s.num_accepted] if own and s.num_accepted < len(s.draft_token_ids) else None
+            cells.append({"token_id": tok, "fate": fate if fate in STRIP_FATES else "target", "step": s.index,
+                          "slot": j + 1, "rejected": rejected})
+    return cells
+
+
+def strips_figure(comparison: Comparison, prompt: int, seed: int, position: int | None = None,
+                  width: int = 64) -> go.Figure:
+    """One row per configuration, one column per output position (1..width), each cell coloured by
+    the fate of the token committed there; a dark tick marks the first token of every step (where
+    a target forward began); ``position`` (1-based) draws the shared scrubber's column."""
+    rows = [(c.label, comparison.find(i, prompt, seed)) for i, c in enumerate(comparison.configs)]
+    rows = [(name, r.trace) for name, r in rows if r is not None]
+    fig = go.Figure()
+    codes = {f: i for i, f in enumerate(STRIP_FATES)}
+    z, text, hover, ticks_x, ticks_y = [], [], [], [], []
+    n = max([len(strip_cells(t)) for _, t in rows] or [0])
+    n = min(max(n, 1), width)
+    for name, t in rows:
+        cells = strip_cells(t)[:n]
+        z.append([codes[c["fate"]] for c in cells] + [None] * (n - len(cells)))
+        text.append([_cell_label(t, c) if n <= STRIP_TEXT_MAX else "" for c in cells] + [""] * (n - len(cells)))
+        hover.append([_cell_hover(t, c, i + 1) for i, c in enumerate(cells)] + [""] * (n - len(cells)))
+        for i, c in enumerate(cells):
+            if c["slot"] == 1:
+                ticks_x.append(i + 0.5)
+                ticks_y.append(name)
+    m = len(STRIP_FATES) - 1 or 1
+    scale = []
+    for i, f in enumerate(STRIP_FATES):
+        scale += [[i / m - (0.5 / m if i else 0), FATE_STYLE[f][0]], [min(i / m + 0.5 / m, 1), FATE_STYLE[f][0]]]
+    names = [name for name, _ in rows]
+    fig.add_trace(go.Heatmap(z=z, x=list(range(1, n + 1)), y=names, text=text, texttemplate="%{text}",
+                             textfont={"size": 10, "family": "monospace"}, hovertext=hover,
+                             hovertemplate="%{hovertext}<extra></extra>", colorscale=scale, zmin=0, zmax=m,
+                             showscale=False, xgap=1, ygap=3))
+    fig.add_trace(go.Scatter(x=ticks_x, y=ticks_y, mode="markers", hoverinfo="skip", showlegend=False,
+                             marker={"symbol": "line-ns", "size": 22, "line": {"width": 2, "color": "#111827"}}))
+    for f in STRIP_FATES:  # legend entries
+        label = {"recovered": "recovered (a draft token was rejected here)", "target": "plain (no draft this step)"}
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label.get(f, FATE_STYLE[f][2]),
+                                 marker={"size": 12, "symbol": "square", "color": FATE_STYLE[f][0]}))
+    if position is not None and 1 <= position <= n:
+        fig.add_vrect(x0=position - 0.5, x1=position + 0.5, line={"color": "#111827", "width": 2}, fillcolor="rgba(0,0,0,0)")
+    fig.update_layout(height=110 + 40 * max(len(rows), 1), margin={"l": 10, "r": 10, "t": 30, "b": 40},
+                      plot_bgcolor="#ffffff", legend={"orientation": "h", "y": -0.25 if len(rows) > 3 else -0.6,
+                                                      "font": {"size": 11}},
+                      title={"text": f"prompt {prompt + 1}, seed {seed}: each cell is one output token; a dark tick "
+                                     "starts a target forward" + ("" if n <= STRIP_TEXT_MAX else " (tokens on hover)"),
+                             "font": {"size": 13}})
+    fig.update_xaxes(title_text="output position", dtick=4 if n > 16 else 1, range=[0.5, n + 0.5])
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    return fig
+
+
+def _cell_label(trace: Trace, cell: dict[str, Any]) -> str:
+    from .common import label
+
+    return label(trace, cell["token_id"], width=3)
+
+
+def _cell_hover(trace: Trace, cell: dict[str, Any], pos: int) -> str:
+    line = f"output token {pos}: {quoted(trace, cell['token_id'])}<br>step {cell['step']}, slot {cell['slot']}: {cell['fate']}"
+    if cell["rejected"] is not None:
+        line += f"<br>replaced the rejected draft {quoted(trace, cell['rejected'])}"
+    return line
+
+
+def scrub_html(comparison: Comparison, prompt: int, seed: int, position: int) -> str:
+    """What every configuration did at output ``position`` (1-based): the step that produced it, the
+    fate, the token, and what that step drafted."""
+    items = []
+    for i, c in enumerate(comparison.configs):
+        r = comparison.find(i, prompt, seed)
+        if r is None:
+            continue
+        cells = strip_cells(r.trace)
+        if not 1 <= position <= len(cells):
+            items.append(f"<tr><td>{html.escape(c.label)}</td><td colspan=3 style='color:#6b7280'>ended before "
+                         f"position {position}</td></tr>")
+            continue
+        cell = cells[position - 1]
+        step = r.trace.steps[cell["step"]]
+        drafted = " ".join(quoted(r.trace, t) for t in step.draft_token_ids) or "(nothing)"
+        bg, fg, _ = FATE_STYLE[cell["fate"]]
+        items.append(f"<tr><td style='padding:2px 8px'>{html.escape(c.label)}</td><td style='padding:2px 8px'>step "
+                     f"{cell['step']}</td><td style='padding:2px 8px;background:{bg};color:{fg}'>{cell['fate']} "
+                     f"{quoted(r.trace, cell['token_id'])}</td><td style='padding:2px 8px;font-size:12px'>drafted "
+                     f"{drafted}; accepted {step.num_accepted}</td></tr>")
+    return (f"<div class='sv-scrub'><b>output position {position}</b><table style='font-size:13px;"
+            f"border-collapse:collapse'>{''.join(items)}</table></div>")
+
+
+# ---- the same draft, every rule ------------------------------------------------------------
+def rules_figure(trace: Trace) -> go.Figure:
+    """Rows greedy / standard / block, one column per drafting step of ``trace``: how many of the
+    step's recorded draft tokens each rule accepts with the step's recorded uniforms
+    (:func:`specviz.compare.same_draft_rules`). Grey cells: the trace lacks what that rule needs."""
+    decided = same_draft_rules(trace)
+    steps = [s for s in trace.steps if s.draft_token_ids]
+    cols = [s.index for s in steps]
+    z, text, names = [], [], []
+    for rule in RULES:
+        vals = [decided[rule][i] for i in cols]
+        z.append([None if v is None else v for v in vals])
+        text.append(["n/a" if v is None else str(v) for v in vals])
+        known = [v for v in vals if v is not None]
+        mal = f"{1 + sum(known) / len(known):.2f}" if known and len(known) == len(vals) else "n/a"
+        names.append(f"{rule}: mean acc. length {mal}")
+    k = max([len(s.draft_token_ids) for s in steps] or [1])
+    fig = go.Figure(go.Heatmap(z=z, x=[str(c) for c in cols], y=names, text=text, texttemplate="%{text}",
+                               colorscale="Greens", zmin=0, zmax=k, xgap=1, ygap=3,
+                               colorbar={"title": {"text": "accepted"}, "thickness": 12},
+                               hovertemplate="step %{x}: %{text} of the draft accepted<extra>%{y}</extra>"))
+    cfg = trace.config
+    fig.update_layout(height=260, margin={"l": 10, "r": 10, "t": 50, "b": 40}, plot_bgcolor="#f3f4f6",
+                      title={"text": f"the same drafts and uniforms ({cfg.get('method')} k={cfg.get('num_speculative_tokens')}, "
+                                     f"recorded with {cfg.get('verify')}, T={cfg.get('temperature')}): accepted per step",
+                             "font": {"size": 13}})
+    fig.update_xaxes(title_text="drafting step", type="category")
+    fig.update_yaxes(automargin=True, autorange="reversed")
+    return fig
+
+
+# ---- the k sweep ----------------------------------------------------------------------------
+def ksweep_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """Per method (and verification, temperature): mean acceptance length vs k with the i.i.d.
+    theory (1 - a^(k+1)) / (1 - a) at the method's pooled a (accepted / verified positions over
+    every k), and the measured speedup vs k."""
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
+        "mean acceptance length vs k (dashed: (1 − a^(k+1))/(1 − a))", "measured speedup over method none vs k"))
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["method"] != "none":
+            groups.setdefault(f"{r['method']} {r['verify']} T={r['temperature']:g}", []).append(r)
+    palette = ("#2563eb", "#16a34a", "#f97316", "#9333ea", "#dc2626", "#0891b2", "#ca8a04")
+    for n, (name, rs) in enumerate(groups.items()):
+        rs = sorted(rs, key=lambda r: r["k"])
+        colour = palette[n % len(palette)]
+        ks = [r["k"] for r in rs]
+        fig.add_trace(go.Scatter(x=ks, y=[r["mean_acceptance_length"] for r in rs], mode="lines+markers", name=name,
+                                 line={"color": colour}, legendgroup=name), row=1, col=1)
+        offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
+        a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
+        if a is not None and len(ks) > 0:
+            grid = list(range(1, max(ks) + 1))
+            fig.add_trace(go.Scatter(x=grid, y=[expected_tokens_per_step(a, k) for k in grid], mode="lines",
+                                     line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}",
+                                     legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}, k = %{{x}}: "
+                                     "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=ks, y=[r["speedup"] for r in rs], mode="lines+markers", name=name,
+                                 line={"color": colour}, legendgroup=name, showlegend=False), row=1, col=2)
+    fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
+    fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
+    fig.update_yaxes(title_text="tokens per drafting step", row=1, col=1)
+    fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
+    fig.update_layout(height=380, plot_bgcolor="#ffffff", margin={"l": 60, "r": 20, "t": 40, "b": 60},
+                      legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
+    if not groups:
+        fig.add_annotation(text="run a k sweep (several k per method) to draw this", showarrow=False, xref="paper",
+                           yref="paper", x=0.5, y=0.5, font={"color": "#6b7280"})
+    return fig
+
+
+def rules_source(comparison: Comparison) -> Trace | None:
+    """The run "the same draft, every rule" replays: the first run at temperature > 0 verified with
+    block (block's h is recorded), else standard, preferring a draft model; None when there is none
+    (greedy runs record no uniforms)."""
+    def rank(r) -> tuple:
+        c = comparison.configs[r.config]
+        return (c.temperature == 0 or c.verify not in ("block", "standard"), c.verify != "block",
+                c.method != "draft_model", r.prompt, r.seed)
+
+    runs = [r for r in comparison.runs if comparison.configs[r.config].method != "none"
+            and comparison.configs[r.config].temperature > 0 and comparison.configs[r.config].verify in ("block", "standard")]
+    best = min(runs, key=rank, default=None)
+    return best.trace if best is not None else None
+
+
+def report_html(comparison: Comparison) -> str:
+    """A standalone HTML page (plotly.js embedded once, opens offline): settings, the table and its
+    formulas, the token strips of every prompt at the first seed, the same draft under every rule and
+    the k sweep."""
+    rows = table(comparison)
+    parts = [f"<h1>specviz comparison</h1><p>{len(comparison.runs)} runs: {len(comparison.configs)} configurations × "
+             f"{len(comparison.prompts)} prompts × seeds {comparison.seeds}, {comparison.max_new_tokens} new tokens; "
+             f"machine: {html.escape(', '.join(f'{k} {v}' for k, v in comparison.machine.items()))}</p>", table_html(rows),
+             "<div style='font-size:13px;max-width:1000px'>" + _md_to_html(TABLE_HELP) + "</div>"]
+    figs = [strips_figure(comparison, p, comparison.seeds[0]) for p in range(len(comparison.prompts))]
+    source = rules_source(comparison)
+    if source is not None:
+        figs.append(rules_figure(source))
+    figs.append(ksweep_figure(rows))
+    for i, fig in enumerate(figs):
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0, default_width="100%"))
+    body = "\n".join(parts)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>specviz comparison</title></head>"
+            f"<body style='font-family:system-ui,sans-serif;margin:20px'>{body}</body></html>")
+
+
+def _md_to_html(text: str) -> str:
+    """The table help's few Markdown constructs (paragraph, list items, **bold**, `code`) as HTML."""
+    import re
+
+    out = html.escape(text)
+    out = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", out)
+    out = re.sub(r"`(.+?)`", r"<code>\1</code>", out)
+    out = re.sub(r"\n\s*- ", "<br>• ", out)
+    return f"<p>{out}</p>"

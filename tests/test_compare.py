@@ -1,0 +1,279 @@
+"""The comparison runner: metrics on hand-built traces (both acceptance-length conventions, pooling over
+requests, zero-draft runs, Wilson intervals, speedups), losslessness checks, the same-draft replay of
+every rule (against the engine's own decisions), JSON export/import and the CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+
+import pytest
+
+from specviz.compare import (
+    Comparison,
+    ComparisonFormatError,
+    Prompt,
+    RunConfig,
+    RunResult,
+    losslessness,
+    new_comparison,
+    pooled_metrics,
+    pooled_row,
+    run_comparison,
+    same_draft_rules,
+    table,
+    table_csv,
+    wilson_interval,
+)
+from specviz.trace import Emitted, Position, Step, Trace
+
+
+def _step(i, draft, acc, committed, kind=None, ms=(1.0, 10.0, 1.0), positions=None):
+    kind = kind or ("target" if not draft else ("bonus" if acc == len(draft) else "recovered"))
+    return Step(index=i, proposer="x", draft_token_ids=list(draft), num_accepted=acc,
+                emitted=Emitted(position=acc + 1, token_id=committed[-1], kind=kind, p=0.5),
+                positions=positions or [], committed_token_ids=list(committed),
+                timings_ms={"draft": ms[0], "verify": ms[1], "sample": ms[2]})
+
+
+def _trace(steps, method="ngram", k=3, seed=0, temperature=0.0, verify="greedy"):
+    out = [t for s in steps for t in s.committed_token_ids]
+    return Trace(config={"method": method, "num_speculative_tokens": k, "verify": verify, "temperature": temperature,
+                         "seed": seed}, prompt_token_ids=[1, 2], steps=steps, output_token_ids=out)
+
+
+def trace_a():
+    """4 steps: no draft; 3 drafted, 3 accepted (+bonus); 3 drafted, 1 accepted (+recovered); no draft."""
+    return _trace([_step(0, [], 0, [5]), _step(1, [6, 7, 8], 3, [6, 7, 8, 9]), _step(2, [1, 2, 3], 1, [1, 4]),
+                   _step(3, [], 0, [7])])
+
+
+def trace_b():
+    """1 step: 2 drafted, none accepted (+recovered)."""
+    return _trace([_step(0, [3, 4], 0, [9])])
+
+
+def test_both_acceptance_length_conventions_and_coverage():
+    m = pooled_metrics([trace_a()], 3)
+    assert m["mean_acceptance_length"] == pytest.approx(1 + 4 / 2)  # vLLM: drafting steps only
+    assert m["tokens_per_step"] == pytest.approx(8 / 4)  # tokens per target forward: every step counts
+    assert m["draft_coverage"] == pytest.approx(2 / 4)
+    assert m["offered_per_position"] == [2, 2, 1]  # position 3 verified only where 1 and 2 were accepted
+    assert m["accepted_per_position"] == [2, 1, 1]
+
+
+def test_pooling_is_step_weighted_not_a_mean_of_request_means():
+    a, b = pooled_metrics([trace_a()], 3), pooled_metrics([trace_b()], 3)
+    both = pooled_metrics([trace_a(), trace_b()], 3)
+    assert (a["mean_acceptance_length"], b["mean_acceptance_length"]) == (3.0, 1.0)
+    assert both["mean_acceptance_length"] == pytest.approx(1 + 4 / 3)  # not (3 + 1) / 2
+    assert both["tokens_per_step"] == pytest.approx(9 / 5)
+    assert both["draft_acceptance_rate"] == pytest.approx(4 / 8)
+
+
+def test_wilson_interval_matches_the_closed_form():
+    z = 1.959963984540054
+    for s, n in ((8, 10), (0, 5), (5, 5), (37, 120)):
+        p = s / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        lo, hi = wilson_interval(s, n)
+        assert lo == pytest.approx(max(centre - half, 0.0), abs=1e-9)
+        assert hi == pytest.approx(min(centre + half, 1.0), abs=1e-9)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def _comparison(spec_traces, none_traces, cfg=RunConfig("ngram", 3, "greedy", 0.0)):
+    c = Comparison([RunConfig("none", 1, "greedy", 0.0), cfg], [Prompt("a", "x"), Prompt("b", "y")], [0], 16)
+    for p, t in enumerate(none_traces):
+        c.runs.append(RunResult(0, p, 0, t, 1.0))
+    for p, t in enumerate(spec_traces):
+        c.runs.append(RunResult(1, p, 0, t, 1.0))
+    return c
+
+
+def _none_trace(tokens, ms=(0.0, 10.0, 1.0)):
+    return _trace([_step(i, [], 0, [t], ms=ms) for i, t in enumerate(tokens)], method="none", k=1)
+
+
+def test_row_speedups_time_split_and_conditional_rates():
+    spec = [trace_a(), trace_b()]
+    none = [_none_trace([5, 6, 7, 8, 9, 1, 4, 7]), _none_trace([9])]
+    row = pooled_row(_comparison(spec, none), 1)
+    # decode time: spec 5 steps x 12 ms = 60 ms for 9 tokens; none 9 steps x 11 ms = 99 ms for 9 tokens
+    assert row["tokens_per_s"] == pytest.approx(9 / 0.060)
+    assert row["speedup"] == pytest.approx((9 / 0.060) / (9 / 0.099))
+    assert row["ms_per_step"] == pytest.approx({"draft": 1.0, "verify": 10.0, "sample": 1.0})
+    assert row["step_cost"]["verify"] == pytest.approx(10 / 11)
+    # cost model: a = 4 accepted / 6 verified positions (offered 3, 2, 1), k = 8 drafted / 3 drafts, g = 3/5
+    m = pooled_metrics(spec, 3)
+    a = m["num_accepted_tokens"] / sum(m["offered_per_position"])
+    k, g = 8 / 3, 3 / 5
+    expected = ((1 - g) + g * (1 - a ** (k + 1)) / (1 - a)) / (1 + 1.0 / 11)
+    assert row["predicted_speedup"] == pytest.approx(expected)
+    cond = row["conditional"]
+    assert [c["n"] for c in cond] == m["offered_per_position"]
+    assert cond[0]["rate"] == pytest.approx(2 / 3) and cond[0]["low"] < 2 / 3 < cond[0]["high"]
+    assert row["lossless"]["ok"] is True and row["lossless"]["badge"].startswith("✓")
+
+
+def test_zero_draft_row():
+    none = [_none_trace([1, 2, 3]), _none_trace([4])]
+    row = pooled_row(_comparison([], none), 0)
+    assert row["mean_acceptance_length"] is None and row["draft_coverage"] == 0.0
+    assert row["conditional"] == [] and row["predicted_speedup"] is None
+    assert row["speedup"] == pytest.approx(1.0) and row["tokens_per_target_forward"] == 1.0
+
+
+def test_greedy_losslessness_flags_a_different_output():
+    none = [_none_trace([5, 6, 7, 8, 9, 1, 4, 7]), _none_trace([8])]  # prompt b differs from trace_b's [9]
+    check = losslessness(_comparison([trace_a(), trace_b()], none), 1)
+    assert check["ok"] is False and "prompt 2" in check["detail"] and "token 1" in check["detail"]
+
+
+def test_csv_has_one_row_per_configuration():
+    c = _comparison([trace_a(), trace_b()], [_none_trace([5, 6, 7, 8, 9, 1, 4, 7]), _none_trace([9])])
+    rows = list(csv.DictReader(io.StringIO(table_csv(c))))
+    assert [r["label"] for r in rows] == ["none T=0", "ngram k=3 greedy T=0"]
+    assert float(rows[1]["mean_acceptance_length"]) == pytest.approx(1 + 4 / 3, rel=1e-5)
+    assert rows[1]["conditional_acceptance"].startswith("0.667[")
+
+
+def _pos(p, q, u, top):
+    return Position(index=0, token_id=0, p=p, q=q, u=u, accept_prob=min(1.0, p / q), accepted=False,
+                    residual_mass=0.0, p_top=top)
+
+
+def test_same_draft_rules_on_a_hand_built_one_hot_step():
+    # drafts 6, 7, 8 with q one-hot; p(x) = 0.9, 0.3, 0.8; argmax p = 6, 2, 8; u = 0.5, 0.5, 0.1
+    pos = [_pos(0.9, 1.0, 0.5, [[6, 0.9]]), _pos(0.3, 1.0, 0.5, [[2, 0.6]]), _pos(0.8, 1.0, 0.1, [[8, 0.8]])]
+    t = _trace([_step(0, [6, 7, 8], 1, [6, 2], positions=pos)], temperature=1.0, verify="standard")
+    rules = same_draft_rules(t)
+    assert rules["greedy"] == [1]  # 7 is not argmax
+    assert rules["standard"] == [1]  # u_2 = 0.5 > 0.3
+    # block: P = 0.9, 0.27, 0.216; h_1 = 0.9*0.7/(0.63+0.1), h_2 = 0.27*0.2/(0.054+0.73), h_3 = P_3
+    h = [0.63 / 0.73, 0.054 / 0.784, 0.216]
+    assert [0.5 <= h[0], 0.5 <= h[1], 0.1 <= h[2]] == [True, False, True]
+    assert rules["block"] == [3]  # the last pass wins: a later pass overrides an earlier fail
+
+
+@pytest.mark.parametrize("method,verify", [("draft_model", "standard"), ("draft_model", "block"), ("ngram", "standard"),
+                                           ("ngram", "block"), ("draft_model", "greedy")])
+def test_same_draft_replay_reproduces_the_engines_own_decisions(decoders, method, verify):
+    dec = decoders["llama"]
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add("
+    t = dec.generate(prompt, method=method, num_speculative_tokens=3, verify=verify,
+                     temperature=0.0 if verify == "greedy" else 1.0, max_new_tokens=24, seed=3,
+                     prompt_lookup_min=1, prompt_lookup_max=3)
+    drafting = [s for s in t.steps if s.draft_token_ids]
+    assert drafting, "the run must draft for this test to mean anything"
+    replay = same_draft_rules(t)[verify]
+    assert [replay[s.index] for s in drafting] == [s.num_accepted for s in drafting]
+
+
+def _tiny_comparison(decoders, temperature=0.0, seeds=(0,)):
+    c = new_comparison([RunConfig("ngram", 3, None, temperature, 1, 3), RunConfig("draft_model", 2, None, temperature)],
+                       [Prompt("p1", "def add(a, b):\n    return a + b\n\ndef add(", "code completion"),
+                        Prompt("p2", "x = 1\ny = 2\nx = 1\n")], list(seeds), 10)
+    return run_comparison(decoders["llama"], c)
+
+
+@pytest.fixture(scope="module")
+def greedy_comparison(decoders):
+    return _tiny_comparison(decoders)
+
+
+def test_runner_adds_method_none_and_greedy_runs_are_lossless(greedy_comparison):
+    c = greedy_comparison
+    assert [x.label for x in c.configs] == ["none T=0", "ngram k=3 greedy T=0", "draft_model k=2 greedy T=0"]
+    assert len(c.runs) == 3 * 2
+    assert [r.config for r in c.runs[:3]] == [0, 1, 2]  # interleaved: every configuration per prompt, none first
+    rows = table(c)
+    assert all(r["lossless"]["ok"] for r in rows[1:]), [r["lossless"] for r in rows]
+
+
+def test_export_import_replays_equal(decoders, tmp_path):
+    c = _tiny_comparison(decoders, temperature=1.0, seeds=(0, 1))
+    back = Comparison.from_json(c.to_json())
+    assert back.to_dict() == c.to_dict()
+    assert table(back) == table(c)
+    assert "first-token" in table(c)[1]["lossless"]["detail"]
+
+
+def test_import_refuses_malformed_data(greedy_comparison):
+    c = greedy_comparison
+    good = c.to_dict()
+
+    def refused(mutate, message):
+        data = json.loads(json.dumps(good))
+        mutate(data)
+        with pytest.raises(ComparisonFormatError, match=message):
+            Comparison.from_dict(data)
+
+    refused(lambda d: d.update(format="specviz-trace"), "comparison.format")
+    refused(lambda d: d["runs"][0].update(config=99), r"runs\[0\].config")
+    refused(lambda d: d["runs"][1]["trace"].update(steps="x"), r"runs\[1\].trace: trace.steps must be a list")
+    refused(lambda d: d["runs"][2].update(seed=7), "not one of the comparison's seeds")
+    refused(lambda d: d["runs"].append(d["runs"][0]), "repeats")
+    refused(lambda d: d["configs"][1].update(verify="exec"), r"configs\[1\].verify")
+    refused(lambda d: d["runs"][1]["trace"]["config"].update(method="suffix"), "not configuration")
+    with pytest.raises(ComparisonFormatError, match="limit"):
+        Comparison.from_json(c.to_json(), max_bytes=100)
+    with pytest.raises(ComparisonFormatError, match="not valid JSON"):
+        Comparison.from_json("{")
+
+
+def test_bad_settings_raise_value_errors():
+    with pytest.raises(ValueError, match="unknown method 'eagle9'"):
+        new_comparison([RunConfig("eagle9")], ["x"], [0])
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        new_comparison([RunConfig("ngram", 0)], ["x"], [0])
+    with pytest.raises(ValueError, match="at least one"):
+        new_comparison([RunConfig("ngram")], [], [0])
+
+
+def test_cli_compare_writes_csv_json_and_html(tiny_dirs, tmp_path, capsys):
+    from specviz.cli import main
+
+    target, draft = tiny_dirs["llama"]
+    out = tmp_path / "cmp"
+    code = main(["compare", "--target", str(target), "--draft", str(draft), "--methods", "ngram,draft_model",
+                 "-k", "3", "--prompt", "def add(a, b):\n    return a + b\n\ndef add(", "--max-new-tokens", "8",
+                 "--device", "cpu", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert [r["label"] for r in rows] == ["none T=0", "ngram k=3 greedy T=0", "draft_model k=3 greedy T=0"]
+    back = Comparison.from_json((out / "compare.json").read_text())
+    assert len(back.runs) == 3
+    html = (out / "compare.html").read_text()
+    assert "plotly" in html.lower() and "tokens / forward" in html and "AL (vLLM)" in html
+    assert main(["compare", "--target", str(target), "--methods", "ngram", "--seeds", "a", "--prompt", "x",
+                 "--out", str(out)]) == 2
+    assert "--seeds must be" in capsys.readouterr().err
+
+
+def _first_token_comparison(spec_first, none_first, p_top):
+    cfg = RunConfig("draft_model", 2, "standard", 1.0)
+    c = Comparison([RunConfig("none", 1, "standard", 1.0), cfg], [Prompt("a", "x")], list(range(len(spec_first))), 4)
+    for seed, (s_tok, n_tok) in enumerate(zip(spec_first, none_first)):
+        none_step = _step(0, [], 0, [n_tok])
+        none_step.emitted.top = [list(x) for x in p_top]
+        c.runs.append(RunResult(0, 0, seed, _trace([none_step], method="none", k=1, seed=seed, temperature=1.0,
+                                                   verify="standard"), 1.0))
+        c.runs.append(RunResult(1, 0, seed, _trace([_step(0, [3, 4], 0, [s_tok])], method="draft_model", k=2,
+                                                   seed=seed, temperature=1.0, verify="standard"), 1.0))
+    return c
+
+
+def test_sampled_losslessness_check_flags_a_biased_first_token_and_passes_a_fair_one():
+    p_top = [[5, 0.7], [6, 0.3]]
+    fair = [5] * 14 + [6] * 6  # 20 seeds, close to p
+    biased = [6] * 16 + [5] * 4  # mostly the 0.3 token: a sampler that ignores p
+    ok = losslessness(_first_token_comparison(fair, fair, p_top), 1)
+    bad = losslessness(_first_token_comparison(biased, fair, p_top), 1)
+    assert ok["ok"] is True and "n=20" in ok["badge"]
+    assert bad["ok"] is False and bad["badge"].startswith("✗")
+    outside = losslessness(_first_token_comparison([9] + fair[1:], fair, [[5, 0.7], [6, 0.3]]), 1)
+    assert outside["ok"] is False  # a token p gives probability 0

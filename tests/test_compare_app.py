@@ -1,0 +1,112 @@
+"""The Compare tab through gradio_client (tiny models): every event by api_name, a comparison run,
+presets, bad input, export + import (equal table), opening a run in the single-run views."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client import Client, handle_file  # noqa: E402
+
+from test_app import _launch  # noqa: E402
+
+from specviz.ui import build_app  # noqa: E402
+
+API = ("compare", "compare_stop", "compare_preset", "compare_view", "compare_view_seed", "compare_scrub",
+       "compare_pick", "compare_export", "compare_import", "compare_open")
+# outputs of compare / compare_import: progress, table, strips, scrub, rules, ksweep, prompt, seed, run, position
+PROGRESS, TABLE, STRIPS, SCRUB, RULES, KSWEEP, PROMPT, SEED, RUN, POSITION = range(10)
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_dirs):
+    target, draft = tiny_dirs["llama"]
+    demo = build_app(str(target), str(draft), "cpu")
+    url = _launch(demo)
+    yield url
+    demo.close()
+
+
+def _compare(client, methods=("ngram", "draft_model"), ks="2", verify=("auto",), temps="0", prompts=("set:0",),
+             own="def add(a, b):\n    return a + b\n\ndef add(", seeds="0", max_new=8):
+    return client.predict(list(methods), ks, list(verify), temps, list(prompts), own, seeds, max_new,
+                          api_name="/compare")
+
+
+def test_every_event_has_an_api_name(app_url):
+    named = Client(app_url, verbose=False).view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert all(f"/{name}" in named for name in API), sorted(named)
+
+
+def test_compare_runs_every_configuration_and_exports_a_comparison_that_imports_equal(app_url, tmp_path):
+    client = Client(app_url, verbose=False)
+    out = _compare(client)
+    assert out[PROGRESS].startswith("**done** · 6/6 runs"), out[PROGRESS]
+    rows = out[TABLE]["data"]
+    assert [r[0] for r in rows] == ["none T=0", "ngram k=2 greedy T=0", "draft_model k=2 greedy T=0"]
+    assert all(r[-1].startswith("✓ equal (2/2)") for r in rows[1:]), [r[-1] for r in rows]
+    assert "output position" in out[SCRUB]
+    files = client.predict(api_name="/compare_export")
+    by_name = {f.rsplit("/", 1)[-1]: f for f in files}
+    assert set(by_name) == {"compare.csv", "compare.json", "compare.html"}
+    assert len(open(by_name["compare.csv"]).read().strip().splitlines()) == 1 + 3
+    other = Client(app_url, verbose=False)  # a fresh session, no model run in it
+    back = other.predict(handle_file(by_name["compare.json"]), api_name="/compare_import")
+    assert back[PROGRESS].startswith("**imported** · 6 runs")
+    assert back[TABLE]["data"] == rows
+    opened = other.predict(2, 0, 0, api_name="/compare_open")
+    assert "from the comparison" in opened[0] and "draft_model" in opened[0]
+    moved = other.predict(0, 0, 3, api_name="/compare_scrub")
+    assert "output position 3" in moved[1]
+    picked = other.predict("draft_model k=2 greedy T=0|5|1", 0, 0, api_name="/compare_pick")
+    assert "output position 5" in picked[1] and picked[3] == 2
+
+
+def test_presets_fill_the_controls(app_url):
+    client = Client(app_url, verbose=False)
+    methods, ks, verify, temps = client.predict("k sweep (k = 1, 2, 3, 5, 8; greedy)", api_name="/compare_preset")
+    assert ks == "1,2,3,5,8" and "draft_model" in methods and temps == "0"
+    methods, ks, verify, temps = client.predict("same draft, every rule (draft model, T = 0.8)",
+                                                api_name="/compare_preset")
+    assert methods == ["draft_model"] and set(verify) == {"standard", "block"} and temps == "0.8"
+
+
+def test_bad_input_says_what_to_change(app_url, tmp_path):
+    client = Client(app_url, verbose=False)
+    assert "choose at least one method" in _compare(client, methods=())[PROGRESS]
+    assert "k must be comma-separated" in _compare(client, ks="two")[PROGRESS]
+    assert "choose at least one prompt" in _compare(client, prompts=(), own="")[PROGRESS]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "specviz-comparison", "version": 1, "configs": "x"}))
+    assert "configs must be a list" in client.predict(handle_file(str(bad)), api_name="/compare_import")[PROGRESS]
+    with pytest.raises(Exception, match="nothing to export yet"):
+        client.predict(api_name="/compare_export")
+
+
+def test_sampled_comparison_with_seeds_reports_the_distribution_check(app_url):
+    client = Client(app_url, verbose=False)
+    out = _compare(client, methods=("draft_model",), verify=("standard", "block"), temps="1.0", seeds="0,1,2",
+                   prompts=(), max_new=6)
+    rows = out[TABLE]["data"]
+    assert [r[0] for r in rows] == ["none T=1", "draft_model k=2 standard T=1", "draft_model k=2 block T=1"]
+    assert all("first-token χ²" in r[-1] for r in rows[1:]), [r[-1] for r in rows]
+    rules = json.dumps(out[RULES])
+    assert "greedy: mean acc. length" in rules and "block: mean acc. length" in rules
+
+
+def test_stop_ends_the_comparison_after_the_current_run(app_url):
+    import time
+
+    client = Client(app_url, verbose=False)
+    job = client.submit(["ngram", "draft_model"], "2", ["auto"], "0", [], "def add(a, b):\n    return a", "0-60", 8,
+                        api_name="/compare")
+    deadline = time.time() + 120
+    while time.time() < deadline and not any("running" in str(o[PROGRESS]) for o in job.outputs()):
+        time.sleep(0.2)
+    assert "stopping" in client.predict(api_name="/compare_stop")
+    final = job.result(timeout=120)
+    assert final[PROGRESS].startswith("**stopped** ·"), final[PROGRESS]
+    done = int(final[PROGRESS].split("·")[1].split("/")[0])
+    assert 1 <= done < 3 * 61

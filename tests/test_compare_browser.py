@@ -1,0 +1,55 @@
+"""Headless Chromium drives the Compare tab (tiny models): preset, run, table, strips, scrubber, open a
+run in the single-run views. Screenshots go to ``screenshots-tmp/`` (git-ignored)."""
+
+from __future__ import annotations
+
+import pytest
+from test_browser import CHROMIUM, SHOTS, app_url, browser  # noqa: F401  (fixtures)
+
+pytest.importorskip("playwright.sync_api")
+assert CHROMIUM
+
+TIMEOUT_MS = 180_000
+
+
+def test_compare_tab_runs_and_draws_every_view(browser, app_url):  # noqa: F811
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(app_url)
+    page.get_by_role("tab", name="Compare").click()
+    page.wait_for_selector("#sv-compare-run")
+    page.get_by_label("number input for max new tokens").last.fill("16")
+    page.get_by_label("number input for max new tokens").last.press("Enter")
+    prompts = page.get_by_label("prompts (bundled set by category, and the examples)")
+    for _ in range(3):  # the bundled prompts are longer than the tiny models' context: use our own
+        prompts.press("Backspace")
+    page.get_by_label("your own prompt (optional)").fill("def add(a, b):\n    return a + b\n\ndef add(")
+    page.click("#sv-compare-run")
+    page.wait_for_function("() => document.querySelector('#sv-compare-progress').innerText.includes('done ·')",
+                           timeout=TIMEOUT_MS)
+    progress = page.locator("#sv-compare-progress").inner_text()
+    n_methods = len(page.locator("#sv-compare-tab input[type=checkbox]").all()) - 4  # minus the 4 verify boxes
+    methods = page.locator("#sv-compare-tab fieldset").first.locator("label").all_inner_texts()
+    assert len(methods) == n_methods
+    text = page.locator("#sv-compare-table").inner_text()
+    for label in ["none T=0", *(f"{m.strip()} k=5 greedy T=0" for m in methods)]:
+        assert label in text, (label, progress, text[:400])
+    page.wait_for_selector("#sv-compare-strips .js-plotly-plot")
+    labels = page.locator("#sv-compare-strips .ytick text").all_text_contents()
+    assert "none T=0" in labels and len(labels) == n_methods + 1, labels
+    assert "output position 1" in page.locator("#sv-compare-scrub").inner_text()
+    page.locator("#sv-compare-strips").scroll_into_view_if_needed()  # mouse clicks need it in the viewport
+    box = page.locator("#sv-compare-strips .nsewdrag").first.bounding_box()  # click row 2, output position 3
+    n_rows, n_cols = n_methods + 1, 16
+    page.mouse.click(box["x"] + box["width"] * 2.5 / n_cols, box["y"] + box["height"] * 1.5 / n_rows)
+    page.wait_for_function("() => document.querySelector('#sv-compare-scrub').innerText.includes('output position 3')",
+                           timeout=30_000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#sv-compare-tab").screenshot(path=str(SHOTS / "compare_tab.png"))
+    page.click("#sv-compare-open")
+    page.wait_for_function("() => document.querySelector('#sv-progress').innerText.includes('from the comparison')",
+                           timeout=30_000)
+    assert page.locator("#sv-stream").is_visible()
+    assert not errors, errors
+    page.close()
