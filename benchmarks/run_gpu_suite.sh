@@ -60,6 +60,7 @@ part() {  # part NAME SECONDS COMMAND...: run under a timeout, log to WORK/NAME.
 }
 
 part 1_tests "$T_TESTS" $PY -m pytest -q -p no:cacheprovider -rs \
+  tests/test_taps.py tests/test_eagle.py tests/test_heads.py \
   tests/test_import_layers.py tests/test_verifier_cache.py tests/test_gpu_syncs.py tests/test_kernels_block_two_pass.py \
   tests/test_runners.py \
   tests/test_kernels_compile.py tests/test_transformers_import.py tests/test_kernels_ngram.py tests/test_kernels_sampler.py \
