@@ -33,6 +33,7 @@ from .models import (ASSETS_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, ModelLoadErro
                      load_tokenizer, resolve_device, resolve_dtype, tokenizer_mismatch)
 from .proposers import StepContext
 from .proposers.base import Draft, Outcome, Proposer
+from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import GlobalSuffixCache
 from .record import host_record
 from .runner import EagerRunner, ModelRunner

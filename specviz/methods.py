@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .proposers import DraftModelProposer, NgramProposer, resolve_lookup_bounds
 from .proposers.base import Proposer
-from .proposers.eagle import EagleProposer
 from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import SuffixProposer
 
@@ -108,6 +107,8 @@ def _needs_head(kind: str) -> Callable[["SpecDecoder"], str | None]:
 
 
 def _make_eagle(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
+    from .proposers.eagle import EagleProposer  # imports transformers' Llama modules: only when asked for
+
     return EagleProposer(dec.heads[cfg.method], cfg.num_speculative_tokens)
 
 

@@ -88,8 +88,10 @@ def plot(out) -> dict:
 
 
 def caption(fig: dict) -> str:
-    """The residual figure's caption annotation as plain text."""
+    """The residual figure's caption annotation as plain text, without its heading (the bold question asked
+    about the decision, "Why was 'x' rejected ...?"): it starts with "step N, position i"."""
     text = next(a["text"] for a in fig["layout"]["annotations"] if a.get("name") == "caption")
+    text = re.sub(r"<b>.*?</b>", " ", text)
     return " ".join(re.sub(r"<[^>]+>", " ", text).split())
 
 

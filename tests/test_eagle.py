@@ -356,7 +356,8 @@ def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
         assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
         if not kw:
             assert runs["static"].output_token_ids == _plain(decs["static"], max_new_tokens=24).output_token_ids
-    assert decs["static"].target_runner._graphs and all(key[1] for key in decs["static"].target_runner._graphs)
+    # the taps were captured inside the graphs (the pooled runner also holds method none's tap-free graphs)
+    assert any(key[1] for key in decs["static"].target_runner._graphs)
 
 
 def test_cli_eagle_methods(eagle_dirs, capsys):

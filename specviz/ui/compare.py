@@ -55,6 +55,18 @@ def methods() -> list[str]:
     return [m for m in METHODS if m != "none"]
 
 
+def runnable(decoder: Any, chosen: list[str]) -> tuple[list[str], list[str]]:
+    """(the chosen methods the loaded decoder can run, "method (why not)" for the others): e.g. eagle
+    without a trained head for this target is left out and the progress line says so."""
+    from specviz import methods as registry
+
+    keep, skipped = [], []
+    for m in chosen:
+        why = registry.get(m).missing(decoder) if m in registry.names() else None
+        (skipped.append(f"{m} ({why})") if why else keep.append(m))
+    return keep, skipped
+
+
 def prompt_choices() -> list[tuple[str, str]]:
     """(label, key) of the bundled comparison prompts ("set:i") and the app's examples ("ex:i")."""
     out = []
@@ -180,9 +192,10 @@ class CompareHandlers:
             n_new = int(float(max_new_tokens))
             if not 1 <= n_new <= MAX_NEW_TOKENS:
                 raise ValueError(f"max new tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
+            decoder = self.cache.get()
+            chosen, skipped = runnable(decoder, chosen)
             c = new_comparison(build_configs(chosen, ks, verifies, temperatures), _prompts(prompt_keys, own),
                                _numbers(seeds, int, "seeds"), n_new)
-            decoder = self.cache.get()
         except (ValueError, TypeError) as exc:
             yield _error(str(exc))
             return
@@ -200,7 +213,8 @@ class CompareHandlers:
         finally:
             self.signals.finish(session, flag)
         done = "stopped" if len(c.runs) < total else "done"
-        yield (*_views(c, f"**{done}** · {len(c.runs)}/{total} runs"), c.to_dict())
+        note = "; skipped: " + "; ".join(skipped) if skipped else ""
+        yield (*_views(c, f"**{done}** · {len(c.runs)}/{total} runs{note}"), c.to_dict())
 
     def stop(self, request: gr.Request = None) -> str:
         """End this session's comparison after the current run."""
