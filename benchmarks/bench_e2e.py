@@ -34,8 +34,13 @@ from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 # The demo models' greedy continuation of this prompt runs 256+ tokens before any EOS (checked on
 # CPU); the first H200 run used "import os\nimport sys\n\ndef main():\n", whose greedy
 # continuation is EOS at once, so with EOS disabled it measured text past the end of a document.
+# The v1 prompt ended with a bare newline; the v2 family's greedy continuation of it is EOS at once (2026-12-01
+# H200 run at e62b76d: every row 1 token), so the prompt now ends at a token boundary as the app's examples do.
 DEMO_PROMPT = ("class LlamaDecoderLayer(nn.Module):\n    def __init__(self, config, layer_idx):\n"
-               "        super().__init__()\n        self.hidden_size = config.hidden_size\n")
+               "        super().__init__()\n        self.hidden_size = config.hidden_size\n"
+               "        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)\n"
+               "        self.mlp = LlamaMLP(config)\n\n"
+               "    def forward(self, hidden_states, attention_mask=None, position_ids=None):")
 REPETITIVE = "def f(x):\n    return x + 1\n\n" * 12 + "def f(x):\n"
 
 
@@ -215,6 +220,10 @@ def main() -> None:
     for title, target, draft, prompt in jobs:
         suite = run_suite(title, target, draft, device, prompt, max_new, repeats, methods)
         suite["goals"] = goals(suite["rows"])
+        short = [r["name"] for r in suite["rows"] if r.get("tokens") is not None and r["tokens"] < max_new]
+        if short:  # e.g. EOS right after the prompt: per-step figures of a few tokens are not a decode benchmark
+            suite["stopped_early"] = short
+            print(f"WARNING: {len(short)} rows stopped before {max_new} tokens (EOS): {short[:3]}", flush=True)
         print(json.dumps(suite["goals"], indent=1), flush=True)
         result["suites"].append(suite)
         if args.out:  # after every suite, so a timeout keeps what finished
