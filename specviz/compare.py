@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
-from .trace import Step, Trace, TraceFormatError, compute_metrics
+from .trace import Step, Trace, TraceFormatError, compute_metrics, load_json_capped
 
 COMPARISON_FORMAT = "specviz-comparison"
 COMPARISON_VERSION = 1
@@ -136,13 +136,7 @@ class Comparison:
         """Parse and validate a comparison as data (nothing is executed). Raises
         :class:`ComparisonFormatError` (a ValueError) naming the bad field, also for input over
         ``max_bytes``."""
-        if len(text) > max_bytes:
-            raise ComparisonFormatError(f"comparison is {len(text)} bytes; the limit is {max_bytes}")
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ComparisonFormatError(f"not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(load_json_capped(text, max_bytes, "comparison", ComparisonFormatError))
 
     @classmethod
     def from_dict(cls, data: Any) -> "Comparison":

@@ -157,13 +157,7 @@ class Trace:
     def from_json(cls, text: str | bytes, max_bytes: int = MAX_TRACE_BYTES) -> "Trace":
         """Parse and validate a trace. Raises :class:`TraceFormatError` (a ValueError) on
         anything that is not a well-formed trace, including input over ``max_bytes``."""
-        if len(text) > max_bytes:
-            raise TraceFormatError(f"trace is {len(text)} bytes; the limit is {max_bytes}")
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise TraceFormatError(f"not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(load_json_capped(text, max_bytes, "trace", TraceFormatError))
 
     @classmethod
     def from_dict(cls, data: Any) -> "Trace":
@@ -181,6 +175,17 @@ class Trace:
 
 
 # ---- validation helpers (data only; nothing is ever executed) ----------------------------
+def load_json_capped(text: str | bytes, max_bytes: int, what: str, error: type[ValueError]) -> Any:
+    """``json.loads(text)`` for an upload: raises ``error`` if ``text`` is over ``max_bytes`` or not JSON
+    (the message names ``what``: "trace", "comparison"). Plain data only: nothing is executed."""
+    if len(text) > max_bytes:
+        raise error(f"{what} is {len(text)} bytes; the limit is {max_bytes}")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"not valid JSON: {exc}") from None
+
+
 _TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool, "dict": dict, "list": list}
 
 

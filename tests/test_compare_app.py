@@ -10,23 +10,13 @@ import pytest
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 
-from test_app import _launch  # noqa: E402
+from test_app import app_url  # noqa: E402,F401  (the tiny-model app fixture)
 
-from specviz.ui import build_app  # noqa: E402
 
 API = ("compare", "compare_stop", "compare_preset", "compare_view", "compare_view_seed", "compare_scrub",
        "compare_pick", "compare_export", "compare_import", "compare_open")
 # outputs of compare / compare_import: progress, table, strips, scrub, rules, ksweep, prompt, seed, run, position
 PROGRESS, TABLE, STRIPS, SCRUB, RULES, KSWEEP, PROMPT, SEED, RUN, POSITION = range(10)
-
-
-@pytest.fixture(scope="module")
-def app_url(tiny_dirs):
-    target, draft = tiny_dirs["llama"]
-    demo = build_app(str(target), str(draft), "cpu")
-    url = _launch(demo)
-    yield url
-    demo.close()
 
 
 def _compare(client, methods=("ngram", "draft_model"), ks="2", verify=("auto",), temps="0", prompts=("set:0",),

@@ -14,9 +14,8 @@ import pytest
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
-from test_app import _launch, run_args  # noqa: E402
+from test_app import app_url, run_args  # noqa: E402,F401  (app_url: the tiny-model app fixture)
 
-from specviz.ui import build_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
@@ -26,15 +25,6 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 # lesson outputs: chapter html, step slider, position slider, stream, grid, residual, match, trie
 TEXT, STEP, POSITION = 0, 1, 2
-
-
-@pytest.fixture(scope="module")
-def app_url(tiny_dirs):
-    target, draft = tiny_dirs["llama"]
-    demo = build_app(str(target), str(draft), "cpu")
-    url = _launch(demo)
-    yield url
-    demo.close()
 
 
 def test_lesson_api_names_and_events(app_url):
