@@ -48,16 +48,34 @@ class StepContext:
 class Draft:
     """A proposal for one verification step.
 
-    token_ids: int64 [k'] the draft tokens x_1..x_k' (k' may be 0: no proposal this step).
+    token_ids: int64 [k'] the draft tokens x_1..x_k' (k' may be 0: no proposal this step); for a
+               tree, node i's token (k' = N nodes).
     probs:     float32 [k', V] q_i, the exact distributions x_i was drawn from, or None when the
                proposer is deterministic (q is one-hot at x_i).
     details:   plain-data (JSON-able) description of how the draft was made, e.g. the n-gram match
                for the trie view; recorded verbatim in the trace.
+    parents:   None for a chain (node i's parent is i - 1), else a tree (:mod:`specviz.tree`):
+               list of N ints, ``-1 <= parents[i] < i`` (-1 = the root, the last committed token).
+    scores:    None, or N floats: each node's draft score (EAGLE-2: cumulative log-confidence),
+               shown in the tree view.
+    tree_rule: how a tree's children were made, which decides the lossless rule (methods.md 1.4):
+               "topk" (deterministic children, q one-hot: rule A) or "sampled" (i.i.d. draws
+               from the parent's q, ``probs[i]`` = that q: SpecInfer's rule B).
     """
 
     token_ids: torch.Tensor
     probs: torch.Tensor | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    parents: list[int] | None = None
+    scores: list[float] | None = None
+    tree_rule: str = "topk"
+
+    @property
+    def is_chain(self) -> bool:
+        """True when the draft is a chain (no parents given, or parents i - 1)."""
+        from ..tree import is_chain
+
+        return self.parents is None or is_chain(self.parents)
 
     def __len__(self) -> int:
         return int(self.token_ids.numel())
