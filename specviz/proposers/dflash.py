@@ -60,15 +60,11 @@ class DFlashProposer:
 
     def reset(self) -> None:
         self.cache = DFlashCache()  # context K/V of positions 0 .. committed-1
+        self.committed = 0  # positions whose context K/V the drafter holds
         self._pending: list[torch.Tensor] = []  # target features [c, F] of committed positions not yet in the cache
         self._pending_n = 0
         self._details: dict[str, Any] | None = None
         self._slots: torch.Tensor | None = None  # [B-1, 4] on device: top id, top prob, drafted id, q(drafted)
-
-    @property
-    def committed(self) -> int:
-        """Positions whose context K/V are in the drafter's cache."""
-        return self.cache.length
 
     def observe(self, outcome: Outcome) -> None:
         """Queue the target features of the committed positions; fill the last block's per-slot numbers."""
@@ -114,15 +110,19 @@ class DFlashProposer:
         """Append the pending context K/V and run the block [root, MASK x (B-1)] at positions n..n+B-1,
         in one head call. Returns (logits float32 [B, V], {"start", "length"} of the context added)."""
         cfg, start, c = self.head.config, self.committed, self._pending_n
-        device = self.head.fc.weight.device
-        feats = (torch.cat(self._pending, dim=0) if c else
-                 torch.empty(0, cfg.feature_size, device=device, dtype=self.head.dtype))  # [c, F]
+        if c:
+            feats = torch.cat(self._pending, dim=0)  # [c, F]
+        else:  # not reached from the engine (every step commits >= 1 token), kept for direct callers
+            param = next(self.head.parameters())
+            feats = torch.empty(0, cfg.feature_size, device=param.device, dtype=param.dtype)
+        device = feats.device
         ctx_pos = torch.arange(start, start + c, device=device)  # [c]
         block = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
         block[0] = root
         block_pos = torch.arange(n, n + cfg.block_size, device=device)  # [B]
         logits = self.head(feats, ctx_pos, block, block_pos, self.cache)  # [B, V]
         self.forwards += 1
+        self.committed += c
         self._pending, self._pending_n = [], 0
         return logits, {"start": start, "length": c}
 
