@@ -346,3 +346,41 @@ def test_static_graphs_equal_eager_on_gpu(dflash_dirs):
         assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
         if not kw:
             assert runs["static"].output_token_ids == _plain(decs["static"], 24)
+
+
+def test_dflash_views(decoders):
+    """The app's 'where the draft came from' panel for dflash traces (looked up by method name): the
+    root and all B-1 slots of the block with each slot's top token and confidence, the target's
+    decision per drafted slot, the undrafted slots marked, and what was kept; the figure shows the
+    step's per-slot confidence next to the run's per-position acceptance."""
+    from specviz.viz.source import source_figure, source_html
+
+    dec = decoders["eager"]
+    real = dec.heads["dflash"]
+    ids = dec.encode(PROMPT)
+    dec.heads["dflash"] = OracleBlock(real.config, ids + _plain(dec), wrong={len(ids) + 3})
+    try:
+        tr = dec.generate(PROMPT, method="dflash", num_speculative_tokens=5, max_new_tokens=16)
+    finally:
+        dec.heads["dflash"] = real
+    st = next(s for s in tr.steps if 0 < s.num_accepted < len(s.draft_token_ids))
+    page = source_html(tr, st.index, st.num_accepted + 1)
+    assert "sv-dflash" in page and page.count("data-slot=") == BLOCK  # root + B-1 slots
+    fates = [f"data-fate='{position_fate}'" for position_fate in
+             ["accepted"] * st.num_accepted + ["rejected"] + ["unused"] * (5 - st.num_accepted - 1)
+             + ["not drafted"] * (BLOCK - 1 - 5)]
+    assert [page.count(f) for f in set(fates)] == [fates.count(f) for f in set(fates)]
+    assert f"it kept {st.num_accepted} (accepted)" in page and "<b>one</b> forward" in page
+    assert f"data-slot='{st.num_accepted + 1}' data-fate='rejected' style='min-width:74px;max-width:110px;" \
+           "padding:4px 6px;border:2px solid" in page  # the selected slot is outlined
+    for slot in st.match["slots"]:
+        assert 0.0 < slot["top_prob"] <= 1.0 and slot["token_id"] == slot["top_token_id"]  # greedy: top = drawn
+    fig = source_figure(tr, st.index)
+    want = ["accepted"] * st.num_accepted + ["rejected"] + ["unused"] * (4 - st.num_accepted) + ["not drafted"] * 2
+    assert [t.name for t in fig.data] == [*dict.fromkeys(want), "run: share of blocks keeping >= i"]
+    assert sorted(x for t in fig.data[:-1] for x in t.x) == list(range(1, BLOCK))
+    assert [f for t in fig.data[:-1] for f in [t.name] * len(t.x)] == want
+    assert list(fig.data[-1].y) == tr.metrics["acceptance_rate_per_position"]
+    tr.steps[0].match = {"kind": "dflash"}  # a step without a block (no room left to draft)
+    assert "drafted nothing" in source_html(tr, 0)
+    assert "no DFlash block" in source_figure(tr, 0).layout.annotations[0].text
