@@ -170,8 +170,9 @@ class SpecDecoder:
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
         draft, and the bundled EAGLE heads ``assets/models/specviz-eagle`` / ``specviz-eagle3``
-        when present). heads: {"eagle" | "eagle3": head directory} (:func:`specviz.heads.load_head`:
-        config.json + safetensors), loaded onto the target; a method whose head is absent raises
+        when present; ``specviz-dflash`` likewise). heads: {"eagle" | "eagle3" | "dflash": head directory}
+        (:func:`specviz.heads.load_head`, :func:`specviz.heads.dflash.load_dflash`: config.json + safetensors),
+        loaded onto the target; a method whose head is absent raises
         ValueError when asked for. device None -> CUDA if available else CPU; dtype None -> bf16
         on CUDA, fp32 on CPU.
         runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`), "static"
@@ -337,7 +338,7 @@ class SpecDecoder:
         """Run one request and return its :class:`Trace`.
 
         Settings (keywords): method (:data:`METHODS`: "none" | "ngram" | "ngram_gpu" | "suffix" | "draft_model" |
-        "eagle" | "eagle3"), num_speculative_tokens
+        "eagle" | "eagle3" | "dflash"), num_speculative_tokens
         (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
