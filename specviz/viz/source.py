@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Trace
 
-from . import eagle, match
+from . import eagle, match, medusa, mtp
 from .common import as_trace
 from .residual import message_figure
 
@@ -48,6 +48,7 @@ VIEWS: dict[str, SourceView] = {
     "none": _MATCH, "draft_model": _MATCH, "suffix": _MATCH,  # match.py explains none / draft_model itself
     "ngram": _LOOKUP, "ngram_gpu": _LOOKUP,
     "eagle": _EAGLE, "eagle3": _EAGLE,
+    "medusa": SourceView(medusa.medusa_html, medusa.medusa_figure), "mtp": SourceView(mtp.mtp_html, mtp.mtp_figure),
 }
 
 
