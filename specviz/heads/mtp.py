@@ -163,7 +163,7 @@ class MtpHead(nn.Module):
         self.o_proj = nn.Linear(config.num_attention_heads * hd, dd, bias=False)
         self.post_attention_layernorm = LlamaRMSNorm(dd, eps=eps)
         self.mlp = LlamaMLP(LlamaConfig(hidden_size=dd, intermediate_size=config.intermediate_size, mlp_bias=False,
-                                        hidden_act="silu"))
+                                        hidden_act="silu", num_attention_heads=1, num_key_value_heads=1))
         self.norm = LlamaRMSNorm(dd, eps=eps)
         self.post_projection = nn.Linear(dd, d, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config.rope_config())
