@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
     g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic | typical (typical: Medusa's "
                    "typical acceptance, lossy: not distribution-preserving)")
+    g.add_argument("--speculative-token-tree", default=None,
+                   help="a static draft tree in vLLM's format, e.g. \"[(0,), (1,), (0, 0)]\" (method draft_model; "
+                        "-k must be >= its depth)")
     g.add_argument("--synthetic-rates", default=None, help="comma-separated a_1,a_2,... for --verify synthetic")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
@@ -188,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             verify=args.verify, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, seed=args.seed, prompt_lookup_min=args.prompt_lookup_min,
             prompt_lookup_max=args.prompt_lookup_max, synthetic_rates=rates,
+            speculative_token_tree=args.speculative_token_tree,
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -82,7 +82,7 @@ def _lookup_bounds(cfg: "GenerationConfig") -> dict[str, Any]:
 
 def _make_draft_model(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
     return DraftModelProposer(dec._acquire_runner(dec.draft_model), cfg.num_speculative_tokens,
-                              vocab_size=dec.vocab_size)
+                              vocab_size=dec.vocab_size, tree=cfg.speculative_token_tree)
 
 
 def _release_draft_runner(dec: "SpecDecoder", proposer: Proposer, generated: list[int]) -> None:
@@ -132,8 +132,9 @@ register(Method("suffix", "suffix decoding", details="suffix",
                 make=lambda dec, cfg, extras: SuffixProposer(cfg.num_speculative_tokens,
                                                              global_cache=_suffix_cache(dec, extras)),
                 finish=lambda dec, proposer, generated: proposer.finish(generated)))
+TREE = "speculative_token_tree"  # a method listing it in settings drafts static trees (vLLM's setting)
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
-                finish=_release_draft_runner, details="draft_model"))
+                finish=_release_draft_runner, details="draft_model", settings=(TREE,)))
 register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make=_make_eagle,
                 missing=_needs_head("eagle"), details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,

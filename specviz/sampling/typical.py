@@ -92,4 +92,5 @@ def typical_sample(target_probs: torch.Tensor, draft_token_ids: torch.Tensor, ep
         output_token_ids=out_ids, num_accepted=num_accepted, num_draft=num_draft, token_kind=kind,
         u=torch.zeros(B, K, dtype=torch.float64, device=device), p_draft=p_x, q_draft=ok_id.float(),
         accept_prob=passed.float(), accepted=accepted, residual_mass=torch.where(in_draft, 1.0 - p_x, 0.0),
-        method="typical", backend="reference")
+        method="typical", backend="reference",
+        emit_weights=p_emit, emit_fallback=torch.zeros(B, dtype=torch.bool, device=device))  # emitted from p itself
