@@ -175,6 +175,6 @@ def _make_mtp(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any
 
 
 register(Method("medusa", "Medusa heads on the target's final hidden state (a chain of min(k, heads) drafts)",
-                make=_make_medusa, missing=_needs_head("medusa"), details="medusa"))
+                make=_make_medusa, missing=_needs_head("medusa"), details="medusa", settings=(TREE,)))
 register(Method("mtp", "Gemma-4-style MTP head, trained by specviz (no public recipe): queries over the target's KV",
                 make=_make_mtp, missing=_needs_head("mtp"), details="mtp"))
