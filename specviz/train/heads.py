@@ -354,9 +354,15 @@ def _acceptance(args, logs: dict, device) -> dict:
     from specviz.train import head_eval
 
     draft = args.draft
-    if draft is None and Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve() and head_eval.DEFAULT_DRAFT.exists():
+    bundled = Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve()
+    if draft is None and bundled and head_eval.DEFAULT_DRAFT.exists():
         draft = str(head_eval.DEFAULT_DRAFT)
     heads = {n: g["saved"]["dir"] for n, g in logs.items()}
+    if bundled:  # the bundled EAGLE-3 head too, on the same prompts (the card's comparison column)
+        from specviz.heads import default_head_dir
+
+        if "eagle3" not in heads and default_head_dir("eagle3").exists():
+            heads["eagle3"] = str(default_head_dir("eagle3"))
     res = head_eval.heldout_acceptance(args.target, heads, draft, args.eval_prompts, k=args.eval_k,
                                        max_new_tokens=args.eval_tokens or (8 if args.smoke else 64),
                                        limit=args.eval_limit or (2 if args.smoke else 40), device=device.type)
