@@ -397,9 +397,11 @@ def test_medusa_view(medusa_decoders):
     assert "sv-medusa" in page and page.count("<tr data-head=") == 4
     assert page.count("sv-medusa-chosen") == len(st.draft_token_ids)
     fig = source_figure(tr, st.index)
-    assert len(fig.data) == 4 and all(len(t.x) == 5 for t in fig.data)
-    chosen = [c for t in fig.data for c in t.marker.line.width if c > 0]
-    assert len(chosen) == len(st.draft_token_ids)
+    (heat,) = fig.data
+    assert len(heat.z) == 4 and all(len(row) == 5 for row in heat.z)
+    assert [row[0] for row in heat.z] == [h["candidates"][0][1] for h in st.match["heads"]]
+    assert [(round(r.x0 + 0.5), round(r.y0 + 0.5)) for r in fig.layout.shapes] == \
+        [(0, h) for h in range(len(st.draft_token_ids))]  # the chain: rank 0 of heads 0..k'-1
     for h, cand in enumerate(st.match["heads"]):
         assert len(cand["candidates"]) == 5
         if h < len(st.draft_token_ids):

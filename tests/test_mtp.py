@@ -293,7 +293,7 @@ def test_mtp_view(mtp_decoders):
     n = st.match["root_position"]
     L = dec.heads["mtp"].config.kv_layer
     assert "sv-mtp" in page and page.count("<tr data-mtp-step=") == len(st.draft_token_ids)
-    assert page.count(f"layer {L} @ 0..{n - 1}") == len(st.draft_token_ids)
+    assert page.count(f"<td style='padding:2px 6px;text-align:left'>L{L} 0..{n - 1}</td>") == len(st.draft_token_ids)
     assert "trained by specviz (no public recipe)" in page
     for s in st.match["steps"]:
         assert s["position"] == n - 1 and 0.0 <= s["draft_prob"] <= s["head_top_prob"] <= 1.0
