@@ -406,3 +406,21 @@ def test_medusa_view(medusa_decoders):
         assert len(cand["candidates"]) == 5
         if h < len(st.draft_token_ids):
             assert cand["candidates"][0][0] == st.draft_token_ids[h]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_static_graphs_equal_eager_on_gpu(medusa_dirs):
+    """fp32 on CUDA: the static runner with CUDA graphs gives the eager runner's tokens and per-step
+    acceptances (greedy, seeded standard sampling, typical on the reference sampler), and greedy
+    equals method none."""
+    target, head = medusa_dirs
+    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
+                                           heads={"medusa": str(head)}) for r in ("eager", "static")}
+    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="typical", seed=4)):
+        runs = {r: d.generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=24, **kw)
+                for r, d in decs.items()}
+        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
+        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
+        if not kw:
+            want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
+            assert runs["static"].output_token_ids == want
