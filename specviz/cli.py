@@ -76,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
                    "--eagle3-head)")
     g.add_argument("--eagle-head", default=None, help="EAGLE-1 head dir (config.json + safetensors), method eagle")
     g.add_argument("--eagle3-head", default=None, help="EAGLE-3 head dir (config.json + safetensors), method eagle3")
+    g.add_argument("--dflash-head", default=None, help="DFlash drafter dir (config.json + safetensors), method dflash")
     g.add_argument("--medusa-head", default=None, help="Medusa heads dir (config.json + safetensors), method medusa")
     g.add_argument("--mtp-head", default=None, help="Gemma-4-style MTP head dir (config.json + safetensors), method mtp")
     g.add_argument("--prompt", required=True)
@@ -171,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     from .events import DraftProposed, EventBus, StepVerified
 
     try:
-        heads = {kind: d for kind, d in (("eagle", args.eagle_head), ("eagle3", args.eagle3_head),
-                                         ("medusa", args.medusa_head), ("mtp", args.mtp_head)) if d}
+        given = (("eagle", args.eagle_head), ("eagle3", args.eagle3_head), ("dflash", args.dflash_head),
+                 ("medusa", args.medusa_head), ("mtp", args.mtp_head))
+        heads = {kind: d for kind, d in given if d}
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
                                               runner=args.runner, heads=heads or None)
         bus = EventBus()

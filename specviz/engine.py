@@ -44,7 +44,8 @@ from .verify_step import StepVerifier, VerifySpec
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
 DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3",
-                 "medusa": ASSETS_MODELS / "specviz-medusa", "mtp": ASSETS_MODELS / "specviz-mtp"}
+                 "dflash": ASSETS_MODELS / "specviz-dflash", "medusa": ASSETS_MODELS / "specviz-medusa",
+                 "mtp": ASSETS_MODELS / "specviz-mtp"}
 RUNNERS = ("auto", "eager", "static")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic", "typical")  # typical: lossy (sampling/typical.py)
 MAX_SPECULATIVE_TOKENS = 32
@@ -180,8 +181,9 @@ class SpecDecoder:
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
         draft, and the bundled EAGLE heads ``assets/models/specviz-eagle`` / ``specviz-eagle3``
-        when present). heads: {"eagle" | "eagle3": head directory} (:func:`specviz.heads.load_head`:
-        config.json + safetensors), loaded onto the target; a method whose head is absent raises
+        when present; ``specviz-dflash`` likewise). heads: {"eagle" | "eagle3" | "dflash": head directory}
+        (:func:`specviz.heads.load_head`, :func:`specviz.heads.dflash.load_dflash`: config.json + safetensors),
+        loaded onto the target; a method whose head is absent raises
         ValueError when asked for. device None -> CUDA if available else CPU; dtype None -> bf16
         on CUDA, fp32 on CPU.
         runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`), "static"
@@ -266,8 +268,9 @@ class SpecDecoder:
             self.generate(prompt, method=kind, num_speculative_tokens=2, max_new_tokens=4)
             from .proposers.eagle import head_taps
 
+            head_cfg = self.heads[kind].config
             captured += self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say,
-                                          taps=head_taps(self.heads[kind].config))
+                                          taps=head_cfg.taps if kind == "dflash" else head_taps(head_cfg))
         if self.draft_model is not None:
             captured += self._warm_runner(self.draft_model, prompt, (1, 2), say)
         verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
@@ -346,7 +349,7 @@ class SpecDecoder:
         """Run one request and return its :class:`Trace`.
 
         Settings (keywords): method (:data:`METHODS`: "none" | "ngram" | "ngram_gpu" | "suffix" | "draft_model" |
-        "eagle" | "eagle3"), num_speculative_tokens
+        "eagle" | "eagle3" | "dflash"), num_speculative_tokens
         (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
@@ -533,7 +536,10 @@ class SpecDecoder:
         if cfg.method in self.heads:  # which head drafted, and which target features it read
             head_cfg = self.heads[cfg.method].config
             d["head"] = {"path": self.names.get(f"{cfg.method}_head", ""), "kind": head_cfg.kind,
-                         "aux_layer_ids": list(head_cfg.aux_layer_ids)}
+                         "aux_layer_ids": list(getattr(head_cfg, "aux_layer_ids", ()))}
+            if head_cfg.kind == "dflash":
+                d["head"].update(target_layer_ids=list(head_cfg.target_layer_ids), block_size=head_cfg.block_size,
+                                 num_layers=head_cfg.num_layers, mask_token_id=head_cfg.mask_token_id)
         return d
 
     def _add_texts(self, trace: Trace | None, generated: list[int]) -> None:
@@ -573,13 +579,14 @@ def _load_heads(dirs: dict[str, Any], target_model: torch.nn.Module,
     """Load each head directory onto the target. A head asked for explicitly (``explicit``) that
     fails raises :class:`ModelLoadError`; a bundled one that fails is left out, its reason kept."""
     from .heads import load_head
+    from .heads.dflash import load_dflash
 
     loaded, errors = {}, {}
     for kind, directory in dirs.items():
         if kind not in DEFAULT_HEADS:
             raise ValueError(f"unknown head kind {kind!r} in heads=; use one of {', '.join(DEFAULT_HEADS)}")
         try:
-            head = load_head(directory, target_model)
+            head = (load_dflash if kind == "dflash" else load_head)(directory, target_model)
             if head.config.kind != kind:
                 raise ValueError(f"the head in {directory} is an {head.config.kind!r} head, not {kind!r}")
             loaded[kind] = head

@@ -140,6 +140,25 @@ register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagl
                 missing=_needs_head("eagle3"), details="eagle3"))
 
 
+def _needs_dflash(dec: "SpecDecoder") -> str | None:
+    if "dflash" in dec.heads:
+        return None
+    why = dec.head_errors.get("dflash") or "no head was loaded"
+    return (f"method 'dflash' needs a DFlash block drafter for this target ({why}); pass heads={{'dflash': DIR}} to "
+            "SpecDecoder.from_pretrained (CLI: --dflash-head DIR), or train one with python -m specviz.train.heads "
+            "--kinds dflash")
+
+
+def _make_dflash(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
+    from .proposers.dflash import DFlashProposer
+
+    return DFlashProposer(dec.heads["dflash"], cfg.num_speculative_tokens)
+
+
+register(Method("dflash", "DFlash block drafter: one forward drafts B-1 tokens from fused target features",
+                make=_make_dflash, missing=_needs_dflash, details="dflash"))
+
+
 def _make_medusa(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
     from .proposers.medusa import MedusaProposer
 

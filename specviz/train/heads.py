@@ -276,6 +276,17 @@ HEAD_TRAINERS: dict[str, Callable[..., dict]] = {"eagle": train_eagle, "eagle3":
                                                  "mtp": train_mtp}
 
 
+def _register_dflash() -> None:
+    """DFlash (specviz/train/dflash.py): its own config type, trainer and held-out acceptance run."""
+    from specviz.train.dflash import DFLASH_DEFAULT, DFLASH_SMOKE, train_dflash
+
+    HEAD_TRAINERS["dflash"], DEFAULTS["dflash"], SMOKE["dflash"] = train_dflash, DFLASH_DEFAULT, DFLASH_SMOKE
+
+
+_register_dflash()
+HEAD_KS = {"dflash": 7}  # greedy k of the held-out acceptance run (DFlash: B - 1 = 7, issue 16)
+
+
 def train_heads(target, train_windows: torch.Tensor, heldout_windows: torch.Tensor, device, out_dir,
                 time_budget_s: float | None = None, heads: Sequence[str] | None = None,
                 smoke: bool = False) -> dict[str, dict]:
@@ -314,12 +325,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--target", required=True, help="target model directory (safetensors)")
     ap.add_argument("--out", required=True, help="output directory; heads go to OUT/specviz-eagle*/")
     ap.add_argument("--heads", "--kinds", dest="heads", default="eagle,eagle3",
-                    help="comma-separated: eagle, eagle3, medusa, mtp")
+                    help="comma-separated: " + ", ".join(HEAD_TRAINERS))
     ap.add_argument("--time-budget-s", type=float, default=None, help="per-head training time limit")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run (smoke preset windows, SMOKE configs, one CPU thread); < 60 s on a tiny target")
     ap.add_argument("--preset", default=None, help="window preset (default: demo, or smoke with --smoke)")
     ap.add_argument("--device", default=None, choices=["cuda", "cpu"])
+    ap.add_argument("--mal-prompts", type=int, default=20,
+                    help="held-out prompts for the greedy mean acceptance length of dflash vs draft_model (0 = skip)")
+    ap.add_argument("--mal-prompts-file", default="results/train/v2/heldout_prompts.json")
+    ap.add_argument("--mal-new-tokens", type=int, default=64)
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out acceptance run through the engine")
     ap.add_argument("--eval-prompts", default=None, help="heldout_prompts.json (default results/train/v2/...)")
     ap.add_argument("--eval-limit", type=int, default=None, help="held-out prompts (default 40; --smoke: 2)")
@@ -342,9 +357,27 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {n: {"steps": g["steps"], "train_s": g["train_s"], "stopped_early": g["stopped_early"],
                    "heldout": g["heldout"][-1], "bytes": g["saved"]["bytes"]} for n, g in logs.items()}
     print(json.dumps(summary))
+    for name in (n for n in names if n in HEAD_KS and args.mal_prompts > 0):
+        logs[name]["heldout_acceptance"] = _heldout_acceptance(args, name, logs[name], device)
     if not args.no_eval:
         logs["acceptance"] = _acceptance(args, logs, device)
     return logs
+
+
+def _heldout_acceptance(args, name: str, log: dict, device) -> dict:
+    """Greedy held-out mean acceptance length of the new head next to draft_model's (same k, and k = 4),
+    printed and added to the head's train_log.json."""
+    from specviz.train.dflash import heldout_acceptance
+
+    k = HEAD_KS[name]
+    res = heldout_acceptance(args.target, {name: log["saved"]["dir"]}, [(name, k), ("draft_model", k), ("draft_model", 4)],
+                             args.mal_prompts_file, args.mal_prompts, args.mal_new_tokens, device=str(device))
+    for key, run in res["runs"].items():
+        print(f"held-out greedy MAL {key}: {run['mean_acceptance_length']:.3f} (tokens/step "
+              f"{run['tokens_per_step']:.3f}, outputs differing from none: {run['outputs_differ_from_none']})")
+    path = Path(log["saved"]["dir"]) / "train_log.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "heldout_acceptance": res}, indent=1))
+    return res
 
 
 def _acceptance(args, logs: dict, device) -> dict:

@@ -106,7 +106,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                 "device, with the Triton matcher on CUDA); suffix = suffix decoding; "
                                 "draft_model = a small model; eagle / eagle3 / medusa = heads on the target's hidden "
                                 "states; mtp = a Gemma-4-style MTP head reading the target's KV cache, trained by "
-                                "specviz (no public recipe) (heads need trained weights)")
+                                "specviz (no public recipe); dflash = a block drafter, one forward drafts up to 7 "
+                                "tokens (heads need trained weights)")
     with gr.Row(equal_height=True):
         c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
         c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")
