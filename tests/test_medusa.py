@@ -424,3 +424,19 @@ def test_static_graphs_equal_eager_on_gpu(medusa_dirs):
         if not kw:
             want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
             assert runs["static"].output_token_ids == want
+
+
+@pytest.mark.skipif(not all((__import__("specviz.engine").engine.DEFAULT_HEADS[k] / "model.safetensors").exists()
+                            for k in ("medusa", "mtp")), reason="the bundled medusa / mtp heads are not there")
+@pytest.mark.parametrize("runner", ("eager", "static"))
+def test_bundled_heads_greedy_equals_plain_greedy(runner):
+    """The trained heads shipped in assets/models (fp32 on the CPU): medusa and mtp return exactly method
+    none's greedy tokens on two prompts, and their drafts are accepted at some steps."""
+    dec = SpecDecoder.from_pretrained(device="cpu", dtype="float32", runner=runner)
+    assert {"medusa", "mtp"} <= set(dec.heads), dec.head_errors
+    for prompt in (PROMPT, "import torch\n\n\nclass Linear(torch.nn.Module):\n    def __init__(self"):
+        want = dec.generate(prompt, method="none", max_new_tokens=32).output_token_ids
+        for kind in ("medusa", "mtp"):
+            got = dec.generate(prompt, method=kind, num_speculative_tokens=4, max_new_tokens=32)
+            assert got.output_token_ids == want, (runner, kind, prompt)
+            assert sum(s.num_accepted for s in got.steps) > 0, (kind, prompt)
