@@ -226,9 +226,8 @@ def test_save_load_and_loss(medusa_dirs, medusa_decoders):
     class Shift(torch.nn.Module):
         config = SimpleNamespace(num_heads=4)
 
-        def forward(self, f):
-            T = f.shape[1]
-            return torch.stack([torch.cat([z[:, 1 + i:], z[:, :1 + i]], 1)[:, :T] for i in range(4)])
+        def head_logits(self, f, i):  # rows t = 0..: exactly z_{t+1+i}, the label of head i at row t
+            return z[:, 1 + i : 1 + i + f.shape[1]]
     loss2, stats2 = medusa_loss(Shift(), feats[None], z)
     assert stats2["top1"].tolist() == [1.0] * 4
     p = torch.softmax(z, -1)
