@@ -439,3 +439,21 @@ def test_bundled_heads_greedy_equals_plain_greedy(runner):
             got = dec.generate(prompt, method=kind, num_speculative_tokens=4, max_new_tokens=32)
             assert got.output_token_ids == want, (runner, kind, prompt)
             assert sum(s.num_accepted for s in got.steps) > 0, (kind, prompt)
+
+
+@pytest.mark.skipif(not hasattr(__import__("specviz.engine").engine.GenerationConfig, "speculative_token_tree"),
+                    reason="the engine verifies trees once tree-core lands (speculative_token_tree)")
+def test_tree_sampling_is_lossless_per_position(small_decoder):
+    """T > 0, a static Medusa tree (top-k children of each head: rule A, q one-hot), verify standard: the
+    first and second generated tokens are distributed as the target's (chi-square, 400 runs, p > 0.001);
+    verify typical is refused for trees (chain-only)."""
+    dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
+    tree = "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]"
+    counts, accepted = _first_two(dec, prompt, trials, num_speculative_tokens=2, verify="standard", temperature=0.9,
+                                  speculative_token_tree=tree)
+    assert 0.05 * trials < accepted < 1.95 * trials
+    for i, p in enumerate(_exact_marginals(dec, prompt, temperature=0.9)):
+        assert _chi2_pvalue(counts[i], p, trials) > 1e-3, (i, counts[i].tolist())
+    with pytest.raises(ValueError, match="chain-only"):
+        dec.generate(prompt, method="medusa", num_speculative_tokens=2, verify="typical", temperature=0.9,
+                     speculative_token_tree=tree)
