@@ -174,7 +174,8 @@ def _make_mtp(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any
     return MtpProposer(dec.heads["mtp"], cfg.num_speculative_tokens)
 
 
-register(Method("medusa", "Medusa heads on the target's final hidden state (a chain of min(k, heads) drafts)",
-                make=_make_medusa, missing=_needs_head("medusa"), details="medusa", settings=(TREE,)))
+register(Method("medusa", "Medusa heads on the target's final hidden state (a chain of min(k, heads) drafts, or a "
+                "static tree: speculative_token_tree)", make=_make_medusa, missing=_needs_head("medusa"),
+                details="medusa", settings=(TREE,)))
 register(Method("mtp", "Gemma-4-style MTP head, trained by specviz (no public recipe): queries over the target's KV",
                 make=_make_mtp, missing=_needs_head("mtp"), details="mtp"))

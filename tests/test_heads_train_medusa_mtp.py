@@ -105,3 +105,35 @@ def test_smoke_cli_trains_medusa_and_mtp(tmp_path, one_thread):
     want = dec.generate("def f(x):", method="none", max_new_tokens=8).output_token_ids
     for kind in ("medusa", "mtp"):
         assert dec.generate("def f(x):", method=kind, num_speculative_tokens=3, max_new_tokens=8).output_token_ids == want
+
+
+def test_schedule_fits_the_time_budget():
+    """fit_to_budget: at step 20 the run is shortened to the steps the budget allows at the pace so far
+    (never more than cfg.steps), so the cosine reaches its floor inside the budget."""
+    import dataclasses
+
+    cfg = dataclasses.replace(train_heads_mod.DEFAULTS["medusa"], steps=6000, min_seconds_left=10.0)
+    assert train_heads_mod._fit_steps(cfg, 20, 2.0, 180.0) == 20 + int(((180 - 10) * 0.97 - 2.0) // 0.1)
+    assert train_heads_mod._fit_steps(cfg, 20, 0.02, 180.0) == 6000
+    assert train_heads_mod._fit_steps(cfg, 20, 200.0, 180.0) == 21
+
+
+def test_fitted_run_ends_at_the_fitted_step(one_thread):
+    from tiny_models import build_model
+    import dataclasses
+
+    target = build_model("llama", seed=0, layers=2, hidden=32).float()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    w = torch.randint(0, target.config.vocab_size, (16, 17))
+    cfg = dataclasses.replace(train_heads_mod.SMOKE["medusa"], steps=100_000, eval_windows=2, eval_every=10**6,
+                              fit_to_budget=True, min_seconds_left=0.0)
+    head, log = train_heads_mod.fit_head("medusa", target, w, w[:2], "cpu", cfg, time_budget_s=6.0)
+    assert 20 < log["fitted_steps"] < cfg.steps and log["steps"] <= log["fitted_steps"]
+    from specviz.train.loop import lr_lambda
+
+    # the scheduler follows the fitted cosine (whether the run then ended on time depends on this CPU's load)
+    want = cfg.lr * lr_lambda(dataclasses.replace(cfg, steps=log["fitted_steps"]))(log["steps"])
+    assert abs(log["train"][-1]["lr"] - want) < 1e-9
+    if not log["stopped_early"]:
+        assert log["steps"] == log["fitted_steps"] and abs(want - cfg.min_lr_ratio * cfg.lr) < 1e-9

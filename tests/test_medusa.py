@@ -226,9 +226,8 @@ def test_save_load_and_loss(medusa_dirs, medusa_decoders):
     class Shift(torch.nn.Module):
         config = SimpleNamespace(num_heads=4)
 
-        def forward(self, f):
-            T = f.shape[1]
-            return torch.stack([torch.cat([z[:, 1 + i:], z[:, :1 + i]], 1)[:, :T] for i in range(4)])
+        def head_logits(self, f, i):  # rows t = 0..: exactly z_{t+1+i}, the label of head i at row t
+            return z[:, 1 + i : 1 + i + f.shape[1]]
     loss2, stats2 = medusa_loss(Shift(), feats[None], z)
     assert stats2["top1"].tolist() == [1.0] * 4
     p = torch.softmax(z, -1)
@@ -397,10 +396,64 @@ def test_medusa_view(medusa_decoders):
     assert "sv-medusa" in page and page.count("<tr data-head=") == 4
     assert page.count("sv-medusa-chosen") == len(st.draft_token_ids)
     fig = source_figure(tr, st.index)
-    assert len(fig.data) == 4 and all(len(t.x) == 5 for t in fig.data)
-    chosen = [c for t in fig.data for c in t.marker.line.width if c > 0]
-    assert len(chosen) == len(st.draft_token_ids)
+    (heat,) = fig.data
+    assert len(heat.z) == 4 and all(len(row) == 5 for row in heat.z)
+    assert [row[0] for row in heat.z] == [h["candidates"][0][1] for h in st.match["heads"]]
+    assert [(round(r.x0 + 0.5), round(r.y0 + 0.5)) for r in fig.layout.shapes] == \
+        [(0, h) for h in range(len(st.draft_token_ids))]  # the chain: rank 0 of heads 0..k'-1
     for h, cand in enumerate(st.match["heads"]):
         assert len(cand["candidates"]) == 5
         if h < len(st.draft_token_ids):
             assert cand["candidates"][0][0] == st.draft_token_ids[h]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_static_graphs_equal_eager_on_gpu(medusa_dirs):
+    """fp32 on CUDA: the static runner with CUDA graphs gives the eager runner's tokens and per-step
+    acceptances (greedy, seeded standard sampling, typical on the reference sampler), and greedy
+    equals method none."""
+    target, head = medusa_dirs
+    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
+                                           heads={"medusa": str(head)}) for r in ("eager", "static")}
+    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="typical", seed=4)):
+        runs = {r: d.generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=24, **kw)
+                for r, d in decs.items()}
+        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
+        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
+        if not kw:
+            want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
+            assert runs["static"].output_token_ids == want
+
+
+@pytest.mark.skipif(not all((__import__("specviz.engine").engine.DEFAULT_HEADS[k] / "model.safetensors").exists()
+                            for k in ("medusa", "mtp")), reason="the bundled medusa / mtp heads are not there")
+@pytest.mark.parametrize("runner", ("eager", "static"))
+def test_bundled_heads_greedy_equals_plain_greedy(runner):
+    """The trained heads shipped in assets/models (fp32 on the CPU): medusa and mtp return exactly method
+    none's greedy tokens on two prompts, and their drafts are accepted at some steps."""
+    dec = SpecDecoder.from_pretrained(device="cpu", dtype="float32", runner=runner)
+    assert {"medusa", "mtp"} <= set(dec.heads), dec.head_errors
+    for prompt in (PROMPT, "import torch\n\n\nclass Linear(torch.nn.Module):\n    def __init__(self"):
+        want = dec.generate(prompt, method="none", max_new_tokens=32).output_token_ids
+        for kind in ("medusa", "mtp"):
+            got = dec.generate(prompt, method=kind, num_speculative_tokens=4, max_new_tokens=32)
+            assert got.output_token_ids == want, (runner, kind, prompt)
+            assert sum(s.num_accepted for s in got.steps) > 0, (kind, prompt)
+
+
+@pytest.mark.skipif(not hasattr(__import__("specviz.engine").engine.GenerationConfig, "speculative_token_tree"),
+                    reason="the engine verifies trees once tree-core lands (speculative_token_tree)")
+def test_tree_sampling_is_lossless_per_position(small_decoder):
+    """T > 0, a static Medusa tree (top-k children of each head: rule A, q one-hot), verify standard: the
+    first and second generated tokens are distributed as the target's (chi-square, 400 runs, p > 0.001);
+    verify typical is refused for trees (chain-only)."""
+    dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
+    tree = "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]"
+    counts, accepted = _first_two(dec, prompt, trials, num_speculative_tokens=2, verify="standard", temperature=0.9,
+                                  speculative_token_tree=tree)
+    assert 0.05 * trials < accepted < 1.95 * trials
+    for i, p in enumerate(_exact_marginals(dec, prompt, temperature=0.9)):
+        assert _chi2_pvalue(counts[i], p, trials) > 1e-3, (i, counts[i].tolist())
+    with pytest.raises(ValueError, match="chain-only"):
+        dec.generate(prompt, method="medusa", num_speculative_tokens=2, verify="typical", temperature=0.9,
+                     speculative_token_tree=tree)

@@ -293,10 +293,28 @@ def test_mtp_view(mtp_decoders):
     n = st.match["root_position"]
     L = dec.heads["mtp"].config.kv_layer
     assert "sv-mtp" in page and page.count("<tr data-mtp-step=") == len(st.draft_token_ids)
-    assert page.count(f"layer {L} @ 0..{n - 1}") == len(st.draft_token_ids)
+    assert page.count(f"<td style='padding:2px 6px;text-align:left'>L{L} 0..{n - 1}</td>") == len(st.draft_token_ids)
     assert "trained by specviz (no public recipe)" in page
     for s in st.match["steps"]:
         assert s["position"] == n - 1 and 0.0 <= s["draft_prob"] <= s["head_top_prob"] <= 1.0
     fig = source_figure(tr, st.index)
     assert [t.name for t in fig.data] == ["q(drafted)", "q(head's top token)"]
     assert len(fig.data[0].x) == len(st.draft_token_ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_static_graphs_equal_eager_on_gpu(mtp_dirs):
+    """fp32 on CUDA: with CUDA graphs the static runner's cache (read by layer_kv) gives the eager
+    runner's tokens and acceptances, greedy and seeded sampling; greedy equals method none."""
+    target, head = mtp_dirs
+    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
+                                           heads={"mtp": str(head)}) for r in ("eager", "static")}
+    assert decs["static"].runner_factory.func is StaticRunner
+    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="block", seed=4)):
+        runs = {r: d.generate(PROMPT, method="mtp", num_speculative_tokens=4, max_new_tokens=24, **kw)
+                for r, d in decs.items()}
+        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
+        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
+        if not kw:
+            want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
+            assert runs["static"].output_token_ids == want

@@ -145,12 +145,16 @@ class MedusaHead(nn.Module):
         return next(self.parameters()).dtype
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.head_logits(features, i).float() for i in range(self.config.num_heads)])  # [K, ..., V]
+
+    def head_logits(self, features: torch.Tensor, i: int) -> torch.Tensor:
+        """Head i alone: features [..., d] -> logits [..., V] in the LM head's compute dtype (training
+        scores one head at a time, so the K heads' logits never coexist in float32)."""
         if features.shape[-1] != self.config.hidden_size:
             raise ValueError(f"medusa head: features must be [..., {self.config.hidden_size}] (the final-norm f_t), "
                              f"got {tuple(features.shape)}")
-        x = features.to(self.dtype)
         lm = self.lm_head
-        return torch.stack([lm(block(x).to(lm.weight.dtype)).float() for block in self.blocks])  # [K, ..., V]
+        return lm(self.blocks[i](features.to(self.dtype)).to(lm.weight.dtype))
 
 
 def medusa_loss(head: MedusaHead, final: torch.Tensor, target_logits: torch.Tensor, decay: float = 0.8):
@@ -165,10 +169,9 @@ def medusa_loss(head: MedusaHead, final: torch.Tensor, target_logits: torch.Tens
     K = head.config.num_heads
     if T < K + 2:
         raise ValueError(f"{K} Medusa heads need windows of at least {K + 2} positions, got T={T}")
-    logits = head(final[:, : T - 1])  # [K, B, T-1, V]: row t predicts x_{t+2+i}
     loss, ces, top1 = 0.0, [], []
-    for i in range(K):
-        lg, lab = logits[i, :, : T - 1 - i], target_logits[:, 1 + i :]  # rows t = 0..T-2-i, labels z_{t+1+i}
+    for i in range(K):  # head i, rows t = 0..T-2-i (predicting x_{t+2+i}), labels z_{t+1+i}
+        lg, lab = head.head_logits(final[:, : T - 1 - i], i), target_logits[:, 1 + i :]
         ce = soft_cross_entropy(lg, lab).mean()
         loss = loss + decay**i * ce
         ces.append(ce.detach())

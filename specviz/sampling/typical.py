@@ -88,9 +88,11 @@ def typical_sample(target_probs: torch.Tensor, draft_token_ids: torch.Tensor, ep
     kind = torch.zeros(B, K + 1, dtype=torch.int8, device=device)
     kind[:, :K] = accepted.to(torch.int8) * KIND_ACCEPTED
     kind[rows, num_accepted] = torch.where(is_bonus, KIND_BONUS, KIND_RECOVERED).to(torch.int8)
+    emitted = {}  # the weights the emitted token was drawn from: p itself (never all zero), where the type has them
+    if "emit_weights" in RejectionOutput.__dataclass_fields__:
+        emitted = dict(emit_weights=p_emit, emit_fallback=torch.zeros(B, dtype=torch.bool, device=device))
     return RejectionOutput(
         output_token_ids=out_ids, num_accepted=num_accepted, num_draft=num_draft, token_kind=kind,
         u=torch.zeros(B, K, dtype=torch.float64, device=device), p_draft=p_x, q_draft=ok_id.float(),
         accept_prob=passed.float(), accepted=accepted, residual_mass=torch.where(in_draft, 1.0 - p_x, 0.0),
-        method="typical", backend="reference",
-        emit_weights=p_emit, emit_fallback=torch.zeros(B, dtype=torch.bool, device=device))  # emitted from p itself
+        method="typical", backend="reference", **emitted)

@@ -87,12 +87,13 @@ class HeadTrainConfig:
     compile: bool = False
     seed: int = 0
     min_seconds_left: float = 10.0
+    fit_to_budget: bool = False  # shorten the run (and its cosine) to what time_budget_s allows, timed at step 20
 
 
 DEFAULTS = {"eagle": HeadTrainConfig(), "eagle3": HeadTrainConfig(steps=2400, warmup_steps=100, eval_every=600),
             # medusa: K = 4 heads (ttt_steps unused); mtp: S = 4 unrolled steps (methods.md 7.4). Not yet timed on the H200.
-            "medusa": HeadTrainConfig(steps=3000, warmup_steps=150, eval_every=750),
-            "mtp": HeadTrainConfig(steps=2000, warmup_steps=100, eval_every=500, ttt_steps=4)}
+            "medusa": HeadTrainConfig(steps=6000, warmup_steps=100, eval_every=750, fit_to_budget=True),
+            "mtp": HeadTrainConfig(steps=4000, warmup_steps=100, eval_every=500, ttt_steps=4, fit_to_budget=True)}
 SMOKE = {
     name: dataclasses.replace(cfg, batch_size=8, steps=40, warmup_steps=4, ttt_steps=3, eval_every=20,
                               eval_windows=8, eval_batch_size=8, log_every=10, lr=3e-3, min_seconds_left=0.0)
@@ -201,7 +202,7 @@ def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: Hea
            "flops_per_token": estimate_flops_per_token(kind, target.config, cfg, seq_len),
            "train": [], "heldout": [], "stopped_early": False}
     acc: dict[str, torch.Tensor] = {}
-    t0, n_acc, step = time.time(), 0, 0
+    t0, n_acc, step, total = time.time(), 0, 0, cfg.steps
     for step in range(1, cfg.steps + 1):
         batch = train_windows[batch_idx[step - 1]]  # [B, T+1]
         tf = _features(target, batch, head_cfg, device)
@@ -215,8 +216,12 @@ def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: Hea
         for k, v in {"loss": loss.detach(), **stats}.items():
             acc[k] = acc.get(k, 0) + v.float()
         n_acc += 1
+        if cfg.fit_to_budget and time_budget_s is not None and step == FIT_AT_STEP:
+            total = _fit_steps(cfg, step, time.time() - t0, time_budget_s)
+            sched.lr_lambdas = [lr_lambda(dataclasses.replace(cfg, steps=total))]  # the cosine ends at `total`
+            log["fitted_steps"] = total
         over = time_budget_s is not None and time.time() - t0 > time_budget_s - cfg.min_seconds_left
-        last = step == cfg.steps or over
+        last = step == total or over
         if step % cfg.log_every == 0 or last:
             row = {k: (v / n_acc).tolist() for k, v in acc.items()}  # one host sync per log row
             row = {k: round(v, 5) if isinstance(v, float) else _r(v) for k, v in row.items()}
@@ -231,9 +236,23 @@ def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: Hea
         if over:
             log["stopped_early"] = True
             break
+        if last:
+            break
     log.update(steps=step, tokens_seen=step * cfg.batch_size * seq_len, train_s=round(time.time() - t0, 2),
                epochs=order.epochs_seen(step))
     return head, log
+
+
+FIT_AT_STEP = 20
+
+
+def _fit_steps(cfg: HeadTrainConfig, step: int, elapsed: float, budget: float) -> int:
+    """Steps that fit the budget at the pace of the first ``step`` steps (which include warm-up costs,
+    so the estimate is low rather than high), leaving ``min_seconds_left`` and ~3 % for the evaluations;
+    at most cfg.steps, at least step + 1."""
+    per_step = elapsed / step
+    usable = (budget - cfg.min_seconds_left) * 0.97 - elapsed
+    return int(min(cfg.steps, max(step + 1, step + usable // per_step)))
 
 
 def _train(kind: str, target, train_windows, heldout_windows, device, out_dir, time_budget_s,
@@ -340,6 +359,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-limit", type=int, default=None, help="held-out prompts (default 40; --smoke: 2)")
     ap.add_argument("--eval-k", type=int, default=4, help="num_speculative_tokens of the acceptance run")
     ap.add_argument("--eval-tokens", type=int, default=None, help="new tokens per prompt (default 64; --smoke: 8)")
+    ap.add_argument("--eval-dtype", default="float32", help="dtype of the acceptance run (float32: greedy is then "
+                    "exactly plain greedy; bf16 may flip near-ties)")
     ap.add_argument("--draft", default=None, help="draft model beside the heads (default: the bundled draft, when "
                     "the target is the bundled one)")
     args = ap.parse_args(argv)
@@ -387,12 +408,19 @@ def _acceptance(args, logs: dict, device) -> dict:
     from specviz.train import head_eval
 
     draft = args.draft
-    if draft is None and Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve() and head_eval.DEFAULT_DRAFT.exists():
+    bundled = Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve()
+    if draft is None and bundled and head_eval.DEFAULT_DRAFT.exists():
         draft = str(head_eval.DEFAULT_DRAFT)
     heads = {n: g["saved"]["dir"] for n, g in logs.items()}
+    if bundled:  # the bundled EAGLE-3 head too, on the same prompts (the card's comparison column)
+        from specviz.heads import default_head_dir
+
+        if "eagle3" not in heads and default_head_dir("eagle3").exists():
+            heads["eagle3"] = str(default_head_dir("eagle3"))
     res = head_eval.heldout_acceptance(args.target, heads, draft, args.eval_prompts, k=args.eval_k,
                                        max_new_tokens=args.eval_tokens or (8 if args.smoke else 64),
-                                       limit=args.eval_limit or (2 if args.smoke else 40), device=device.type)
+                                       limit=args.eval_limit or (2 if args.smoke else 40), device=device.type,
+                                       dtype=args.eval_dtype)
     print(head_eval.summary_line(res))
     (Path(args.out) / "heads_acceptance.json").write_text(json.dumps(res, indent=1))
     return res

@@ -93,6 +93,8 @@ class LenientNumber(gr.Number):
 def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     from specviz.engine import METHODS, VERIFY_METHODS
 
+    VERIFY_LABELS = {"typical": "typical (Medusa; lossy: not distribution-preserving)"}
+
     c: dict[str, gr.components.Component] = {}
     # the controls start with the first example's prompt and settings, so the dropdown names it
     c["example"] = gr.Dropdown([e["name"] for e in examples], label="Example prompts",
@@ -102,13 +104,16 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     c["method"] = gr.Radio(list(METHODS), value="ngram", label="Method (proposer)",
                            info="none = plain decoding; ngram = prompt lookup (ngram_gpu: the same on the "
                                 "device, with the Triton matcher on CUDA); suffix = suffix decoding; "
-                                "draft_model = a small model; eagle / eagle3 = a head on the target's hidden states "
-                                "(needs a trained head); dflash = a block drafter, one forward drafts up to 7 tokens")
+                                "draft_model = a small model; eagle / eagle3 / medusa = heads on the target's hidden "
+                                "states; mtp = a Gemma-4-style MTP head reading the target's KV cache, trained by "
+                                "specviz (no public recipe); dflash = a block drafter, one forward drafts up to 7 "
+                                "tokens (heads need trained weights)")
     with gr.Row(equal_height=True):
         c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
         c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")
     c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
-    c["verify"] = gr.Dropdown([AUTO_VERIFY, *VERIFY_METHODS], value=AUTO_VERIFY, label="Verification",
+    c["verify"] = gr.Dropdown([AUTO_VERIFY, *[(VERIFY_LABELS.get(v, v), v) for v in VERIFY_METHODS]],
+                              value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
     with gr.Row():
         c["temperature"] = LenientNumber(0.0, label="temperature", minimum=0, step=0.1)
@@ -159,7 +164,8 @@ def _detail_views() -> dict[str, gr.components.Component]:
                             show_label=False)
         v["residual"] = gr.Plot(message_figure(PLACEHOLDERS["residual"]), label="residual view",
                                 elem_id="sv-residual", show_label=False)
-    gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE head)")
+    gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE / "
+                "Medusa / MTP heads)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")

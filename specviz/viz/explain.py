@@ -61,6 +61,11 @@ Methods "eagle" / "eagle3" draft with a small head that reads the target's own h
 lists, per draft token, the row that predicted it (the target's feature at the last committed position with
 the root token for draft 1, the head's own output with the previous draft after that), the head's
 confidence and what the target did; the plot compares acceptance by position with the head's confidence.
+Method "medusa": every head reads the same target feature and head i guesses the token i + 1 after the root;
+the table and the heatmap show each head's top candidates, the drafted ones outlined in the colour of the
+target's decision. Method "mtp" (a Gemma-4-style MTP head, trained by specviz: no public recipe): every draft
+step runs at the same position and reads the target's own cached keys and values; the table lists what each
+step read, the token it drafted and its confidence.
 """
 
 STATS = """\

@@ -21,6 +21,7 @@ from .eagle import CELL, FATE_COLOUR
 from .residual import message_figure
 
 CHOSEN = "#2563eb"
+SYMBOL = {"accepted": "✓", "rejected": "✗", "not verified": "·"}
 
 
 def _chosen(match: dict[str, Any]) -> dict[tuple[int, int], int]:
@@ -50,53 +51,57 @@ def medusa_html(trace: Trace | dict[str, Any], step: int, position: int | None =
     chosen = _chosen(m)
     rows = []
     for h in m["heads"]:
-        cells = [f"head {h['head']}", f"x<sub>n+{h['draft_position']}</sub>"]
+        cells = [f"{h['head']} → x<sub>n+{h['draft_position']}</sub>"]
         for r, (tok, prob) in enumerate(h.get("candidates", [])):
             text = f"<code>{html.escape(repr(token_text(trace, int(tok))))}</code> {prob:.2f}"
             j = chosen.get((h["head"], r))
             if j is not None:
                 fate = _node_fate(st, m, j)
                 colour = FATE_COLOUR.get(fate, CHOSEN)
-                text = (f"<span class='sv-medusa-chosen' style='outline:2px solid {CHOSEN};padding:1px 3px'>{text}"
-                        f" <span style='color:{colour}'>{fate}</span></span>")
+                text = (f"<span class='sv-medusa-chosen' title='{fate}' style='outline:2px solid {colour};"
+                        f"padding:1px 3px'>{text} {SYMBOL.get(fate, '')}</span>")
             cells.append(text)
         style = "background:#e0f2fe" if position is not None and position == h["draft_position"] else ""
         rows.append(f"<tr data-head='{h['head']}' style='{style}'>" + "".join(f"<td {CELL}>{c}</td>" for c in cells)
                     + "</tr>")
     ranks = max(len(h.get("candidates", [])) for h in m["heads"])
     head_row = "<tr>" + "".join(f"<th {CELL}>{t}</th>" for t in
-                                ("head", "predicts", *[f"top-{r + 1}" for r in range(ranks)])) + "</tr>"
+                                ("head → predicts", *[f"top-{r + 1}" for r in range(ranks)])) + "</tr>"
     shape = ("a chain: the top-1 candidate of heads 0.." + str(len(st.draft_token_ids) - 1)
              if m.get("shape") != "tree" else f"a static tree of {len(st.draft_token_ids)} nodes (Medusa choices)")
     note = (f"<p style='font-size:13px;color:#374151'>Medusa: every head reads the same target feature f at "
             f"position {m['feature_position']} (the last committed position; the root token at position "
             f"{m['root_position']} came from the target's own LM head). Head i predicts the token i + 1 after the "
-            f"root. The draft is {shape}; outlined = drafted. Probabilities: softmax of each head's logits.</p>")
+            f"root. The draft is {shape}; outlined = drafted, in the colour of the target's decision (✓ accepted, ✗ rejected, "
+            "· not verified). Probabilities: softmax of each head's logits.</p>")
     return (f"<div class='sv-match sv-medusa'>{note}<div style='overflow-x:auto'><table style='font-size:13px;"
             f"border-collapse:collapse;white-space:nowrap' cellpadding='3'>{head_row}{''.join(rows)}</table></div></div>")
 
 
-def medusa_figure(trace: Trace | dict[str, Any], step: int, height: int = 320) -> go.Figure:
-    """Grouped bars: for each head its top candidates' softmax probabilities (x = rank), the drafted
-    candidates outlined; hover names the token. One bar trace per head."""
+def medusa_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> go.Figure:
+    """Heatmap: one row per head (draft position n+1+i), one column per rank; colour = the head's softmax
+    probability of that candidate, text = the token; the drafted candidates are outlined (one
+    rectangle per draft node, in the target decision's colour for a chain)."""
     trace = as_trace(trace)
     st = trace.steps[step]
     m = st.match
-    if m.get("kind") != "medusa" or not any(h.get("candidates") for h in m.get("heads", [])):
+    heads = m.get("heads", [])
+    if m.get("kind") != "medusa" or not any(h.get("candidates") for h in heads):
         return message_figure("no Medusa draft at this step", height=160)
-    chosen = _chosen(m)
-    fig = go.Figure()
-    for h in m["heads"]:
-        cand = h["candidates"]
-        widths = [3 if (h["head"], r) in chosen else 0 for r in range(len(cand))]
-        fig.add_trace(go.Bar(
-            x=[f"top-{r + 1}" for r in range(len(cand))], y=[p for _, p in cand], name=f"head {h['head']} (x n+{h['draft_position']})",
-            text=[label(trace, int(t), 8) for t, _ in cand], textposition="outside", cliponaxis=False,
-            marker={"line": {"width": widths, "color": CHOSEN}},
-            hovertemplate="%{text}: %{y:.3f}<extra>" + f"head {h['head']}" + "</extra>"))
-    fig.update_layout(barmode="group", height=height, margin={"l": 50, "r": 20, "t": 50, "b": 40},
-                      plot_bgcolor="#ffffff", uniformtext={"minsize": 8, "mode": "hide"},
+    ranks = max(len(h["candidates"]) for h in heads)
+    z = [[c[1] for c in h["candidates"]] + [None] * (ranks - len(h["candidates"])) for h in heads]  # [K, R]
+    text = [[label(trace, int(c[0]), 8) for c in h["candidates"]] + [""] * (ranks - len(h["candidates"])) for h in heads]
+    ys = [f"head {h['head']} → n+{h['draft_position']}" for h in heads]
+    xs = [f"top-{r + 1}" for r in range(ranks)]
+    fig = go.Figure(go.Heatmap(z=z, x=xs, y=ys, text=text, texttemplate="%{text}", colorscale="Blues", zmin=0,
+                               zmax=1, colorbar={"title": {"text": "prob"}, "thickness": 12},
+                               hovertemplate="%{y}, %{x}: %{text} (%{z:.3f})<extra></extra>", name="candidates"))
+    for j, n in enumerate(m.get("nodes", [])):
+        colour = FATE_COLOUR.get(_node_fate(st, m, j), CHOSEN)
+        fig.add_shape(type="rect", x0=n["rank"] - 0.5, x1=n["rank"] + 0.5, y0=n["head"] - 0.5, y1=n["head"] + 0.5,
+                      line={"color": colour, "width": 3}, name=f"draft node {j}")
+    fig.update_layout(height=height, margin={"l": 110, "r": 20, "t": 50, "b": 40}, plot_bgcolor="#ffffff",
                       title={"text": f"step {st.index}: each head's top candidates (outlined = drafted)",
                              "font": {"size": 13}},
-                      yaxis={"range": [0, 1.15], "title": "softmax prob"}, legend={"orientation": "h", "y": -0.2})
+                      yaxis={"autorange": "reversed"}, xaxis={"side": "bottom"})
     return fig

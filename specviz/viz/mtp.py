@@ -52,21 +52,23 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
         i = s["step"]
         fate = _fate(st, i)
         lo, hi = s["attended_positions"]
-        cells = (str(i), str(s["position"]), f"layer {m['kv_layer']} @ {lo}..{hi}", html.escape(s["hidden"]),
+        cells = (str(i), str(s["position"]), f"L{m['kv_layer']} {lo}..{hi}", html.escape(s["hidden"].split()[-1]),
                  _code(trace, s.get("input_token_id")), _code(trace, tok),
-                 _num(s.get("draft_prob")), _num(s.get("head_top_prob")),
+                 f"{_num(s.get('draft_prob'))} / {_num(s.get('head_top_prob'))}",
                  f"<span style='color:{FATE_COLOUR[fate]}'>{fate}</span>")
         style = "background:#e0f2fe;font-weight:bold" if position == i else ""
         rows.append(f"<tr data-mtp-step='{i}' style='{style}'>" + "".join(f"<td {CELL}>{c}</td>" for c in cells)
                     + "</tr>")
-    head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("step", "position", "target K/V read", "hidden fed",
-                                                              "token fed", "drafted", "q(drafted)", "q(top)",
-                                                              "target")) + "</tr>"
+    head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("m", "pos.", "K/V read", "h fed", "token fed", "drafted",
+                                                              "q / top", "target")) + "</tr>"
     q_name = "softmax(head logits)" if m.get("greedy") else "q"
     note = (f"<p style='font-size:13px;color:#374151'>{html.escape(m.get('label', 'MTP'))}. Every step runs at the "
             f"same position {m['root_position'] - 1} and its queries read the target's own cached keys and values "
             f"of layer {m['kv_layer']} (positions 0..{m['root_position'] - 1}); the head writes no KV cache, so "
-            f"only the target's cache is rolled back. Confidence = {q_name}.</p>")
+            f"only the target's cache is rolled back. Per step m: the query's position, the K/V it read (L = target "
+            "layer, key positions), the hidden state fed (f_t = the target's final-norm feature, h_m = the head's own "
+            f"output of step m), the token fed, the drafted token, {q_name} of the drafted / the top token, and the "
+            "target's decision.</p>")
     return (f"<div class='sv-match sv-mtp'>{note}<div style='overflow-x:auto'><table style='font-size:13px;"
             f"border-collapse:collapse;white-space:nowrap' cellpadding='3'>{head}{''.join(rows)}</table></div></div>")
 

@@ -96,6 +96,9 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
     if verify == "greedy" or row is None:
         return ("greedy: x is accepted iff it is the target's argmax (p is one-hot at temperature 0); "
                 + ("it is" if pos.accepted else "it is not"))
+    if verify == "typical":  # Medusa's rule: no uniform is compared (specviz/sampling/typical.py)
+        return (f"typical acceptance (lossy, not distribution-preserving): x is accepted iff p(x) = {fmt_prob(pos.p)} "
+                "> min(ε, δ·exp(−H(p))); " + ("it is" if pos.accepted else "it is not"))
     if verify == "block" and block:
         i = pos.index - 1
         thr, u, name = block["h"][i], block["eta"][i], f"h_{pos.index}"
