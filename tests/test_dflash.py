@@ -384,3 +384,26 @@ def test_dflash_views(decoders):
     tr.steps[0].match = {"kind": "dflash"}  # a step without a block (no room left to draft)
     assert "drafted nothing" in source_html(tr, 0)
     assert "no DFlash block" in source_figure(tr, 0).layout.annotations[0].text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("settings", (dict(), dict(verify="standard", temperature=0.8, top_p=0.9)),
+                         ids=("greedy", "standard"))
+def test_at_most_one_wait_per_step_on_gpu(dflash_dirs, monkeypatch, settings):
+    """Issue 13's rule for dflash too (counted as in tests/test_gpu_syncs.py): no host sync in a warm
+    step beyond the verifier's one wait (sampled drafts by the exponential race, the per-slot numbers
+    by a queued pinned copy read in observe)."""
+    from test_gpu_syncs import PROMPT as SYNC_PROMPT
+    from test_gpu_syncs import count_waits
+
+    target, head = dflash_dirs
+    dec = SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner="static",
+                                      heads={"dflash": str(head)})
+    kw = dict(method="dflash", num_speculative_tokens=7, max_new_tokens=48, seed=1, **settings)
+    for _ in range(2):
+        dec.generate(SYNC_PROMPT, **kw)
+    steps = count_waits(dec, monkeypatch, **kw)[1:]
+    core = {id(g.core_done) for g in dec.step_verifier._graphs.values()}
+    for i, s in enumerate(steps, start=1):
+        assert not s["syncs"], f"step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
+        assert sum(id(e) in core for e in s["waits"]) == 1, f"step {i}: waits {s['waits']}"
