@@ -57,17 +57,25 @@ class OracleBlock(torch.nn.Module):
         self.w = torch.nn.Parameter(torch.zeros(()))
         self.calls: list[dict] = []
 
+    layers: list = []  # no layers: the static runner's buffers are empty, its step calls block_logits only
+
     def forward(self, features, context_positions, block_ids, block_positions, cache=None, attention_mask=None):
         self.calls.append({"features": features.clone(), "ctx_pos": context_positions.tolist(),
                            "block": block_ids.tolist(), "pos": block_positions.tolist()})
+        return self.block_logits(block_ids[None], block_positions[None], [])[0]
+
+    def context_kv(self, features, positions):
+        return []
+
+    def block_logits(self, block_ids, block_positions, kvs, attention_mask=None):
         V = self.config.vocab_size
-        logits = torch.zeros(len(block_ids), V)
-        for r, p in enumerate(block_positions.tolist()):
+        logits = torch.zeros(block_ids.shape[1], V)
+        for r, p in enumerate(block_positions[0].tolist()):
             tok = self.oracle[p] if p < len(self.oracle) else 5
             logits[r, (tok + 1) % V if p in self.wrong else tok] = 10.0
         if self.favour_mask:
             logits[:, self.config.mask_token_id] = 20.0
-        return logits
+        return logits[None]
 
 
 def _plain(dec, n=16):
@@ -184,6 +192,38 @@ def test_context_cache_equals_a_recompute_after_every_step(decoders):
         checked += 1
         partial += trace.steps[-1].num_accepted < len(trace.steps[-1].draft_token_ids)
     assert checked > 3 and partial > 0
+
+
+def test_static_runner_equals_the_eager_one(decoders):
+    """The static-shape drafter step (preallocated context K/V, padded rows masked by key < n) gives
+    the eager runner's logits for a prompt longer than B and then c = 1 .. B new rows per step, and
+    its buffers hold the eager cache's K/V at every committed position; the static decoder drafts
+    through one pooled runner, reused by the next request."""
+    from specviz.heads.dflash_runner import EagerDFlashRunner, StaticDFlashRunner
+
+    dec = decoders["eager"]
+    head = dec.heads["dflash"]
+    ids = list(range(2, 60))
+    feats = _target_features(dec, ids, head.config.taps)  # [58, F]
+    eager, static = EagerDFlashRunner(head), StaticDFlashRunner(head, max_len=64)
+    start = 0
+    with torch.no_grad():
+        for c in (13, 1, BLOCK, 3, BLOCK, 2, 5):
+            n = start + c
+            want = eager.step(feats[start:n], start, ids[n])
+            got = static.step(feats[start:n], start, ids[n])
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            for k_s, v_s, k_e, v_e in zip(static.keys, static.values, eager.cache.keys, eager.cache.values):
+                torch.testing.assert_close(k_s[:, :, :n], k_e, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(v_s[:, :, :n], v_e, rtol=1e-5, atol=1e-5)
+            start = n
+        with pytest.raises(ValueError, match="holds 64 positions"):
+            static.step(feats[:10], 58, 3)
+    sdec = decoders["static"]
+    sdec.generate(PROMPT, method="dflash", num_speculative_tokens=3, max_new_tokens=6)
+    first = sdec.current_proposer.runner
+    sdec.generate(PROMPT, method="dflash", num_speculative_tokens=3, max_new_tokens=6)
+    assert isinstance(first, StaticDFlashRunner) and sdec.current_proposer.runner is first
 
 
 def test_mask_token_is_never_drafted(decoders):

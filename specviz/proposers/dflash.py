@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..heads.dflash import DFlashCache
+from ..heads.dflash_runner import EagerDFlashRunner
 from ..sampling import logits_to_probs
 from .base import Draft, Outcome, StepContext
 
@@ -43,13 +43,17 @@ class DFlashProposer:
     Args:
         head: :class:`~specviz.heads.dflash.DFlashHead` attached to the target, on its device, eval mode.
         num_speculative_tokens: k, 1 .. B-1 (default B-1, vLLM mainline).
+        runner: runs the drafter's one forward per step and owns its context K/V
+            (:mod:`specviz.heads.dflash_runner`); default an ``EagerDFlashRunner`` (a growing cache).
+            The engine passes a pooled ``StaticDFlashRunner`` (static buffers, a CUDA graph on CUDA)
+            when the target runs on the static runner.
     Raises:
         ValueError: k outside 1 .. B-1. RuntimeError from propose/observe if an outcome was skipped.
     """
 
     name = "dflash"
 
-    def __init__(self, head: torch.nn.Module, num_speculative_tokens: int | None = None):
+    def __init__(self, head: torch.nn.Module, num_speculative_tokens: int | None = None, runner=None):
         cfg = head.config
         k = cfg.block_size - 1 if num_speculative_tokens is None else int(num_speculative_tokens)
         if not 1 <= k <= cfg.block_size - 1:
@@ -57,13 +61,14 @@ class DFlashProposer:
                              f"block of B = {cfg.block_size}; vLLM's num_speculative_tokens = B - 1); got "
                              f"num_speculative_tokens={k}: use 1..{cfg.block_size - 1}")
         self.head = head
+        self.runner = runner if runner is not None else EagerDFlashRunner(head)
         self.taps = cfg.taps
         self.num_speculative_tokens = k
         self.forwards = 0  # drafter forwards so far (tests assert one per drafting step)
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DFlashCache()  # context K/V of positions 0 .. committed-1
+        self.runner.reset()  # context K/V of positions 0 .. committed-1
         self.committed = 0  # positions whose context K/V the drafter holds
         self._pending: list[torch.Tensor] = []  # target features [c, F] of committed positions not yet in the cache
         self._pending_n = 0
@@ -133,21 +138,21 @@ class DFlashProposer:
         probs = q[:k] if ctx.temperature > 0 else None
         return Draft(token_ids=x[:k], probs=probs, details=self._details)
 
+    @property
+    def cache(self):
+        """The eager runner's :class:`~specviz.heads.dflash.DFlashCache` (tests read it)."""
+        return self.runner.cache
+
     def _block_forward(self, n: int, root: int) -> tuple[torch.Tensor, dict[str, int]]:
         """Append the pending context K/V and run the block [root, MASK x (B-1)] at positions n..n+B-1,
-        in one head call. Returns (logits float32 [B, V], {"start", "length"} of the context added)."""
+        in one drafter forward (one runner step). Returns (logits float32 [B, V], {"start", "length"} of the context added)."""
         cfg, start, c = self.head.config, self.committed, self._pending_n
         if c:
             feats = torch.cat(self._pending, dim=0)  # [c, F]
         else:  # not reached from the engine (every step commits >= 1 token), kept for direct callers
             param = next(self.head.parameters())
             feats = torch.empty(0, cfg.feature_size, device=param.device, dtype=param.dtype)
-        device = feats.device
-        ctx_pos = torch.arange(start, start + c, device=device)  # [c]
-        block = torch.full((cfg.block_size,), cfg.mask_token_id, dtype=torch.long, device=device)
-        block[0] = root
-        block_pos = torch.arange(n, n + cfg.block_size, device=device)  # [B]
-        logits = self.head(feats, ctx_pos, block, block_pos, self.cache)  # [B, V]
+        logits = self.runner.step(feats, start, root)  # [B, V]: context rows appended, block at n = start + c
         self.forwards += 1
         self.committed += c
         self._pending, self._pending_n = [], 0
