@@ -159,7 +159,7 @@ def _detail_views() -> dict[str, gr.components.Component]:
                             show_label=False)
         v["residual"] = gr.Plot(message_figure(PLACEHOLDERS["residual"]), label="residual view",
                                 elem_id="sv-residual", show_label=False)
-    gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE head)")
+    gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE head, DFlash block)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")

@@ -61,6 +61,9 @@ Methods "eagle" / "eagle3" draft with a small head that reads the target's own h
 lists, per draft token, the row that predicted it (the target's feature at the last committed position with
 the root token for draft 1, the head's own output with the previous draft after that), the head's
 confidence and what the target did; the plot compares acceptance by position with the head's confidence.
+Method "dflash" drafts a whole block in one forward: the cards show the root token and each MASK slot of
+the block (the token it predicts for its own position, its confidence), coloured by what the target then
+did with it; slots past k were computed but not handed to the target.
 """
 
 STATS = """\
