@@ -447,3 +447,16 @@ def test_at_most_one_wait_per_step_on_gpu(dflash_dirs, monkeypatch, settings):
     for i, s in enumerate(steps, start=1):
         assert not s["syncs"], f"step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
         assert sum(id(e) in core for e in s["waits"]) == 1, f"step {i}: waits {s['waits']}"
+
+
+def test_lesson_tells_the_block(decoders):
+    """Lesson mode's draft chapter of a dflash step says the block came from one forward and names
+    the drafted slots with their confidence (from the trace's numbers)."""
+    from specviz.viz.lesson import lesson_chapters
+
+    dec = decoders["eager"]
+    tr = dec.generate(PROMPT, method="dflash", num_speculative_tokens=3, max_new_tokens=8)
+    chapters = lesson_chapters(tr)
+    assert "method dflash (a block drafter" in chapters[0].text
+    draft = next(c for c in chapters if c.kind == "draft" and c.step == 0)
+    assert "DFlash ran <b>one</b> forward" in draft.text and draft.text.count("confidence") == 3
