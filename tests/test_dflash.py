@@ -460,3 +460,18 @@ def test_lesson_tells_the_block(decoders):
     assert "method dflash (a block drafter" in chapters[0].text
     draft = next(c for c in chapters if c.kind == "draft" and c.step == 0)
     assert "DFlash ran <b>one</b> forward" in draft.text and draft.text.count("confidence") == 3
+
+
+def test_rope_frequencies_stay_float32_in_bf16(dflash_dirs):
+    """A head cast to bf16 (as load_dflash does for a bf16 target) keeps RoPE's inv_freq in fp32,
+    like the target's, so the angles at large positions are the trained ones."""
+    from specviz.heads.dflash import load_dflash
+    from specviz.models import load_model
+
+    target_dir, head_dir = dflash_dirs
+    target = load_model(target_dir, torch.device("cpu"), torch.bfloat16)
+    head = load_dflash(head_dir, target)
+    assert head.fc.weight.dtype == torch.bfloat16
+    rot = head.rotary_emb
+    assert rot.inv_freq.dtype == torch.float32 == target.model.rotary_emb.inv_freq.dtype
+    torch.testing.assert_close(rot.inv_freq, target.model.rotary_emb.inv_freq)

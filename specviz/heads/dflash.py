@@ -283,6 +283,7 @@ class DFlashHead(nn.Module):
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_layers))
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
+        self._inv_freq32 = self.rotary_emb.inv_freq.detach().clone().float()  # not a buffer: .to() leaves it fp32
         self._shared: tuple[nn.Module, nn.Module] | None = None
         if target is not None:
             self.attach(target)
@@ -294,6 +295,16 @@ class DFlashHead(nn.Module):
         for p in (*emb.parameters(), *lm.parameters()):
             p.requires_grad_(False)
         self._shared = (emb, lm)
+        return self
+
+    def _apply(self, fn, recurse=True):
+        """Module.to / .cuda / .bfloat16 ..., except that RoPE's frequencies stay float32 (as the
+        target's: transformers keeps a bf16 model's ``inv_freq`` in fp32). A bf16 ``inv_freq``
+        rotates position 1000 by up to ~4 rad off the trained angle."""
+        super()._apply(fn, recurse)
+        rot = self.rotary_emb
+        self._inv_freq32 = self._inv_freq32.to(rot.inv_freq.device)
+        rot.inv_freq = rot.original_inv_freq = self._inv_freq32
         return self
 
     @property
