@@ -475,3 +475,18 @@ def test_rope_frequencies_stay_float32_in_bf16(dflash_dirs):
     rot = head.rotary_emb
     assert rot.inv_freq.dtype == torch.float32 == target.model.rotary_emb.inv_freq.dtype
     torch.testing.assert_close(rot.inv_freq, target.model.rotary_emb.inv_freq)
+
+
+def test_comparison_runs_dflash_beside_none(decoders):
+    """The Compare view's engine (specviz.compare) runs dflash like any registered method: pooled
+    metrics from committed tokens, method none added at the same temperature, outputs equal at T = 0."""
+    from specviz.compare import RunConfig, new_comparison, run_comparison, table
+
+    dec = decoders["eager"]
+    c = run_comparison(dec, new_comparison([RunConfig("dflash", 7, None, 0.0)], [PROMPT], [0], max_new_tokens=12))
+    rows = {r["method"]: r for r in table(c)}
+    assert set(rows) == {"dflash", "none"} and rows["dflash"]["k"] == 7
+    assert rows["dflash"]["tokens"] == rows["none"]["tokens"] == 12 and rows["dflash"]["mean_acceptance_length"] >= 1
+    i = next(j for j, cfg in enumerate(c.configs) if cfg.method == "dflash")
+    (mine,), (plain,) = c.runs_of(i), c.runs_of(c.baseline_of(i))
+    assert mine.trace.output_token_ids == plain.trace.output_token_ids
