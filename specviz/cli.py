@@ -77,9 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--eagle-head", default=None, help="EAGLE-1 head dir (config.json + safetensors), method eagle")
     g.add_argument("--eagle3-head", default=None, help="EAGLE-3 head dir (config.json + safetensors), method eagle3")
     g.add_argument("--dflash-head", default=None, help="DFlash drafter dir (config.json + safetensors), method dflash")
+    g.add_argument("--medusa-head", default=None, help="Medusa heads dir (config.json + safetensors), method medusa")
+    g.add_argument("--mtp-head", default=None, help="Gemma-4-style MTP head dir (config.json + safetensors), method mtp")
     g.add_argument("--prompt", required=True)
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
-    g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic")
+    g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic | typical (typical: Medusa's "
+                   "typical acceptance, lossy: not distribution-preserving)")
     g.add_argument("--synthetic-rates", default=None, help="comma-separated a_1,a_2,... for --verify synthetic")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
@@ -169,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     from .events import DraftProposed, EventBus, StepVerified
 
     try:
-        given = (("eagle", args.eagle_head), ("eagle3", args.eagle3_head), ("dflash", args.dflash_head))
+        given = (("eagle", args.eagle_head), ("eagle3", args.eagle3_head), ("dflash", args.dflash_head),
+                 ("medusa", args.medusa_head), ("mtp", args.mtp_head))
         heads = {kind: d for kind, d in given if d}
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
                                               runner=args.runner, heads=heads or None)

@@ -44,9 +44,10 @@ from .verify_step import StepVerifier, VerifySpec
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
 DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3",
-                 "dflash": ASSETS_MODELS / "specviz-dflash"}
+                 "dflash": ASSETS_MODELS / "specviz-dflash", "medusa": ASSETS_MODELS / "specviz-medusa",
+                 "mtp": ASSETS_MODELS / "specviz-mtp"}
 RUNNERS = ("auto", "eager", "static")
-VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
+VERIFY_METHODS = ("greedy", "standard", "block", "synthetic", "typical")  # typical: lossy (sampling/typical.py)
 MAX_SPECULATIVE_TOKENS = 32
 
 
@@ -67,6 +68,8 @@ class GenerationConfig:
     synthetic_rates: tuple[float, ...] | None = None
     sampler_backend: str = "auto"  # "auto": Triton kernels on CUDA, the PyTorch reference elsewhere
     detailed_trace: bool = True
+    typical_acceptance_sampler_posterior_threshold: float = 0.09  # verify="typical" (lossy): epsilon
+    typical_acceptance_sampler_posterior_alpha: float = 0.3  # verify="typical" (lossy): delta
 
 
 def _fail(message: str) -> None:
@@ -88,6 +91,14 @@ def validate_config(cfg: GenerationConfig, decoder: "SpecDecoder | None" = None)
         _fail(f"unknown sampler_backend {cfg.sampler_backend!r}; choose auto, reference or triton")
     if cfg.verify == "greedy" and cfg.temperature > 0:
         _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
+    if cfg.verify == "typical":  # Medusa's rule: lossy, not distribution-preserving
+        from .sampling.typical import LOSSY_NOTE, check_typical_params
+
+        check_typical_params(cfg.typical_acceptance_sampler_posterior_threshold,
+                             cfg.typical_acceptance_sampler_posterior_alpha)
+        if cfg.sampler_backend == "triton":
+            _fail(f"verify='typical' ({LOSSY_NOTE}) runs on the reference sampler only; use sampler_backend='auto' "
+                  "or 'reference'")
     if cfg.verify == "synthetic":
         _check_synthetic_rates(cfg.synthetic_rates, cfg.num_speculative_tokens if cfg.method != "none" else 0)
     missing = method.missing(decoder) if decoder is not None else None
@@ -374,7 +385,8 @@ class SpecDecoder:
         if settings.get("verify") is None:
             settings["verify"] = "greedy" if settings.get("temperature", 0.0) == 0 else "standard"
         if settings.get("sampler_backend", "auto") == "auto":
-            settings["sampler_backend"] = "triton" if self.device.type == "cuda" else "reference"
+            cuda = self.device.type == "cuda" and settings["verify"] != "typical"  # typical: reference only
+            settings["sampler_backend"] = "triton" if cuda else "reference"
         if settings.get("synthetic_rates") is not None:
             settings["synthetic_rates"] = tuple(float(a) for a in settings["synthetic_rates"])
         suffix_cache = settings.pop("suffix_cache", None)
@@ -406,6 +418,7 @@ class SpecDecoder:
         runner = self.target_runner = self._acquire_runner(self.target_model)
         verifier = self.step_verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
         runner.reset()
+        ctx.target_runner = runner  # read-only for proposers (mtp reads its KV cache: runner.layer_kv)
         passes = 0
         taps = proposer.taps if proposer is not None else ()  # target features the proposer declared
         if len(ids) > 1:
@@ -477,7 +490,9 @@ class SpecDecoder:
         q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
         spec = VerifySpec(k=int(x.numel()), vocab=self.vocab_size, verify=cfg.verify, temperature=cfg.temperature,
                           top_k=cfg.top_k, top_p=cfg.top_p, full_q=q is not None, detailed=cfg.detailed_trace,
-                          synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend)
+                          synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend,
+                          typical=(cfg.typical_acceptance_sampler_posterior_threshold,
+                                   cfg.typical_acceptance_sampler_posterior_alpha) if cfg.verify == "typical" else None)
         core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
         t3, c3 = time.perf_counter(), captured()
         draft_ids = [int(t) for t in core["draft"]]
@@ -514,6 +529,10 @@ class SpecDecoder:
                  vocab_size=self.vocab_size)
         describe = methods.get(cfg.method).describe
         d.update(describe(cfg) if describe is not None else {})
+        if cfg.verify == "typical":
+            from .sampling.typical import LOSSY_NOTE
+
+            d["verify_note"] = LOSSY_NOTE
         if cfg.method in self.heads:  # which head drafted, and which target features it read
             head_cfg = self.heads[cfg.method].config
             d["head"] = {"path": self.names.get(f"{cfg.method}_head", ""), "kind": head_cfg.kind,
@@ -564,8 +583,8 @@ def _load_heads(dirs: dict[str, Any], target_model: torch.nn.Module,
 
     loaded, errors = {}, {}
     for kind, directory in dirs.items():
-        if kind not in ("eagle", "eagle3", "dflash"):
-            raise ValueError(f"unknown head kind {kind!r} in heads=; use 'eagle', 'eagle3' or 'dflash'")
+        if kind not in DEFAULT_HEADS:
+            raise ValueError(f"unknown head kind {kind!r} in heads=; use one of {', '.join(DEFAULT_HEADS)}")
         try:
             head = (load_dflash if kind == "dflash" else load_head)(directory, target_model)
             if head.config.kind != kind:

@@ -54,7 +54,7 @@ def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q_eff: torch.Tensor,
     if out.method == "block" and k > 0:
         prefix = torch.cat([torch.ones(1, device=p.device), out.block.P[0, : k - 1].float()])  # P_0..P_{k'-1}
         cand = (prefix.view(-1, 1) * p[:k] - q_eff).clamp_min(0.0)
-    elif out.method == "greedy":
+    elif out.method in ("greedy", "typical"):  # typical (lossy) emits from p itself
         cand = p[:k]
     else:
         cand = resid

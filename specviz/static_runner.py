@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 from transformers import StaticCache
 
-from .runner import ForwardOutput, check_taps, pick_features
+from .runner import ForwardOutput, _layer_kv, check_taps, pick_features
 from .transfer import to_device
 
 
@@ -96,6 +96,11 @@ class StaticRunner:
             logits = logits[0].float()
         self.seq_len += n
         return ForwardOutput(logits, features)
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder layer ``layer``'s cached (keys, values) for positions < seq_len, each [kv_heads,
+        seq_len, head_dim] views of the static cache (see :meth:`specviz.runner.EagerRunner.layer_kv`)."""
+        return _layer_kv(self.cache, layer, self.seq_len, self.model)
 
     # ---- internals -----------------------------------------------------------------------------
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

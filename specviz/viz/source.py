@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Trace
 
-from . import dflash, eagle, match
+from . import dflash, eagle, match, medusa, mtp
 from .common import as_trace
 from .residual import message_figure
 
@@ -50,6 +50,7 @@ VIEWS: dict[str, SourceView] = {
     "ngram": _LOOKUP, "ngram_gpu": _LOOKUP,
     "eagle": _EAGLE, "eagle3": _EAGLE,
     "dflash": _DFLASH,
+    "medusa": SourceView(medusa.medusa_html, medusa.medusa_figure), "mtp": SourceView(mtp.mtp_html, mtp.mtp_figure),
 }
 
 
