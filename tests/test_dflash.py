@@ -490,3 +490,25 @@ def test_comparison_runs_dflash_beside_none(decoders):
     i = next(j for j, cfg in enumerate(c.configs) if cfg.method == "dflash")
     (mine,), (plain,) = c.runs_of(i), c.runs_of(c.baseline_of(i))
     assert mine.trace.output_token_ids == plain.trace.output_token_ids
+
+
+BUNDLED = __import__("specviz.engine", fromlist=["DEFAULT_HEADS"]).DEFAULT_HEADS["dflash"]
+
+
+@pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="the bundled DFlash head is not trained yet")
+@pytest.mark.parametrize("runner", ("eager", "static"))
+def test_bundled_head_greedy_equals_plain_greedy(runner):
+    """The trained head in assets/models/specviz-dflash on the bundled target (fp32 CPU): greedy
+    output equals method none's token for token, one drafter forward per drafting step, and it
+    drafts tokens the target accepts (a trained head, not a random one)."""
+    dec = SpecDecoder.from_pretrained(device="cpu", dtype="float32", runner=runner)
+    assert "dflash" in dec.heads, dec.head_errors
+    accepted = drafts = 0
+    for prompt in (PROMPT, "import torch\n\n\nclass Linear(torch.nn.Module):\n    def __init__(self"):
+        want = dec.generate(prompt, method="none", max_new_tokens=32).output_token_ids
+        tr = dec.generate(prompt, method="dflash", num_speculative_tokens=7, max_new_tokens=32)
+        assert tr.output_token_ids == want, (runner, prompt)
+        assert dec.current_proposer.forwards == sum(1 for s in tr.steps if s.draft_token_ids)
+        accepted += tr.metrics["num_accepted_tokens"]
+        drafts += tr.metrics["num_drafts"]
+    assert accepted / drafts > 0.3, (accepted, drafts)
