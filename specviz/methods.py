@@ -151,13 +151,26 @@ def _needs_dflash(dec: "SpecDecoder") -> str | None:
 
 
 def _make_dflash(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
+    """The pooled static drafter runner (CUDA graph on CUDA) when the target runs on the static runner."""
+    from .heads.dflash_runner import StaticDFlashRunner
     from .proposers.dflash import DFlashProposer
+    from .static_runner import StaticRunner
 
-    return DFlashProposer(dec.heads["dflash"], cfg.num_speculative_tokens)
+    head = dec.heads["dflash"]
+    static = getattr(dec.runner_factory, "func", dec.runner_factory) is StaticRunner
+    runner = dec._acquire(("dflash", id(head)), lambda: StaticDFlashRunner(head)) if static else None
+    return DFlashProposer(head, cfg.num_speculative_tokens, runner=runner)
+
+
+def _release_dflash_runner(dec: "SpecDecoder", proposer: Proposer, generated: list[int]) -> None:
+    from .heads.dflash_runner import StaticDFlashRunner
+
+    if isinstance(proposer.runner, StaticDFlashRunner):
+        dec._release(("dflash", id(proposer.head)), proposer.runner)
 
 
 register(Method("dflash", "DFlash block drafter: one forward drafts B-1 tokens from fused target features",
-                make=_make_dflash, missing=_needs_dflash, details="dflash"))
+                make=_make_dflash, missing=_needs_dflash, finish=_release_dflash_runner, details="dflash"))
 
 
 def _make_medusa(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:

@@ -57,17 +57,25 @@ class OracleBlock(torch.nn.Module):
         self.w = torch.nn.Parameter(torch.zeros(()))
         self.calls: list[dict] = []
 
+    layers: list = []  # no layers: the static runner's buffers are empty, its step calls block_logits only
+
     def forward(self, features, context_positions, block_ids, block_positions, cache=None, attention_mask=None):
         self.calls.append({"features": features.clone(), "ctx_pos": context_positions.tolist(),
                            "block": block_ids.tolist(), "pos": block_positions.tolist()})
+        return self.block_logits(block_ids[None], block_positions[None], [])[0]
+
+    def context_kv(self, features, positions):
+        return []
+
+    def block_logits(self, block_ids, block_positions, kvs, attention_mask=None):
         V = self.config.vocab_size
-        logits = torch.zeros(len(block_ids), V)
-        for r, p in enumerate(block_positions.tolist()):
+        logits = torch.zeros(block_ids.shape[1], V)
+        for r, p in enumerate(block_positions[0].tolist()):
             tok = self.oracle[p] if p < len(self.oracle) else 5
             logits[r, (tok + 1) % V if p in self.wrong else tok] = 10.0
         if self.favour_mask:
             logits[:, self.config.mask_token_id] = 20.0
-        return logits
+        return logits[None]
 
 
 def _plain(dec, n=16):
@@ -184,6 +192,38 @@ def test_context_cache_equals_a_recompute_after_every_step(decoders):
         checked += 1
         partial += trace.steps[-1].num_accepted < len(trace.steps[-1].draft_token_ids)
     assert checked > 3 and partial > 0
+
+
+def test_static_runner_equals_the_eager_one(decoders):
+    """The static-shape drafter step (preallocated context K/V, padded rows masked by key < n) gives
+    the eager runner's logits for a prompt longer than B and then c = 1 .. B new rows per step, and
+    its buffers hold the eager cache's K/V at every committed position; the static decoder drafts
+    through one pooled runner, reused by the next request."""
+    from specviz.heads.dflash_runner import EagerDFlashRunner, StaticDFlashRunner
+
+    dec = decoders["eager"]
+    head = dec.heads["dflash"]
+    ids = list(range(2, 60))
+    feats = _target_features(dec, ids, head.config.taps)  # [58, F]
+    eager, static = EagerDFlashRunner(head), StaticDFlashRunner(head, max_len=64)
+    start = 0
+    with torch.no_grad():
+        for c in (13, 1, BLOCK, 3, BLOCK, 2, 5):
+            n = start + c
+            want = eager.step(feats[start:n], start, ids[n])
+            got = static.step(feats[start:n], start, ids[n])
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            for k_s, v_s, k_e, v_e in zip(static.keys, static.values, eager.cache.keys, eager.cache.values):
+                torch.testing.assert_close(k_s[:, :, :n], k_e, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(v_s[:, :, :n], v_e, rtol=1e-5, atol=1e-5)
+            start = n
+        with pytest.raises(ValueError, match="holds 64 positions"):
+            static.step(feats[:10], 58, 3)
+    sdec = decoders["static"]
+    sdec.generate(PROMPT, method="dflash", num_speculative_tokens=3, max_new_tokens=6)
+    first = sdec.current_proposer.runner
+    sdec.generate(PROMPT, method="dflash", num_speculative_tokens=3, max_new_tokens=6)
+    assert isinstance(first, StaticDFlashRunner) and sdec.current_proposer.runner is first
 
 
 def test_mask_token_is_never_drafted(decoders):
@@ -384,3 +424,91 @@ def test_dflash_views(decoders):
     tr.steps[0].match = {"kind": "dflash"}  # a step without a block (no room left to draft)
     assert "drafted nothing" in source_html(tr, 0)
     assert "no DFlash block" in source_figure(tr, 0).layout.annotations[0].text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("settings", (dict(), dict(verify="standard", temperature=0.8, top_p=0.9)),
+                         ids=("greedy", "standard"))
+def test_at_most_one_wait_per_step_on_gpu(dflash_dirs, monkeypatch, settings):
+    """Issue 13's rule for dflash too (counted as in tests/test_gpu_syncs.py): no host sync in a warm
+    step beyond the verifier's one wait (sampled drafts by the exponential race, the per-slot numbers
+    by a queued pinned copy read in observe)."""
+    from test_gpu_syncs import PROMPT as SYNC_PROMPT
+    from test_gpu_syncs import count_waits
+
+    target, head = dflash_dirs
+    dec = SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner="static",
+                                      heads={"dflash": str(head)})
+    kw = dict(method="dflash", num_speculative_tokens=7, max_new_tokens=48, seed=1, **settings)
+    for _ in range(2):
+        dec.generate(SYNC_PROMPT, **kw)
+    steps = count_waits(dec, monkeypatch, **kw)[1:]
+    core = {id(g.core_done) for g in dec.step_verifier._graphs.values()}
+    for i, s in enumerate(steps, start=1):
+        assert not s["syncs"], f"step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
+        assert sum(id(e) in core for e in s["waits"]) == 1, f"step {i}: waits {s['waits']}"
+
+
+def test_lesson_tells_the_block(decoders):
+    """Lesson mode's draft chapter of a dflash step says the block came from one forward and names
+    the drafted slots with their confidence (from the trace's numbers)."""
+    from specviz.viz.lesson import lesson_chapters
+
+    dec = decoders["eager"]
+    tr = dec.generate(PROMPT, method="dflash", num_speculative_tokens=3, max_new_tokens=8)
+    chapters = lesson_chapters(tr)
+    assert "method dflash (a block drafter" in chapters[0].text
+    draft = next(c for c in chapters if c.kind == "draft" and c.step == 0)
+    assert "DFlash ran <b>one</b> forward" in draft.text and draft.text.count("confidence") == 3
+
+
+def test_rope_frequencies_stay_float32_in_bf16(dflash_dirs):
+    """A head cast to bf16 (as load_dflash does for a bf16 target) keeps RoPE's inv_freq in fp32,
+    like the target's, so the angles at large positions are the trained ones."""
+    from specviz.heads.dflash import load_dflash
+    from specviz.models import load_model
+
+    target_dir, head_dir = dflash_dirs
+    target = load_model(target_dir, torch.device("cpu"), torch.bfloat16)
+    head = load_dflash(head_dir, target)
+    assert head.fc.weight.dtype == torch.bfloat16
+    rot = head.rotary_emb
+    assert rot.inv_freq.dtype == torch.float32 == target.model.rotary_emb.inv_freq.dtype
+    torch.testing.assert_close(rot.inv_freq, target.model.rotary_emb.inv_freq)
+
+
+def test_comparison_runs_dflash_beside_none(decoders):
+    """The Compare view's engine (specviz.compare) runs dflash like any registered method: pooled
+    metrics from committed tokens, method none added at the same temperature, outputs equal at T = 0."""
+    from specviz.compare import RunConfig, new_comparison, run_comparison, table
+
+    dec = decoders["eager"]
+    c = run_comparison(dec, new_comparison([RunConfig("dflash", 7, None, 0.0)], [PROMPT], [0], max_new_tokens=12))
+    rows = {r["method"]: r for r in table(c)}
+    assert set(rows) == {"dflash", "none"} and rows["dflash"]["k"] == 7
+    assert rows["dflash"]["tokens"] == rows["none"]["tokens"] == 12 and rows["dflash"]["mean_acceptance_length"] >= 1
+    i = next(j for j, cfg in enumerate(c.configs) if cfg.method == "dflash")
+    (mine,), (plain,) = c.runs_of(i), c.runs_of(c.baseline_of(i))
+    assert mine.trace.output_token_ids == plain.trace.output_token_ids
+
+
+BUNDLED = __import__("specviz.engine", fromlist=["DEFAULT_HEADS"]).DEFAULT_HEADS["dflash"]
+
+
+@pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="the bundled DFlash head is not trained yet")
+@pytest.mark.parametrize("runner", ("eager", "static"))
+def test_bundled_head_greedy_equals_plain_greedy(runner):
+    """The trained head in assets/models/specviz-dflash on the bundled target (fp32 CPU): greedy
+    output equals method none's token for token, one drafter forward per drafting step, and it
+    drafts tokens the target accepts (a trained head, not a random one)."""
+    dec = SpecDecoder.from_pretrained(device="cpu", dtype="float32", runner=runner)
+    assert "dflash" in dec.heads, dec.head_errors
+    accepted = drafts = 0
+    for prompt in (PROMPT, "import torch\n\n\nclass Linear(torch.nn.Module):\n    def __init__(self"):
+        want = dec.generate(prompt, method="none", max_new_tokens=32).output_token_ids
+        tr = dec.generate(prompt, method="dflash", num_speculative_tokens=7, max_new_tokens=32)
+        assert tr.output_token_ids == want, (runner, prompt)
+        assert dec.current_proposer.forwards == sum(1 for s in tr.steps if s.draft_token_ids)
+        accepted += tr.metrics["num_accepted_tokens"]
+        drafts += tr.metrics["num_drafts"]
+    assert accepted / drafts > 0.3, (accepted, drafts)

@@ -36,7 +36,7 @@ from specviz.viz import (
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 MAX_NEW = 20
 RUNS = {
-    **{f"{m}-greedy": {"method": m} for m in METHODS if m not in DEFAULT_HEADS},  # head methods: their own tests
+    **{f"{m}-greedy": {"method": m} for m in METHODS if m not in DEFAULT_HEADS},  # head methods: their own test files
     "draft_model-standard": {"method": "draft_model", "verify": "standard", "temperature": 1.0},
     "draft_model-block": {"method": "draft_model", "verify": "block", "temperature": 1.0},
     "ngram-standard": {"method": "ngram", "verify": "standard", "temperature": 0.9},

@@ -283,6 +283,7 @@ class DFlashHead(nn.Module):
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_layers))
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
+        self._inv_freq32 = self.rotary_emb.inv_freq.detach().clone().float()  # not a buffer: .to() leaves it fp32
         self._shared: tuple[nn.Module, nn.Module] | None = None
         if target is not None:
             self.attach(target)
@@ -294,6 +295,16 @@ class DFlashHead(nn.Module):
         for p in (*emb.parameters(), *lm.parameters()):
             p.requires_grad_(False)
         self._shared = (emb, lm)
+        return self
+
+    def _apply(self, fn, recurse=True):
+        """Module.to / .cuda / .bfloat16 ..., except that RoPE's frequencies stay float32 (as the
+        target's: transformers keeps a bf16 model's ``inv_freq`` in fp32). A bf16 ``inv_freq``
+        rotates position 1000 by up to ~4 rad off the trained angle."""
+        super()._apply(fn, recurse)
+        rot = self.rotary_emb
+        self._inv_freq32 = self._inv_freq32.to(rot.inv_freq.device)
+        rot.inv_freq = rot.original_inv_freq = self._inv_freq32
         return self
 
     @property
@@ -320,22 +331,32 @@ class DFlashHead(nn.Module):
             features, context_positions = features[None], context_positions[None]
             block_ids, block_positions = block_ids[None], block_positions[None]
         self._check(features, context_positions, block_ids, block_positions)
-        dt = self.dtype
-        ctx = self.hidden_norm(self.fc(features.to(dt)))  # [B, S, d]
-        ccos, csin = self.rotary_emb(ctx, context_positions)  # [B, S, hd]
-        new_kv = [layer.kv(ctx, ccos, csin) for layer in self.layers]  # per layer ([B, Hkv, S, hd], same)
+        new_kv = self.context_kv(features, context_positions)
         if cache is not None:
-            if ctx.shape[1]:
+            if features.shape[1]:
                 cache.append(new_kv)
             if not cache.keys:
                 raise ValueError("DFlash head: an empty cache and no context features (nothing to draft from)")
             new_kv = list(zip(cache.keys, cache.values))
-        h = self.embed_tokens(block_ids).to(dt)  # [B, Q, d]
-        cos, sin = self.rotary_emb(h, block_positions)  # [B, Q, hd]
-        for layer, (k, v) in zip(self.layers, new_kv):
-            h = layer(h, k, v, cos, sin, attention_mask)
-        logits = self.lm_head(self.norm(h).to(self.lm_head.weight.dtype)).float()  # [B, Q, V]
+        logits = self.block_logits(block_ids, block_positions, new_kv, attention_mask)
         return logits[0] if squeeze else logits
+
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (k, v) [B, Hkv, S, hd] of the fused context c = hidden_norm(fc(features)):
+        features [B, S, F], positions int64 [B, S]."""
+        ctx = self.hidden_norm(self.fc(features.to(self.dtype)))  # [B, S, d]
+        cos, sin = self.rotary_emb(ctx, positions)  # [B, S, hd]
+        return [layer.kv(ctx, cos, sin) for layer in self.layers]
+
+    def block_logits(self, block_ids: torch.Tensor, block_positions: torch.Tensor,
+                     kvs: list[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor | None = None):
+        """The block forward: block_ids / block_positions int64 [B, Q], kvs the context (k, v) per
+        layer [B, Hkv, S, hd], mask bool [B or 1, 1, Q, S + Q] or None -> logits float32 [B, Q, V]."""
+        h = self.embed_tokens(block_ids).to(self.dtype)  # [B, Q, d]
+        cos, sin = self.rotary_emb(h, block_positions)  # [B, Q, hd]
+        for layer, (k, v) in zip(self.layers, kvs):
+            h = layer(h, k, v, cos, sin, attention_mask)
+        return self.lm_head(self.norm(h).to(self.lm_head.weight.dtype)).float()  # [B, Q, V]
 
     def _check(self, features, context_positions, block_ids, block_positions) -> None:
         F_ = self.config.feature_size

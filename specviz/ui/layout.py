@@ -165,7 +165,7 @@ def _detail_views() -> dict[str, gr.components.Component]:
         v["residual"] = gr.Plot(message_figure(PLACEHOLDERS["residual"]), label="residual view",
                                 elem_id="sv-residual", show_label=False)
     gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE / "
-                "Medusa / MTP heads)")
+                "Medusa / MTP heads, DFlash block)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")

@@ -11,13 +11,15 @@ say what the target kept. Method: Chen, Liang, Liu 2026 (arXiv 2602.06036); meth
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from .common import FATE_STYLE, as_trace, emitted_fate, fate_label, metrics_of, position_fate, quoted, visible, token_text
+from .common import (FATE_STYLE, as_trace, emitted_fate, fate_label, metrics_of, position_fate, quoted, token_text,
+                     visible)
 from .residual import message_figure
 
 NOT_DRAFTED = ("#ffffff", "#9ca3af", "not handed to the target (k' < B - 1)")
@@ -33,10 +35,15 @@ def _style(fate: str) -> tuple[str, str, str]:
     return NOT_DRAFTED if fate == "not drafted" else FATE_STYLE[fate]
 
 
+def _short(trace: Trace, token_id: int) -> str:
+    """A token's visible text with runs of more than 3 spaces as ␣×n (indentation fits a card)."""
+    return re.sub(r"␣{4,}", lambda m: f"␣×{len(m.group())}", visible(token_text(trace, int(token_id))))
+
+
 def _tok(trace: Trace, token_id: Any) -> str:
     if token_id is None:
         return "—"
-    return f"<code>{html.escape(visible(token_text(trace, int(token_id))))}</code>"
+    return f"<code>{html.escape(_short(trace, token_id))}</code>"
 
 
 def _slot_cell(trace: Trace, step: Step, slot: dict[str, Any], selected: bool, greedy: bool) -> str:
@@ -125,7 +132,7 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
         fig.add_trace(go.Bar(
             x=[s["slot"] for s in mine], y=[s["top_prob"] for s in mine], name=fate,
             marker={"color": _style(fate)[0], "line": {"color": "#374151", "width": 1}},
-            text=[html.escape(visible(token_text(trace, s["top_token_id"]))[:8], quote=False) for s in mine],
+            text=[html.escape(_short(trace, s["top_token_id"])[:8], quote=False) for s in mine],
             textposition="outside", cliponaxis=False, hoverinfo="text",
             hovertext=[f"slot {s['slot']} (position {s['position']}): {quoted(trace, s['top_token_id'])}, "
                        f"confidence {s['top_prob']:.2f}, {fate}" for s in mine]))

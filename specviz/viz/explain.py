@@ -66,6 +66,9 @@ the table and the heatmap show each head's top candidates, the drafted ones outl
 target's decision. Method "mtp" (a Gemma-4-style MTP head, trained by specviz: no public recipe): every draft
 step runs at the same position and reads the target's own cached keys and values; the table lists what each
 step read, the token it drafted and its confidence.
+Method "dflash" drafts a whole block in one forward: the cards show the root token and each MASK slot of
+the block (the token it predicts for its own position, its confidence), coloured by what the target then
+did with it; slots past k were computed but not handed to the target.
 """
 
 STATS = """\

@@ -36,6 +36,7 @@ METHOD_TEXT = {
     "ngram_gpu": "method ngram_gpu (prompt lookup on the device: the same drafts as ngram)",
     "suffix": "method suffix (suffix decoding: drafts follow a suffix tree of this request and of earlier outputs)",
     "draft_model": "method draft_model (a small language model drafts token by token)",
+    "dflash": "method dflash (a block drafter: one forward over [root, MASK, ..., MASK] drafts the whole block)",
 }
 VERIFY_TEXT = {
     "greedy": ("greedy verification: a draft token is accepted iff it is the target's argmax; the output equals "
@@ -123,6 +124,15 @@ def _draft_why(trace: Trace, st: Step) -> str:
                        f"(its top candidates: {_top(trace, pos.q_top)})")
         return (f"The draft model ran {k} forward(s), one per token, and at each position {how}: "
                 + ("; ".join(per) or drafted) + ".")
+    if m.get("kind") == "dflash" and m.get("slots"):
+        slots = [s for s in m["slots"] if s.get("drafted") and s.get("top_prob") is not None]
+        per = "; ".join(f"slot {s['slot']} → {quoted(trace, s['token_id'])} (confidence {fmt_prob(s['top_prob'])})"
+                        for s in slots)
+        return (f"DFlash ran <b>one</b> forward over the block [{quoted(trace, m['root_token_id'])}, MASK × "
+                f"{m['block_size'] - 1}] at positions {m['root_position']}..{m['root_position'] + m['block_size'] - 1}: "
+                "every slot saw every other slot and the target's own features of the committed text, and each "
+                f"MASK slot predicted the token at its position. The first {k} became the draft: " + (per or drafted)
+                + ".")
     qs = ", ".join(f"q(x{i}) = {fmt_prob(p.q)}" for i, p in enumerate(st.positions[:k], start=1))
     return (f"The proposer {html.escape(method)} drafted {k} token(s): {drafted}"
             + (f" ({qs})." if qs else "."))
