@@ -66,6 +66,11 @@ class GenerationConfig:
     synthetic_rates: tuple[float, ...] | None = None
     sampler_backend: str = "auto"  # "auto": Triton kernels on CUDA, the PyTorch reference elsewhere
     detailed_trace: bool = True
+    eagle_tree_top_k: int | None = None  # eagle / eagle3: EAGLE-2's dynamic tree (proposers/eagle_tree.py)
+    eagle_tree_depth: int | None = None
+    eagle_tree_total_tokens: int | None = None
+    ngram_tree_branches: int | None = None  # ngram: a tree of up to this many continuations per node
+    suffix_tree_branches: int | None = None  # suffix: likewise from the suffix tree
 
 
 def _fail(message: str) -> None:

@@ -108,8 +108,15 @@ def _needs_head(kind: str) -> Callable[["SpecDecoder"], str | None]:
 
 def _make_eagle(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
     from .proposers.eagle import EagleProposer  # imports transformers' Llama modules: only when asked for
+    from .proposers.eagle_tree import EagleTreeProposer, tree_settings
 
+    dynamic, choices = tree_settings(cfg)  # EAGLE-2 knobs, a static speculative_token_tree, or a chain
+    if dynamic is not None or choices is not None:
+        return EagleTreeProposer(dec.heads[cfg.method], dynamic=dynamic, choices=choices)
     return EagleProposer(dec.heads[cfg.method], cfg.num_speculative_tokens)
+
+
+EAGLE_TREE = ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens")
 
 
 register(Method("none", "plain decoding (the baseline)", lambda dec, cfg, extras: None, details="none"))
@@ -134,6 +141,6 @@ register(Method("suffix", "suffix decoding", details="suffix",
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
                 finish=_release_draft_runner, details="draft_model"))
 register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make=_make_eagle,
-                missing=_needs_head("eagle"), details="eagle"))
+                missing=_needs_head("eagle"), settings=EAGLE_TREE, details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,
-                missing=_needs_head("eagle3"), details="eagle3"))
+                missing=_needs_head("eagle3"), settings=EAGLE_TREE, details="eagle3"))
