@@ -120,9 +120,10 @@ EAGLE_TREE = ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens")
 
 
 register(Method("none", "plain decoding (the baseline)", lambda dec, cfg, extras: None, details="none"))
-register(Method("ngram", "prompt lookup", settings=LOOKUP, describe=_lookup_bounds, details="ngram",
+register(Method("ngram", "prompt lookup", settings=(*LOOKUP, "ngram_tree_branches"), describe=_lookup_bounds,
+                details="ngram",
                 make=lambda dec, cfg, extras: NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max,
-                                                    cfg.num_speculative_tokens)))
+                                                    cfg.num_speculative_tokens, tree_branches=cfg.ngram_tree_branches)))
 register(Method("ngram_gpu", "prompt lookup on the device (Triton matcher on CUDA)", settings=LOOKUP,
                 describe=_lookup_bounds, details="ngram_gpu",
                 make=lambda dec, cfg, extras: NgramGPUProposer(
@@ -134,9 +135,10 @@ def _suffix_cache(dec: "SpecDecoder", extras: dict[str, Any]):
     return dec.suffix_cache if cache is None else cache
 
 
-register(Method("suffix", "suffix decoding", details="suffix",
+register(Method("suffix", "suffix decoding", details="suffix", settings=("suffix_tree_branches",),
                 make=lambda dec, cfg, extras: SuffixProposer(cfg.num_speculative_tokens,
-                                                             global_cache=_suffix_cache(dec, extras)),
+                                                             global_cache=_suffix_cache(dec, extras),
+                                                             tree_branches=cfg.suffix_tree_branches),
                 finish=lambda dec, proposer, generated: proposer.finish(generated)))
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
                 finish=_release_draft_runner, details="draft_model"))
