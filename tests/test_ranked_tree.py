@@ -4,6 +4,8 @@ chain is unchanged without the setting."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from specviz import tree
@@ -23,7 +25,7 @@ def _shape(draft, max_depth):
 
 def _paths(draft):
     toks = draft.token_ids.tolist()
-    return {tuple(toks[j] for j in tree.path_to(draft.parents, i)): s for i, s in enumerate(draft.scores)}
+    return {tuple(toks[j] for j in tree.path_to(draft.parents, i)): math.exp(s) for i, s in enumerate(draft.scores)}
 
 
 def test_ngram_tree_holds_every_continuation():
@@ -64,7 +66,7 @@ def test_suffix_tree_branches():
     paths = _paths(draft)
     first = chain.token_ids.tolist()
     assert tuple(first[:1]) in paths  # the chain's first token is a root child of the tree
-    assert all(s >= cfg.min_token_prob for s in draft.scores)
+    assert all(math.exp(s) >= cfg.min_token_prob for s in draft.scores)
     assert len(draft) > len(chain)
 
 
@@ -75,7 +77,7 @@ def test_ranked_tree_best_first_and_closed():
 
     toks, parents, scores = ranked_tree(0, expand, 2, max_depth=3, max_nodes=6)
     assert len(toks) == 6 and tree.validate_parents(parents) == parents
-    assert scores == sorted(scores, reverse=True)
+    assert scores == sorted(scores, reverse=True) and scores[0] == pytest.approx(math.log(0.7))
     assert toks[:3] == [1, 11, 111]  # 0.7, 0.49, 0.343 before 0.3
     assert ranked_tree(0, expand, 2, max_depth=0) == ([], [], [])
 

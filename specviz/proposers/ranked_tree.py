@@ -3,7 +3,8 @@
 Where a proposer knows several continuations with counts (the n-gram matcher's continuation trie,
 a suffix-tree node's children) it can draft a tree of them instead of one chain: every node keeps
 its ``branches`` most frequent children (ties: the order the proposer lists them), each child's
-score is the path's empirical probability (parent score * child count / parent count), and nodes
+score is the log of the path's empirical probability (parent's probability * child count / parent
+count; natural log, as EAGLE-2's cumulative log-confidence in ``Draft.scores``), and nodes
 are taken best score first (a priority queue) until ``max_nodes``. A child never scores above its
 parent and is queued only once its parent is taken, so parents come before children
 (``parents[i] < i``, :mod:`specviz.tree`). Children are deterministic: q is one-hot and the tree's
@@ -14,6 +15,7 @@ rule is "topk" (methods.md 1.4 rule A). Same idea as the suffix-decoding paper's
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Any, Callable, Iterable
 
 from ..tree import MAX_TREE_NODES
@@ -36,7 +38,7 @@ def ranked_tree(root: Any, expand: Expand, branches: int, max_depth: int, max_no
     """Best-first tree below ``root`` (excluded). expand(node): its children as (token, conditional
     probability, child node), best first; the first ``branches`` are kept. A node enters if its
     depth <= max_depth and its score (product of conditional probabilities) >= min_score.
-    Returns (tokens [N], parents [N] (-1 = root), scores [N]), N <= max_nodes."""
+    Returns (tokens [N], parents [N] (-1 = root), scores [N] = log path probability), N <= max_nodes."""
     tokens: list[int] = []
     parents: list[int] = []
     scores: list[float] = []
@@ -58,6 +60,6 @@ def ranked_tree(root: Any, expand: Expand, branches: int, max_depth: int, max_no
         neg, _, parent, tok, node, depth = heapq.heappop(queue)
         tokens.append(tok)
         parents.append(parent)
-        scores.append(-neg)
+        scores.append(math.log(-neg))
         push(len(tokens) - 1, node, -neg, depth)
     return tokens, parents, scores
