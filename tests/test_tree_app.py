@@ -48,12 +48,27 @@ def test_click_on_path_node_moves_position():
     assert own[1].value == 2
 
 
-def test_click_off_path_shows_node_panel():
-    out = tree_ui.select_tree_node(_state(), 0, "1,9")
+def test_chain_nodes_open_their_grid_column():
+    """In a chain every node has its position's panel (rejected and unused drafts too)."""
+    rejected = tree_ui.select_tree_node(_state(), 0, "1,9")
+    unused = tree_ui.select_tree_node(_state(), 0, "2,9")
+    assert rejected[1].value == 2 and unused[1].value == 3
+    assert _outlined(unused[7]) == ["node 2"]
+
+
+def test_click_off_path_shows_node_panel(monkeypatch):
+    """A tree node off the accepted path: its own p / q panel, the sliders kept. (The hand-built
+    trace-v2 tree is handed over directly: the session state's JSON round trip is trace v2's.)"""
+    from test_tree_view import tree_trace
+
+    monkeypatch.setattr(tree_ui.h, "_trace_of", lambda state: tree_trace())
+    out = tree_ui.select_tree_node({"trace": "x"}, 0, "2,9")  # node 2: rejected, off the path [0, 3]
     caption = next(a.text for a in out[4].layout.annotations if a.name == "caption")
-    assert "node 1" in caption and "rejected" in caption
-    assert _outlined(out[7]) == ["node 1"]
+    assert "node 2" in caption and "rejected" in caption
+    assert _outlined(out[7]) == ["node 2"]
     assert all(o == gr.skip() for o in (out[0], out[1], out[2], out[3], out[5], out[6]))
+    on_path = tree_ui.select_tree_node({"trace": "x"}, 0, "3,9")
+    assert on_path[1].value == 2 and _outlined(on_path[7]) == ["node 3"]
 
 
 def test_unreadable_click_changes_nothing():

@@ -111,7 +111,7 @@ def test_layout_parents_between_children():
 def test_position_node_mapping():
     st = tree_trace().steps[0]
     assert [tv.node_for_position(st, i) for i in (1, 2, 3, 4)] == [0, 3, tv.EMITTED, None]
-    assert [tv.position_for_node(st, n) for n in (0, 3, tv.EMITTED, 2, 1)] == [1, 2, 3, None, None]
+    assert [tv.position_for_node(st, n) for n in (0, 3, tv.EMITTED, 2, 1, tv.ROOT)] == [1, 2, 3, None, None, None]
 
 
 def test_text_fits_its_column():

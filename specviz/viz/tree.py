@@ -126,11 +126,15 @@ def node_for_position(step: Step, position: int | None) -> int | None:
 
 
 def position_for_node(step: Step, node: int) -> int | None:
-    """The (1-based) position of ``node`` on the accepted-path row (the step's own token: the
-    slot after the path); None for a node off the path (and the root)."""
-    _, path, _ = step_tree(step)
+    """The (1-based) position of ``node`` on the step's row: a node of the accepted path, or the
+    step's own token (the slot after the path); in a chain every node i is position i + 1 (the
+    grid's columns, whose panels exist for rejected and unused drafts too). None for a tree node
+    off the path (the trace has no p / q / residual panel for it) and for the root."""
+    nodes, path, rule = step_tree(step)
     if node == EMITTED:
         return len(path) + 1
+    if rule == "chain" and 0 <= node < len(nodes):
+        return node + 1
     return path.index(node) + 1 if node in path else None
 
 
