@@ -88,6 +88,7 @@ def validate_config(cfg: GenerationConfig, decoder: "SpecDecoder | None" = None)
     if cfg.max_new_tokens < 1:
         _fail(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     validate_sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+    methods.check_tree_settings(cfg)  # draft-tree settings: the method's own, valid
     if cfg.sampler_backend not in ("reference", "triton"):
         _fail(f"unknown sampler_backend {cfg.sampler_backend!r}; choose auto, reference or triton")
     if cfg.verify == "greedy" and cfg.temperature > 0:

@@ -146,3 +146,24 @@ register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make
                 missing=_needs_head("eagle"), settings=EAGLE_TREE, details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,
                 missing=_needs_head("eagle3"), settings=EAGLE_TREE, details="eagle3"))
+
+
+TREE_SETTINGS = (*EAGLE_TREE, "ngram_tree_branches", "suffix_tree_branches")
+
+
+def check_tree_settings(cfg: "GenerationConfig") -> None:
+    """Raise ValueError for a draft-tree setting the request's method does not take, or an invalid
+    one (checked before any model runs)."""
+    method = get(cfg.method)
+    for name in TREE_SETTINGS:
+        if getattr(cfg, name, None) is not None and name not in method.settings:
+            takers = ", ".join(m.name for m in METHODS.values() if name in m.settings)
+            raise ValueError(f"{name} applies to method(s) {takers}, not {cfg.method!r}; unset it or change the method")
+    if cfg.method in ("eagle", "eagle3"):
+        from .proposers.eagle_tree import tree_settings
+
+        tree_settings(cfg)
+    from .proposers.ranked_tree import check_branches
+
+    check_branches(cfg.ngram_tree_branches, "ngram_tree_branches")
+    check_branches(cfg.suffix_tree_branches, "suffix_tree_branches")

@@ -212,3 +212,18 @@ def test_invalid_choices_and_settings(head):
         tree_settings(Cfg)
     Cfg.speculative_token_tree = None
     assert tree_settings(Cfg) == (DynamicTree(4, 5, 24), None)
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"method": "ngram", "eagle_tree_top_k": 4}, "applies to method"),
+    ({"method": "eagle", "ngram_tree_branches": 2}, "applies to method"),
+    ({"method": "eagle3", "eagle_tree_top_k": 0}, "eagle_tree_top_k must be"),
+    ({"method": "eagle3", "eagle_tree_total_tokens": 500}, "at most"),
+    ({"method": "ngram", "ngram_tree_branches": 0}, "ngram_tree_branches must be"),
+    ({"method": "suffix", "suffix_tree_branches": -2}, "suffix_tree_branches must be"),
+])
+def test_generate_settings_refused_early(settings, match):
+    from specviz.engine import GenerationConfig, validate_config
+
+    with pytest.raises(ValueError, match=match):
+        validate_config(GenerationConfig(**settings))
