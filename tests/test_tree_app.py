@@ -74,3 +74,18 @@ def test_click_off_path_shows_node_panel(monkeypatch):
 def test_unreadable_click_changes_nothing():
     for pick in ("", "x,1", "99,1", None):
         assert all(o == gr.skip() for o in tree_ui.select_tree_node(_state(), 0, pick))
+
+
+def test_tree_controls_to_settings():
+    import pytest
+
+    from specviz.ui.settings import tree_settings
+
+    assert tree_settings("eagle3", "4, 5, 24", 0) == {"eagle_tree_top_k": 4, "eagle_tree_depth": 5,
+                                                      "eagle_tree_total_tokens": 24}
+    assert tree_settings("eagle", "", 3) == {} and tree_settings("ngram", "4,5,24", 0) == {}
+    assert tree_settings("suffix", "", 3) == {"suffix_tree_branches": 3} and tree_settings("draft_model", "1,2,3", 2) == {}
+    with pytest.raises(ValueError, match="three integers"):
+        tree_settings("eagle3", "4, 5", 0)
+    with pytest.raises(ValueError, match="tree branches"):
+        tree_settings("ngram", "", 100)

@@ -122,6 +122,13 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
         with gr.Row():
             c["lookup_min"] = gr.Slider(1, 8, value=2, step=1, label="prompt_lookup_min")
             c["lookup_max"] = gr.Slider(1, 8, value=4, step=1, label="prompt_lookup_max")
+    with gr.Accordion("draft tree (instead of a chain)", open=False):
+        with gr.Row():
+            c["eagle_tree"] = gr.Textbox("", label="EAGLE-2 tree: top_k, depth, total_tokens", placeholder="4, 5, 24",
+                                         info="eagle / eagle3; empty = a chain of k", elem_id="sv-eagle-tree")
+            c["tree_branches"] = gr.Number(0, label="tree branches per node", precision=0, minimum=0,
+                                           info="ngram / suffix: continuations kept per node; 0 = a chain",
+                                           elem_id="sv-tree-branches")
     with gr.Accordion("advanced", open=False):
         c["rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2", label="synthetic rates a_1, a_2, … (verify = synthetic)")
         c["compare"] = gr.Checkbox(True, label='compare with method "none": measured beside every run '
@@ -233,7 +240,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                 full = [progress, *views, v["step"], v["position"], state]
             compare_ui.compare_tab(session.cache, state, full, tabs)
         inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
-                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"]]
+                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"],
+                  c["eagle_tree"], c["tree_branches"]]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
         run_event.then(h.suffix_status, [state], [c["suffix_info"]], api_name="suffix_status")
         stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop").then(
