@@ -29,18 +29,19 @@ import torch
 
 from . import events as ev
 from . import methods
+from . import tree as tree_mod
 from .models import (ASSETS_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, ModelLoadError, check_vocab_rows, load_model,
                      load_tokenizer, resolve_device, resolve_dtype, tokenizer_mismatch)
 from .proposers import StepContext
 from .proposers.base import Draft, Outcome, Proposer
 from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import GlobalSuffixCache
-from .record import host_record
+from .record import host_record, tree_record
 from .runner import EagerRunner, ModelRunner
 from .static_runner import StaticRunner
 from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
-from .verify_step import StepVerifier, VerifySpec
+from .verify_step import StepVerifier, VerifySpec, verify_tree_step
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
 DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3"}
@@ -66,6 +67,7 @@ class GenerationConfig:
     synthetic_rates: tuple[float, ...] | None = None
     sampler_backend: str = "auto"  # "auto": Triton kernels on CUDA, the PyTorch reference elsewhere
     detailed_trace: bool = True
+    speculative_token_tree: str | None = None  # vLLM's static tree, e.g. "[(0,), (1,), (0, 0)]"; None = a chain of k
     eagle_tree_top_k: int | None = None  # eagle / eagle3: EAGLE-2's dynamic tree (proposers/eagle_tree.py)
     eagle_tree_depth: int | None = None
     eagle_tree_total_tokens: int | None = None
@@ -95,9 +97,30 @@ def validate_config(cfg: GenerationConfig, decoder: "SpecDecoder | None" = None)
         _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
     if cfg.verify == "synthetic":
         _check_synthetic_rates(cfg.synthetic_rates, cfg.num_speculative_tokens if cfg.method != "none" else 0)
+    if cfg.speculative_token_tree is not None:
+        _check_tree(cfg, method)
     missing = method.missing(decoder) if decoder is not None else None
     if missing:
         _fail(missing)
+
+
+def _check_tree(cfg: GenerationConfig, method: "methods.Method") -> None:
+    """speculative_token_tree: a method that drafts static trees, a tree no deeper than k, and a
+    verification that exists for trees (greedy, or standard: rule A / B, methods.md 1.4)."""
+    if methods.TREE not in method.settings:
+        takes = [m for m in methods.names() if methods.TREE in methods.get(m).settings]
+        _fail(f"method {cfg.method!r} does not draft static trees; speculative_token_tree works with "
+              f"{', '.join(takes) or 'no method yet'} (or leave it out for a chain of k)")
+    if not isinstance(cfg.speculative_token_tree, str):
+        _fail("speculative_token_tree must be a string like \"[(0,), (1,), (0, 0)]\" (vLLM's format)")
+    paths = tree_mod.parse_choices(cfg.speculative_token_tree)  # ValueError: malformed / too many nodes
+    depth = max(len(p) for p in paths)
+    if depth > cfg.num_speculative_tokens:
+        _fail(f"speculative_token_tree is {depth} deep but num_speculative_tokens is {cfg.num_speculative_tokens}; "
+              f"set num_speculative_tokens >= {depth} (it caps the drafts on one path)")
+    if cfg.verify in ("block", "synthetic"):
+        _fail(f"verify={cfg.verify!r} is chain-only; a speculative_token_tree needs verify='standard' (lossless "
+              "rule A for its top-k children) or 'greedy' at temperature 0")
 
 
 def _check_synthetic_rates(rates: tuple[float, ...] | None, k: int) -> None:
@@ -342,7 +365,9 @@ class SpecDecoder:
 
         Settings (keywords): method (:data:`METHODS`: "none" | "ngram" | "ngram_gpu" | "suffix" | "draft_model" |
         "eagle" | "eagle3"), num_speculative_tokens
-        (k, 1..32), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
+        (k, 1..32; with a tree: the most drafts on one path), speculative_token_tree (vLLM's static
+        tree string, e.g. "[(0,), (1,), (0, 0)]": rank paths of the draft's top candidates, at most
+        :data:`specviz.tree.MAX_TREE_NODES` nodes; methods whose registry settings list it), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
         sampler_backend ("auto": Triton on CUDA, reference elsewhere), detailed_trace, bus (an
@@ -470,8 +495,10 @@ class SpecDecoder:
         else:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
+        tree = None if draft.is_chain else list(draft.parents)  # a tree: 1 + N rows, ancestor mask
         t1, c1 = time.perf_counter(), captured()
-        forward = runner.forward_features(torch.cat([last, x]), proposer.taps if proposer is not None else ())
+        forward = runner.forward_features(torch.cat([last, x]), proposer.taps if proposer is not None else (),
+                                          parents=tree)
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         t2, c2 = time.perf_counter(), captured()
         if previous is not None:
@@ -481,24 +508,42 @@ class SpecDecoder:
         spec = VerifySpec(k=int(x.numel()), vocab=self.vocab_size, verify=cfg.verify, temperature=cfg.temperature,
                           top_k=cfg.top_k, top_p=cfg.top_p, full_q=q is not None, detailed=cfg.detailed_trace,
                           synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend)
-        core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
+        if tree is None:
+            core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
+            draft_ids = [int(t) for t in core["draft"]]
+            acc = int(core["num_accepted"][0])
+            emitted = [int(t) for t in core["output"][: acc + 1]]
+            rows = None  # the committed rows are the first ones
+        else:  # the tree verifier (reference), then the accepted path's K/V compacted into place
+            tree_out, p_tree = verify_tree_step(spec, logits, q, x, tree, draft.tree_rule, ctx.generator)
+            emitted, acc = tree_out.output_token_ids, len(tree_out.path)
+            draft_ids = emitted[:acc]  # the accepted path's tokens, in path order
+            next_last = torch.tensor([emitted[-1]], dtype=torch.long, device=self.device)
+            rows = torch.tensor([0, *(1 + c for c in tree_out.path)], dtype=torch.long, device=self.device)
+            runner.commit(tree_out.path)
         t3, c3 = time.perf_counter(), captured()
-        draft_ids = [int(t) for t in core["draft"]]
-        acc = int(core["num_accepted"][0])
-        emitted = [int(t) for t in core["output"][: acc + 1]]
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
-        if proposer is not None:  # the features at the committed positions, still on the device
+        if proposer is not None:  # the features at the committed positions (path rows), still on the device
+            n_c = len(committed)
             proposer.observe(Outcome(len(ids) - 1, draft_ids, acc, committed,
-                                     {tap: f[: len(committed)] for tap, f in forward.features.items()}))
+                                     {tap: f[:n_c] if rows is None else f.index_select(0, rows[:n_c])
+                                      for tap, f in forward.features.items()}))
         # one-time CUDA-graph capture (and the compilation inside it) is not the step's cost: excluded
         timings = dict(draft_ms=(t1 - t0 - (c1 - c0)) * 1e3, verify_ms=(t2 - t1 - (c2 - c1)) * 1e3,
                        sample_ms=(t3 - t2b - (c3 - c2)) * 1e3, capture_ms=(c3 - c0) * 1e3)
 
         def publish() -> None:
             bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none",
-                                         token_ids=draft_ids, details=draft.details, draft_ms=timings["draft_ms"]))
-            record = (host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend) if detail is not None
-                      else _brief_record(emitted, acc, len(draft_ids)))
+                                         token_ids=draft_ids if tree is None else [int(t) for t in draft.token_ids],
+                                         details=draft.details, draft_ms=timings["draft_ms"]))
+            if tree is not None:
+                record = tree_record(tree_out, p_tree, q if tree_out.rule == "sampled" else None,
+                                     [int(t) for t in draft.token_ids], tree, draft.scores,
+                                     draft.tree_rule, cfg.verify, cfg.detailed_trace)
+            elif detail is not None:
+                record = host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend)
+            else:
+                record = _brief_record(emitted, acc, len(draft_ids))
             bus.publish(ev.StepVerified(step=step, record=record, verify_ms=timings["verify_ms"],
                                         sample_ms=timings["sample_ms"], capture_ms=timings["capture_ms"]))
             bus.publish(ev.TokensCommitted(step=step, token_ids=committed,

@@ -82,7 +82,7 @@ def _lookup_bounds(cfg: "GenerationConfig") -> dict[str, Any]:
 
 def _make_draft_model(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
     return DraftModelProposer(dec._acquire_runner(dec.draft_model), cfg.num_speculative_tokens,
-                              vocab_size=dec.vocab_size)
+                              vocab_size=dec.vocab_size, tree=cfg.speculative_token_tree)
 
 
 def _release_draft_runner(dec: "SpecDecoder", proposer: Proposer, generated: list[int]) -> None:
@@ -140,12 +140,13 @@ register(Method("suffix", "suffix decoding", details="suffix", settings=("suffix
                                                              global_cache=_suffix_cache(dec, extras),
                                                              tree_branches=cfg.suffix_tree_branches),
                 finish=lambda dec, proposer, generated: proposer.finish(generated)))
+TREE = "speculative_token_tree"  # a method listing it in settings drafts static trees (vLLM's setting)
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
-                finish=_release_draft_runner, details="draft_model"))
+                finish=_release_draft_runner, details="draft_model", settings=(TREE,)))
 register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make=_make_eagle,
-                missing=_needs_head("eagle"), settings=EAGLE_TREE, details="eagle"))
+                missing=_needs_head("eagle"), settings=(*EAGLE_TREE, TREE), details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,
-                missing=_needs_head("eagle3"), settings=EAGLE_TREE, details="eagle3"))
+                missing=_needs_head("eagle3"), settings=(*EAGLE_TREE, TREE), details="eagle3"))
 
 
 TREE_SETTINGS = (*EAGLE_TREE, "ngram_tree_branches", "suffix_tree_branches")
@@ -159,6 +160,9 @@ def check_tree_settings(cfg: "GenerationConfig") -> None:
         if getattr(cfg, name, None) is not None and name not in method.settings:
             takers = ", ".join(m.name for m in METHODS.values() if name in m.settings)
             raise ValueError(f"{name} applies to method(s) {takers}, not {cfg.method!r}; unset it or change the method")
+    if any(getattr(cfg, name, None) is not None for name in TREE_SETTINGS) and cfg.verify in ("block", "synthetic"):
+        raise ValueError(f"verify={cfg.verify!r} is chain-only; a draft tree needs verify='standard' (lossless rule A "
+                         "for its top-k children) or 'greedy' at temperature 0")
     if cfg.method in ("eagle", "eagle3"):
         from .proposers.eagle_tree import tree_settings
 

@@ -9,11 +9,14 @@ into the trace's plain-data step record.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .sampling.types import KIND_NAMES, RejectionOutput
+
+if TYPE_CHECKING:
+    from .sampling.tree import TreeVerifyOutput
 
 TOP_N = 20
 
@@ -174,4 +177,74 @@ def host_record(h: dict[str, list], ids: list[int], method: str, backend: str) -
     if "block_P" in h:
         record["block"] = {name: list(h["block_" + name]) for name in ("P", "rho", "h", "eta")}
         record["block"]["tau"] = acc
+    return record
+
+
+# ---- tree steps ----------------------------------------------------------------------------------
+def _top_pairs(dist: torch.Tensor, n: int = TOP_N) -> list[list[float]]:
+    """Top-n [token_id, prob] pairs of non-negative weights dist [V] (normalised), prob > 0."""
+    vals, ids = _top(dist[None], n)
+    return _pairs(vals[0].tolist(), ids[0].tolist())
+
+
+def tree_row(out: "TreeVerifyOutput", parents: list[int]) -> list[int]:
+    """The step's row (:mod:`specviz.trace`): the accepted path, then the last child tested at the
+    node the step stopped at (rejected), if it has children."""
+    last = [c for c in range(len(parents)) if parents[c] == out.emit_node and out.tested[c]]
+    return out.path + last[-1:]
+
+
+def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None, token_ids: list[int],
+                parents: list[int], scores: list[float] | None, tree_rule: str, method: str,
+                detailed: bool = True) -> dict[str, Any]:
+    """Plain-data step record of a tree step (the keys of :func:`host_record`, plus ``nodes``,
+    ``accepted_path`` and ``tree_rule``), from :func:`specviz.sampling.tree.verify_tree`'s output.
+
+    p: float32 [1 + N, V] (row 0 = root); q: [N, V] (rule "sampled") or None (one-hot).
+    Positions are the row (:func:`tree_row`): an accepted node's residual is max(p - q, 0) at its
+    parent (one-hot q: p with its token removed, as a chain position's); the final rejected
+    child's residual is what the emitted token was drawn from (every rejected sibling removed).
+    ``detailed=False``: no positions or top-20s (the nodes' p, q, u are still recorded)."""
+    N = len(parents)
+    host = {name: getattr(out, name).tolist() for name in ("p", "q", "u", "accept_prob")}
+    greedy = out.rule == "greedy"
+    nodes = [{"id": i, "parent": parents[i], "depth": 0, "token_id": token_ids[i], "p": host["p"][i],
+              "q": host["q"][i], "u": host["u"][i] if out.tested[i] and not greedy else None, "fate": out.fate[i],
+              "score": None if scores is None else float(scores[i]),
+              "accept_prob": host["accept_prob"][i] if out.tested[i] else None} for i in range(N)]
+    for n in nodes:
+        n["depth"] = 1 if n["parent"] < 0 else nodes[n["parent"]]["depth"] + 1
+    row = tree_row(out, parents)
+    a = len(out.path)
+    emit_row = p[out.emit_node + 1]
+    record = {
+        "num_accepted": a, "output_token_ids": list(out.output_token_ids),
+        "emitted": {"position": a + 1, "token_id": out.token_id, "kind": out.kind,
+                    "p": float(emit_row[out.token_id]) if detailed else None,
+                    "top": _top_pairs(out.emit_weights) if detailed else [],
+                    "residual_empty": out.kind == "recovered" and out.emit_fallback},
+        "positions": [], "method": method, "backend": "reference",
+        "nodes": nodes, "accepted_path": list(out.path), "tree_rule": tree_rule,
+        "row": row,
+    }
+    if not detailed:
+        return record
+    for m, c in enumerate(row):
+        parent_p = p[parents[c] + 1]
+        if m == a:  # the last rejected child: the residual the emitted token came from
+            resid = out.emit_weights if not out.emit_fallback else torch.zeros_like(parent_p)
+        elif q is not None:
+            resid = (parent_p - q[c].float()).clamp_min(0.0)
+        else:
+            resid = parent_p.clone()
+            if 0 <= token_ids[c] < parent_p.numel():
+                resid[token_ids[c]] = 0.0
+        record["positions"].append({
+            "index": m + 1, "token_id": token_ids[c], "p": host["p"][c], "q": host["q"][c],
+            "u": 0.0 if greedy else host["u"][c], "accept_prob": host["accept_prob"][c], "accepted": m < a,
+            "residual_mass": float(resid.sum()) if not greedy else float(1.0 - host["p"][c]),
+            "p_top": _top_pairs(parent_p),
+            "q_top": _top_pairs(q[c].float()) if q is not None else [[token_ids[c], 1.0]],
+            "residual_top": _top_pairs(resid),
+        })
     return record

@@ -28,6 +28,8 @@ from typing import Protocol, Sequence
 import torch
 from transformers import DynamicCache
 
+from .tree import depths, is_chain, validate_parents
+
 FINAL_NORM = "final_norm"  # f_t: output of the final RMSNorm (EAGLE-1, Medusa; methods.md section 0)
 
 
@@ -100,12 +102,79 @@ class ModelRunner(Protocol):
         """Append ``token_ids`` (int64 [n], n >= 1) to the cache and return float32 logits [n, V]
         for those positions (= ``forward_features(token_ids).logits``)."""
 
-    def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = ()) -> ForwardOutput:
+    def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = (),
+                         parents: Sequence[int] | None = None) -> ForwardOutput:
         """Like :meth:`forward`, also returning the hidden states named in ``taps`` (see
-        :func:`hidden_state_index`) from the same forward. Raises ValueError for a bad tap."""
+        :func:`hidden_state_index`) from the same forward. Raises ValueError for a bad tap.
+
+        parents: None (a chain: causal positions) or a draft tree's N parents
+        (:mod:`specviz.tree`); then ``token_ids`` is [1 + N] = the last committed token + the N
+        nodes, row 1 + i at position ``seq_len + depth[i]``, attending to every cached key and its
+        own ancestors (:func:`tree_attention`). A chain given as parents takes the causal path."""
 
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (rollback after a rejection)."""
+
+    def commit(self, kept: Sequence[int]) -> None:
+        """After a (tree) forward: keep its first row (the last committed token) and the nodes
+        ``kept`` (the accepted path, root child first), compacted into place: node c_m's K/V
+        (slot start + 1 + c_m) -> slot start + 1 + m; length start + 1 + len(kept)."""
+
+
+def tree_attention(parents: Sequence[int]) -> torch.Tensor:
+    """bool [1 + N, 1 + N] attention among a tree forward's rows (row 0 = the root, the last
+    committed token; row 1 + i = node i): ``M[a, b]`` iff b is a or an ancestor of a, so
+    column 0 is all True (methods.md 1.3; Medusa ``generate_medusa_buffers``, vLLM
+    ``tree_attn._prepare_tree_attn_bias``). Built from the parents in one pass."""
+    parents = validate_parents(parents)
+    n = len(parents)
+    m = torch.eye(n + 1, dtype=torch.bool)
+    m[:, 0] = True
+    for i, p in enumerate(parents):
+        m[i + 1] |= m[p + 1]
+    return m
+
+
+def tree_positions(parents: Sequence[int], start: int) -> torch.Tensor:
+    """int64 [1 + N]: ``start`` for the root row, ``start + depth[i]`` for node i."""
+    return torch.tensor([start, *(start + d for d in depths(parents))], dtype=torch.long)
+
+
+def as_tree(parents: Sequence[int] | None, n_rows: int) -> list[int] | None:
+    """``parents`` validated against a forward of ``n_rows`` tokens (1 + N), or None for a chain
+    (None given, or parents i - 1: the causal fast path). Raises ValueError on a size mismatch."""
+    if parents is None:
+        return None
+    parents = validate_parents(parents)
+    if len(parents) + 1 != n_rows:
+        raise ValueError(f"a tree forward takes 1 + N tokens (the last committed token + {len(parents)} nodes), "
+                         f"got {n_rows}")
+    return None if is_chain(parents) else parents
+
+
+def mask_for(allowed: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
+    """bool allowed [n, kv] -> the 4D mask [1, 1, n, kv] transformers takes as given: bool for
+    sdpa, additive (0 / dtype min) for eager attention."""
+    if model.config._attn_implementation == "sdpa":
+        return allowed[None, None]
+    neg = torch.finfo(model.dtype).min
+    return torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill_(~allowed, neg)[None, None]
+
+
+def compact_layers(layers: Sequence, start: int, kept: Sequence[int]) -> None:
+    """Copy K/V of slots ``start + 1 + kept[m]`` to ``start + 1 + m`` in every cache layer
+    (``keys`` / ``values`` [1, H, L, D]); sources are gathered first (src >= dst, overlaps safe).
+    Node c_m of the accepted path has depth m, so it was rotated at position start + m already:
+    no re-rotation (EAGLE / Medusa ``update_inference_inputs``)."""
+    if list(kept) == list(range(len(kept))):
+        return  # already in place (a chain, or the first children)
+    device = layers[0].keys.device
+    src = torch.tensor([start + 1 + int(c) for c in kept], dtype=torch.long, device=device)
+    dst = torch.arange(start + 1, start + 1 + len(kept), dtype=torch.long, device=device)
+    for layer in layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            t.index_copy_(2, dst, t.index_select(2, src))
 
 
 class EagerRunner:
@@ -120,21 +189,33 @@ class EagerRunner:
         self.device = next(model.parameters()).device
         self.cache: DynamicCache | None = None
         self.seq_len = 0
+        self.last_start = 0  # seq_len before the last forward (commit's reference)
 
     def reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.seq_len = 0
+        self.last_start = 0
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         return self.forward_features(token_ids).logits
 
     @torch.inference_mode()
-    def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = ()) -> ForwardOutput:
+    def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = (),
+                         parents: Sequence[int] | None = None) -> ForwardOutput:
         taps = check_taps(taps, self.model)
         if self.cache is None:
             self.reset()
         ids = token_ids.to(self.device).view(1, -1)  # [1, n]
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, output_hidden_states=bool(taps))
+        tree = as_tree(parents, ids.shape[1])
+        kw = {}
+        if tree is not None:  # all cached keys + the ancestor mask; positions start + depth
+            n = self.seq_len
+            allowed = torch.cat([torch.ones(len(tree) + 1, n, dtype=torch.bool), tree_attention(tree)], dim=1)
+            kw = dict(attention_mask=mask_for(allowed.to(self.device), self.model),
+                      position_ids=tree_positions(tree, n).to(self.device)[None])
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, output_hidden_states=bool(taps),
+                         **kw)
+        self.last_start = self.seq_len
         self.seq_len += ids.shape[1]
         features = pick_features(out.hidden_states, taps, self.model.config.num_hidden_layers) if taps else {}
         return ForwardOutput(out.logits[0].float(), features)  # logits [n, V]
@@ -145,6 +226,14 @@ class EagerRunner:
         if length < self.seq_len:
             self.cache.crop(length - self.seq_len)
             self.seq_len = length
+
+    @torch.inference_mode()
+    def commit(self, kept: Sequence[int]) -> None:
+        length = self.last_start + 1 + len(kept)
+        if length > self.seq_len:
+            raise ValueError(f"commit keeps {len(kept)} nodes after a forward of {self.seq_len - self.last_start} tokens")
+        compact_layers(self.cache.layers, self.last_start, kept)
+        self.truncate(length)
 
     def cached_keys(self) -> list[torch.Tensor]:
         """The cached key tensors, one [1, H, seq_len, D] per layer (for tests)."""

@@ -26,7 +26,8 @@ from typing import Sequence
 import torch
 from transformers import StaticCache
 
-from .runner import ForwardOutput, check_taps, pick_features
+from .runner import (ForwardOutput, as_tree, check_taps, compact_layers, mask_for, pick_features, tree_attention,
+                     tree_positions)
 from .transfer import to_device
 
 
@@ -49,6 +50,7 @@ class StaticRunner:
         self.max_graph_tokens = max_graph_tokens
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
         self.seq_len = 0
+        self.last_start = 0  # seq_len before the last forward (commit's reference)
         # (n, taps) -> (graph, static ids [1, n], static logits [1, n, V], static features {tap: [n, d]})
         self._graphs: dict[tuple[int, tuple[str, ...]], tuple] = {}
         self._pool = None
@@ -70,13 +72,22 @@ class StaticRunner:
         return self.forward_features(token_ids).logits
 
     @torch.inference_mode()
-    def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = ()) -> ForwardOutput:
+    def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = (),
+                         parents: Sequence[int] | None = None) -> ForwardOutput:
+        """See :class:`specviz.runner.ModelRunner`. A tree (``parents`` not a chain) runs eagerly
+        (no CUDA graph per tree size yet), with the ancestor mask and positions seq_len + depth."""
         taps = check_taps(taps, self.model)
         n = int(token_ids.numel())
         if self.seq_len + n > self.max_cache_len:
             raise ValueError(f"the static KV cache holds {self.max_cache_len} tokens; "
                              f"{self.seq_len} + {n} do not fit (shorten the prompt or max_new_tokens)")
         ids = to_device(token_ids, self.device).view(1, n)  # [1, n]; a host input is queued, no wait
+        self.last_start = self.seq_len
+        tree = as_tree(parents, n)
+        if tree is not None:
+            logits, features = self._eager(ids, taps, tree)
+            self.seq_len += n
+            return ForwardOutput(logits[0].float(), features)
         if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
             graph, static_ids, static_logits, static_features = (self._graphs.get((n, taps))
                                                                  or self._capture(n, ids, taps))
@@ -98,11 +109,14 @@ class StaticRunner:
         return ForwardOutput(logits, features)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype."""
-        mask = self._causal_mask(ids.shape[1])
+    def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
+               tree: list[int] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype;
+        ``tree``: a tree's parents (n = 1 + N), else causal."""
+        kw = {} if tree is None else dict(position_ids=tree_positions(tree, self.seq_len).to(self.device)[None])
+        mask = self._causal_mask(ids.shape[1]) if tree is None else self._tree_mask(tree)
         out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
-                         output_hidden_states=bool(taps))
+                         output_hidden_states=bool(taps), **kw)
         if not taps:
             return out.logits, {}
         return out.logits, pick_features(out.hidden_states, taps, self.model.config.num_hidden_layers)
@@ -124,6 +138,26 @@ class StaticRunner:
             return allowed[None, None]
         neg = torch.finfo(self.model.dtype).min  # additive mask for eager attention
         return torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device).masked_fill_(~allowed, neg)[None, None]
+
+    def _tree_mask(self, tree: list[int]) -> torch.Tensor:
+        """4D mask [1, 1, 1 + N, max_cache_len]: every cached key (< seq_len), then the tree's
+        ancestor mask over slots seq_len..seq_len + N; stale entries beyond stay hidden."""
+        rows, start = len(tree) + 1, self.seq_len
+        allowed = torch.zeros(rows, self.max_cache_len, dtype=torch.bool)
+        allowed[:, :start] = True
+        allowed[:, start : start + rows] = tree_attention(tree)
+        return mask_for(allowed.to(self.device), self.model)
+
+    @torch.inference_mode()
+    def commit(self, kept: Sequence[int]) -> None:
+        """See :class:`specviz.runner.ModelRunner`: compact the accepted path's K/V, then set the length."""
+        length = self.last_start + 1 + len(kept)
+        if length > self.seq_len:
+            raise ValueError(f"commit keeps {len(kept)} nodes after a forward of {self.seq_len - self.last_start} tokens")
+        layers = [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
+        if layers:
+            compact_layers(layers, self.last_start, kept)
+        self.truncate(length)
 
     @torch.inference_mode()  # on CUDA the positions are inference tensors (made in the first forward)
     def _set_position(self, length: int) -> None:

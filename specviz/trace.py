@@ -29,6 +29,14 @@ vLLM's scheduler counts the sampler's decision instead (``len(generated_token_id
 * acceptance_histogram[j] = #drafting steps with exactly j committed accepted drafts.
 * tokens_per_step = tokens_per_target_forward = committed tokens / verification steps
   (:func:`tokens_per_target_forward`; the one definition every view and label uses).
+
+Trees (version 2): a step's ``nodes`` hold every drafted node (a chain's too, parents i - 1),
+``accepted_path`` the accepted node ids; ``draft_token_ids`` and ``positions`` are the step's
+*row*: the accepted path, then the last child tested at the node the step stopped at (rejected),
+so the per-position views read a tree step like a chain. For a tree, "drafted" counts every node
+(num_draft_tokens), "accepted" the accepted path (num_accepted = its length), "position i" is
+depth i, and a node is discarded when the stop came before its depth (every node deeper than the
+committed accepted drafts). For a chain these are the definitions above.
 """
 
 from __future__ import annotations
@@ -40,7 +48,10 @@ from typing import Any
 
 from . import events as ev
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # 2: steps have tree nodes; version-1 traces load (chain nodes built from positions)
+READABLE_VERSIONS = (1, 2)
+FATES = ("accepted", "rejected", "unvisited")
+TREE_RULES = ("chain", "topk", "sampled")
 MAX_TRACE_BYTES = 32 * 1024 * 1024  # uploads above this are refused
 
 
@@ -95,8 +106,36 @@ class Emitted:
 
 
 @dataclass
+class TreeNode:
+    """One drafted node of a step (a chain's node i: parent i - 1, depth i + 1).
+
+    id: node index (0-based, node order); parent: -1 (the root, the last committed token) or an
+    earlier node; depth: 1 for a root child; token_id: the node's token; p: the target's
+    probability of the token at its parent; q: the draft's (1.0 for one-hot q); u: the uniform it
+    was compared with (None: none drawn or never tested); fate: "accepted" | "rejected" |
+    "unvisited" (never tested: an ancestor or an earlier sibling decided first); score: the
+    proposer's draft score (EAGLE-2: cumulative log-confidence), or None; accept_prob: the
+    acceptance probability its test used (rule A r(c), rule B / chain min(1, p/q), greedy 1/0),
+    None when not tested or not recorded (an addition to the shared contract, optional)."""
+
+    id: int
+    parent: int
+    depth: int
+    token_id: int
+    p: float | None
+    q: float | None
+    u: float | None
+    fate: str
+    score: float | None = None
+    accept_prob: float | None = None
+
+
+@dataclass
 class Step:
-    """One verification step (one target forward over the k'+1 verify positions)."""
+    """One verification step (one target forward over the k'+1 verify positions, or 1 + N tree rows).
+
+    For a tree step ``draft_token_ids`` / ``positions`` are the row (accepted path + the last
+    rejected child), ``nodes`` the whole tree (module docstring)."""
 
     index: int
     proposer: str
@@ -109,6 +148,19 @@ class Step:
     block: dict[str, Any] | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
     sampler_backend: str = "reference"
+    nodes: list[TreeNode] = field(default_factory=list)
+    accepted_path: list[int] = field(default_factory=list)
+    tree_rule: str = "chain"
+
+    @property
+    def num_drafted(self) -> int:
+        """Draft tokens this step proposed: every tree node (a chain: k')."""
+        return len(self.nodes) if self.nodes else len(self.draft_token_ids)
+
+    @property
+    def draft_depth(self) -> int:
+        """The deepest drafted position (a chain: k')."""
+        return max((n.depth for n in self.nodes), default=0) if self.nodes else len(self.draft_token_ids)
 
     # What was committed, derived from num_accepted (the sampler's decision) and
     # committed_token_ids (what the stop kept: a prefix of accepted drafts + emitted token).
@@ -124,8 +176,13 @@ class Step:
 
     @property
     def num_drafts_discarded(self) -> int:
-        """Drafts after the stop (EOS / max_new_tokens) inside this step: 0 unless the step was cut."""
-        return 0 if self.emitted_committed else len(self.draft_token_ids) - self.num_accepted_committed
+        """Drafts after the stop (EOS / max_new_tokens) inside this step: 0 unless the step was cut
+        (then every node deeper than the committed accepted drafts; a chain: k' - those)."""
+        if self.emitted_committed:
+            return 0
+        if not self.nodes:
+            return len(self.draft_token_ids) - self.num_accepted_committed
+        return sum(1 for n in self.nodes if n.depth > self.num_accepted_committed)
 
 
 @dataclass
@@ -162,10 +219,13 @@ class Trace:
     @classmethod
     def from_dict(cls, data: Any) -> "Trace":
         obj = _check_obj(data, "trace")
-        if obj.get("version") != TRACE_VERSION:
-            raise TraceFormatError(f"trace.version must be {TRACE_VERSION}, got {obj.get('version')!r}")
+        version = obj.get("version")
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
+            raise TraceFormatError(f"trace.version must be one of {READABLE_VERSIONS}, got {version!r}")
         kw = _take(obj, cls, "trace", nested={"steps"})
-        kw["steps"] = [_step_from_dict(s, i) for i, s in enumerate(_check_list(obj.get("steps", []), "trace.steps"))]
+        kw["steps"] = [_step_from_dict(s, i, version)
+                       for i, s in enumerate(_check_list(obj.get("steps", []), "trace.steps"))]
+        kw["version"] = TRACE_VERSION  # a version-1 trace is upgraded (chain nodes built)
         _check_int_list(kw["prompt_token_ids"], "trace.prompt_token_ids")
         _check_int_list(kw["output_token_ids"], "trace.output_token_ids")
         _check(kw["config"], CONFIG_SCHEMA, "trace.config")
@@ -232,10 +292,10 @@ def _take(obj: dict, klass: type, where: str, nested: set[str] = frozenset()) ->
     return out
 
 
-def _step_from_dict(data: Any, i: int) -> Step:
+def _step_from_dict(data: Any, i: int, version: int = TRACE_VERSION) -> Step:
     where = f"trace.steps[{i}]"
     obj = _check_obj(data, where)
-    kw = _take(obj, Step, where, nested={"emitted", "positions"})
+    kw = _take(obj, Step, where, nested={"emitted", "positions", "nodes"})
     kw["emitted"] = Emitted(**_take(_check_obj(obj.get("emitted"), f"{where}.emitted"), Emitted, f"{where}.emitted"))
     kw["positions"] = [
         Position(**_take(_check_obj(p, f"{where}.positions[{j}]"), Position, f"{where}.positions[{j}]"))
@@ -250,7 +310,59 @@ def _step_from_dict(data: Any, i: int) -> Step:
     for j, pos in enumerate(kw["positions"]):
         for name in ("p_top", "q_top", "residual_top"):
             _check(getattr(pos, name), [TOP_PAIR], f"{where}.positions[{j}].{name}")
+    if version == 1 or "nodes" not in obj:
+        kw["nodes"] = chain_nodes(kw["draft_token_ids"], kw["num_accepted"], kw["positions"])
+        kw["accepted_path"], kw["tree_rule"] = list(range(min(kw["num_accepted"], len(kw["draft_token_ids"])))), "chain"
+    else:
+        kw["nodes"] = [TreeNode(**_take(_check_obj(n, f"{where}.nodes[{j}]"), TreeNode, f"{where}.nodes[{j}]"))
+                       for j, n in enumerate(_check_list(obj.get("nodes"), f"{where}.nodes"))]
+        _check_int_list(kw.get("accepted_path", []), f"{where}.accepted_path")
+        _check_tree(kw, where)
     return Step(**kw)
+
+
+def _check_tree(kw: dict, where: str) -> None:
+    """The nodes form a tree (ids 0..N-1, parent < id, depth = parent's + 1, known fates), the
+    accepted path is a root-to-node path of accepted nodes, num_accepted is its length."""
+    nodes = kw["nodes"]
+    for j, n in enumerate(nodes):
+        at = f"{where}.nodes[{j}]"
+        if n.id != j:
+            raise TraceFormatError(f"{at}.id is {n.id}; nodes must be numbered 0, 1, 2, ... in order")
+        if not -1 <= n.parent < j:
+            raise TraceFormatError(f"{at}.parent is {n.parent}; it must be -1 (the root) or an earlier node")
+        if n.depth != (1 if n.parent < 0 else nodes[n.parent].depth + 1):
+            raise TraceFormatError(f"{at}.depth is {n.depth}; it must be its parent's depth + 1")
+        if n.fate not in FATES:
+            raise TraceFormatError(f"{at}.fate must be one of {', '.join(FATES)}, got {n.fate!r}")
+    path = kw.get("accepted_path", [])
+    if kw.get("tree_rule", "chain") not in TREE_RULES:
+        raise TraceFormatError(f"{where}.tree_rule must be one of {', '.join(TREE_RULES)}, got {kw['tree_rule']!r}")
+    parent = -1
+    for c in path:
+        if not 0 <= c < len(nodes) or nodes[c].parent != parent or nodes[c].fate != "accepted":
+            raise TraceFormatError(f"{where}.accepted_path {path} is not a path of accepted nodes from the root")
+        parent = c
+    if nodes and kw["num_accepted"] != len(path):
+        raise TraceFormatError(f"{where}.num_accepted is {kw['num_accepted']} but the accepted path has {len(path)} nodes")
+
+
+def chain_nodes(draft_token_ids: list[int], num_accepted: int, positions: list[Position],
+                greedy: bool = False) -> list[TreeNode]:
+    """The nodes of a chain step (node i: parent i - 1, depth i + 1) from its positions (p, q, u
+    None where the step has no per-position record); fates: accepted below num_accepted, the
+    next one rejected, the rest unvisited (block verification compares every eta, but only the
+    first position after the accepted block decides). ``greedy``: no uniforms (u None)."""
+    nodes = []
+    for i, tok in enumerate(draft_token_ids):
+        pos = positions[i] if i < len(positions) else None
+        fate = "accepted" if i < num_accepted else ("rejected" if i == num_accepted else "unvisited")
+        tested = fate != "unvisited"
+        nodes.append(TreeNode(id=i, parent=i - 1, depth=i + 1, token_id=int(tok),
+                              p=pos.p if pos else None, q=pos.q if pos else None,
+                              u=pos.u if pos and tested and not greedy else None, fate=fate,
+                              accept_prob=pos.accept_prob if pos and tested else None))
+    return nodes
 
 
 # ---- the schema of the nested plain-data fields ---------------------------------------------
@@ -292,7 +404,7 @@ CONFIG_SCHEMA = {
     "top_p": _OPT_NUM, "max_new_tokens": int, "seed": int, "prompt_lookup_min": _OPT_INT,
     "prompt_lookup_max": _OPT_INT, "synthetic_rates": ([float], None), "sampler_backend": str,
     "detailed_trace": bool, "target": _OPT_STR, "draft": _OPT_STR, "device": _OPT_STR, "dtype": _OPT_STR,
-    "runner": _OPT_STR, "prompt_length": int, "vocab_size": int,
+    "runner": _OPT_STR, "prompt_length": int, "vocab_size": int, "speculative_token_tree": _OPT_STR,
 }
 METRICS_SCHEMA = {
     **{key: int for key in ("num_steps", "num_drafts", "num_draft_tokens", "num_discarded_draft_tokens",
@@ -382,13 +494,14 @@ def tokens_per_target_forward(num_tokens: int, num_steps: int) -> float:
 
 def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str, Any]:
     """vLLM's spec-decode metrics over ``steps``, from committed tokens (see module docstring)."""
-    k = max([num_speculative_tokens, *(len(s.draft_token_ids) for s in steps)] or [0])
-    drafting = [s for s in steps if s.draft_token_ids]
+    k = max([num_speculative_tokens, *(s.draft_depth for s in steps)] or [0])
+    drafting = [s for s in steps if s.draft_token_ids or s.nodes]
     num_drafts = len(drafting)
-    num_draft_tokens = sum(len(s.draft_token_ids) for s in drafting)
+    num_draft_tokens = sum(s.num_drafted for s in drafting)
     discarded = sum(s.num_drafts_discarded for s in drafting)
     acc = [s.num_accepted_committed for s in drafting]
-    verified = [len(s.draft_token_ids) - s.num_drafts_discarded for s in drafting]  # drafts not discarded
+    # positions (depths) drafted and not discarded: a chain's k' - discarded
+    verified = [s.draft_depth if s.emitted_committed else s.num_accepted_committed for s in drafting]
     num_accepted = sum(acc)
     per_pos = [sum(1 for a in acc if a >= i + 1) for i in range(k)]
     hist = [sum(1 for a in acc if a == j) for j in range(k + 1)]
@@ -451,11 +564,12 @@ class Recorder:
     def _on_committed(self, e: ev.TokensCommitted) -> None:
         draft, verified = self._draft, self._pending["event"]
         rec = verified.record
+        row = list(draft.token_ids) if "row" not in rec else [rec["nodes"][c]["token_id"] for c in rec["row"]]
         self.trace.steps.append(
             Step(
                 index=e.step,
                 proposer=draft.proposer,
-                draft_token_ids=list(draft.token_ids),
+                draft_token_ids=row,
                 num_accepted=rec["num_accepted"],
                 emitted=Emitted(**rec["emitted"]),
                 positions=[Position(**p) for p in rec["positions"]],
@@ -465,8 +579,20 @@ class Recorder:
                 timings_ms={"draft": draft.draft_ms, "verify": verified.verify_ms, "sample": verified.sample_ms,
                             **({"capture": verified.capture_ms} if verified.capture_ms else {})},
                 sampler_backend=rec.get("backend", "reference"),
+                **self._tree_fields(rec, row),
             )
         )
+
+    def _tree_fields(self, rec: dict[str, Any], draft_ids: list[int]) -> dict[str, Any]:
+        """nodes / accepted_path / tree_rule of a step: from a tree record, else the chain's."""
+        if "nodes" in rec:
+            return {"nodes": [TreeNode(**n) for n in rec["nodes"]], "accepted_path": list(rec["accepted_path"]),
+                    "tree_rule": rec["tree_rule"]}
+        positions = [Position(**p) for p in rec["positions"]]
+        greedy = self.trace.config.get("verify") == "greedy"
+        acc = rec["num_accepted"]
+        return {"nodes": chain_nodes(list(draft_ids), acc, positions, greedy),
+                "accepted_path": list(range(min(acc, len(draft_ids)))), "tree_rule": "chain"}
 
     def _on_finished(self, e: ev.GenerationFinished) -> None:
         t = self.trace

@@ -35,6 +35,7 @@ import torch
 
 from .record import Layout, gather_core, gather_detail, pack, unpack
 from .sampling import logits_to_probs, rejection_sample
+from .sampling.tree import TreeVerifyOutput, verify_tree
 from .sampling.types import RejectionOutput, SamplerNoise, draw_noise
 
 
@@ -329,3 +330,36 @@ class StepVerifier:
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - t0
         return g
+
+
+# ---- tree drafts ---------------------------------------------------------------------------------
+def tree_rule_for(verify: str, tree_rule: str) -> str:
+    """The tree verifier's rule for a request's ``verify`` and a draft's ``tree_rule``: greedy ->
+    "greedy"; standard -> the draft's rule ("topk": rule A, "sampled": SpecInfer rule B).
+    Raises ValueError for block (chain-only) and synthetic (per-chain-position rates)."""
+    if verify == "greedy":
+        return "greedy"
+    if verify == "standard":
+        if tree_rule not in ("topk", "sampled"):
+            raise ValueError(f"a tree draft's tree_rule must be 'topk' or 'sampled', got {tree_rule!r}")
+        return tree_rule
+    if verify == "block":
+        raise ValueError("verify='block' is chain-only (Sun et al. define block verification for one draft path); "
+                         "a tree draft needs verify='standard' (or 'greedy' at temperature 0), or use a chain "
+                         "(no speculative_token_tree)")
+    raise ValueError(f"verify={verify!r} is not available for tree drafts (its rates are per chain position); use "
+                     "verify='standard' or 'greedy', or a chain")
+
+
+def verify_tree_step(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
+                     parents: list[int], tree_rule: str,
+                     generator: torch.Generator | None) -> tuple[TreeVerifyOutput, torch.Tensor]:
+    """Verify a tree draft (eagerly, the PyTorch reference :func:`~specviz.sampling.tree.verify_tree`;
+    no CUDA graph). logits: [1 + N, V] from the tree forward; q: [N, V] or None; x: int64 [N].
+    Returns (the verifier's output, p float32 [1 + N, V]). Noise: ``draw_noise(1, N, V)`` from
+    ``generator`` (none for greedy). Raises ValueError as :func:`tree_rule_for`."""
+    rule = tree_rule_for(spec.verify, tree_rule)
+    p = logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)  # [1 + N, V] float32
+    noise = None if rule == "greedy" else draw_noise(1, x.numel(), spec.vocab, generator=generator, device=p.device)
+    out = verify_tree(p, x, parents, q if rule == "sampled" else None, rule=rule, noise=noise)
+    return out, p

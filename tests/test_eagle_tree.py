@@ -227,3 +227,10 @@ def test_generate_settings_refused_early(settings, match):
 
     with pytest.raises(ValueError, match=match):
         validate_config(GenerationConfig(**settings))
+
+
+def test_block_verification_refused_for_trees():
+    from specviz.engine import GenerationConfig, validate_config
+
+    with pytest.raises(ValueError, match="chain-only"):
+        validate_config(GenerationConfig(method="ngram", ngram_tree_branches=2, verify="block", temperature=1.0))

@@ -15,6 +15,14 @@ tokens in its cache with ``token_ids`` and truncates to their common prefix (rol
 rejection), then feeds the committed tokens it has not seen (catch-up: after a full accept the
 last draft token and the bonus token), then drafts.
 
+Static trees (``speculative_token_tree``, vLLM's setting): node (r_1, .., r_d) is the r_d-th most
+likely token of the draft's q at its parent (top-k children, deterministic, so q is one-hot and
+the target verifies with rule A at T > 0: :mod:`specviz.sampling.tree`). Level d is expanded by
+one tree forward of the drafter over the root and every node above depth d (ancestor mask,
+positions n + depth; the shallower nodes are recomputed rather than kept, so the drafter's cache
+never holds a scratch slot after :meth:`propose` returns: it keeps the committed tokens only).
+Cost: one drafter forward per level of 1 + (nodes above that level) rows.
+
 No host waits (one wait per engine step, the verifier's): the catch-up tokens go to the device from
 pinned memory, the draft tokens kept in the cache come back to the host by a non-blocking copy that
 the next call reads (complete by then: the engine's verification waited after it), and sampled
@@ -27,6 +35,7 @@ from typing import Sequence
 
 import torch
 
+from .. import tree as T
 from ..runner import EagerRunner, ModelRunner
 from ..sampling import logits_to_probs
 from ..transfer import to_device
@@ -50,15 +59,19 @@ class DraftModelProposer(NoFeedback):
             beyond the shared tokenizer: draft logits are cut to V, or q padded with zeros to V
             (as vLLM pads the draft distribution), so padding rows are never drafted. None: the
             draft's own rows.
+        tree: a static tree (``speculative_token_tree`` string or a list of paths, see
+            :func:`specviz.tree.parse_choices`), or None for a chain of k.
     Raises:
-        ValueError: k < 1.
+        ValueError: k < 1, an invalid tree, or one deeper than k.
     """
 
     name = "draft_model"
 
-    def __init__(self, runner: ModelRunner, num_speculative_tokens: int = 5, vocab_size: int | None = None):
+    def __init__(self, runner: ModelRunner, num_speculative_tokens: int = 5, vocab_size: int | None = None,
+                 tree: str | Sequence | None = None):
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.tree_paths = None if tree is None else T.parse_choices(tree, max_depth=num_speculative_tokens)
         self.runner = runner
         self.num_speculative_tokens = int(num_speculative_tokens)
         self.vocab_size = vocab_size
@@ -109,6 +122,8 @@ class DraftModelProposer(NoFeedback):
         if k <= 0:
             return Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": "draft_model"})
         logits = self._sync_cache(list(token_ids))  # [V]
+        if self.tree_paths is not None:
+            return self._propose_tree(list(token_ids), k, logits, ctx)
         tokens, probs = [], []
         V = self.vocab_size or logits.shape[-1]
         for i in range(k):
@@ -136,3 +151,41 @@ class DraftModelProposer(NoFeedback):
             probs=torch.stack(probs) if probs else None,  # [k, V] or None (one-hot)
             details={"kind": "draft_model", "greedy": ctx.temperature <= 0},
         )
+
+    def _propose_tree(self, token_ids: list[int], k: int, root_logits: torch.Tensor, ctx: StepContext) -> Draft:
+        """Expand the static tree (paths no deeper than k) level by level; see the module docstring."""
+        paths = [p for p in self.tree_paths if len(p) <= k]
+        parents = T.choices_parents(paths)
+        depth = [len(p) for p in paths]
+        V = self.vocab_size or root_logits.shape[-1]
+        tokens = [0] * len(paths)
+        scores = [0.0] * len(paths)
+        row_logits = {-1: root_logits}  # node -> the draft's logits after it (-1: the root)
+        n = len(token_ids) - 1  # committed tokens before the root
+        for level in range(1, max(depth, default=0) + 1):
+            if level > 1:  # one tree forward over the root and every node above this level
+                above = [i for i in range(len(paths)) if depth[i] < level]
+                self.runner.truncate(n)
+                ids = torch.tensor([token_ids[-1], *(tokens[i] for i in above)], dtype=torch.long)
+                out = self.runner.forward_features(to_device(ids, getattr(self.runner, "device", ids.device)),
+                                                   parents=[parents[i] for i in above])
+                row_logits = {node: out.logits[1 + j] for j, node in enumerate(above)}
+            for i in (i for i in range(len(paths)) if depth[i] == level):
+                tok, logq = self._ranked(row_logits[parents[i]][:V], ctx, paths[i][-1])
+                tokens[i] = tok
+                scores[i] = logq + (scores[parents[i]] if parents[i] >= 0 else 0.0)
+        self.runner.truncate(n + 1)  # committed tokens and the root only: the scratch rows are dropped
+        self._cached, self._pending, self._pending_host = list(token_ids), None, None
+        return Draft(token_ids=torch.tensor(tokens, dtype=torch.long), probs=None, parents=parents, scores=scores,
+                     tree_rule="topk",
+                     details={"kind": "draft_model", "greedy": ctx.temperature <= 0, "tree": str(paths)})
+
+    @staticmethod
+    def _ranked(logits: torch.Tensor, ctx: StepContext, rank: int) -> tuple[int, float]:
+        """(the rank-th most likely token of the draft's q, log q of it); q = the request's
+        processing at T > 0, softmax(logits) at T = 0 (ranked by the logits: the greedy order)."""
+        q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p) if ctx.temperature > 0 else \
+            torch.softmax(logits.float(), -1)
+        order = torch.argsort(q if ctx.temperature > 0 else logits.float(), descending=True, stable=True)
+        tok = int(order[rank])
+        return tok, float(torch.log(q[tok]).clamp_min(-1e30))

@@ -1,0 +1,248 @@
+"""The PyTorch reference tree verifier: greedy, rule A (deterministic children), rule B (sampled children).
+
+A draft tree (:mod:`specviz.tree`): N nodes, ``parents[i] < i`` (-1 = the root, the last committed
+token x_n, already a target sample and always kept). One target forward gave p at the root and
+at every node: row 0 = p at the root, row 1 + i = p after node i (both after the request's
+processing). Children of a node are visited in node order, fixed before any target randomness
+is drawn (methods.md 1.4, 3.4: EAGLE-2 sorts ``retrieve_indices``; static trees by child rank).
+
+Rules (methods.md 1.4; docs/algorithms.md for the names):
+
+* ``"greedy"`` (T = 0): at node u, y = argmax p_u; go to the child holding y, else emit y and
+  stop (SpecInfer ``VerifyGreedy``; EAGLE / Medusa ``evaluate_posterior``; SGLang
+  ``verify_tree_greedy``). Equals plain greedy decoding.
+* ``"topk"``, rule A (deterministic children: top-k, static trees, EAGLE-2; q is one-hot):
+  sequential form of EAGLE ``utils.py::evaluate_posterior``: r = p_u; for each child c in order
+  draw U; accept if U <= r(tok_c), else set r(tok_c) = 0 and renormalise. No child accepted: emit
+  y ~ r (p_u with every child's token removed, renormalised). At a leaf: the bonus y ~ p_u. Since
+  the children before c were all rejected when c is tested, r(tok_c) = p_u(tok_c) /
+  (1 - sum of p_u over the earlier siblings' distinct tokens): computed in that closed form for
+  every node at once (an earlier duplicate of tok_c makes r(tok_c) = 0).
+* ``"sampled"``, rule B (children drawn i.i.d. from q_u, ``q[i]`` = the distribution node i was
+  drawn from): SpecInfer multi-step speculative sampling (arXiv 2305.09781, Alg. 2
+  ``VerifyStochastic``, Theorem 4.2): r = p_u; for each child s in order draw U; accept if
+  U <= r(x_s) / q_s(x_s); else r = norm(max(r - q_s, 0)). No child accepted: emit y ~ r.
+  (SpecInfer takes the children in random order; i.i.d. children are exchangeable, so node
+  order is equally lossless.) Using the draft softmax as q for top-k children is NOT lossless
+  (tests/test_tree_sampling.py shows the chi-square failing).
+
+Every node's test is computed as if it were reached (its parent on the path, its earlier siblings
+rejected: exactly the state in which the sequential walk tests it), and the emitted token's race
+is run at every row; one host read, then a walk down the tree picks the path. Only the tested
+nodes' uniforms are compared: a node is "accepted", "rejected" (tested, failed) or "unvisited".
+
+Noise: :func:`~specviz.sampling.types.draw_noise` (1, N, V): u[0, i] is node i's uniform
+(float64), exp[0] the exponential race's E for the one emitted token (argmax w / E over w > 0,
+ties to the lowest index), exactly as the chain sampler. If the weights sum to 0, w = p_u.
+
+Block verification is chain-only (Sun et al. 2024 define it for one path); synthetic rates are
+per chain position: both refused here with a ValueError.
+
+No Triton kernel: at batch 1 with N <= 64 nodes the work is a scatter and one race over [1 + N, V]
+(65 x 8192 for the bundled target), a few kernel launches; the chain kernels exist because of the
+batched [B, K, V] layout, which trees here do not have. Rule B's residual chain is a loop over the
+nodes (3 small ops each, no host sync). The one host sync is the walk's read of the decisions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specviz.sampling.types import SamplerNoise, draw_noise
+from specviz.tree import children as tree_children
+from specviz.tree import validate_parents
+
+RULES = ("greedy", "topk", "sampled")
+FATES = ("accepted", "rejected", "unvisited")
+
+
+@dataclass
+class TreeVerifyOutput:
+    """What :func:`verify_tree` decided. Host values unless marked (device).
+
+    path:             accepted nodes, root child first (the committed drafts).
+    token_id:         the emitted token (recovered or bonus).
+    kind:             "recovered" (some child of the last path node was rejected) or "bonus" (it is a leaf).
+    output_token_ids: path tokens + token_id (len(path) + 1).
+    fate:             N strings in FATES.
+    tested:           N bools: the node's test ran (accepted or rejected).
+    emit_node:        the node the token was emitted after (-1: the root).
+    p:                float32 [N] (device) p at the node's parent of the node's token (0 for an id outside [0, V)).
+    q:                float32 [N] (device) q_i(tok_i): 1 for one-hot (greedy, topk), the sampled q otherwise.
+    u:                float64 [N] (device) the uniforms (0 for greedy).
+    accept_prob:      float32 [N] (device) the node's acceptance probability when tested: rule A r(tok_c),
+                      rule B min(1, r(x_s) / q_s(x_s)), greedy 1 / 0 (token == argmax p at the parent).
+    emit_weights:     float32 [V] (device) the (unnormalised) weights the emitted token was drawn from:
+                      the residual after the last node's children were rejected, p at a leaf (bonus),
+                      p when the residual summed to 0; greedy: p at the last node (its argmax was taken).
+    emit_fallback:    the residual summed to 0, so the token was drawn from p.
+    rule:             the rule that ran.
+    """
+
+    path: list[int]
+    token_id: int
+    kind: str
+    output_token_ids: list[int]
+    fate: list[str]
+    tested: list[bool]
+    emit_node: int
+    p: torch.Tensor
+    q: torch.Tensor
+    u: torch.Tensor
+    accept_prob: torch.Tensor
+    emit_weights: torch.Tensor
+    emit_fallback: bool
+    rule: str
+
+
+def draw_tree_noise(num_nodes: int, vocab_size: int, generator: torch.Generator | None = None,
+                    device: torch.device | str | None = None) -> SamplerNoise:
+    """Noise for one tree: u float64 [1, N] (one per node), exp float32 [1, V] (the race)."""
+    return draw_noise(1, num_nodes, vocab_size, generator=generator, device=device)
+
+
+def verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, parents: list[int],
+                draft_probs: torch.Tensor | None = None, *, rule: str = "topk",
+                noise: SamplerNoise | None = None, generator: torch.Generator | None = None) -> TreeVerifyOutput:
+    """Verify one draft tree against the target; emit the accepted path + 1 token.
+
+    target_probs: float [1 + N, V]: row 0 = p at the root, row 1 + i = p after node i (processed).
+    token_ids:    int [N] node tokens (an id outside [0, V) is never accepted).
+    parents:      N ints, -1 <= parents[i] < i.
+    draft_probs:  float [N, V], rule "sampled" only: q_i, the distribution node i was drawn from.
+    rule:         "greedy" | "topk" | "sampled" (module docstring).
+    noise:        SamplerNoise for (1, N, V), or None: drawn from ``generator`` (greedy draws none).
+    Returns a :class:`TreeVerifyOutput`. Raises ValueError for an unknown rule, shapes that do
+    not match, draft_probs missing for "sampled" (or given for another rule), a non-finite q row.
+    """
+    N, V = _check(target_probs, token_ids, parents, draft_probs, rule)
+    p = target_probs.float()
+    ids = token_ids.long().to(p.device)
+    ok_id = (ids >= 0) & (ids < V)  # [N]
+    safe = torch.where(ok_id, ids, torch.zeros_like(ids))
+    rows = torch.tensor([u + 1 for u in parents], dtype=torch.long, device=p.device)  # parent row of node i
+    p_x = torch.where(ok_id, p[rows, safe], 0.0) if N else p.new_zeros(0)  # [N]
+    if rule != "greedy" and noise is None:
+        noise = draw_tree_noise(N, V, generator, p.device)
+    u = noise.u[0] if rule != "greedy" else torch.zeros(N, dtype=torch.float64, device=p.device)
+    if rule == "greedy":
+        argmax = p.argmax(dim=-1)  # [1 + N]
+        acc = (ok_id & (ids == argmax[rows])).float() if N else p.new_zeros(0)
+        passed = acc > 0
+        q_x = torch.ones_like(p_x)
+        weights, emit, empty = p, argmax, torch.zeros(N + 1, dtype=torch.bool, device=p.device)
+    else:
+        if rule == "topk":
+            acc, weights = _rule_a(p, safe, ok_id, rows, parents)
+            q_x = torch.ones_like(p_x)
+        else:
+            acc, weights, q_x = _rule_b(p, draft_probs.float().to(p.device), safe, ok_id, parents)
+        passed = u <= acc.double()
+        weights, emit, empty = _race(weights, p, noise.exp[0])
+    return _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule)
+
+
+def _check(target_probs, token_ids, parents, draft_probs, rule) -> tuple[int, int]:
+    if rule not in RULES:
+        raise ValueError(f"unknown tree rule {rule!r}; choose one of {', '.join(RULES)} (block verification is "
+                         "chain-only)")
+    parents = validate_parents(parents)
+    N = len(parents)
+    if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 2 or target_probs.shape[0] != N + 1:
+        raise ValueError(f"target_probs must be [1 + N, V] = [{N + 1}, V] (root + {N} nodes), got "
+                         f"{list(getattr(target_probs, 'shape', []))}")
+    V = int(target_probs.shape[1])
+    if not isinstance(token_ids, torch.Tensor) or tuple(token_ids.shape) != (N,) or token_ids.is_floating_point():
+        raise ValueError(f"token_ids must be an integer tensor [N] = [{N}], got {getattr(token_ids, 'shape', None)}")
+    if rule == "sampled":
+        if draft_probs is None or tuple(draft_probs.shape) != (N, V):
+            raise ValueError(f"rule 'sampled' (SpecInfer rule B) needs draft_probs [N, V] = [{N}, {V}], the q each "
+                             f"node was drawn from, got {None if draft_probs is None else list(draft_probs.shape)}")
+        if N and not bool(torch.isfinite(draft_probs).all()):
+            raise ValueError("draft_probs hold a non-finite value")
+    elif draft_probs is not None:
+        raise ValueError(f"rule {rule!r} treats q as one-hot (deterministic children); draft_probs must be None "
+                         "(give them with rule 'sampled' for children drawn from q)")
+    return N, V
+
+
+def _rule_a(p, ids, ok_id, rows, parents):
+    """Rule A for every node at once: acc [N] = r(tok_c) given the earlier siblings rejected;
+    weights [1 + N, V] = p at each row with every child's token removed (the residual)."""
+    N = len(parents)
+    if N == 0:
+        return p.new_zeros(0), p
+    same_parent = rows[:, None] == rows[None, :]  # [N, N]
+    earlier = torch.ones(N, N, dtype=torch.bool, device=p.device).tril(-1) & same_parent  # j < i, same parent
+    dup = (earlier & (ids[:, None] == ids[None, :])).any(dim=1)  # an earlier sibling has this token
+    p_x = torch.where(ok_id, p[rows, ids], 0.0)
+    first = ok_id & ~dup  # each distinct token counted once
+    # mass removed before node i: distinct valid tokens of earlier siblings
+    removed = (earlier & first[None, :]).float() @ torch.where(first, p_x, 0.0)  # [N]
+    left = 1.0 - removed
+    acc = torch.where(first & (left > 0), p_x / left.clamp_min(1e-30), 0.0).clamp(max=1.0)
+    keep = torch.ones_like(p)
+    keep[rows[ok_id], ids[ok_id]] = 0.0
+    return acc, p * keep
+
+
+def _rule_b(p, q, ids, ok_id, parents):
+    """Rule B (SpecInfer MSS): acc [N] = min(1, r(x_s) / q_s(x_s)) with r the residual after the
+    earlier siblings; weights [1 + N, V] = each row's residual after all its children; q_x [N]."""
+    N = len(parents)
+    r = [p[row] for row in range(N + 1)]  # current residual per parent row (never written in place)
+    acc, q_x = [], []
+    for i in range(N):
+        row = parents[i] + 1
+        qi = q[i]
+        qx = torch.where(ok_id[i], qi[ids[i]], 0.0)
+        rx = torch.where(ok_id[i], r[row][ids[i]], 0.0)
+        acc.append(torch.where(qx > 0, (rx / qx.clamp_min(1e-30)).clamp(max=1.0), 0.0))
+        q_x.append(qx)
+        resid = (r[row] - qi).clamp_min(0.0)
+        total = resid.sum()
+        r[row] = torch.where(total > 0, resid / total.clamp_min(1e-30), p[row])  # Z = 0: r = q, never reached
+    stack = (lambda xs: torch.stack(xs)) if N else (lambda xs: p.new_zeros(0))
+    return stack(acc), torch.stack(r), stack(q_x)
+
+
+def _race(weights, p, exp):
+    """Exponential race per row: (weights after the sum-0 fallback [1 + N, V], token [1 + N],
+    whether the row's weights summed to 0 [1 + N] bool)."""
+    zero = weights.sum(dim=-1, keepdim=True) == 0
+    w = torch.where(zero, p, weights)
+    score = (w / exp[None, :]).masked_fill(w == 0, -1.0)
+    return w, score.argmax(dim=-1), zero[:, 0]
+
+
+def _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule) -> TreeVerifyOutput:
+    """Read the decisions once and walk from the root: the first passing child in node order."""
+    N = len(parents)
+    ok = passed.tolist() if N else []
+    emit_host, empty_host = emit.tolist(), empty.tolist()
+    kids = tree_children(parents)
+    fate, tested = ["unvisited"] * N, [False] * N
+    path, node = [], -1
+    while True:
+        nxt = None
+        for c in kids[node + 1]:
+            tested[c] = True
+            if ok[c]:
+                fate[c], nxt = "accepted", c
+                break
+            fate[c] = "rejected"
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    token = int(emit_host[node + 1])
+    tokens = ids.tolist()
+    w = weights[node + 1]
+    fallback = bool(kids[node + 1]) and bool(empty_host[node + 1])
+    return TreeVerifyOutput(path=path, token_id=token, kind="recovered" if kids[node + 1] else "bonus",
+                            output_token_ids=[tokens[c] for c in path] + [token], fate=fate, tested=tested,
+                            emit_node=node, p=p_x, q=q_x, u=u, accept_prob=acc, emit_weights=w,
+                            emit_fallback=fallback, rule=rule)
+

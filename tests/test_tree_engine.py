@@ -1,0 +1,194 @@
+"""Tree drafts end to end: forward -> tree verifier -> commit(path) -> observe -> trace (version 2).
+
+Greedy tree output equals plain greedy decoding token for token (fp32) on the eager and the static
+runner (the CPU static runner runs trees eagerly), a draft identical to the target accepts the
+full depth, the proposer sees the accepted path's features in path order, invalid settings give
+ValueErrors, and version-1 traces still load."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specviz import SpecDecoder
+from specviz import tree as T
+from specviz.proposers.base import Draft, NoFeedback
+from specviz.runner import EagerRunner
+from specviz.trace import Trace, TraceFormatError
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
+TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
+
+
+@pytest.fixture(scope="module")
+def static_decoders(tiny_dirs):
+    return {arch: SpecDecoder.from_pretrained(t, d, device="cpu", dtype="float32", runner="static")
+            for arch, (t, d) in tiny_dirs.items()}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("runner", ["eager", "static"])
+def test_greedy_tree_equals_plain_greedy(decoders, static_decoders, arch, runner):
+    dec = decoders[arch] if runner == "eager" else static_decoders[arch]
+    want = dec.generate(PROMPT, method="none", max_new_tokens=40).output_token_ids
+    for tree in (TREE, "[(0,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]"):
+        tr = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=4, max_new_tokens=40,
+                          speculative_token_tree=tree)
+        assert tr.output_token_ids == want, (runner, tree)
+        assert tr.config["speculative_token_tree"] == tree
+        branching = [s for s in tr.steps if len(s.nodes) > s.draft_depth]  # a depth-capped chain runs as a chain
+        assert branching and all(s.tree_rule == "topk" for s in branching)
+
+
+def test_identical_draft_accepts_the_full_depth(self_decoders):
+    dec = self_decoders["llama"]
+    want = dec.generate(PROMPT, method="none", max_new_tokens=33).output_token_ids
+    tr = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=33,
+                      speculative_token_tree=TREE)
+    assert tr.output_token_ids == want
+    full = [s for s in tr.steps if s.draft_depth == 3]
+    assert full and all(s.accepted_path == [0, 3, 6] and s.emitted.kind == "bonus" for s in full)
+    m = tr.metrics
+    assert m["num_draft_tokens"] == sum(len(s.nodes) for s in tr.steps)
+    assert m["num_accepted_tokens"] == sum(len(s.accepted_path) for s in tr.steps)
+    assert m["mean_acceptance_length"] == pytest.approx(len(want) / m["num_drafts"], rel=0.2)
+    assert m["acceptance_rate_per_position"][:3] == [1.0, 1.0, pytest.approx(m["accepted_per_position"][2] / m["num_drafts"])]
+    # the row: the accepted path (every node a draft the target kept)
+    assert all(s.draft_token_ids == [s.nodes[c].token_id for c in s.accepted_path] for s in full)
+
+
+@pytest.mark.parametrize("runner", ["eager", "static"])
+def test_sampled_tree_runs_and_records_rule_a(decoders, static_decoders, runner):
+    dec = decoders["llama"] if runner == "eager" else static_decoders["llama"]
+    tr = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=20, temperature=0.8,
+                      speculative_token_tree=TREE, seed=3)
+    assert len(tr.output_token_ids) == 20
+    for s in tr.steps:
+        assert s.tree_rule == ("topk" if len(s.nodes) > s.draft_depth else "chain")
+        assert s.num_accepted == len(s.accepted_path)
+        assert all(n.q == 1.0 for n in s.nodes)  # top-k children: q one-hot (rule A)
+        tested = [n for n in s.nodes if n.fate != "unvisited"]
+        assert all(n.u is not None and 0.0 <= n.u < 1.0 for n in tested)
+        assert s.committed_token_ids[: s.num_accepted] == [s.nodes[c].token_id for c in s.accepted_path][
+            : len(s.committed_token_ids)]
+    again = Trace.from_json(tr.to_json())
+    assert again.to_dict() == tr.to_dict()
+
+
+class FixedTree(NoFeedback):
+    """Drafts a fixed tree of the tokens it is given; records what observe receives."""
+
+    name = "fixed_tree"
+    taps = ("final_norm",)
+    num_speculative_tokens = 3
+
+    def __init__(self, tokens, parents):
+        self.tokens, self.parents, self.outcomes = tokens, parents, []
+
+    def reset(self):
+        self.outcomes = []
+
+    def propose(self, token_ids, num_tokens=None, context=None):
+        return Draft(token_ids=torch.tensor(self.tokens), parents=list(self.parents))
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+
+def test_observe_gets_the_accepted_path_features_in_path_order(self_decoders, monkeypatch):
+    """With the target's own greedy continuation planted on a non-first branch, the proposer's
+    Outcome carries the committed tokens and the target features at their positions."""
+    dec = self_decoders["llama"]
+    ids = dec.encode(PROMPT)
+    plain = dec.generate(ids, method="none", max_new_tokens=4).output_token_ids
+    a, b, c = plain[:3]
+    # node 2 (second root child) and node 4 (its child) hold the continuation; others are decoys
+    proposer = FixedTree([(a + 1) % 300, (a + 2) % 300, a, (b + 7) % 300, b, (c + 5) % 300], [-1, -1, -1, 0, 2, 3])
+    monkeypatch.setattr(dec, "make_proposer", lambda cfg, **extras: proposer)
+    tr = dec.generate(ids, method="ngram", num_speculative_tokens=3, max_new_tokens=4)  # proposer replaced
+    assert tr.output_token_ids == plain
+    step = tr.steps[0]
+    assert step.accepted_path == [2, 4] and step.committed_token_ids == [a, b, c]
+    out = proposer.outcomes[1]  # [0] is the prefill
+    assert out.draft_token_ids == [a, b] and out.num_accepted == 2 and out.committed_token_ids == [a, b, c]
+    ref = EagerRunner(dec.target_model)
+    ref.reset()
+    full = ref.forward_features(torch.tensor(ids + [a, b]), ("final_norm",)).features["final_norm"]
+    torch.testing.assert_close(out.features["final_norm"], full[len(ids) - 1:], rtol=1e-4, atol=1e-4)
+    assert out.start == len(ids) - 1
+
+
+@pytest.mark.parametrize("settings, match", [
+    (dict(method="draft_model", verify="block", temperature=0.8), "chain-only"),
+    (dict(method="draft_model", verify="synthetic", synthetic_rates=[0.5, 0.4, 0.3]), "chain-only"),
+    (dict(method="ngram"), "does not draft static trees"),
+    (dict(method="draft_model", num_speculative_tokens=2), "3 deep but num_speculative_tokens is 2"),
+])
+def test_invalid_tree_settings_raise(decoders, settings, match):
+    kw = {"num_speculative_tokens": 3, "max_new_tokens": 4, "speculative_token_tree": TREE, **settings}
+    with pytest.raises(ValueError, match=match):
+        decoders["llama"].generate(PROMPT, **kw)
+
+
+@pytest.mark.parametrize("tree, match", [
+    ("[(0,), (0, 0", "not a list of tuples"),
+    ("[(0,), (1, 0)]", "no parent path"),
+    ("[(0,), (-1,)]", "negative"),
+    ("[]", "at least one path"),
+    (str([(i,) for i in range(T.MAX_TREE_NODES + 1)]), "at most"),
+    ("[(0,), (0,)]", "appears twice"),
+])
+def test_invalid_choices_raise(decoders, tree, match):
+    with pytest.raises(ValueError, match=match):
+        decoders["llama"].generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=4,
+                                   speculative_token_tree=tree)
+
+
+def test_a_tree_draft_with_block_verification_is_refused_in_the_loop(self_decoders, monkeypatch):
+    """A proposer's tree met by verify="block" (no speculative_token_tree setting) -> ValueError."""
+    dec = self_decoders["llama"]
+    monkeypatch.setattr(dec, "make_proposer", lambda cfg, **extras: FixedTree([5, 6], [-1, -1]))
+    with pytest.raises(ValueError, match="chain-only"):
+        dec.generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=4, verify="block",
+                     temperature=0.8)
+
+
+def _as_v1(data):
+    data = copy.deepcopy(data)
+    data["version"] = 1
+    data["config"].pop("speculative_token_tree", None)
+    for s in data["steps"]:
+        for key in ("nodes", "accepted_path", "tree_rule"):
+            s.pop(key)
+    return data
+
+
+def test_version_1_trace_loads_with_chain_nodes(decoders):
+    tr = decoders["llama"].generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=12,
+                                    temperature=0.8, seed=1)
+    loaded = Trace.from_dict(_as_v1(tr.to_dict()))
+    assert loaded.version == 2
+    for s, orig in zip(loaded.steps, tr.steps):
+        assert s.nodes == orig.nodes and s.accepted_path == orig.accepted_path and s.tree_rule == "chain"
+        assert [n.parent for n in s.nodes] == T.chain_parents(len(s.draft_token_ids))
+    assert loaded.metrics == tr.metrics
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda s: s["nodes"][1].update(parent=5), "parent is 5"),
+    (lambda s: s["nodes"][1].update(depth=7), "depth is 7"),
+    (lambda s: s["nodes"][0].update(fate="maybe"), "fate must be"),
+    (lambda s: s["nodes"][0].update(p="high"), "nodes\\[0\\].p"),
+    (lambda s: s.update(accepted_path=[5]), "not a path of accepted nodes"),
+    (lambda s: s.update(tree_rule="magic"), "tree_rule must be"),
+    (lambda s: s.update(nodes="x"), "nodes must be a list"),
+])
+def test_malformed_tree_fields_are_refused_with_a_message(self_decoders, mutate, match):
+    tr = self_decoders["llama"].generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=8,
+                                         speculative_token_tree=TREE)
+    data = tr.to_dict()
+    mutate(next(s for s in data["steps"] if len(s["nodes"]) > 3))
+    with pytest.raises(TraceFormatError, match=match):
+        Trace.from_dict(data)

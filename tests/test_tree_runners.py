@@ -1,0 +1,139 @@
+"""Tree forwards in both runners: the logits of every tree node equal those of its root-to-node
+path run as a plain chain (methods.md 11.2, vLLM ``test_tree_attn_correctness``), the built mask
+equals a brute-force ancestor mask, and KV compaction after a commit equals a recompute."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from specviz import tree as T
+from specviz.models import load_model
+from specviz.runner import EagerRunner, tree_attention, tree_positions
+from specviz.static_runner import StaticRunner
+
+# root children 0, 1, 2; node 3 under 0; nodes 4, 5 under 1; node 6 under 3; node 7 under 6
+PARENTS = [-1, -1, -1, 0, 1, 1, 3, 6]
+TOKENS = [11, 12, 13, 21, 22, 23, 31, 41]
+
+
+def _brute_force_mask(parents):
+    """M[a][b] over rows 0 = root, 1 + i = node i: b is on the path from the root to a."""
+    n = len(parents)
+    m = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    for a in range(n + 1):
+        m[a, 0] = True
+        node = a - 1
+        while node >= 0:
+            m[a, node + 1] = True
+            node = parents[node]
+    return m
+
+
+@pytest.mark.parametrize("parents", [PARENTS, [-1, -1, -1, -1], T.chain_parents(5), [-1, 0, 0, 1, 2, 2, 5, -1]])
+def test_tree_attention_equals_brute_force(parents):
+    assert torch.equal(tree_attention(parents), _brute_force_mask(parents))
+    assert torch.equal(tree_attention(parents)[1:, 1:], T.ancestor_mask(parents))
+    assert tree_positions(parents, 7).tolist() == [7, *(7 + d for d in T.depths(parents))]
+
+
+def _runners(model, kind):
+    return EagerRunner(model) if kind == "eager" else StaticRunner(model, max_cache_len=128)
+
+
+@pytest.fixture(scope="module", params=[("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa")])
+def model(request, tiny_dirs):
+    arch, attn = request.param
+    m = load_model(tiny_dirs[arch][0], torch.device("cpu"), torch.float32)
+    m.config._attn_implementation = attn
+    return m
+
+
+PREFIX = torch.tensor([3, 17, 45, 9, 88, 120, 7, 64])  # committed tokens x_0..x_{n-1}
+ROOT = 55  # the last committed token x_n
+
+
+@pytest.mark.parametrize("kind", ["eager", "static"])
+def test_tree_logits_equal_each_path_as_a_chain(model, kind):
+    runner = _runners(model, kind)
+    runner.reset()
+    runner.forward(PREFIX)
+    out = runner.forward_features(torch.tensor([ROOT, *TOKENS]), ("final_norm",), parents=PARENTS)
+    assert out.logits.shape == (1 + len(TOKENS), model.config.vocab_size)
+    assert runner.seq_len == len(PREFIX) + 1 + len(TOKENS)
+    ref = EagerRunner(model)
+    for node in range(-1, len(TOKENS)):
+        path = T.path_to(PARENTS, node)
+        ref.reset()
+        chain = ref.forward_features(torch.cat([PREFIX, torch.tensor([ROOT, *(TOKENS[j] for j in path)])]),
+                                     ("final_norm",))
+        torch.testing.assert_close(out.logits[node + 1], chain.logits[-1], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.features["final_norm"][node + 1], chain.features["final_norm"][-1],
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["eager", "static"])
+@pytest.mark.parametrize("path_end", [-1, 0, 2, 4, 5, 7])
+def test_commit_compacts_kv_equal_to_a_recompute(model, kind, path_end):
+    """After a tree forward and commit(path), the cache holds exactly the keys/values of the
+    committed text, and the next forward gives the logits of a fresh prefill."""
+    path = T.path_to(PARENTS, path_end)
+    runner = _runners(model, kind)
+    runner.reset()
+    runner.forward(PREFIX)
+    runner.forward_features(torch.tensor([ROOT, *TOKENS]), parents=PARENTS)
+    runner.commit(path)
+    committed = torch.cat([PREFIX, torch.tensor([ROOT, *(TOKENS[j] for j in path)])])
+    assert runner.seq_len == len(committed)
+    fresh = EagerRunner(model)
+    fresh.reset()
+    fresh.forward(committed)
+    n = len(committed)
+    for layer, ref in zip(runner.cache.layers, fresh.cache.layers):
+        for name in ("keys", "values"):
+            torch.testing.assert_close(getattr(layer, name)[:, :, :n], getattr(ref, name), rtol=1e-4, atol=1e-4)
+    nxt = torch.tensor([99, 5])
+    torch.testing.assert_close(runner.forward(nxt), fresh.forward(nxt), rtol=1e-4, atol=1e-4)
+
+
+def test_chain_parents_take_the_causal_path(model):
+    runner = EagerRunner(model)
+    runner.reset()
+    runner.forward(PREFIX)
+    ids = torch.tensor([ROOT, 1, 2, 3])
+    a = runner.forward_features(ids, parents=T.chain_parents(3)).logits
+    runner.commit([0, 1])
+    assert runner.seq_len == len(PREFIX) + 3
+    runner.truncate(len(PREFIX))
+    b = runner.forward(ids)
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_bad_tree_inputs_raise(model):
+    runner = EagerRunner(model)
+    runner.reset()
+    runner.forward(PREFIX)
+    with pytest.raises(ValueError, match="1 \\+ N tokens"):
+        runner.forward_features(torch.tensor([ROOT, 1, 2]), parents=[-1, -1, 0])
+    with pytest.raises(ValueError, match="parent"):
+        runner.forward_features(torch.tensor([ROOT, 1, 2]), parents=[-1, 1])
+    runner.forward_features(torch.tensor([ROOT, 1, 2]), parents=[-1, -1])
+    with pytest.raises(ValueError, match="commit keeps"):
+        runner.commit([0, 1, 1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+def test_static_tree_on_cuda_matches_chain(tiny_dirs):
+    model = load_model(tiny_dirs["llama"][0], torch.device("cuda"), torch.float32)
+    runner = StaticRunner(model, max_cache_len=128)
+    runner.reset()
+    runner.forward(PREFIX)
+    out = runner.forward_features(torch.tensor([ROOT, *TOKENS]), parents=PARENTS).logits
+    ref = StaticRunner(model, max_cache_len=128, cuda_graphs=False)
+    for node in itertools.islice(range(-1, len(TOKENS)), None):
+        path = T.path_to(PARENTS, node)
+        ref.reset()
+        chain = ref.forward(torch.cat([PREFIX, torch.tensor([ROOT, *(TOKENS[j] for j in path)])]))
+        torch.testing.assert_close(out[node + 1], chain[-1], rtol=1e-4, atol=1e-4)
