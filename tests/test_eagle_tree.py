@@ -234,3 +234,63 @@ def test_block_verification_refused_for_trees():
 
     with pytest.raises(ValueError, match="chain-only"):
         validate_config(GenerationConfig(method="ngram", ngram_tree_branches=2, verify="block", temperature=1.0))
+
+
+# ---- end to end through the engine (tree forward, tree verifier, trace v2) ----------------------------
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    """{runner: SpecDecoder} on a tiny 4-layer Llama with one random head of each kind (fp32)."""
+    from specviz import SpecDecoder
+    from specviz.heads import save_head
+    from tiny_models import save_model
+
+    root = tmp_path_factory.mktemp("eagle_tree")
+    target = save_model("llama", root / "target", seed=3, layers=4, hidden=D)
+    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
+    heads = {}
+    for i, kind in enumerate(("eagle", "eagle3")):
+        torch.manual_seed(10 + i)
+        save_head(build_head(head_config_from_target(dec.target_model.config, kind), dec.target_model), root / kind,
+                  dtype=torch.float32)
+        heads[kind] = str(root / kind)
+    return {runner: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=runner, heads=heads)
+            for runner in ("eager", "static")}
+
+
+TREES = [("eagle", {"eagle_tree_top_k": 3, "eagle_tree_depth": 3, "eagle_tree_total_tokens": 16}),
+         ("eagle3", {"eagle_tree_top_k": 4, "eagle_tree_depth": 2, "eagle_tree_total_tokens": 24}),
+         ("eagle3", {"speculative_token_tree": "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"}),
+         ("ngram", {"ngram_tree_branches": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
+         ("suffix", {"suffix_tree_branches": 3})]
+
+
+@pytest.mark.parametrize("runner", ["eager", "static"])
+@pytest.mark.parametrize("method,tree_settings", TREES)
+def test_tree_greedy_equals_plain_greedy(decoders, runner, method, tree_settings):
+    dec = decoders[runner]
+    plain = dec.generate(PROMPT, method="none", max_new_tokens=24)
+    tr = dec.generate(PROMPT, method=method, num_speculative_tokens=4, max_new_tokens=24, **tree_settings)
+    assert tr.output_token_ids == plain.output_token_ids
+    trees = [st for st in tr.steps if st.tree_rule == "topk"]
+    if method.startswith("eagle"):
+        assert trees, "the EAGLE head drafted no tree"
+    for st in trees:
+        assert max(n.depth for n in st.nodes) <= 4  # num_speculative_tokens caps the depth
+        assert st.num_accepted == len(st.accepted_path)
+        assert [st.nodes[c].token_id for c in st.accepted_path] == st.committed_token_ids[: st.num_accepted]
+
+
+def test_tree_at_temperature_runs_rule_a(decoders):
+    tr = decoders["eager"].generate(PROMPT, method="eagle3", num_speculative_tokens=4, max_new_tokens=20,
+                                    temperature=1.0, seed=3, eagle_tree_top_k=3, eagle_tree_depth=3,
+                                    eagle_tree_total_tokens=12)
+    assert len(tr.output_token_ids) == 20 and all(st.tree_rule == "topk" for st in tr.steps if st.nodes)
+    tested = [n for st in tr.steps for n in st.nodes if n.fate != "unvisited"]
+    assert tested and all(n.u is not None for n in tested)
+    from specviz.viz.tree import tree_figure
+
+    fig = tree_figure(tr, 1)
+    assert fig.layout.meta["tree_nodes"] == len(tr.steps[1].nodes)

@@ -6,29 +6,11 @@ row, box text that fits its column, the off-path node panel, and chains from ver
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 
-import specviz.trace as trace_mod
-from specviz.trace import Emitted, Position, Step, Trace
+from specviz.trace import Emitted, Position, Step, Trace, TreeNode
 from specviz.viz import tree as tv
-
-
-@dataclass
-class _Node:  # the contract's TreeNode (tree-shared.md); specviz.trace.TreeNode once trace v2 is in
-    id: int
-    parent: int
-    depth: int
-    token_id: int
-    p: float | None
-    q: float | None
-    u: float | None
-    fate: str
-    score: float | None
-
-
-TreeNode = getattr(trace_mod, "TreeNode", _Node)
 
 # node: (parent, token, p, u, fate, score); top-k children (q one-hot), accepted path 0 -> 3
 SPEC = [(-1, 10, 0.61, 0.20, "accepted", math.log(0.7)), (-1, 11, 0.10, None, "unvisited", math.log(0.2)),
@@ -51,13 +33,14 @@ def tree_trace(spec=SPEC, path=PATH, long_token=False) -> Trace:
         nodes.append(TreeNode(id=i, parent=parent, depth=depth[i], token_id=tok, p=p, q=1.0, u=u, fate=fate,
                               score=score))
     path_tokens = [spec[i][1] for i in path]
-    step = Step(index=0, proposer="eagle3", draft_token_ids=path_tokens, num_accepted=len(path),
+    row = [*path, 7] if path == PATH else list(path)  # trace v2's row: the path, then the last child tested
+    step = Step(index=0, proposer="eagle3", draft_token_ids=[spec[i][1] for i in row], num_accepted=len(path),
                 emitted=Emitted(position=len(path) + 1, token_id=18, kind="recovered", p=0.4, top=[[18, 0.5]]),
                 positions=[_pos(j + 1, spec[i][1], spec[i][2], spec[i][3], True) for j, i in enumerate(path)],
                 committed_token_ids=[*path_tokens, 18],
                 match={"kind": "eagle3", "tree": "dynamic", "top_k": 2, "depth": 2, "total_tokens": 9, "levels": 2,
-                       "num_candidates": 10, "root_position": 2})
-    step.nodes, step.accepted_path, step.tree_rule = nodes, list(path), "topk"
+                       "num_candidates": 10, "root_position": 2},
+                nodes=nodes, accepted_path=list(path), tree_rule="topk")
     texts = {str(t): f"t{t}" for t in range(30)}
     if long_token:
         texts["13"] = "a_very_long_token_name"
@@ -111,7 +94,10 @@ def test_layout_parents_between_children():
 def test_position_node_mapping():
     st = tree_trace().steps[0]
     assert [tv.node_for_position(st, i) for i in (1, 2, 3, 4)] == [0, 3, tv.EMITTED, None]
-    assert [tv.position_for_node(st, n) for n in (0, 3, tv.EMITTED, 2, 1, tv.ROOT)] == [1, 2, 3, None, None, None]
+    # node 7: the last child tested below the stop node 3 (the row's rejected position); 6: an earlier one
+    assert tv.row_rejected(st) == 7
+    assert [tv.position_for_node(st, n) for n in (0, 3, tv.EMITTED, 7, 2, 1, 6, tv.ROOT)] == \
+        [1, 2, 3, 3, None, None, None, None]
 
 
 def test_text_fits_its_column():
@@ -155,16 +141,26 @@ def test_node_figure_off_path():
         tv.node_figure(tree_trace(), 0, 99)
 
 
-def test_chain_from_version1_step():
-    tr = tree_trace()
-    st = tr.steps[0]
+def test_tree_step_round_trips_through_json():
+    tr = Trace.from_json(tree_trace().to_json())
+    fig = tv.tree_figure(tr, 0)
+    assert fig.layout.meta["tree_nodes"] == len(SPEC) and fig.layout.meta["tree_rule"] == "topk"
+
+
+def test_chain_from_version1_trace():
+    """A version-1 trace (no nodes) loads as chain nodes (trace.py) and is drawn as a chain."""
+    data = tree_trace().to_dict()
+    data["version"] = 1
+    st = data["steps"][0]
     for name in ("nodes", "accepted_path", "tree_rule"):
-        if name in st.__dict__:
-            delattr(st, name) if not hasattr(type(st), name) else setattr(st, name, [] if name != "tree_rule" else "chain")
-    st.draft_token_ids, st.num_accepted = [10, 13, 16], 2
-    st.positions = [_pos(1, 10, 0.6, 0.2, True), _pos(2, 13, 0.7, 0.3, True), _pos(3, 16, 0.02, 0.5, False)]
-    nodes, path, rule = tv.step_tree(st)
+        del st[name]
+    st["draft_token_ids"], st["num_accepted"], st["committed_token_ids"] = [10, 13, 16], 2, [10, 13, 18]
+    st["positions"] = [_pos(1, 10, 0.6, 0.2, True).__dict__, _pos(2, 13, 0.7, 0.3, True).__dict__,
+                       _pos(3, 16, 0.02, 0.5, False).__dict__]
+    tr = Trace.from_dict(data)
+    nodes, path, rule = tv.step_tree(tr.steps[0])
     assert [n.parent for n in nodes] == [-1, 0, 1] and [n.fate for n in nodes] == ["accepted", "accepted", "rejected"]
     assert path == [0, 1] and rule == "chain"
     fig = tv.tree_figure(tr, 0)
     assert len(_boxes(fig)) == 5 and "draft chain" in fig.layout.title.text
+    assert [tv.position_for_node(tr.steps[0], n) for n in (0, 1, 2, tv.EMITTED)] == [1, 2, 3, 3]

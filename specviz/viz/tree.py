@@ -64,6 +64,7 @@ class ViewNode:
     q: float | None = None
     u: float | None = None
     score: float | None = None
+    accept_prob: float | None = None
 
 
 def step_tree(step: Step) -> tuple[list[ViewNode], list[int], str]:
@@ -72,7 +73,7 @@ def step_tree(step: Step) -> tuple[list[ViewNode], list[int], str]:
     nodes = getattr(step, "nodes", None)
     if nodes:
         out = [ViewNode(int(n.id), int(n.parent), int(n.depth), int(n.token_id), str(n.fate), n.p, n.q, n.u,
-                        getattr(n, "score", None)) for n in nodes]
+                        getattr(n, "score", None), getattr(n, "accept_prob", None)) for n in nodes]
         return out, [int(i) for i in getattr(step, "accepted_path", [])], str(getattr(step, "tree_rule", "chain"))
     out = []
     for i, tok in enumerate(step.draft_token_ids):
@@ -125,13 +126,22 @@ def node_for_position(step: Step, position: int | None) -> int | None:
     return EMITTED if position == len(path) + 1 else None
 
 
+def row_rejected(step: Step) -> int | None:
+    """The tree node at the end of the step's row (trace v2: the accepted path, then the last child
+    tested at the node where the step stopped, rejected): that child's id, or None."""
+    nodes, path, _ = step_tree(step)
+    stop = path[-1] if path else ROOT
+    tested = [n.id for n in nodes if n.parent == stop and n.fate == "rejected"]
+    return tested[-1] if tested and len(step.draft_token_ids) > len(path) else None
+
+
 def position_for_node(step: Step, node: int) -> int | None:
-    """The (1-based) position of ``node`` on the step's row: a node of the accepted path, or the
-    step's own token (the slot after the path); in a chain every node i is position i + 1 (the
-    grid's columns, whose panels exist for rejected and unused drafts too). None for a tree node
-    off the path (the trace has no p / q / residual panel for it) and for the root."""
+    """The (1-based) position of ``node`` on the step's row (the grid's row, whose positions have
+    the p / q / residual panel): a node of the accepted path; the step's own token and the row's
+    last rejected child (:func:`row_rejected`), both the slot after the path; in a chain every node
+    i is position i + 1 (unused drafts too). None for other tree nodes and the root."""
     nodes, path, rule = step_tree(step)
-    if node == EMITTED:
+    if node == EMITTED or (node >= 0 and node == row_rejected(step)):
         return len(path) + 1
     if rule == "chain" and 0 <= node < len(nodes):
         return node + 1
@@ -160,7 +170,8 @@ def _hover(trace: Trace, n: ViewNode, rule: str) -> str:
     lines = [f"node {n.id} · depth {n.depth} · {quoted(trace, n.token_id)} · {n.fate}",
              f"p = {fmt_prob(n.p)} (target, at its parent) · q = {fmt_prob(n.q)} (draft"
              f"{', one-hot: a top-k child' if rule == 'topk' else ''})",
-             f"u = {fmt_prob(n.u)}" + (f" · c = exp(score) = {fmt_prob(conf)}" if conf is not None else "")]
+             f"u = {fmt_prob(n.u)} · accept prob. = {fmt_prob(n.accept_prob)}"
+             + (f" · c = exp(score) = {fmt_prob(conf)}" if conf is not None else "")]
     return "<br>".join(lines) + "<br><i>click: its p / q panel</i>"
 
 
@@ -306,6 +317,9 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
     for name, value, colour in (("target p", n.p, P_COLOUR), ("draft q", n.q, Q_COLOUR)):
         fig.add_trace(go.Bar(x=[name], y=[value or 0.0], marker_color=colour, name=name,
                              text=[_num(value)], textposition="outside", hoverinfo="skip"))
+    if n.accept_prob is not None:
+        fig.add_trace(go.Bar(x=["accept prob."], y=[n.accept_prob], marker_color="#6b7280", name="accept prob.",
+                             text=[_num(n.accept_prob)], textposition="outside", hoverinfo="skip"))
     if n.u is not None:
         fig.add_hline(y=n.u, line={"color": "#111827", "dash": "dash", "width": 1.5},
                       annotation_text=f"u = {_num(n.u)}", annotation_position="top right")
@@ -342,7 +356,7 @@ def tree_source_html(trace: Trace, step: int) -> str:
         how = (f"EAGLE-2's dynamic tree: from the root token at position {m.get('root_position')}, every frontier "
                f"node took its top {m.get('top_k')} children by the head, scored by the path's cumulative "
                f"log-confidence; {m.get('levels')} head forward(s) after the root's expansion made "
-               f"{m.get('num_candidates')} candidates, of which the best {len(st.draft_token_ids) or '…'} were kept "
+               f"{m.get('num_candidates')} candidates, of which the best {len(st.nodes) or '…'} were kept "
                f"(total_tokens = {m.get('total_tokens')} with the root).")
     else:
         how = (f"a static tree of {len(m.get('choices', []))} path(s) (speculative_token_tree): the child of rank r "
