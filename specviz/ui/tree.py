@@ -26,8 +26,9 @@ PLACEHOLDER = ("After Run: the step's draft tree (a chain for chain methods): th
 TREE_PICK_JS = """
 const svBindTree = () => {
   const gd = document.querySelector('#sv-tree .js-plotly-plot');
-  if (!gd || gd.svBound || typeof gd.on !== 'function') return;
-  gd.svBound = true;
+  // Plotly.newPlot purges a redrawn plot's listeners and gives it a new event emitter (gd._ev): mark that
+  if (!gd || typeof gd.on !== 'function' || !gd._ev || gd._ev.svTreeBound) return;
+  gd._ev.svTreeBound = true;
   gd.on('plotly_click', (ev) => {
     const pt = ev && ev.points && ev.points[0];
     if (!pt || pt.customdata === undefined) return;
