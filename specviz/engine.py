@@ -582,6 +582,7 @@ class SpecDecoder:
         ids.update(generated[-64:] if texts else generated)
         for s in trace.steps[-1:] if texts else trace.steps:
             ids.update(s.draft_token_ids)
+            ids.update(n.token_id for n in s.nodes)  # a tree's nodes off the row (the tree view names them)
             ids.update(int(t) for pos in s.positions for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
             ids.update(int(t) for t, _ in s.emitted.top)
         for t in sorted(i for i in ids if str(i) not in texts):

@@ -294,3 +294,10 @@ def test_tree_at_temperature_runs_rule_a(decoders):
 
     fig = tree_figure(tr, 1)
     assert fig.layout.meta["tree_nodes"] == len(tr.steps[1].nodes)
+
+
+def test_every_tree_node_has_its_text(decoders):
+    tr = decoders["eager"].generate(PROMPT, method="eagle3", num_speculative_tokens=4, max_new_tokens=12,
+                                    eagle_tree_top_k=4, eagle_tree_depth=3, eagle_tree_total_tokens=30)
+    missing = {n.token_id for st in tr.steps for n in st.nodes} - {int(t) for t in tr.token_texts}
+    assert not missing
