@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz import SpecDecoder  # noqa: E402
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+from specviz.engine import DEFAULT_HEADS  # noqa: E402
 
 # The demo models' greedy continuation of this prompt runs 256+ tokens before any EOS (checked on
 # CPU); the first H200 run used "import os\nimport sys\n\ndef main():\n", whose greedy
@@ -159,12 +160,22 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     return rows
 
 
+def _heads_for(target, methods) -> dict[str, str] | None:
+    """The bundled heads the asked-for methods need (eagle, eagle3), when the target is the bundled one
+    (an explicit target path does not pick up the bundled heads by itself)."""
+    if Path(target).resolve() != Path(DEFAULT_TARGET).resolve():
+        return None
+    names = {m for m, _k in methods}  # methods: [(method, k)]
+    return {kind: str(d) for kind, d in DEFAULT_HEADS.items() if kind in names and d.exists()} or None
+
+
 def run_suite(title, target, draft, device, prompt, max_new, repeats, methods):
     print(f"\n## {title}", flush=True)
-    eager = SpecDecoder.from_pretrained(target, draft, device=device, runner="eager")
+    heads = _heads_for(target, methods)
+    eager = SpecDecoder.from_pretrained(target, draft, device=device, runner="eager", heads=heads)
     rows, reference = hf_rows(eager, eager.draft_model, prompt, max_new, repeats)
     rows += specviz_rows(eager, prompt, max_new, repeats, reference, methods, "eager")
-    static = SpecDecoder.from_pretrained(target, draft, device=device, runner="static",
+    static = SpecDecoder.from_pretrained(target, draft, device=device, runner="static", heads=heads,
                                          max_cache_len=len(eager.encode(prompt)) + max_new + 64)
     rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, "static")
     assisted = next((r["tok_s"] for r in rows if r["name"] == "hf assistant_model"), None)

@@ -76,9 +76,16 @@ def _parser() -> argparse.ArgumentParser:
                    "--eagle3-head)")
     g.add_argument("--eagle-head", default=None, help="EAGLE-1 head dir (config.json + safetensors), method eagle")
     g.add_argument("--eagle3-head", default=None, help="EAGLE-3 head dir (config.json + safetensors), method eagle3")
+    g.add_argument("--dflash-head", default=None, help="DFlash drafter dir (config.json + safetensors), method dflash")
+    g.add_argument("--medusa-head", default=None, help="Medusa heads dir (config.json + safetensors), method medusa")
+    g.add_argument("--mtp-head", default=None, help="Gemma-4-style MTP head dir (config.json + safetensors), method mtp")
     g.add_argument("--prompt", required=True)
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
-    g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic")
+    g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic | typical (typical: Medusa's "
+                   "typical acceptance, lossy: not distribution-preserving)")
+    g.add_argument("--speculative-token-tree", default=None,
+                   help="a static draft tree in vLLM's format, e.g. \"[(0,), (1,), (0, 0)]\" (method draft_model; "
+                        "-k must be >= its depth)")
     g.add_argument("--synthetic-rates", default=None, help="comma-separated a_1,a_2,... for --verify synthetic")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
@@ -181,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     from .events import DraftProposed, EventBus, StepVerified
 
     try:
-        heads = {kind: d for kind, d in (("eagle", args.eagle_head), ("eagle3", args.eagle3_head)) if d}
+        given = (("eagle", args.eagle_head), ("eagle3", args.eagle3_head), ("dflash", args.dflash_head),
+                 ("medusa", args.medusa_head), ("mtp", args.mtp_head))
+        heads = {kind: d for kind, d in given if d}
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
                                               runner=args.runner, heads=heads or None)
         bus = EventBus()
@@ -194,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             args.prompt, bus=bus, method=args.method, num_speculative_tokens=args.num_speculative_tokens,
             verify=args.verify, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, seed=args.seed, prompt_lookup_min=args.prompt_lookup_min,
-            prompt_lookup_max=args.prompt_lookup_max, synthetic_rates=rates, **_tree_args(args),
+            prompt_lookup_max=args.prompt_lookup_max, synthetic_rates=rates,
+            speculative_token_tree=args.speculative_token_tree, **_tree_args(args),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

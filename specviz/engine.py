@@ -44,9 +44,11 @@ from .trace import Recorder, Trace
 from .verify_step import StepVerifier, VerifySpec, verify_tree_step
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
-DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3"}
+DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3",
+                 "dflash": ASSETS_MODELS / "specviz-dflash", "medusa": ASSETS_MODELS / "specviz-medusa",
+                 "mtp": ASSETS_MODELS / "specviz-mtp"}
 RUNNERS = ("auto", "eager", "static")
-VERIFY_METHODS = ("greedy", "standard", "block", "synthetic")
+VERIFY_METHODS = ("greedy", "standard", "block", "synthetic", "typical")  # typical: lossy (sampling/typical.py)
 MAX_SPECULATIVE_TOKENS = 32
 
 
@@ -67,6 +69,8 @@ class GenerationConfig:
     synthetic_rates: tuple[float, ...] | None = None
     sampler_backend: str = "auto"  # "auto": Triton kernels on CUDA, the PyTorch reference elsewhere
     detailed_trace: bool = True
+    typical_acceptance_sampler_posterior_threshold: float = 0.09  # verify="typical" (lossy): epsilon
+    typical_acceptance_sampler_posterior_alpha: float = 0.3  # verify="typical" (lossy): delta
     speculative_token_tree: str | None = None  # vLLM's static tree, e.g. "[(0,), (1,), (0, 0)]"; None = a chain of k
     eagle_tree_top_k: int | None = None  # eagle / eagle3: EAGLE-2's dynamic tree (proposers/eagle_tree.py)
     eagle_tree_depth: int | None = None
@@ -95,6 +99,14 @@ def validate_config(cfg: GenerationConfig, decoder: "SpecDecoder | None" = None)
         _fail(f"unknown sampler_backend {cfg.sampler_backend!r}; choose auto, reference or triton")
     if cfg.verify == "greedy" and cfg.temperature > 0:
         _fail("verify='greedy' needs temperature 0; use verify='standard' or 'block' to sample, or set temperature=0")
+    if cfg.verify == "typical":  # Medusa's rule: lossy, not distribution-preserving
+        from .sampling.typical import LOSSY_NOTE, check_typical_params
+
+        check_typical_params(cfg.typical_acceptance_sampler_posterior_threshold,
+                             cfg.typical_acceptance_sampler_posterior_alpha)
+        if cfg.sampler_backend == "triton":
+            _fail(f"verify='typical' ({LOSSY_NOTE}) runs on the reference sampler only; use sampler_backend='auto' "
+                  "or 'reference'")
     if cfg.verify == "synthetic":
         _check_synthetic_rates(cfg.synthetic_rates, cfg.num_speculative_tokens if cfg.method != "none" else 0)
     if cfg.speculative_token_tree is not None:
@@ -118,7 +130,7 @@ def _check_tree(cfg: GenerationConfig, method: "methods.Method") -> None:
     if depth > cfg.num_speculative_tokens:
         _fail(f"speculative_token_tree is {depth} deep but num_speculative_tokens is {cfg.num_speculative_tokens}; "
               f"set num_speculative_tokens >= {depth} (it caps the drafts on one path)")
-    if cfg.verify in ("block", "synthetic"):
+    if cfg.verify in ("block", "synthetic", "typical"):
         _fail(f"verify={cfg.verify!r} is chain-only; a speculative_token_tree needs verify='standard' (lossless "
               "rule A for its top-k children) or 'greedy' at temperature 0")
 
@@ -198,8 +210,9 @@ class SpecDecoder:
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
         draft, and the bundled EAGLE heads ``assets/models/specviz-eagle`` / ``specviz-eagle3``
-        when present). heads: {"eagle" | "eagle3": head directory} (:func:`specviz.heads.load_head`:
-        config.json + safetensors), loaded onto the target; a method whose head is absent raises
+        when present; ``specviz-dflash`` likewise). heads: {"eagle" | "eagle3" | "dflash": head directory}
+        (:func:`specviz.heads.load_head`, :func:`specviz.heads.dflash.load_dflash`: config.json + safetensors),
+        loaded onto the target; a method whose head is absent raises
         ValueError when asked for. device None -> CUDA if available else CPU; dtype None -> bf16
         on CUDA, fp32 on CPU.
         runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`), "static"
@@ -284,8 +297,9 @@ class SpecDecoder:
             self.generate(prompt, method=kind, num_speculative_tokens=2, max_new_tokens=4)
             from .proposers.eagle import head_taps
 
+            head_cfg = self.heads[kind].config
             captured += self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say,
-                                          taps=head_taps(self.heads[kind].config))
+                                          taps=head_cfg.taps if kind == "dflash" else head_taps(head_cfg))
         if self.draft_model is not None:
             captured += self._warm_runner(self.draft_model, prompt, (1, 2), say)
         verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
@@ -364,10 +378,11 @@ class SpecDecoder:
         """Run one request and return its :class:`Trace`.
 
         Settings (keywords): method (:data:`METHODS`: "none" | "ngram" | "ngram_gpu" | "suffix" | "draft_model" |
-        "eagle" | "eagle3"), num_speculative_tokens
+        "eagle" | "eagle3" | "dflash" | "medusa" | "mtp"), num_speculative_tokens
         (k, 1..32; with a tree: the most drafts on one path), speculative_token_tree (vLLM's static
         tree string, e.g. "[(0,), (1,), (0, 0)]": rank paths of the draft's top candidates, at most
-        :data:`specviz.tree.MAX_TREE_NODES` nodes; methods whose registry settings list it), verify ("greedy" | "standard" | "block" | "synthetic"; default greedy at
+        :data:`specviz.tree.MAX_TREE_NODES` nodes; methods whose registry settings list it), verify ("greedy" |
+        "standard" | "block" | "synthetic" | "typical" (lossy); default greedy at
         temperature 0, else standard), temperature (>= 0; 0 = greedy), top_k (None/0 = off), top_p
         (in (0, 1]), max_new_tokens (>= 1), seed, prompt_lookup_min/max (ngram), synthetic_rates,
         sampler_backend ("auto": Triton on CUDA, reference elsewhere), detailed_trace, bus (an
@@ -402,7 +417,8 @@ class SpecDecoder:
         if settings.get("verify") is None:
             settings["verify"] = "greedy" if settings.get("temperature", 0.0) == 0 else "standard"
         if settings.get("sampler_backend", "auto") == "auto":
-            settings["sampler_backend"] = "triton" if self.device.type == "cuda" else "reference"
+            cuda = self.device.type == "cuda" and settings["verify"] != "typical"  # typical: reference only
+            settings["sampler_backend"] = "triton" if cuda else "reference"
         if settings.get("synthetic_rates") is not None:
             settings["synthetic_rates"] = tuple(float(a) for a in settings["synthetic_rates"])
         suffix_cache = settings.pop("suffix_cache", None)
@@ -434,6 +450,7 @@ class SpecDecoder:
         runner = self.target_runner = self._acquire_runner(self.target_model)
         verifier = self.step_verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
         runner.reset()
+        ctx.target_runner = runner  # read-only for proposers (mtp reads its KV cache: runner.layer_kv)
         passes = 0
         taps = proposer.taps if proposer is not None else ()  # target features the proposer declared
         if len(ids) > 1:
@@ -507,7 +524,9 @@ class SpecDecoder:
         q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
         spec = VerifySpec(k=int(x.numel()), vocab=self.vocab_size, verify=cfg.verify, temperature=cfg.temperature,
                           top_k=cfg.top_k, top_p=cfg.top_p, full_q=q is not None, detailed=cfg.detailed_trace,
-                          synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend)
+                          synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend,
+                          typical=(cfg.typical_acceptance_sampler_posterior_threshold,
+                                   cfg.typical_acceptance_sampler_posterior_alpha) if cfg.verify == "typical" else None)
         if tree is None:
             core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
             draft_ids = [int(t) for t in core["draft"]]
@@ -562,10 +581,17 @@ class SpecDecoder:
                  vocab_size=self.vocab_size)
         describe = methods.get(cfg.method).describe
         d.update(describe(cfg) if describe is not None else {})
+        if cfg.verify == "typical":
+            from .sampling.typical import LOSSY_NOTE
+
+            d["verify_note"] = LOSSY_NOTE
         if cfg.method in self.heads:  # which head drafted, and which target features it read
             head_cfg = self.heads[cfg.method].config
             d["head"] = {"path": self.names.get(f"{cfg.method}_head", ""), "kind": head_cfg.kind,
-                         "aux_layer_ids": list(head_cfg.aux_layer_ids)}
+                         "aux_layer_ids": list(getattr(head_cfg, "aux_layer_ids", ()))}
+            if head_cfg.kind == "dflash":
+                d["head"].update(target_layer_ids=list(head_cfg.target_layer_ids), block_size=head_cfg.block_size,
+                                 num_layers=head_cfg.num_layers, mask_token_id=head_cfg.mask_token_id)
         return d
 
     def _add_texts(self, trace: Trace | None, generated: list[int]) -> None:
@@ -606,13 +632,14 @@ def _load_heads(dirs: dict[str, Any], target_model: torch.nn.Module,
     """Load each head directory onto the target. A head asked for explicitly (``explicit``) that
     fails raises :class:`ModelLoadError`; a bundled one that fails is left out, its reason kept."""
     from .heads import load_head
+    from .heads.dflash import load_dflash
 
     loaded, errors = {}, {}
     for kind, directory in dirs.items():
-        if kind not in ("eagle", "eagle3"):
-            raise ValueError(f"unknown head kind {kind!r} in heads=; use 'eagle' or 'eagle3'")
+        if kind not in DEFAULT_HEADS:
+            raise ValueError(f"unknown head kind {kind!r} in heads=; use one of {', '.join(DEFAULT_HEADS)}")
         try:
-            head = load_head(directory, target_model)
+            head = (load_dflash if kind == "dflash" else load_head)(directory, target_model)
             if head.config.kind != kind:
                 raise ValueError(f"the head in {directory} is an {head.config.kind!r} head, not {kind!r}")
             loaded[kind] = head

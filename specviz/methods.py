@@ -100,7 +100,8 @@ def _needs_head(kind: str) -> Callable[["SpecDecoder"], str | None]:
         if kind in dec.heads:
             return None
         why = dec.head_errors.get(kind) or "no head was loaded"
-        return (f"method {kind!r} needs an {'EAGLE-3' if kind == 'eagle3' else 'EAGLE'} head for this target ({why}); "
+        what = {"eagle3": "an EAGLE-3", "medusa": "a Medusa", "mtp": "a Gemma-4-style MTP"}.get(kind, "an EAGLE")
+        return (f"method {kind!r} needs {what} head for this target ({why}); "
                 f"pass heads={{'{kind}': DIR}} to SpecDecoder.from_pretrained (CLI: --{kind}-head DIR), or train one "
                 "with the heads recipe")
     return missing
@@ -147,6 +148,45 @@ register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make
                 missing=_needs_head("eagle"), settings=(*EAGLE_TREE, TREE), details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,
                 missing=_needs_head("eagle3"), settings=(*EAGLE_TREE, TREE), details="eagle3"))
+
+
+def _needs_dflash(dec: "SpecDecoder") -> str | None:
+    if "dflash" in dec.heads:
+        return None
+    why = dec.head_errors.get("dflash") or "no head was loaded"
+    return (f"method 'dflash' needs a DFlash block drafter for this target ({why}); pass heads={{'dflash': DIR}} to "
+            "SpecDecoder.from_pretrained (CLI: --dflash-head DIR), or train one with python -m specviz.train.heads "
+            "--kinds dflash")
+
+
+def _make_dflash(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
+    from .proposers.dflash import DFlashProposer
+
+    return DFlashProposer(dec.heads["dflash"], cfg.num_speculative_tokens)
+
+
+register(Method("dflash", "DFlash block drafter: one forward drafts B-1 tokens from fused target features",
+                make=_make_dflash, missing=_needs_dflash, details="dflash"))
+
+
+def _make_medusa(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
+    from .proposers.medusa import MedusaProposer
+
+    # a static tree once the engine verifies trees (tree-core's speculative_token_tree); else vLLM's chain
+    return MedusaProposer(dec.heads["medusa"], cfg.num_speculative_tokens,
+                          tree=getattr(cfg, "speculative_token_tree", None))
+
+
+def _make_mtp(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
+    from .proposers.mtp import MtpProposer
+
+    return MtpProposer(dec.heads["mtp"], cfg.num_speculative_tokens)
+
+
+register(Method("medusa", "Medusa heads on the target's final hidden state (a chain of min(k, heads) drafts)",
+                make=_make_medusa, missing=_needs_head("medusa"), details="medusa"))
+register(Method("mtp", "Gemma-4-style MTP head, trained by specviz (no public recipe): queries over the target's KV",
+                make=_make_mtp, missing=_needs_head("mtp"), details="mtp"))
 
 
 TREE_SETTINGS = (*EAGLE_TREE, "ngram_tree_branches", "suffix_tree_branches")

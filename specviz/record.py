@@ -1,5 +1,9 @@
 """Turn one verification step's device tensors into the trace's plain-data step record.
 
+The emitted token's distribution and the per-position residuals come from the sampler's own
+definitions (:func:`specviz.sampling.reference.emitted_weights`, ``residual_weights``): the
+record computes no sampling rule of its own (issue 10, point 8).
+
 :func:`gather_core` (the tokens the engine needs to go on) and :func:`gather_detail` (the
 sampler's per-position decisions, top-20 of p, q, the residuals and the emitted token's
 distribution) gather on the device; :func:`pack` puts each into one float64 vector, copied to the
@@ -13,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .sampling.reference import emitted_weights, residual_weights
 from .sampling.types import KIND_NAMES, RejectionOutput
 
 if TYPE_CHECKING:
@@ -29,43 +34,16 @@ def _top(dist: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     return vals, ids
 
 
-def _effective_q(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
-    """q [k', V] as the sampler uses it (specviz.sampling.reference, "Invalid input"): one-hot at
-    x_i for a deterministic draft; the zero vector at a position whose id is outside [0, V) or
-    whose q row is not finite (never accepted, residual = p_i)."""
-    k, V = ids.numel(), p.shape[-1]
-    ok = (ids >= 0) & (ids < V)  # [k']
-    safe = torch.where(ok, ids, torch.zeros_like(ids)).view(-1, 1)  # [k', 1]
-    if q is None:
-        return torch.zeros_like(p[:k]).scatter_(1, safe, ok.float().view(-1, 1))
-    qf = q.float()
-    ok = ok & torch.isfinite(qf).all(dim=-1)
-    return torch.where(ok.view(-1, 1), qf, torch.zeros_like(qf))
+def _row0(out: RejectionOutput) -> RejectionOutput:
+    """``out`` restricted to row 0 (the engine verifies batch 1; the record reads row 0 only)."""
+    if out.num_accepted.shape[0] == 1:
+        return out
+    from dataclasses import replace
 
-
-def _residuals(p: torch.Tensor, q_eff: torch.Tensor) -> torch.Tensor:
-    """Standard residual weights max(p_i - q_i, 0) for the k' drafted positions: [k', V]
-    (one-hot q: p_i with x_i zeroed). q_eff: :func:`_effective_q`."""
-    return (p[: q_eff.shape[0]] - q_eff).clamp_min(0.0)
-
-
-def _emitted_weights(out: RejectionOutput, p: torch.Tensor, q_eff: torch.Tensor,
-                     ids: torch.Tensor, resid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights [1, V] of the distribution the step's own token was drawn from, and whether the
-    sampler fell back to p because they summed to 0 ([1] bool) (device only)."""
-    k = ids.numel()
-    if out.method == "block" and k > 0:
-        prefix = torch.cat([torch.ones(1, device=p.device), out.block.P[0, : k - 1].float()])  # P_0..P_{k'-1}
-        cand = (prefix.view(-1, 1) * p[:k] - q_eff).clamp_min(0.0)
-    elif out.method == "greedy":
-        cand = p[:k]
-    else:
-        cand = resid
-    cand = torch.cat([cand, p[k : k + 1]])  # bonus slot: p_{k'+1}    [k'+1, V]
-    zero = cand.sum(dim=-1, keepdim=True) == 0
-    cand = torch.where(zero, p[: k + 1], cand)  # the sampler's fallback to p when Z == 0
-    slot = out.num_accepted[:1].clamp(max=k)
-    return cand.index_select(0, slot), zero[:, 0].index_select(0, slot)  # [1, V], [1] bool
+    block = None if out.block is None else replace(out.block, P=out.block.P[:1])
+    return replace(out, num_accepted=out.num_accepted[:1], num_draft=out.num_draft[:1], block=block,
+                   emit_weights=None if out.emit_weights is None else out.emit_weights[:1],
+                   emit_fallback=None if out.emit_fallback is None else out.emit_fallback[:1])
 
 
 def gather_core(out: RejectionOutput, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -84,12 +62,13 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
         kind=out.token_kind[0, : k + 1], u=out.u[0, :k], p=out.p_draft[0, :k], q=out.q_draft[0, :k],
         accept_prob=out.accept_prob[0, :k], accepted=out.accepted[0, :k], residual_mass=out.residual_mass[0, :k],
     )
-    q_eff = _effective_q(p, q, ids)  # [k', V]
-    resid = _residuals(p, q_eff)  # [k', V]
+    qb = None if q is None else q[None]
+    # the sampler's own definitions (specviz.sampling.reference), never a copy here
+    resid = residual_weights(p[None], qb, ids[None], out.num_draft[:1])[0]  # [k', V]
     groups = [("p_top", p[: k + 1]), ("residual_top", resid)]
     if q is not None:
         groups.append(("q_top", q.float()))
-    emit_w, emit_empty = _emitted_weights(out, p, q_eff, ids, resid)
+    emit_w, emit_empty = emitted_weights(_row0(out), p[None], qb, ids[None])  # [1, V], [1]
     groups.append(("emit_top", emit_w))
     vals, top_ids = _top(torch.cat([d for _, d in groups]), TOP_N)  # [rows, 20]
     row = 0

@@ -227,6 +227,11 @@ class EagerRunner:
             self.cache.crop(length - self.seq_len)
             self.seq_len = length
 
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder layer ``layer``'s cached (keys, values), each [kv_heads, seq_len, head_dim] views of
+        the cache (keys with RoPE applied), for proposers that read the target's cache (mtp). Never write to them."""
+        return _layer_kv(self.cache, layer, self.seq_len, self.model)
+
     @torch.inference_mode()
     def commit(self, kept: Sequence[int]) -> None:
         length = self.last_start + 1 + len(kept)
@@ -238,3 +243,15 @@ class EagerRunner:
     def cached_keys(self) -> list[torch.Tensor]:
         """The cached key tensors, one [1, H, seq_len, D] per layer (for tests)."""
         return [layer.keys for layer in self.cache.layers]
+
+
+def _layer_kv(cache, layer: int, seq_len: int, model) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys, values) [kv_heads, seq_len, head_dim] of a transformers cache's layer (batch row 0).
+    Raises ValueError for a layer out of range or an empty cache."""
+    num_layers = int(model.config.num_hidden_layers)
+    if not 0 <= layer < num_layers:
+        raise ValueError(f"layer_kv: layer must be in 0..{num_layers - 1}, got {layer}")
+    if cache is None or seq_len == 0 or not getattr(cache.layers[layer], "is_initialized", True):
+        raise ValueError("layer_kv: the cache is empty (run a forward first)")
+    lay = cache.layers[layer]
+    return lay.keys[0, :, :seq_len], lay.values[0, :, :seq_len]

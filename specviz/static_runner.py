@@ -26,8 +26,8 @@ from typing import Sequence
 import torch
 from transformers import StaticCache
 
-from .runner import (ForwardOutput, as_tree, check_taps, compact_layers, mask_for, pick_features, tree_attention,
-                     tree_positions)
+from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, mask_for, pick_features,
+                     tree_attention, tree_positions)
 from .transfer import to_device
 
 
@@ -107,6 +107,11 @@ class StaticRunner:
             logits = logits[0].float()
         self.seq_len += n
         return ForwardOutput(logits, features)
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder layer ``layer``'s cached (keys, values) for positions < seq_len, each [kv_heads,
+        seq_len, head_dim] views of the static cache (see :meth:`specviz.runner.EagerRunner.layer_kv`)."""
+        return _layer_kv(self.cache, layer, self.seq_len, self.model)
 
     # ---- internals -----------------------------------------------------------------------------
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),

@@ -60,6 +60,7 @@ class VerifySpec:
     detailed: bool
     synthetic_rates: tuple[float, ...] | None
     backend: str
+    typical: tuple[float, float] | None = None  # verify "typical" (lossy): (epsilon, delta), sampling/typical.py
 
 
 def graph_key(spec: VerifySpec) -> VerifySpec:
@@ -134,7 +135,11 @@ def _core(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: tor
         p = logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)  # [k'+1, V] float32
     else:
         p = probs_from_tensors(logits, spec, settings)
-    if spec.backend == "triton":  # arguments were validated by an eager call first (see _capture)
+    if spec.verify == "typical":  # Medusa's lossy rule (reference only; the engine never captures it)
+        from .sampling.typical import typical_sample
+
+        out = typical_sample(p[None], x[None], *spec.typical, noise=noise)
+    elif spec.backend == "triton":  # arguments were validated by an eager call first (see _capture)
         from kernels.rejection_sampler import rejection_sample_triton
 
         out = rejection_sample_triton(p[None], None if q is None else q[None], x[None], method=spec.verify,

@@ -113,7 +113,7 @@ def test_eagle3_rejects_windows_too_short():
 
 def test_unknown_head_name():
     with pytest.raises(ValueError, match="unknown heads"):
-        train_heads_mod.train_heads(torch.nn.Linear(2, 2), None, None, "cpu", "/tmp", heads=["medusa"])
+        train_heads_mod.train_heads(torch.nn.Linear(2, 2), None, None, "cpu", "/tmp", heads=["nonesuch"])
 
 
 @pytest.fixture

@@ -192,3 +192,19 @@ def test_malformed_tree_fields_are_refused_with_a_message(self_decoders, mutate,
     mutate(next(s for s in data["steps"] if len(s["nodes"]) > 3))
     with pytest.raises(TraceFormatError, match=match):
         Trace.from_dict(data)
+
+
+def test_cli_speculative_token_tree(tiny_dirs, tmp_path, capsys):
+    from specviz.cli import main
+
+    target, _ = tiny_dirs["llama"]
+    out = tmp_path / "tree.trace.json"
+    code = main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model", "-k", "3",
+                 "--speculative-token-tree", TREE, "--prompt", PROMPT, "--max-new-tokens", "10", "--device", "cpu",
+                 "--trace", str(out), "--no-color"])
+    assert code == 0, capsys.readouterr().err
+    trace = Trace.from_json(out.read_text())
+    assert trace.config["speculative_token_tree"] == TREE and any(len(s.nodes) == 7 for s in trace.steps)
+    assert main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model", "-k", "2",
+                 "--speculative-token-tree", TREE, "--prompt", PROMPT, "--device", "cpu"]) == 2
+    assert "3 deep" in capsys.readouterr().err

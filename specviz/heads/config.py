@@ -24,6 +24,7 @@ from transformers import LlamaConfig
 
 KINDS = ("eagle", "eagle3")
 HEAD_DIRS = {"eagle": "specviz-eagle", "eagle3": "specviz-eagle3"}  # directory names under assets/models/
+HEAD_DIRS.update({"medusa": "specviz-medusa", "mtp": "specviz-mtp"})  # own configs: heads/medusa.py, heads/mtp.py
 FORMAT = "specviz-head-v1"
 
 

@@ -4,13 +4,14 @@ the given target's. Safetensors only: nothing is unpickled."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from specviz.heads.config import HEAD_DIRS, HeadConfig, check_matches_target
+from specviz.heads.config import FORMAT, HEAD_DIRS, HeadConfig, check_matches_target
 from specviz.heads.modules import build_head
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
@@ -36,12 +37,31 @@ def save_head(head, directory: str | os.PathLike, dtype: torch.dtype = torch.bfl
     return [CONFIG_NAME, WEIGHTS_NAME]
 
 
-def load_config(directory: str | os.PathLike) -> HeadConfig:
-    """The head config in ``directory``. Raises ValueError if config.json is missing or malformed."""
+def _own_kinds() -> dict:
+    """Head kinds with their own config class: {kind: (config class, head class, target check)}."""
+    from specviz.heads.medusa import MedusaConfig, MedusaHead, check_medusa_matches
+    from specviz.heads.mtp import MtpConfig, MtpHead, check_mtp_matches
+
+    return {"medusa": (MedusaConfig, MedusaHead, check_medusa_matches), "mtp": (MtpConfig, MtpHead, check_mtp_matches)}
+
+
+def load_config(directory: str | os.PathLike):
+    """The head config in ``directory`` (a :class:`HeadConfig`, or the medusa / mtp kinds' own).
+    Raises ValueError if config.json is missing or malformed."""
     f = Path(directory) / CONFIG_NAME
     if not f.is_file():
         raise ValueError(f"no head config at {f}; a head directory holds {CONFIG_NAME} and {WEIGHTS_NAME}")
-    return HeadConfig.from_json(f.read_text())
+    text = f.read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{f} is not valid JSON: {exc}") from None
+    own = _own_kinds().get(data.get("kind") if isinstance(data, dict) else None)
+    if own is None:
+        return HeadConfig.from_json(text)
+    if data.pop("format", None) != FORMAT:
+        raise ValueError(f"config.json is not a {FORMAT} head config")
+    return own[0].from_dict(data)
 
 
 def load_head(directory: str | os.PathLike, target, dtype: torch.dtype | None = None):
@@ -50,11 +70,12 @@ def load_head(directory: str | os.PathLike, target, dtype: torch.dtype | None = 
     Raises ValueError if the config does not match the target (hidden size, vocab, layer count,
     aux layer ids out of range) or the weights do not match the config."""
     cfg = load_config(directory)
-    check_matches_target(cfg, target.config)
+    own = _own_kinds().get(cfg.kind)
+    (own[2] if own else check_matches_target)(cfg, target.config)
     f = Path(directory) / WEIGHTS_NAME
     if not f.is_file():
         raise ValueError(f"no head weights at {f} (specviz loads safetensors only)")
-    head = build_head(cfg)
+    head = own[1](cfg) if own else build_head(cfg)
     state = load_file(str(f))
     own = head.state_dict()
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))

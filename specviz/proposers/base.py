@@ -35,6 +35,8 @@ class StepContext:
     generator:    torch.Generator for any randomness the proposer uses (seeded per request).
     target_hidden: float [T, H] target hidden states of the last verified positions (EAGLE,
                   Medusa, DFlash); None for proposers that do not need them.
+    target_runner: the request's target :class:`~specviz.runner.ModelRunner` (set by the engine),
+                  read-only for proposers: mtp reads the target's KV cache through ``layer_kv``.
     """
 
     temperature: float = 0.0
@@ -42,6 +44,7 @@ class StepContext:
     top_k: int | None = None
     top_p: float | None = None
     target_hidden: torch.Tensor | None = None
+    target_runner: Any = None
 
 
 @dataclass

@@ -42,7 +42,7 @@ from .base import Draft, Outcome, StepContext
 def head_taps(config) -> tuple[str, ...]:
     """The target feature taps a head reads (runner tap names, in the order they are concatenated):
     the final-norm output for ``eagle``, the inputs of ``aux_layer_ids`` for ``eagle3``."""
-    if config.kind == "eagle":
+    if config.kind in ("eagle", "medusa", "mtp"):  # medusa / mtp read the final-norm f_t too
         return (FINAL_NORM,)
     return tuple(layer_input(layer) for layer in config.aux_layer_ids)
 

@@ -243,33 +243,82 @@ def _block_tau(P, rho, eta, in_draft, num_draft):
     return h, tau
 
 
-def _emit(p_all, q_all, ids, j, is_bonus, valid, scale, exp, method):
-    """The one token each row emits at slot j [B] (0-based; j == k' means bonus).
+def emission_weights(p_all, q_all, ids, j, is_bonus, valid, scale, method):
+    """The weights w [B, V] (float32, unnormalised) each row's one token is drawn from at slot j [B]
+    (0-based; j == k' means bonus), and whether they summed to 0 so that w = p_j ([B] bool).
 
-    Greedy: argmax p_j. Otherwise the exponential race over weights w [B, V]:
-    bonus w = p_j; recovered, full q: w = max(scale * p_j - q_j, 0) (scale = P_tau for block, else 1;
-    q_j zeroed where the slot is invalid); recovered, one-hot: p_j with x_j zeroed (valid slots).
+    Greedy: w = p_j (its argmax is taken). Bonus: w = p_j. Recovered, full q: w = max(scale * p_j -
+    q_j, 0) (scale = P_tau for block, else 1; q_j zeroed where the slot is invalid); recovered,
+    one-hot: p_j with x_j zeroed (valid slots). valid: bool [B, K] (usable draft slots: id in
+    [0, V), finite q row). No host sync (the trace's record gathers it inside a CUDA graph). The
+    sampler's race and the trace's emitted distribution both come from here (issue 10, point 8).
     """
     B, K1, V = p_all.shape
     rows = torch.arange(B, device=p_all.device)
     p_j = p_all[rows, j].float()  # [B, V] (a copy)
-    if method == "greedy":
-        return p_j.argmax(dim=1)
-    w = p_j
-    if K1 > 1:
-        jc = j.clamp(max=K1 - 2)
-        use_q = ~is_bonus & valid[rows, jc]  # [B] recovered rows with a usable q
-        if q_all is None:
-            w = p_j.clone()
-            w[rows[use_q], ids[rows, jc][use_q]] = 0.0
-        else:
-            q_j = q_all[rows, jc].float().masked_fill_(~use_q[:, None], 0.0)  # [B, V]
-            w = (p_j if method != "block" else scale[:, None] * p_j).sub(q_j).clamp_min_(0.0)
+    if method == "greedy" or K1 == 1:
+        return p_j, torch.zeros(B, dtype=torch.bool, device=p_all.device)
+    jc = j.clamp(max=K1 - 2)
+    use_q = ~is_bonus & valid[rows, jc]  # [B] recovered rows with a usable q
+    if q_all is None:
+        x = torch.where(use_q, ids[rows, jc], torch.zeros_like(jc))[:, None]  # [B, 1]
+        w = p_j.scatter(1, x, torch.where(use_q[:, None], 0.0, p_j.gather(1, x)))
+    else:
+        q_j = q_all[rows, jc].float().masked_fill_(~use_q[:, None], 0.0)  # [B, V]
+        w = (p_j if method != "block" else scale[:, None] * p_j).sub(q_j).clamp_min_(0.0)
     zero = w.sum(dim=1) == 0  # [B]
-    if bool(zero.any()):
-        w = torch.where(zero[:, None], p_j, w)
+    return torch.where(zero[:, None], p_j, w), zero
+
+
+def usable_slots(p_all, q_all, ids, num_draft):
+    """bool [B, K]: slot < k', draft id in [0, V) and (full q) a finite q row: the slots whose q the
+    sampler uses ("Invalid input" in the module docstring). No host sync."""
+    B, K1, V = p_all.shape
+    slot = torch.arange(K1 - 1, device=p_all.device)[None, :]
+    ok = (slot < num_draft[:, None]) & (ids >= 0) & (ids < V)
+    if q_all is not None:
+        ok = ok & torch.isfinite(q_all.float()).all(dim=-1)
+    return ok
+
+
+def residual_weights(p_all, q_all, ids, num_draft):
+    """max(p_i - q_i, 0) [B, K, V] for every draft slot, q as the sampler uses it: one-hot at x_i,
+    the zero vector at an unusable slot (:func:`usable_slots`; residual = p_i). No host sync."""
+    B, K1, V = p_all.shape
+    ok = usable_slots(p_all, q_all, ids, num_draft)  # [B, K]
+    p = p_all[:, : K1 - 1].float()
+    if q_all is None:
+        safe = torch.where(ok, ids, torch.zeros_like(ids)).long()[..., None]  # [B, K, 1]
+        q = torch.zeros_like(p).scatter_(2, safe, ok.float()[..., None])
+    else:
+        q = torch.where(ok[..., None], q_all.float(), 0.0)
+    return (p - q).clamp_min(0.0)
+
+
+def emitted_weights(out: RejectionOutput, p_all, q_all, ids):
+    """:func:`emission_weights` of a finished verification (either backend): the reference sampler's
+    own (``out.emit_weights``), else recomputed from ``out``'s decisions by the same function.
+    p_all [B, K+1, V], q_all [B, K, V] or None, ids [B, K]. Returns (w [B, V], zero [B] bool)."""
+    if out.emit_weights is not None:
+        return out.emit_weights, out.emit_fallback
+    B, K1, _ = p_all.shape
+    is_bonus = out.num_accepted == out.num_draft
+    scale = torch.ones(B, dtype=torch.float32, device=p_all.device)
+    if out.block is not None and K1 > 1:
+        P0 = torch.cat([torch.ones(B, 1, device=p_all.device), out.block.P.float()], dim=1)  # [B, K+1]
+        scale = torch.where(is_bonus, 1.0, P0.gather(1, out.num_accepted[:, None]).squeeze(1))
+    valid = usable_slots(p_all, q_all, ids.long(), out.num_draft)
+    return emission_weights(p_all, q_all, ids.long(), out.num_accepted, is_bonus, valid, scale, out.method)
+
+
+def _emit(p_all, q_all, ids, j, is_bonus, valid, scale, exp, method):
+    """The one token each row emits at slot j [B]: greedy argmax p_j, else the exponential race over
+    :func:`emission_weights`. Returns (token [B], weights [B, V], weights-were-zero [B])."""
+    w, zero = emission_weights(p_all, q_all, ids, j, is_bonus, valid, scale, method)
+    if method == "greedy":
+        return w.argmax(dim=1), w, zero
     score = (w / exp).masked_fill_(w == 0, -1.0)  # [B, V]; zero weight never wins
-    return score.argmax(dim=1)
+    return score.argmax(dim=1), w, zero
 
 
 def _reference(target_probs, draft_probs, draft_token_ids, method, noise, rates) -> RejectionOutput:
@@ -303,7 +352,8 @@ def _reference(target_probs, draft_probs, draft_token_ids, method, noise, rates)
         num_accepted = ok.long().cumprod(dim=1).sum(dim=1) if K else ids.new_zeros(B)
     is_bonus = num_accepted == num_draft
     exp = None if greedy else noise.exp
-    token = _emit(target_probs, draft_probs, ids, num_accepted, is_bonus, s["valid"], scale, exp, method)
+    token, emit_w, emit_zero = _emit(target_probs, draft_probs, ids, num_accepted, is_bonus, s["valid"], scale, exp,
+                                     method)
     accepted = slot < num_accepted[:, None]  # [B, K]
     return RejectionOutput(
         output_token_ids=_layout(ids, accepted, num_accepted, token),
@@ -319,6 +369,8 @@ def _reference(target_probs, draft_probs, draft_token_ids, method, noise, rates)
         method=method,
         backend="reference",
         block=block,
+        emit_weights=emit_w,
+        emit_fallback=emit_zero,
     )
 
 

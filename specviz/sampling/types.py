@@ -103,6 +103,10 @@ class RejectionOutput:
     residual_mass:    float32 [B, K]   Z_i = sum_x max(p_i(x) - q_i(x), 0) (one-hot q: 1 - p_i(x_i)).
     method, backend:  which verification rule ran, and "reference" or "triton".
     block:            BlockDetails for method "block", else None.
+    emit_weights:     float32 [B, V] the weights the emitted token was drawn from (after the sum-0
+                      fallback to p; greedy: p at the slot), or None (the Triton kernels: get them with
+                      ``specviz.sampling.reference.emitted_weights``, the same definition).
+    emit_fallback:    bool [B] those weights summed to 0 and p was used, or None with emit_weights.
     """
 
     output_token_ids: torch.Tensor
@@ -118,3 +122,5 @@ class RejectionOutput:
     method: str
     backend: str
     block: BlockDetails | None = None
+    emit_weights: torch.Tensor | None = None
+    emit_fallback: torch.Tensor | None = None

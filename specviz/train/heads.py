@@ -43,6 +43,7 @@ import torch
 
 from specviz.heads import HEAD_DIRS, build_head, head_config_from_target, save_head, target_features
 from specviz.heads.losses import agreement, eagle1_loss, eagle3_loss
+from specviz.train import head_kinds
 from specviz.train.data import BatchOrder, epoch_permutation
 from specviz.train.loop import autocast, lr_lambda
 
@@ -88,7 +89,10 @@ class HeadTrainConfig:
     min_seconds_left: float = 10.0
 
 
-DEFAULTS = {"eagle": HeadTrainConfig(), "eagle3": HeadTrainConfig(steps=2400, warmup_steps=100, eval_every=600)}
+DEFAULTS = {"eagle": HeadTrainConfig(), "eagle3": HeadTrainConfig(steps=2400, warmup_steps=100, eval_every=600),
+            # medusa: K = 4 heads (ttt_steps unused); mtp: S = 4 unrolled steps (methods.md 7.4). Not yet timed on the H200.
+            "medusa": HeadTrainConfig(steps=3000, warmup_steps=150, eval_every=750),
+            "mtp": HeadTrainConfig(steps=2000, warmup_steps=100, eval_every=500, ttt_steps=4)}
 SMOKE = {
     name: dataclasses.replace(cfg, batch_size=8, steps=40, warmup_steps=4, ttt_steps=3, eval_every=20,
                               eval_windows=8, eval_batch_size=8, log_every=10, lr=3e-3, min_seconds_left=0.0)
@@ -106,7 +110,9 @@ def estimate_flops_per_token(kind: str, target_config, cfg: HeadTrainConfig, seq
     layer = 2 * (2 * d * d + 2 * d * kv + 3 * d * ff)  # q, o, k, v, SwiGLU
     target = L * (layer + 2 * seq_len * d) + 2 * d * V  # causal attention ~ T/2 keys, 4 flops each
     lm = 2 * d * V
-    if kind == "eagle":
+    if kind in head_kinds.KINDS:
+        head = head_kinds.flops_per_token(kind, target_config, cfg)
+    elif kind == "eagle":
         head = 3 * (2 * 2 * d * d + layer + 2 * seq_len * d) + 2 * lm
     else:
         S = cfg.ttt_steps
@@ -117,6 +123,8 @@ def estimate_flops_per_token(kind: str, target_config, cfg: HeadTrainConfig, seq
 
 # ---- the loop -----------------------------------------------------------------------------------
 def _loss(kind: str, head, tf, batch, cfg: HeadTrainConfig, gen, train: bool):
+    if kind in head_kinds.KINDS:
+        return head_kinds.loss(kind, head, tf, batch, cfg)
     if kind == "eagle":
         return eagle1_loss(head, tf, batch, cfg.reg_weight, cfg.cls_weight, cfg.noise if train else 0.0, gen)
     return eagle3_loss(head, tf, batch, cfg.ttt_steps, cfg.decay)
@@ -124,6 +132,8 @@ def _loss(kind: str, head, tf, batch, cfg: HeadTrainConfig, gen, train: bool):
 
 def _features(target, batch: torch.Tensor, head_cfg, device):
     with torch.no_grad(), autocast(device):
+        if head_cfg.kind in head_kinds.KINDS:
+            return head_kinds.features(target, batch[:, :-1], head_cfg)
         return target_features(target, batch[:, :-1], head_cfg, with_logits=True)
 
 
@@ -138,11 +148,13 @@ def evaluate_head(kind: str, head, target, heldout: torch.Tensor, cfg: HeadTrain
         batch = windows[i : i + cfg.eval_batch_size]
         tf = _features(target, batch, head.config, device)
         with autocast(device):
-            agr = agreement(head, tf, batch, cfg.ttt_steps)
+            own = kind in head_kinds.KINDS  # medusa / mtp
+            agr = head_kinds.agreement(kind, head, tf, batch, cfg) if own else agreement(head, tf, batch, cfg.ttt_steps)
             if kind == "eagle":
                 loss, _ = _loss(kind, head, tf, batch, cfg, None, train=False)
-            else:  # the TTT objective from the same unrolled pass
-                loss = sum(cfg.decay**s * agr["ce"][s] for s in range(cfg.ttt_steps))
+            else:  # the weighted objective from the same pass (TTT steps, Medusa heads, MTP steps)
+                n = head_kinds.decay_steps(kind, head, cfg) if own else cfg.ttt_steps
+                loss = sum(cfg.decay**s * agr["ce"][s] for s in range(n))
         w = batch.shape[0]
         for k, v in {"loss": loss.detach().float(), **agr}.items():
             sums[k] = sums.get(k, 0) + v.float() * w
@@ -170,8 +182,12 @@ def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: Hea
     """Train one head from scratch. Returns (head fp32 on device, log dict)."""
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
-    head_cfg = head_config_from_target(target.config, kind, cfg.aux_layer_ids)
-    head = build_head(head_cfg).to(device).attach(target).train()
+    if kind in head_kinds.KINDS:
+        head_cfg, head = head_kinds.new_head(kind, target, cfg)
+    else:
+        head_cfg = head_config_from_target(target.config, kind, cfg.aux_layer_ids)
+        head = build_head(head_cfg)
+    head = head.to(device).attach(target).train()
     runner = torch.compile(head) if (cfg.compile and kind == "eagle") else head
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                             fused=device.type == "cuda")
@@ -244,7 +260,31 @@ def train_eagle3(target, train_windows, heldout_windows, device, out_dir, time_b
     return _train("eagle3", target, train_windows, heldout_windows, device, out_dir, time_budget_s, config)
 
 
-HEAD_TRAINERS: dict[str, Callable[..., dict]] = {"eagle": train_eagle, "eagle3": train_eagle3}
+def train_medusa(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
+    """Medusa heads (Cai et al. 2024, arXiv 2401.10774): K = 4 ResBlocks on f_t over the target's frozen LM
+    head, soft labels from the target, weights 0.8^i (:mod:`specviz.train.head_kinds`). Saves out_dir/specviz-medusa/."""
+    return _train("medusa", target, train_windows, heldout_windows, device, out_dir, time_budget_s, config)
+
+
+def train_mtp(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
+    """Gemma-4-style MTP head, trained by specviz (no public recipe; methods.md 7.4): S = 4 steps at the
+    constant position over the target's last-layer K/V, soft labels, weights 0.8^s. Saves out_dir/specviz-mtp/."""
+    return _train("mtp", target, train_windows, heldout_windows, device, out_dir, time_budget_s, config)
+
+
+HEAD_TRAINERS: dict[str, Callable[..., dict]] = {"eagle": train_eagle, "eagle3": train_eagle3, "medusa": train_medusa,
+                                                 "mtp": train_mtp}
+
+
+def _register_dflash() -> None:
+    """DFlash (specviz/train/dflash.py): its own config type, trainer and held-out acceptance run."""
+    from specviz.train.dflash import DFLASH_DEFAULT, DFLASH_SMOKE, train_dflash
+
+    HEAD_TRAINERS["dflash"], DEFAULTS["dflash"], SMOKE["dflash"] = train_dflash, DFLASH_DEFAULT, DFLASH_SMOKE
+
+
+_register_dflash()
+HEAD_KS = {"dflash": 7}  # greedy k of the held-out acceptance run (DFlash: B - 1 = 7, issue 16)
 
 
 def train_heads(target, train_windows: torch.Tensor, heldout_windows: torch.Tensor, device, out_dir,
@@ -284,12 +324,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m specviz.train.heads", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True, help="target model directory (safetensors)")
     ap.add_argument("--out", required=True, help="output directory; heads go to OUT/specviz-eagle*/")
-    ap.add_argument("--heads", default="eagle,eagle3", help="comma-separated: eagle, eagle3")
+    ap.add_argument("--heads", "--kinds", dest="heads", default="eagle,eagle3",
+                    help="comma-separated: " + ", ".join(HEAD_TRAINERS))
     ap.add_argument("--time-budget-s", type=float, default=None, help="per-head training time limit")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run (smoke preset windows, SMOKE configs, one CPU thread); < 60 s on a tiny target")
     ap.add_argument("--preset", default=None, help="window preset (default: demo, or smoke with --smoke)")
     ap.add_argument("--device", default=None, choices=["cuda", "cpu"])
+    ap.add_argument("--mal-prompts", type=int, default=20,
+                    help="held-out prompts for the greedy mean acceptance length of dflash vs draft_model (0 = skip)")
+    ap.add_argument("--mal-prompts-file", default="results/train/v2/heldout_prompts.json")
+    ap.add_argument("--mal-new-tokens", type=int, default=64)
+    ap.add_argument("--no-eval", action="store_true", help="skip the held-out acceptance run through the engine")
+    ap.add_argument("--eval-prompts", default=None, help="heldout_prompts.json (default results/train/v2/...)")
+    ap.add_argument("--eval-limit", type=int, default=None, help="held-out prompts (default 40; --smoke: 2)")
+    ap.add_argument("--eval-k", type=int, default=4, help="num_speculative_tokens of the acceptance run")
+    ap.add_argument("--eval-tokens", type=int, default=None, help="new tokens per prompt (default 64; --smoke: 8)")
+    ap.add_argument("--draft", default=None, help="draft model beside the heads (default: the bundled draft, when "
+                    "the target is the bundled one)")
     args = ap.parse_args(argv)
     from specviz.models import load_model, load_tokenizer, resolve_device
 
@@ -305,7 +357,45 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {n: {"steps": g["steps"], "train_s": g["train_s"], "stopped_early": g["stopped_early"],
                    "heldout": g["heldout"][-1], "bytes": g["saved"]["bytes"]} for n, g in logs.items()}
     print(json.dumps(summary))
+    for name in (n for n in names if n in HEAD_KS and args.mal_prompts > 0):
+        logs[name]["heldout_acceptance"] = _heldout_acceptance(args, name, logs[name], device)
+    if not args.no_eval:
+        logs["acceptance"] = _acceptance(args, logs, device)
     return logs
+
+
+def _heldout_acceptance(args, name: str, log: dict, device) -> dict:
+    """Greedy held-out mean acceptance length of the new head next to draft_model's (same k, and k = 4),
+    printed and added to the head's train_log.json."""
+    from specviz.train.dflash import heldout_acceptance
+
+    k = HEAD_KS[name]
+    res = heldout_acceptance(args.target, {name: log["saved"]["dir"]}, [(name, k), ("draft_model", k), ("draft_model", 4)],
+                             args.mal_prompts_file, args.mal_prompts, args.mal_new_tokens, device=str(device))
+    for key, run in res["runs"].items():
+        print(f"held-out greedy MAL {key}: {run['mean_acceptance_length']:.3f} (tokens/step "
+              f"{run['tokens_per_step']:.3f}, outputs differing from none: {run['outputs_differ_from_none']})")
+    path = Path(log["saved"]["dir"]) / "train_log.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "heldout_acceptance": res}, indent=1))
+    return res
+
+
+def _acceptance(args, logs: dict, device) -> dict:
+    """Held-out greedy mean acceptance length of the heads just trained, next to draft_model's
+    (:mod:`specviz.train.head_eval`); printed as one line and saved to OUT/heads_acceptance.json."""
+    from specviz.models import DEFAULT_TARGET
+    from specviz.train import head_eval
+
+    draft = args.draft
+    if draft is None and Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve() and head_eval.DEFAULT_DRAFT.exists():
+        draft = str(head_eval.DEFAULT_DRAFT)
+    heads = {n: g["saved"]["dir"] for n, g in logs.items()}
+    res = head_eval.heldout_acceptance(args.target, heads, draft, args.eval_prompts, k=args.eval_k,
+                                       max_new_tokens=args.eval_tokens or (8 if args.smoke else 64),
+                                       limit=args.eval_limit or (2 if args.smoke else 40), device=device.type)
+    print(head_eval.summary_line(res))
+    (Path(args.out) / "heads_acceptance.json").write_text(json.dumps(res, indent=1))
+    return res
 
 
 # ---- pairing helpers (kept for tests/test_train.py and the Medusa issue) --------------------------

@@ -104,7 +104,7 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                            info="none = plain decoding; ngram = prompt lookup (ngram_gpu: the same on the "
                                 "device, with the Triton matcher on CUDA); suffix = suffix decoding; "
                                 "draft_model = a small model; eagle / eagle3 = a head on the target's hidden states "
-                                "(needs a trained head)")
+                                "(needs a trained head); dflash = a block drafter, one forward drafts up to 7 tokens")
     with gr.Row(equal_height=True):
         c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
         c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")

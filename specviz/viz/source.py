@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Trace
 
-from . import eagle, match
+from . import dflash, eagle, match, medusa, mtp
 from .common import as_trace
 from .residual import message_figure
 
@@ -43,11 +43,14 @@ def _lookup_note(trace: Trace) -> str:
 _MATCH = SourceView(lambda trace, step, position: match.match_context_html(trace, step), match.trie_figure)
 _LOOKUP = SourceView(_MATCH.html, _MATCH.figure, _lookup_note)
 _EAGLE = SourceView(eagle.eagle_html, eagle.eagle_figure)
+_DFLASH = SourceView(dflash.dflash_html, dflash.dflash_figure)
 
 VIEWS: dict[str, SourceView] = {
     "none": _MATCH, "draft_model": _MATCH, "suffix": _MATCH,  # match.py explains none / draft_model itself
     "ngram": _LOOKUP, "ngram_gpu": _LOOKUP,
     "eagle": _EAGLE, "eagle3": _EAGLE,
+    "dflash": _DFLASH,
+    "medusa": SourceView(medusa.medusa_html, medusa.medusa_figure), "mtp": SourceView(mtp.mtp_html, mtp.mtp_figure),
 }
 
 

@@ -1,0 +1,193 @@
+"""Medusa heads (Cai et al. 2024, arXiv 2401.10774; FasterDecoding/Medusa ``medusa_model.py``;
+vLLM ``model_executor/models/medusa.py`` with ``original_lm_head: true``).
+
+K heads read the same feature f_t, the target's final hidden state **after** the final RMSNorm at
+the last committed position t (what the LM head multiplies; HF ``last_hidden_state``, the runner
+tap ``final_norm``; methods.md 0 and 1.1). Head i (0-based) predicts x_{t+2+i}::
+
+    h_i      = f_t + SiLU(W_i f_t + b_i)        ResBlock, W_i zero-initialised (the block starts as the identity)
+    logits_i = W_lm h_i                          the target's frozen LM head, shared by every head (vLLM
+                                                 ``original_lm_head``): only the K ResBlocks are trained and saved
+
+The LM head itself gives x_{t+1} (the root). Training (methods.md 12, decision Q4): soft labels, the
+target's own distribution softmax(z_{t+1+i}) at the future position, loss sum_i 0.8^i CE_i
+(:func:`medusa_loss`). Parameters for d = 256, K = 4: 4 x (256^2 + 256) = 263 k (0.5 MB in bf16).
+No gradio / plotly here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specviz.heads.losses import soft_cross_entropy
+
+FORMAT = "specviz-head-v1"
+DEFAULT_NUM_HEADS = 4
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    """Shape of a Medusa head set.
+
+    kind: "medusa". hidden_size: d (the target's). vocab_size: V (the target's).
+    num_heads: K, head i predicts x_{t+2+i}. num_layers: ResBlocks per head (Medusa's
+    ``medusa_num_layers``, 1). target_num_hidden_layers: L of the target it was built for.
+    """
+
+    kind: str
+    hidden_size: int
+    vocab_size: int
+    target_num_hidden_layers: int
+    num_heads: int = DEFAULT_NUM_HEADS
+    num_layers: int = 1
+
+    def __post_init__(self):
+        if self.kind != "medusa":
+            raise ValueError(f"a MedusaConfig has kind 'medusa', got {self.kind!r}")
+        if self.num_heads < 1 or self.num_layers < 1:
+            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}")
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        """No aux taps (the engine's trace config reads this for every head)."""
+        return ()
+
+    @property
+    def taps(self) -> tuple[str, ...]:
+        """The features a first pass reads, named as in :mod:`specviz.heads.extract`: the final-norm f_t."""
+        return ("final",)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MedusaConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(data) - names:
+            raise ValueError(f"unknown keys in medusa config.json: {sorted(set(data) - names)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"bad medusa config.json: {exc}") from exc
+
+
+def medusa_config_from_target(target_config, num_heads: int = DEFAULT_NUM_HEADS) -> MedusaConfig:
+    """The Medusa config for a transformers Llama-like target config."""
+    c = target_config
+    return MedusaConfig(kind="medusa", hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+                        target_num_hidden_layers=c.num_hidden_layers, num_heads=num_heads)
+
+
+def check_medusa_matches(cfg: MedusaConfig, target_config) -> None:
+    """Raise ValueError (saying what differs) unless the heads fit this target."""
+    c = target_config
+    problems = [f"{name} {mine} != target's {theirs}" for name, mine, theirs in (
+        ("hidden size", cfg.hidden_size, c.hidden_size), ("vocab size", cfg.vocab_size, c.vocab_size),
+        ("layer count", cfg.target_num_hidden_layers, c.num_hidden_layers)) if mine != theirs]
+    if problems:
+        raise ValueError("medusa head does not match the target: " + "; ".join(problems)
+                         + ". Use a head trained for this target (python -m specviz.train.heads --target DIR).")
+
+
+class ResBlock(nn.Module):
+    """Medusa's ``ResBlock``: x + SiLU(Linear(d, d)(x)), the linear zero-initialised (identity at start)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x):
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHead(nn.Module):
+    """K Medusa heads over the target's frozen LM head (not a submodule: never trained or saved).
+
+    ``head(features)``: features float [..., d] = f_t (final-norm) -> logits float32 [K, ..., V];
+    ``logits[i]`` predicts x_{t+2+i}. Features are cast to the head's dtype.
+    """
+
+    def __init__(self, config: MedusaConfig, target=None):
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(d) for _ in range(config.num_layers)])
+                                    for _ in range(config.num_heads))
+        self._shared: tuple[nn.Module] | None = None
+        if target is not None:
+            self.attach(target)
+
+    def attach(self, target) -> "MedusaHead":
+        """Share ``target``'s LM head (frozen). Raises ValueError if the config does not match."""
+        check_medusa_matches(self.config, target.config)
+        lm = target.get_output_embeddings()
+        for p in lm.parameters():
+            p.requires_grad_(False)
+        self._shared = (lm,)
+        return self
+
+    @property
+    def lm_head(self) -> nn.Module:
+        if self._shared is None:
+            raise ValueError("medusa head has no target attached: build it with a target or call head.attach(target)")
+        return self._shared[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if features.shape[-1] != self.config.hidden_size:
+            raise ValueError(f"medusa head: features must be [..., {self.config.hidden_size}] (the final-norm f_t), "
+                             f"got {tuple(features.shape)}")
+        x = features.to(self.dtype)
+        lm = self.lm_head
+        return torch.stack([lm(block(x).to(lm.weight.dtype)).float() for block in self.blocks])  # [K, ..., V]
+
+
+def medusa_loss(head: MedusaHead, final: torch.Tensor, target_logits: torch.Tensor, decay: float = 0.8):
+    """Soft-label Medusa loss on one batch (methods.md 5.4 / 12; soft labels: decision Q4).
+
+    final: [B, T, d] f_t of a window; target_logits: float [B, T, V] z_t (predicting x_{t+1}).
+    Head i at row t is scored against softmax(z_{t+1+i}) (the target's distribution of x_{t+2+i});
+    rows t >= T-1-i have no label and are dropped. Loss = sum_i decay^i * mean CE_i.
+    Returns (loss fp32 scalar, {"ce": [K], "top1": [K]} detached: top1[i] = agreement of head i's
+    argmax with the target's argmax at the label position)."""
+    T = final.shape[1]
+    K = head.config.num_heads
+    if T < K + 2:
+        raise ValueError(f"{K} Medusa heads need windows of at least {K + 2} positions, got T={T}")
+    logits = head(final[:, : T - 1])  # [K, B, T-1, V]: row t predicts x_{t+2+i}
+    loss, ces, top1 = 0.0, [], []
+    for i in range(K):
+        lg, lab = logits[i, :, : T - 1 - i], target_logits[:, 1 + i :]  # rows t = 0..T-2-i, labels z_{t+1+i}
+        ce = soft_cross_entropy(lg, lab).mean()
+        loss = loss + decay**i * ce
+        ces.append(ce.detach())
+        top1.append((lg.argmax(-1) == lab.argmax(-1)).float().mean())
+    return loss, {"ce": torch.stack(ces), "top1": torch.stack(top1)}
+
+
+@torch.no_grad()
+def medusa_agreement(head: MedusaHead, final: torch.Tensor, target_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Held-out agreement per head: top1[i] (head i's argmax == the target's at the label position) and
+    chain[i] (heads 0..i all agree: a teacher-free proxy of a greedy chain's per-position acceptance)."""
+    T, K = final.shape[1], head.config.num_heads
+    logits = head(final[:, : T - 1])  # [K, B, T-1, V]
+    top1, chain, ces, agree_all = [], [], [], None
+    for i in range(K):
+        lg, lab = logits[i, :, : T - 1 - i], target_logits[:, 1 + i :]
+        agree = lg.argmax(-1) == lab.argmax(-1)  # [B, T-1-i]
+        agree_all = agree if agree_all is None else agree_all[:, : T - 1 - i] & agree
+        top1.append(agree.float().mean())
+        chain.append(agree_all.float().mean())
+        ces.append(soft_cross_entropy(lg, lab).mean())
+    return {"top1": torch.stack(top1), "chain": torch.stack(chain), "ce": torch.stack(ces)}

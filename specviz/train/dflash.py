@@ -1,0 +1,281 @@
+"""Training the DFlash block drafter (``dflash``) on a frozen target.
+
+Recipe: the SpecForge port (``specforge/core/dflash.py::OnlineDFlashModel``; paper Eq. 4; methods.md
+6.2), since the official one is unreleased. Per token window x_0..x_T (the LM's own windows):
+
+* the frozen target runs once on x_0..x_{T-1}: taps c_j (outputs of ``target_layer_ids``) and the
+  final-norm state f_j of every position j (logits z_j = W_lm f_j predict x_{j+1});
+* ``num_anchors`` distinct anchors a per window, uniform in [1, T - B + 1], sorted (SpecForge
+  ``_sample_anchor_positions``); block b = [x_a, MASK x (B-1)] at positions a .. a+B-1;
+* attention (one dense bool mask per window, [N B, T + N B]): block b sees context keys j < a
+  (**strictly**: the target has not run x_a yet at inference) and every slot of its own block
+  (bidirectional); blocks never see each other;
+* slot k = 1..B-1 predicts x_{a+k}; loss = sum_k w_k CE_k / sum_k w_k with w_k = exp(-(k-1)/gamma).
+
+Our choices (say so in the card): soft labels, the target's own distribution softmax(z_{a+k-1})
+with MASK's (pad's) probability removed, instead of SpecForge's data tokens (methods.md 13, Q4);
+B = 8 and gamma = 4 (SpecForge's block-8 advice); L_d = 2 layers with z-lab's tap rule; lr 1.5e-3
+(SpecForge's 6e-4 is for 8 B targets); 64 anchors per 1024-token window; the cosine schedule runs
+over whichever ends first, ``steps`` or the time budget (so a budget-stopped run still anneals).
+
+Held-out measurement: per-slot top-1 agreement with the target's argmax (teacher-forced: the target
+conditions on the data prefix), and ``chain[k]`` = all of slots 1..k agree (a proxy for greedy
+acceptance); the honest number is :func:`heldout_acceptance` (real greedy decoding, vLLM's mean
+acceptance length, next to draft_model's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specviz.heads.dflash import HEAD_DIR, DFlashHead, dflash_config_from_target, save_dflash
+from specviz.heads.losses import soft_cross_entropy
+from specviz.train.data import epoch_permutation
+from specviz.train.loop import autocast
+
+
+@dataclass(frozen=True)
+class DFlashTrainConfig:
+    """Hyper-parameters (see the module docstring for which are ours). eval_* : held-out windows."""
+
+    batch_size: int = 32
+    steps: int = 4000
+    lr: float = 1.5e-3
+    warmup_steps: int = 150
+    min_lr_ratio: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    block_size: int = 8
+    num_anchors: int = 64
+    gamma: float = 4.0
+    num_layers: int = 2
+    target_layer_ids: tuple[int, ...] | None = None
+    eval_every: int = 500
+    eval_windows: int = 64
+    eval_batch_size: int = 8
+    log_every: int = 50
+    seed: int = 0
+    min_seconds_left: float = 10.0
+
+
+DFLASH_DEFAULT = DFlashTrainConfig()
+DFLASH_SMOKE = dataclasses.replace(DFLASH_DEFAULT, batch_size=8, steps=40, warmup_steps=4, num_anchors=8,
+                                   eval_every=20, eval_windows=8, log_every=10, lr=3e-3, min_seconds_left=0.0)
+
+
+# ---- one batch --------------------------------------------------------------------------------
+@torch.no_grad()
+def target_taps(target, inputs: torch.Tensor, layer_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """inputs int64 [W, T] -> (features [W, T, len(ids) d] = outputs of layers ``layer_ids``
+    (HF hidden_states[id + 1]) concatenated, final-norm f [W, T, d]); target compute dtype."""
+    out = target.model(input_ids=inputs, output_hidden_states=True, use_cache=False)
+    feats = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    return feats, out.last_hidden_state
+
+
+def sample_anchors(W: int, T: int, num: int, block: int, generator: torch.Generator, device) -> torch.Tensor:
+    """num distinct anchors per window, uniform in [1, T - block + 1], sorted: int64 [W, num].
+    Raises ValueError if the window has fewer candidate anchors than ``num``."""
+    span = T - block + 1
+    if span < num:
+        raise ValueError(f"{num} anchors need windows of >= {num + block - 1} tokens, got T={T}")
+    r = torch.rand(W, span, generator=generator, device=device)
+    return r.argsort(dim=1)[:, :num].sort(dim=1).values + 1
+
+
+def block_inputs(ids: torch.Tensor, anchors: torch.Tensor, block: int, mask_id: int):
+    """ids int64 [W, T+1], anchors [W, N] -> (block ids [W, N*B] = [x_a, MASK x (B-1)] per anchor,
+    block positions [W, N*B] = a .. a+B-1)."""
+    W, N = anchors.shape
+    pos = anchors[:, :, None] + torch.arange(block, device=ids.device)  # [W, N, B]
+    blk = torch.full_like(pos, mask_id)
+    blk[:, :, 0] = ids.gather(1, anchors)  # the anchor token x_a
+    return blk.view(W, N * block), pos.view(W, N * block)
+
+
+def block_mask(anchors: torch.Tensor, T: int, block: int) -> torch.Tensor:
+    """Training attention mask, bool [W, 1, N*B, T + N*B] (True = attend): the queries of block b see
+    context keys j < anchor_b (strict) and the B keys of their own block."""
+    W, N = anchors.shape
+    q_block = torch.arange(N * block, device=anchors.device) // block  # [NB]: block of each query
+    ctx = torch.arange(T, device=anchors.device)[None, None, :] < anchors.repeat_interleave(block, 1)[:, :, None]
+    own = (q_block[:, None] == q_block[None, :]).expand(W, -1, -1)  # [W, NB, NB]
+    return torch.cat([ctx, own], dim=2)[:, None]
+
+
+def label_logits(target, final: torch.Tensor, anchors: torch.Tensor, block: int, mask_id: int) -> torch.Tensor:
+    """The soft labels' logits of slots 1..B-1: z_{a+k-1} (the target's distribution of x_{a+k}), MASK
+    removed (-inf). final [W, T, d], anchors [W, N] -> float32 [W, N, B-1, V]."""
+    W, N = anchors.shape
+    pos = anchors[:, :, None] + torch.arange(block - 1, device=anchors.device)  # [W, N, B-1]: a+k-1
+    f = final.gather(1, pos.view(W, -1, 1).expand(-1, -1, final.shape[-1]))  # [W, N(B-1), d]
+    with torch.no_grad():
+        z = target.lm_head(f).float().view(W, N, block - 1, -1)
+    z[..., mask_id] = float("-inf")
+    return z
+
+
+def dflash_loss(head: DFlashHead, target, ids: torch.Tensor, cfg: DFlashTrainConfig, generator, taps=None):
+    """The position-weighted soft CE of one batch. ids int64 [W, T+1]. Returns (loss fp32 scalar,
+    {"ce", "top1", "chain"}: fp32 [B-1] per slot, detached)."""
+    hc, B = head.config, cfg.block_size
+    W, T = ids.shape[0], ids.shape[1] - 1
+    feats, final = taps if taps is not None else target_taps(target, ids[:, :T], hc.target_layer_ids)
+    anchors = sample_anchors(W, T, cfg.num_anchors, B, generator, ids.device)  # [W, N]
+    blk, pos = block_inputs(ids, anchors, B, hc.mask_token_id)
+    mask = block_mask(anchors, T, B)
+    ctx_pos = torch.arange(T, device=ids.device).expand(W, T)
+    logits = head(feats, ctx_pos, blk, pos, None, attention_mask=mask)  # [W, N*B, V]
+    logits = logits.view(W, cfg.num_anchors, B, -1)[:, :, 1:]  # [W, N, B-1, V]: slot 0 excluded
+    labels = label_logits(target, final, anchors, B, hc.mask_token_id)  # [W, N, B-1, V]
+    ce = soft_cross_entropy(logits, labels).flatten(0, 1).mean(0)  # [B-1]
+    w = torch.exp(-torch.arange(B - 1, device=ids.device, dtype=torch.float32) / cfg.gamma)  # w_k, k = 1..B-1
+    loss = (w * ce).sum() / w.sum()
+    agree = (logits.argmax(-1) == labels.argmax(-1)).flatten(0, 1).float()  # [W N, B-1]
+    return loss, {"ce": ce.detach(), "top1": agree.mean(0), "chain": agree.cumprod(dim=1).mean(0)}
+
+
+# ---- the loop -----------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate_dflash(head, target, heldout: torch.Tensor, cfg: DFlashTrainConfig, device) -> dict:
+    """Held-out loss and per-slot agreement on the first ``eval_windows`` windows, with fixed
+    (seeded) anchors. Returns plain floats / lists."""
+    head.eval()
+    windows = heldout[: cfg.eval_windows]
+    gen = torch.Generator(device=device).manual_seed(1234)
+    sums: dict[str, torch.Tensor] = {}
+    for i in range(0, windows.shape[0], cfg.eval_batch_size):
+        batch = windows[i : i + cfg.eval_batch_size]
+        with autocast(device):
+            loss, stats = dflash_loss(head, target, batch, cfg, gen)
+        for k, v in {"loss": loss.float(), **stats}.items():
+            sums[k] = sums.get(k, 0) + v.float() * batch.shape[0]
+    head.train()
+    out = {k: (v / windows.shape[0]).tolist() for k, v in sums.items()}
+    return {"loss": round(out["loss"], 5), **{k: [round(x, 4) for x in out[k]] for k in ("top1", "chain", "ce")}}
+
+
+def _lr_scale(cfg: DFlashTrainConfig, step: int, elapsed: float, budget: float | None) -> float:
+    """Linear warmup, then cosine to min_lr_ratio over max(step / steps, elapsed / budget)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    if budget:
+        t = max(t, elapsed / budget)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
+def fit_dflash(target, train_windows, heldout_windows, device, cfg: DFlashTrainConfig = DFLASH_DEFAULT,
+               time_budget_s: float | None = None):
+    """Train a DFlash head from scratch on the frozen ``target``. windows int64 [W, T+1] on device.
+    Returns (head fp32, log dict)."""
+    device = torch.device(device)
+    torch.manual_seed(cfg.seed)
+    hc = dflash_config_from_target(target.config, cfg.num_layers, cfg.block_size, cfg.target_layer_ids)
+    head = DFlashHead(hc).to(device).attach(target).train()
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                            fused=device.type == "cuda")
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    n_win, seq_len = train_windows.shape[0], train_windows.shape[1] - 1
+    order = torch.cat([epoch_permutation(n_win, cfg.seed, e) for e in range(-(-cfg.steps * cfg.batch_size // n_win))])
+    order = order[: cfg.steps * cfg.batch_size].view(cfg.steps, cfg.batch_size).to(device)  # moved once
+    budget = None if time_budget_s is None else max(1.0, time_budget_s - cfg.min_seconds_left)
+    log = {"head": "dflash", "config": dataclasses.asdict(cfg), "head_config": dataclasses.asdict(hc),
+           "params": sum(p.numel() for p in head.parameters()), "seq_len": seq_len, "train": [], "heldout": [],
+           "stopped_early": False}
+    acc: dict[str, torch.Tensor] = {}
+    t0, n_acc, step = time.time(), 0, 0
+    for step in range(1, cfg.steps + 1):
+        elapsed = time.time() - t0
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * _lr_scale(cfg, step - 1, elapsed, budget)
+        batch = train_windows[order[step - 1]]  # [W, T+1]
+        with autocast(device):
+            loss, stats = dflash_loss(head, target, batch, cfg, gen)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        for k, v in {"loss": loss.detach(), **stats}.items():
+            acc[k] = acc.get(k, 0) + v.float()
+        n_acc += 1
+        over = budget is not None and time.time() - t0 > budget
+        last = step == cfg.steps or over
+        if step % cfg.log_every == 0 or last:
+            row = {k: (v / n_acc).tolist() for k, v in acc.items()}  # one host sync per log row
+            row = {k: round(v, 5) if isinstance(v, float) else [round(x, 4) for x in v] for k, v in row.items()}
+            row.update(step=step, lr=opt.param_groups[0]["lr"], elapsed_s=round(time.time() - t0, 2))
+            log["train"].append(row)
+            acc, n_acc = {}, 0
+        if step % cfg.eval_every == 0 or last:
+            row = evaluate_dflash(head, target, heldout_windows, cfg, device)
+            row.update(step=step, elapsed_s=round(time.time() - t0, 2))
+            log["heldout"].append(row)
+        if over:
+            log["stopped_early"] = True
+            break
+    log.update(steps=step, tokens_seen=step * cfg.batch_size * seq_len, train_s=round(time.time() - t0, 2))
+    return head, log
+
+
+def train_dflash(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
+    """DFlash block drafter (Chen et al. 2026, arXiv 2602.06036; SpecForge recipe, our choices in the
+    module docstring). Saves out_dir/specviz-dflash/ (config.json, model.safetensors bf16, train_log.json)."""
+    cfg = config or DFLASH_DEFAULT
+    head, log = fit_dflash(target, train_windows, heldout_windows, device, cfg, time_budget_s)
+    path = Path(out_dir) / HEAD_DIR
+    log["saved"] = {"dir": str(path), "files": save_dflash(head, path)}
+    log["saved"]["bytes"] = (path / "model.safetensors").stat().st_size
+    (path / "train_log.json").write_text(json.dumps(log, indent=1))
+    log["saved"]["files"].append("train_log.json")
+    return log
+
+
+# ---- held-out acceptance (real decoding) ---------------------------------------------------------
+def heldout_acceptance(target_dir: str, heads: dict[str, str], runs: list[tuple[str, int]], prompts_file: str,
+                       num_prompts: int = 20, max_new_tokens: int = 64, device: str | None = None,
+                       draft_dir: str | None = None) -> dict:
+    """Greedy speculative decoding (fp32) of the first ``num_prompts`` held-out prompts of
+    ``prompts_file`` (split "heldout"), for each (method, k) in ``runs`` (draft_model: with ``draft_dir``,
+    default the bundled draft when ``target_dir`` is the bundled target, else skipped): the metrics of
+    :func:`specviz.trace.compute_metrics` over all prompts' steps pooled (vLLM's mean acceptance
+    length), and how many outputs differ from method none's (greedy is lossless: expected 0)."""
+    from specviz.engine import SpecDecoder
+    from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET
+    from specviz.train.evaluate import load_prompts
+    from specviz.trace import compute_metrics
+
+    bundled = Path(target_dir).resolve() == Path(DEFAULT_TARGET).resolve() and DEFAULT_DRAFT.exists()
+    draft = draft_dir or (str(DEFAULT_DRAFT) if bundled else None)  # the bundled draft fits the bundled target only
+    dec = SpecDecoder.from_pretrained(target_dir, draft, device=device, dtype="float32", heads=heads)
+    if draft is None:  # no draft model for this target: its runs are skipped, and the result says so
+        runs = [(m, k) for m, k in runs if m != "draft_model"]
+    texts = [p.text for split, p in load_prompts(prompts_file) if split == "heldout"][:num_prompts]
+    room = dec.max_length - max_new_tokens if dec.max_length else None  # keep the end of a prompt too long to fit
+    prompts = [dec.encode(t)[-room:] if room else dec.encode(t) for t in texts]
+    out: dict = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "device": str(dec.device),
+                 "draft": draft, "runs": {}}
+    plain = [dec.generate(p, method="none", max_new_tokens=max_new_tokens).output_token_ids for p in prompts]
+    for method, k in runs:
+        steps, differ, t0 = [], 0, time.time()
+        for p, want in zip(prompts, plain):
+            tr = dec.generate(p, method=method, num_speculative_tokens=k, max_new_tokens=max_new_tokens,
+                              detailed_trace=False)
+            steps.extend(tr.steps)
+            differ += tr.output_token_ids != want
+        m = compute_metrics(steps, k)  # pooled over prompts (counts summed, as vLLM sums its counters)
+        out["runs"][f"{method} k={k}"] = {
+            "method": method, "k": k, "mean_acceptance_length": round(m["mean_acceptance_length"], 4),
+            "tokens_per_step": round(m["tokens_per_step"], 4), "num_drafts": m["num_drafts"],
+            "num_accepted_tokens": m["num_accepted_tokens"], "acceptance_rate_per_position":
+            [round(x, 4) for x in m["acceptance_rate_per_position"]], "outputs_differ_from_none": differ,
+            "wall_s": round(time.time() - t0, 2)}
+    return out

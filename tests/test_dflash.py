@@ -1,0 +1,386 @@
+"""Method dflash (issue 16): greedy output equals plain greedy decoding (fp32, eager and static), one
+drafter forward per step, the features / block / positions of methods.md 1.1 and 6.1, the context
+cache after partial accepts, MASK never drafted, lossless sampling (chi-square per position),
+missing heads and bad k. Heads have random weights (built from a config) on tiny random targets."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specviz import SpecDecoder
+from specviz.heads.dflash import DFlashCache, DFlashHead, dflash_config_from_target, save_dflash
+from specviz.proposers.dflash import DFlashProposer
+from specviz.runner import hidden_state_index
+from specviz.static_runner import StaticRunner
+from tiny_models import save_model
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
+D, BLOCK = 32, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def dflash_dirs(tmp_path_factory):
+    """(target dir, head dir): a 5-layer tiny Llama (pad = MASK = 1) and a random 2-layer DFlash head."""
+    root = tmp_path_factory.mktemp("dflash")
+    target = save_model("llama", root / "target", seed=3, layers=5, hidden=D)
+    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
+    torch.manual_seed(11)
+    cfg = dflash_config_from_target(dec.target_model.config, num_layers=2, block_size=BLOCK)
+    save_dflash(DFlashHead(cfg, dec.target_model), root / "dflash", dtype=torch.float32)
+    return target, root / "dflash"
+
+
+@pytest.fixture(scope="module")
+def decoders(dflash_dirs):
+    target, head = dflash_dirs
+    return {r: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=r,
+                                           heads={"dflash": str(head)}) for r in ("eager", "static")}
+
+
+class OracleBlock(torch.nn.Module):
+    """A stub with the head's call signature that records every call. Slot at position p puts its
+    mass on ``oracle[p]`` (DFlash's same-position alignment), except at positions in ``wrong`` (a
+    rejection there); ``favour_mask`` gives MASK an even larger logit everywhere."""
+
+    def __init__(self, config, oracle: list[int], wrong=frozenset(), favour_mask: bool = False):
+        super().__init__()
+        self.config, self.oracle, self.wrong, self.favour_mask = config, list(oracle), set(wrong), favour_mask
+        self.w = torch.nn.Parameter(torch.zeros(()))
+        self.calls: list[dict] = []
+
+    def forward(self, features, context_positions, block_ids, block_positions, cache=None, attention_mask=None):
+        self.calls.append({"features": features.clone(), "ctx_pos": context_positions.tolist(),
+                           "block": block_ids.tolist(), "pos": block_positions.tolist()})
+        V = self.config.vocab_size
+        logits = torch.zeros(len(block_ids), V)
+        for r, p in enumerate(block_positions.tolist()):
+            tok = self.oracle[p] if p < len(self.oracle) else 5
+            logits[r, (tok + 1) % V if p in self.wrong else tok] = 10.0
+        if self.favour_mask:
+            logits[:, self.config.mask_token_id] = 20.0
+        return logits
+
+
+def _plain(dec, n=16):
+    return dec.generate(PROMPT, method="none", max_new_tokens=n).output_token_ids
+
+
+@pytest.mark.parametrize("runner", ("eager", "static"))
+def test_greedy_equals_plain_greedy(decoders, runner):
+    """fp32 CPU, k in {1, 3, 7}: a random head (mostly rejected) and an oracle stub with injected
+    errors (full and partial accepts) give exactly method none's tokens, on both runners."""
+    dec = decoders[runner]
+    want = _plain(dec)
+    oracle = dec.encode(PROMPT) + want
+    real = dict(dec.heads)
+    accepted = 0
+    try:
+        for k in (1, 3, 7):
+            dec.heads = dict(real)
+            got = dec.generate(PROMPT, method="dflash", num_speculative_tokens=k, max_new_tokens=16)
+            assert got.output_token_ids == want, (runner, k, "random head")
+            dec.heads["dflash"] = OracleBlock(real["dflash"].config, oracle, wrong={len(oracle) - 12, len(oracle) - 5})
+            got = dec.generate(PROMPT, method="dflash", num_speculative_tokens=k, max_new_tokens=16)
+            assert got.output_token_ids == want, (runner, k, "oracle head")
+            assert any(s.num_accepted < len(s.draft_token_ids) for s in got.steps)  # a rejection
+            assert any(s.num_accepted == len(s.draft_token_ids) > 0 for s in got.steps)  # a full accept
+            accepted += sum(s.num_accepted for s in got.steps)
+    finally:
+        dec.heads = real
+    assert accepted > 16  # the oracle's drafts were mostly accepted
+    if runner == "static":
+        assert isinstance(dec.target_runner, StaticRunner)
+
+
+def test_one_drafter_forward_per_step(decoders):
+    """The block is drafted by ONE head forward per drafting step (counted by a forward hook on the
+    real head), and no head call happens at a step without a draft."""
+    dec = decoders["eager"]
+    head = dec.heads["dflash"]
+    calls: list[int] = []
+    hook = head.register_forward_hook(lambda mod, args, out: calls.append(len(calls)))
+    try:
+        for kw in ({}, {"temperature": 0.9, "verify": "standard", "seed": 2}):
+            calls.clear()
+            tr = dec.generate(PROMPT, method="dflash", num_speculative_tokens=BLOCK - 1, max_new_tokens=20, **kw)
+            drafting = [s for s in tr.steps if s.draft_token_ids]
+            assert len(calls) == len(drafting) == dec.current_proposer.forwards
+            assert len(drafting) >= len(tr.steps) - 1 and len(drafting) > 3
+            assert all(s.match["drafter_forwards"] == 1 for s in drafting)
+    finally:
+        hook.remove()
+
+
+def _target_features(dec, ids: list[int], taps) -> torch.Tensor:
+    with torch.no_grad():
+        out = dec.target_model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    L = dec.target_model.config.num_hidden_layers
+    return torch.cat([out.hidden_states[hidden_state_index(t, L)][0] for t in taps], dim=-1)
+
+
+def test_block_and_context_follow_the_alignment(decoders):
+    """methods.md 6.1: the first forward reads the prompt's target features at positions 0..n-1
+    (outputs of target_layer_ids); each later forward reads exactly the positions committed by the
+    last step; the block is [x_n, MASK x (B-1)] at positions n..n+B-1 (B = the trained size, also
+    when k < B-1), and slot i's draft is the token at position n+i."""
+    dec = decoders["eager"]
+    want = _plain(dec, 20)
+    ids = dec.encode(PROMPT)
+    full = ids + want
+    n0 = len(ids) - 1
+    real = dec.heads["dflash"]
+    stub = OracleBlock(real.config, full, wrong={n0 + 6})
+    dec.heads["dflash"] = stub
+    try:
+        tr = dec.generate(PROMPT, method="dflash", num_speculative_tokens=4, max_new_tokens=20)
+    finally:
+        dec.heads["dflash"] = real
+    assert tr.output_token_ids == want
+    feats = _target_features(dec, full, real.config.taps)  # [N, F]
+    assert stub.calls[0]["ctx_pos"] == list(range(n0))
+    drafting = [s for s in tr.steps if s.draft_token_ids]
+    for s, c in zip(drafting, stub.calls):
+        n = c["pos"][0]
+        assert c["block"] == [full[n]] + [real.config.mask_token_id] * (BLOCK - 1)
+        assert c["pos"] == list(range(n, n + BLOCK))
+        for row, pos in enumerate(c["ctx_pos"]):
+            torch.testing.assert_close(c["features"][row], feats[pos], rtol=1e-4, atol=1e-5)
+        assert c["ctx_pos"][-1] == n - 1  # the context ends just before the root (strictly < n)
+        assert s.match["root_position"] == n and s.match["context"]["length"] == len(c["ctx_pos"])
+    for prev, c in zip(tr.steps, stub.calls[1:]):  # the forward after step s reads its committed positions
+        assert len(c["ctx_pos"]) == len(prev.committed_token_ids) == prev.num_accepted + 1
+    assert any(s.num_accepted < len(s.draft_token_ids) for s in tr.steps)
+    assert any(s.num_accepted == len(s.draft_token_ids) for s in drafting)
+
+
+def test_context_cache_equals_a_recompute_after_every_step(decoders):
+    """methods.md 11.3: after every step (partial accepts included) the drafter's context K/V of
+    the committed positions equal a fresh computation from the target's features."""
+    dec = decoders["eager"]
+    checked = partial = 0
+    for trace in dec.iter_generate(PROMPT, method="dflash", num_speculative_tokens=5, max_new_tokens=16,
+                                   temperature=0.9, verify="standard", seed=1, detailed_trace=False):
+        prop = dec.current_proposer
+        assert isinstance(prop, DFlashProposer)
+        ids = trace.prompt_token_ids + [t for s in trace.steps for t in s.committed_token_ids]
+        Lc = prop.committed
+        assert Lc == prop.cache.length and Lc + prop._pending_n == len(ids) - 1
+        feats = _target_features(dec, ids[:Lc], prop.taps)
+        fresh = DFlashCache()
+        with torch.no_grad():
+            prop.head(feats, torch.arange(Lc), torch.tensor([ids[Lc]] + [1] * (BLOCK - 1)),
+                      torch.arange(Lc, Lc + BLOCK), fresh)
+        for got, want in zip(prop.cache.keys + prop.cache.values, fresh.keys + fresh.values):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        checked += 1
+        partial += trace.steps[-1].num_accepted < len(trace.steps[-1].draft_token_ids)
+    assert checked > 3 and partial > 0
+
+
+def test_mask_token_is_never_drafted(decoders):
+    """A head that ranks MASK (pad = 1) first everywhere still never drafts it: greedy takes the
+    next token, and at T > 0 q(MASK) = 0."""
+    from specviz.proposers.base import Outcome, StepContext
+
+    dec = decoders["eager"]
+    real = dec.heads["dflash"]
+    oracle = dec.encode(PROMPT) + _plain(dec)
+    stub = OracleBlock(real.config, oracle, favour_mask=True)
+    dec.heads["dflash"] = stub
+    try:
+        greedy = dec.generate(PROMPT, method="dflash", num_speculative_tokens=7, max_new_tokens=16)
+        sampled = dec.generate(PROMPT, method="dflash", num_speculative_tokens=7, max_new_tokens=16,
+                               temperature=1.0, verify="standard", seed=0)
+    finally:
+        dec.heads["dflash"] = real
+    mask = real.config.mask_token_id
+    for tr in (greedy, sampled):
+        assert all(mask not in s.draft_token_ids for s in tr.steps)
+        assert all(sl["top_token_id"] != mask for s in tr.steps for sl in s.match.get("slots", []))
+    assert greedy.output_token_ids == _plain(dec) and sum(s.num_accepted for s in greedy.steps) > 8
+    prop = DFlashProposer(stub, 3)
+    feats = _target_features(dec, oracle[:5], prop.taps)
+    prop.observe(Outcome(0, [], 0, oracle[1:6], {t: f for t, f in zip(prop.taps, feats.split(D, dim=-1))}))
+    draft = prop.propose(oracle[:6], 3, StepContext(temperature=1.0, generator=torch.Generator().manual_seed(0)))
+    assert draft.probs.shape == (3, real.config.vocab_size) and float(draft.probs[:, mask].max()) == 0.0
+
+
+def test_bad_k_and_missing_head_are_clear_errors(dflash_dirs, decoders):
+    target, head_dir = dflash_dirs
+    with pytest.raises(ValueError, match="at most block_size - 1 = 7"):
+        decoders["eager"].generate(PROMPT, method="dflash", num_speculative_tokens=8)
+    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match="method 'dflash' needs a DFlash block drafter.*heads="):
+        dec.generate(PROMPT, method="dflash")
+    with pytest.raises(ValueError, match="not a specviz-dflash-v1"):
+        from specviz.heads import build_head, head_config_from_target, save_head
+
+        eagle = head_dir.parent / "eagle"
+        save_head(build_head(head_config_from_target(dec.target_model.config, "eagle")), eagle)
+        SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", heads={"dflash": str(eagle)})
+
+
+def test_cli_dflash(dflash_dirs, capsys):
+    from specviz.cli import main
+
+    target, head = dflash_dirs
+    common = ["generate", "--target", str(target), "--prompt", "def add(a, b):", "-k", "7", "--max-new-tokens", "6",
+              "--device", "cpu", "--dtype", "float32", "--no-color", "--method", "dflash"]
+    assert main([*common, "--dflash-head", str(head)]) == 0
+    assert "mean acceptance length" in capsys.readouterr().out
+    assert main(common) == 2
+    assert "needs a DFlash block drafter" in capsys.readouterr().err
+
+
+# ---- lossless sampling: chi-square per position, small vocabulary ---------------------------------
+V_SMALL = 8
+
+
+@pytest.fixture(scope="module")
+def small_decoder(tmp_path_factory):
+    """A 4-layer random Llama over V = 8 word tokens (no EOS) with a random DFlash head (B = 4, MASK = 7)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("dflash-small")
+    torch.manual_seed(4)
+    cfg = LlamaConfig(vocab_size=V_SMALL, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.2,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(root / "target", safe_serialization=True)
+    names = [f"t{i}" for i in range(V_SMALL)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token=names[-1]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
+    torch.manual_seed(5)
+    head = DFlashHead(dflash_config_from_target(cfg, num_layers=1, block_size=4, mask_token_id=7), model)
+    with torch.no_grad():  # sharpen the random head so that its drafts are accepted often
+        head.norm.weight.mul_(4.0)
+    save_dflash(head, root / "dflash", dtype=torch.float32)
+    return SpecDecoder.from_pretrained(root / "target", device="cpu", dtype="float32",
+                                       heads={"dflash": str(root / "dflash")})
+
+
+def _exact_marginals(dec, prompt: list[int], **sampling):
+    from specviz.sampling import logits_to_probs
+
+    with torch.no_grad():
+        p1 = logits_to_probs(dec.target_model(input_ids=torch.tensor([prompt])).logits[0, -1], **sampling).double()
+        both = torch.tensor([prompt + [x] for x in range(V_SMALL)])
+        p2_given = logits_to_probs(dec.target_model(input_ids=both).logits[:, -1], **sampling).double()
+    return p1, p1 @ p2_given
+
+
+@pytest.mark.parametrize("verify,sampling", (("standard", dict(temperature=0.9)),
+                                             ("block", dict(temperature=1.0, top_p=0.8)),
+                                             ("standard", dict(temperature=0.8, top_k=4))))
+def test_sampling_is_lossless_per_position(small_decoder, verify, sampling):
+    """T > 0, k = 2: the first and second generated tokens are distributed as the target's;
+    chi-square over 400 seeded runs (bins with expected count < 5 merged), p > 0.001."""
+    from scipy.stats import chisquare
+
+    dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
+    counts = torch.zeros(2, V_SMALL, dtype=torch.float64)
+    accepted = 0
+    for seed in range(trials):
+        tr = dec.generate(prompt, method="dflash", num_speculative_tokens=2, max_new_tokens=3, verify=verify, seed=seed,
+                          detailed_trace=False, **sampling)
+        for i in range(2):
+            counts[i, tr.output_token_ids[i]] += 1
+        accepted += tr.steps[0].num_accepted
+    assert 0.1 * trials < accepted < 1.9 * trials  # drafts are accepted and rejected
+    for i, p in enumerate(_exact_marginals(dec, prompt, **sampling)):
+        keep = p * trials >= 5
+        observed = torch.cat([counts[i][keep], counts[i][~keep].sum()[None]])
+        expected = torch.cat([p[keep], p[~keep].sum()[None]]) * trials
+        if expected[-1] == 0:
+            observed, expected = observed[:-1], expected[:-1]
+        expected = expected * (observed.sum() / expected.sum())
+        assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3, (verify, i, counts[i].tolist())
+
+
+def test_sampled_q_is_the_processed_slot_distribution(small_decoder):
+    """At T > 0 with top-k / top-p, Draft.probs[i] = logits_to_probs(slot i+1's logits with MASK at
+    -inf) of the one block forward, and d_i lies in its support."""
+    from specviz.proposers.base import Outcome, StepContext
+    from specviz.sampling import logits_to_probs
+
+    dec = small_decoder
+    head = dec.heads["dflash"]
+    prop = DFlashProposer(head, num_speculative_tokens=3)
+    prompt = [1, 6, 2, 3, 4]
+    feats = _target_features(dec, prompt[:-1], prop.taps)
+    prop.observe(Outcome(0, [], 0, prompt[1:], {t: f for t, f in zip(prop.taps, feats.split(32, dim=-1))}))
+    ctx = StepContext(temperature=0.7, generator=torch.Generator().manual_seed(0), top_k=5, top_p=0.9)
+    draft = prop.propose(prompt, 3, ctx)
+    with torch.no_grad():
+        lg = head(feats, torch.arange(4), torch.tensor([4, 7, 7, 7]), torch.arange(4, 8), DFlashCache())[1:]
+    lg[:, 7] = float("-inf")
+    want = logits_to_probs(lg, 0.7, 5, 0.9)
+    torch.testing.assert_close(draft.probs, want)
+    assert all(want[i, int(t)] > 0 for i, t in enumerate(draft.token_ids))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_static_graphs_equal_eager_on_gpu(dflash_dirs):
+    """fp32 on CUDA: the static runner with CUDA graphs gives the eager runner's tokens and per-step
+    acceptances, greedy and seeded sampling, and method none's tokens."""
+    target, head = dflash_dirs
+    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
+                                           heads={"dflash": str(head)}) for r in ("eager", "static")}
+    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="block", seed=4)):
+        runs = {r: d.generate(PROMPT, method="dflash", num_speculative_tokens=7, max_new_tokens=24, **kw)
+                for r, d in decs.items()}
+        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
+        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
+        if not kw:
+            assert runs["static"].output_token_ids == _plain(decs["static"], 24)
+
+
+def test_dflash_views(decoders):
+    """The app's 'where the draft came from' panel for dflash traces (looked up by method name): the
+    root and all B-1 slots of the block with each slot's top token and confidence, the target's
+    decision per drafted slot, the undrafted slots marked, and what was kept; the figure shows the
+    step's per-slot confidence next to the run's per-position acceptance."""
+    from specviz.viz.source import source_figure, source_html
+
+    dec = decoders["eager"]
+    real = dec.heads["dflash"]
+    ids = dec.encode(PROMPT)
+    dec.heads["dflash"] = OracleBlock(real.config, ids + _plain(dec), wrong={len(ids) + 3})
+    try:
+        tr = dec.generate(PROMPT, method="dflash", num_speculative_tokens=5, max_new_tokens=16)
+    finally:
+        dec.heads["dflash"] = real
+    st = next(s for s in tr.steps if 0 < s.num_accepted < len(s.draft_token_ids))
+    page = source_html(tr, st.index, st.num_accepted + 1)
+    assert "sv-dflash" in page and page.count("data-slot=") == BLOCK  # root + B-1 slots
+    fates = [f"data-fate='{position_fate}'" for position_fate in
+             ["accepted"] * st.num_accepted + ["rejected"] + ["unused"] * (5 - st.num_accepted - 1)
+             + ["not drafted"] * (BLOCK - 1 - 5)]
+    assert [page.count(f) for f in set(fates)] == [fates.count(f) for f in set(fates)]
+    assert f"it kept {st.num_accepted} (accepted)" in page and "<b>one</b> forward" in page
+    assert f"data-slot='{st.num_accepted + 1}' data-fate='rejected' style='min-width:74px;max-width:110px;" \
+           "padding:4px 6px;border:2px solid" in page  # the selected slot is outlined
+    for slot in st.match["slots"]:
+        assert 0.0 < slot["top_prob"] <= 1.0 and slot["token_id"] == slot["top_token_id"]  # greedy: top = drawn
+    fig = source_figure(tr, st.index)
+    want = ["accepted"] * st.num_accepted + ["rejected"] + ["unused"] * (4 - st.num_accepted) + ["not drafted"] * 2
+    assert [t.name for t in fig.data] == [*dict.fromkeys(want), "run: share of blocks keeping >= i"]
+    assert sorted(x for t in fig.data[:-1] for x in t.x) == list(range(1, BLOCK))
+    assert [f for t in fig.data[:-1] for f in [t.name] * len(t.x)] == want
+    assert list(fig.data[-1].y) == tr.metrics["acceptance_rate_per_position"]
+    tr.steps[0].match = {"kind": "dflash"}  # a step without a block (no room left to draft)
+    assert "drafted nothing" in source_html(tr, 0)
+    assert "no DFlash block" in source_figure(tr, 0).layout.annotations[0].text

@@ -1,0 +1,302 @@
+"""Method mtp (issue 16): a Gemma-4-style head whose queries read the target's own KV cache. The runners'
+``layer_kv`` is the cache itself; drafting writes no KV (the target cache is unchanged and the head
+holds none); every step runs at the constant position n-1 with the previous step's token and hidden
+state; greedy output equals plain greedy decoding (eager and static); T > 0 is lossless (chi-square);
+the view. Heads have random weights on tiny random targets."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specviz import SpecDecoder
+from specviz.heads import load_head, save_head
+from specviz.heads.mtp import MtpHead, mtp_config_from_target
+from specviz.proposers.mtp import MtpProposer
+from specviz.runner import EagerRunner
+from specviz.static_runner import StaticRunner
+from tiny_models import save_model
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
+D = 32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def random_mtp(model, seed: int) -> MtpHead:
+    torch.manual_seed(seed)
+    return MtpHead(mtp_config_from_target(model.config, draft_hidden_size=24, intermediate_size=48), model).eval()
+
+
+@pytest.fixture(scope="module")
+def mtp_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp")
+    target = save_model("llama", root / "target", seed=3, layers=4, hidden=D)
+    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
+    save_head(random_mtp(dec.target_model, 12), root / "mtp", dtype=torch.float32)
+    return target, root / "mtp"
+
+
+@pytest.fixture(scope="module")
+def mtp_decoders(mtp_dirs):
+    target, head = mtp_dirs
+    return {r: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=r, heads={"mtp": str(head)})
+            for r in ("eager", "static")}
+
+
+class OracleMtp(torch.nn.Module):
+    """Stub with MtpHead's call signature that records every call. Step m (known from the fed-back
+    hidden state, which it sets to 1000 + m) at position t puts its mass on ``oracle[t + 1 + m]`` (the
+    token step m predicts), except on every ``every``-th chain, where step 2 proposes another token."""
+
+    def __init__(self, oracle: list[int], vocab: int, d: int, kv_layer: int, every: int = 2):
+        super().__init__()
+        self.config = SimpleNamespace(kind="mtp", kv_layer=kv_layer, aux_layer_ids=())
+        self.oracle, self.vocab, self.d, self.every = oracle, vocab, d, every
+        self.calls: list[dict] = []
+        self.chains = 0
+
+    def forward(self, h_in, token_ids, position_ids, keys, values, key_mask=None):
+        marker = float(h_in[0, 0, 0])
+        m = int(marker - 1000) + 1 if marker >= 1000 else 1
+        self.chains += m == 1
+        t = int(position_ids[0, 0])
+        self.calls.append({"m": m, "t": t, "tok": int(token_ids[0, 0]), "h": h_in.clone(), "keys": keys,
+                           "values": values})
+        tok = self.oracle[t + 1 + m] if t + 1 + m < len(self.oracle) else 5
+        if m == 2 and self.every and self.chains % self.every == 0:
+            tok = (tok + 1) % self.vocab
+        logits = torch.zeros(1, 1, self.vocab)
+        logits[0, 0, tok] = 10.0
+        return torch.full((1, 1, self.d), 1000.0 + m), logits
+
+
+def _layer_kv_fresh(model, ids: list[int], layer: int):
+    from specviz.heads.mtp import target_layer_kv
+
+    with torch.no_grad():
+        _, _, k, v = target_layer_kv(model, torch.tensor([ids]), layer)
+    return k[0], v[0]
+
+
+@pytest.mark.parametrize("runner_cls", (EagerRunner, StaticRunner))
+def test_layer_kv_is_the_cache(mtp_decoders, runner_cls):
+    """runner.layer_kv(l) -> (keys, values) [kv_heads, seq_len, head_dim]: views of the runner's own
+    cache (no copy), equal to a fresh forward's layer-l K/V (RoPE applied), cut at seq_len after a
+    rollback; a layer out of range or an empty cache is a ValueError."""
+    model = mtp_decoders["eager"].target_model
+    ids = mtp_decoders["eager"].encode(PROMPT)
+    runner = runner_cls(model) if runner_cls is EagerRunner else runner_cls(model, max_cache_len=128)
+    runner.reset()
+    with pytest.raises(ValueError, match="empty"):
+        runner.layer_kv(0)
+    runner.forward(torch.tensor(ids))
+    runner.truncate(len(ids) - 3)
+    L = model.config.num_hidden_layers
+    for layer in (0, L - 1):
+        k, v = runner.layer_kv(layer)
+        want_k, want_v = _layer_kv_fresh(model, ids[: len(ids) - 3], layer)
+        assert k.shape == (model.config.num_key_value_heads, len(ids) - 3, 8)
+        torch.testing.assert_close(k, want_k, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v, want_v, rtol=1e-4, atol=1e-5)
+        assert k.untyped_storage().data_ptr() == runner.cache.layers[layer].keys.untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match="layer must be in"):
+        runner.layer_kv(L)
+
+
+@pytest.mark.parametrize("runner", ("eager", "static"))
+def test_greedy_equals_plain_greedy(mtp_decoders, runner):
+    """fp32 CPU, k in {1, 2, 4, 6}: the random head and an oracle stub (full and partial accepts) give
+    exactly method none's tokens."""
+    dec = mtp_decoders[runner]
+    want = dec.generate(PROMPT, method="none", max_new_tokens=16).output_token_ids
+    full = dec.encode(PROMPT) + want
+    real = dict(dec.heads)
+    accepted = 0
+    try:
+        for k in (1, 2, 4, 6):
+            dec.heads = dict(real)
+            got = dec.generate(PROMPT, method="mtp", num_speculative_tokens=k, max_new_tokens=16)
+            assert got.output_token_ids == want, (runner, k, "random head")
+            dec.heads["mtp"] = OracleMtp(full, dec.vocab_size, D, real["mtp"].config.kv_layer)
+            got = dec.generate(PROMPT, method="mtp", num_speculative_tokens=k, max_new_tokens=16)
+            assert got.output_token_ids == want, (runner, k, "oracle head")
+            if k > 1:
+                assert any(s.num_accepted < len(s.draft_token_ids) for s in got.steps)
+            assert any(s.num_accepted == len(s.draft_token_ids) > 0 for s in got.steps)
+            accepted += sum(s.num_accepted for s in got.steps)
+    finally:
+        dec.heads = real
+    assert accepted > 16 * 2
+    if runner == "static":
+        assert isinstance(dec.target_runner, StaticRunner)
+
+
+@pytest.mark.parametrize("runner", ("eager", "static"))
+def test_drafting_writes_no_kv_at_a_constant_position(mtp_decoders, runner):
+    """Every draft step of a chain runs at position n-1 (the last committed one), reads the target's
+    layer-kv_layer cache through layer_kv (the very tensors, all n positions) and the previous step's
+    token and hidden state; propose() leaves the target cache's length and contents unchanged, and
+    neither the proposer nor the head holds a cache."""
+    dec = mtp_decoders[runner]
+    want = dec.generate(PROMPT, method="none", max_new_tokens=14).output_token_ids
+    full = dec.encode(PROMPT) + want
+    real = dict(dec.heads)
+    oracle = OracleMtp(full, dec.vocab_size, D, real["mtp"].config.kv_layer)
+    checks = []
+
+    class Spy(MtpProposer):
+        def propose(self, token_ids, num_tokens=None, context=None):
+            r = context.target_runner
+            L = r.model.config.num_hidden_layers
+            before = [tuple(t.clone() for t in r.layer_kv(layer)) for layer in range(L)]
+            n0, calls0 = r.seq_len, len(oracle.calls)
+            draft = super().propose(token_ids, num_tokens, context)
+            after = [r.layer_kv(layer) for layer in range(L)]
+            checks.append((len(token_ids) - 1, n0, r.seq_len, before, after, oracle.calls[calls0:], draft))
+            return draft
+
+    from specviz import methods
+
+    saved = methods.METHODS["mtp"]
+    methods.register(methods.Method("mtp", saved.summary, make=lambda d, c, e: Spy(oracle, c.num_speculative_tokens),
+                                    missing=saved.missing, details="mtp"))
+    dec.heads["mtp"] = oracle
+    try:
+        got = dec.generate(PROMPT, method="mtp", num_speculative_tokens=3, max_new_tokens=14)
+    finally:
+        methods.register(saved)
+        dec.heads = real
+    assert got.output_token_ids == want and checks
+    for n, n0, n1, before, after, calls, draft in checks:
+        assert n0 == n1 == n  # the target cache holds x_0..x_{n-1}, before and after drafting
+        for (k0, v0), (k1, v1) in zip(before, after):
+            assert torch.equal(k0, k1) and torch.equal(v0, v1)
+        assert [c["m"] for c in calls] == list(range(1, len(draft) + 1))
+        assert all(c["t"] == n - 1 for c in calls)  # constant position
+        assert [c["tok"] for c in calls] == [full[n], *draft.token_ids.tolist()[:-1]]  # root, then d_{m-1}
+        k_view, _ = after[oracle.config.kv_layer]
+        assert all(c["keys"].shape[2] == n and torch.equal(c["keys"][0], k_view) for c in calls)
+        assert all(float(c["h"][0, 0, 0]) == 1000 + c["m"] - 1 for c in calls[1:])  # h fed back
+    prop = Spy(oracle, 3)
+    assert not [name for name, v in vars(prop).items() if "cache" in name or isinstance(v, (list, tuple)) and v]
+    real_head = real["mtp"]
+    assert not any("cache" in name for name, _ in real_head.named_buffers())
+    assert not [m for m in real_head.modules() if hasattr(m, "k_proj") or hasattr(m, "v_proj")]  # Q-only
+
+
+def test_head_reads_only_keys_up_to_its_position(mtp_decoders):
+    """The real head: its output for a query at position t does not change when keys after t change
+    (the default mask), and does change when a key <= t changes."""
+    dec = mtp_decoders["eager"]
+    head = dec.heads["mtp"]
+    c = head.config
+    torch.manual_seed(0)
+    h, keys, values = torch.randn(1, 1, D), torch.randn(1, c.num_key_value_heads, 9, c.head_dim), \
+        torch.randn(1, c.num_key_value_heads, 9, c.head_dim)
+    tok, pos = torch.tensor([[7]]), torch.tensor([[5]])
+    with torch.no_grad():
+        base = head(h, tok, pos, keys, values)[1]
+        later = keys.clone()
+        later[:, :, 6:] += 5
+        same = head(h, tok, pos, later, values)[1]
+        earlier = keys.clone()
+        earlier[:, :, 3] += 5
+        moved = head(h, tok, pos, earlier, values)[1]
+    torch.testing.assert_close(base, same)
+    assert (base - moved).abs().max() > 1e-4
+
+
+def test_save_load_missing_and_cli(mtp_dirs, mtp_decoders, capsys):
+    from specviz.cli import main
+
+    target, head_dir = mtp_dirs
+    dec = mtp_decoders["eager"]
+    head = load_head(head_dir, dec.target_model)
+    c = head.config
+    args = (torch.randn(1, 2, D), torch.tensor([[3, 4]]), torch.tensor([[4, 4]]),
+            torch.randn(1, c.num_key_value_heads, 5, c.head_dim), torch.randn(1, c.num_key_value_heads, 5, c.head_dim))
+    with torch.no_grad():
+        torch.testing.assert_close(head(*args)[1], dec.heads["mtp"](*args)[1])
+    bare = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
+    with pytest.raises(ValueError, match="method 'mtp' needs a Gemma-4-style MTP head.*heads="):
+        bare.generate(PROMPT, method="mtp")
+    common = ["generate", "--target", str(target), "--prompt", "def add(a, b):", "-k", "3", "--max-new-tokens", "6",
+              "--device", "cpu", "--dtype", "float32", "--no-color"]
+    assert main([*common, "--method", "mtp", "--mtp-head", str(head_dir)]) == 0
+    assert "mean acceptance length" in capsys.readouterr().out
+
+
+V_SMALL = 8
+
+
+@pytest.fixture(scope="module")
+def small_decoder(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("mtp-small")
+    torch.manual_seed(4)
+    cfg = LlamaConfig(vocab_size=V_SMALL, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+                      initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(root / "target", safe_serialization=True)
+    names = [f"t{i}" for i in range(V_SMALL)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token=names[-1]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
+    save_head(random_mtp(model, 5), root / "mtp", dtype=torch.float32)
+    return SpecDecoder.from_pretrained(root / "target", device="cpu", dtype="float32", heads={"mtp": str(root / "mtp")})
+
+
+@pytest.mark.parametrize("verify,sampling", (("standard", dict(temperature=0.9)),
+                                             ("block", dict(temperature=1.0, top_k=5))))
+def test_sampling_is_lossless_per_position(small_decoder, verify, sampling):
+    """T > 0, k = 2, drafts sampled from q = the head's processed distribution: the first and second
+    generated tokens are distributed as the target's (chi-square over 400 seeded runs, p > 0.001)."""
+    from test_medusa import _chi2_pvalue, _exact_marginals
+
+    dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
+    counts = torch.zeros(2, V_SMALL, dtype=torch.float64)
+    accepted = 0
+    for seed in range(trials):
+        tr = dec.generate(prompt, method="mtp", num_speculative_tokens=2, max_new_tokens=3, verify=verify, seed=seed,
+                          detailed_trace=False, **sampling)
+        for i in range(2):
+            counts[i, tr.output_token_ids[i]] += 1
+        accepted += tr.steps[0].num_accepted
+    assert 0.05 * trials < accepted < 1.95 * trials
+    for i, p in enumerate(_exact_marginals(dec, prompt, **sampling)):
+        assert _chi2_pvalue(counts[i], p, trials) > 1e-3, (verify, i, counts[i].tolist())
+
+
+def test_mtp_view(mtp_decoders):
+    """The chain of MTP steps: per step the constant position, the target layer and positions it read,
+    the hidden state and token fed, the drafted token, its confidence and the target's decision."""
+    from specviz.viz.source import source_figure, source_html
+
+    dec = mtp_decoders["eager"]
+    tr = dec.generate(PROMPT, method="mtp", num_speculative_tokens=4, max_new_tokens=12)
+    st = next(s for s in tr.steps if s.draft_token_ids)
+    page = source_html(tr, st.index)
+    n = st.match["root_position"]
+    L = dec.heads["mtp"].config.kv_layer
+    assert "sv-mtp" in page and page.count("<tr data-mtp-step=") == len(st.draft_token_ids)
+    assert page.count(f"layer {L} @ 0..{n - 1}") == len(st.draft_token_ids)
+    assert "trained by specviz (no public recipe)" in page
+    for s in st.match["steps"]:
+        assert s["position"] == n - 1 and 0.0 <= s["draft_prob"] <= s["head_top_prob"] <= 1.0
+    fig = source_figure(tr, st.index)
+    assert [t.name for t in fig.data] == ["q(drafted)", "q(head's top token)"]
+    assert len(fig.data[0].x) == len(st.draft_token_ids)
