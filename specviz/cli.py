@@ -94,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--prompt-lookup-min", type=int, default=None)
     g.add_argument("--prompt-lookup-max", type=int, default=None)
+    for name, what in (("eagle-tree-top-k", "eagle/eagle3: EAGLE-2 dynamic tree, children per node (default 4)"),
+                       ("eagle-tree-depth", "eagle/eagle3: EAGLE-2 head forwards after the root (default 5)"),
+                       ("eagle-tree-total-tokens", "eagle/eagle3: EAGLE-2 tokens verified incl. the root (default 24)"),
+                       ("ngram-tree-branches", "ngram: draft a tree of up to this many continuations per node"),
+                       ("suffix-tree-branches", "suffix: draft a tree of up to this many children per node")):
+        g.add_argument(f"--{name}", type=int, default=None, help=what)
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default=None)
     g.add_argument("--runner", default="auto", help="auto | eager | static (static = pre-allocated cache, CUDA graphs)")
@@ -103,6 +109,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--color", action="store_true", help="ANSI colours even when stdout is not a terminal")
     _compare_parser(sub)
     return ap
+
+
+def _tree_args(args: Any) -> dict[str, int]:
+    """The draft-tree settings given on the command line (generate() keywords)."""
+    names = ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens", "ngram_tree_branches",
+             "suffix_tree_branches")
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
 def _method_names() -> tuple[str, ...]:
@@ -191,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             verify=args.verify, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             max_new_tokens=args.max_new_tokens, seed=args.seed, prompt_lookup_min=args.prompt_lookup_min,
             prompt_lookup_max=args.prompt_lookup_max, synthetic_rates=rates,
-            speculative_token_tree=args.speculative_token_tree,
+            speculative_token_tree=args.speculative_token_tree, **_tree_args(args),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -72,6 +72,11 @@ class GenerationConfig:
     typical_acceptance_sampler_posterior_threshold: float = 0.09  # verify="typical" (lossy): epsilon
     typical_acceptance_sampler_posterior_alpha: float = 0.3  # verify="typical" (lossy): delta
     speculative_token_tree: str | None = None  # vLLM's static tree, e.g. "[(0,), (1,), (0, 0)]"; None = a chain of k
+    eagle_tree_top_k: int | None = None  # eagle / eagle3: EAGLE-2's dynamic tree (proposers/eagle_tree.py)
+    eagle_tree_depth: int | None = None
+    eagle_tree_total_tokens: int | None = None
+    ngram_tree_branches: int | None = None  # ngram: a tree of up to this many continuations per node
+    suffix_tree_branches: int | None = None  # suffix: likewise from the suffix tree
 
 
 def _fail(message: str) -> None:
@@ -89,6 +94,7 @@ def validate_config(cfg: GenerationConfig, decoder: "SpecDecoder | None" = None)
     if cfg.max_new_tokens < 1:
         _fail(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     validate_sampling_params(cfg.temperature, cfg.top_k, cfg.top_p)
+    methods.check_tree_settings(cfg)  # draft-tree settings: the method's own, valid
     if cfg.sampler_backend not in ("reference", "triton"):
         _fail(f"unknown sampler_backend {cfg.sampler_backend!r}; choose auto, reference or triton")
     if cfg.verify == "greedy" and cfg.temperature > 0:
@@ -602,7 +608,7 @@ class SpecDecoder:
         ids.update(generated[-64:] if texts else generated)
         for s in trace.steps[-1:] if texts else trace.steps:
             ids.update(s.draft_token_ids)
-            ids.update(n.token_id for n in s.nodes)  # a tree's every node
+            ids.update(n.token_id for n in s.nodes)  # a tree's nodes off the row (the tree view names them)
             ids.update(int(t) for pos in s.positions for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
             ids.update(int(t) for t, _ in s.emitted.top)
         for t in sorted(i for i in ids if str(i) not in texts):

@@ -109,14 +109,22 @@ def _needs_head(kind: str) -> Callable[["SpecDecoder"], str | None]:
 
 def _make_eagle(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
     from .proposers.eagle import EagleProposer  # imports transformers' Llama modules: only when asked for
+    from .proposers.eagle_tree import EagleTreeProposer, tree_settings
 
+    dynamic, choices = tree_settings(cfg)  # EAGLE-2 knobs, a static speculative_token_tree, or a chain
+    if dynamic is not None or choices is not None:
+        return EagleTreeProposer(dec.heads[cfg.method], dynamic=dynamic, choices=choices)
     return EagleProposer(dec.heads[cfg.method], cfg.num_speculative_tokens)
 
 
+EAGLE_TREE = ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens")
+
+
 register(Method("none", "plain decoding (the baseline)", lambda dec, cfg, extras: None, details="none"))
-register(Method("ngram", "prompt lookup", settings=LOOKUP, describe=_lookup_bounds, details="ngram",
+register(Method("ngram", "prompt lookup", settings=(*LOOKUP, "ngram_tree_branches"), describe=_lookup_bounds,
+                details="ngram",
                 make=lambda dec, cfg, extras: NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max,
-                                                    cfg.num_speculative_tokens)))
+                                                    cfg.num_speculative_tokens, tree_branches=cfg.ngram_tree_branches)))
 register(Method("ngram_gpu", "prompt lookup on the device (Triton matcher on CUDA)", settings=LOOKUP,
                 describe=_lookup_bounds, details="ngram_gpu",
                 make=lambda dec, cfg, extras: NgramGPUProposer(
@@ -128,17 +136,18 @@ def _suffix_cache(dec: "SpecDecoder", extras: dict[str, Any]):
     return dec.suffix_cache if cache is None else cache
 
 
-register(Method("suffix", "suffix decoding", details="suffix",
+register(Method("suffix", "suffix decoding", details="suffix", settings=("suffix_tree_branches",),
                 make=lambda dec, cfg, extras: SuffixProposer(cfg.num_speculative_tokens,
-                                                             global_cache=_suffix_cache(dec, extras)),
+                                                             global_cache=_suffix_cache(dec, extras),
+                                                             tree_branches=cfg.suffix_tree_branches),
                 finish=lambda dec, proposer, generated: proposer.finish(generated)))
 TREE = "speculative_token_tree"  # a method listing it in settings drafts static trees (vLLM's setting)
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
                 finish=_release_draft_runner, details="draft_model", settings=(TREE,)))
 register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make=_make_eagle,
-                missing=_needs_head("eagle"), details="eagle"))
+                missing=_needs_head("eagle"), settings=(*EAGLE_TREE, TREE), details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,
-                missing=_needs_head("eagle3"), details="eagle3"))
+                missing=_needs_head("eagle3"), settings=(*EAGLE_TREE, TREE), details="eagle3"))
 
 
 def _needs_dflash(dec: "SpecDecoder") -> str | None:
@@ -192,3 +201,27 @@ register(Method("medusa", "Medusa heads on the target's final hidden state (a ch
                 details="medusa", settings=(TREE,)))
 register(Method("mtp", "Gemma-4-style MTP head, trained by specviz (no public recipe): queries over the target's KV",
                 make=_make_mtp, missing=_needs_head("mtp"), details="mtp"))
+
+
+TREE_SETTINGS = (*EAGLE_TREE, "ngram_tree_branches", "suffix_tree_branches")
+
+
+def check_tree_settings(cfg: "GenerationConfig") -> None:
+    """Raise ValueError for a draft-tree setting the request's method does not take, or an invalid
+    one (checked before any model runs)."""
+    method = get(cfg.method)
+    for name in TREE_SETTINGS:
+        if getattr(cfg, name, None) is not None and name not in method.settings:
+            takers = ", ".join(m.name for m in METHODS.values() if name in m.settings)
+            raise ValueError(f"{name} applies to method(s) {takers}, not {cfg.method!r}; unset it or change the method")
+    if any(getattr(cfg, name, None) is not None for name in TREE_SETTINGS) and cfg.verify in ("block", "synthetic"):
+        raise ValueError(f"verify={cfg.verify!r} is chain-only; a draft tree needs verify='standard' (lossless rule A "
+                         "for its top-k children) or 'greedy' at temperature 0")
+    if cfg.method in ("eagle", "eagle3"):
+        from .proposers.eagle_tree import tree_settings
+
+        tree_settings(cfg)
+    from .proposers.ranked_tree import check_branches
+
+    check_branches(cfg.ngram_tree_branches, "ngram_tree_branches")
+    check_branches(cfg.suffix_tree_branches, "suffix_tree_branches")

@@ -393,6 +393,9 @@ MATCH_SCHEMA = {
     # suffix decoding
     "candidates": [SUFFIX_CANDIDATE], "chosen": (SUFFIX_CANDIDATE, None), "cached_requests": int,
     "config": {str: (float, bool, str, None)},
+    # draft trees: EAGLE (proposers/eagle_tree.py), ranked n-gram / suffix trees (ranked_tree.py)
+    "tree": str, "top_k": int, "depth": int, "total_tokens": int, "levels": int, "num_candidates": int,
+    "choices": [[int]], "root_position": int, "tree_branches": int,
 }
 BLOCK_SCHEMA = {"P": [float], "rho": [float], "h": [float], "eta": [float], "tau": int}
 _OPT_INT, _OPT_NUM, _OPT_STR = (int, None), (float, None), (str, None)

@@ -10,6 +10,11 @@ The final suffix is not a match of itself.
 Beyond the draft, :meth:`NgramProposer.propose` records the match details the trie view draws:
 the n tried and how many occurrences each had, the matched n, every occurrence position of
 the matched n-gram, and the trie of continuations after those occurrences with their counts.
+
+With ``tree_branches`` set (generate's ``ngram_tree_branches``) the draft is a tree of those
+continuations instead (:mod:`specviz.proposers.ranked_tree`: up to that many children per node,
+most frequent first, score = the share of occurrences that continue so; depth <= k), whose
+first-ranked path need not be the chain's earliest occurrence.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from ..transfer import pinned
 from .base import Draft, NoFeedback, StepContext
+from .ranked_tree import check_branches, ranked_tree
 
 TRIE_MAX_DEPTH = 8  # continuation depth kept in the trie view (>= usual k)
 
@@ -75,15 +81,17 @@ class NgramProposer(NoFeedback):
     Args:
         prompt_lookup_min / prompt_lookup_max: n-gram sizes searched (vLLM defaults, see
             :func:`resolve_lookup_bounds`).
-        num_speculative_tokens: k, the most tokens drafted per step (>= 1).
+        num_speculative_tokens: k, the most tokens drafted per step (>= 1); a tree's depth.
+        tree_branches: None (a chain) or the children kept per tree node (>= 1).
     Raises:
-        ValueError: bounds out of order or < 1, k < 1.
+        ValueError: bounds out of order or < 1, k < 1, tree_branches < 1.
     """
 
     name = "ngram"
 
     def __init__(self, prompt_lookup_min: int | None = None, prompt_lookup_max: int | None = None,
-                 num_speculative_tokens: int = 5):
+                 num_speculative_tokens: int = 5, tree_branches: int | None = None):
+        self.tree_branches = check_branches(tree_branches, "ngram_tree_branches")
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.prompt_lookup_min, self.prompt_lookup_max = resolve_lookup_bounds(prompt_lookup_min, prompt_lookup_max)
@@ -115,9 +123,21 @@ class NgramProposer(NoFeedback):
                     "prompt_lookup_min": self.prompt_lookup_min,
                     "prompt_lookup_max": self.prompt_lookup_max,
                 }
+                if self.tree_branches is not None:
+                    return self._tree(details, int(starts.size), k)
                 ids = pinned(torch.as_tensor(draft, dtype=torch.long))  # pinned: the engine's copy does not wait
                 return Draft(token_ids=ids, probs=None, details=details)
         details = {"kind": "ngram", "n": 0, "suffix": [], "suffix_start": int(ctx.size), "occurrences": [],
                    "match_position": -1, "tried": tried, "trie": [],
                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         return Draft(token_ids=torch.empty(0, dtype=torch.long), probs=None, details=details)
+
+    def _tree(self, details: dict[str, Any], occurrences: int, k: int) -> Draft:
+        """The continuation trie's best branches as a draft tree (depth <= k)."""
+        root = {"count": occurrences, "children": details["trie"]}
+        tokens, parents, scores = ranked_tree(
+            root, lambda node: [(c["token_id"], c["count"] / node["count"], c) for c in node["children"]],
+            self.tree_branches, k)
+        details["tree_branches"] = self.tree_branches
+        ids = pinned(torch.as_tensor(tokens, dtype=torch.long))
+        return Draft(token_ids=ids, probs=None, details=details, parents=parents, scores=scores, tree_rule="topk")

@@ -12,6 +12,11 @@ Applications" (arXiv 2411.04975); Snowflake Arctic Inference's suffix tree; vLLM
   the budget min(k, floor(m * max_spec_factor + max_spec_offset)) is spent;
 * score = sum of the running probs; the best score wins (ties: the longer m), across both trees.
 
+With ``tree_branches`` set (generate's ``suffix_tree_branches``) the winning match node grows a
+tree instead of one path (:mod:`specviz.proposers.ranked_tree`: up to that many children per node,
+most frequent first, each kept while its path probability >= min_token_prob, depth <= the match's
+budget), as the suffix-decoding paper's speculation tree.
+
 Both trees are depth-limited suffix tries: a node at depth d stands for a token string s of
 length d and counts the positions where s occurs. Appending a token extends the last
 ``max_depth`` suffixes, O(max_depth) per token.
@@ -30,6 +35,7 @@ import torch
 
 from ..transfer import pinned
 from .base import Draft, NoFeedback, StepContext
+from .ranked_tree import check_branches, ranked_tree
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,7 @@ class SuffixProposer(NoFeedback):
             engine passes its own (one per decoder, as vLLM's per engine) or the request's
             (the app: one per browser session, see :class:`GlobalSuffixCache` for why).
         config: :class:`SuffixConfig`.
+        tree_branches: None (a chain) or the children kept per tree node (>= 1).
     The request's output is added to the global cache by :meth:`finish` (the engine calls it when
     a request ends).
     """
@@ -208,7 +215,8 @@ class SuffixProposer(NoFeedback):
     name = "suffix"
 
     def __init__(self, num_speculative_tokens: int = 5, global_cache: GlobalSuffixCache | None = None,
-                 config: SuffixConfig = SuffixConfig()):
+                 config: SuffixConfig = SuffixConfig(), tree_branches: int | None = None):
+        self.tree_branches = check_branches(tree_branches, "suffix_tree_branches")
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.num_speculative_tokens = int(num_speculative_tokens)
@@ -241,9 +249,29 @@ class SuffixProposer(NoFeedback):
         best = max(cands, key=lambda c: (c["score"], c["match_length"]), default=None)
         details = {"kind": "suffix", "candidates": cands, "chosen": best,
                    "cached_requests": len(self.global_cache), "config": self.config.__dict__}
+        if self.tree_branches is not None and best:
+            return self._tree(ids, best, details, k)
         tokens = best["draft"] if best else []
         ids = pinned(torch.tensor(tokens, dtype=torch.long))  # pinned: the engine's copy does not wait
         return Draft(token_ids=ids, probs=None, details=details)
+
+    def _tree(self, context: list[int], best: dict, details: dict[str, Any], k: int) -> Draft:
+        """A tree below the winning match's node (depth <= its budget, path prob >= min_token_prob)."""
+        m, cfg = best["match_length"], self.config
+        budget = min(k, math.floor(m * cfg.max_spec_factor + cfg.max_spec_offset))
+
+        def expand(node: _Node):
+            kids = sorted(node.children.items(), key=lambda kv: -kv[1].count)  # stable: first seen on ties
+            return [(tok, child.count / node.count, child) for tok, child in kids] if node.count > 0 else []
+
+        trie = self.local if best["source"] == "local" else self.global_cache.trie
+        lock = self.global_cache.lock if best["source"] == "global" else threading.Lock()
+        with lock:
+            tokens, parents, scores = ranked_tree(trie.find(context[-m:]), expand, self.tree_branches, budget,
+                                                  min_score=cfg.min_token_prob)
+        details["tree_branches"] = self.tree_branches
+        ids = pinned(torch.tensor(tokens, dtype=torch.long))
+        return Draft(token_ids=ids, probs=None, details=details, parents=parents, scores=scores, tree_rule="topk")
 
     def finish(self, output_ids: Sequence[int]) -> None:
         """Add a finished request's output to the global tree."""

@@ -32,6 +32,7 @@ from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.viz import figure_png, figures, report_html, run_summary
 
 from .cache import DecoderCache, StopSignals
+from .settings import tree_settings
 from .settings import (
     MAX_UI_NEW_TOKENS,
     MAX_UI_PAIRS,
@@ -170,7 +171,8 @@ def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any], clear
 def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
         num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
         seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
-        pairs: Any = DEFAULT_PAIRS, request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+        pairs: Any = DEFAULT_PAIRS, eagle_tree: str = "", tree_branches: Any = 0,
+        request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
     """The Run button: stream the request's views, then (if ``compare``) measure the speedup over
     method "none" beside the run (``pairs`` interleaved pairs of short segments), then draw
     everything. Bad input, a load failure or a refused run ends with the message in the progress
@@ -181,7 +183,7 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
     try:
         for out in _run(cache, signals, state, prompt, method, num_speculative_tokens, verify, temperature, top_k,
                         top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates, compare,
-                        pairs, request):
+                        pairs, request, eagle_tree, tree_branches):
             streamed = streamed or isinstance(out[-1], dict)  # an update that changed the session's trace
             yield out
     except gr.Error as exc:
@@ -198,7 +200,8 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
 def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
          num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
          seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
-         pairs: Any = DEFAULT_PAIRS, request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+         pairs: Any = DEFAULT_PAIRS, request: gr.Request = None, eagle_tree: str = "",
+         tree_branches: Any = 0) -> Iterator[tuple[Any, ...]]:
     """:func:`run`'s body; raises gr.Error for the user's mistakes."""
     state = dict(state or new_state())
     try:
@@ -208,6 +211,7 @@ def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None
         text = check_prompt(prompt)
         settings = engine_settings(method, num_speculative_tokens, verify, temperature, top_k, top_p,
                                    max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates)
+        settings.update(tree_settings(method, eagle_tree, tree_branches))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     session = _session(request)
@@ -550,11 +554,11 @@ class SessionHandlers:
     def run(self, state: dict[str, Any] | None, prompt: str, method: str, num_speculative_tokens: Any, verify: str,
             temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any, seed: Any, prompt_lookup_min: Any,
             prompt_lookup_max: Any, synthetic_rates: str, compare: bool, pairs: Any = DEFAULT_PAIRS,
-            request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+            eagle_tree: str = "", tree_branches: Any = 0, request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
         """See :func:`run`."""
         yield from run(self.cache, self.signals, state, prompt, method, num_speculative_tokens, verify, temperature,
                        top_k, top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates,
-                       compare, pairs, request)
+                       compare, pairs, eagle_tree, tree_branches, request)
 
     def stop(self, state: dict[str, Any] | None, request: gr.Request = None) -> tuple[Any, ...]:
         """See :func:`stop`."""

@@ -17,6 +17,7 @@ from specviz.viz.residual import message_figure
 from . import compare as compare_ui
 from . import handlers as h
 from . import lesson as lesson_ui
+from . import tree as tree_ui
 from .cache import DecoderCache, StopSignals
 from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, MAX_UI_SPECULATIVE_TOKENS
 
@@ -126,6 +127,13 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
         with gr.Row():
             c["lookup_min"] = gr.Slider(1, 8, value=2, step=1, label="prompt_lookup_min")
             c["lookup_max"] = gr.Slider(1, 8, value=4, step=1, label="prompt_lookup_max")
+    with gr.Accordion("draft tree (instead of a chain)", open=False):
+        with gr.Row():
+            c["eagle_tree"] = gr.Textbox("", label="EAGLE-2 tree: top_k, depth, total_tokens", placeholder="4, 5, 24",
+                                         info="eagle / eagle3; empty = a chain of k", elem_id="sv-eagle-tree")
+            c["tree_branches"] = gr.Number(0, label="tree branches per node", precision=0, minimum=0,
+                                           info="ngram / suffix: continuations kept per node; 0 = a chain",
+                                           elem_id="sv-tree-branches")
     with gr.Accordion("advanced", open=False):
         c["rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2", label="synthetic rates a_1, a_2, … (verify = synthetic)")
         c["compare"] = gr.Checkbox(True, label='compare with method "none": measured beside every run '
@@ -141,7 +149,7 @@ def _stream_views() -> dict[str, gr.components.Component]:
     v: dict[str, gr.components.Component] = {}
     gr.Markdown("## 1 · Token stream")
     v["progress"] = gr.Markdown("Ready: pick an example or type a prompt, then press Run.", elem_id="sv-progress")
-    v["stream"] = gr.HTML(elem_id="sv-stream", js_on_load=PICK_STEP_JS)
+    v["stream"] = gr.HTML(elem_id="sv-stream", js_on_load=PICK_STEP_JS + tree_ui.TREE_PICK_JS)
     v["summary"] = gr.Markdown(elem_id="sv-summary")
     gr.Markdown(explain.STREAM, elem_classes="sv-explain")
     return v
@@ -164,6 +172,7 @@ def _detail_views() -> dict[str, gr.components.Component]:
                             show_label=False)
         v["residual"] = gr.Plot(message_figure(PLACEHOLDERS["residual"]), label="residual view",
                                 elem_id="sv-residual", show_label=False)
+    v.update(tree_ui.tree_views())  # the step's draft tree, full width (a chain for chain methods)
     gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE / "
                 "Medusa / MTP heads, DFlash block)")
     gr.Markdown(explain.MATCH, elem_classes="sv-explain")
@@ -237,7 +246,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                 full = [progress, *views, v["step"], v["position"], state]
             compare_ui.compare_tab(session.cache, state, full, tabs)
         inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
-                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"]]
+                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"],
+                  c["eagle_tree"], c["tree_branches"]]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
         run_event.then(h.suffix_status, [state], [c["suffix_info"]], api_name="suffix_status")
         stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop").then(
@@ -255,12 +265,14 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                         trigger_mode="always_last", concurrency_id="selection")
         v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position",
                             trigger_mode="always_last", concurrency_id="selection")
-        e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay").then(
+        replay_event = e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay")
+        replay_event.then(
             h.replay_settings, [state], [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"],
                                          c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
                                          c["example"], state],
             api_name="replay_settings")
         lesson_ui.wire_lesson(lesson, state, v, resets=[run_btn.click, e["upload"].upload])
+        tree_ui.wire_tree(v, state, [run_event, replay_event])
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],
                            [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],

@@ -108,6 +108,23 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
     return settings
 
 
+def tree_settings(method: str, eagle_tree: Any, tree_branches: Any) -> dict[str, Any]:
+    """The draft-tree settings of the UI's "draft tree" controls for ``method``: eagle / eagle3 take
+    "top_k, depth, total_tokens" (EAGLE-2's dynamic tree; empty = a chain), ngram / suffix take the
+    children kept per node (0 = a chain); other methods ignore both. Raises ValueError for text
+    that is not three integers (the engine checks their ranges)."""
+    if method in ("eagle", "eagle3") and str(eagle_tree or "").strip():
+        parts = [x.strip() for x in str(eagle_tree).replace(";", ",").split(",")]
+        if len(parts) != 3 or not all(x.isdigit() for x in parts):
+            raise ValueError(f"EAGLE-2 tree: give top_k, depth, total_tokens as three integers like 4, 5, 24 "
+                             f"(or leave it empty for a chain), got {eagle_tree!r}")
+        return dict(zip(("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens"), map(int, parts)))
+    if method in ("ngram", "suffix"):
+        branches = _int(tree_branches or 0, "tree branches", 0, 64)
+        return {f"{method}_tree_branches": branches} if branches else {}
+    return {}
+
+
 def _method_settings(method: str) -> tuple[str, ...]:
     """The generate() settings a method takes (:mod:`specviz.methods`); () for an unknown one (the
     engine refuses it with its own message)."""

@@ -54,6 +54,10 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
     trace = as_trace(trace)
     st = trace.steps[step]
     m = st.match
+    if m.get("tree") in ("dynamic", "static"):  # a tree step: how it was drafted (the tree view draws it)
+        from .tree import tree_source_html
+
+        return tree_source_html(trace, step)
     if m.get("kind") not in ("eagle", "eagle3") or not m.get("positions"):
         return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">Step {st.index}: the head drafted '
                 "nothing (no target features yet, or no room left before max_new_tokens).</div>")

@@ -1,0 +1,254 @@
+"""Tree drafting with an EAGLE-1 / EAGLE-3 head: EAGLE-2's dynamic tree and static trees.
+
+Sources: Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees"
+(EMNLP 2024, arXiv 2406.16858); ``topK_genrate`` in SafeAILab/EAGLE ``eagle/model/cnets1.py`` /
+``cnets.py`` (methods.md 3.1); static trees as EAGLE-1's ``choices`` / vLLM's
+``speculative_token_tree`` (``EagleProposer.propose_tree``; methods.md 1.3, 9).
+
+Both trees come from the same head as the chain (:class:`~specviz.proposers.eagle.EagleProposer`,
+whose first pass, observe and committed-cache rule are reused unchanged): after the first pass
+over the newly committed (target feature, token) pairs the head's last row (position n-1, the
+root x_n) gives log-probabilities of the depth-1 candidates. A level of the tree is then one head
+forward over the frontier nodes (depth d) at the ONE position ``n + d - 1`` (every sibling shares
+it, methods.md 3.4), each row fed its parent's output hidden state with its own token, attending
+to the committed prefix plus its own ancestors and itself (never its cousins). Those rows'
+K/V go to scratch slots after the committed length Lc and are dropped at the next first pass
+(methods.md 1.2): the head's cache keeps committed positions only.
+
+Dynamic (EAGLE-2, exactly ``topK_genrate``): with K = top_k, D = depth, N = total_tokens
+(root included, so N - 1 draft nodes):
+
+1. root: ``topk(log_softmax(head logits at n-1), K)`` -> K depth-1 candidates; score = log q.
+2. D times: run the K frontier nodes; each takes its top-K children, score = parent score +
+   log q (the path's cumulative log-confidence); all K*K become candidates, the best K the next
+   frontier.
+3. rerank: the N - 1 best of the K + D*K*K candidates, in candidate order (parents before
+   children). The deepest node is at depth D + 1.
+
+Ties are broken by candidate order (a stable sort; ``torch.topk`` leaves them unspecified), so a
+child (score <= its parent's, created later) never enters without its parent.
+
+Static: a parsed choice list (:func:`specviz.tree.parse_choices`): the child of rank r of a node is
+its r-th most likely token under the head, one forward per depth over the nodes that have children.
+
+Every child is the deterministic top-k of its parent's head distribution: ``Draft.probs`` is None
+(q one-hot) and ``tree_rule`` "topk" (methods.md 1.4 rule A), at any temperature. ``Draft.scores``
+holds each node's cumulative log-confidence (natural log).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .. import tree as tree_mod
+from .base import Draft, StepContext
+from .eagle import EagleProposer
+
+DEFAULT_TOP_K, DEFAULT_DEPTH, DEFAULT_TOTAL_TOKENS = 4, 5, 24  # methods.md 12 "Tree defaults"
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's knobs (names as ``EaModel.from_pretrained``; SGLang: ``--speculative-eagle-topk`` = top_k,
+    ``--speculative-num-steps`` = depth + 1, ``--speculative-num-draft-tokens`` = total_tokens).
+
+    top_k: children expanded per node and frontier size K (>= 1). depth: D, head forwards after the
+    root's expansion (>= 0; the deepest node is at depth D + 1). total_tokens: N, tokens verified
+    INCLUDING the root, so N - 1 draft nodes (2 <= N, N - 1 <= min(MAX_TREE_NODES, K + D*K*K)).
+    Raises ValueError saying which bound is broken."""
+
+    top_k: int = DEFAULT_TOP_K
+    depth: int = DEFAULT_DEPTH
+    total_tokens: int = DEFAULT_TOTAL_TOKENS
+
+    def __post_init__(self):
+        k, d, n = self.top_k, self.depth, self.total_tokens
+        if not (isinstance(k, int) and k >= 1):
+            raise ValueError(f"eagle_tree_top_k must be an integer >= 1, got {k!r}")
+        if not (isinstance(d, int) and d >= 0):
+            raise ValueError(f"eagle_tree_depth must be an integer >= 0 (head forwards after the root's expansion), "
+                             f"got {d!r}")
+        if not (isinstance(n, int) and n >= 2):
+            raise ValueError(f"eagle_tree_total_tokens must be an integer >= 2 (the root plus at least one draft "
+                             f"node), got {n!r}")
+        if n - 1 > tree_mod.MAX_TREE_NODES:
+            raise ValueError(f"eagle_tree_total_tokens = {n} gives {n - 1} draft nodes; at most "
+                             f"{tree_mod.MAX_TREE_NODES} are supported (total_tokens <= {tree_mod.MAX_TREE_NODES + 1})")
+        if n - 1 > k + d * k * k:
+            raise ValueError(f"eagle_tree_total_tokens = {n} asks for {n - 1} draft nodes but top_k = {k}, depth = {d} "
+                             f"make only {k + d * k * k} candidates; lower total_tokens or raise top_k / depth")
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth + 1
+
+
+class EagleTreeProposer(EagleProposer):
+    """Tree drafting with an EAGLE / EAGLE-3 head (``name`` = the head's kind, as the chain's).
+
+    Args:
+        head: as :class:`EagleProposer`.
+        dynamic: a :class:`DynamicTree` (EAGLE-2), or None with ``choices`` given.
+        choices: a static tree: vLLM ``speculative_token_tree`` string or a list of child-rank paths
+            (:func:`specviz.tree.parse_choices`), or None.
+    ``num_speculative_tokens`` is the tree's depth (the most drafts one step can accept); propose's
+    ``num_tokens`` caps the depth (deeper nodes are not drafted).
+    Raises:
+        ValueError: neither or both of dynamic / choices, or invalid choices / knobs.
+    """
+
+    def __init__(self, head: torch.nn.Module, dynamic: DynamicTree | None = None,
+                 choices: str | Sequence[Sequence[int]] | None = None):
+        if (dynamic is None) == (choices is None):
+            raise ValueError("an EAGLE tree needs exactly one of: the dynamic tree's knobs (eagle_tree_top_k / "
+                             "eagle_tree_depth / eagle_tree_total_tokens) or a static speculative_token_tree")
+        self.dynamic = dynamic
+        self.paths = tree_mod.parse_choices(choices) if choices is not None else None
+        depth = dynamic.max_depth if dynamic is not None else max(len(p) for p in self.paths)
+        super().__init__(head, depth)
+
+    @torch.inference_mode()
+    def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
+                context: StepContext | None = None) -> Draft:
+        max_depth = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.num_speculative_tokens)
+        n = len(token_ids) - 1  # position of the root x_n
+        known = self.committed + len(self._pending_ids)
+        if known != n:
+            raise RuntimeError(f"{self.name}: the context has {n} committed pairs but the head was told of {known}; "
+                               "call observe() after every target forward")
+        self._details = self._confidence = None  # the chain's per-position numbers do not apply
+        if max_depth <= 0 or n == 0:
+            return Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": self.name, "tree": "none"})
+        first = self._first_pass()
+        if self.dynamic is not None:
+            tokens, parents, scores, info = self._dynamic(n, max_depth)
+        else:
+            tokens, parents, scores, info = self._static(n, max_depth)
+        details = {"kind": self.name, "greedy": (context or StepContext()).temperature <= 0, "root_position": n,
+                   "root_token_id": int(token_ids[n]), "taps": list(self.taps), "first_pass": first, **info}
+        device = self._last[1].device
+        return Draft(token_ids=torch.tensor(tokens, dtype=torch.long, device=device), probs=None, details=details,
+                     parents=parents, scores=scores, tree_rule="topk")
+
+    # ---- one level: a head forward over some tree nodes at one position ---------------------------
+    def _level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, rows: list[int],
+               slots: list[int], parent_of: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head on ``rows`` (candidate ids; hidden [R, d] = each parent's output, tokens int64
+        [R]) at ``position``; ``slots``: candidate ids whose K/V the cache holds after Lc (appended to
+        here). Row r sees the committed slots and the slots of its ancestors and itself.
+        Returns (hidden [R, d], log q [R, V] float32)."""
+        slots.extend(rows)
+        visible = torch.ones(len(rows), self.committed + len(slots), dtype=torch.bool)  # [R, Lc + S]
+        for r, cid in enumerate(rows):
+            line = _ancestors_or_self(cid, parent_of)
+            visible[r, self.committed:] = torch.tensor([s in line for s in slots], dtype=torch.bool)
+        pos = torch.full((len(rows),), position, dtype=torch.long, device=tokens.device)
+        mask = visible.to(tokens.device)[None, None]  # [1, 1, R, Lc + S]
+        out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=mask)
+        return out, torch.log_softmax(logits.float(), dim=-1)
+
+    def _root(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden [1, d], log q [V]) of the head's row at n-1 (the first pass's last row)."""
+        hidden, logits = self._last
+        return hidden, torch.log_softmax(logits.float(), dim=-1)
+
+    # ---- EAGLE-2 -----------------------------------------------------------------------------------
+    def _dynamic(self, n: int, max_depth: int):
+        K, N = self.dynamic.top_k, self.dynamic.total_tokens
+        levels = min(self.dynamic.depth, max_depth - 1)  # head forwards after the root's expansion
+        hidden, logp = self._root()
+        top = torch.topk(logp, K)
+        cand_tok, cand_score, cand_parent = [top.indices], [top.values], [-1] * K  # per candidate id
+        frontier = list(range(K))  # candidate ids
+        f_tok, f_hidden, f_score = top.indices, hidden.expand(K, -1), top.values  # [K], [K, d], [K]
+        slots: list[int] = []
+        parent_of: dict[int, int] = {}
+        for i in range(levels):
+            out, lp = self._level(f_hidden, f_tok, n + i, frontier, slots, parent_of)  # [K, d], [K, V]
+            top = torch.topk(lp, K, dim=-1)  # [K, K]
+            cu = (top.values + f_score[:, None]).reshape(-1)  # [K*K] cumulative log-confidence
+            base = sum(len(t) for t in cand_tok)
+            for j, cid in enumerate(frontier):
+                for c in range(K):
+                    cand_parent.append(cid)
+                    parent_of[base + j * K + c] = cid
+            cand_tok.append(top.indices.reshape(-1))
+            cand_score.append(cu)
+            best = _stable_top(cu, K)  # [K] indices into the K*K
+            frontier = [base + int(b) for b in best]
+            f_tok, f_hidden, f_score = top.indices.reshape(-1)[best], out[best // K], cu[best]
+        for cid in range(K):
+            parent_of.setdefault(cid, -1)
+        scores = torch.cat(cand_score)  # [K + levels*K*K]
+        keep = sorted(int(c) for c in _stable_top(scores, min(N - 1, scores.numel())))
+        node_of = {cid: i for i, cid in enumerate(keep)}
+        toks = torch.cat(cand_tok)[keep].tolist()
+        parents = [node_of[cand_parent[c]] if cand_parent[c] >= 0 else -1 for c in keep]
+        info = {"tree": "dynamic", "top_k": K, "depth": self.dynamic.depth, "total_tokens": N, "levels": levels,
+                "num_candidates": int(scores.numel())}
+        return toks, parents, scores[keep].tolist(), info
+
+    # ---- static ------------------------------------------------------------------------------------
+    def _static(self, n: int, max_depth: int):
+        paths = [p for p in self.paths if len(p) <= max_depth]
+        parents = tree_mod.choices_parents(paths)
+        kids = tree_mod.children(parents)
+        hidden, logp = self._root()
+        tokens, scores = [0] * len(paths), [0.0] * len(paths)
+        outs: dict[int, torch.Tensor] = {}  # node -> head output hidden [d] (nodes with children)
+        self._assign(kids[0], paths, logp, 0.0, tokens, scores)
+        slots: list[int] = []
+        parent_of = dict(enumerate(parents))
+        depth = tree_mod.depths(parents)
+        for d in range(1, max(depth, default=0)):
+            rows = [i for i in range(len(paths)) if depth[i] == d and kids[i + 1]]
+            if not rows:
+                break
+            h_in = torch.stack([outs[parents[i]] if parents[i] >= 0 else hidden[0] for i in rows])  # [R, d]
+            tok = torch.tensor([tokens[i] for i in rows], dtype=torch.long, device=hidden.device)
+            out, lp = self._level(h_in, tok, n + d - 1, rows, slots, parent_of)
+            for r, i in enumerate(rows):
+                outs[i] = out[r]
+                self._assign(kids[i + 1], paths, lp[r], scores[i], tokens, scores)
+        return tokens, parents, scores, {"tree": "static", "choices": [list(p) for p in paths]}
+
+    @staticmethod
+    def _assign(kids: list[int], paths, logp: torch.Tensor, base: float, tokens: list, scores: list) -> None:
+        """Give each child node of one parent the token of its rank (its path's last entry) in the
+        parent's log q [V]; score = parent score + log q."""
+        if not kids:
+            return
+        top = torch.topk(logp, max(paths[c][-1] for c in kids) + 1)
+        for c in kids:
+            r = paths[c][-1]
+            tokens[c], scores[c] = int(top.indices[r]), base + float(top.values[r])
+
+
+def _stable_top(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest ``values`` (1-D), ties broken by lower index first."""
+    return torch.sort(values, descending=True, stable=True).indices[:k]
+
+
+def _ancestors_or_self(cid: int, parent_of: dict[int, int]) -> set[int]:
+    line = set()
+    while cid >= 0:
+        line.add(cid)
+        cid = parent_of.get(cid, -1)
+    return line
+
+
+def tree_settings(cfg: Any) -> tuple[DynamicTree | None, str | None]:
+    """(dynamic knobs, static choices) a request's settings ask for: EAGLE-2 if any ``eagle_tree_*``
+    is set (the others take :data:`DEFAULT_TOP_K` etc.), else ``speculative_token_tree`` if set, else
+    (None, None) = a chain. Raises ValueError if both are set or a knob is invalid."""
+    knobs = {name: getattr(cfg, f"eagle_tree_{name}", None) for name in ("top_k", "depth", "total_tokens")}
+    static = getattr(cfg, "speculative_token_tree", None)
+    if all(v is None for v in knobs.values()):
+        return None, static
+    if static is not None:
+        raise ValueError("set either speculative_token_tree (a static tree) or eagle_tree_top_k / eagle_tree_depth / "
+                         "eagle_tree_total_tokens (EAGLE-2's dynamic tree), not both")
+    return DynamicTree(**{k: v for k, v in knobs.items() if v is not None}), None

@@ -1,0 +1,367 @@
+"""The draft-tree view: one step's draft tree drawn as a tree (issue 15 point 5).
+
+Reads the trace only (version 2, ``specviz.trace``): a step's ``nodes`` (id, parent, depth,
+token_id, p, q, u, fate, score), ``accepted_path`` (node ids from the root's child down) and
+``tree_rule``; a step without nodes (a version-1 step still in memory) is read as the chain it is.
+Layout: depth left to right (the root, the last committed token, at depth 0), one row per leaf,
+a parent centred on its children; node order = the order the verifier visits siblings.
+
+Each node is a text box: the token, then ``p`` (the target's probability of the token at its
+parent), ``q`` (the draft's, 1 for deterministic children) or, for top-k children (q one-hot),
+``c`` = exp(score), the draft's confidence in the path (EAGLE-2: the product of the head's
+probabilities along it; n-gram / suffix trees: the share of matches that continue so). Colours:
+the accepted path green, rejected nodes grey, unvisited nodes dimmed, the step's own token
+(recovered / bonus) in its stream colour, attached to the last accepted node.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+
+from specviz.trace import Step, Trace
+
+from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fmt_prob, label, quoted
+from .residual import P_COLOUR, Q_COLOUR, WRAP, message_figure
+
+# (fill, text, border) per node fate; the emitted token uses the stream's colours (FATE_STYLE)
+NODE_STYLE: dict[str, tuple[str, str, str]] = {
+    "accepted": (FATE_STYLE["accepted"][0], FATE_STYLE["accepted"][1], "#15803d"),
+    "rejected": ("#d1d5db", "#1f2937", "#6b7280"),
+    "unvisited": ("#f9fafb", "#9ca3af", "#e5e7eb"),
+    "root": ("#ffffff", "#111827", "#111827"),
+}
+NODE_LEGEND = {
+    "accepted": "accepted (the committed path)",
+    "rejected": "rejected (the target tested it and said no)",
+    "unvisited": "unvisited (an ancestor or an earlier sibling decided first)",
+}
+EDGE_STYLE = {"accepted": ("#15803d", 3.0, "solid"), "rejected": ("#9ca3af", 1.5, "solid"),
+              "unvisited": ("#d1d5db", 1.0, "dot")}
+SELECTED_BORDER = "#2563eb"
+EMITTED = -2  # customdata id of the step's own token
+ROOT = -1
+TOKEN_CHARS = 9  # token text per box (then …)
+COLUMN_PX = 104  # horizontal room per depth column the box text is sized for
+
+
+@dataclass(frozen=True)
+class ViewNode:
+    """A node as the view draws it (draft nodes plus the root and the step's own token)."""
+
+    id: int
+    parent: int
+    depth: int
+    token_id: int
+    fate: str
+    p: float | None = None
+    q: float | None = None
+    u: float | None = None
+    score: float | None = None
+    accept_prob: float | None = None
+
+
+def step_tree(step: Step) -> tuple[list[ViewNode], list[int], str]:
+    """(draft nodes, accepted path, tree rule) of ``step``: its trace-v2 ``nodes`` or, for a step
+    without them, the chain its positions describe (fates from num_accepted)."""
+    nodes = getattr(step, "nodes", None)
+    if nodes:
+        out = [ViewNode(int(n.id), int(n.parent), int(n.depth), int(n.token_id), str(n.fate), n.p, n.q, n.u,
+                        getattr(n, "score", None), getattr(n, "accept_prob", None)) for n in nodes]
+        return out, [int(i) for i in getattr(step, "accepted_path", [])], str(getattr(step, "tree_rule", "chain"))
+    out = []
+    for i, tok in enumerate(step.draft_token_ids):
+        pos = step.positions[i] if i < len(step.positions) else None
+        fate = "accepted" if i < step.num_accepted else ("rejected" if i == step.num_accepted else "unvisited")
+        out.append(ViewNode(i, i - 1, i + 1, int(tok), fate, *((pos.p, pos.q, pos.u) if pos else (None,) * 3)))
+    return out, list(range(step.num_accepted)), "chain"
+
+
+def _children(nodes: list[ViewNode]) -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {ROOT: []}
+    for n in nodes:
+        kids.setdefault(n.id, [])
+        kids.setdefault(n.parent, []).append(n.id)
+    return kids
+
+
+def tree_layout(nodes: list[ViewNode], path: list[int]) -> dict[int, tuple[int, float]]:
+    """{node id: (depth, row)}: leaves on consecutive rows in depth-first order (children in node
+    order), a parent on the middle of its children; includes ROOT and EMITTED (the step's own
+    token, the last child of the last accepted node)."""
+    kids = _children(nodes)
+    kids.setdefault(path[-1] if path else ROOT, []).append(EMITTED)
+    depth = {ROOT: 0, **{n.id: n.depth for n in nodes}, EMITTED: len(path) + 1}
+    place: dict[int, tuple[int, float]] = {}
+    row = 0
+
+    def visit(u: int) -> float:
+        nonlocal row
+        if not kids.get(u):
+            place[u] = (depth[u], float(row))
+            row += 1
+            return place[u][1]
+        ys = [visit(c) for c in kids[u]]
+        place[u] = (depth[u], (ys[0] + ys[-1]) / 2)
+        return place[u][1]
+
+    visit(ROOT)
+    return place
+
+
+def node_for_position(step: Step, position: int | None) -> int | None:
+    """The node a (1-based) position of the accepted-path row stands for: path[position - 1],
+    EMITTED for the step's own slot, None if out of range."""
+    _, path, _ = step_tree(step)
+    if position is None:
+        return None
+    if 1 <= position <= len(path):
+        return path[position - 1]
+    return EMITTED if position == len(path) + 1 else None
+
+
+def row_rejected(step: Step) -> int | None:
+    """The tree node at the end of the step's row (trace v2: the accepted path, then the last child
+    tested at the node where the step stopped, rejected): that child's id, or None."""
+    nodes, path, _ = step_tree(step)
+    stop = path[-1] if path else ROOT
+    tested = [n.id for n in nodes if n.parent == stop and n.fate == "rejected"]
+    return tested[-1] if tested and len(step.draft_token_ids) > len(path) else None
+
+
+def position_for_node(step: Step, node: int) -> int | None:
+    """The (1-based) position of ``node`` on the step's row (the grid's row, whose positions have
+    the p / q / residual panel): a node of the accepted path; the step's own token and the row's
+    last rejected child (:func:`row_rejected`), both the slot after the path; in a chain every node
+    i is position i + 1 (unused drafts too). None for other tree nodes and the root."""
+    nodes, path, rule = step_tree(step)
+    if node == EMITTED or (node >= 0 and node == row_rejected(step)):
+        return len(path) + 1
+    if rule == "chain" and 0 <= node < len(nodes):
+        return node + 1
+    return path.index(node) + 1 if node in path else None
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.2f}" if x >= 0.01 or x == 0 else f"{x:.0e}"
+
+
+def _confidence(n: ViewNode) -> float | None:
+    return math.exp(n.score) if n.score is not None and math.isfinite(n.score) else None
+
+
+def _second_line(n: ViewNode, rule: str) -> str:
+    """'p 0.43 · c 0.62' for top-k children (q one-hot), else 'p 0.43 · q 0.51'."""
+    if rule == "topk" and _confidence(n) is not None:
+        return f"p {_num(n.p)} · c {_num(_confidence(n))}"
+    return f"p {_num(n.p)} · q {_num(n.q)}"
+
+
+def _hover(trace: Trace, n: ViewNode, rule: str) -> str:
+    conf = _confidence(n)
+    lines = [f"node {n.id} · depth {n.depth} · {quoted(trace, n.token_id)} · {n.fate}",
+             f"p = {fmt_prob(n.p)} (target, at its parent) · q = {fmt_prob(n.q)} (draft"
+             f"{', one-hot: a top-k child' if rule == 'topk' else ''})",
+             f"u = {fmt_prob(n.u)} · accept prob. = {fmt_prob(n.accept_prob)}"
+             + (f" · c = exp(score) = {fmt_prob(conf)}" if conf is not None else "")]
+    return "<br>".join(lines) + "<br><i>click: its p / q panel</i>"
+
+
+def _title(trace: Trace, st: Step, nodes: list[ViewNode], path: list[int], rule: str) -> str:
+    kind = st.match.get("tree") if isinstance(st.match.get("tree"), str) else None
+    what = {"dynamic": "EAGLE-2 dynamic tree", "static": "static tree"}.get(kind or "", "draft tree")
+    if rule == "chain":
+        what = "draft chain"
+    own = FATE_STYLE[emitted_fate(st)][2].split(" (")[0]
+    return (f"<b>step {st.index}: {what} of {len(nodes)} node(s), {len(path)} accepted</b> · then the {own} "
+            f"{quoted(trace, st.emitted.token_id)}")
+
+
+def _legend(fig: go.Figure, rule: str, own: str) -> None:
+    """Legend entries (marker-only traces) defining every colour, and a line defining p / q / c."""
+    for fate, text in NODE_LEGEND.items():
+        fill, _, border = NODE_STYLE[fate]
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=text, hoverinfo="skip",
+                                 marker={"symbol": "square", "size": 13, "color": fill, "line": {"color": border,
+                                                                                                  "width": 2}}))
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=FATE_STYLE[own][2], hoverinfo="skip",
+                             marker={"symbol": "square", "size": 13, "color": FATE_STYLE[own][0]}))
+    c_text = ("c = exp(score): the draft's confidence in the path<br>(top-k children: q is one-hot, so q is not shown)"
+              if rule == "topk" else "q = the draft's probability of the token")
+    fig.add_annotation(text=f"p = the target's probability of the token at its parent · {c_text}", x=0, y=1,
+                       xref="paper", yref="paper", xanchor="left", yanchor="bottom", yshift=4, showarrow=False,
+                       font={"size": 11, "color": "#374151"}, align="left", name="definitions")
+
+
+def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None = None) -> go.Figure:
+    """The draft tree of ``step`` (clamped), ``selected`` node outlined (a node id, ``EMITTED`` or
+    None). Box text is at most :data:`TOKEN_CHARS` token characters over one number line, sized for
+    :data:`COLUMN_PX` per depth column (the figure's width is set to fit).
+    Raises specviz.trace.TraceFormatError for a malformed trace dict."""
+    trace = as_trace(trace)
+    if not trace.steps:
+        return message_figure("No steps yet: press Run (or upload a trace).", 200)
+    st = trace.steps[min(max(int(step), 0), len(trace.steps) - 1)]
+    nodes, path, rule = step_tree(st)
+    if not nodes:
+        return message_figure(f"step {st.index}: nothing was drafted (a plain decoding step).", 160)
+    place = tree_layout(nodes, path)
+    by_id = {n.id: n for n in nodes}
+    ctx = context_before(trace, st.index)
+    root = ViewNode(ROOT, ROOT, 0, ctx[-1] if ctx else 0, "root")
+    own_fate = emitted_fate(st)
+    emitted = ViewNode(EMITTED, path[-1] if path else ROOT, len(path) + 1, st.emitted.token_id, own_fate,
+                       st.emitted.p)
+    fig = go.Figure()
+    _edges(fig, place, nodes, emitted)
+    boxes = [root, *nodes, emitted]
+    rows = max(y for _, y in place.values()) + 1
+    compact = rows > 28  # big trees: one line per box
+    for n in boxes:
+        _box(fig, trace, n, place[n.id], rule, compact, selected == n.id)
+    fig.add_trace(go.Scatter(
+        x=[place[n.id][0] for n in boxes], y=[place[n.id][1] for n in boxes], mode="markers", name="nodes",
+        showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text",
+        hovertext=[_hover(trace, n, rule) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes],
+        marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}))
+    _legend(fig, rule, own_fate)
+    columns = max(d for d, _ in place.values()) + 1
+    row_px = 22 if compact else 40
+    fig.update_layout(
+        title={"text": _title(trace, st, nodes, path, rule), "font": {"size": 13}, "x": 0, "xanchor": "left"},
+        width=max(640, COLUMN_PX * columns + 40), height=int(190 + row_px * rows), plot_bgcolor="#ffffff",
+        margin={"l": 10, "r": 10, "t": 74, "b": 10}, hovermode="closest", clickmode="event",
+        xaxis={"visible": False, "range": [-0.55, columns - 0.45], "fixedrange": True},
+        yaxis={"visible": False, "range": [rows - 0.5, -0.5], "fixedrange": True},
+        legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 11}},
+        meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule},
+    )
+    return fig
+
+
+def _root_hover(trace: Trace, n: ViewNode, st: Step) -> str:
+    if n.id == ROOT:
+        return f"root: {quoted(trace, n.token_id)}, the last committed token (every node's ancestor)"
+    return (f"the step's own token {quoted(trace, n.token_id)} ({n.fate}) · p = {fmt_prob(n.p)}"
+            "<br><i>click: its p / residual panel</i>")
+
+
+def _edges(fig: go.Figure, place, nodes: list[ViewNode], emitted: ViewNode) -> None:
+    """Parent -> child lines, one trace per child fate (the step's own token: its stream colour)."""
+    groups: dict[str, tuple[list, list]] = {}
+    for n in [*nodes, emitted]:
+        key = n.fate if n.fate in EDGE_STYLE else "own"
+        xs, ys = groups.setdefault(key, ([], []))
+        (x0, y0), (x1, y1) = place[n.parent], place[n.id]
+        xs += [x0, (x0 + x1) / 2, (x0 + x1) / 2, x1, None]  # an elbow: across, down, across
+        ys += [y0, y0, y1, y1, None]
+    for key, (xs, ys) in groups.items():
+        colour, width, dash = EDGE_STYLE.get(key, (FATE_STYLE[emitted.fate][1], 2.0, "solid"))
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                                 line={"color": colour, "width": width, "dash": dash}))
+
+
+def _box(fig: go.Figure, trace: Trace, n: ViewNode, xy: tuple[int, float], rule: str, compact: bool,
+         selected: bool) -> None:
+    """One node's text box (an annotation; clicks pass through to the invisible marker below)."""
+    if n.id == ROOT:
+        fill, colour, border = NODE_STYLE["root"]
+        lines = [f"root {label(trace, n.token_id, TOKEN_CHARS - 3)}"]
+    elif n.id == EMITTED:
+        fill, colour = FATE_STYLE[n.fate][0], FATE_STYLE[n.fate][1]
+        border = colour
+        lines = [label(trace, n.token_id, TOKEN_CHARS), f"p {_num(n.p)}"]
+    else:
+        fill, colour, border = NODE_STYLE.get(n.fate, NODE_STYLE["unvisited"])
+        lines = [label(trace, n.token_id, TOKEN_CHARS), _second_line(n, rule)]
+    if compact:
+        lines = lines[:1]
+    text = "<b>" + lines[0] + "</b>" + "".join(f"<br><span style='font-size:9px'>{html.escape(t)}</span>"
+                                               for t in lines[1:])
+    fig.add_annotation(x=xy[0], y=xy[1], text=text, showarrow=False, bgcolor=fill, bordercolor=
+                       SELECTED_BORDER if selected else border, borderwidth=3 if selected else 1.5, borderpad=2,
+                       font={"size": 10 if compact else 11, "color": colour, "family": "monospace"}, align="center",
+                       name=f"node {n.id}")
+
+
+def box_text_chars(fig: go.Figure) -> int:
+    """The longest line (in characters, markup stripped) of any node box of ``fig``."""
+    longest = 0
+    for a in fig.layout.annotations:
+        if (a.name or "").startswith("node "):
+            for line in re.split(r"<br>", a.text):
+                longest = max(longest, len(html.unescape(re.sub(r"<[^>]+>", "", line))))
+    return longest
+
+
+def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figure:
+    """p and q of one draft node off the accepted path (the full p / q / residual panel exists for
+    the path's positions only: the trace keeps top-k distributions there), with what happened to it.
+    Raises IndexError if ``node`` is not a node of the step."""
+    trace = as_trace(trace)
+    st = trace.steps[step]
+    nodes, path, rule = step_tree(st)
+    n = next((m for m in nodes if m.id == node), None)
+    if n is None:
+        raise IndexError(f"step {st.index} has no draft node {node}")
+    fig = go.Figure()
+    tok = label(trace, n.token_id)
+    for name, value, colour in (("target p", n.p, P_COLOUR), ("draft q", n.q, Q_COLOUR)):
+        fig.add_trace(go.Bar(x=[name], y=[value or 0.0], marker_color=colour, name=name,
+                             text=[_num(value)], textposition="outside", hoverinfo="skip"))
+    if n.accept_prob is not None:
+        fig.add_trace(go.Bar(x=["accept prob."], y=[n.accept_prob], marker_color="#6b7280", name="accept prob.",
+                             text=[_num(n.accept_prob)], textposition="outside", hoverinfo="skip"))
+    if n.u is not None:
+        fig.add_hline(y=n.u, line={"color": "#111827", "dash": "dash", "width": 1.5},
+                      annotation_text=f"u = {_num(n.u)}", annotation_position="top right")
+    why = {
+        "rejected": "rejected (the target tested it and said no)",
+        "unvisited": "unvisited (never tested: an ancestor was rejected, or an earlier sibling accepted first)",
+        "accepted": "accepted",
+    }.get(n.fate, n.fate)
+    rule_text = {
+        "topk": "Top-k children (q one-hot): at its parent the target accepts child c with probability r(c), "
+                "r = p with the earlier rejected siblings zeroed and renormalised (EAGLE / SGLang; methods.md 1.4 A).",
+        "sampled": "Children drawn i.i.d. from q: accept iff u ≤ p/q, else p := norm(max(p − q, 0)) and the next "
+                   "sibling is tried (SpecInfer, methods.md 1.4 B).",
+        "chain": "A chain: accept iff u ≤ min(1, p/q) (standard verification).",
+    }.get(rule, "")
+    lines = [f"<b>step {st.index}, node {n.id} (depth {n.depth}): {quoted(trace, n.token_id)}</b>",
+             *(f"<span style='font-size:11px'>{html.escape(w)}</span>" for w in textwrap.wrap(why, WRAP)),
+             *(f"<span style='font-size:11px'>{html.escape(w)}</span>" for w in textwrap.wrap(rule_text, WRAP))]
+    fig.add_annotation(name="caption", text="<br>".join(lines), x=0, y=1, xref="paper", yref="paper",
+                       xanchor="left", yanchor="bottom", yshift=10, showarrow=False, align="left",
+                       font={"size": 13, "color": "#111827"})
+    fig.update_layout(height=300 + 17 * len(lines), plot_bgcolor="#ffffff", showlegend=False, bargap=0.5,
+                      margin={"l": 50, "r": 10, "t": 24 + 17 * len(lines), "b": 40},
+                      yaxis={"range": [0, 1.12], "title": "probability"}, xaxis={"title": f"token {tok}"})
+    return fig
+
+
+def tree_source_html(trace: Trace, step: int) -> str:
+    """A short note on how an EAGLE tree step was drafted (for the method's source panel)."""
+    st = trace.steps[step]
+    m = st.match
+    head = "EAGLE-3" if m.get("kind") == "eagle3" else "EAGLE"
+    if m.get("tree") == "dynamic":
+        how = (f"EAGLE-2's dynamic tree: from the root token at position {m.get('root_position')}, every frontier "
+               f"node took its top {m.get('top_k')} children by the head, scored by the path's cumulative "
+               f"log-confidence; {m.get('levels')} head forward(s) after the root's expansion made "
+               f"{m.get('num_candidates')} candidates, of which the best {len(st.nodes) or '…'} were kept "
+               f"(total_tokens = {m.get('total_tokens')} with the root).")
+    else:
+        how = (f"a static tree of {len(m.get('choices', []))} path(s) (speculative_token_tree): the child of rank r "
+               "of a node is the head's r-th most likely token there, one head forward per depth.")
+    return (f"<div class='sv-match sv-eagle-tree' style='font-size:13px;color:#374151;padding:6px'>{head} drafted "
+            f"{html.escape(how)} Every node of a depth ran at one position, seeing the committed prefix and its own "
+            "ancestors only; the head's tree K/V is dropped after the step (its cache keeps committed positions). "
+            "The tree itself is drawn in the draft-tree view.</div>")

@@ -1,0 +1,91 @@
+"""The draft-tree panel's handlers (specviz/ui/tree.py) on a session state holding a trace: the
+panel follows the selected position, a click on a path node (or the step's own token) moves the
+position, a click on a node off the path shows its p / q in the residual panel."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from specviz.trace import Emitted, Position, Step, Trace
+from specviz.ui import tree as tree_ui
+from specviz.viz import tree as tv
+
+
+def _pos(i, tok, p, accepted):
+    return Position(index=i, token_id=tok, p=p, q=1.0, u=0.5, accept_prob=p, accepted=accepted, residual_mass=1 - p,
+                    p_top=[[tok, p]], q_top=[[tok, 1.0]])
+
+
+def _state():
+    """A chain step (3 drafts, 1 accepted): path [0], node 1 rejected, node 2 unvisited."""
+    st = Step(index=0, proposer="ngram", draft_token_ids=[10, 13, 16], num_accepted=1,
+              emitted=Emitted(position=2, token_id=18, kind="recovered", p=0.4, top=[[18, 0.5]]),
+              positions=[_pos(1, 10, 0.9, True), _pos(2, 13, 0.1, False), _pos(3, 16, 0.3, False)],
+              committed_token_ids=[10, 18])
+    tr = Trace(config={"method": "ngram", "verify": "standard", "num_speculative_tokens": 3, "temperature": 1.0},
+               prompt_token_ids=[1, 2, 3], steps=[st], output_token_ids=[10, 18],
+               token_texts={str(t): f"t{t}" for t in range(30)})
+    return {"trace": tr.to_dict()}
+
+
+def _outlined(fig):
+    return [a.name for a in fig.layout.annotations if a.bordercolor == tv.SELECTED_BORDER]
+
+
+def test_panel_follows_position():
+    fig = tree_ui.tree_panel(_state(), 0, 1)
+    assert fig.layout.meta["accepted_path"] == [0] and _outlined(fig) == ["node 0"]
+    assert _outlined(tree_ui.tree_panel(_state(), 0, 2)) == [f"node {tv.EMITTED}"]  # the recovered token's slot
+    assert tree_ui.tree_panel({}, 0, 1).layout.meta is None  # no trace: the placeholder
+
+
+def test_click_on_path_node_moves_position():
+    out = tree_ui.select_tree_node(_state(), 0, "0,123")
+    assert len(out) == 8 and out[0] == gr.skip()  # the step stays
+    assert out[1].value == 1  # the position slider moves to the node's slot
+    assert _outlined(out[7]) == ["node 0"]
+    own = tree_ui.select_tree_node(_state(), 0, f"{tv.EMITTED},5")
+    assert own[1].value == 2
+
+
+def test_chain_nodes_open_their_grid_column():
+    """In a chain every node has its position's panel (rejected and unused drafts too)."""
+    rejected = tree_ui.select_tree_node(_state(), 0, "1,9")
+    unused = tree_ui.select_tree_node(_state(), 0, "2,9")
+    assert rejected[1].value == 2 and unused[1].value == 3
+    assert _outlined(unused[7]) == ["node 2"]
+
+
+def test_click_off_path_shows_node_panel(monkeypatch):
+    """A tree node off the accepted path: its own p / q panel, the sliders kept. (The hand-built
+    trace-v2 tree is handed over directly: the session state's JSON round trip is trace v2's.)"""
+    from test_tree_view import tree_trace
+
+    monkeypatch.setattr(tree_ui.h, "_trace_of", lambda state: tree_trace())
+    out = tree_ui.select_tree_node({"trace": "x"}, 0, "2,9")  # node 2: rejected, off the path [0, 3]
+    caption = next(a.text for a in out[4].layout.annotations if a.name == "caption")
+    assert "node 2" in caption and "rejected" in caption
+    assert _outlined(out[7]) == ["node 2"]
+    assert all(o == gr.skip() for o in (out[0], out[1], out[2], out[3], out[5], out[6]))
+    on_path = tree_ui.select_tree_node({"trace": "x"}, 0, "3,9")
+    assert on_path[1].value == 2 and _outlined(on_path[7]) == ["node 3"]
+
+
+def test_unreadable_click_changes_nothing():
+    for pick in ("", "x,1", "99,1", None):
+        assert all(o == gr.skip() for o in tree_ui.select_tree_node(_state(), 0, pick))
+
+
+def test_tree_controls_to_settings():
+    import pytest
+
+    from specviz.ui.settings import tree_settings
+
+    assert tree_settings("eagle3", "4, 5, 24", 0) == {"eagle_tree_top_k": 4, "eagle_tree_depth": 5,
+                                                      "eagle_tree_total_tokens": 24}
+    assert tree_settings("eagle", "", 3) == {} and tree_settings("ngram", "4,5,24", 0) == {}
+    assert tree_settings("suffix", "", 3) == {"suffix_tree_branches": 3} and tree_settings("draft_model", "1,2,3", 2) == {}
+    with pytest.raises(ValueError, match="three integers"):
+        tree_settings("eagle3", "4, 5", 0)
+    with pytest.raises(ValueError, match="tree branches"):
+        tree_settings("ngram", "", 100)

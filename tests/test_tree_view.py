@@ -1,0 +1,166 @@
+"""The draft-tree view (issue 15 point 5) on hand-built trace-v2 steps: one box per node (plus the
+root and the step's own token), colours per fate, the layout (a parent between its children, the
+emitted token after the last accepted node), the position <-> node mapping of the accepted-path
+row, box text that fits its column, the off-path node panel, and chains from version-1 steps."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from specviz.trace import Emitted, Position, Step, Trace, TreeNode
+from specviz.viz import tree as tv
+
+# node: (parent, token, p, u, fate, score); top-k children (q one-hot), accepted path 0 -> 3
+SPEC = [(-1, 10, 0.61, 0.20, "accepted", math.log(0.7)), (-1, 11, 0.10, None, "unvisited", math.log(0.2)),
+        (0, 12, 0.05, 0.90, "rejected", math.log(0.35)), (0, 13, 0.70, 0.30, "accepted", math.log(0.3)),
+        (1, 14, None, None, "unvisited", math.log(0.1)), (2, 15, None, None, "unvisited", math.log(0.2)),
+        (3, 16, 0.02, 0.50, "rejected", math.log(0.2)), (3, 17, 0.01, 0.70, "rejected", math.log(0.05))]
+PATH = [0, 3]
+
+
+def _pos(i, tok, p, u, accepted):
+    return Position(index=i, token_id=tok, p=p, q=1.0, u=u, accept_prob=p, accepted=accepted, residual_mass=1 - p,
+                    p_top=[[tok, p]], q_top=[[tok, 1.0]])
+
+
+def tree_trace(spec=SPEC, path=PATH, long_token=False) -> Trace:
+    depth = {}
+    nodes = []
+    for i, (parent, tok, p, u, fate, score) in enumerate(spec):
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+        nodes.append(TreeNode(id=i, parent=parent, depth=depth[i], token_id=tok, p=p, q=1.0, u=u, fate=fate,
+                              score=score))
+    path_tokens = [spec[i][1] for i in path]
+    row = [*path, 7] if path == PATH else list(path)  # trace v2's row: the path, then the last child tested
+    step = Step(index=0, proposer="eagle3", draft_token_ids=[spec[i][1] for i in row], num_accepted=len(path),
+                emitted=Emitted(position=len(path) + 1, token_id=18, kind="recovered", p=0.4, top=[[18, 0.5]]),
+                positions=[_pos(j + 1, spec[i][1], spec[i][2], spec[i][3], True) for j, i in enumerate(path)],
+                committed_token_ids=[*path_tokens, 18],
+                match={"kind": "eagle3", "tree": "dynamic", "top_k": 2, "depth": 2, "total_tokens": 9, "levels": 2,
+                       "num_candidates": 10, "root_position": 2},
+                nodes=nodes, accepted_path=list(path), tree_rule="topk")
+    texts = {str(t): f"t{t}" for t in range(30)}
+    if long_token:
+        texts["13"] = "a_very_long_token_name"
+    return Trace(config={"method": "eagle3", "verify": "standard", "num_speculative_tokens": 3, "temperature": 1.0},
+                 prompt_token_ids=[1, 2, 3], steps=[step], output_token_ids=[*path_tokens, 18], token_texts=texts)
+
+
+def _boxes(fig):
+    return {a.name: a for a in fig.layout.annotations if (a.name or "").startswith("node ")}
+
+
+def test_one_box_per_node_and_clickable_markers():
+    fig = tv.tree_figure(tree_trace(), 0)
+    boxes = _boxes(fig)
+    assert len(boxes) == len(SPEC) + 2  # + root + the step's own token
+    marks = next(t for t in fig.data if t.name == "nodes")
+    assert sorted(c[0] for c in marks.customdata) == [tv.EMITTED, tv.ROOT, *range(len(SPEC))]
+    assert fig.layout.meta["tree_nodes"] == len(SPEC) and fig.layout.meta["accepted_path"] == PATH
+
+
+def test_colours_per_fate():
+    fig = tv.tree_figure(tree_trace(), 0)
+    boxes = _boxes(fig)
+    for i, (*_, fate, _score) in enumerate(SPEC):
+        assert boxes[f"node {i}"].bgcolor == tv.NODE_STYLE[fate][0], (i, fate)
+    assert boxes[f"node {tv.EMITTED}"].bgcolor == tv.FATE_STYLE["recovered"][0]
+    legend = {t.name for t in fig.data if t.showlegend is not False and t.name != "nodes"}
+    assert set(tv.NODE_LEGEND.values()) <= legend and tv.FATE_STYLE["recovered"][2] in legend
+    # accepted edges are drawn thick and green, the others thinner
+    widths = {t.line.color: t.line.width for t in fig.data if t.mode == "lines"}
+    assert widths[tv.EDGE_STYLE["accepted"][0]] > widths[tv.EDGE_STYLE["rejected"][0]]
+
+
+def test_layout_parents_between_children():
+    tr = tree_trace()
+    nodes, path, _ = tv.step_tree(tr.steps[0])
+    place = tv.tree_layout(nodes, path)
+    kids = {}
+    for n in nodes:
+        kids.setdefault(n.parent, []).append(n.id)
+    kids.setdefault(path[-1], []).append(tv.EMITTED)
+    for parent, cs in kids.items():
+        ys = [place[c][1] for c in cs]
+        assert min(ys) <= place[parent][1] <= max(ys)
+        assert all(place[c][0] == place[parent][0] + 1 for c in cs)
+    rows = sorted(y for (_, y), n in zip(place.values(), place) if n not in kids)
+    assert rows == list(map(float, range(len(rows))))  # leaves on consecutive rows
+    assert place[tv.EMITTED][0] == len(PATH) + 1
+
+
+def test_position_node_mapping():
+    st = tree_trace().steps[0]
+    assert [tv.node_for_position(st, i) for i in (1, 2, 3, 4)] == [0, 3, tv.EMITTED, None]
+    # node 7: the last child tested below the stop node 3 (the row's rejected position); 6: an earlier one
+    assert tv.row_rejected(st) == 7
+    assert [tv.position_for_node(st, n) for n in (0, 3, tv.EMITTED, 7, 2, 1, 6, tv.ROOT)] == \
+        [1, 2, 3, 3, None, None, None, None]
+
+
+def test_text_fits_its_column():
+    fig = tv.tree_figure(tree_trace(long_token=True), 0)
+    boxes = _boxes(fig)
+    assert "…" in boxes["node 3"].text  # the long token is cut
+    # monospace: a character is about 0.62 em; the first line at 11 px, the number line at 9 px
+    longest_px = 0.0
+    for a in boxes.values():
+        first, *rest = a.text.split("<br>")
+        longest_px = max(longest_px, 0.62 * 11 * _chars(first), *(0.62 * 9 * _chars(r) for r in rest))
+    assert longest_px + 2 * (2 + 1.5) <= tv.COLUMN_PX * 0.95
+    columns = max(x for x in (a.x for a in boxes.values())) + 1
+    assert fig.layout.width >= tv.COLUMN_PX * columns
+    assert tv.box_text_chars(fig) <= 16
+
+
+def _chars(markup: str) -> int:
+    import html
+    import re
+
+    return len(html.unescape(re.sub(r"<[^>]+>", "", markup)))
+
+
+def test_selected_node_outlined_and_numbers_shown():
+    fig = tv.tree_figure(tree_trace(), 0, selected=2)
+    boxes = _boxes(fig)
+    assert boxes["node 2"].bordercolor == tv.SELECTED_BORDER
+    assert boxes["node 3"].bordercolor != tv.SELECTED_BORDER
+    assert "p 0.70" in boxes["node 3"].text and "c 0.30" in boxes["node 3"].text  # c = exp(score)
+    assert "p —" in boxes["node 4"].text  # p not recorded for this unvisited node
+
+
+def test_node_figure_off_path():
+    fig = tv.node_figure(tree_trace(), 0, 2)
+    bars = {t.name: t.y[0] for t in fig.data if t.type == "bar"}
+    assert bars == {"target p": 0.05, "draft q": 1.0}
+    caption = next(a.text for a in fig.layout.annotations if a.name == "caption")
+    assert "rejected" in caption and "node 2" in caption
+    with pytest.raises(IndexError):
+        tv.node_figure(tree_trace(), 0, 99)
+
+
+def test_tree_step_round_trips_through_json():
+    tr = Trace.from_json(tree_trace().to_json())
+    fig = tv.tree_figure(tr, 0)
+    assert fig.layout.meta["tree_nodes"] == len(SPEC) and fig.layout.meta["tree_rule"] == "topk"
+
+
+def test_chain_from_version1_trace():
+    """A version-1 trace (no nodes) loads as chain nodes (trace.py) and is drawn as a chain."""
+    data = tree_trace().to_dict()
+    data["version"] = 1
+    st = data["steps"][0]
+    for name in ("nodes", "accepted_path", "tree_rule"):
+        del st[name]
+    st["draft_token_ids"], st["num_accepted"], st["committed_token_ids"] = [10, 13, 16], 2, [10, 13, 18]
+    st["positions"] = [_pos(1, 10, 0.6, 0.2, True).__dict__, _pos(2, 13, 0.7, 0.3, True).__dict__,
+                       _pos(3, 16, 0.02, 0.5, False).__dict__]
+    tr = Trace.from_dict(data)
+    nodes, path, rule = tv.step_tree(tr.steps[0])
+    assert [n.parent for n in nodes] == [-1, 0, 1] and [n.fate for n in nodes] == ["accepted", "accepted", "rejected"]
+    assert path == [0, 1] and rule == "chain"
+    fig = tv.tree_figure(tr, 0)
+    assert len(_boxes(fig)) == 5 and "draft chain" in fig.layout.title.text
+    assert [tv.position_for_node(tr.steps[0], n) for n in (0, 1, 2, tv.EMITTED)] == [1, 2, 3, 3]
