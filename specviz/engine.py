@@ -230,7 +230,8 @@ class SpecDecoder:
         Always: two tiny requests (method none, and draft_model if there is a draft): allocations,
         the first call of every module. Where the runners / verifier capture CUDA graphs (CUDA):
         the pooled target runner's graphs for every verify width 1..max_speculative_tokens + 1,
-        the drafter's 1- and 2-token graphs, the verifier's graph pair for every
+        the drafter's 1- and 2-token graphs, each EAGLE head's draft-step and first-pass graphs
+        (:mod:`specviz.heads.runner`), the verifier's graph pair for every
         :func:`warm_up_specs` (k' = 0..max_speculative_tokens x verify method x one-hot / full q,
         at temperature 0 and each of ``temperatures``; ``synthetic_rates`` for verify
         synthetic), and the n-gram matcher kernel (Triton compilation). Settings outside those
@@ -257,6 +258,7 @@ class SpecDecoder:
 
             captured += self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say,
                                           taps=head_taps(self.heads[kind].config))
+            captured += methods.warm_head_runner(self, self.heads[kind], k_max + 1)  # the head's own graphs
         if self.draft_model is not None:
             captured += self._warm_runner(self.draft_model, prompt, (1, 2), say)
         verifier = self._acquire("verifier", lambda: StepVerifier(self.device))

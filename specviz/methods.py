@@ -109,7 +109,34 @@ def _needs_head(kind: str) -> Callable[["SpecDecoder"], str | None]:
 def _make_eagle(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
     from .proposers.eagle import EagleProposer  # imports transformers' Llama modules: only when asked for
 
-    return EagleProposer(dec.heads[cfg.method], cfg.num_speculative_tokens)
+    head = dec.heads[cfg.method]
+    return EagleProposer(head, cfg.num_speculative_tokens, runner=acquire_head_runner(dec, head))
+
+
+def acquire_head_runner(dec: "SpecDecoder", head):
+    """The decoder's pooled runner for ``head`` (specviz/heads/runner.py): static cache + CUDA graphs
+    when the target runs on the static runner (its ``max_cache_len`` slots), else the eager reference."""
+    from .heads.runner import make_head_runner
+    from .static_runner import StaticRunner
+
+    factory = dec.runner_factory
+    static = getattr(factory, "func", factory) is StaticRunner
+    max_len = getattr(factory, "keywords", {}).get("max_cache_len", 4096) if static else None
+    return dec._acquire(("head", id(head)), lambda: make_head_runner(head, max_len))
+
+
+def warm_head_runner(dec: "SpecDecoder", head, max_width: int) -> int:
+    """Capture the pooled head runner's graphs (draft step, first passes up to ``max_width`` rows);
+    returns the number captured (0 without graphs). For :meth:`SpecDecoder.warm_up`."""
+    runner = acquire_head_runner(dec, head)
+    try:
+        return runner.warm_up(max_width)
+    finally:
+        dec._release(("head", id(head)), runner)
+
+
+def _release_head_runner(dec: "SpecDecoder", proposer: Proposer, generated: list[int]) -> None:
+    dec._release(("head", id(proposer.head)), proposer.runner)
 
 
 register(Method("none", "plain decoding (the baseline)", lambda dec, cfg, extras: None, details="none"))
@@ -134,6 +161,6 @@ register(Method("suffix", "suffix decoding", details="suffix",
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
                 finish=_release_draft_runner, details="draft_model"))
 register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make=_make_eagle,
-                missing=_needs_head("eagle"), details="eagle"))
+                missing=_needs_head("eagle"), finish=_release_head_runner, details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,
-                missing=_needs_head("eagle3"), details="eagle3"))
+                missing=_needs_head("eagle3"), finish=_release_head_runner, details="eagle3"))
