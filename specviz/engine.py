@@ -164,7 +164,7 @@ class SpecDecoder:
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                         runner: str = "auto", max_cache_len: int = 4096,
-                        heads: dict[str, str] | None = None) -> "SpecDecoder":
+                        heads: dict[str, str] | None = None, compile: bool | None = None) -> "SpecDecoder":
         """Load target (and optional draft) from a local directory or hub id, safetensors only.
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
@@ -176,6 +176,8 @@ class SpecDecoder:
         runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`), "static"
         (pre-allocated cache of ``max_cache_len`` tokens, CUDA graphs on CUDA:
         :class:`~specviz.static_runner.StaticRunner`) or "auto" (static on CUDA, eager on CPU).
+        compile: the static runners' ``torch.compile`` of small forwards (None: the runner's
+        default, ``specviz.static_runner.COMPILE_DEFAULT``); ignored by the eager runner.
         Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model cannot be loaded."""
         if runner not in RUNNERS:
             raise ValueError(f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}")
@@ -199,7 +201,7 @@ class SpecDecoder:
         factory = EagerRunner
         if runner == "static" or (runner == "auto" and dev.type == "cuda"):
             limit = int(getattr(target_model.config, "max_position_embeddings", max_cache_len) or max_cache_len)
-            factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len))
+            factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len), compile=compile)
         return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names,
                    draft_tokenizer=draft_tokenizer, heads=loaded, head_errors=head_errors)
 
