@@ -20,6 +20,7 @@ from tiny_models import build_model
 
 K = 4
 PLAN = (1, 3, 5, 2, 4, 1, 5, 5, 3)  # tokens committed per step (1..k+1): widths 1, 2, 3 -> 4, 5 -> 8 padded
+PROMPT = 40  # the prefill's first pass: 39 rows, wider than every bucket (exact width, eager)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -35,7 +36,7 @@ def _setup(kind: str, device: str):
     torch.manual_seed(7)
     head = build_head(head_config_from_target(target.config, kind), target).to(device).eval()
     torch.manual_seed(0)
-    ids = torch.randint(2, target.config.vocab_size, (12 + sum(PLAN),)).tolist()  # prompt (12) + committed tokens
+    ids = torch.randint(2, target.config.vocab_size, (PROMPT + sum(PLAN),)).tolist()  # prompt + committed tokens
     with torch.no_grad():
         hs = target(input_ids=torch.tensor([ids], device=device), output_hidden_states=True).hidden_states
     L = target.config.num_hidden_layers
@@ -48,7 +49,7 @@ def _drive(head, runner, ids, feats, temperature: float, check_cache=None):
     """Run one request's chain drafting over PLAN; returns [(draft ids, q or None, confidence)] per step."""
     prop = EagleProposer(head, K, runner=runner)
     prop.reset()
-    n = 12
+    n = PROMPT
     prop.observe(Outcome(0, [], 0, ids[1:n], {t: f[: n - 1] for t, f in feats.items()}))
     gen = torch.Generator(device=feats[prop.taps[0]].device).manual_seed(5)
     ctx = StepContext(temperature=temperature, generator=gen, top_k=40 if temperature else None)
@@ -81,7 +82,7 @@ def test_static_head_runner_drafts_equal_eager(kind, temperature):
     eager reference's drafts, q and confidences at every step, greedy and sampled."""
     _, head, ids, feats = _setup(kind, "cpu")
     want = _drive(head, EagerHeadRunner(head), ids, feats, temperature)
-    runner = StaticHeadRunner(head, max_len=64, cuda_graphs=False)
+    runner = StaticHeadRunner(head, max_len=96, cuda_graphs=False)
     got = _drive(head, runner, ids, feats, temperature)
     _assert_same_drafts(want, got)
     assert len({tuple(d) for d, _, _ in want}) > 1  # the drafts are not all the same
@@ -104,7 +105,7 @@ def test_static_head_cache_equals_a_recompute(kind):
         torch.testing.assert_close(prop.cache.values[:, :, :Lc], fresh.layers[0].values, rtol=1e-4, atol=1e-5)
         checked.append(Lc)
 
-    _drive(head, StaticHeadRunner(head, max_len=64, cuda_graphs=False), ids, feats, 0.0, check)
+    _drive(head, StaticHeadRunner(head, max_len=96, cuda_graphs=False), ids, feats, 0.0, check)
     assert len(checked) == len(PLAN)
 
 
@@ -125,7 +126,7 @@ def test_failed_capture_falls_back_to_eager(caplog):
     width and runs that call eagerly: the drafts are still the reference's."""
     _, head, ids, feats = _setup("eagle3", "cpu")
     want = _drive(head, EagerHeadRunner(head), ids, feats, 0.0)
-    runner = StaticHeadRunner(head, max_len=64, cuda_graphs=True)
+    runner = StaticHeadRunner(head, max_len=96, cuda_graphs=True)
     with caplog.at_level(logging.WARNING, logger="specviz.heads.runner"):
         got = _drive(head, runner, ids, feats, 0.0)
     _assert_same_drafts(want, got)
@@ -142,7 +143,7 @@ def test_head_graphs_equal_eager_on_gpu(kind, temperature):
     confidences equal the eager reference's; the graphs really ran (no capture failed)."""
     _, head, ids, feats = _setup(kind, "cuda")
     want = _drive(head, EagerHeadRunner(head), ids, feats, temperature)
-    runner = StaticHeadRunner(head, max_len=64)
+    runner = StaticHeadRunner(head, max_len=96)
     assert runner.cuda_graphs
     got = _drive(head, runner, ids, feats, temperature)
     _assert_same_drafts(want, got)
@@ -156,6 +157,6 @@ def test_head_graphs_equal_eager_on_gpu(kind, temperature):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_warm_up_captures_every_bucket_on_gpu():
     _, head, _, _ = _setup("eagle3", "cuda")
-    runner = StaticHeadRunner(head, max_len=64)
+    runner = StaticHeadRunner(head, max_len=96)
     n = runner.warm_up(K + 1)
     assert n == 1 + sum(b <= K + 1 for b in BUCKETS) == len(runner._graphs)

@@ -216,7 +216,11 @@ class StaticHeadRunner:
         """Copy the c real rows into the (static) inputs; positions start..start+width-1 (padding rows too)."""
         inputs["features"][:c, : features.shape[-1]].copy_(features)  # a step's hidden [1, d]: the first d columns
         inputs["ids"][:c].copy_(ids)
-        torch.add(self._arange[: inputs["pos"].shape[0]], start, out=inputs["pos"])
+        width = inputs["pos"].shape[0]
+        if width <= self._arange.numel():
+            torch.add(self._arange[:width], start, out=inputs["pos"])
+        else:  # a wide first pass (the prefill's), never captured
+            inputs["pos"].copy_(torch.arange(start, start + width, device=self.device))
 
     def _forward(self, kind: str, inputs: dict[str, torch.Tensor]):
         """One eager head forward over the slot cache (also what a graph captures)."""
