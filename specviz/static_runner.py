@@ -18,12 +18,14 @@ function (the mask and transformers' own modules: no re-implementation), in indu
 mode, and on CUDA that compiled forward is what the runner's own CUDA graph captures (inductor's
 ``reduce-overhead`` mode is not used: it keeps its own graphs, which HF's static cache on top of
 ours made fail with "accessing tensor output of CUDAGraphs that has been overwritten", issue 13).
-Dynamo compiles n = 1 statically and, at the next width, one graph with a dynamic n for every
-n >= 2 (its automatic dynamic shapes; seen on the CPU: 2 graphs for widths 1..5); the prefill never
-runs compiled (transformers marks the cache's tensors static there). With feature taps,
-transformers 5.17's ``output_hidden_states`` hooks (installed under a lock) break dynamo's graph
-into pieces (5 graphs instead of 2 on the CPU): still correct, and the pieces are captured in the
-same CUDA graph, but fewer fusions. If compiling or running
+What is compiled is :meth:`StaticRunner._model_out` (mask + model call, hidden states on or off);
+which taps are picked stays outside, so all tap sets share its graphs. Dynamo compiles n = 1
+statically and, at the next width, one graph with a dynamic n for every n >= 2 (its automatic
+dynamic shapes; seen on the CPU: 2 graphs for widths 1..5 without hidden states); the prefill never
+runs compiled (transformers marks the cache's tensors static there). With hidden states on,
+transformers 5.17's output-capturing hooks break dynamo's graph on their first call (their
+installation takes a lock; seen on the CPU: 4 graphs instead of 2): still correct, and the pieces
+are captured in the same CUDA graph. If compiling or running
 the compiled forward raises, the runner logs one warning, restores the cache position and runs
 eagerly from then on; a capture that fails likewise logs and leaves that width eager. The default
 is off (:data:`COMPILE_DEFAULT`): on the CPU machine only the code path is tested (backends
@@ -83,7 +85,7 @@ class StaticRunner:
         self._compiled = None
         if COMPILE_DEFAULT if compile is None else bool(compile):
             _raise_recompile_limit()
-            self._compiled = torch.compile(self._eager, backend=compile_backend, dynamic=None)
+            self._compiled = torch.compile(self._model_out, backend=compile_backend, dynamic=None)
 
     @property
     def compiled(self) -> bool:
@@ -136,14 +138,23 @@ class StaticRunner:
         return ForwardOutput(logits, features)
 
     # ---- internals -----------------------------------------------------------------------------
-    def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = ()) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype."""
+    def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
+               model_out=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype.
+        ``model_out``: the compiled :meth:`_model_out` (default: the eager one)."""
+        logits, hidden_states = (model_out or self._model_out)(ids, bool(taps))
+        if not taps:
+            return logits, {}
+        return logits, pick_features(hidden_states, taps, self.model.config.num_hidden_layers)
+
+    def _model_out(self, ids: torch.Tensor, hidden: bool):
+        """The mask and the model call: (logits [1, n, V], transformers' hidden_states tuple, or () when
+        not ``hidden``). What ``compile=True`` compiles: which taps are picked stays outside, so every tap
+        set shares the compiled graphs (2 per width kind: hidden states on / off)."""
         mask = self._causal_mask(ids.shape[1])
         out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
-                         output_hidden_states=bool(taps))
-        if not taps:
-            return out.logits, {}
-        return out.logits, pick_features(out.hidden_states, taps, self.model.config.num_hidden_layers)
+                         output_hidden_states=hidden)
+        return out.logits, (tuple(out.hidden_states) if hidden else ())
 
     def _small(self, ids: torch.Tensor, taps: tuple[str, ...] = ()):
         """A forward after the prefill: compiled when on, else eager. A compile or run failure is logged once, the
@@ -152,7 +163,7 @@ class StaticRunner:
         if self._compiled is None:
             return self._eager(ids, taps)
         try:
-            return self._compiled(ids, taps)
+            return self._eager(ids, taps, self._compiled)
         except Exception as exc:  # noqa: BLE001 - compile problems must not fail the request
             log.warning("specviz: torch.compile of %s's forward failed, running it eagerly: %s: %s",
                         type(self.model).__name__, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
@@ -217,10 +228,9 @@ class StaticRunner:
                 self._small(static_ids, taps)
                 self._set_position(self.seq_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        forward = self._compiled or self._eager
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            static_logits, static_features = forward(static_ids, taps)
+            static_logits, static_features = self._eager(static_ids, taps, self._compiled)
         self._pool = graph.pool()
         self._set_position(self.seq_len)  # capture records but does not run the position update
         self._graphs[(n, taps)] = (graph, static_ids, static_logits, static_features)
@@ -230,8 +240,8 @@ class StaticRunner:
 
 def _raise_recompile_limit(at_least: int = 64) -> None:
     """Dynamo keeps compiled entries per code object (8 by default): every runner instance (target,
-    drafter, pooled copies) x width kind (1 / dynamic) x taps on / off adds entries for the one
-    ``_eager``; past the limit dynamo silently runs eagerly. A process-wide setting, only raised."""
+    drafter, pooled copies) x width kind (1 / dynamic) x hidden states on / off adds entries for the
+    one ``_model_out``; past the limit dynamo silently runs eagerly. A process-wide setting, only raised."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(int(getattr(config, name)), at_least))
