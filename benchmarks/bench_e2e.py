@@ -168,7 +168,8 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     return rows
 
 
-def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, runners=RUNNERS):
+def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, runners=RUNNERS, save=None):
+    """HF rows, then every runner's rows; ``save(partial suite)`` after each block (a timeout keeps them)."""
     print(f"\n## {title}", flush=True)
     heads = ({k: str(v) for k, v in DEFAULT_HEADS.items() if v.exists()}
              if Path(target).resolve() == DEFAULT_TARGET.resolve() else None)
@@ -186,6 +187,9 @@ def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, r
             static.generate(prompt, method=method, num_speculative_tokens=k, max_new_tokens=16)
         print(f"{label}: first requests (compilation, capture) took {time.perf_counter() - t0:.1f} s", flush=True)
         rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, label)
+        if save is not None:
+            save({"title": title, "rows": rows, "partial": True})
+        del static
     assisted = next((r["tok_s"] for r in rows if r["name"] == "hf assistant_model"), None)
     by = {r["name"]: r for r in rows}
     for r in rows:
@@ -248,7 +252,12 @@ def main() -> None:
         big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
         jobs.append(("random 0.9B Llama, draft = itself", big, big, REPETITIVE))
     for title, target, draft, prompt in jobs:
-        suite = run_suite(title, target, draft, device, prompt, max_new, repeats, methods, runners)
+        def save(partial, done=list(result["suites"])):
+            if args.out:
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / "bench_e2e.json").write_text(json.dumps({**result, "suites": done + [partial]}, indent=1))
+
+        suite = run_suite(title, target, draft, device, prompt, max_new, repeats, methods, runners, save)
         suite["goals"] = goals(suite["rows"])
         short = [r["name"] for r in suite["rows"] if r.get("tokens") is not None and r["tokens"] < max_new]
         if short:  # e.g. EOS right after the prompt: per-step figures of a few tokens are not a decode benchmark
