@@ -469,7 +469,8 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         t1, c1 = time.perf_counter(), captured()
-        forward = runner.forward_features(torch.cat([last, x]), proposer.taps if proposer is not None else ())
+        fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
+        forward = runner.forward_features(fed, proposer.taps if proposer is not None else ())
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         t2, c2 = time.perf_counter(), captured()
         if previous is not None:
@@ -482,6 +483,8 @@ class SpecDecoder:
         core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
         t3, c3 = time.perf_counter(), captured()
         draft_ids = [int(t) for t in core["draft"]]
+        while draft_ids and draft_ids[-1] == -1:  # padding past k' (the sampler's k' is its first -1)
+            draft_ids.pop()
         acc = int(core["num_accepted"][0])
         emitted = [int(t) for t in core["output"][: acc + 1]]
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)

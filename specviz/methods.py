@@ -147,7 +147,8 @@ register(Method("ngram_gpu", "prompt lookup on the device (Triton matcher on CUD
                 describe=_lookup_bounds, details="ngram_gpu",
                 make=lambda dec, cfg, extras: NgramGPUProposer(
                     cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens,
-                    backend="triton" if dec.device.type == "cuda" else "reference", device=dec.device)))
+                    backend="triton" if dec.device.type == "cuda" else "reference", device=dec.device,
+                    pad=dec.device.type == "cuda")))  # k' stays on the device: one wait per step
 def _suffix_cache(dec: "SpecDecoder", extras: dict[str, Any]):
     """The request's global suffix cache: the caller's (the app passes each session its own), else the decoder's."""
     cache = extras.get("suffix_cache")
