@@ -239,6 +239,8 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
           flush=True)
     del dec, runner, drafter
     if args.compile == "both":
+        if getattr(args, "save_partial", None):
+            args.save_partial(res)  # a timeout during compilation keeps the uncompiled rows
         res["compiled"] = compiled_part(target, draft, prompt, cache, device, args, row, res, none_rows[True])
     del target, draft
     if device.type == "cuda":
@@ -365,6 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
     result["copy_GBps"] = copy_bandwidth(device, args.dry_run)
     print(f"copy bandwidth {result['copy_GBps']:.0f} GB/s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    args.save_partial = lambda res: (args.out / "bench_shapes.json").write_text(
+        json.dumps({**result, "shapes": result["shapes"] + [res], "partial": True}, indent=1))
     draft_cfg = DRY_DRAFT if args.dry_run else DRAFT
     for name, cfg in shapes.items():
         result["shapes"].append(run_shape(name, cfg, draft_cfg, device, dtype, args, result["copy_GBps"]))
