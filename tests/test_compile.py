@@ -61,17 +61,23 @@ def test_compiled_forwards_equal_uncompiled(backend):
 
 
 def test_engine_with_compiled_runners_equals_plain_greedy(tiny_dirs):
-    """draft_model greedy through compiled target and drafter runners ("aot_eager") gives method none's
-    tokens of the uncompiled decoder."""
+    """draft_model and eagle3 (target taps through the compiled forward) greedy with compiled target and
+    drafter runners ("aot_eager") give method none's tokens of the uncompiled decoder."""
+    from specviz.heads import build_head, head_config_from_target
+
     target, draft = tiny_dirs["llama"]
     plain = SpecDecoder.from_pretrained(target, draft, device="cpu", dtype="float32", runner="static")
     want = plain.generate("def add(a, b):", method="none", max_new_tokens=12).output_token_ids
     dec = SpecDecoder.from_pretrained(target, draft, device="cpu", dtype="float32", runner="static", compile=True)
     dec.runner_factory = functools.partial(dec.runner_factory, compile_backend="aot_eager")
+    torch.manual_seed(0)
+    dec.heads["eagle3"] = build_head(head_config_from_target(dec.target_model.config, "eagle3"), dec.target_model).eval()
     torch._dynamo.reset()
     got = dec.generate("def add(a, b):", method="draft_model", num_speculative_tokens=3, max_new_tokens=12)
     assert got.output_token_ids == want
     assert dec.target_runner.compiled and dec.current_proposer.runner.compiled
+    got = dec.generate("def add(a, b):", method="eagle3", num_speculative_tokens=3, max_new_tokens=12)
+    assert got.output_token_ids == want and dec.target_runner.compiled
 
 
 def test_failed_compile_falls_back_with_a_log_line(caplog):
