@@ -1,10 +1,14 @@
 """End-to-end decoding speed, side by side in one process: HF generate vs specviz.
 
 Rows: HF generate (plain), HF assisted (assistant_model), HF prompt lookup
-(prompt_lookup_num_tokens), and specviz methods none / ngram / draft_model with the eager and the
-static (CUDA-graph) runner, each with the detailed trace on and off. Reports medians over repeats
-of tokens/s and wall ms per verification step, the mean acceptance length, and whether the greedy
-output equals HF's plain greedy output token for token.
+(prompt_lookup_num_tokens), and specviz methods (``--methods``: none / ngram / ngram_gpu / suffix /
+draft_model / eagle / eagle3; the bundled EAGLE heads with the bundled target) with the runners of
+``--runners``: eager, static (CUDA graphs) and static+compile (the static runner with
+``compile=True``: torch.compile'd forwards inside its graphs), each with the detailed trace on and
+off. Reports medians over repeats of tokens/s and wall ms per verification step, the mean
+acceptance length, whether the greedy output equals HF's plain greedy output token for token, and
+for every static+compile row its tokens/s over the same row without compile (measured in the same
+run; the first request of a compiled decoder, which compiles, is a warm-up and not timed).
 
     python benchmarks/bench_e2e.py --out results/e2e            # on the GPU machine
     python benchmarks/bench_e2e.py --device cpu --smoke         # a quick check anywhere
@@ -29,8 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz import SpecDecoder  # noqa: E402
-from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from specviz.engine import DEFAULT_HEADS  # noqa: E402
+from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
+
+RUNNERS = ("eager", "static", "static+compile")
 
 # The demo models' greedy continuation of this prompt runs 256+ tokens before any EOS (checked on
 # CPU); the first H200 run used "import os\nimport sys\n\ndef main():\n", whose greedy
@@ -143,12 +149,14 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
             sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
             steps = len(trace.steps)
             gpu = None
-            if dec.device.type == "cuda" and label == "static":
+            if dec.device.type == "cuda" and label.startswith("static"):
                 _set_timers(dec, True)
                 trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
                 gpu = graph_gpu_ms(dec)
                 _set_timers(dec, False)
             rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
+                         "runner": label, "method": method, "k": k, "trace": detailed,
+                         "compiled": bool(getattr(dec.target_runner, "compiled", False)),
                          "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
                          "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
                          "tokens": len(trace.output_token_ids),
@@ -160,27 +168,37 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     return rows
 
 
-def _heads_for(target, methods) -> dict[str, str] | None:
-    """The bundled heads the asked-for methods need (eagle, eagle3), when the target is the bundled one
-    (an explicit target path does not pick up the bundled heads by itself)."""
-    if Path(target).resolve() != Path(DEFAULT_TARGET).resolve():
-        return None
-    names = {m for m, _k in methods}  # methods: [(method, k)]
-    return {kind: str(d) for kind, d in DEFAULT_HEADS.items() if kind in names and d.exists()} or None
-
-
-def run_suite(title, target, draft, device, prompt, max_new, repeats, methods):
+def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, runners=RUNNERS, save=None):
+    """HF rows, then every runner's rows; ``save(partial suite)`` after each block (a timeout keeps them)."""
     print(f"\n## {title}", flush=True)
-    heads = _heads_for(target, methods)
+    heads = ({k: str(v) for k, v in DEFAULT_HEADS.items() if v.exists()}
+             if Path(target).resolve() == DEFAULT_TARGET.resolve() else None)
+    methods = [(m, k) for m, k in methods if not m.startswith("eagle") or m in (heads or {})]  # no head: no row
     eager = SpecDecoder.from_pretrained(target, draft, device=device, runner="eager", heads=heads)
     rows, reference = hf_rows(eager, eager.draft_model, prompt, max_new, repeats)
-    rows += specviz_rows(eager, prompt, max_new, repeats, reference, methods, "eager")
-    static = SpecDecoder.from_pretrained(target, draft, device=device, runner="static", heads=heads,
-                                         max_cache_len=len(eager.encode(prompt)) + max_new + 64)
-    rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, "static")
+    if "eager" in runners:
+        rows += specviz_rows(eager, prompt, max_new, repeats, reference, methods, "eager")
+    for label in (r for r in runners if r.startswith("static")):
+        compiled = label == "static+compile"
+        static = SpecDecoder.from_pretrained(target, draft, device=device, runner="static", heads=heads,
+                                             max_cache_len=len(eager.encode(prompt)) + max_new + 64, compile=compiled)
+        t0 = time.perf_counter()
+        for method, k in methods:  # not timed: the first request of each method compiles (and captures)
+            static.generate(prompt, method=method, num_speculative_tokens=k, max_new_tokens=16)
+        print(f"{label}: first requests (compilation, capture) took {time.perf_counter() - t0:.1f} s", flush=True)
+        rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, label)
+        if save is not None:
+            save({"title": title, "rows": rows, "partial": True})
+        del static
     assisted = next((r["tok_s"] for r in rows if r["name"] == "hf assistant_model"), None)
+    by = {r["name"]: r for r in rows}
     for r in rows:
         r["vs_hf_assistant"] = r["tok_s"] / assisted if assisted else None
+        plain = by.get(r["name"].replace("specviz static+compile ", "specviz static ", 1))
+        if r.get("runner") == "static+compile" and plain is not None:
+            r["compile_speedup"] = r["tok_s"] / plain["tok_s"]  # the same row without compile, same run
+            print(f"{r['name']}: {r['compile_speedup']:.2f}x the tokens/s without compile "
+                  f"(compile {'on' if r['compiled'] else 'FELL BACK to eager'})", flush=True)
     return {"title": title, "rows": rows}
 
 
@@ -210,6 +228,8 @@ def main() -> None:
     ap.add_argument("--no-big", action="store_true", help="skip the random 0.9B Llama")
     ap.add_argument("--only-big", action="store_true", help="only the random 0.9B Llama")
     ap.add_argument("--methods", default="none,ngram,draft_model", help="comma-separated specviz methods (k = 5)")
+    ap.add_argument("--runners", default="eager,static,static+compile",
+                    help=f"comma-separated specviz runners, of {', '.join(RUNNERS)}")
     ap.add_argument("--commit", default=None, help="commit to record (the GPU machine's copy has no .git)")
     ap.add_argument("--target", default=str(DEFAULT_TARGET))
     ap.add_argument("--draft", default=str(DEFAULT_DRAFT))
@@ -217,6 +237,9 @@ def main() -> None:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     max_new, repeats = (24, 1) if args.smoke else (args.max_new, args.repeats)
     methods = [(m, 1 if m == "none" else 5) for m in args.methods.split(",")]
+    runners = tuple(args.runners.split(","))
+    if set(runners) - set(RUNNERS):
+        sys.exit(f"unknown --runners {sorted(set(runners) - set(RUNNERS))}; choose from {', '.join(RUNNERS)}")
     commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip()
     result = {"date": date.today().isoformat(), "commit": commit, "device": str(device),
@@ -229,7 +252,12 @@ def main() -> None:
         big = random_llama(Path("/tmp/specviz-llama-0.9b"), device)
         jobs.append(("random 0.9B Llama, draft = itself", big, big, REPETITIVE))
     for title, target, draft, prompt in jobs:
-        suite = run_suite(title, target, draft, device, prompt, max_new, repeats, methods)
+        def save(partial, done=list(result["suites"])):
+            if args.out:
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                (Path(args.out) / "bench_e2e.json").write_text(json.dumps({**result, "suites": done + [partial]}, indent=1))
+
+        suite = run_suite(title, target, draft, device, prompt, max_new, repeats, methods, runners, save)
         suite["goals"] = goals(suite["rows"])
         short = [r["name"] for r in suite["rows"] if r.get("tokens") is not None and r["tokens"] < max_new]
         if short:  # e.g. EOS right after the prompt: per-step figures of a few tokens are not a decode benchmark
@@ -251,10 +279,10 @@ def goals(rows: list[dict]) -> dict:
     assisted = by.get("hf assistant_model", {}).get("tok_s")
     out = {}
     for r in rows:
-        if not r["name"].startswith("specviz static") or not r["name"].endswith("trace=on"):
+        if not str(r.get("runner", "")).startswith("static") or not r["trace"]:
             continue
         off = by[r["name"][: -len("on")] + "off"]
-        key = r["name"][len("specviz static "): -len(" trace=on")]
+        key = r["name"][len("specviz "): -len(" trace=on")]  # e.g. "static ngram k=5", "static+compile none k=1"
         gpu_on, gpu_off = r.get("graph_gpu_ms_per_step"), off.get("graph_gpu_ms_per_step")
         out[key] = {
             "vs_hf_assistant_trace_on": None if not assisted else round(r["tok_s"] / assisted, 2),
@@ -262,6 +290,7 @@ def goals(rows: list[dict]) -> dict:
             "wall_over_gpu_trace_on": None if not gpu_on else round(r["ms_per_step"] / gpu_on, 2),
             "wall_over_gpu_trace_off": None if not gpu_off else round(off["ms_per_step"] / gpu_off, 2),
             "equal_to_hf_greedy": r["equal_to_hf_greedy"] and off["equal_to_hf_greedy"],
+            "compile_speedup_trace_on": None if "compile_speedup" not in r else round(r["compile_speedup"], 2),
         }
     return out
 

@@ -17,6 +17,11 @@ weights, no download) with a random 68M-class draft (2 layers x 512, tied embedd
   method none (so the last two terms are the per-step cost outside the target's forward).
 * the kernel count and kernel time of one eager 1-token forward and of one graph replay
   (torch.profiler, CUDA activity).
+* with ``--compile both`` (the default): the same target and draft again with the static runner's
+  ``compile=True`` (torch.compile'd forwards, inductor, inside the runner's CUDA graphs), method none
+  (trace on) and draft_model synthetic a = 0.8, beside the uncompiled rows: tokens/s, the ratio to the
+  uncompiled row, the 1-token graph replay's GPU time and kernel count, the time of the first
+  (compiling, not timed) requests, and whether compile stayed on (a failure falls back to eager).
 
 Medians of ``--repeats`` timed runs after one warm-up. Writes OUT/bench_shapes.json and
 OUT/bench_shapes.md (date, device, commit). Sized to finish in about 5 minutes on one H200
@@ -232,10 +237,56 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
         res["profile_graph_forward"] = kernel_profile(lambda: (runner.forward(one[0]), runner.truncate(runner.seq_len - 1)), device)
     print(f"step costs (GPU ms): {costs}; profiles: {res['profile_eager_forward']}, {res.get('profile_graph_forward')}",
           flush=True)
-    del dec, runner, drafter, target, draft
+    del dec, runner, drafter
+    if args.compile == "both":
+        if getattr(args, "save_partial", None):
+            args.save_partial(res)  # a timeout during compilation keeps the uncompiled rows
+        res["compiled"] = compiled_part(target, draft, prompt, cache, device, args, row, res, none_rows[True])
+    del target, draft
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return res
+
+
+def compiled_part(target, draft, prompt: list[int], cache: int, device, args, row, res: dict, none_on: dict) -> dict:
+    """Method none (trace on) and draft_model synthetic a = 0.8 with ``StaticRunner(compile=True)``,
+    after the uncompiled rows of the same models; adds rows (ratios to the uncompiled ones) and returns
+    the compiled runner's facts. The first requests (compilation and capture) are timed apart."""
+    backend = "eager" if args.dry_run else "inductor"  # --dry-run: only the code path, in seconds
+    factory = functools.partial(StaticRunner, max_cache_len=cache, compile=True, compile_backend=backend)
+    dec = SpecDecoder(target, IdTokenizer(), draft, runner_factory=factory, names={"target": "compiled"})
+    rates = [0.8 ** i for i in range(1, K + 1)]
+    spec = dict(method="draft_model", verify="synthetic", synthetic_rates=rates, num_speculative_tokens=K,
+                temperature=args.temperature, detailed_trace=True)
+    t0 = time.perf_counter()
+    dec.generate(prompt, method="none", max_new_tokens=8)
+    if "spec" in args.parts:
+        dec.generate(prompt, max_new_tokens=4 * (K + 1), **spec)
+    out = {"backend": backend, "first_requests_s": time.perf_counter() - t0}
+    print(f"compiled: first requests (compilation + capture) {out['first_requests_s']:.1f} s", flush=True)
+    sec, trace = median_wall(lambda: dec.generate(prompt, method="none", max_new_tokens=args.max_new), device,
+                             args.repeats)
+    r = row("specviz none trace=on compile=on", sec, len(trace.output_token_ids), ms_per_step=1e3 * sec / len(trace.steps))
+    r["speedup_vs_uncompiled"] = r["tok_s"] / none_on["tok_s"]
+    runner = dec._free_runners[id(target)][0]
+    if "spec" in args.parts:
+        sec, trace = median_wall(lambda: dec.generate(prompt, max_new_tokens=args.max_new, **spec), device, args.repeats)
+        r2 = row(f"specviz draft_model synthetic a=0.8 k={K} trace=on compile=on", sec, len(trace.output_token_ids),
+                 ms_per_step=1e3 * sec / len(trace.steps), mean_acceptance_length=trace.metrics["mean_acceptance_length"],
+                 expected_tokens=expected_tokens(0.8, K))
+        r2["speedup_vs_none"] = r2["tok_s"] / r["tok_s"]  # over compiled method none
+        plain = next((x for x in res["rows"] if x["name"] == f"specviz draft_model synthetic a=0.8 k={K} trace=on"), None)
+        r2["speedup_vs_uncompiled"] = r2["tok_s"] / plain["tok_s"] if plain else None
+        out["drafter_compiled"] = dec._free_runners[id(draft)][0].compiled
+    out["target_compiled"] = runner.compiled  # False: compile failed and fell back to eager (see the log)
+    out["target_1_ms"] = forward_gpu_ms(runner, 1, max(5, 4 * args.repeats))
+    if runner.cuda_graphs:
+        one = torch.tensor([prompt[-1]], device=device)
+        out["profile_graph_forward"] = kernel_profile(lambda: (runner.forward(one), runner.truncate(runner.seq_len - 1)),
+                                                      device)
+    print(f"compiled: {out}", flush=True)
+    del dec, runner
+    return out
 
 
 def _f(x, nd=1, pct=False) -> str:
@@ -256,12 +307,13 @@ def render(result: dict) -> str:
         c = s["step_costs_ms"]
         out += [f"## {s['shape']}: {s['target_parameters'] / 1e9:.2f} B target, {s['draft_parameters'] / 1e6:.0f} M draft, "
                 f"roofline {s['roofline_tok_s']:.0f} tok/s", "",
-                "| row | tok/s | % of roofline | ms/step | mean acceptance length | speedup vs none | predicted |",
-                "|---|---|---|---|---|---|---|"]
+                "| row | tok/s | % of roofline | ms/step | mean acceptance length | speedup vs none | predicted "
+                "| compiled / uncompiled |",
+                "|---|---|---|---|---|---|---|---|"]
         for r in s["rows"]:
             out.append(f"| {r['name']} | {r['tok_s']:.1f} | {_f(r['frac_roofline'], 1, True)} | {_f(r.get('ms_per_step'), 2)} | "
                        f"{_f(r.get('mean_acceptance_length'), 2)} | {_f(r.get('speedup_vs_none'), 2)} | "
-                       f"{_f(r.get('predicted_speedup'), 2)} |")
+                       f"{_f(r.get('predicted_speedup'), 2)} | {_f(r.get('speedup_vs_uncompiled'), 2)} |")
         out += ["", f"Tracing cost (method none): {_f(s['tracing_cost_none'], 1, True)}. Step costs, GPU ms per "
                 f"graph replay: target 1 token {_f(c['target_1'], 3)}, target {K + 1} tokens {_f(c['target_k1'], 3)}, "
                 f"draft 1 token {_f(c['draft_1'], 3)}; method none wall per step {_f(c['none_step_wall'], 3)} ms."]
@@ -271,6 +323,14 @@ def render(result: dict) -> str:
                 out.append(f"Kernels, {label}: profiler failed ({p['error']}).")
             elif p:
                 out.append(f"Kernels, {label}: {p['kernels']} kernels, {p['kernel_ms']:.3f} ms of kernel time.")
+        comp = s.get("compiled")
+        if comp:
+            prof = comp.get("profile_graph_forward") or {}
+            out.append(f"Compiled ({comp['backend']}): first requests {comp['first_requests_s']:.1f} s (compilation + "
+                       f"capture, not timed); compile stayed on: target {comp['target_compiled']}, drafter "
+                       f"{comp.get('drafter_compiled')}; target 1-token graph replay {_f(comp['target_1_ms'], 3)} GPU ms"
+                       + (f", {prof['kernels']} kernels, {prof['kernel_ms']:.3f} ms of kernel time" if "kernels" in prof
+                          else "") + ".")
         out.append("")
     out.append(f"Total: {result['total_s']:.0f} s")
     return "\n".join(out) + "\n"
@@ -286,6 +346,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--max-new", type=int, default=None)
     ap.add_argument("--temperature", type=float, default=0.0, help="drafting temperature of the synthetic rows")
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--compile", choices=("off", "both"), default="both",
+                    help="both: also the rows with the static runner's compile=True, beside the uncompiled ones")
     args = ap.parse_args(argv)
     t_start = time.time()
     only = set(args.only.split(",")) if args.only else set()
@@ -305,6 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
     result["copy_GBps"] = copy_bandwidth(device, args.dry_run)
     print(f"copy bandwidth {result['copy_GBps']:.0f} GB/s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    args.save_partial = lambda res: (args.out / "bench_shapes.json").write_text(
+        json.dumps({**result, "shapes": result["shapes"] + [res], "partial": True}, indent=1))
     draft_cfg = DRY_DRAFT if args.dry_run else DRAFT
     for name, cfg in shapes.items():
         result["shapes"].append(run_shape(name, cfg, draft_cfg, device, dtype, args, result["copy_GBps"]))

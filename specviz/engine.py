@@ -205,7 +205,7 @@ class SpecDecoder:
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                         runner: str = "auto", max_cache_len: int = 4096,
-                        heads: dict[str, str] | None = None) -> "SpecDecoder":
+                        heads: dict[str, str] | None = None, compile: bool | None = None) -> "SpecDecoder":
         """Load target (and optional draft) from a local directory or hub id, safetensors only.
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
@@ -218,6 +218,8 @@ class SpecDecoder:
         runner: "eager" (DynamicCache, :class:`~specviz.runner.EagerRunner`), "static"
         (pre-allocated cache of ``max_cache_len`` tokens, CUDA graphs on CUDA:
         :class:`~specviz.static_runner.StaticRunner`) or "auto" (static on CUDA, eager on CPU).
+        compile: the static runners' ``torch.compile`` of small forwards (None: the runner's
+        default, ``specviz.static_runner.COMPILE_DEFAULT``); ignored by the eager runner.
         Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model cannot be loaded."""
         if runner not in RUNNERS:
             raise ValueError(f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}")
@@ -241,7 +243,7 @@ class SpecDecoder:
         factory = EagerRunner
         if runner == "static" or (runner == "auto" and dev.type == "cuda"):
             limit = int(getattr(target_model.config, "max_position_embeddings", max_cache_len) or max_cache_len)
-            factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len))
+            factory = functools.partial(StaticRunner, max_cache_len=min(limit, max_cache_len), compile=compile)
         return cls(target_model, tokenizer, draft_model, runner_factory=factory, names=names,
                    draft_tokenizer=draft_tokenizer, heads=loaded, head_errors=head_errors)
 
@@ -272,7 +274,8 @@ class SpecDecoder:
         Always: two tiny requests (method none, and draft_model if there is a draft): allocations,
         the first call of every module. Where the runners / verifier capture CUDA graphs (CUDA):
         the pooled target runner's graphs for every verify width 1..max_speculative_tokens + 1,
-        the drafter's 1- and 2-token graphs, the verifier's graph pair for every
+        the drafter's 1- and 2-token graphs, each EAGLE head's draft-step and first-pass graphs
+        (:mod:`specviz.heads.runner`), the verifier's graph pair for every
         :func:`warm_up_specs` (k' = 0..max_speculative_tokens x verify method x one-hot / full q,
         at temperature 0 and each of ``temperatures``; ``synthetic_rates`` for verify
         synthetic), and the n-gram matcher kernel (Triton compilation). Settings outside those
@@ -300,6 +303,8 @@ class SpecDecoder:
             head_cfg = self.heads[kind].config
             captured += self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say,
                                           taps=head_cfg.taps if kind == "dflash" else head_taps(head_cfg))
+            if kind in ("eagle", "eagle3"):
+                captured += methods.warm_head_runner(self, self.heads[kind], k_max + 1)  # the head's own graphs
         if self.draft_model is not None:
             captured += self._warm_runner(self.draft_model, prompt, (1, 2), say)
         verifier = self._acquire("verifier", lambda: StepVerifier(self.device))
@@ -514,8 +519,8 @@ class SpecDecoder:
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         tree = None if draft.is_chain else list(draft.parents)  # a tree: 1 + N rows, ancestor mask
         t1, c1 = time.perf_counter(), captured()
-        forward = runner.forward_features(torch.cat([last, x]), proposer.taps if proposer is not None else (),
-                                          parents=tree)
+        fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
+        forward = runner.forward_features(fed, proposer.taps if proposer is not None else (), parents=tree)
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         t2, c2 = time.perf_counter(), captured()
         if previous is not None:
@@ -530,6 +535,8 @@ class SpecDecoder:
         if tree is None:
             core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
             draft_ids = [int(t) for t in core["draft"]]
+            while draft_ids and draft_ids[-1] == -1:  # padding past k' (the sampler's k' is its first -1)
+                draft_ids.pop()
             acc = int(core["num_accepted"][0])
             emitted = [int(t) for t in core["output"][: acc + 1]]
             rows = None  # the committed rows are the first ones

@@ -111,10 +111,38 @@ def _make_eagle(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, A
     from .proposers.eagle import EagleProposer  # imports transformers' Llama modules: only when asked for
     from .proposers.eagle_tree import EagleTreeProposer, tree_settings
 
+    head = dec.heads[cfg.method]
     dynamic, choices = tree_settings(cfg)  # EAGLE-2 knobs, a static speculative_token_tree, or a chain
     if dynamic is not None or choices is not None:
-        return EagleTreeProposer(dec.heads[cfg.method], dynamic=dynamic, choices=choices)
-    return EagleProposer(dec.heads[cfg.method], cfg.num_speculative_tokens)
+        return EagleTreeProposer(head, dynamic=dynamic, choices=choices)
+    return EagleProposer(head, cfg.num_speculative_tokens, runner=acquire_head_runner(dec, head))
+
+
+def acquire_head_runner(dec: "SpecDecoder", head):
+    """The decoder's pooled runner for ``head`` (specviz/heads/runner.py): static cache + CUDA graphs
+    when the target runs on the static runner (its ``max_cache_len`` slots), else the eager reference."""
+    from .heads.runner import make_head_runner
+    from .static_runner import StaticRunner
+
+    factory = dec.runner_factory
+    static = getattr(factory, "func", factory) is StaticRunner
+    max_len = getattr(factory, "keywords", {}).get("max_cache_len", 4096) if static else None
+    return dec._acquire(("head", id(head)), lambda: make_head_runner(head, max_len))
+
+
+def warm_head_runner(dec: "SpecDecoder", head, max_width: int) -> int:
+    """Capture the pooled head runner's graphs (draft step, first passes up to ``max_width`` rows);
+    returns the number captured (0 without graphs). For :meth:`SpecDecoder.warm_up`."""
+    runner = acquire_head_runner(dec, head)
+    try:
+        return runner.warm_up(max_width)
+    finally:
+        dec._release(("head", id(head)), runner)
+
+
+def _release_head_runner(dec: "SpecDecoder", proposer: Proposer, generated: list[int]) -> None:
+    if getattr(proposer, "runner", None) is not None:  # chain drafting (EagleProposer); trees run the head eagerly
+        dec._release(("head", id(proposer.head)), proposer.runner)
 
 
 EAGLE_TREE = ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens")
@@ -129,7 +157,8 @@ register(Method("ngram_gpu", "prompt lookup on the device (Triton matcher on CUD
                 describe=_lookup_bounds, details="ngram_gpu",
                 make=lambda dec, cfg, extras: NgramGPUProposer(
                     cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens,
-                    backend="triton" if dec.device.type == "cuda" else "reference", device=dec.device)))
+                    backend="triton" if dec.device.type == "cuda" else "reference", device=dec.device,
+                    pad=dec.device.type == "cuda")))  # k' stays on the device: one wait per step
 def _suffix_cache(dec: "SpecDecoder", extras: dict[str, Any]):
     """The request's global suffix cache: the caller's (the app passes each session its own), else the decoder's."""
     cache = extras.get("suffix_cache")
@@ -145,9 +174,10 @@ TREE = "speculative_token_tree"  # a method listing it in settings drafts static
 register(Method("draft_model", "a small draft model", make=_make_draft_model, missing=_needs_draft,
                 finish=_release_draft_runner, details="draft_model", settings=(TREE,)))
 register(Method("eagle", "EAGLE-1 head on the target's final hidden state", make=_make_eagle,
-                missing=_needs_head("eagle"), settings=(*EAGLE_TREE, TREE), details="eagle"))
+                missing=_needs_head("eagle"), settings=(*EAGLE_TREE, TREE), finish=_release_head_runner, details="eagle"))
 register(Method("eagle3", "EAGLE-3 head on three target layers", make=_make_eagle,
-                missing=_needs_head("eagle3"), settings=(*EAGLE_TREE, TREE), details="eagle3"))
+                missing=_needs_head("eagle3"), settings=(*EAGLE_TREE, TREE), finish=_release_head_runner,
+                details="eagle3"))
 
 
 def _needs_dflash(dec: "SpecDecoder") -> str | None:

@@ -154,7 +154,7 @@ def host_record(h: dict[str, list], ids: list[int], method: str, backend: str) -
         "backend": backend,
     }
     if "block_P" in h:
-        record["block"] = {name: list(h["block_" + name]) for name in ("P", "rho", "h", "eta")}
+        record["block"] = {name: list(h["block_" + name])[:k] for name in ("P", "rho", "h", "eta")}  # not the padding
         record["block"]["tau"] = acc
     return record
 

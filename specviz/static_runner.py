@@ -12,6 +12,27 @@ With ``cuda_graphs=True`` (CUDA only) every forward of n <= ``max_graph_tokens``
 prefill replays a CUDA graph captured for that n (one graph per verify width k'+1 in use, and one
 for the drafter's single-token steps). Prefill runs eagerly.
 
+Compiled forwards (``compile=True``; issue 13 point 4): every forward after the prefill of n <=
+``max_graph_tokens`` tokens (graph-captured or not) runs ``torch.compile(backend)`` of the same
+function (the mask and transformers' own modules: no re-implementation), in inductor's default
+mode, and on CUDA that compiled forward is what the runner's own CUDA graph captures (inductor's
+``reduce-overhead`` mode is not used: it keeps its own graphs, which HF's static cache on top of
+ours made fail with "accessing tensor output of CUDAGraphs that has been overwritten", issue 13).
+What is compiled is :meth:`StaticRunner._model_out` (mask + model call, hidden states on or off);
+which taps are picked stays outside, so all tap sets share its graphs. Dynamo compiles n = 1
+statically and, at the next width, one graph with a dynamic n for every n >= 2 (its automatic
+dynamic shapes; seen on the CPU: 2 graphs for widths 1..5 without hidden states); the prefill never
+runs compiled (transformers marks the cache's tensors static there). With hidden states on,
+transformers 5.17's output-capturing hooks break dynamo's graph on their first call (their
+installation takes a lock; seen on the CPU: 4 graphs instead of 2): still correct, and the pieces
+are captured in the same CUDA graph. If compiling or running
+the compiled forward raises, the runner logs one warning, restores the cache position and runs
+eagerly from then on; a capture that fails likewise logs and leaves that width eager. The default
+is off (:data:`COMPILE_DEFAULT`): on the CPU machine only the code path is tested (backends
+"eager" / "aot_eager", tests/test_compile.py); whether inductor is faster and equal to eager on the
+H200 is measured there (benchmarks/bench_shapes.py / bench_e2e.py, with and without compile side
+by side) before it is turned on.
+
 Feature taps (:meth:`StaticRunner.forward_features`): the requested hidden states come from the
 same forward (transformers' ``output_hidden_states``, see :mod:`specviz.runner`); under CUDA graphs
 they are static buffers captured inside the graph (one graph per (n, taps)), cloned on the
@@ -20,6 +41,7 @@ device after each replay, so no host sync is added.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Sequence
 
@@ -30,6 +52,9 @@ from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_laye
                      tree_attention, tree_positions)
 from .transfer import to_device
 
+log = logging.getLogger(__name__)
+COMPILE_DEFAULT = False  # compile=None means this (see the module docstring: off until measured on the H200)
+
 
 class StaticRunner:
     """Args:
@@ -37,12 +62,15 @@ class StaticRunner:
         max_cache_len: tokens the cache holds (prompt + generated + k); forwards past it raise.
         cuda_graphs: capture/replay CUDA graphs for small forwards (default: on CUDA devices).
         max_graph_tokens: largest n captured (default 33 = MAX_SPECULATIVE_TOKENS + 1).
+        compile: run forwards of n <= max_graph_tokens after the prefill through ``torch.compile``
+            (default :data:`COMPILE_DEFAULT`); ``compile_backend``: its backend ("inductor"; the CPU
+            tests use "eager" / "aot_eager"). ``compiled`` says whether it is (still) in use.
     Raises:
         ValueError: a forward would overflow the cache; truncate to an invalid length.
     """
 
     def __init__(self, model: torch.nn.Module, max_cache_len: int, cuda_graphs: bool | None = None,
-                 max_graph_tokens: int = 33):
+                 max_graph_tokens: int = 33, compile: bool | None = None, compile_backend: str = "inductor"):
         self.model = model
         self.device = next(model.parameters()).device
         self.max_cache_len = int(max_cache_len)
@@ -51,11 +79,20 @@ class StaticRunner:
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
         self.seq_len = 0
         self.last_start = 0  # seq_len before the last forward (commit's reference)
-        # (n, taps) -> (graph, static ids [1, n], static logits [1, n, V], static features {tap: [n, d]})
+        # (n, taps) -> (graph, static ids [1, n], static logits [1, n, V], static features {tap: [n, d]}); None: failed
         self._graphs: dict[tuple[int, tuple[str, ...]], tuple] = {}
         self._pool = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
         self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
+        self._compiled = None
+        if COMPILE_DEFAULT if compile is None else bool(compile):
+            _raise_recompile_limit()
+            self._compiled = torch.compile(self._model_out, backend=compile_backend, dynamic=None)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether small forwards run compiled (False when off, or after a compile failure)."""
+        return self._compiled is not None
 
     # ---- ModelRunner interface ---------------------------------------------------------------
     def reset(self) -> None:
@@ -85,12 +122,14 @@ class StaticRunner:
         self.last_start = self.seq_len
         tree = as_tree(parents, n)
         if tree is not None:
-            logits, features = self._eager(ids, taps, tree)
+            logits, features = self._eager(ids, taps, tree=tree)
             self.seq_len += n
             return ForwardOutput(logits[0].float(), features)
+        entry = None
         if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
-            graph, static_ids, static_logits, static_features = (self._graphs.get((n, taps))
-                                                                 or self._capture(n, ids, taps))
+            entry = self._graphs[(n, taps)] if (n, taps) in self._graphs else self._capture(n, ids, taps)
+        if entry is not None:  # None: no graphs here, or this width's capture failed (logged): eager
+            graph, static_ids, static_logits, static_features = entry
             static_ids.copy_(ids)
             if self.graph_events is not None:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -103,7 +142,8 @@ class StaticRunner:
             logits = static_logits[0].to(torch.float32, copy=True)  # [n, V]; the buffer is reused
             features = {tap: h.clone() for tap, h in static_features.items()}  # [n, d] each; reused too
         else:
-            logits, features = self._eager(ids, taps)
+            small = self.seq_len > 0 and n <= self.max_graph_tokens
+            logits, features = self._small(ids, taps) if small else self._eager(ids, taps)
             logits = logits[0].float()
         self.seq_len += n
         return ForwardOutput(logits, features)
@@ -115,16 +155,44 @@ class StaticRunner:
 
     # ---- internals -----------------------------------------------------------------------------
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
-               tree: list[int] | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype;
-        ``tree``: a tree's parents (n = 1 + N), else causal."""
-        kw = {} if tree is None else dict(position_ids=tree_positions(tree, self.seq_len).to(self.device)[None])
-        mask = self._causal_mask(ids.shape[1]) if tree is None else self._tree_mask(tree)
-        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
-                         output_hidden_states=bool(taps), **kw)
+               tree: list[int] | None = None, model_out=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype.
+        ``tree``: a tree's parents (n = 1 + N; positions n + depth, the ancestor mask; never compiled),
+        else causal. ``model_out``: the compiled :meth:`_model_out` (default: the eager one)."""
+        if tree is not None:
+            pos = tree_positions(tree, self.seq_len).to(self.device)[None]
+            out = self.model(input_ids=ids, attention_mask=self._tree_mask(tree), past_key_values=self.cache,
+                             use_cache=True, output_hidden_states=bool(taps), position_ids=pos)
+            logits, hidden_states = out.logits, out.hidden_states
+        else:
+            logits, hidden_states = (model_out or self._model_out)(ids, bool(taps))
         if not taps:
-            return out.logits, {}
-        return out.logits, pick_features(out.hidden_states, taps, self.model.config.num_hidden_layers)
+            return logits, {}
+        return logits, pick_features(hidden_states, taps, self.model.config.num_hidden_layers)
+
+    def _model_out(self, ids: torch.Tensor, hidden: bool):
+        """The mask and the model call: (logits [1, n, V], transformers' hidden_states tuple, or () when
+        not ``hidden``). What ``compile=True`` compiles: which taps are picked stays outside, so every tap
+        set shares the compiled graphs (2 per width kind: hidden states on / off)."""
+        mask = self._causal_mask(ids.shape[1])
+        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=hidden)
+        return out.logits, (tuple(out.hidden_states) if hidden else ())
+
+    def _small(self, ids: torch.Tensor, taps: tuple[str, ...] = ()):
+        """A forward after the prefill: compiled when on, else eager. A compile or run failure is logged once, the
+        position restored (a failed compiled forward may have advanced some layers) and the forward
+        rerun eagerly; compile stays off for this runner."""
+        if self._compiled is None:
+            return self._eager(ids, taps)
+        try:
+            return self._eager(ids, taps, model_out=self._compiled)
+        except Exception as exc:  # noqa: BLE001 - compile problems must not fail the request
+            log.warning("specviz: torch.compile of %s's forward failed, running it eagerly: %s: %s",
+                        type(self.model).__name__, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            self._compiled = None
+            self._set_position(self.seq_len)
+            return self._eager(ids, taps)
 
     def _causal_mask(self, n: int) -> torch.Tensor:
         """4D mask [1, 1, n, max_cache_len] built on the device from the cache's write position:
@@ -178,20 +246,45 @@ class StaticRunner:
         eager prefill), with its feature taps as static outputs. Warm-up runs write stale entries
         past seq_len, then the position is restored."""
         t0 = time.perf_counter()
+        try:
+            for attempt in ("compiled", "eager") if self._compiled is not None else ("eager",):
+                try:
+                    return self._capture_once(n, ids, taps)
+                except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
+                    self._set_position(self.seq_len)
+                    log.warning("specviz: CUDA graph capture of the %s %s forward (%d tokens) failed%s: %s: %s",
+                                attempt, type(self.model).__name__, n,
+                                "; compile is off for this runner from now on" if attempt == "compiled" else
+                                "; this width runs without a graph", type(exc).__name__, exc)
+                    self._compiled = None
+            self._graphs[(n, taps)] = None
+            return None
+        finally:
+            self.capture_s += time.perf_counter() - t0
+
+    def _capture_once(self, n: int, ids: torch.Tensor, taps: tuple[str, ...]):
         static_ids = ids.clone()
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up outside capture (allocator, lazy init, autotuning)
-                self._eager(static_ids, taps)
+            for _ in range(2):  # warm-up outside capture (allocator, lazy init, autotuning, compilation)
+                self._small(static_ids, taps)
                 self._set_position(self.seq_len)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            static_logits, static_features = self._eager(static_ids, taps)
+            static_logits, static_features = self._eager(static_ids, taps, model_out=self._compiled)
         self._pool = graph.pool()
         self._set_position(self.seq_len)  # capture records but does not run the position update
         self._graphs[(n, taps)] = (graph, static_ids, static_logits, static_features)
         torch.cuda.synchronize(self.device)
-        self.capture_s += time.perf_counter() - t0
         return self._graphs[(n, taps)]
+
+
+def _raise_recompile_limit(at_least: int = 64) -> None:
+    """Dynamo keeps compiled entries per code object (8 by default): every runner instance (target,
+    drafter, pooled copies) x width kind (1 / dynamic) x hidden states on / off adds entries for the
+    one ``_model_out``; past the limit dynamo silently runs eagerly. A process-wide setting, only raised."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(int(getattr(config, name)), at_least))

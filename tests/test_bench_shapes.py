@@ -20,12 +20,18 @@ def test_dry_run_writes_json_and_table(tmp_path):
     assert saved["commit"] == "test" and saved["copy_GBps"] > 0 and len(saved["shapes"]) == 1
     rows = {r["name"]: r for r in saved["shapes"][0]["rows"]}
     assert {"hf generate", "specviz none trace=on", "specviz none trace=off"} <= set(rows)
-    synthetic = [r for r in rows.values() if "synthetic" in r["name"]]
+    synthetic = [r for r in rows.values() if "synthetic" in r["name"] and not r["name"].endswith("compile=on")]
     assert [r["expected_tokens"] for r in synthetic] == [bench_shapes.expected_tokens(a, 4) for a in (0.6, 0.8, 0.9)]
     assert all(r["tok_s"] > 0 and r["speedup_vs_none"] > 0 and r["mean_acceptance_length"] >= 1 for r in synthetic)
     table = (tmp_path / "bench_shapes.md").read_text()
     assert "% of roofline" in table and "synthetic a=0.8" in table
     assert result["shapes"][0]["profile_eager_forward"] is None  # kernel profiles need CUDA
+    # --compile both (default): the compiled rows beside the uncompiled ones (dry run: the "eager" backend)
+    compiled = [r for r in rows.values() if r["name"].endswith("compile=on")]
+    assert len(compiled) == 2 and all(r["tok_s"] > 0 and r["speedup_vs_uncompiled"] > 0 for r in compiled)
+    facts = saved["shapes"][0]["compiled"]
+    assert facts["backend"] == "eager" and facts["target_compiled"] and facts["drafter_compiled"]
+    assert "compiled / uncompiled" in table and "Compiled (eager)" in table
 
 
 def test_weight_bytes_count_the_lm_head_and_skip_an_untied_input_embedding():

@@ -358,6 +358,9 @@ def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
             assert runs["static"].output_token_ids == _plain(decs["static"], max_new_tokens=24).output_token_ids
     # the taps were captured inside the graphs (the pooled runner also holds method none's tap-free graphs)
     assert any(key[1] for key in decs["static"].target_runner._graphs)
+    # the head drafted through its static runner's graphs (specviz/heads/runner.py), none of which failed
+    head_runner, = decs["static"]._free_runners[("head", id(decs["static"].heads[kind]))]
+    assert head_runner.replays > 0 and head_runner._graphs and all(g is not None for g in head_runner._graphs.values())
 
 
 def test_cli_eagle_methods(eagle_dirs, capsys):

@@ -31,17 +31,15 @@ SYNC_MESSAGE = "called a synchronizing CUDA operation"
 CASES = [
     ("none", dict(method="none")),
     ("ngram", dict(method="ngram", prompt_lookup_min=1, prompt_lookup_max=3)),
-    pytest.param("ngram_gpu", dict(method="ngram_gpu", prompt_lookup_min=1, prompt_lookup_max=3),
-                 marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-                     "the draft length k' (which verify graph, which forward width) and the match details "
-                     "are read on the host before the target forward: a second wait until drafts are padded "
-                     "to k on the device and the details read one step late"))),
+    ("ngram_gpu", dict(method="ngram_gpu", prompt_lookup_min=1, prompt_lookup_max=3)),  # drafts padded to k
     ("suffix", dict(method="suffix")),
     ("draft_model greedy", dict(method="draft_model")),
     ("draft_model standard", dict(method="draft_model", verify="standard", temperature=0.8, top_p=0.9)),
     ("draft_model block", dict(method="draft_model", verify="block", temperature=0.8)),
     ("ngram synthetic", dict(method="ngram", verify="synthetic", temperature=1.0, prompt_lookup_min=1,
                              synthetic_rates=[0.9, 0.8, 0.7, 0.6])),
+    ("eagle greedy", dict(method="eagle")),  # the head's static runner: graphs per draft step / first pass
+    ("eagle3 standard", dict(method="eagle3", verify="standard", temperature=0.8)),
 ]
 
 
@@ -81,8 +79,15 @@ def count_waits(dec: SpecDecoder, monkeypatch, **kw) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def gpu_decoder(tiny_dirs):
+    from specviz.heads import build_head, head_config_from_target
+
     target, draft = tiny_dirs["llama"]
-    return SpecDecoder.from_pretrained(target, draft, device="cuda", dtype="float32", runner="static")
+    dec = SpecDecoder.from_pretrained(target, draft, device="cuda", dtype="float32", runner="static")
+    for kind in ("eagle", "eagle3"):  # random heads: what is counted does not depend on their acceptance
+        torch.manual_seed(3)
+        head = build_head(head_config_from_target(dec.target_model.config, kind), dec.target_model)
+        dec.heads[kind] = head.to(device="cuda", dtype=torch.float32).eval()
+    return dec
 
 
 @pytest.mark.parametrize("detailed", (True, False), ids=("trace-on", "trace-off"))

@@ -52,7 +52,10 @@ class Draft:
     """A proposal for one verification step.
 
     token_ids: int64 [k'] the draft tokens x_1..x_k' (k' may be 0: no proposal this step); for a
-               tree, node i's token (k' = N nodes).
+               tree, node i's token (k' = N nodes). A chain may come padded with -1 after its k'
+               tokens (a device-side proposer whose k' is not known on the host: ngram_gpu on
+               CUDA); the engine feeds the padding to the target as token 0 and the sampler takes
+               k' = the index of the first -1 (docs/algorithms.md layout).
     probs:     float32 [k', V] q_i, the exact distributions x_i was drawn from, or None when the
                proposer is deterministic (q is one-hot at x_i).
     details:   plain-data (JSON-able) description of how the draft was made, e.g. the n-gram match

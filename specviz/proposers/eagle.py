@@ -31,12 +31,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from transformers import DynamicCache
-
-from ..heads import crop_cache
+from ..heads.runner import EagerHeadRunner
 from ..runner import FINAL_NORM, layer_input
 from ..sampling import logits_to_probs
+from ..transfer import to_device
 from .base import Draft, Outcome, StepContext
+from .draft_model import _sample
 
 
 def head_taps(config) -> tuple[str, ...]:
@@ -55,28 +55,39 @@ class EagleProposer:
             on the target's device, in eval mode; called as
             ``hidden, logits = head(features, input_ids, position_ids, cache, from_target=...)``.
         num_speculative_tokens: k >= 1.
+        runner: a head runner (:mod:`specviz.heads.runner`) that runs the head's first passes and
+            draft steps and owns its KV cache; default :class:`~specviz.heads.runner.EagerHeadRunner`
+            (a DynamicCache). The engine gives a pooled ``StaticHeadRunner`` (static cache, CUDA
+            graphs on CUDA) when the target runs on the static runner.
     Raises:
         ValueError: k < 1; RuntimeError from propose/observe if the engine skipped an outcome (the
             (feature, token) pairing would be wrong).
     """
 
-    def __init__(self, head: torch.nn.Module, num_speculative_tokens: int = 5):
+    def __init__(self, head: torch.nn.Module, num_speculative_tokens: int = 5, runner=None):
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.head = head
+        self.runner = runner if runner is not None else EagerHeadRunner(head)  # specviz.heads.runner
         self.name = str(head.config.kind)
         self.taps = head_taps(head.config)
         self.num_speculative_tokens = int(num_speculative_tokens)
         self.reset()
 
     def reset(self) -> None:
-        self.cache = DynamicCache()  # the head's K/V; slot i = position i
+        self.runner.reset()  # the head's K/V (self.cache); slot i = position i
         self.committed = 0  # Lc: slots computed from target features
         self._pending: list[torch.Tensor] = []  # target features [c, F] of committed pairs not yet run
         self._pending_ids: list[int] = []  # the token after each pending feature row
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden [1, d], logits [V]) at Lc - 1
         self._details: dict[str, Any] | None = None  # the last draft's details, completed by observe
         self._confidence: torch.Tensor | None = None  # [k', 2] q of the head's top token, q of the draft
+        self._confidence_host: tuple[torch.Tensor, torch.cuda.Event] | None = None  # its pinned copy, queued
+
+    @property
+    def cache(self):
+        """The head's KV cache (the runner's: a DynamicCache, or a SlotCache for the static runner)."""
+        return self.runner.cache
 
     # ---- the engine's two calls ------------------------------------------------------------------
     def observe(self, outcome: Outcome) -> None:
@@ -93,10 +104,10 @@ class EagleProposer:
             self._pending_ids.extend(int(t) for t in outcome.committed_token_ids)
         if self._details is not None and self._confidence is not None:
             fed = [self._details["root_token_id"], *outcome.draft_token_ids]  # token fed with draft i's input
-            for pos, (top, drafted) in zip(self._details["positions"], self._confidence.tolist()):
+            for pos, (top, drafted) in zip(self._details["positions"], self._confidence_values()):
                 pos["head_top_prob"], pos["draft_prob"] = float(top), float(drafted)
                 pos["input_token_id"] = int(fed[pos["draft_index"] - 1])
-        self._details = self._confidence = None
+        self._details = self._confidence = self._confidence_host = None
 
     @torch.inference_mode()
     def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
@@ -120,11 +131,16 @@ class EagleProposer:
             if q is not None:
                 probs.append(q)
             if m < k:  # (h, d_m) at position n+m-1 -> logits of d_{m+1}; d_k is never fed
-                pos = torch.full((1,), n + m - 1, dtype=torch.long, device=x.device)
-                hidden, lg = self.head(hidden, x, pos, self.cache, from_target=False)  # [1, d], [1, V]
-                logits = lg[0]
+                hidden, logits = self.runner.step(hidden, x, n + m - 1)  # [1, d], [V]
         draft = torch.cat(tokens)  # [k]
         self._confidence = torch.stack(conf)  # [k, 2], read in observe
+        self._confidence_host = None
+        if self._confidence.is_cuda:  # to the host behind this step's work: observe reads it without a wait
+            host = torch.empty(self._confidence.shape, dtype=self._confidence.dtype, pin_memory=True)
+            host.copy_(self._confidence, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(torch.cuda.current_stream(self._confidence.device))
+            self._confidence_host = (host, copied)
         self._details = self._describe(n, int(token_ids[n]), k, first, ctx)
         return Draft(token_ids=draft, probs=torch.stack(probs) if probs else None, details=self._details)
 
@@ -132,14 +148,12 @@ class EagleProposer:
     def _first_pass(self) -> dict[str, int]:
         """Drop the provisional draft K/V (slots >= Lc) and run the head on the pending committed
         pairs (target features) at positions Lc..; returns {"start", "length"} of that pass."""
-        crop_cache(self.cache, self.committed)
+        self.runner.truncate(self.committed)
         start, c = self.committed, len(self._pending_ids)
         if c:
             feats = torch.cat(self._pending, dim=0)  # [c, F]
-            ids = torch.tensor(self._pending_ids, dtype=torch.long, device=feats.device)  # [c]
-            pos = torch.arange(start, start + c, device=feats.device)  # [c]: the feature's position j
-            hidden, logits = self.head(feats, ids, pos, self.cache, from_target=True)  # [c, d], [c, V]
-            self._last = (hidden[-1:], logits[-1])
+            ids = to_device(torch.tensor(self._pending_ids, dtype=torch.long), feats.device)  # [c]; queued, no wait
+            self._last = self.runner.first_pass(feats, ids, start)  # rows at positions start..: [1, d], [V]
             self.committed += c
             self._pending, self._pending_ids = [], []
         return {"start": start, "length": c}
@@ -149,15 +163,25 @@ class EagleProposer:
         """logits float32 [V] -> (draft token int64 [1], q float32 [V] or None for one-hot)."""
         if ctx.temperature > 0:
             q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)  # [V]
-            return torch.multinomial(q, 1, generator=ctx.generator), q
+            return _sample(q, ctx.generator), q  # torch.multinomial(q, 1)'s draws, without its host waits
         return logits.argmax(dim=-1, keepdim=True), None
+
+    def _confidence_values(self) -> list[list[float]]:
+        """The last draft's [k', 2] confidences on the host. In the engine the copy queued by propose
+        has finished by the time observe runs (after the verifier's wait), so this reads without waiting."""
+        if self._confidence_host is None:
+            return self._confidence.tolist()
+        host, copied = self._confidence_host
+        if not copied.query():  # only outside the engine's loop
+            copied.synchronize()
+        return host.tolist()
 
     @staticmethod
     def _confidence_of(logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
         """[2]: the head's probability of its top token and of the drafted one, in q (T > 0) or, for
         greedy drafts (q one-hot), in softmax(head logits)."""
         dist = q if q is not None else torch.softmax(logits.float(), dim=-1)  # [V]
-        return torch.stack([dist.max(), dist[x[0]]])
+        return torch.stack([dist.max(), dist.gather(0, x)[0]])  # gather: no host read of x
 
     def _describe(self, n: int, root: int, k: int, first: dict[str, int], ctx: StepContext) -> dict[str, Any]:
         """Plain-data details of the chain (recorded in the trace as the step's ``match``). Per draft

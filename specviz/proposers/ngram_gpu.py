@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from specviz.proposers.base import Draft, NoFeedback, StepContext
+from specviz.proposers.base import Draft, NoFeedback, Outcome, StepContext
 from specviz.proposers.ngram_match import NgramMatch, check_ngram_args, ngram_match_reference
 from specviz.transfer import pinned
 
@@ -60,6 +60,15 @@ class NgramGPUProposer(NoFeedback):
     device-to-host copy returns the draft length and the match. Drafts equal :class:`NgramProposer`'s
     (same rules, tests/test_kernels_ngram.py). q is one-hot, so ``Draft.probs`` is None.
 
+    ``pad=True`` (what the engine uses on CUDA): the draft length k' is never read on the host. The
+    draft is the matcher's row of min(num_tokens, k) slots, -1 past k' (the sampler's padding:
+    k' = the index of the first -1, slots past it never accepted, the recovered / bonus token drawn
+    from p_{k'+1}; docs/algorithms.md layout), the target verifies all k + 1 positions (the padding
+    fed as token 0, its logits unused), and the match details (n, match_position, suffix, ...) are
+    copied to pinned host memory behind the step's work and filled into ``Draft.details`` by
+    :meth:`observe`, after the verifier's wait. So the step waits for the GPU once. ``pad=False``
+    (the default, and direct calls): the draft is cut to k' on the host (one device-to-host read).
+
     ``Draft.details``: kind "ngram_gpu", backend, n (0 = no match), match_position (-1 = none),
     suffix (the last n tokens), suffix_start, occurrences ([match_position]: the matcher reports
     only the earliest occurrence, the one used, not all of them nor their continuation trie),
@@ -87,6 +96,7 @@ class NgramGPUProposer(NoFeedback):
         num_speculative_tokens: int = 5,
         backend: str = "reference",
         device: str | torch.device | None = None,
+        pad: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -98,10 +108,13 @@ class NgramGPUProposer(NoFeedback):
         if device is None:
             device = "cuda" if backend == "triton" and torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        self.pad = bool(pad)
+        self._late: tuple[dict, torch.Tensor, object, list[int]] | None = None  # pad=True: details to fill in observe
         self.reset()
 
     def reset(self) -> None:
         """Forget the request's context (the device buffer is kept for reuse)."""
+        self._late = None
         self._len = 0
         self._host: list[int] = []  # the tokens in the buffer, on the host (to compare prefixes)
         if not hasattr(self, "_buf"):
@@ -153,12 +166,44 @@ class NgramGPUProposer(NoFeedback):
         L = ctx.shape[1]
         lengths = torch.full((1,), L, dtype=torch.int64, device=self.device)  # [1], no host copy
         m = self.match_batch(ctx, lengths, num_tokens, validate_lengths=False)
-        head = torch.cat([m.num_draft, m.ngram_len, m.match_position]).tolist()  # the one device-to-host copy
-        n_draft, n, pos = (int(v) for v in head)
-        details = {
+        head = torch.cat([m.num_draft, m.ngram_len, m.match_position])  # [3] on the device
+        if self.pad:  # k' stays on the device; the details are read in observe, after the step's wait
+            details = {"kind": "ngram_gpu", "backend": self.backend}
+            self._late = (details, *_queued_to_host(head), [int(t) for t in token_ids])
+            return Draft(token_ids=m.draft_token_ids[0], probs=None, details=details)  # [k], -1 past k'
+        n_draft, n, pos = (int(v) for v in head.tolist())  # the one device-to-host copy
+        details = self._details(list(token_ids), n, pos)
+        return Draft(token_ids=m.draft_token_ids[0, :n_draft], probs=None, details=details)
+
+    def observe(self, outcome: Outcome) -> None:
+        """pad=True: fill the last draft's details from their queued host copy (complete by now: the
+        engine calls this after the verifier's wait, which came after the copy)."""
+        if self._late is None:
+            return
+        details, host, copied, token_ids = self._late
+        self._late = None
+        if copied is not None and not copied.query():  # only outside the engine's loop
+            copied.synchronize()
+        _, n, pos = (int(v) for v in host.tolist())
+        details.update(self._details(token_ids, n, pos))
+
+    def _details(self, token_ids: list[int], n: int, pos: int) -> dict:
+        L = len(token_ids)
+        return {
             "kind": "ngram_gpu", "backend": self.backend, "n": n, "match_position": pos,
             "suffix": [int(t) for t in token_ids[L - n :]] if n else [], "suffix_start": L - n if n else L,
             "occurrences": [pos] if n else [],
             "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max,
         }
-        return Draft(token_ids=m.draft_token_ids[0, :n_draft], probs=None, details=details)
+
+
+def _queued_to_host(t: torch.Tensor) -> tuple[torch.Tensor, object]:
+    """(host copy of t, CUDA event recorded after the copy, or None on the CPU): a non-blocking copy
+    into pinned memory on CUDA, read once the event has passed."""
+    if not t.is_cuda:
+        return t.clone(), None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(t.device))
+    return host, copied

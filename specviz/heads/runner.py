@@ -1,0 +1,270 @@
+"""Runners for an EAGLE / EAGLE-3 head's chain drafting: the eager reference and a static one with CUDA graphs.
+
+The proposer (:class:`specviz.proposers.eagle.EagleProposer`) makes two kinds of call per engine step:
+
+    first_pass(features [c, F], ids int64 [c], start)  -> hidden [1, d], logits float32 [V]
+        the committed pairs (g_j, x_{j+1}) at positions j = start..start+c-1 (from target features)
+    step(hidden [1, d], token int64 [1], position)      -> hidden [1, d], logits float32 [V]
+        one draft step at ``position`` from the head's own fed-back hidden state
+
+Both return the LAST row only (the one the chain continues from), as new tensors on the head's
+device (hidden in the head's dtype). Slot i of the head's KV cache holds position i.
+
+:class:`EagerHeadRunner` is the reference: a transformers ``DynamicCache`` cropped back to
+``start`` before each first pass (the provisional draft K/V is dropped, methods.md 1.2), and the
+head's own forward with its default mask. It accepts any object with the heads' step API (test stubs).
+
+:class:`StaticHeadRunner` is the fast path, in :class:`specviz.static_runner.StaticRunner`'s style
+(gpt-fast ``generate.py``): a pre-allocated per-slot cache (:class:`SlotCache`, written with
+``index_copy_`` at the rows' own positions, so rollback costs nothing: stale slots past a
+query's position are hidden by the mask ``slot <= position`` and overwritten before any later
+query can see them), and on CUDA one captured graph per call kind and width: ("step", 1) for draft
+steps and ("first", B) for first passes of c <= B rows, B from :data:`BUCKETS` (rows c..B-1 are
+padding at positions start+c..start+B-1: they write only slots that the next draft steps
+overwrite before reading them, and no real row attends them). Inputs (features, ids, positions)
+are copied into the graph's static buffers; positions, the mask and RoPE are computed inside the
+graph from the position buffer, so a replay needs no host input and adds no host wait. First
+passes wider than the largest bucket (the prefill), or whose padding would run past the cache,
+run eagerly over the same cache. If a capture fails, the runner logs one warning and runs that
+call kind and width eagerly from then on (never a crash; outputs are the same).
+
+Equality: the static runner gives the eager runner's drafts (fp32; attention over the masked
+slots differs only in summation order): tests/test_head_runner.py on the CPU (eager path,
+padding included) and, on CUDA, with graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from transformers import DynamicCache
+
+from .modules import _Head, crop_cache, position_mask
+
+log = logging.getLogger(__name__)
+
+BUCKETS = (1, 2, 4, 8, 16, 33)  # first-pass widths captured: c committed pairs run as the smallest B >= c
+
+
+class EagerHeadRunner:
+    """The reference: the head's eager forward over a ``DynamicCache`` (the head's K/V; slot i = position i).
+
+    Args:
+        head: an EAGLE / EAGLE-3 head (or any module with the heads' step API, see
+            :mod:`specviz.heads.modules`), on its device, in eval mode.
+    """
+
+    cuda_graphs = False
+    capture_s = 0.0
+
+    def __init__(self, head: torch.nn.Module):
+        self.head = head
+        self.cache = DynamicCache()
+
+    def reset(self) -> None:
+        self.cache = DynamicCache()
+
+    def truncate(self, length: int) -> None:
+        """Drop the K/V of positions >= ``length`` (the provisional draft K/V, methods.md 1.2)."""
+        crop_cache(self.cache, length)
+
+    def first_pass(self, features: torch.Tensor, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """features [c, F], ids int64 [c] (the token after each feature), rows at positions start..start+c-1
+        -> (hidden [1, d], logits float32 [V]) of the last row. Drops the cache's slots >= start first."""
+        self.truncate(start)
+        pos = torch.arange(start, start + ids.shape[0], device=ids.device)  # [c]: the feature's position j
+        hidden, logits = self.head(features, ids, pos, self.cache, from_target=True)  # [c, d], [c, V]
+        return hidden[-1:], logits[-1]
+
+    def step(self, hidden: torch.Tensor, token: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [1, d] (fed back), token int64 [1] at ``position`` -> (hidden [1, d], logits float32 [V])."""
+        pos = torch.full((1,), position, dtype=torch.long, device=token.device)
+        hidden, logits = self.head(hidden, token, pos, self.cache, from_target=False)  # [1, d], [1, V]
+        return hidden, logits[0]
+
+    def warm_up(self, max_width: int) -> int:
+        return 0
+
+
+class SlotCache:
+    """The head's KV cache as two pre-allocated tensors [1, H_kv, max_len, head_dim] (zeros at first).
+
+    ``update(k, v, layer_idx)`` (transformers' cache call from ``LlamaAttention``) writes the rows at
+    ``self.slots`` (int64 [T] on the device: the rows' positions, set by the runner before each
+    call) and returns every slot; the caller passes a mask over all ``max_len`` slots."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype, device: torch.device):
+        shape = (1, num_kv_heads, max_len, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.slots: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, layer_idx: int = 0, *args, **kwargs):
+        """key_states / value_states [1, H_kv, T, head_dim] -> (keys, values) [1, H_kv, max_len, head_dim]."""
+        self.keys.index_copy_(2, self.slots, key_states.to(self.keys.dtype))
+        self.values.index_copy_(2, self.slots, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The number of key slots :meth:`update` returns (all of them; the mask hides the unused ones)."""
+        return self.max_len
+
+
+class StaticHeadRunner:
+    """Static per-slot KV cache for a :mod:`specviz.heads` head, with CUDA graphs on CUDA (see the module docstring).
+
+    Args:
+        head: an ``EagleHead`` / ``Eagle3Head`` attached to its target, in eval mode.
+        max_len: slots of the cache (positions 0..max_len-1; the target runner's ``max_cache_len`` suffices).
+        cuda_graphs: capture/replay graphs (default: on CUDA devices).
+    Raises:
+        ValueError: not a specviz head; a call whose rows would run past ``max_len``.
+    """
+
+    def __init__(self, head: torch.nn.Module, max_len: int, cuda_graphs: bool | None = None):
+        if not isinstance(head, _Head):
+            raise ValueError(f"StaticHeadRunner needs a specviz.heads head (EagleHead / Eagle3Head), got "
+                             f"{type(head).__name__}; use EagerHeadRunner for other modules")
+        self.head = head
+        self.device = next(head.parameters()).device
+        self.max_len = int(max_len)
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        cfg = head.config
+        self.cache = SlotCache(cfg.num_key_value_heads, cfg.head_dim, self.max_len, head.dtype, self.device)
+        # (kind, width) -> (graph, {name: static input}, (static hidden [B, d], static logits [B, V])); None = failed
+        self._graphs: dict[tuple[str, int], tuple | None] = {}
+        self._pool = None
+        self._arange = torch.arange(max(BUCKETS), device=self.device)
+        self.capture_s = 0.0  # seconds spent capturing so far (the engine excludes it from step times)
+        self.replays = 0  # graph replays so far (tests check that the graph path ran)
+
+    def reset(self) -> None:
+        """Nothing to drop: every slot a request reads is written by that request first (its prefill's first pass)."""
+
+    def truncate(self, length: int) -> None:
+        """Nothing to do: slots >= ``length`` are hidden by the mask until a later row at their position rewrites them."""
+
+    @torch.inference_mode()
+    def first_pass(self, features: torch.Tensor, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`EagerHeadRunner.first_pass`: features [c, F], ids int64 [c] at positions start.. ->
+        (hidden [1, d], logits float32 [V]) of row c-1."""
+        c = int(ids.shape[0])
+        width = next((b for b in BUCKETS if b >= c), c)
+        if width == c or start + width > self.max_len:
+            width = c  # no padding (exact width; eager unless c is itself a captured width)
+        self._check_room(start, width)
+        hidden, logits = self._run("first", width, features, ids, start, c)
+        return hidden[c - 1:c].clone(), logits[c - 1].clone()
+
+    @torch.inference_mode()
+    def step(self, hidden: torch.Tensor, token: torch.Tensor, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`EagerHeadRunner.step`: hidden [1, d], token int64 [1] at ``position`` ->
+        (hidden [1, d], logits float32 [V])."""
+        self._check_room(position, 1)
+        out_hidden, logits = self._run("step", 1, hidden, token, position, 1)
+        return out_hidden.clone(), logits[0].clone()
+
+    def warm_up(self, max_width: int) -> int:
+        """Capture the draft-step graph and every first-pass bucket up to ``max_width`` rows (k + 1), at
+        positions 0.. (the slots written are rewritten by the next request's prefill). Returns the
+        number of graphs now captured (0 without graphs)."""
+        if not self.cuda_graphs:
+            return 0
+        d, F = self.head.config.hidden_size, self.head.config.feature_size
+        zeros = torch.zeros((), dtype=torch.long, device=self.device)
+        self.step(torch.zeros(1, d, dtype=self.head.dtype, device=self.device), zeros.view(1), 0)
+        for b in BUCKETS:
+            if b <= max(1, max_width):
+                self.first_pass(torch.zeros(b, F, dtype=self.head.dtype, device=self.device), zeros.repeat(b), 0)
+        return sum(g is not None for g in self._graphs.values())
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _check_room(self, start: int, width: int) -> None:
+        if start < 0 or start + width > self.max_len:
+            raise ValueError(f"the head's KV cache holds {self.max_len} positions; rows at {start}..{start + width - 1} "
+                             "do not fit (shorten the prompt or max_new_tokens)")
+
+    def _run(self, kind: str, width: int, features: torch.Tensor, ids: torch.Tensor, start: int, c: int):
+        """The head on ``width`` rows (the first c real) at positions start..: graph replay when captured
+        (or capturable now), else eager. Returns (hidden [width, d], logits [width, V]); graph outputs are
+        the static buffers (the caller copies what it keeps before the next call)."""
+        key = (kind, width)
+        use_graph = self.cuda_graphs and (kind == "step" or width in BUCKETS)
+        entry = self._graphs.get(key) if use_graph else None
+        if use_graph and key not in self._graphs:
+            entry = self._capture(key, features, ids, start, c)
+        if entry is None:
+            inputs = self._inputs(width)
+            self._fill(inputs, features, ids, start, c)
+            return self._forward(kind, inputs)
+        graph, inputs, outputs = entry
+        self._fill(inputs, features, ids, start, c)
+        graph.replay()
+        self.replays += 1
+        return outputs
+
+    def _inputs(self, width: int) -> dict[str, torch.Tensor]:
+        F = self.head.config.feature_size
+        return {"features": torch.zeros(width, F, dtype=self.head.dtype, device=self.device),
+                "ids": torch.zeros(width, dtype=torch.long, device=self.device),
+                "pos": torch.zeros(width, dtype=torch.long, device=self.device)}
+
+    def _fill(self, inputs: dict[str, torch.Tensor], features, ids, start: int, c: int) -> None:
+        """Copy the c real rows into the (static) inputs; positions start..start+width-1 (padding rows too)."""
+        inputs["features"][:c, : features.shape[-1]].copy_(features)  # a step's hidden [1, d]: the first d columns
+        inputs["ids"][:c].copy_(ids)
+        width = inputs["pos"].shape[0]
+        if width <= self._arange.numel():
+            torch.add(self._arange[:width], start, out=inputs["pos"])
+        else:  # a wide first pass (the prefill's), never captured
+            inputs["pos"].copy_(torch.arange(start, start + width, device=self.device))
+
+    def _forward(self, kind: str, inputs: dict[str, torch.Tensor]):
+        """One eager head forward over the slot cache (also what a graph captures)."""
+        from_target = kind == "first"
+        d = self.head.config.hidden_size
+        feats = inputs["features"] if from_target else inputs["features"][:, :d]
+        pos = inputs["pos"]
+        self.cache.slots = pos
+        mask = position_mask(pos[None], self.max_len)  # [1, 1, width, max_len]: slot s visible iff s <= position
+        return self.head(feats, inputs["ids"], pos, self.cache, from_target=from_target, attention_mask=mask)
+
+    def _capture(self, key: tuple[str, int], features, ids, start: int, c: int):
+        """Capture one head forward of ``key``'s kind and width (StaticRunner._capture's recipe: two
+        warm-up runs on a side stream, then the capture, into one memory pool shared by the runner's
+        graphs). The warm-up runs write the call's own K/V at its own slots (idempotent). A failure
+        is logged and remembered (that kind and width then run eagerly)."""
+        t0 = time.perf_counter()
+        kind, width = key
+        try:
+            inputs = self._inputs(width)
+            self._fill(inputs, features, ids, start, c)
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._forward(kind, inputs)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self._forward(kind, inputs)
+            self._pool = graph.pool()
+            self._graphs[key] = (graph, inputs, outputs)
+            torch.cuda.synchronize(self.device)
+        except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
+            log.warning("specviz: CUDA graph capture of the %s head's %s call (width %d) failed, running it "
+                        "eagerly: %s: %s", self.head.config.kind, kind, width, type(exc).__name__, exc)
+            self._graphs[key] = None
+        self.capture_s += time.perf_counter() - t0
+        return self._graphs[key]
+
+
+def make_head_runner(head: torch.nn.Module, max_len: int | None, cuda_graphs: bool | None = None):
+    """The head runner for a request: :class:`StaticHeadRunner` when ``max_len`` is given (the target
+    runs on the static runner) and ``head`` is a specviz head; otherwise :class:`EagerHeadRunner`."""
+    if max_len is not None and isinstance(head, _Head):
+        return StaticHeadRunner(head, max_len, cuda_graphs)
+    return EagerHeadRunner(head)
