@@ -255,3 +255,21 @@ def test_default_eagle3_taps():
     assert default_aux_layer_ids(2) == (1, 1, 0)  # tiny targets: clamped into [0, L)
     with pytest.raises(ValueError):
         default_aux_layer_ids(0)
+
+
+def test_bf16_eagle_heads_keep_fp32_rope_frequencies():
+    """Cast to bf16 (as a bf16 target's heads are), an EAGLE head's RoPE inv_freq stays float32 and equal to the
+    target's; a bf16 inv_freq would rotate position 1000 by up to ~4 rad off the trained angle."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specviz.heads import build_head, head_config_from_target
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+    for kind in ("eagle", "eagle3"):
+        head = build_head(head_config_from_target(target.config, kind), target).to(torch.bfloat16)
+        rot = head.rotary_emb
+        assert rot.inv_freq.dtype == torch.float32
+        torch.testing.assert_close(rot.inv_freq, target.model.rotary_emb.inv_freq.float())

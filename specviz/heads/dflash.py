@@ -45,6 +45,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from specviz.runner import layer_output
+from specviz.heads.rope import Fp32RopeMixin
 
 KIND = "dflash"
 FORMAT = "specviz-dflash-v1"
@@ -253,7 +254,7 @@ class DFlashCache:
         self.length += kvs[0][0].shape[2]
 
 
-class DFlashHead(nn.Module):
+class DFlashHead(Fp32RopeMixin, nn.Module):
     """The drafter. One call = one forward (the "one-forward" property the proposer relies on)::
 
         logits = head(features, context_positions, block_ids, block_positions, cache=None, attention_mask=None)
@@ -283,7 +284,7 @@ class DFlashHead(nn.Module):
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_layers))
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
-        self._inv_freq32 = self.rotary_emb.inv_freq.detach().clone().float()  # not a buffer: .to() leaves it fp32
+        self.keep_rope_fp32()
         self._shared: tuple[nn.Module, nn.Module] | None = None
         if target is not None:
             self.attach(target)
@@ -295,16 +296,6 @@ class DFlashHead(nn.Module):
         for p in (*emb.parameters(), *lm.parameters()):
             p.requires_grad_(False)
         self._shared = (emb, lm)
-        return self
-
-    def _apply(self, fn, recurse=True):
-        """Module.to / .cuda / .bfloat16 ..., except that RoPE's frequencies stay float32 (as the
-        target's: transformers keeps a bf16 model's ``inv_freq`` in fp32). A bf16 ``inv_freq``
-        rotates position 1000 by up to ~4 rad off the trained angle."""
-        super()._apply(fn, recurse)
-        rot = self.rotary_emb
-        self._inv_freq32 = self._inv_freq32.to(rot.inv_freq.device)
-        rot.inv_freq = rot.original_inv_freq = self._inv_freq32
         return self
 
     @property

@@ -65,6 +65,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from specviz.heads.config import HeadConfig, check_matches_target
+from specviz.heads.rope import Fp32RopeMixin
 
 
 def crop_cache(cache, length: int) -> None:
@@ -81,7 +82,7 @@ def position_mask(position_ids: torch.Tensor, num_keys: int) -> torch.Tensor:
     return (slots[None, None, None, :] <= position_ids[:, None, :, None])
 
 
-class _Head(nn.Module):
+class _Head(Fp32RopeMixin, nn.Module):
     """What both heads share: the target's frozen embedding and LM head (not submodules), RoPE,
     input checks, the default mask. Subclasses define ``_first_hidden`` and ``_layer_out``."""
 
@@ -89,6 +90,7 @@ class _Head(nn.Module):
         super().__init__()
         self.config = config
         self.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
+        self.keep_rope_fp32()  # a bf16 head keeps fp32 RoPE frequencies, as the target does
         self._shared: tuple[nn.Module, nn.Module] | None = None
         if target is not None:
             self.attach(target)
