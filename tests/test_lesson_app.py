@@ -145,7 +145,7 @@ def test_lesson_walks_a_greedy_ngram_run(browser, app_url, pages):
     _run(page, "ngram")
     _check_fit(page, "ngram-greedy")
     seen = _walk(page, "ngram-greedy")
-    assert seen[-1]["focus"] == "sv-stats" and "Mean acceptance length" in seen[-1]["text"], seen[-1]
+    assert seen[-1]["focus"] == "sv-stats" and "mean acceptance length = 1 + accepted" in seen[-1]["text"], seen[-1]
     tests = [c for c in seen if "accepted" in c["text"].split("\n")[1] or "rejected" in c["text"].split("\n")[1]]
     assert any("argmax" in c["text"] for c in tests)
     page.fill("#sv-lesson-goto input", "1")
