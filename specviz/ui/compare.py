@@ -404,10 +404,11 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                             elem_id="sv-compare-progress")
                 gr.Markdown(vc.TABLE_HELP, elem_classes="sv-explain")
         u["convention"] = gr.Radio(convention_choices(), value="vllm", label="mean acceptance length (AL) convention",
-                                   info="; ".join(f"{label}: {who}" for label, _, who in
-                                                  ACCEPTANCE_LENGTH_CONVENTIONS.values()),
+                                   info="vLLM, llama.cpp, AIPerf: only steps with a draft count · per forward: "
+                                        "SGLang, EAGLE's τ, Spec-Bench (every step counts) · drafts only: vLLM's "
+                                        "AL − 1. Hover the AL header for the full definition.",
                                    elem_id="sv-compare-convention")
-        u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=640,
+        u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=1000,
                                   column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table",
                                   label="one row per configuration, pooled over prompts and seeds (hover a header for its formula, "
                                         "click it to sort)")
