@@ -532,6 +532,37 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
     }
 
 
+# Mean acceptance length as engines report it (dashboard.md section 6; vllm#24344, EAGLE#146): key ->
+# (short label, formula, who uses it). Every view that offers a convention switch reads this table.
+ACCEPTANCE_LENGTH_CONVENTIONS = {
+    "vllm": ("AL (vLLM)", "1 + accepted / drafts",
+             "vLLM (v1/spec_decode/metrics.py), vllm bench, llama.cpp#24536, AIPerf: only steps that had a draft "
+             "count; the emitted (recovered or bonus) token is included"),
+    "per_forward": ("AL (per forward)", "tokens / verification steps",
+                    "SGLang (completion_tokens / verify_ct), EAGLE's tau (new_tokens / steps), Spec-Bench's MAT, "
+                    "vllm#24344's seq-normalized AL: every step counts, a step without a draft adds 1"),
+    "drafts_only": ("AL − 1 (drafts only)", "accepted / drafts",
+                    "accepted draft tokens per drafting step, the emitted token not counted (= vLLM's AL − 1; the "
+                    "count TensorRT-LLM's forced-acceptance setting takes, per InferenceX)"),
+}
+
+
+def acceptance_length(m: dict[str, Any], convention: str = "vllm") -> float | None:
+    """Mean acceptance length of :func:`compute_metrics`' ``m`` under ``convention`` (a key of
+    ACCEPTANCE_LENGTH_CONVENTIONS): "vllm" = committed tokens of drafting steps / drafts (1 + accepted /
+    drafts when no step was cut by a stop), "per_forward" = tokens / verification steps, "drafts_only"
+    = vLLM's minus 1. None when the convention divides by drafts and nothing was drafted, or by steps and
+    there were none. Raises ValueError for an unknown convention."""
+    if convention not in ACCEPTANCE_LENGTH_CONVENTIONS:
+        raise ValueError(f"unknown acceptance-length convention {convention!r}; choose from "
+                         f"{', '.join(ACCEPTANCE_LENGTH_CONVENTIONS)}")
+    if convention == "per_forward":
+        return float(m["tokens_per_target_forward"]) if m["num_steps"] else None
+    if not m["num_drafts"]:
+        return None
+    return float(m["mean_acceptance_length"]) - (1.0 if convention == "drafts_only" else 0.0)
+
+
 # ---- the recorder: events -> Trace --------------------------------------------------------
 class Recorder:
     """Subscribes to an :class:`~specviz.events.EventBus` and builds a :class:`Trace`."""

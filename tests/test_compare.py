@@ -27,7 +27,7 @@ from specviz.compare import (
     table_csv,
     wilson_interval,
 )
-from specviz.trace import Emitted, Position, Step, Trace
+from specviz.trace import Emitted, Position, Step, Trace, acceptance_length
 
 
 def _step(i, draft, acc, committed, kind=None, ms=(1.0, 10.0, 1.0), positions=None):
@@ -62,6 +62,16 @@ def test_both_acceptance_length_conventions_and_coverage():
     assert m["draft_coverage"] == pytest.approx(2 / 4)
     assert m["offered_per_position"] == [2, 2, 1]  # position 3 verified only where 1 and 2 were accepted
     assert m["accepted_per_position"] == [2, 1, 1]
+    # the convention switch's three readings of the same counts (trace.ACCEPTANCE_LENGTH_CONVENTIONS)
+    assert acceptance_length(m, "vllm") == pytest.approx(3.0)  # 1 + 4 accepted / 2 drafts
+    assert acceptance_length(m, "per_forward") == pytest.approx(2.0)  # 8 tokens / 4 steps
+    assert acceptance_length(m, "drafts_only") == pytest.approx(2.0)  # 4 accepted / 2 drafts
+    none = pooled_metrics([_none_trace([1, 2])], 1)
+    assert acceptance_length(none, "vllm") is None and acceptance_length(none, "per_forward") == 1.0
+    row = pooled_row(_comparison([trace_a()], [_none_trace([1, 2, 3, 4, 5, 6, 7, 8])]), 1)
+    assert row["acceptance_length"] == {"vllm": 3.0, "per_forward": 2.0, "drafts_only": 2.0}
+    with pytest.raises(ValueError, match="per_forward"):
+        acceptance_length(m, "sglang")
 
 
 def test_pooling_is_step_weighted_not_a_mean_of_request_means():
@@ -199,7 +209,7 @@ def test_export_import_replays_equal(decoders, tmp_path):
     back = Comparison.from_json(c.to_json())
     assert back.to_dict() == c.to_dict()
     assert table(back) == table(c)
-    assert "first-token" in table(c)[1]["lossless"]["detail"]
+    assert table(c)[1]["lossless"]["badge"].startswith("not enough samples (2 seeds")  # 2 seeds: no T > 0 test
 
 
 def test_import_refuses_malformed_data(greedy_comparison):
@@ -254,26 +264,74 @@ def test_cli_compare_writes_csv_json_and_html(tiny_dirs, tmp_path, capsys):
     assert "--seeds must be" in capsys.readouterr().err
 
 
-def _first_token_comparison(spec_first, none_first, p_top):
-    cfg = RunConfig("draft_model", 2, "standard", 1.0)
-    c = Comparison([RunConfig("none", 1, "standard", 1.0), cfg], [Prompt("a", "x")], list(range(len(spec_first))), 4)
-    for seed, (s_tok, n_tok) in enumerate(zip(spec_first, none_first)):
-        none_step = _step(0, [], 0, [n_tok])
-        none_step.emitted.top = [list(x) for x in p_top]
-        c.runs.append(RunResult(0, 0, seed, _trace([none_step], method="none", k=1, seed=seed, temperature=1.0,
-                                                   verify="standard"), 1.0))
-        c.runs.append(RunResult(1, 0, seed, _trace([_step(0, [3, 4], 0, [s_tok])], method="draft_model", k=2,
-                                                   seed=seed, temperature=1.0, verify="standard"), 1.0))
+def _sampled_comparison(spec_outputs, none_outputs, verify="standard", prompts=1):
+    """A T = 1 comparison built by hand: one run per (prompt, seed) per arm with the given outputs
+    (one plain step per token: the distribution check reads only the committed output)."""
+    cfg = RunConfig("draft_model", 2, verify, 1.0)
+    n = len(spec_outputs) // prompts
+    c = Comparison([RunConfig("none", 1, "standard", 1.0), cfg], [Prompt(f"p{i}", "x") for i in range(prompts)],
+                   list(range(n)), 8)
+    for i, (ours, theirs) in enumerate(zip(spec_outputs, none_outputs)):
+        prompt, seed = divmod(i, n)
+        for config, out, method in ((0, theirs, "none"), (1, ours, "draft_model")):
+            steps = [_step(j, [], 0, [t]) for j, t in enumerate(out)]
+            c.runs.append(RunResult(config, prompt, seed, _trace(steps, method=method, k=2, seed=seed, temperature=1.0,
+                                                                 verify="standard"), 1.0))
     return c
 
 
-def test_sampled_losslessness_check_flags_a_biased_first_token_and_passes_a_fair_one():
-    p_top = [[5, 0.7], [6, 0.3]]
-    fair = [5] * 14 + [6] * 6  # 20 seeds, close to p
-    biased = [6] * 16 + [5] * 4  # mostly the 0.3 token: a sampler that ignores p
-    ok = losslessness(_first_token_comparison(fair, fair, p_top), 1)
-    bad = losslessness(_first_token_comparison(biased, fair, p_top), 1)
-    assert ok["ok"] is True and "n=20" in ok["badge"]
-    assert bad["ok"] is False and bad["badge"].startswith("✗")
-    outside = losslessness(_first_token_comparison([9] + fair[1:], fair, [[5, 0.7], [6, 0.3]]), 1)
-    assert outside["ok"] is False  # a token p gives probability 0
+def _draws(rng, probs, runs, length):
+    tokens = list(range(len(probs)))
+    return [rng.choices(tokens, probs, k=length) for _ in range(runs)]
+
+
+def test_sampled_losslessness_is_a_per_position_distribution_test_that_can_fail():
+    import random
+
+    rng = random.Random(0)
+    p = [0.5, 0.3, 0.2]
+    none = _draws(rng, p, 40, 6)
+    fair = losslessness(_sampled_comparison(_draws(rng, p, 40, 6), none), 1)
+    assert fair["ok"] is True and fair["test"]["status"] == "tested", fair
+    assert fair["test"]["tables"] == 6 and "40 seeds" in fair["badge"] and fair["badge"].startswith("≈")
+    assert "Bonferroni" in fair["detail"] and "does not prove" in fair["detail"]
+    # a planted lossy run labelled "standard": at one position it draws from q = (0.1, 0.2, 0.7), not p
+    lossy = _draws(rng, p, 40, 6)
+    for out, tok in zip(lossy, _draws(rng, [0.1, 0.2, 0.7], 40, 1)):
+        out[3] = tok[0]
+    bad = losslessness(_sampled_comparison(lossy, none), 1)
+    assert bad["ok"] is False and bad["badge"].startswith("✗"), bad
+    assert bad["test"]["where"] == (1, 4) and bad["test"]["p"] < 0.01
+    # runs that stop early are a category of their own: a row that always stops after 3 tokens is flagged
+    short = losslessness(_sampled_comparison([o[:3] for o in _draws(rng, p, 40, 6)], none), 1)
+    assert short["ok"] is False and short["test"]["where"][1] == 4
+
+
+def test_sampled_losslessness_says_not_enough_samples():
+    few = losslessness(_sampled_comparison([[0, 1]] * 3, [[1, 0]] * 3), 1)
+    assert few["ok"] is None and few["badge"].startswith("not enough samples (3 seeds"), few
+    # enough seeds, but every token of both arms is different: no cell is expected 5 times
+    spread = losslessness(_sampled_comparison([[i] for i in range(12)], [[100 + i] for i in range(12)]), 1)
+    assert spread["ok"] is None and spread["badge"] == "not enough samples" and spread["test"]["tables"] == 0
+
+
+def test_planted_synthetic_run_is_flagged_by_the_distribution_test(decoders):
+    """Real runs of the tiny models at T = 0.3 (at T = 1 their p is nearly uniform over 320 tokens, so no
+    token repeats often enough to test): draft_model with standard verification passes; the same draft
+    with synthetic verification accepting every draft (not lossless: the output follows q) is flagged by
+    the test itself, although its row is labelled "standard"."""
+    d = decoders["llama"]
+    seeds, prompt, n_new = list(range(16)), "def add(a, b):\n    return a + b\n\ndef add(", 8
+    cfgs = [RunConfig("none", 1, "standard", 0.3), RunConfig("draft_model", 3, "standard", 0.3),
+            RunConfig("draft_model", 2, "standard", 0.3)]  # the last row's runs are planted: synthetic
+    c = Comparison(cfgs, [Prompt("p", prompt)], seeds, n_new)
+    for s in seeds:
+        base = dict(temperature=0.3, seed=s, max_new_tokens=n_new)
+        c.runs.append(RunResult(0, 0, s, d.generate(prompt, method="none", **base), 1.0))
+        c.runs.append(RunResult(1, 0, s, d.generate(prompt, method="draft_model", num_speculative_tokens=3,
+                                                    verify="standard", **base), 1.0))
+        c.runs.append(RunResult(2, 0, s, d.generate(prompt, method="draft_model", num_speculative_tokens=2,
+                                                    verify="synthetic", synthetic_rates=(1.0, 1.0), **base), 1.0))
+    fair, planted = losslessness(c, 1), losslessness(c, 2)
+    assert fair["test"]["status"] == "tested" and fair["ok"] is True, fair
+    assert planted["ok"] is False and planted["test"]["p"] < 0.01, planted

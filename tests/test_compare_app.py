@@ -14,7 +14,7 @@ from test_app import app_url  # noqa: E402,F401  (the tiny-model app fixture)
 
 
 API = ("compare", "compare_stop", "compare_preset", "compare_view", "compare_view_seed", "compare_scrub",
-       "compare_pick", "compare_export", "compare_import", "compare_open")
+       "compare_pick", "compare_export", "compare_import", "compare_open", "compare_convention")
 # outputs of compare / compare_import: progress, table, strips, scrub, rules, ksweep, prompt, seed, run, position
 PROGRESS, TABLE, STRIPS, SCRUB, RULES, KSWEEP, PROMPT, SEED, RUN, POSITION = range(10)
 
@@ -52,6 +52,15 @@ def test_compare_runs_every_configuration_and_exports_a_comparison_that_imports_
     assert "output position 3" in moved[1]
     picked = other.predict("draft_model k=2 greedy T=0|5|1", 0, 0, api_name="/compare_pick")
     assert "output position 5" in picked[1] and picked[3] == 2
+    # the convention switch rewrites the AL column (header and values) and the k sweep's axis
+    vllm = out[TABLE]["headers"].index("AL (vLLM)")
+    table_pf, ksweep = other.predict("per_forward", api_name="/compare_convention")
+    assert table_pf["headers"][vllm] == "AL (per forward)"
+    assert [r[vllm] for r in table_pf["data"]] == [r[2] for r in rows]  # = tokens / forward, every step counted
+    table_d, _ = other.predict("drafts_only", api_name="/compare_convention")
+    assert table_d["headers"][vllm] == "AL − 1 (drafts only)"
+    assert [r[vllm] for r in table_d["data"][1:]] == [round(r[vllm] - 1, 2) for r in rows[1:]]
+    assert "tokens per verification step" in json.dumps(ksweep)
 
 
 def test_presets_fill_the_controls(app_url):
@@ -77,11 +86,15 @@ def test_bad_input_says_what_to_change(app_url, tmp_path):
 
 def test_sampled_comparison_with_seeds_reports_the_distribution_check(app_url):
     client = Client(app_url, verbose=False)
-    out = _compare(client, methods=("draft_model",), verify=("standard", "block"), temps="1.0", seeds="0,1,2",
+    few = _compare(client, methods=("draft_model",), verify=("standard",), temps="1.0", seeds="0,1,2", prompts=(),
+                   max_new=4)
+    assert few[TABLE]["data"][1][-1] == "not enough samples (3 seeds; run ≥ 10)", few[TABLE]["data"]
+    # T = 0.3: the tiny models' p is peaked enough for tokens to repeat over 12 seeds (at T = 1 it is nearly flat)
+    out = _compare(client, methods=("draft_model",), verify=("standard", "block"), temps="0.3", seeds="0-11",
                    prompts=(), max_new=6)
     rows = out[TABLE]["data"]
-    assert [r[0] for r in rows] == ["none T=1", "draft_model k=2 standard T=1", "draft_model k=2 block T=1"]
-    assert all("first-token χ²" in r[-1] for r in rows[1:]), [r[-1] for r in rows]
+    assert [r[0] for r in rows] == ["none T=0.3", "draft_model k=2 standard T=0.3", "draft_model k=2 block T=0.3"]
+    assert all(r[-1].startswith("≈ χ² per position p=") and "(12 seeds)" in r[-1] for r in rows[1:]), rows
     rules = json.dumps(out[RULES])
     assert "greedy: mean acc. length" in rules and "block: mean acc. length" in rules
 

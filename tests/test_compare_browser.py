@@ -52,6 +52,18 @@ def test_compare_tab_runs_and_draws_every_view(browser, app_url):  # noqa: F811
     page.mouse.click(box["x"] + box["width"] * 2.5 / n_cols, box["y"] + box["height"] * 1.5 / n_rows)
     page.wait_for_function("() => document.querySelector('#sv-compare-scrub').innerText.includes('output position 3')",
                            timeout=30_000)
+    # every header carries its formula on hover; the convention switch renames the AL column
+    tips = page.evaluate("() => Object.fromEntries([...document.querySelectorAll('#sv-compare-table th')]"
+                         ".map(th => [th.innerText.trim(), th.title]))")
+    assert "1 + accepted / drafts" in tips.get("AL (vLLM)", ""), tips
+    assert all(tips.get(h) for h in ("tokens / forward", "coverage", "accept rate", "lossless")), tips
+    page.get_by_label("AL (per forward) = tokens / verification steps").check()
+    page.wait_for_function("() => [...document.querySelectorAll('#sv-compare-table th')]"
+                           ".some(th => th.innerText.trim() === 'AL (per forward)' && th.title.includes('every step'))",
+                           timeout=30_000)
+    page.get_by_label("AL (vLLM) = 1 + accepted / drafts").check()
+    page.wait_for_function("() => [...document.querySelectorAll('#sv-compare-table th')]"
+                           ".some(th => th.innerText.trim() === 'AL (vLLM)')", timeout=30_000)
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.locator("#sv-compare-tab").screenshot(path=str(SHOTS / "compare_tab.png"))
     page.click("#sv-compare-open")

@@ -318,11 +318,35 @@ def test_method_none_says_acceptance_is_not_applicable(traces):
 
     none, ngram = traces["none-greedy"], traces["ngram-greedy"]
     assert "mean acceptance length: not applicable (no drafts)" in summary_markdown(none)
-    assert "1.00" not in summary_markdown(none).split("·")[0]
+    assert "draft acceptance rate: not applicable (no drafts)" in summary_markdown(none)
+    assert "**1.00 tokens per target forward**" in summary_markdown(none)  # the headline is still defined
+    assert "mean acceptance length **" not in summary_markdown(none)  # no made-up 1.00 acceptance length
     texts = [a.text for a in stats_figure(none).layout.annotations if a.name == "no-drafts"]
     assert texts == ["not applicable (no drafts)"] * 2
     assert not [a for a in stats_figure(ngram).layout.annotations if a.name == "no-drafts"]
     assert "not applicable" not in summary_markdown(ngram)
+
+
+def test_the_four_rates_are_one_defined_set_with_a_headline(traces):
+    from specviz.ui.views import summary_markdown
+    from specviz.viz.stats import estimated_alpha, rate_set
+
+    tr = traces["ngram-greedy"]
+    m = tr.metrics
+    rates = rate_set(tr)
+    assert [r.key for r in rates] == ["tokens_per_forward", "mean_acceptance_length", "draft_acceptance_rate", "alpha"]
+    assert rates[0].value == pytest.approx(m["tokens_per_target_forward"])
+    assert rates[1].value == pytest.approx(m["mean_acceptance_length"])
+    assert rates[2].value == pytest.approx(m["draft_acceptance_rate"])
+    assert rates[3].value == pytest.approx(estimated_alpha(tr))
+    for r in rates:  # each formula's numbers give its value
+        num, den = r.numbers.replace("1 + ", "").split(" / ")
+        assert (1 if r.numbers.startswith("1 + ") else 0) + int(num) / int(den) == pytest.approx(r.value), r
+    text = summary_markdown(tr)
+    head, *lines = text.split("\n")
+    assert head.startswith(f"**{rates[0].value:.2f} tokens per target forward** = generated tokens / verification")
+    assert [ln.split(" **")[0] for ln in lines[:3]] == ["- mean acceptance length", "- draft acceptance rate", "- a"]
+    assert "= 1 + accepted / drafting steps = 1 + " in lines[0] and "accepted / verified positions" in lines[2]
 
 
 def test_suffix_trie_panel_draws_the_candidates_as_a_tree(traces):

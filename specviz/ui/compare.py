@@ -4,7 +4,8 @@ the k sweep; export (CSV, JSON, HTML) and import. Handlers are functions of plai
 
 Session state of the tab (one ``gr.State``): the comparison's dict (:meth:`Comparison.to_dict`) or None.
 Every event has an api_name: compare, compare_stop, compare_preset, compare_view, compare_view_seed,
-compare_scrub, compare_pick (a click on a strip cell), compare_export, compare_import, compare_open.
+compare_scrub, compare_pick (a click on a strip cell), compare_export, compare_import, compare_open,
+compare_convention (the acceptance-length convention of the table and the k sweep).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from specviz.compare import (
     table,
     table_csv,
 )
+from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
 
 from .cache import DecoderCache, StopSignals
@@ -143,7 +145,23 @@ def apply_preset(name: str) -> tuple[Any, ...]:
 OUTPUT_NAMES = ("progress", "table", "strips", "scrub", "rules", "ksweep", "prompt", "seed", "run", "position")
 
 
-def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = None, position: int = 1) -> tuple:
+def convention_choices() -> list[tuple[str, str]]:
+    """(label with the formula, key) of every acceptance-length convention, vLLM's first."""
+    return [(f"{label} = {formula}", key) for key, (label, formula, _) in ACCEPTANCE_LENGTH_CONVENTIONS.items()]
+
+
+def _convention(value: Any) -> str:
+    return value if value in ACCEPTANCE_LENGTH_CONVENTIONS else "vllm"
+
+
+def _table(rows: list[dict[str, Any]], convention: str):
+    import pandas as pd
+
+    return pd.DataFrame(vc.table_rows(rows, convention), columns=vc.table_columns(convention))
+
+
+def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = None, position: int = 1,
+           convention: str = "vllm") -> tuple:
     """Every output of the tab except the state, in OUTPUT_NAMES order."""
     rows = table(c)
     seed = c.seeds[0] if seed is None or seed not in c.seeds else seed
@@ -158,8 +176,8 @@ def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = Non
     seed_dd = gr.Dropdown(choices=list(c.seeds), value=seed)
     run_dd = gr.Dropdown(choices=[(cfg.label, i) for i, cfg in enumerate(c.configs)],
                          value=next((r.config for r in c.runs if r.config > 0), 0))
-    return (progress, vc.table_rows(rows), vc.strips_figure(c, prompt, seed, position),
-            vc.scrub_html(c, prompt, seed, position), rules, vc.ksweep_figure(rows), prompt_dd, seed_dd, run_dd,
+    return (progress, _table(rows, convention), vc.strips_figure(c, prompt, seed, position),
+            vc.scrub_html(c, prompt, seed, position), rules, vc.ksweep_figure(rows, convention), prompt_dd, seed_dd, run_dd,
             gr.Slider(minimum=1, maximum=max(n, 2), value=position, step=1, interactive=n > 1))
 
 
@@ -185,9 +203,12 @@ class CompareHandlers:
         self.cache, self.signals = cache, signals or StopSignals()
 
     def run(self, chosen: list[str], ks: Any, verifies: list[str], temperatures: Any, prompt_keys: list[str],
-            own: str, seeds: Any, max_new_tokens: Any, request: gr.Request = None) -> Iterator[tuple]:
-        """Run the comparison, yielding every view after each finished run. Bad input -> the message
-        in the progress line, the views unchanged."""
+            own: str, seeds: Any, max_new_tokens: Any, convention: str = "vllm",
+            request: gr.Request = None) -> Iterator[tuple]:
+        """Run the comparison, yielding every view after each finished run (the table and the k sweep
+        in the acceptance-length ``convention``). Bad input -> the message in the progress line, the
+        views unchanged."""
+        convention = _convention(convention)
         try:
             n_new = int(float(max_new_tokens))
             if not 1 <= n_new <= MAX_NEW_TOKENS:
@@ -205,7 +226,7 @@ class CompareHandlers:
         try:
             for r in iter_comparison(decoder, c, flag):
                 label = f"{c.configs[r.config].label}, prompt {r.prompt + 1}, seed {r.seed} ({r.wall_s:.1f} s)"
-                yield (*_views(c, _progress(c, total, label)), c.to_dict())
+                yield (*_views(c, _progress(c, total, label), convention=convention), c.to_dict())
         except ValueError as exc:
             yield _error(str(exc), f"the views below show the {len(c.runs)} runs before it" if c.runs else
                          "the views below are unchanged")
@@ -214,7 +235,7 @@ class CompareHandlers:
             self.signals.finish(session, flag)
         done = "stopped" if len(c.runs) < total else "done"
         note = "; skipped: " + "; ".join(skipped) if skipped else ""
-        yield (*_views(c, f"**{done}** · {len(c.runs)}/{total} runs{note}"), c.to_dict())
+        yield (*_views(c, f"**{done}** · {len(c.runs)}/{total} runs{note}", convention=convention), c.to_dict())
 
     def stop(self, request: gr.Request = None) -> str:
         """End this session's comparison after the current run."""
@@ -235,19 +256,29 @@ def view(state: dict[str, Any] | None, prompt: Any, seed: Any, position: Any) ->
     return out[2], out[3], out[9]
 
 
-def export(state: dict[str, Any] | None) -> list[str]:
-    """compare.csv, compare.json and compare.html (offline) of the comparison. gr.Error when empty."""
+def convention_view(state: dict[str, Any] | None, convention: Any) -> tuple:
+    """The table and the k sweep again, in another acceptance-length convention."""
+    c = _comparison(state)
+    if c is None or not c.runs:
+        return gr.skip(), gr.skip()
+    rows = table(c)
+    return _table(rows, _convention(convention)), vc.ksweep_figure(rows, _convention(convention))
+
+
+def export(state: dict[str, Any] | None, convention: str = "vllm") -> list[str]:
+    """compare.csv, compare.json and compare.html (offline; its table in the acceptance-length
+    ``convention``) of the comparison. gr.Error when empty."""
     c = _comparison(state)
     if c is None or not c.runs:
         raise gr.Error("nothing to export yet: run a comparison or import one first")
     out = Path(tempfile.mkdtemp(prefix="specviz-compare-"))
     (out / "compare.csv").write_text(table_csv(c), encoding="utf-8")
     (out / "compare.json").write_text(c.to_json(), encoding="utf-8")
-    (out / "compare.html").write_text(vc.report_html(c), encoding="utf-8")
+    (out / "compare.html").write_text(vc.report_html(c, _convention(convention)), encoding="utf-8")
     return [str(out / n) for n in ("compare.csv", "compare.json", "compare.html")]
 
 
-def import_comparison(path: str | None) -> tuple:
+def import_comparison(path: str | None, convention: str = "vllm") -> tuple:
     """Upload: a saved compare.json (size-capped, validated as data, never executed) drawn again."""
     if not path:
         return _error("no file received")
@@ -261,8 +292,8 @@ def import_comparison(path: str | None) -> tuple:
         return _error(f"this is not a specviz comparison: {exc}")
     if not c.runs:
         return _error("the comparison has no runs")
-    return (*_views(c, f"**imported** · {len(c.runs)} runs, {len(c.configs)} configurations (no model needed)"),
-            c.to_dict())
+    return (*_views(c, f"**imported** · {len(c.runs)} runs, {len(c.configs)} configurations (no model needed)",
+                    convention=_convention(convention)), c.to_dict())
 
 
 def open_run(state: dict[str, Any] | None, config: Any, prompt: Any, seed: Any, main_state: dict[str, Any] | None):
@@ -302,6 +333,25 @@ const svBindStrips = () => {
 new MutationObserver(svBindStrips).observe(document.body, {childList: true, subtree: true});
 svBindStrips();
 """
+
+
+# every header of the table gets its formula as a tooltip (gr.Dataframe has no header tooltips of its own);
+# the headers are re-rendered on every update, so each new header cell is titled once
+HEADER_TIPS_JS = """
+const svTips = %s;
+const svTitleHeaders = () => {
+  for (const th of document.querySelectorAll('#sv-compare-table th')) {
+    const name = (th.innerText || '').trim();
+    const tip = svTips[name];
+    if (tip && th.title !== tip) {
+      th.title = tip;
+      th.querySelectorAll('*').forEach((e) => { e.title = tip; });
+    }
+  }
+};
+new MutationObserver(svTitleHeaders).observe(document.body, {childList: true, subtree: true});
+svTitleHeaders();
+""" % json.dumps(vc.COLUMN_FORMULAS, ensure_ascii=False)
 
 
 def pick_cell(state: dict[str, Any] | None, cell: Any, prompt: Any, seed: Any) -> tuple:
@@ -353,9 +403,15 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                 u["progress"] = gr.Markdown("Pick a preset or configurations and prompts, then press Run comparison.",
                                             elem_id="sv-compare-progress")
                 gr.Markdown(vc.TABLE_HELP, elem_classes="sv-explain")
-        u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=640,
+        u["convention"] = gr.Radio(convention_choices(), value="vllm", label="mean acceptance length (AL) convention",
+                                   info="vLLM, llama.cpp, AIPerf: only steps with a draft count · per forward: "
+                                        "SGLang, EAGLE's τ, Spec-Bench (every step counts) · drafts only: vLLM's "
+                                        "AL − 1. Hover the AL header for the full definition.",
+                                   elem_id="sv-compare-convention")
+        u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=1000,
                                   column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table",
-                                  label="one row per configuration, pooled over prompts and seeds (click a header to sort)")
+                                  label="one row per configuration, pooled over prompts and seeds (hover a header for its formula, "
+                                        "click it to sort)")
         gr.Markdown("### Token strips: where each method drafted, was rejected, got a bonus")
         with gr.Row():
             u["prompt"] = gr.Dropdown([], label="prompt", elem_id="sv-compare-prompt")
@@ -364,7 +420,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                       elem_id="sv-compare-position")
         u["strips"] = gr.Plot(elem_id="sv-compare-strips", show_label=False)
         u["pick"] = gr.Textbox(elem_id="sv-compare-pick", elem_classes="sv-hidden", show_label=False, container=False)
-        u["scrub"] = gr.HTML(elem_id="sv-compare-scrub", js_on_load=PICK_CELL_JS)
+        u["scrub"] = gr.HTML(elem_id="sv-compare-scrub", js_on_load=PICK_CELL_JS + HEADER_TIPS_JS)
         with gr.Row():
             u["run"] = gr.Dropdown([], label="configuration to open")
             open_btn = gr.Button("Open this run in the single-run views", elem_id="sv-compare-open")
@@ -383,7 +439,8 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                   file_types=[".json"], type="filepath", elem_id="sv-compare-upload")
         state = gr.State(None)
     outputs = [u[n] for n in OUTPUT_NAMES] + [state]
-    inputs = [u["methods"], u["ks"], u["verify"], u["temperatures"], u["prompts"], u["own"], u["seeds"], u["max_new"]]
+    inputs = [u["methods"], u["ks"], u["verify"], u["temperatures"], u["prompts"], u["own"], u["seeds"], u["max_new"],
+              u["convention"]]
     event = run_btn.click(handlers.run, inputs, outputs, api_name="compare", concurrency_limit=2)
     stop_btn.click(handlers.stop, None, [u["progress"]], api_name="compare_stop")
     u["preset"].input(apply_preset, [u["preset"]], [u["methods"], u["ks"], u["verify"], u["temperatures"]],
@@ -396,8 +453,10 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
     u["pick"].change(pick_cell, [state, u["pick"], u["prompt"], u["seed"]],
                      [u["strips"], u["scrub"], u["position"], u["run"]], api_name="compare_pick",
                      trigger_mode="always_last")
-    exp_btn.click(export, [state], [u["files"]], api_name="compare_export")
-    u["upload"].upload(import_comparison, [u["upload"]], outputs, api_name="compare_import")
+    exp_btn.click(export, [state, u["convention"]], [u["files"]], api_name="compare_export")
+    u["upload"].upload(import_comparison, [u["upload"], u["convention"]], outputs, api_name="compare_import")
+    u["convention"].input(convention_view, [state, u["convention"]], [u["table"], u["ksweep"]],
+                          api_name="compare_convention")
     open_btn.click(open_run, [state, u["run"], u["prompt"], u["seed"], main_state], [*main_outputs, tabs],
                    api_name="compare_open")
     u["state"], u["event"] = state, event

@@ -23,6 +23,8 @@ from .handlers import _number, _sliders, _trace_of
 from .views import selection_views
 
 PLAY_SECONDS = 6.0  # Play shows the next chapter after this many seconds
+PRESENT_FONT_SCALE = 1.45  # presentation layout: text inside every Plotly figure this many times larger
+PRESENT_HEIGHT_SCALE = 1.15  # and each figure this many times taller, for the larger text
 IDLE = ("<div class='sv-lesson-idle'{present}>Lesson mode: after a run (or an uploaded trace), press "
         "<b>Lesson</b> to walk through it chapter by chapter: Next / Back (→ / ←), Play (space), or jump to a step."
         "</div>")
@@ -30,7 +32,7 @@ NO_TRACE = "<div class='sv-lesson-idle'>There is no run to explain yet: press Ru
 
 # Highlights the view the chapter talks about, scrolls it into view below the (sticky) chapter
 # panel, binds the keyboard once, and turns the presentation layout on (?present=1 or data-present).
-LESSON_JS = """
+LESSON_JS = ("""
 const params = new URLSearchParams(window.location.search);
 if (['1', 'true', 'yes'].includes(params.get('present')) || element.querySelector('[data-present="1"]')) {
   document.body.classList.add('sv-present');
@@ -58,6 +60,45 @@ const svFocus = () => {
   setTimeout(place, 900);
 };
 new MutationObserver(svFocus).observe(element, {childList: true, subtree: true, characterData: true});
+// presentation layout: every Plotly figure's text PRESENT_FONT_SCALE times larger (titles, captions, ticks,
+// legends, cell text; not the axis titles given their own small size, which are long sentences that fill the width), re-applied after each redraw (a new layout object) and laid out again by Plotly itself,
+// so margins and automargins follow the larger text
+const svScale = (gd) => {
+  const L = gd.layout;
+  if (!document.body.classList.contains('sv-present') || !window.Plotly || !L || gd.svScaled === L) return;
+  gd.svScaled = L;
+  const k = %(scale)s, base = (L.font && L.font.size) || 12, up = {'font.size': Math.round(base * k)};
+  const size = (f) => Math.round(((f && f.size) || base) * k);
+  if (L.title && L.title.font && L.title.font.size) up['title.font.size'] = size(L.title.font);
+  if (L.legend && L.legend.font && L.legend.font.size) up['legend.font.size'] = size(L.legend.font);
+  (L.annotations || []).forEach((a, i) => {
+    up[`annotations[${i}].font.size`] = size(a.font);
+    if (typeof a.text === 'string' && a.text.includes('font-size:'))  // inline sizes of a caption's smaller lines
+      up[`annotations[${i}].text`] = a.text.replace(/font-size:\s*([0-9.]+)px/g, (m, v) => `font-size:${Math.round(v * k)}px`);
+  });
+  if (L.margin && L.margin.t) up['margin.t'] = Math.round(L.margin.t * k);  // room for a caption written above the plot
+  for (const key of Object.keys(L).filter((key) => /^[xy]axis[0-9]*$/.test(key))) {
+    const ax = L[key];
+    if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
+  }
+  if (L.height) up.height = Math.round(L.height * %(grow)s);
+  const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
+  if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
+                                          texts.map(([i]) => i));
+  window.Plotly.relayout(gd, up);
+};
+const svBindPlots = () => {
+  if (!document.body.classList.contains('sv-present')) return;
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    if (!gd.svScaleBound && typeof gd.on === 'function') {
+      gd.svScaleBound = true;
+      gd.on('plotly_afterplot', () => svScale(gd));
+    }
+    svScale(gd);
+  }
+};
+new MutationObserver(svBindPlots).observe(document.body, {childList: true, subtree: true});
+svBindPlots();
 if (!window.svLessonKeys) {
   window.svLessonKeys = true;
   document.addEventListener('keydown', (ev) => {
@@ -70,7 +111,7 @@ if (!window.svLessonKeys) {
     button.click();
   });
 }
-"""
+""" % {"scale": PRESENT_FONT_SCALE, "grow": PRESENT_HEIGHT_SCALE})
 
 
 def new_lesson() -> dict[str, Any]:

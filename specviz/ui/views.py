@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from specviz.trace import Trace, tokens_per_target_forward
+from specviz.trace import Trace
 from specviz.viz import (
     clamp_selection,
     message_figure,
@@ -21,6 +21,7 @@ from specviz.viz import (
     token_stream_html,
 )
 from specviz.viz.common import block_rescued, metrics_of
+from specviz.viz.stats import rate_set, rates_markdown
 from specviz.viz.source import source_figure, source_html, source_note
 from specviz.viz.speed import capture_note
 
@@ -77,29 +78,21 @@ def summary_markdown(trace: Trace) -> str:
     """Headline numbers of a (possibly partial) trace as Markdown."""
     if not trace.steps:
         return "_No steps yet._"
-    m = metrics_of(trace)
     cfg = trace.config
-    if m["num_drafts"]:
-        accept = (f"**mean acceptance length {m['mean_acceptance_length']:.2f}** tokens per drafting step · "
-                  f"draft acceptance rate {m['draft_acceptance_rate']:.2f} (accepted / drafted tokens)")
-    else:  # method none (or no step drafted): there is nothing to accept
-        accept = "**mean acceptance length: not applicable (no drafts)** · draft acceptance rate: not applicable"
-    head = (f"{accept} · {m['num_generated_tokens']} tokens in "
-            f"{m['num_steps']} steps ({tokens_per_target_forward(m['num_generated_tokens'], m['num_steps']):.2f} "
-            "tokens per target forward: tokens / verification steps, prefill not counted)")
+    head = rates_markdown(rate_set(trace))  # the four rates: one headline, the others defined beneath
     rescued = [(st.index, block_rescued(st)) for st in trace.steps if block_rescued(st)]
     if rescued:
         where = ", ".join(f"step {i} (+{n})" for i, n in rescued[:8]) + (" …" if len(rescued) > 8 else "")
-        head += (f"  \n★ Block verification accepted {sum(n for _, n in rescued)} draft token(s) that token-wise "
+        head += (f"\n\n★ Block verification accepted {sum(n for _, n in rescued)} draft token(s) that token-wise "
                  f"verification would have rejected with the same uniforms: {where}. Click a ★ cell in the step "
                  "grid to see why.")
     note = source_note(trace)  # the method's own hint (viz/source.py), e.g. prompt lookup rarely matching
     if note:
-        head += "  \n" + note
+        head += "\n\n" + note
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
             f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "
             f"stop: {trace.stop_reason or 'running'}")
-    return head + "  \n" + tail
+    return head + "\n\n" + tail
 
 
 def empty_views(message: str = "Press Run, or upload a trace JSON.") -> Views:

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz.compare import RULES, Comparison, same_draft_rules, table
-from specviz.trace import Trace
+from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Trace
 
 from .common import FATE_STYLE, emitted_fate, quoted
 from .stats import expected_tokens_per_step
@@ -23,7 +23,29 @@ STRIP_FATES = ("accepted", "recovered", "bonus", "target")  # fates a committed 
 TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "coverage", "accept rate", "tokens/s",
                  "speedup", "speedup (model)", "ms/step: draft / verify / sample", "c_i (Wilson 95%, n), i = 1..k",
                  "lossless")
+AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the convention switch
 COLUMN_WIDTHS = ("12%", "5%", "7%", "6%", "7%", "6%", "6%", "7%", "7%", "10%", "19%", "8%")
+# each header's formula, shown on hover (the table view and the HTML report)
+COLUMN_FORMULAS = {
+    "configuration": "method k=num_speculative_tokens verification T=temperature",
+    "runs": "runs pooled into the row = prompts × seeds",
+    "tokens / forward": "tokens per target forward = generated tokens / verification steps (prefill not counted; "
+                        "steps without a draft count). vllm#24344: seq-normalized AL",
+    **{label: f"{label} = {formula}. {who}" for label, formula, who in ACCEPTANCE_LENGTH_CONVENTIONS.values()},
+    "coverage": "draft coverage = drafts / verification steps (share of steps that had a draft)",
+    "accept rate": "draft acceptance rate = accepted draft tokens / drafted tokens (vLLM, SGLang, AIPerf)",
+    "tokens/s": "generated tokens / decode time (draft + verify + sample; prefill excluded), this machine",
+    "speedup": "measured: tokens/s ÷ tokens/s of method none at the same temperature, run in this comparison",
+    "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
+                       "g = coverage, a = accepted / verified positions",
+    "ms/step: draft / verify / sample": "milliseconds per verification step: drafting, the target's verify forward, "
+                                        "sampler + record",
+    "c_i (Wilson 95%, n), i = 1..k": "c_i = accepted at position i / steps that verified position i "
+                                     "(= P(accept i | accepted 1..i-1)), Wilson 95 % interval, n = steps that verified i",
+    "lossless": "T = 0: output = method none's token for token (runs equal / runs). T > 0: chi-square test per "
+                "output position of the tokens over the seeds against method none's, Bonferroni-adjusted p "
+                "(needs ≥ 10 seeds)",
+}
 STRIP_TEXT_MAX = 40  # wider strips show colours only (tokens on hover and in the scrubber's table)
 
 TABLE_HELP = """**How each column is computed** (pooled over every prompt and seed of the row: counts are summed
@@ -31,9 +53,11 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
 
 - **tokens / forward** = generated tokens / verification steps (target forwards after the prefill; steps with
   no draft count). vllm#24344 calls it "seq-normalized AL"; it is what a fast target on a GPU turns into speed.
-- **AL (vLLM)**, mean acceptance length = 1 + accepted / drafts, over steps that drafted (vLLM `metrics.py`). It ignores
-  steps with no draft: n-gram and suffix look better here than in the column before. **coverage** = drafts /
-  steps shows how many steps had a draft.
+- **AL**, mean acceptance length, in the convention chosen above the table: **vLLM** = 1 + accepted / drafts, over
+  steps that drafted (vLLM `metrics.py`, llama.cpp, AIPerf); it ignores steps with no draft, so n-gram and suffix look
+  better here than in the column before. **per forward** = tokens / verification steps, every step counted (SGLang,
+  EAGLE's τ, Spec-Bench). **drafts only** = accepted / drafts = vLLM's AL − 1. **coverage** = drafts / steps shows
+  how many steps had a draft. Hover a column header for its formula.
 - **accept rate** (draft acceptance rate) = accepted / drafted tokens. **c_i** = P(draft i accepted | drafts 1..i-1 accepted):
   accepted at i / steps that verified position i, with the Wilson 95 % interval and n.
 - **tokens/s** = tokens / decode time (draft + verify + sample, prefill excluded), on this machine.
@@ -41,9 +65,11 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
   **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
   ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
   costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
-- **lossless**: at temperature 0, output = method none's token for token (runs equal / runs). At T > 0, a
-  chi-square test of the first output token over the seeds against the target's p: with few seeds it finds only
-  gross bias and never proves losslessness.
+- **lossless**: at temperature 0, output = method none's token for token (runs equal / runs). At T > 0, per prompt
+  and output position, a chi-square test that the row's tokens over the seeds follow the same distribution as method
+  none's (runs that stopped count as one more outcome; rare tokens merged), the smallest p-value times the number of
+  positions tested (Bonferroni); ✗ below 0.01. It needs at least 10 seeds ("not enough samples" otherwise), finds
+  only biases large enough to show in the seeds run, and never proves losslessness.
 """
 
 
@@ -60,16 +86,28 @@ def _conditional(row: dict[str, Any]) -> str:
                       else "— (n0)" for c in row["conditional"]) or "—"
 
 
-def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
-    """The rows of the table view, in TABLE_COLUMNS order: numbers stay numbers (so the column sorts),
-    missing values are None."""
+def table_columns(convention: str = "vllm") -> list[str]:
+    """TABLE_COLUMNS with the acceptance-length column named for ``convention`` (a key of
+    specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS; ValueError for another)."""
+    if convention not in ACCEPTANCE_LENGTH_CONVENTIONS:
+        raise ValueError(f"unknown acceptance-length convention {convention!r}; choose from "
+                         f"{', '.join(ACCEPTANCE_LENGTH_CONVENTIONS)}")
+    cols = list(TABLE_COLUMNS)
+    cols[AL_COLUMN] = ACCEPTANCE_LENGTH_CONVENTIONS[convention][0]
+    return cols
+
+
+def table_rows(rows: list[dict[str, Any]], convention: str = "vllm") -> list[list[Any]]:
+    """The rows of the table view, in :func:`table_columns` order (the acceptance length in
+    ``convention``): numbers stay numbers (so the column sorts), missing values are None."""
+    table_columns(convention)  # checks the convention
     def r(x: Any, n: int = 2) -> Any:
         return None if x is None else round(float(x), n)
 
     out = []
     for row in rows:
         ms = row["ms_per_step"]
-        out.append([row["label"], row["runs"], r(row["tokens_per_target_forward"]), r(row["mean_acceptance_length"]),
+        out.append([row["label"], row["runs"], r(row["tokens_per_target_forward"]), r(row["acceptance_length"][convention]),
                     r(row["draft_coverage"]), r(row["draft_acceptance_rate"]), r(row["tokens_per_s"], 1),
                     r(row["speedup"]), r(row["predicted_speedup"]),
                     f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample']:.1f}", _conditional(row),
@@ -77,15 +115,12 @@ def table_rows(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return out
 
 
-def table_html(rows: list[dict[str, Any]]) -> str:
+def table_html(rows: list[dict[str, Any]], convention: str = "vllm") -> str:
     """The table as static HTML (for the report), with each column's formula as a tooltip."""
-    tips = dict(zip(TABLE_COLUMNS, ("", "prompts x seeds", "tokens / steps", "1 + accepted / drafts", "drafts / steps",
-                                    "accepted / drafted", "tokens / decode s", "tokens/s / method none tokens/s",
-                                    "Leviathan cost model", "ms per step", "accepted_i / verified_i, Wilson 95%", "")))
-    head = "".join(f"<th title='{html.escape(tips[c])}' style='padding:4px 8px;text-align:left'>{html.escape(c)}</th>"
-                   for c in TABLE_COLUMNS)
+    head = "".join(f"<th title='{html.escape(COLUMN_FORMULAS[c])}' style='padding:4px 8px;text-align:left'>"
+                   f"{html.escape(c)}</th>" for c in table_columns(convention))
     body = ""
-    for row, cells in zip(rows, table_rows(rows)):
+    for row, cells in zip(rows, table_rows(rows, convention)):
         tds = "".join(f"<td style='padding:4px 8px'>{html.escape('—' if v is None else str(v))}</td>" for v in cells)
         body += f"<tr title='{html.escape(row['lossless']['detail'])}'>{tds}</tr>"
     return f"<table style='border-collapse:collapse;font-size:13px'><tr>{head}</tr>{body}</table>"
@@ -226,12 +261,28 @@ def rules_figure(trace: Trace) -> go.Figure:
 
 
 # ---- the k sweep ----------------------------------------------------------------------------
-def ksweep_figure(rows: list[dict[str, Any]]) -> go.Figure:
-    """Per method (and verification, temperature): mean acceptance length vs k with the i.i.d.
-    theory (1 - a^(k+1)) / (1 - a) at the method's pooled a (accepted / verified positions over
-    every k), and the measured speedup vs k."""
+KSWEEP_THEORY = {  # convention -> (y axis title, the dashed curve's formula; E = (1 - a^(k+1)) / (1 - a))
+    "vllm": ("tokens per drafting step", "E = (1 − a^(k+1))/(1 − a)"),
+    "per_forward": ("tokens per verification step", "(1 − g) + g·E, g = coverage"),
+    "drafts_only": ("accepted drafts per drafting step", "E − 1"),
+}
+
+
+def _theory(convention: str, a: float, k: int, g: float) -> float:
+    e = expected_tokens_per_step(a, k)
+    return {"vllm": e, "per_forward": (1 - g) + g * e, "drafts_only": e - 1}[convention]
+
+
+def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Figure:
+    """Per method (and verification, temperature): mean acceptance length in ``convention`` (a key of
+    specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS) vs k with the i.i.d. theory at the method's pooled a
+    (accepted / verified positions over every k): E = (1 - a^(k+1)) / (1 - a) for vLLM's, E - 1 for
+    drafts only, (1 - g) + g E for per forward (g = the method's pooled draft coverage); and the
+    measured speedup vs k. ValueError for an unknown convention."""
+    label = table_columns(convention)[AL_COLUMN]
+    y_title, formula = KSWEEP_THEORY[convention]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        "mean acceptance length vs k (dashed: (1 − a^(k+1))/(1 − a))", "measured speedup over method none vs k"))
+        f"{label} vs k (dashed: {formula})", "measured speedup over method none vs k"))
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if r["method"] != "none":
@@ -241,21 +292,24 @@ def ksweep_figure(rows: list[dict[str, Any]]) -> go.Figure:
         rs = sorted(rs, key=lambda r: r["k"])
         colour = palette[n % len(palette)]
         ks = [r["k"] for r in rs]
-        fig.add_trace(go.Scatter(x=ks, y=[r["mean_acceptance_length"] for r in rs], mode="lines+markers", name=name,
-                                 line={"color": colour}, legendgroup=name), row=1, col=1)
+        fig.add_trace(go.Scatter(x=ks, y=[r["acceptance_length"][convention] for r in rs], mode="lines+markers",
+                                 name=name, line={"color": colour}, legendgroup=name), row=1, col=1)
         offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
         a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
+        steps = sum(r["steps"] for r in rs)
+        g = sum(r["num_drafts"] for r in rs) / steps if steps else 0.0
         if a is not None and len(ks) > 0:
             grid = list(range(1, max(ks) + 1))
-            fig.add_trace(go.Scatter(x=grid, y=[expected_tokens_per_step(a, k) for k in grid], mode="lines",
-                                     line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}",
-                                     legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}, k = %{{x}}: "
+            extra = f", g = {g:.2f}" if convention == "per_forward" else ""
+            fig.add_trace(go.Scatter(x=grid, y=[_theory(convention, a, k, g) for k in grid], mode="lines",
+                                     line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
+                                     legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
                                      "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
         fig.add_trace(go.Scatter(x=ks, y=[r["speedup"] for r in rs], mode="lines+markers", name=name,
                                  line={"color": colour}, legendgroup=name, showlegend=False), row=1, col=2)
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
     fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
-    fig.update_yaxes(title_text="tokens per drafting step", row=1, col=1)
+    fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
     fig.update_layout(height=380, plot_bgcolor="#ffffff", margin={"l": 60, "r": 20, "t": 40, "b": 60},
                       legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
@@ -280,20 +334,20 @@ def rules_source(comparison: Comparison) -> Trace | None:
     return best.trace if best is not None else None
 
 
-def report_html(comparison: Comparison) -> str:
+def report_html(comparison: Comparison, convention: str = "vllm") -> str:
     """A standalone HTML page (plotly.js embedded once, opens offline): settings, the table and its
-    formulas, the token strips of every prompt at the first seed, the same draft under every rule and
-    the k sweep."""
+    formulas (acceptance length in ``convention``), the token strips of every prompt at the first seed,
+    the same draft under every rule and the k sweep."""
     rows = table(comparison)
     parts = [f"<h1>specviz comparison</h1><p>{len(comparison.runs)} runs: {len(comparison.configs)} configurations × "
              f"{len(comparison.prompts)} prompts × seeds {comparison.seeds}, {comparison.max_new_tokens} new tokens; "
-             f"machine: {html.escape(', '.join(f'{k} {v}' for k, v in comparison.machine.items()))}</p>", table_html(rows),
+             f"machine: {html.escape(', '.join(f'{k} {v}' for k, v in comparison.machine.items()))}</p>", table_html(rows, convention),
              "<div style='font-size:13px;max-width:1000px'>" + _md_to_html(TABLE_HELP) + "</div>"]
     figs = [strips_figure(comparison, p, comparison.seeds[0]) for p in range(len(comparison.prompts))]
     source = rules_source(comparison)
     if source is not None:
         figs.append(rules_figure(source))
-    figs.append(ksweep_figure(rows))
+    figs.append(ksweep_figure(rows, convention))
     for i, fig in enumerate(figs):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=i == 0, default_width="100%"))
     body = "\n".join(parts)

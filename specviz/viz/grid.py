@@ -31,6 +31,7 @@ from .common import (
 
 VISIBLE_ROWS = 22  # rows shown at once; pan/zoom the y axis for the rest
 ROW_PX = 26
+MIN_HEIGHT = 340  # a run of few steps still leaves room for the legend below the grid (it wraps at 1024 px)
 
 
 def _colorscale() -> list[list[Any]]:
@@ -138,7 +139,7 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
     rows = min(max(n, 1), VISIBLE_ROWS)
     top = 0 if selected_step is None else max(0, min(selected_step - rows // 2, n - rows))
     fig.update_layout(
-        height=150 + ROW_PX * rows, margin={"l": 60, "r": 10, "t": 40, "b": 40},
+        height=max(150 + ROW_PX * rows, MIN_HEIGHT), margin={"l": 60, "r": 10, "t": 40, "b": 40},
         title={"text": f"{n} verification steps × draft positions", "font": {"size": 14}},
         xaxis={"tickmode": "array", "tickvals": list(range(ncol)), "ticktext": x_labels, "side": "top",
                "fixedrange": True},

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from specviz.trace import Position, Step, Trace
 
 from .common import as_trace, fmt_prob, metrics_of, quoted, tokenwise_accepted
+from .stats import rate_set, rates_html
 
 FOCUS_VIEWS = ("stream", "grid", "residual", "match", "stats")
 TOP_CANDIDATES = 3  # draft candidates / residual entries named in a sentence
@@ -294,17 +295,12 @@ def commit_chapter(trace: Trace, st: Step) -> Chapter:
 # ---- the run ----------------------------------------------------------------------------------
 def stats_chapter(trace: Trace) -> Chapter:
     m = metrics_of(trace)
-    per_forward = m.get("tokens_per_target_forward", m.get("tokens_per_step", 0.0))
+    text = f"{m['num_generated_tokens']} tokens in {m['num_steps']} verification steps. " + rates_html(rate_set(trace))
     if m["num_drafts"]:
-        text = (f"{m['num_generated_tokens']} tokens in {m['num_steps']} steps. <b>Mean acceptance length</b> "
-                f"= 1 + accepted / drafting steps = 1 + {m['num_accepted_tokens']} / {m['num_drafts']} = "
-                f"{m['mean_acceptance_length']:.2f} (vLLM's definition). Below it: the <b>draft acceptance rate</b> "
-                f"= accepted / drafted = {m['num_accepted_tokens']} / {m['num_draft_tokens']} = "
-                f"{m['draft_acceptance_rate']:.2f}, and {per_forward:.2f} tokens per target forward over all steps "
-                "(the gain that carries over to a large target on a GPU).")
+        text += ("The first number is the gain that carries over to a large target on a GPU; the others say where it "
+                 "came from.")
     else:
-        text = (f"{m['num_generated_tokens']} tokens in {m['num_steps']} steps, {per_forward:.2f} per target forward: "
-                "nothing was drafted, so there is no acceptance to measure.")
+        text += "Nothing was drafted, so there is no acceptance to measure."
     return Chapter("stats", "The run's statistics", text, None, None, "stats")
 
 

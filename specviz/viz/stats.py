@@ -11,7 +11,7 @@ draft before it was accepted), the maximum-likelihood estimate under the i.i.d. 
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import Any, NamedTuple
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -70,6 +70,77 @@ def run_summary(trace: Trace | dict[str, Any]) -> dict[str, Any]:
         "wall_time_s": float(trace.wall_time_s),
         "tokens_per_second": float(trace.tokens_per_second),
     }
+
+
+class Rate(NamedTuple):
+    """One number of a run's rate set: key, name, value (None: not applicable), formula (in words),
+    numbers (the formula with this run's counts), note (what it leaves out or is used for)."""
+
+    key: str
+    name: str
+    value: float | None
+    formula: str
+    numbers: str
+    note: str
+
+
+def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
+    """The run's four rates as one defined set, headline first: tokens per target forward (what one
+    target forward produced; the speedup in forwards), then mean acceptance length (vLLM's: drafting
+    steps only), draft acceptance rate (accepted / drafted) and a (accepted / verified positions, the
+    i.i.d. estimate the theory curve (1 - a^(k+1)) / (1 - a) uses). Counts are committed tokens
+    (specviz/trace.py); values None when nothing was drafted."""
+    trace = as_trace(trace)
+    m = metrics_of(trace)
+    tokens, steps = m["num_generated_tokens"], m["num_steps"]
+    drafts, accepted = m["num_drafts"], m["num_accepted_tokens"]
+    drafted = m["num_draft_tokens"] - m["num_discarded_draft_tokens"]
+    drafting = [s for s in trace.steps if s.draft_token_ids]
+    verified = sum(min(s.num_accepted_committed + 1, len(s.draft_token_ids) - s.num_drafts_discarded) for s in drafting)
+    left_out = steps - drafts
+    drafting_tokens = sum(len(s.committed_token_ids) for s in drafting)
+    al_formula, al_numbers = "1 + accepted / drafting steps", f"1 + {accepted} / {drafts}"
+    if drafting_tokens != accepted + drafts:  # a step cut by the stop kept no emitted token (trace.py)
+        al_formula, al_numbers = "committed tokens of drafting steps / drafting steps", f"{drafting_tokens} / {drafts}"
+    return [
+        Rate("tokens_per_forward", "tokens per target forward", tokens_per_target_forward(tokens, steps),
+             "generated tokens / verification steps", f"{tokens} / {steps}",
+             "plain decoding makes 1; the prefill is not counted"),
+        Rate("mean_acceptance_length", "mean acceptance length", m["mean_acceptance_length"] if drafts else None,
+             al_formula, al_numbers if drafts else "no drafts",
+             "vLLM's definition" + (f"; the {left_out} step(s) without a draft are left out" if left_out else "")),
+        Rate("draft_acceptance_rate", "draft acceptance rate", m["draft_acceptance_rate"] if drafted > 0 else None,
+             "accepted / drafted tokens", f"{accepted} / {drafted}" if drafted > 0 else "no drafts",
+             "drafts after a rejection count as not accepted"),
+        Rate("alpha", "a", estimated_alpha(trace), "accepted / verified positions",
+             f"{accepted} / {verified}" if verified else "no drafts",
+             "a position is verified when every draft before it was accepted; the theory curve in section 4 uses a"),
+    ]
+
+
+def rates_markdown(rates: list[Rate]) -> str:
+    """The rate set as Markdown: the headline in bold, the others as a defined list beneath."""
+    head, *rest = rates
+    out = f"**{head.value:.2f} {head.name}** = {head.formula} = {head.numbers} ({head.note})"
+    for r in rest:
+        value = "not applicable (no drafts)" if r.value is None else f"**{r.value:.2f}**"
+        sep = ": " if r.value is None else " "
+        out += f"\n- {r.name}{sep}{value}" + ("" if r.value is None else f" = {r.formula} = {r.numbers} · _{r.note}_")
+    return out
+
+
+def rates_html(rates: list[Rate]) -> str:
+    """The rate set as HTML, each line "name = formula = numbers = value": the headline first, in
+    larger type, the others as a list beneath (fixed strings and numbers only, escaped)."""
+    def line(r: Rate) -> str:
+        if r.value is None:
+            return f"{html.escape(r.name)}: not applicable (no drafts)"
+        return (f"{html.escape(r.name)} = {html.escape(r.formula)} = {html.escape(r.numbers)} = <b>{r.value:.2f}</b>"
+                f" <span class='sv-rates-note'>({html.escape(r.note)})</span>")
+
+    head, *rest = rates
+    items = "".join(f"<li>{line(r)}</li>" for r in rest)
+    return f"<div class='sv-rates'><div class='sv-rates-head'>{line(head)}</div><ul>{items}</ul></div>"
 
 
 def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None = None) -> go.Figure:
