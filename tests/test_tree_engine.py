@@ -208,3 +208,24 @@ def test_cli_speculative_token_tree(tiny_dirs, tmp_path, capsys):
     assert main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model", "-k", "2",
                  "--speculative-token-tree", TREE, "--prompt", PROMPT, "--device", "cpu"]) == 2
     assert "3 deep" in capsys.readouterr().err
+
+
+def test_eos_inside_the_accepted_path_counts_only_what_was_committed(self_decoders, monkeypatch):
+    """EOS as the second accepted node: 2 tokens committed, the rest of the tree discarded, and the
+    metrics count the committed tokens (issue 10, point 1, for trees)."""
+    dec = self_decoders["llama"]
+    ids = dec.encode(PROMPT)
+    a, b, c = dec.generate(ids, method="none", max_new_tokens=3).output_token_ids
+    proposer = FixedTree([(a + 1) % 300, a, b, (b + 3) % 300, c], [-1, -1, 1, 1, 2])
+    monkeypatch.setattr(dec, "make_proposer", lambda cfg, **extras: proposer)
+    monkeypatch.setattr(dec, "eos_token_ids", {b})
+    tr = dec.generate(ids, method="ngram", num_speculative_tokens=3, max_new_tokens=10)
+    s = tr.steps[0]
+    assert tr.output_token_ids == [a, b] and tr.stop_reason == "eos"
+    assert s.accepted_path == [1, 2, 4] and s.num_accepted == 3 and s.committed_token_ids == [a, b]
+    assert s.num_accepted_committed == 2 and not s.emitted_committed
+    assert s.num_drafts_discarded == 1  # node 4 (depth 3): after the stop
+    m = tr.metrics
+    assert m["num_draft_tokens"] == 5 and m["num_accepted_tokens"] == 2 and m["num_discarded_draft_tokens"] == 1
+    assert m["mean_acceptance_length"] == 2.0 and m["acceptance_histogram"][:4] == [0, 0, 1, 0]
+    assert m["draft_acceptance_rate"] == pytest.approx(2 / 4)
