@@ -229,3 +229,32 @@ def test_eos_inside_the_accepted_path_counts_only_what_was_committed(self_decode
     assert m["num_draft_tokens"] == 5 and m["num_accepted_tokens"] == 2 and m["num_discarded_draft_tokens"] == 1
     assert m["mean_acceptance_length"] == 2.0 and m["acceptance_histogram"][:4] == [0, 0, 1, 0]
     assert m["draft_acceptance_rate"] == pytest.approx(2 / 4)
+
+
+class SampledTree(FixedTree):
+    """Three root children drawn i.i.d. from a fixed q (SpecInfer rule B), one child under each."""
+
+    def __init__(self, vocab):
+        super().__init__([], [-1, -1, -1, 0, 1, 2])
+        self.q = torch.softmax(torch.linspace(0, 3, vocab), -1)  # [V]
+
+    def propose(self, token_ids, num_tokens=None, context=None):
+        x = torch.multinomial(self.q, 6, replacement=True, generator=context.generator)
+        return Draft(token_ids=x, probs=self.q.expand(6, -1).clone(), parents=list(self.parents), tree_rule="sampled")
+
+
+def test_sampled_children_run_rule_b_end_to_end(self_decoders, monkeypatch):
+    dec = self_decoders["llama"]
+    proposer = SampledTree(dec.vocab_size)
+    monkeypatch.setattr(dec, "make_proposer", lambda cfg, **extras: proposer)
+    tr = dec.generate(PROMPT, method="ngram", num_speculative_tokens=2, max_new_tokens=16, temperature=1.0, seed=2)
+    assert len(tr.output_token_ids) == 16
+    tree_steps = [s for s in tr.steps if len(s.nodes) == 6]
+    assert tree_steps and all(s.tree_rule == "sampled" for s in tree_steps)
+    for s in tree_steps:
+        for n in s.nodes:
+            assert n.q == pytest.approx(float(proposer.q[n.token_id]), rel=1e-5)
+        if s.emitted.kind == "recovered" and not s.emitted.residual_empty:
+            last = s.positions[-1]  # the last rejected child: its residual is the emitted distribution
+            assert not last.accepted and last.residual_top == s.emitted.top
+    Trace.from_json(tr.to_json())
