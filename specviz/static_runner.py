@@ -33,6 +33,13 @@ is off (:data:`COMPILE_DEFAULT`): on the CPU machine only the code path is teste
 H200 is measured there (benchmarks/bench_shapes.py / bench_e2e.py, with and without compile side
 by side) before it is turned on.
 
+Tree forwards (``parents``): the ancestor mask and the positions n + depth are built on the device
+from the write position, so a tree forward can be captured too: with CUDA graphs, 1 + N rows are
+padded to a tree-size bucket (:data:`TREE_BUCKETS`; padding rows attend to the root and themselves,
+their logits are dropped and their cache slots lie past the tree) and one graph per (bucket, taps)
+is replayed with the bucket's ids, mask [bucket, bucket] and depths copied into static buffers.
+The graph path is not yet run on a GPU (2026-12-01); ``tree_buckets=None`` runs trees eagerly.
+
 Feature taps (:meth:`StaticRunner.forward_features`): the requested hidden states come from the
 same forward (transformers' ``output_hidden_states``, see :mod:`specviz.runner`); under CUDA graphs
 they are static buffers captured inside the graph (one graph per (n, taps)), cloned on the
@@ -49,9 +56,11 @@ import torch
 from transformers import StaticCache
 
 from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, mask_for, pick_features,
-                     tree_attention, tree_positions)
+                     tree_attention)
+from .tree import depths as tree_depths
 from .transfer import to_device
 
+TREE_BUCKETS = (8, 16, 32, 65)  # tree forwards (1 + N rows) are padded to one of these under CUDA graphs
 log = logging.getLogger(__name__)
 COMPILE_DEFAULT = False  # compile=None means this (see the module docstring: off until measured on the H200)
 
@@ -65,17 +74,21 @@ class StaticRunner:
         compile: run forwards of n <= max_graph_tokens after the prefill through ``torch.compile``
             (default :data:`COMPILE_DEFAULT`); ``compile_backend``: its backend ("inductor"; the CPU
             tests use "eager" / "aot_eager"). ``compiled`` says whether it is (still) in use.
+        tree_buckets: row counts tree forwards are padded to (default :data:`TREE_BUCKETS` with CUDA
+            graphs, None = no padding, eager); padding is exact on any device (tests use it on the CPU).
     Raises:
         ValueError: a forward would overflow the cache; truncate to an invalid length.
     """
 
     def __init__(self, model: torch.nn.Module, max_cache_len: int, cuda_graphs: bool | None = None,
-                 max_graph_tokens: int = 33, compile: bool | None = None, compile_backend: str = "inductor"):
+                 max_graph_tokens: int = 33, compile: bool | None = None, compile_backend: str = "inductor",
+                 tree_buckets: Sequence[int] | None | str = "auto"):
         self.model = model
         self.device = next(model.parameters()).device
         self.max_cache_len = int(max_cache_len)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self.max_graph_tokens = max_graph_tokens
+        self.tree_buckets = (TREE_BUCKETS if self.cuda_graphs else None) if tree_buckets == "auto" else tree_buckets
         self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
         self.seq_len = 0
         self.last_start = 0  # seq_len before the last forward (commit's reference)
@@ -122,9 +135,9 @@ class StaticRunner:
         self.last_start = self.seq_len
         tree = as_tree(parents, n)
         if tree is not None:
-            logits, features = self._eager(ids, taps, tree=tree)
+            logits, features = self._tree_forward(ids, taps, tree)
             self.seq_len += n
-            return ForwardOutput(logits[0].float(), features)
+            return ForwardOutput(logits, features)
         entry = None
         if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
             entry = self._graphs[(n, taps)] if (n, taps) in self._graphs else self._capture(n, ids, taps)
@@ -155,14 +168,15 @@ class StaticRunner:
 
     # ---- internals -----------------------------------------------------------------------------
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
-               tree: list[int] | None = None, model_out=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               tree: tuple[torch.Tensor, torch.Tensor] | None = None,
+               model_out=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype.
-        ``tree``: a tree's parents (n = 1 + N; positions n + depth, the ancestor mask; never compiled),
-        else causal. ``model_out``: the compiled :meth:`_model_out` (default: the eager one)."""
-        if tree is not None:
-            pos = tree_positions(tree, self.seq_len).to(self.device)[None]
-            out = self.model(input_ids=ids, attention_mask=self._tree_mask(tree), past_key_values=self.cache,
-                             use_cache=True, output_hidden_states=bool(taps), position_ids=pos)
+        ``tree``: (ancestor mask bool [n, n], depth int64 [n]) of a tree forward's rows (device; never
+        compiled), else causal. ``model_out``: the compiled :meth:`_model_out` (default: the eager one)."""
+        if tree is not None:  # (mask [R, R] bool, depth [R] int64) on the device
+            mask, position_ids = self._tree_mask(*tree)
+            out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
+                             output_hidden_states=bool(taps), position_ids=position_ids)
             logits, hidden_states = out.logits, out.hidden_states
         else:
             logits, hidden_states = (model_out or self._model_out)(ids, bool(taps))
@@ -212,14 +226,80 @@ class StaticRunner:
         neg = torch.finfo(self.model.dtype).min  # additive mask for eager attention
         return torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device).masked_fill_(~allowed, neg)[None, None]
 
-    def _tree_mask(self, tree: list[int]) -> torch.Tensor:
-        """4D mask [1, 1, 1 + N, max_cache_len]: every cached key (< seq_len), then the tree's
-        ancestor mask over slots seq_len..seq_len + N; stale entries beyond stay hidden."""
-        rows, start = len(tree) + 1, self.seq_len
-        allowed = torch.zeros(rows, self.max_cache_len, dtype=torch.bool)
-        allowed[:, :start] = True
-        allowed[:, start : start + rows] = tree_attention(tree)
-        return mask_for(allowed.to(self.device), self.model)
+    def _position(self):
+        """The write position: layer 0's device counter, or 0 before the first forward."""
+        layer = self.cache.layers[0]
+        return layer.cumulative_length if getattr(layer, "is_initialized", False) else 0
+
+    def _tree_mask(self, tree_mask: torch.Tensor, depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(4D mask [1, 1, R, max_cache_len], position_ids [1, R]) built on the device from the write
+        position pos: row a sees every key < pos and tree slot pos + b where ``tree_mask[a, b]``;
+        row a's position is pos + depth[a]. No host value, so it can be captured in a CUDA graph."""
+        R = tree_mask.shape[0]
+        pos = self._position()
+        kv = torch.arange(self.max_cache_len, device=self.device)  # [L]
+        col = kv - pos  # [L]: tree slot of each key, < 0 before the tree
+        in_tree = (col >= 0) & (col < R)
+        tm = tree_mask.index_select(1, col.clamp(0, R - 1))  # [R, L]
+        allowed = (kv < pos)[None, :] | (in_tree[None, :] & tm)
+        return mask_for(allowed, self.model), (pos + depth)[None]
+
+    def _tree_inputs(self, ids: torch.Tensor, tree: list[int], rows: int):
+        """ids [1, rows], tree mask bool [rows, rows], depth [rows] for a tree padded to ``rows``
+        (padding rows: the root's token, attending to the root and themselves, depth 0)."""
+        n = len(tree) + 1
+        mask = torch.eye(rows, dtype=torch.bool)
+        mask[:, 0] = True
+        mask[:n, :n] = tree_attention(tree)
+        depth = torch.zeros(rows, dtype=torch.long)
+        depth[1:n] = torch.tensor(tree_depths(tree), dtype=torch.long)
+        pad = ids[:, :1].expand(1, rows - n)
+        return torch.cat([ids, pad], dim=1), mask.to(self.device), depth.to(self.device)
+
+    def _tree_forward(self, ids: torch.Tensor, taps: tuple[str, ...], tree: list[int]):
+        """(float32 logits [1 + N, V], {tap: [1 + N, d]}) of a tree forward; padded to a bucket (and
+        replayed from a CUDA graph when on) if ``tree_buckets`` is set and a bucket fits."""
+        n = len(tree) + 1
+        bucket = next((b for b in (self.tree_buckets or ()) if b >= n), None)
+        if bucket is None or self.seq_len + bucket > self.max_cache_len:
+            logits, features = self._eager(ids, taps, self._tree_inputs(ids, tree, n)[1:])
+            return logits[0].float(), features
+        padded, mask, depth = self._tree_inputs(ids, tree, bucket)
+        if self.cuda_graphs and self.seq_len > 0:
+            key = ("tree", bucket, taps)
+            g = self._graphs.get(key) or self._capture_tree(key, padded, mask, depth, taps)
+            graph, (s_ids, s_mask, s_depth), s_logits, s_features = g
+            s_ids.copy_(padded)
+            s_mask.copy_(mask)
+            s_depth.copy_(depth)
+            graph.replay()
+            logits, features = s_logits[0, :n].to(torch.float32, copy=True), {t: h[:n].clone() for t, h in s_features.items()}
+        else:
+            logits, features = self._eager(padded, taps, (mask, depth))
+            logits, features = logits[0, :n].float(), {t: h[:n] for t, h in features.items()}
+        self._set_position(self.seq_len + n)  # the padding rows' slots are not part of the cache
+        return logits, features
+
+    def _capture_tree(self, key, ids, mask, depth, taps):
+        """Capture one padded tree forward (as :meth:`_capture`), its inputs in static buffers."""
+        t0 = time.perf_counter()
+        static = (ids.clone(), mask.clone(), depth.clone())
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._eager(static[0], taps, static[1:])
+                self._set_position(self.seq_len)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            s_logits, s_features = self._eager(static[0], taps, static[1:])
+        self._pool = graph.pool()
+        self._set_position(self.seq_len)
+        self._graphs[key] = (graph, static, s_logits, s_features)
+        torch.cuda.synchronize(self.device)
+        self.capture_s += time.perf_counter() - t0
+        return self._graphs[key]
 
     @torch.inference_mode()
     def commit(self, kept: Sequence[int]) -> None:

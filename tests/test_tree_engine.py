@@ -208,3 +208,53 @@ def test_cli_speculative_token_tree(tiny_dirs, tmp_path, capsys):
     assert main(["generate", "--target", str(target), "--draft", str(target), "--method", "draft_model", "-k", "2",
                  "--speculative-token-tree", TREE, "--prompt", PROMPT, "--device", "cpu"]) == 2
     assert "3 deep" in capsys.readouterr().err
+
+
+def test_eos_inside_the_accepted_path_counts_only_what_was_committed(self_decoders, monkeypatch):
+    """EOS as the second accepted node: 2 tokens committed, the rest of the tree discarded, and the
+    metrics count the committed tokens (issue 10, point 1, for trees)."""
+    dec = self_decoders["llama"]
+    ids = dec.encode(PROMPT)
+    a, b, c = dec.generate(ids, method="none", max_new_tokens=3).output_token_ids
+    proposer = FixedTree([(a + 1) % 300, a, b, (b + 3) % 300, c], [-1, -1, 1, 1, 2])
+    monkeypatch.setattr(dec, "make_proposer", lambda cfg, **extras: proposer)
+    monkeypatch.setattr(dec, "eos_token_ids", {b})
+    tr = dec.generate(ids, method="ngram", num_speculative_tokens=3, max_new_tokens=10)
+    s = tr.steps[0]
+    assert tr.output_token_ids == [a, b] and tr.stop_reason == "eos"
+    assert s.accepted_path == [1, 2, 4] and s.num_accepted == 3 and s.committed_token_ids == [a, b]
+    assert s.num_accepted_committed == 2 and not s.emitted_committed
+    assert s.num_drafts_discarded == 1  # node 4 (depth 3): after the stop
+    m = tr.metrics
+    assert m["num_draft_tokens"] == 5 and m["num_accepted_tokens"] == 2 and m["num_discarded_draft_tokens"] == 1
+    assert m["mean_acceptance_length"] == 2.0 and m["acceptance_histogram"][:4] == [0, 0, 1, 0]
+    assert m["draft_acceptance_rate"] == pytest.approx(2 / 4)
+
+
+class SampledTree(FixedTree):
+    """Three root children drawn i.i.d. from a fixed q (SpecInfer rule B), one child under each."""
+
+    def __init__(self, vocab):
+        super().__init__([], [-1, -1, -1, 0, 1, 2])
+        self.q = torch.softmax(torch.linspace(0, 3, vocab), -1)  # [V]
+
+    def propose(self, token_ids, num_tokens=None, context=None):
+        x = torch.multinomial(self.q, 6, replacement=True, generator=context.generator)
+        return Draft(token_ids=x, probs=self.q.expand(6, -1).clone(), parents=list(self.parents), tree_rule="sampled")
+
+
+def test_sampled_children_run_rule_b_end_to_end(self_decoders, monkeypatch):
+    dec = self_decoders["llama"]
+    proposer = SampledTree(dec.vocab_size)
+    monkeypatch.setattr(dec, "make_proposer", lambda cfg, **extras: proposer)
+    tr = dec.generate(PROMPT, method="ngram", num_speculative_tokens=2, max_new_tokens=16, temperature=1.0, seed=2)
+    assert len(tr.output_token_ids) == 16
+    tree_steps = [s for s in tr.steps if len(s.nodes) == 6]
+    assert tree_steps and all(s.tree_rule == "sampled" for s in tree_steps)
+    for s in tree_steps:
+        for n in s.nodes:
+            assert n.q == pytest.approx(float(proposer.q[n.token_id]), rel=1e-5)
+        if s.emitted.kind == "recovered" and not s.emitted.residual_empty:
+            last = s.positions[-1]  # the last rejected child: its residual is the emitted distribution
+            assert not last.accepted and last.residual_top == s.emitted.top
+    Trace.from_json(tr.to_json())

@@ -4,8 +4,6 @@ equals a brute-force ancestor mask, and KV compaction after a commit equals a re
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 
@@ -40,7 +38,10 @@ def test_tree_attention_equals_brute_force(parents):
 
 
 def _runners(model, kind):
-    return EagerRunner(model) if kind == "eager" else StaticRunner(model, max_cache_len=128)
+    if kind == "eager":
+        return EagerRunner(model)
+    # "static_padded": rows padded to a tree-size bucket, as under CUDA graphs (here eagerly)
+    return StaticRunner(model, max_cache_len=128, tree_buckets=(4, 16) if kind == "static_padded" else None)
 
 
 @pytest.fixture(scope="module", params=[("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa")])
@@ -55,7 +56,7 @@ PREFIX = torch.tensor([3, 17, 45, 9, 88, 120, 7, 64])  # committed tokens x_0..x
 ROOT = 55  # the last committed token x_n
 
 
-@pytest.mark.parametrize("kind", ["eager", "static"])
+@pytest.mark.parametrize("kind", ["eager", "static", "static_padded"])
 def test_tree_logits_equal_each_path_as_a_chain(model, kind):
     runner = _runners(model, kind)
     runner.reset()
@@ -63,6 +64,8 @@ def test_tree_logits_equal_each_path_as_a_chain(model, kind):
     out = runner.forward_features(torch.tensor([ROOT, *TOKENS]), ("final_norm",), parents=PARENTS)
     assert out.logits.shape == (1 + len(TOKENS), model.config.vocab_size)
     assert runner.seq_len == len(PREFIX) + 1 + len(TOKENS)
+    if kind != "eager":  # the write position follows seq_len (padding rows are not in the cache)
+        assert int(runner.cache.layers[0].cumulative_length) == runner.seq_len
     ref = EagerRunner(model)
     for node in range(-1, len(TOKENS)):
         path = T.path_to(PARENTS, node)
@@ -74,7 +77,7 @@ def test_tree_logits_equal_each_path_as_a_chain(model, kind):
                                    rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("kind", ["eager", "static"])
+@pytest.mark.parametrize("kind", ["eager", "static", "static_padded"])
 @pytest.mark.parametrize("path_end", [-1, 0, 2, 4, 5, 7])
 def test_commit_compacts_kv_equal_to_a_recompute(model, kind, path_end):
     """After a tree forward and commit(path), the cache holds exactly the keys/values of the
@@ -125,15 +128,29 @@ def test_bad_tree_inputs_raise(model):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
-def test_static_tree_on_cuda_matches_chain(tiny_dirs):
+def test_static_tree_graphs_on_cuda_match_chains_and_commit(tiny_dirs):
+    """The tree-size-bucket CUDA graphs (captured on the first tree, replayed on the second, at a
+    new position) give each path's chain logits, and commit equals a recompute."""
     model = load_model(tiny_dirs["llama"][0], torch.device("cuda"), torch.float32)
     runner = StaticRunner(model, max_cache_len=128)
+    assert runner.cuda_graphs and runner.tree_buckets
+    ref = StaticRunner(model, max_cache_len=128, cuda_graphs=False)
     runner.reset()
     runner.forward(PREFIX)
-    out = runner.forward_features(torch.tensor([ROOT, *TOKENS]), parents=PARENTS).logits
-    ref = StaticRunner(model, max_cache_len=128, cuda_graphs=False)
-    for node in itertools.islice(range(-1, len(TOKENS)), None):
-        path = T.path_to(PARENTS, node)
-        ref.reset()
-        chain = ref.forward(torch.cat([PREFIX, torch.tensor([ROOT, *(TOKENS[j] for j in path)])]))
-        torch.testing.assert_close(out[node + 1], chain[-1], rtol=1e-4, atol=1e-4)
+    prefix = PREFIX
+    for round_ in range(2):
+        out = runner.forward_features(torch.tensor([ROOT, *TOKENS]), parents=PARENTS).logits
+        for node in range(-1, len(TOKENS)):
+            path = T.path_to(PARENTS, node)
+            ref.reset()
+            chain = ref.forward(torch.cat([prefix, torch.tensor([ROOT, *(TOKENS[j] for j in path)])]))
+            torch.testing.assert_close(out[node + 1], chain[-1].to(out.device), rtol=1e-4, atol=1e-4)
+        path = T.path_to(PARENTS, 6)
+        runner.commit(path)
+        prefix = torch.cat([prefix, torch.tensor([ROOT, *(TOKENS[j] for j in path)])])
+        assert runner.seq_len == len(prefix)
+        runner.forward(torch.tensor([ROOT]))  # the next "root" at a new position
+        prefix = torch.cat([prefix, torch.tensor([ROOT])])
+        runner.truncate(len(prefix) - 1)
+        prefix = prefix[:-1]
+    assert any(isinstance(k, tuple) and k[0] == "tree" for k in runner._graphs)

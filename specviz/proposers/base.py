@@ -102,6 +102,11 @@ class Outcome:
                          (after the prefill: the prompt's tokens after the first).
     features:            {tap name: [c, d] tensor on the device, the model's dtype} for every
                          tap the proposer declared, at the committed positions only.
+
+    After a tree draft the outcome is the accepted path's: draft_token_ids = the path's tokens (root
+    child first), num_accepted = its length, features = the tree forward's rows of the root and the
+    path nodes, in path order (the node rows were computed at positions start + depth, so row i is
+    again the feature at position start + i).
     """
 
     start: int

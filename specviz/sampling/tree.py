@@ -220,8 +220,11 @@ def _race(weights, p, exp):
 def _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule) -> TreeVerifyOutput:
     """Read the decisions once and walk from the root: the first passing child in node order."""
     N = len(parents)
-    ok = passed.tolist() if N else []
-    emit_host, empty_host = emit.tolist(), empty.tolist()
+    # one device-to-host copy: [passed N | emitted 1 + N | empty 1 + N | ids N] (ids exact in float64)
+    host = torch.cat([passed.double(), emit.double(), empty.double(), ids.double()]).tolist()
+    ok = [v > 0 for v in host[:N]]
+    emit_host, empty_host = host[N : 2 * N + 1], [v > 0 for v in host[2 * N + 1 : 3 * N + 2]]
+    tokens = [int(v) for v in host[3 * N + 2 :]]
     kids = tree_children(parents)
     fate, tested = ["unvisited"] * N, [False] * N
     path, node = [], -1
@@ -238,7 +241,6 @@ def _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule) ->
         path.append(nxt)
         node = nxt
     token = int(emit_host[node + 1])
-    tokens = ids.tolist()
     w = weights[node + 1]
     fallback = bool(kids[node + 1]) and bool(empty_host[node + 1])
     return TreeVerifyOutput(path=path, token_id=token, kind="recovered" if kids[node + 1] else "bonus",
