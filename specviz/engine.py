@@ -667,6 +667,8 @@ def warm_up_specs(vocab: int, max_speculative_tokens: int, verify_methods: Seque
     (top-k / top-p off). Detailed records (the app's setting)."""
     specs = []
     for verify in verify_methods:
+        if verify == "typical":  # the reference sampler only, never captured (sampling/typical.py)
+            continue
         for temp in (0.0,) if verify == "greedy" else (0.0, *temperatures):
             for full_q in (False,) if temp == 0 else (False, True):
                 for k in range(max_speculative_tokens + 1):
