@@ -84,7 +84,8 @@ def test_tree_controls_to_settings():
     assert tree_settings("eagle3", "4, 5, 24", 0) == {"eagle_tree_top_k": 4, "eagle_tree_depth": 5,
                                                       "eagle_tree_total_tokens": 24}
     assert tree_settings("eagle", "", 3) == {} and tree_settings("ngram", "4,5,24", 0) == {}
-    assert tree_settings("suffix", "", 3) == {"suffix_tree_branches": 3} and tree_settings("draft_model", "1,2,3", 2) == {}
+    assert tree_settings("suffix", "", 3) == {"suffix_tree_branches": 3}
+    assert tree_settings("draft_model", "1,2,3", 2) == {}
     with pytest.raises(ValueError, match="three integers"):
         tree_settings("eagle3", "4, 5", 0)
     with pytest.raises(ValueError, match="tree branches"):
