@@ -301,3 +301,21 @@ def test_every_tree_node_has_its_text(decoders):
                                     eagle_tree_top_k=4, eagle_tree_depth=3, eagle_tree_total_tokens=30)
     missing = {n.token_id for st in tr.steps for n in st.nodes} - {int(t) for t in tr.token_texts}
     assert not missing
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("runner", ["eager", "static"])
+def test_bundled_eagle3_tree_on_gpu_equals_plain_greedy(runner):
+    """The bundled target and EAGLE-3 head on CUDA (fp32): the EAGLE-2 tree's output equals plain
+    greedy decoding (as the chain's), and the tree steps accepted something."""
+    from specviz import SpecDecoder
+
+    dec = SpecDecoder.from_pretrained(device="cuda", dtype="float32", runner=runner)
+    prompt = "class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
+    plain = dec.generate(prompt, method="none", max_new_tokens=48)
+    chain = dec.generate(prompt, method="eagle3", num_speculative_tokens=6, max_new_tokens=48)
+    tree = dec.generate(prompt, method="eagle3", num_speculative_tokens=6, max_new_tokens=48, eagle_tree_top_k=4,
+                        eagle_tree_depth=5, eagle_tree_total_tokens=24)
+    assert tree.output_token_ids == plain.output_token_ids == chain.output_token_ids
+    assert any(len(st.nodes) > max(n.depth for n in st.nodes) for st in tree.steps if st.nodes)  # branching trees
+    assert tree.metrics["num_accepted_tokens"] > 0

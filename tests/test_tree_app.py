@@ -84,8 +84,18 @@ def test_tree_controls_to_settings():
     assert tree_settings("eagle3", "4, 5, 24", 0) == {"eagle_tree_top_k": 4, "eagle_tree_depth": 5,
                                                       "eagle_tree_total_tokens": 24}
     assert tree_settings("eagle", "", 3) == {} and tree_settings("ngram", "4,5,24", 0) == {}
-    assert tree_settings("suffix", "", 3) == {"suffix_tree_branches": 3} and tree_settings("draft_model", "1,2,3", 2) == {}
+    assert tree_settings("suffix", "", 3) == {"suffix_tree_branches": 3}
+    assert tree_settings("draft_model", "1,2,3", 2) == {}
     with pytest.raises(ValueError, match="three integers"):
         tree_settings("eagle3", "4, 5", 0)
     with pytest.raises(ValueError, match="tree branches"):
         tree_settings("ngram", "", 100)
+
+
+def test_static_tree_control():
+    from specviz.ui.settings import tree_settings
+
+    tree = "[(0,), (1,), (0, 0)]"
+    assert tree_settings("eagle3", "4, 5, 24", 0, tree) == {"speculative_token_tree": tree}
+    assert tree_settings("draft_model", "", 0, f" {tree} ") == {"speculative_token_tree": tree}
+    assert tree_settings("ngram", "", 2, tree) == {"ngram_tree_branches": 2}  # ngram takes no static tree

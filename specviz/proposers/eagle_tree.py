@@ -165,7 +165,7 @@ class EagleTreeProposer(EagleProposer):
         frontier = list(range(K))  # candidate ids
         f_tok, f_hidden, f_score = top.indices, hidden.expand(K, -1), top.values  # [K], [K, d], [K]
         slots: list[int] = []
-        parent_of: dict[int, int] = {}
+        parent_of: dict[int, int] = {}  # candidate id -> its parent's (absent: a root child)
         for i in range(levels):
             out, lp = self._level(f_hidden, f_tok, n + i, frontier, slots, parent_of)  # [K, d], [K, V]
             top = torch.topk(lp, K, dim=-1)  # [K, K]
@@ -180,8 +180,6 @@ class EagleTreeProposer(EagleProposer):
             best = _stable_top(cu, K)  # [K] indices into the K*K
             frontier = [base + int(b) for b in best]
             f_tok, f_hidden, f_score = top.indices.reshape(-1)[best], out[best // K], cu[best]
-        for cid in range(K):
-            parent_of.setdefault(cid, -1)
         scores = torch.cat(cand_score)  # [K + levels*K*K]
         keep = sorted(int(c) for c in _stable_top(scores, min(N - 1, scores.numel())))
         node_of = {cid: i for i, cid in enumerate(keep)}

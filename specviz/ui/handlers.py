@@ -171,7 +171,7 @@ def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any], clear
 def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, prompt: str, method: str,
         num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
         seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
-        pairs: Any = DEFAULT_PAIRS, eagle_tree: str = "", tree_branches: Any = 0,
+        pairs: Any = DEFAULT_PAIRS, eagle_tree: str = "", tree_branches: Any = 0, static_tree: str = "",
         request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
     """The Run button: stream the request's views, then (if ``compare``) measure the speedup over
     method "none" beside the run (``pairs`` interleaved pairs of short segments), then draw
@@ -183,7 +183,7 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
     try:
         for out in _run(cache, signals, state, prompt, method, num_speculative_tokens, verify, temperature, top_k,
                         top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates, compare,
-                        pairs, request, eagle_tree, tree_branches):
+                        pairs, request, eagle_tree, tree_branches, static_tree):
             streamed = streamed or isinstance(out[-1], dict)  # an update that changed the session's trace
             yield out
     except gr.Error as exc:
@@ -201,7 +201,7 @@ def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None
          num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
          seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
          pairs: Any = DEFAULT_PAIRS, request: gr.Request = None, eagle_tree: str = "",
-         tree_branches: Any = 0) -> Iterator[tuple[Any, ...]]:
+         tree_branches: Any = 0, static_tree: str = "") -> Iterator[tuple[Any, ...]]:
     """:func:`run`'s body; raises gr.Error for the user's mistakes."""
     state = dict(state or new_state())
     try:
@@ -211,7 +211,7 @@ def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None
         text = check_prompt(prompt)
         settings = engine_settings(method, num_speculative_tokens, verify, temperature, top_k, top_p,
                                    max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates)
-        settings.update(tree_settings(method, eagle_tree, tree_branches))
+        settings.update(tree_settings(method, eagle_tree, tree_branches, static_tree))
     except ValueError as exc:
         raise gr.Error(str(exc)) from None
     session = _session(request)
@@ -554,11 +554,12 @@ class SessionHandlers:
     def run(self, state: dict[str, Any] | None, prompt: str, method: str, num_speculative_tokens: Any, verify: str,
             temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any, seed: Any, prompt_lookup_min: Any,
             prompt_lookup_max: Any, synthetic_rates: str, compare: bool, pairs: Any = DEFAULT_PAIRS,
-            eagle_tree: str = "", tree_branches: Any = 0, request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+            eagle_tree: str = "", tree_branches: Any = 0, static_tree: str = "",
+            request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
         """See :func:`run`."""
         yield from run(self.cache, self.signals, state, prompt, method, num_speculative_tokens, verify, temperature,
                        top_k, top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates,
-                       compare, pairs, eagle_tree, tree_branches, request)
+                       compare, pairs, eagle_tree, tree_branches, static_tree, request)
 
     def stop(self, state: dict[str, Any] | None, request: gr.Request = None) -> tuple[Any, ...]:
         """See :func:`stop`."""

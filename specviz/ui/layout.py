@@ -134,6 +134,10 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
             c["tree_branches"] = gr.Number(0, label="tree branches per node", precision=0, minimum=0,
                                            info="ngram / suffix: continuations kept per node; 0 = a chain",
                                            elem_id="sv-tree-branches")
+        c["static_tree"] = gr.Textbox("", label="static tree (speculative_token_tree)", elem_id="sv-static-tree",
+                                      placeholder="[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]",
+                                      info="methods that take vLLM's static tree (rank paths of the draft's top "
+                                           "candidates; depth <= k); it replaces the EAGLE-2 tree")
     with gr.Accordion("advanced", open=False):
         c["rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2", label="synthetic rates a_1, a_2, … (verify = synthetic)")
         c["compare"] = gr.Checkbox(True, label='compare with method "none": measured beside every run '
@@ -247,7 +251,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
             compare_ui.compare_tab(session.cache, state, full, tabs)
         inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
                   c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"],
-                  c["eagle_tree"], c["tree_branches"]]
+                  c["eagle_tree"], c["tree_branches"], c["static_tree"]]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
         run_event.then(h.suffix_status, [state], [c["suffix_info"]], api_name="suffix_status")
         stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop").then(

@@ -108,11 +108,14 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
     return settings
 
 
-def tree_settings(method: str, eagle_tree: Any, tree_branches: Any) -> dict[str, Any]:
-    """The draft-tree settings of the UI's "draft tree" controls for ``method``: eagle / eagle3 take
-    "top_k, depth, total_tokens" (EAGLE-2's dynamic tree; empty = a chain), ngram / suffix take the
-    children kept per node (0 = a chain); other methods ignore both. Raises ValueError for text
-    that is not three integers (the engine checks their ranges)."""
+def tree_settings(method: str, eagle_tree: Any, tree_branches: Any, static_tree: Any = "") -> dict[str, Any]:
+    """The draft-tree settings of the UI's "draft tree" controls for ``method``: a static tree
+    (vLLM's ``speculative_token_tree`` string) for the methods whose registry settings take it;
+    else eagle / eagle3 take "top_k, depth, total_tokens" (EAGLE-2's dynamic tree; empty = a
+    chain), ngram / suffix the children kept per node (0 = a chain); other methods ignore them.
+    Raises ValueError for text that is not three integers (the engine checks ranges and trees)."""
+    if str(static_tree or "").strip() and "speculative_token_tree" in _method_settings(method):
+        return {"speculative_token_tree": str(static_tree).strip()}
     if method in ("eagle", "eagle3") and str(eagle_tree or "").strip():
         parts = [x.strip() for x in str(eagle_tree).replace(";", ",").split(",")]
         if len(parts) != 3 or not all(x.isdigit() for x in parts):
