@@ -34,13 +34,13 @@ class _FaultyRunner(EagerRunner):
         super().reset()
         self.calls = 0
 
-    def forward_features(self, token_ids, taps=()):  # forward() calls it too: every forward comes through here
+    def forward_features(self, token_ids, taps=(), parents=None):  # forward() calls it too: every forward comes through here
         self.calls = getattr(self, "calls", 0) + 1
         time.sleep(self.armed["sleep"])
         after = self.armed["after"]
         if after is not None and self.calls > after:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
-        return super().forward_features(token_ids, taps)
+        return super().forward_features(token_ids, taps, parents=parents)
 
 
 @pytest.fixture()
@@ -242,14 +242,14 @@ class _CapturingRunner(EagerRunner):
         super().__init__(model)
         self.capture_s, self.widths = 0.0, set()
 
-    def forward_features(self, token_ids, taps=()):  # forward() calls it too
+    def forward_features(self, token_ids, taps=(), parents=None):  # forward() calls it too
         n = int(token_ids.numel())
         if self.seq_len > 0 and n not in self.widths:
             self.widths.add(n)
             CLOCK[0] += CAPTURE_S
             self.capture_s += CAPTURE_S
         CLOCK[0] += FORWARD_S
-        return super().forward_features(token_ids, taps)
+        return super().forward_features(token_ids, taps, parents=parents)
 
 
 def test_capture_inside_a_run_is_excluded_from_its_timings(tiny_dirs, monkeypatch):
@@ -288,9 +288,9 @@ class _GraphRunner(EagerRunner):
         super().__init__(model)
         self.widths = []
 
-    def forward_features(self, token_ids, taps=()):  # forward() calls it too
+    def forward_features(self, token_ids, taps=(), parents=None):  # forward() calls it too
         self.widths.append(int(token_ids.numel()))
-        return super().forward_features(token_ids, taps)
+        return super().forward_features(token_ids, taps, parents=parents)
 
 
 class _RecordingVerifier:

@@ -244,7 +244,7 @@ def test_eagle_and_medusa_pairing():
     assert m.shape == (3, 1, 10)
     assert m[0, 0].tolist() == [2, 3, 4, 5, 6, 7, 8, 9, -100, -100]
     assert m[2, 0].tolist() == [4, 5, 6, 7, 8, 9, -100, -100, -100, -100]
-    assert set(heads.HEAD_TRAINERS) == {"eagle", "eagle3"}  # trainers: tests/test_heads_train.py
+    assert set(heads.HEAD_TRAINERS) == {"eagle", "eagle3", "medusa", "mtp", "dflash"}  # trainers: tests/test_heads_train.py
 
 
 # ---- evaluation helpers -----------------------------------------------------------------------
