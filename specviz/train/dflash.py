@@ -20,8 +20,8 @@ over whichever ends first, ``steps`` or the time budget (so a budget-stopped run
 
 Held-out measurement: per-slot top-1 agreement with the target's argmax (teacher-forced: the target
 conditions on the data prefix), and ``chain[k]`` = all of slots 1..k agree (a proxy for greedy
-acceptance); the honest number is :func:`heldout_acceptance` (real greedy decoding, vLLM's mean
-acceptance length, next to draft_model's).
+acceptance); the honest number is :func:`specviz.train.head_eval.heldout_acceptance` (real greedy
+decoding, vLLM's mean acceptance length, next to draft_model's), which the trainer's CLI runs.
 """
 
 from __future__ import annotations
@@ -237,45 +237,3 @@ def train_dflash(target, train_windows, heldout_windows, device, out_dir, time_b
     (path / "train_log.json").write_text(json.dumps(log, indent=1))
     log["saved"]["files"].append("train_log.json")
     return log
-
-
-# ---- held-out acceptance (real decoding) ---------------------------------------------------------
-def heldout_acceptance(target_dir: str, heads: dict[str, str], runs: list[tuple[str, int]], prompts_file: str,
-                       num_prompts: int = 20, max_new_tokens: int = 64, device: str | None = None,
-                       draft_dir: str | None = None) -> dict:
-    """Greedy speculative decoding (fp32) of the first ``num_prompts`` held-out prompts of
-    ``prompts_file`` (split "heldout"), for each (method, k) in ``runs`` (draft_model: with ``draft_dir``,
-    default the bundled draft when ``target_dir`` is the bundled target, else skipped): the metrics of
-    :func:`specviz.trace.compute_metrics` over all prompts' steps pooled (vLLM's mean acceptance
-    length), and how many outputs differ from method none's (greedy is lossless: expected 0)."""
-    from specviz.engine import SpecDecoder
-    from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET
-    from specviz.train.evaluate import load_prompts
-    from specviz.trace import compute_metrics
-
-    bundled = Path(target_dir).resolve() == Path(DEFAULT_TARGET).resolve() and DEFAULT_DRAFT.exists()
-    draft = draft_dir or (str(DEFAULT_DRAFT) if bundled else None)  # the bundled draft fits the bundled target only
-    dec = SpecDecoder.from_pretrained(target_dir, draft, device=device, dtype="float32", heads=heads)
-    if draft is None:  # no draft model for this target: its runs are skipped, and the result says so
-        runs = [(m, k) for m, k in runs if m != "draft_model"]
-    texts = [p.text for split, p in load_prompts(prompts_file) if split == "heldout"][:num_prompts]
-    room = dec.max_length - max_new_tokens if dec.max_length else None  # keep the end of a prompt too long to fit
-    prompts = [dec.encode(t)[-room:] if room else dec.encode(t) for t in texts]
-    out: dict = {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "device": str(dec.device),
-                 "draft": draft, "runs": {}}
-    plain = [dec.generate(p, method="none", max_new_tokens=max_new_tokens).output_token_ids for p in prompts]
-    for method, k in runs:
-        steps, differ, t0 = [], 0, time.time()
-        for p, want in zip(prompts, plain):
-            tr = dec.generate(p, method=method, num_speculative_tokens=k, max_new_tokens=max_new_tokens,
-                              detailed_trace=False)
-            steps.extend(tr.steps)
-            differ += tr.output_token_ids != want
-        m = compute_metrics(steps, k)  # pooled over prompts (counts summed, as vLLM sums its counters)
-        out["runs"][f"{method} k={k}"] = {
-            "method": method, "k": k, "mean_acceptance_length": round(m["mean_acceptance_length"], 4),
-            "tokens_per_step": round(m["tokens_per_step"], 4), "num_drafts": m["num_drafts"],
-            "num_accepted_tokens": m["num_accepted_tokens"], "acceptance_rate_per_position":
-            [round(x, 4) for x in m["acceptance_rate_per_position"]], "outputs_differ_from_none": differ,
-            "wall_s": round(time.time() - t0, 2)}
-    return out

@@ -386,19 +386,29 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _heldout_acceptance(args, name: str, log: dict, device) -> dict:
-    """Greedy held-out mean acceptance length of the new head next to draft_model's (same k, and k = 4),
+    """Greedy held-out mean acceptance length of a head whose natural k is not the CLI's (``HEAD_KS``:
+    DFlash, B - 1 = 7) next to draft_model's at the same k (:mod:`specviz.train.head_eval`, fp32),
     printed and added to the head's train_log.json."""
-    from specviz.train.dflash import heldout_acceptance
+    from specviz.train import head_eval
 
-    k = HEAD_KS[name]
-    res = heldout_acceptance(args.target, {name: log["saved"]["dir"]}, [(name, k), ("draft_model", k), ("draft_model", 4)],
-                             args.mal_prompts_file, args.mal_prompts, args.mal_new_tokens, device=str(device))
-    for key, run in res["runs"].items():
-        print(f"held-out greedy MAL {key}: {run['mean_acceptance_length']:.3f} (tokens/step "
-              f"{run['tokens_per_step']:.3f}, outputs differing from none: {run['outputs_differ_from_none']})")
+    res = head_eval.heldout_acceptance(args.target, {name: log["saved"]["dir"]}, _draft_for(args),
+                                       args.mal_prompts_file, k=HEAD_KS[name], max_new_tokens=args.mal_new_tokens,
+                                       limit=args.mal_prompts, device=device.type, dtype=args.eval_dtype)
+    print(head_eval.summary_line(res))
     path = Path(log["saved"]["dir"]) / "train_log.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "heldout_acceptance": res}, indent=1))
     return res
+
+
+def _draft_for(args) -> str | None:
+    """--draft, or the bundled draft when the target is the bundled one (None: no draft_model row)."""
+    from specviz.models import DEFAULT_TARGET
+    from specviz.train import head_eval
+
+    if args.draft is None and Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve() \
+            and head_eval.DEFAULT_DRAFT.exists():
+        return str(head_eval.DEFAULT_DRAFT)
+    return args.draft
 
 
 def _acceptance(args, logs: dict, device) -> dict:
@@ -407,10 +417,8 @@ def _acceptance(args, logs: dict, device) -> dict:
     from specviz.models import DEFAULT_TARGET
     from specviz.train import head_eval
 
-    draft = args.draft
+    draft = _draft_for(args)
     bundled = Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve()
-    if draft is None and bundled and head_eval.DEFAULT_DRAFT.exists():
-        draft = str(head_eval.DEFAULT_DRAFT)
     heads = {n: g["saved"]["dir"] for n, g in logs.items()}
     if bundled:  # the bundled EAGLE-3 head too, on the same prompts (the card's comparison column)
         from specviz.heads import default_head_dir
