@@ -273,3 +273,7 @@ def test_bf16_eagle_heads_keep_fp32_rope_frequencies():
         rot = head.rotary_emb
         assert rot.inv_freq.dtype == torch.float32
         torch.testing.assert_close(rot.inv_freq, target.model.rotary_emb.inv_freq.float())
+    from specviz.heads.mtp import MtpHead, mtp_config_from_target  # the MTP head has its own RoPE too
+
+    rot = MtpHead(mtp_config_from_target(target.config), target).to(torch.bfloat16).rotary_emb
+    assert rot.inv_freq.dtype == torch.float32

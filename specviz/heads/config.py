@@ -16,11 +16,12 @@ The config also records which target features the head consumes:
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from transformers import LlamaConfig
+
+from specviz.heads.common import JsonConfig
 
 KINDS = ("eagle", "eagle3")
 HEAD_DIRS = {"eagle": "specviz-eagle", "eagle3": "specviz-eagle3"}  # directory names under assets/models/
@@ -29,7 +30,7 @@ FORMAT = "specviz-head-v1"
 
 
 @dataclass(frozen=True)
-class HeadConfig:
+class HeadConfig(JsonConfig):
     """Shape of one head. All sizes are the target's unless stated.
 
     kind:                     "eagle" (EAGLE-1) or "eagle3" (EAGLE-3).
@@ -42,6 +43,8 @@ class HeadConfig:
     aux_layer_ids:            EAGLE-3 taps (HF ``hidden_states`` indices, each in [0, L)); () for EAGLE-1.
     fc_bias:                  bias of the fusion fc (EAGLE-1 reference: True; EAGLE-3: False).
     """
+
+    LABEL: ClassVar[str] = "head"
 
     kind: str
     hidden_size: int
@@ -89,24 +92,6 @@ class HeadConfig:
         )
         cfg._attn_implementation = "sdpa"
         return cfg
-
-    def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "HeadConfig":
-        """Parse config.json. Raises ValueError for another format or unknown / missing keys."""
-        data = json.loads(text)
-        if data.pop("format", None) != FORMAT:
-            raise ValueError(f"config.json is not a {FORMAT} head config")
-        names = {f.name for f in dataclasses.fields(cls)}
-        if set(data) - names:
-            raise ValueError(f"unknown keys in head config.json: {sorted(set(data) - names)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"bad head config.json: {exc}") from exc
-
 
 def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3 / vLLM default taps (2, L//2, L-3) for a target of L decoder layers, kept as is

@@ -31,7 +31,7 @@ with the bundled target (d = 256, SwiGLU 704, GQA 4/2 x 64) and L_d = 2 layers, 
 
 from __future__ import annotations
 
-import dataclasses
+from typing import ClassVar
 import json
 import os
 from dataclasses import dataclass, field
@@ -45,7 +45,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from specviz.runner import layer_output
-from specviz.heads.rope import Fp32RopeMixin
+from specviz.heads.common import Fp32RopeMixin, JsonConfig, SharedTargetMixin
 
 KIND = "dflash"
 FORMAT = "specviz-dflash-v1"
@@ -71,7 +71,7 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tup
 
 
 @dataclass(frozen=True)
-class DFlashConfig:
+class DFlashConfig(JsonConfig):
     """Shape of a DFlash drafter (sizes are the target's unless stated).
 
     num_layers:       L_d, draft decoder layers.
@@ -79,6 +79,9 @@ class DFlashConfig:
     block_size:       B; a block is [root, MASK x (B - 1)], so num_speculative_tokens <= B - 1.
     mask_token_id:    MASK's token id (specviz: the target's pad id).
     """
+
+    LABEL: ClassVar[str] = "DFlash"
+    FORMAT: ClassVar[str] = FORMAT  # "specviz-dflash-v1"
 
     hidden_size: int
     vocab_size: int
@@ -130,24 +133,6 @@ class DFlashConfig:
                           max_position_embeddings=self.max_position_embeddings,
                           rope_parameters=dict(self.rope_parameters), attention_bias=False, mlp_bias=False)
         return cfg
-
-    def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> "DFlashConfig":
-        """Parse config.json. Raises ValueError for another format or unknown / missing keys."""
-        data = json.loads(text)
-        if data.pop("format", None) != FORMAT:
-            raise ValueError(f"config.json is not a {FORMAT} (DFlash) config")
-        names = {f.name for f in dataclasses.fields(cls)}
-        if set(data) - names:
-            raise ValueError(f"unknown keys in DFlash config.json: {sorted(set(data) - names)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"bad DFlash config.json: {exc}") from exc
-
 
 def dflash_config_from_target(target_config, num_layers: int = 2, block_size: int = 8,
                               target_layer_ids: tuple[int, ...] | None = None,
@@ -254,7 +239,7 @@ class DFlashCache:
         self.length += kvs[0][0].shape[2]
 
 
-class DFlashHead(Fp32RopeMixin, nn.Module):
+class DFlashHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
     """The drafter. One call = one forward (the "one-forward" property the proposer relies on)::
 
         logits = head(features, context_positions, block_ids, block_positions, cache=None, attention_mask=None)
@@ -289,27 +274,8 @@ class DFlashHead(Fp32RopeMixin, nn.Module):
         if target is not None:
             self.attach(target)
 
-    def attach(self, target) -> "DFlashHead":
-        """Share ``target``'s embedding and LM head (frozen; never saved with the head)."""
-        check_dflash_matches_target(self.config, target.config)
-        emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
-        for p in (*emb.parameters(), *lm.parameters()):
-            p.requires_grad_(False)
-        self._shared = (emb, lm)
-        return self
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        return self._require_shared()[0]
-
-    @property
-    def lm_head(self) -> nn.Module:
-        return self._require_shared()[1]
-
-    def _require_shared(self):
-        if self._shared is None:
-            raise ValueError("DFlash head has no target attached: build it with a target or call head.attach(target)")
-        return self._shared
+    def _check_target(self, target_config) -> None:
+        check_dflash_matches_target(self.config, target_config)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -17,14 +17,14 @@ No gradio / plotly here.
 
 from __future__ import annotations
 
-import dataclasses
-import json
+from typing import ClassVar
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specviz.heads.common import JsonConfig, SharedTargetMixin
 from specviz.heads.losses import soft_cross_entropy
 
 FORMAT = "specviz-head-v1"
@@ -32,13 +32,15 @@ DEFAULT_NUM_HEADS = 4
 
 
 @dataclass(frozen=True)
-class MedusaConfig:
+class MedusaConfig(JsonConfig):
     """Shape of a Medusa head set.
 
     kind: "medusa". hidden_size: d (the target's). vocab_size: V (the target's).
     num_heads: K, head i predicts x_{t+2+i}. num_layers: ResBlocks per head (Medusa's
     ``medusa_num_layers``, 1). target_num_hidden_layers: L of the target it was built for.
     """
+
+    LABEL: ClassVar[str] = "medusa"
 
     kind: str
     hidden_size: int
@@ -62,20 +64,6 @@ class MedusaConfig:
     def taps(self) -> tuple[str, ...]:
         """The features a first pass reads, named as in :mod:`specviz.heads.extract`: the final-norm f_t."""
         return ("final",)
-
-    def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, indent=1)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MedusaConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        if set(data) - names:
-            raise ValueError(f"unknown keys in medusa config.json: {sorted(set(data) - names)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"bad medusa config.json: {exc}") from exc
-
 
 def medusa_config_from_target(target_config, num_heads: int = DEFAULT_NUM_HEADS) -> MedusaConfig:
     """The Medusa config for a transformers Llama-like target config."""
@@ -108,7 +96,7 @@ class ResBlock(nn.Module):
         return x + F.silu(self.linear(x))
 
 
-class MedusaHead(nn.Module):
+class MedusaHead(SharedTargetMixin, nn.Module):
     """K Medusa heads over the target's frozen LM head (not a submodule: never trained or saved).
 
     ``head(features)``: features float [..., d] = f_t (final-norm) -> logits float32 [K, ..., V];
@@ -121,24 +109,12 @@ class MedusaHead(nn.Module):
         d = config.hidden_size
         self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(d) for _ in range(config.num_layers)])
                                     for _ in range(config.num_heads))
-        self._shared: tuple[nn.Module] | None = None
+        self._shared = None  # (embedding, LM head) of the target: SharedTargetMixin.attach
         if target is not None:
             self.attach(target)
 
-    def attach(self, target) -> "MedusaHead":
-        """Share ``target``'s LM head (frozen). Raises ValueError if the config does not match."""
-        check_medusa_matches(self.config, target.config)
-        lm = target.get_output_embeddings()
-        for p in lm.parameters():
-            p.requires_grad_(False)
-        self._shared = (lm,)
-        return self
-
-    @property
-    def lm_head(self) -> nn.Module:
-        if self._shared is None:
-            raise ValueError("medusa head has no target attached: build it with a target or call head.attach(target)")
-        return self._shared[0]
+    def _check_target(self, target_config) -> None:
+        check_medusa_matches(self.config, target_config)
 
     @property
     def dtype(self) -> torch.dtype:

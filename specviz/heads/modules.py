@@ -65,7 +65,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from specviz.heads.config import HeadConfig, check_matches_target
-from specviz.heads.rope import Fp32RopeMixin
+from specviz.heads.common import Fp32RopeMixin, SharedTargetMixin
 
 
 def crop_cache(cache, length: int) -> None:
@@ -82,7 +82,7 @@ def position_mask(position_ids: torch.Tensor, num_keys: int) -> torch.Tensor:
     return (slots[None, None, None, :] <= position_ids[:, None, :, None])
 
 
-class _Head(Fp32RopeMixin, nn.Module):
+class _Head(SharedTargetMixin, Fp32RopeMixin, nn.Module):
     """What both heads share: the target's frozen embedding and LM head (not submodules), RoPE,
     input checks, the default mask. Subclasses define ``_first_hidden`` and ``_layer_out``."""
 
@@ -95,28 +95,8 @@ class _Head(Fp32RopeMixin, nn.Module):
         if target is not None:
             self.attach(target)
 
-    def attach(self, target) -> "_Head":
-        """Share ``target``'s input embedding and LM head (frozen; never saved with the head).
-        Raises ValueError if the head's config does not match the target."""
-        check_matches_target(self.config, target.config)
-        emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
-        for p in (*emb.parameters(), *lm.parameters()):
-            p.requires_grad_(False)
-        self._shared = (emb, lm)
-        return self
-
-    @property
-    def embed_tokens(self) -> nn.Module:
-        return self._require_shared()[0]
-
-    @property
-    def lm_head(self) -> nn.Module:
-        return self._require_shared()[1]
-
-    def _require_shared(self):
-        if self._shared is None:
-            raise ValueError("head has no target attached: build it with a target or call head.attach(target)")
-        return self._shared
+    def _check_target(self, target_config) -> None:
+        check_matches_target(self.config, target_config)
 
     @property
     def dtype(self) -> torch.dtype:

@@ -28,8 +28,7 @@ the target's distribution of x_{t+2+s} (:func:`mtp_loss`). No gradio / plotly he
 
 from __future__ import annotations
 
-import dataclasses
-import json
+from typing import ClassVar
 from dataclasses import dataclass, field
 
 import torch
@@ -39,13 +38,14 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
+from specviz.heads.common import Fp32RopeMixin, JsonConfig, SharedTargetMixin
 from specviz.heads.losses import soft_cross_entropy
 
 FORMAT = "specviz-head-v1"
 
 
 @dataclass(frozen=True)
-class MtpConfig:
+class MtpConfig(JsonConfig):
     """Shape of an MTP head. Sizes are the target's unless they say draft.
 
     kind: "mtp". hidden_size: d. vocab_size: V. target_num_hidden_layers: L.
@@ -54,6 +54,8 @@ class MtpConfig:
     draft_hidden_size: d_draft, the head's own width. intermediate_size: its SwiGLU width.
     rms_norm_eps, rope_parameters, max_position_embeddings: the target's (queries use its RoPE).
     """
+
+    LABEL: ClassVar[str] = "mtp"
 
     kind: str
     hidden_size: int
@@ -92,20 +94,6 @@ class MtpConfig:
                            head_dim=self.head_dim, max_position_embeddings=self.max_position_embeddings,
                            rope_parameters=dict(self.rope_parameters))
 
-    def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, **dataclasses.asdict(self)}, indent=1)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MtpConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        if set(data) - names:
-            raise ValueError(f"unknown keys in mtp config.json: {sorted(set(data) - names)}")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise ValueError(f"bad mtp config.json: {exc}") from exc
-
-
 def mtp_config_from_target(target_config, kv_layer: int | None = None, draft_hidden_size: int = 192,
                            intermediate_size: int = 512) -> MtpConfig:
     """The MTP config for a transformers Llama-like target config (kv_layer default: the last layer)."""
@@ -135,7 +123,7 @@ def check_mtp_matches(cfg: MtpConfig, target_config) -> None:
                          + ". Use a head trained for this target (python -m specviz.train.heads --target DIR).")
 
 
-class MtpHead(nn.Module):
+class MtpHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
     """The MTP head (see the module docstring). The target's embedding and LM head are shared,
     frozen, and not saved.
 
@@ -167,23 +155,13 @@ class MtpHead(nn.Module):
         self.norm = LlamaRMSNorm(dd, eps=eps)
         self.post_projection = nn.Linear(dd, d, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config.rope_config())
+        self.keep_rope_fp32()  # a bf16 head keeps fp32 RoPE frequencies, as the target does
         self._shared: tuple[nn.Module, nn.Module] | None = None
         if target is not None:
             self.attach(target)
 
-    def attach(self, target) -> "MtpHead":
-        """Share ``target``'s input embedding and LM head (frozen). Raises ValueError on a mismatch."""
-        check_mtp_matches(self.config, target.config)
-        emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
-        for p in (*emb.parameters(), *lm.parameters()):
-            p.requires_grad_(False)
-        self._shared = (emb, lm)
-        return self
-
-    def _require_shared(self):
-        if self._shared is None:
-            raise ValueError("mtp head has no target attached: build it with a target or call head.attach(target)")
-        return self._shared
+    def _check_target(self, target_config) -> None:
+        check_mtp_matches(self.config, target_config)
 
     @property
     def dtype(self) -> torch.dtype:

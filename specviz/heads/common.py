@@ -1,0 +1,102 @@
+"""What every draft head shares: a JSON config, the target's frozen embedding and LM head, fp32 RoPE.
+
+- :class:`JsonConfig`: ``to_json`` / ``from_dict`` / ``from_json`` of a head's dataclass config
+  (config.json, with a ``format`` tag; unknown or missing keys raise ValueError).
+- :class:`SharedTargetMixin`: ``attach(target)`` shares the target's input embedding and LM head
+  (frozen, never saved with the head: vLLM's heads do the same), ``embed_tokens`` / ``lm_head``.
+- :class:`Fp32RopeMixin`: RoPE frequencies that stay float32 when a head is cast to bf16.
+  transformers keeps a bf16 Llama's ``rotary_emb.inv_freq`` in float32, but ``Module.to(torch.bfloat16)``
+  on a head converts its own rotary buffers, and a bf16 ``inv_freq`` rotates position 1000 by up to
+  ~4 rad off the angle the head was trained with (the target's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+
+class JsonConfig:
+    """Mixed into a head's ``@dataclass`` config: FORMAT (the ``format`` tag of its config.json) and
+    LABEL (the head's name in error messages)."""
+
+    FORMAT: ClassVar[str] = "specviz-head-v1"
+    LABEL: ClassVar[str] = "head"
+
+    def to_json(self) -> str:
+        return json.dumps({"format": self.FORMAT, **dataclasses.asdict(self)}, indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """The config from config.json's fields (``format`` already removed). Raises ValueError for
+        unknown or missing keys."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        if set(data) - names:
+            raise ValueError(f"unknown keys in {cls.LABEL} config.json: {sorted(set(data) - names)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"bad {cls.LABEL} config.json: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, text: str):
+        """Parse config.json. Raises ValueError for another format or unknown / missing keys."""
+        data = json.loads(text)
+        if data.pop("format", None) != cls.FORMAT:
+            raise ValueError(f"config.json is not a {cls.FORMAT} {cls.LABEL} config")
+        return cls.from_dict(data)
+
+
+class SharedTargetMixin:
+    """``attach(target)``: share the target's input embedding and LM head, frozen (never saved with the
+    head). Subclasses implement ``_check_target(target_config)`` (ValueError on a mismatch)."""
+
+    _shared: tuple[nn.Module, nn.Module] | None = None
+
+    def attach(self, target):
+        """Share ``target``'s embedding and LM head (frozen). Raises ValueError if the head's config
+        does not match the target."""
+        self._check_target(target.config)
+        emb, lm = target.get_input_embeddings(), target.get_output_embeddings()
+        for p in (*emb.parameters(), *lm.parameters()):
+            p.requires_grad_(False)
+        self._shared = (emb, lm)
+        return self
+
+    def _check_target(self, target_config) -> None:
+        raise NotImplementedError
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        return self._require_shared()[0]
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self._require_shared()[1]
+
+    def _require_shared(self) -> tuple[nn.Module, nn.Module]:
+        if self._shared is None:
+            raise ValueError(f"{type(self).__name__} has no target attached: build it with a target or call "
+                             "head.attach(target)")
+        return self._shared
+
+
+class Fp32RopeMixin:
+    """``_apply`` (behind .to / .cuda / .bfloat16 ...) restores ``rotary_emb.inv_freq`` (and
+    ``original_inv_freq``) as float32 on the new device. Call :meth:`keep_rope_fp32` right after
+    ``self.rotary_emb`` is built."""
+
+    def keep_rope_fp32(self) -> None:
+        """Remember the fp32 frequencies."""
+        self._inv_freq32 = self.rotary_emb.inv_freq.detach().clone().float()  # not a buffer: .to() keeps fp32
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        rot = self.rotary_emb
+        self._inv_freq32 = self._inv_freq32.to(rot.inv_freq.device, torch.float32)
+        rot.inv_freq = rot.original_inv_freq = self._inv_freq32
+        return self
