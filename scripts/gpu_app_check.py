@@ -29,6 +29,10 @@ EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do
     ("suffix greedy", "suffix", "greedy", 0.0, 5, ""),
     ("draft_model block T=1", "draft_model", "block", 1.0, 4, ""),
     ("draft_model synthetic (not lossless)", "draft_model", "synthetic", 0.0, 4, "0.9, 0.8, 0.7, 0.6"),
+    ("dflash greedy", "dflash", "greedy", 0.0, 7, ""),
+    ("medusa greedy", "medusa", "greedy", 0.0, 4, ""),
+    ("mtp greedy", "mtp", "greedy", 0.0, 4, ""),
+    ("medusa typical T=1 (not distribution-preserving)", "medusa", "typical", 1.0, 4, ""),
 ]
 
 
