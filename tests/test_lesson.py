@@ -27,6 +27,7 @@ def traces(decoders):
         "ngram_gpu": dict(method="ngram_gpu", temperature=0.0, prompt_lookup_min=1, prompt_lookup_max=3),
         "synthetic": dict(method="draft_model", verify="synthetic", temperature=1.0, synthetic_rates=[0.9, 0.5, 0.3]),
         "none": dict(method="none", temperature=0.0),
+        "typical": dict(method="draft_model", verify="typical", temperature=1.0),
     }
     return {name: dec.generate(PROMPT, num_speculative_tokens=3, max_new_tokens=14, seed=3, **kw)
             for name, kw in runs.items()}
@@ -184,3 +185,22 @@ def test_views_a_lecturer_found_unclear(traces):
     assert "r(x) = " in html and "recovered token (from the residual)" in html
     r = dict((int(t), v) for t, v in rec.emitted.top).get(rec.emitted.token_id)
     assert f"r(x) = {fmt_prob(r)}" in html
+
+
+def test_typical_acceptance_is_taught_as_its_own_lossy_rule(traces):
+    """verify="typical" (Medusa): the acceptance text gives p(x) against min(eps, delta exp(-H)), says lossy, and
+    never quotes the standard test's u <= min(1, p/q) (a fresh user found the standard text there, session 4)."""
+    from specviz.viz.lesson import test_sentence
+
+    tr = traces["typical"]
+    texts = [test_sentence(tr, st, pos) for st in tr.steps for pos in st.positions]
+    assert texts
+    for t in texts:
+        assert "Typical acceptance" in t and "not distribution-preserving" in t and "min(1, p/q)" not in t
+        assert "ε = 0.09" in t and "δ = 0.3" in t
+
+    from specviz.viz.lesson import lesson_chapters
+
+    chapters = lesson_chapters(tr)
+    assert any("NOT distribution-preserving" in c.text for c in chapters)
+    assert not any("residual" in c.title for c in chapters)

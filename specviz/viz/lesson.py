@@ -8,7 +8,8 @@ the chapters are (algorithms.md's terms, vLLM's method names):
    know, e.g. one added later through the method registry);
 2. ``forward``: the one target forward over the k' draft tokens (p_1 ... p_{k'+1} at once);
 3. ``test``: the acceptance test at each verified position (greedy: the target's argmax;
-   standard: u <= min(1, p/q); block: eta_i <= h_i, Sun et al. 2024; synthetic: u <= a_i / a_(i-1),
+   standard: u <= min(1, p/q); block: eta_i <= h_i, Sun et al. 2024; typical (lossy): p(x) > min(eps,
+   delta exp(-H(p))), Medusa; synthetic: u <= a_i / a_(i-1),
    not lossless); block adds a ``block`` chapter with tau;
 4. ``outcome``: the recovered token and the residual it was drawn from, or the bonus token;
 5. ``commit``: the tokens the step committed.
@@ -48,6 +49,8 @@ VERIFY_TEXT = {
               "lossless, and accepts at least as many tokens as standard on average"),
     "synthetic": ("synthetic verification: position i is accepted with a given rate a_i, not from p and q. It is "
                   "NOT lossless (the output does not follow the target); use it for speed studies only"),
+    "typical": ("typical acceptance (Medusa): x is accepted while p(x) > min(ε, δ·exp(−H(p))); after a rejection the "
+                "token is drawn from p itself. It is NOT distribution-preserving (lossy)"),
 }
 
 
@@ -198,6 +201,13 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
                 f"h_{i} = {fmt_prob(h)} (the probability to accept the block up to {i}); η_{i} = {fmt_prob(eta)} "
                 f"{'≤' if ok else '>'} h_{i}, so position {i} {'passes' if ok else 'fails'}. Token-wise it would be "
                 f"η_{i} {'≤' if eta <= pos.accept_prob else '>'} min(1, p/q) = {fmt_prob(pos.accept_prob)}.")
+    if verify == "typical":  # Medusa's rule: p(x) against an entropy-scaled threshold, no uniform draw
+        eps = trace.config.get("typical_acceptance_sampler_posterior_threshold", "ε")
+        delta = trace.config.get("typical_acceptance_sampler_posterior_alpha", "δ")
+        return (f"Typical acceptance (Medusa; lossy, not distribution-preserving): {x} is accepted iff "
+                f"p({x}) = {fmt_prob(pos.p)} > min(ε, δ·exp(−H(p_{i}))) with ε = {eps}, δ = {delta}; it was "
+                f"{'accepted' if pos.accepted else 'rejected'}. No uniform draw is compared, and the output does not "
+                "follow the target's distribution.")
     if verify == "synthetic":
         rate = f"a_{i}" if i == 1 else f"a_{i} / a_{i - 1}"
         return (f"u = {fmt_prob(pos.u)} {'≤' if pos.accepted else '>'} {rate} = {fmt_prob(pos.accept_prob)}, "
@@ -255,6 +265,11 @@ def outcome_chapter(trace: Trace, st: Step) -> Chapter:
         text = (f"Every draft token was accepted, so p_{k + 1}, already computed by the same forward, gives a free "
                 f"<b>bonus token</b>: {how}, {y} (p = {fmt_prob(e.p)}). The step yields {k + 1} tokens from one "
                 "target forward.")
+    elif verify == "typical":
+        title = f"Step {st.index}: {y}, drawn from p itself after the rejection (typical acceptance)"
+        text = (f"Draft position {slot} failed the typical test, so the step draws its own token from the target's p_{slot} "
+                f"itself, not from a residual: {y} (p = {fmt_prob(e.p)}). Typical acceptance is lossy: the output does "
+                "not follow the target's distribution exactly.")
     elif verify == "greedy":
         title = f"Step {st.index}: the target's argmax {y} replaces the rejected token"
         text = (f"Draft position {slot} was rejected. At temperature 0 the step emits the target's argmax there "
