@@ -164,3 +164,18 @@ def test_chain_from_version1_trace():
     fig = tv.tree_figure(tr, 0)
     assert len(_boxes(fig)) == 5 and "draft chain" in fig.layout.title.text
     assert [tv.position_for_node(tr.steps[0], n) for n in (0, 1, 2, tv.EMITTED)] == [1, 2, 3, 3]
+
+
+def test_eagle_panel_draws_acceptance_by_depth_for_tree_runs():
+    """An EAGLE-2 tree run fills the EAGLE panel of section 3 (acceptance by depth) instead of saying "no EAGLE
+    drafts" (a fresh user found it empty, session 4); the empty head-confidence series is left out."""
+    from specviz import SpecDecoder
+    from specviz.viz.eagle import eagle_figure
+
+    dec = SpecDecoder.from_pretrained(device="cpu")  # the bundled target and EAGLE-3 head
+    tr = dec.generate("def add(a, b):\n    return", method="eagle3", num_speculative_tokens=5, eagle_tree_top_k=4,
+                      eagle_tree_depth=3, eagle_tree_total_tokens=12, max_new_tokens=16)
+    assert {st.match.get("tree") for st in tr.steps} == {"dynamic"}
+    fig = eagle_figure(tr, 0)
+    assert fig.data and all(len(t.y) for t in fig.data)
+    assert "no EAGLE drafts" not in str(fig.layout.annotations)

@@ -138,6 +138,9 @@ def eagle_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     """The run's per-position acceptance next to the head's mean confidence (compare other methods'
     runs with :func:`acceptance_by_position_figure`)."""
     trace = as_trace(trace)
-    if not any(st.match.get("positions") for st in trace.steps):
+    drafted = any(st.match.get("positions") or st.match.get("tree") not in (None, "none") for st in trace.steps)
+    if not drafted:  # tree steps (EAGLE-2 / static) carry no chain positions: acceptance by depth still applies
         return message_figure("no EAGLE drafts in this run", height=160)
-    return acceptance_by_position_figure([trace])
+    fig = acceptance_by_position_figure([trace])
+    fig.data = [tr for tr in fig.data if len(tr.y or ())]  # tree steps record no head confidence per position
+    return fig
