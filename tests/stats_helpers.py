@@ -46,3 +46,28 @@ def chi_square(counts: np.ndarray, expected_probs: np.ndarray) -> tuple[float, i
 def threshold(num_tests: int, alpha: float = ALPHA) -> float:
     """Bonferroni: the per-test p-value threshold of a family of ``num_tests`` tests."""
     return alpha / max(num_tests, 1)
+
+
+SMALL_VOCAB = 8
+
+
+def save_small_word_target(root, seed: int = 4):
+    """A 4-layer random Llama over V = 8 word tokens ``t0 .. t7`` (no EOS; flat enough that a few
+    thousand samples reach every token), saved with its tokenizer to ``root/target`` (safetensors).
+    For the per-position chi-square tests of the head methods. Returns the model (eval mode)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=SMALL_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.2,
+                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(root / "target", safe_serialization=True)
+    names = [f"t{i}" for i in range(SMALL_VOCAB)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token=names[-1]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
+    return model

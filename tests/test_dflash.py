@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from stats_helpers import SMALL_VOCAB, save_small_word_target
 
 from specviz import SpecDecoder
 from specviz.heads.dflash import DFlashCache, DFlashHead, dflash_config_from_target, save_dflash
@@ -282,29 +283,16 @@ def test_cli_dflash(dflash_dirs, capsys):
 
 
 # ---- lossless sampling: chi-square per position, small vocabulary ---------------------------------
-V_SMALL = 8
+V_SMALL = SMALL_VOCAB
 
 
 @pytest.fixture(scope="module")
 def small_decoder(tmp_path_factory):
     """A 4-layer random Llama over V = 8 word tokens (no EOS) with a random DFlash head (B = 4, MASK = 7)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("dflash-small")
-    torch.manual_seed(4)
-    cfg = LlamaConfig(vocab_size=V_SMALL, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.2,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(root / "target", safe_serialization=True)
-    names = [f"t{i}" for i in range(V_SMALL)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token=names[-1]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
+    model = save_small_word_target(root)
     torch.manual_seed(5)
-    head = DFlashHead(dflash_config_from_target(cfg, num_layers=1, block_size=4, mask_token_id=7), model)
+    head = DFlashHead(dflash_config_from_target(model.config, num_layers=1, block_size=4, mask_token_id=7), model)
     with torch.no_grad():  # sharpen the random head so that its drafts are accepted often
         head.norm.weight.mul_(4.0)
     save_dflash(head, root / "dflash", dtype=torch.float32)

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stats_helpers import SMALL_VOCAB, save_small_word_target
 from transformers import DynamicCache
 
 from specviz import SpecDecoder
@@ -206,30 +207,17 @@ def test_missing_head_is_a_clear_error(tiny_dirs, eagle_dirs):
 
 
 # ---- lossless sampling: chi-square per position, small vocabulary ---------------------------------
-V_SMALL = 8
+V_SMALL = SMALL_VOCAB
 
 
 @pytest.fixture(scope="module")
 def small_decoder(tmp_path_factory):
     """A 4-layer random Llama over V = 8 word tokens (no EOS) with random eagle / eagle3 heads."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("eagle-small")
-    torch.manual_seed(4)
-    cfg = LlamaConfig(vocab_size=V_SMALL, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.2,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(root / "target", safe_serialization=True)
-    names = [f"t{i}" for i in range(V_SMALL)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token=names[-1]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
+    model = save_small_word_target(root)
     for kind in ("eagle", "eagle3"):
         torch.manual_seed(5)
-        head = build_head(head_config_from_target(cfg, kind), model)
+        head = build_head(head_config_from_target(model.config, kind), model)
         save_head(head, root / kind, dtype=torch.float32)
     return SpecDecoder.from_pretrained(root / "target", device="cpu", dtype="float32",
                                        heads={k: str(root / k) for k in ("eagle", "eagle3")})

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stats_helpers import SMALL_VOCAB, save_small_word_target
 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
@@ -252,27 +253,14 @@ def test_missing_head_and_cli(medusa_dirs, capsys):
 
 
 # ---- T > 0: lossless rules, and typical acceptance's shift ----------------------------------------
-V_SMALL = 8
+V_SMALL = SMALL_VOCAB
 
 
 @pytest.fixture(scope="module")
 def small_decoder(tmp_path_factory):
     """A 4-layer random Llama over V = 8 word tokens (no EOS) with random medusa heads."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("medusa-small")
-    torch.manual_seed(4)
-    cfg = LlamaConfig(vocab_size=V_SMALL, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, initializer_range=0.2,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(root / "target", safe_serialization=True)
-    names = [f"t{i}" for i in range(V_SMALL)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token=names[-1]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
+    model = save_small_word_target(root)
     save_head(random_medusa(model, 5, scale=0.3), root / "medusa", dtype=torch.float32)
     return SpecDecoder.from_pretrained(root / "target", device="cpu", dtype="float32",
                                        heads={"medusa": str(root / "medusa")})

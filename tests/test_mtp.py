@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from stats_helpers import SMALL_VOCAB, save_small_word_target
 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
@@ -235,27 +236,13 @@ def test_save_load_missing_and_cli(mtp_dirs, mtp_decoders, capsys):
     assert "mean acceptance length" in capsys.readouterr().out
 
 
-V_SMALL = 8
+V_SMALL = SMALL_VOCAB
 
 
 @pytest.fixture(scope="module")
 def small_decoder(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("mtp-small")
-    torch.manual_seed(4)
-    cfg = LlamaConfig(vocab_size=V_SMALL, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
-                      initializer_range=0.2, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
-    model.save_pretrained(root / "target", safe_serialization=True)
-    names = [f"t{i}" for i in range(V_SMALL)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token=names[-1]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
+    model = save_small_word_target(root)
     save_head(random_mtp(model, 5), root / "mtp", dtype=torch.float32)
     return SpecDecoder.from_pretrained(root / "target", device="cpu", dtype="float32", heads={"mtp": str(root / "mtp")})
 
