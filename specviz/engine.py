@@ -666,8 +666,10 @@ def warm_up_specs(vocab: int, max_speculative_tokens: int, verify_methods: Seque
     (draft_model at T > 0); greedy at temperature 0 only, the others at 0 and at ``temperatures``
     (top-k / top-p off). Detailed records (the app's setting)."""
     specs = []
+    from .sampling.reference import METHODS as CAPTURED  # what the verifier's graphs run (typical: eager only)
+
     for verify in verify_methods:
-        if verify == "typical":  # the reference sampler only, never captured (sampling/typical.py)
+        if verify not in CAPTURED:
             continue
         for temp in (0.0,) if verify == "greedy" else (0.0, *temperatures):
             for full_q in (False,) if temp == 0 else (False, True):
