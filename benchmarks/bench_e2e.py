@@ -139,11 +139,32 @@ def _set_timers(dec, armed: bool) -> None:
                     r.graph_events = [] if armed else None
 
 
+def parse_method(spec: str) -> tuple[str, int, dict, str]:
+    """``--methods`` entry -> (method, k, extra settings, row label). ``eagle3`` is a chain of k = 5;
+    ``eagle3+tree4x5x24`` an EAGLE-2 dynamic tree (top_k 4, depth 5, 24 nodes; k = depth + 1);
+    ``draft_model+choices`` a static ``speculative_token_tree`` (``STATIC_TREE``)."""
+    method, _, variant = spec.partition("+")
+    if not variant:
+        return method, 1 if method == "none" else 5, {}, method
+    if variant.startswith("tree"):
+        top_k, depth, total = (int(x) for x in variant[len("tree"):].split("x"))
+        return method, depth + 1, {"eagle_tree_top_k": top_k, "eagle_tree_depth": depth,
+                                   "eagle_tree_total_tokens": total}, spec
+    if variant == "choices":
+        return method, 5, {"speculative_token_tree": STATIC_TREE}, spec
+    raise SystemExit(f"unknown method variant {spec!r}: use METHOD, METHOD+treeKxDxN or METHOD+choices")
+
+
+# A static tree of 12 nodes, depth 4: two children at the root and below the first child, chains under the best.
+STATIC_TREE = str([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+                   (0, 0, 0, 0), (0, 0, 0, 1), (0, 1, 0, 0)])
+
+
 def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     rows = []
-    for method, k in methods:  # HF and specviz both stop at EOS: outputs are compared whole
+    for method, k, extra, name in methods:  # HF and specviz both stop at EOS: outputs are compared whole
         for detailed in (True, False):
-            kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed)
+            kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed, **extra)
             if method in ("ngram", "ngram_gpu"):
                 kw.update(prompt_lookup_min=2, prompt_lookup_max=4)
             sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
@@ -154,8 +175,8 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
                 trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
                 gpu = graph_gpu_ms(dec)
                 _set_timers(dec, False)
-            rows.append({"name": f"specviz {label} {method} k={k} trace={'on' if detailed else 'off'}",
-                         "runner": label, "method": method, "k": k, "trace": detailed,
+            rows.append({"name": f"specviz {label} {name} k={k} trace={'on' if detailed else 'off'}",
+                         "runner": label, "method": name, "k": k, "trace": detailed,
                          "compiled": bool(getattr(dec.target_runner, "compiled", False)),
                          "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
                          "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
@@ -173,7 +194,8 @@ def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, r
     print(f"\n## {title}", flush=True)
     heads = ({k: str(v) for k, v in DEFAULT_HEADS.items() if v.exists()}
              if Path(target).resolve() == DEFAULT_TARGET.resolve() else None)
-    methods = [(m, k) for m, k in methods if not m.startswith("eagle") or m in (heads or {})]  # no head: no row
+    methods = [m for m in methods if m[0] in ("none", "ngram", "ngram_gpu", "suffix", "draft_model")
+               or m[0] in (heads or {})]  # a method whose head is not bundled: no row
     eager = SpecDecoder.from_pretrained(target, draft, device=device, runner="eager", heads=heads)
     rows, reference = hf_rows(eager, eager.draft_model, prompt, max_new, repeats)
     if "eager" in runners:
@@ -183,8 +205,8 @@ def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, r
         static = SpecDecoder.from_pretrained(target, draft, device=device, runner="static", heads=heads,
                                              max_cache_len=len(eager.encode(prompt)) + max_new + 64, compile=compiled)
         t0 = time.perf_counter()
-        for method, k in methods:  # not timed: the first request of each method compiles (and captures)
-            static.generate(prompt, method=method, num_speculative_tokens=k, max_new_tokens=16)
+        for method, k, extra, _ in methods:  # not timed: the first request of each method compiles (and captures)
+            static.generate(prompt, method=method, num_speculative_tokens=k, max_new_tokens=16, **extra)
         print(f"{label}: first requests (compilation, capture) took {time.perf_counter() - t0:.1f} s", flush=True)
         rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, label)
         if save is not None:
@@ -236,7 +258,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     max_new, repeats = (24, 1) if args.smoke else (args.max_new, args.repeats)
-    methods = [(m, 1 if m == "none" else 5) for m in args.methods.split(",")]
+    methods = [parse_method(m) for m in args.methods.split(",")]
     runners = tuple(args.runners.split(","))
     if set(runners) - set(RUNNERS):
         sys.exit(f"unknown --runners {sorted(set(runners) - set(RUNNERS))}; choose from {', '.join(RUNNERS)}")

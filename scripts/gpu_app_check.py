@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
+STATIC_TREE = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 0, 0, 0)]"
 EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do not cover
     ("eagle3 greedy", "eagle3", "greedy", 0.0, 4, ""),
     ("eagle greedy", "eagle", "greedy", 0.0, 4, ""),
@@ -33,6 +34,13 @@ EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do
     ("medusa greedy", "medusa", "greedy", 0.0, 4, ""),
     ("mtp greedy", "mtp", "greedy", 0.0, 4, ""),
     ("medusa typical T=1 (not distribution-preserving)", "medusa", "typical", 1.0, 4, ""),
+    ("eagle3 chain k=6 (beside its tree)", "eagle3", "greedy", 0.0, 6, ""),
+    ("eagle3 EAGLE-2 tree 4,5,24", "eagle3", "greedy", 0.0, 6, "", ("4, 5, 24", 0, "")),
+    ("eagle3 EAGLE-2 tree 8,5,32 standard T=0.8", "eagle3", "standard", 0.8, 6, "", ("8, 5, 32", 0, "")),
+    ("eagle EAGLE-2 tree 4,5,24", "eagle", "greedy", 0.0, 6, "", ("4, 5, 24", 0, "")),
+    ("draft_model static tree", "draft_model", "greedy", 0.0, 5, "", ("", 0, STATIC_TREE)),
+    ("medusa static tree", "medusa", "greedy", 0.0, 4, "", ("", 0, STATIC_TREE)),
+    ("ngram tree, 2 branches", "ngram", "greedy", 0.0, 5, "", ("", 2, "")),
 ]
 
 
@@ -42,6 +50,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--limit", type=int, default=None, help="only the first N cases (a quick check)")
+    ap.add_argument("--only", default=None, help="only cases whose name contains one of these comma-separated words")
     a = ap.parse_args()
     from gradio_client import Client
 
@@ -57,14 +66,16 @@ def main() -> None:
         st = ex["settings"]
         cases.append((ex["name"], ex["prompt"], st["method"], st.get("verify", "greedy"), st.get("temperature", 0.0),
                       st.get("num_speculative_tokens", 4), st.get("max_new_tokens", a.max_new_tokens),
-                      st.get("prompt_lookup_min", 2), st.get("prompt_lookup_max", 4), st.get("seed", 0), ""))
+                      st.get("prompt_lookup_min", 2), st.get("prompt_lookup_max", 4), st.get("seed", 0), "", None))
     prompt = examples[1]["prompt"] if len(examples) > 1 else examples[0]["prompt"]
-    for name, method, verify, temp, k, rates in EXTRA:
-        cases.append((name, prompt, method, verify, temp, k, a.max_new_tokens, 2, 4, 0, rates))
+    for name, method, verify, temp, k, rates, *tree in EXTRA:
+        cases.append((name, prompt, method, verify, temp, k, a.max_new_tokens, 2, 4, 0, rates, tree[0] if tree else None))
     rows = []
-    for name, prompt, method, verify, temp, k, max_new, lo, hi, seed, rates in cases[: a.limit]:
+    if a.only:
+        cases = [c for c in cases if any(w in c[0] for w in a.only.split(","))]
+    for name, prompt, method, verify, temp, k, max_new, lo, hi, seed, rates, tree in cases[: a.limit]:
         for attempt in (1, 2):
-            args = (prompt, method, k, verify, temp, 0, 1.0, max_new, seed, lo, hi, rates, True, 3)
+            args = (prompt, method, k, verify, temp, 0, 1.0, max_new, seed, lo, hi, rates, True, 3, *(tree or ("", 0, "")))
             t = time.time()
             try:
                 out = client.predict(*args, api_name="/run")
@@ -80,7 +91,14 @@ def main() -> None:
                        "mean_acceptance_length": m.get("mean_acceptance_length"), "capture_ms": m.get("capture_ms"),
                        "speedup_median": meas.get("median"), "speedup_low": meas.get("low"),
                        "speedup_high": meas.get("high"), "speedup_n": meas.get("n"), "noisy": meas.get("noisy"),
+                       "tree_nodes_max": max((len(st.get("nodes") or []) for st in tr.get("steps", [])), default=0),
                        "progress": str(out[0])[:200], "wall_s": round(time.time() - t, 2)}
+                if attempt == 2 and (tree or name.startswith("Decoder layer")):  # the lesson on this trace
+                    t1 = time.time()
+                    lesson = [str(client.predict(api_name="/lesson_start"))[:160]]
+                    lesson += [str(client.predict(api_name="/lesson_next"))[:160] for _ in range(5)]
+                    row["lesson"] = {"chapters_seen": len(lesson), "first": lesson[0], "last": lesson[-1],
+                                     "seconds": round(time.time() - t1, 2)}
             except Exception as exc:  # noqa: BLE001  (record and go on: one failing case must not end the check)
                 row = {"case": name, "run": attempt, "method": method, "verify": verify, "error": repr(exc)[:300],
                        "wall_s": round(time.time() - t, 2)}
@@ -94,6 +112,7 @@ def main() -> None:
         res["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except Exception:  # noqa: BLE001
         pass
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
     lines = ["| case | run | tokens/forward | MAL | speedup (median, range, n) | capture ms |", "|---|---|---|---|---|---|"]
     for r in rows:
