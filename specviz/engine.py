@@ -18,6 +18,7 @@ against. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023, vLLM ``v1/sp
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -50,6 +51,26 @@ DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODE
 RUNNERS = ("auto", "eager", "static")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic", "typical")  # typical: lossy (sampling/typical.py)
 MAX_SPECULATIVE_TOKENS = 32
+
+_DEVICE_LOCKS: dict[str, threading.RLock] = {}
+_DEVICE_LOCKS_GUARD = threading.Lock()
+
+
+def device_lock(device: torch.device) -> "threading.RLock | contextlib.nullcontext[None]":
+    """The process-wide lock that serialises GPU work of every decoder on one CUDA device, step by step
+    (a no-op context on the CPU, where concurrent requests simply share the cores).
+
+    Why: CUDA-graph capture (the static runner's, the EAGLE head runner's, the verifier's) is invalidated
+    by another thread's CUDA calls during the capture ("operation failed due to a previous error during
+    capture", measured on the H200 with 8 concurrent app sessions, 2026-12-01). A request holds the lock
+    for one step's work at a time and releases it between steps, so concurrent requests interleave step by
+    step and none waits for another's whole run; :meth:`SpecDecoder.warm_up` holds it throughout.
+    Reentrant: ``warm_up`` runs requests inside its own hold."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    key = str(torch.device(device.type, device.index if device.index is not None else torch.cuda.current_device()))
+    with _DEVICE_LOCKS_GUARD:
+        return _DEVICE_LOCKS.setdefault(key, threading.RLock())
 
 
 @dataclass(frozen=True)
@@ -287,6 +308,11 @@ class SpecDecoder:
         Returns:
             {"seconds": wall time, "capture_s": time spent capturing graphs, "graphs": graphs captured}.
         """
+        with device_lock(self.device):  # no other thread's CUDA work may run while graphs are captured
+            return self._warm_up(max_speculative_tokens, verify_methods, temperatures, synthetic_rates, progress)
+
+    def _warm_up(self, max_speculative_tokens: int, verify_methods: Sequence[str], temperatures: Sequence[float],
+                 synthetic_rates: Sequence[float], progress: Callable[[str], None] | None) -> dict[str, float]:
         t0, c0 = time.perf_counter(), self._pooled_capture_s()
         say = progress or (lambda line: None)
         prompt = self.encode("def f(x):\n    return")
@@ -445,7 +471,20 @@ class SpecDecoder:
 
     def _run(self, ids: list[int], cfg: GenerationConfig, bus: ev.EventBus, recorder: Recorder,
              stream_texts: bool = True, suffix_cache: GlobalSuffixCache | None = None) -> Iterator[Trace]:
+        """The request's loop; its GPU work runs under :func:`device_lock`, one step at a time (released at
+        every yield)."""
+        lock = device_lock(self.device)
         start = time.perf_counter()
+        lock.__enter__()
+        try:
+            yield from self._run_locked(ids, cfg, bus, recorder, stream_texts, suffix_cache, lock, start)
+        finally:
+            lock.__exit__(None, None, None)
+        yield recorder.trace  # the finished trace, outside the lock
+
+    def _run_locked(self, ids: list[int], cfg: GenerationConfig, bus: ev.EventBus, recorder: Recorder,
+                    stream_texts: bool, suffix_cache: GlobalSuffixCache | None, lock: Any,
+                    start: float) -> Iterator[Trace]:
         bus.publish(ev.GenerationStarted(config=self._describe(cfg, ids), prompt_token_ids=list(ids)))
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
         ctx = StepContext(temperature=cfg.temperature, generator=generator, top_k=cfg.top_k, top_p=cfg.top_p)
@@ -483,7 +522,11 @@ class SpecDecoder:
                 if stream_texts:  # a streamed trace is whole at every yield
                     publish()
                     self._add_texts(recorder.trace, generated)
-                yield recorder.trace
+                lock.__exit__(None, None, None)  # between steps other requests' steps may run
+                try:
+                    yield recorder.trace
+                finally:
+                    lock.__enter__()
         finally:
             if publish is not None:
                 publish()
@@ -495,7 +538,6 @@ class SpecDecoder:
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
             self._add_texts(recorder.trace, generated)
-        yield recorder.trace
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,
               runner: ModelRunner, verifier: StepVerifier, proposer: Proposer | None, ctx: StepContext,
