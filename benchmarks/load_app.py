@@ -77,6 +77,7 @@ def launch(target: str | None, draft: str | None, device: str | None):
     demo = build_app(target, draft, device, cache=cache)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
+    demo.specviz_cache = cache  # for scripts that also drive the app's warm decoder directly
     return demo, f"http://127.0.0.1:{port}/"
 
 

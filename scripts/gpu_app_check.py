@@ -44,12 +44,36 @@ EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do
 ]
 
 
+def compare_timing(dec) -> dict:
+    """Issue 14's goal on this app's warm decoder: results/compare/measure.py's 6 configurations x 5 prompts x 64
+    new tokens, wall time (the decoder is loaded and warmed up already)."""
+    import importlib.util
+
+    from specviz.compare import iter_comparison, new_comparison
+    from specviz.compare_cli import load_prompt_set
+
+    spec = importlib.util.spec_from_file_location("measure", ROOT / "results/compare/measure.py")
+    measure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(measure)
+    prompts = load_prompt_set("all")
+    prompts = [prompts[i] for i in (0, 1, 3, 4, 6)]
+    c = new_comparison(measure.CONFIGS, prompts, [0], 64)
+    t0 = time.perf_counter()
+    runs = list(iter_comparison(dec, c))
+    return {"configurations": len(c.configs), "prompts": len(c.prompts), "runs": len(runs),
+            "tokens": sum(len(r.trace.output_token_ids) for r in runs), "wall_s": round(time.perf_counter() - t0, 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--limit", type=int, default=None, help="only the first N cases (a quick check)")
+    ap.add_argument("--soak", type=int, default=0, help="then the load checks of benchmarks/load_app.py on this app: "
+                    "8 concurrent sessions and N consecutive runs (RSS and CUDA memory)")
+    ap.add_argument("--compare", action="store_true", help="then time results/compare/measure.py's comparison "
+                    "(6 configurations x 5 prompts x 64 tokens) on the app's warm decoder")
     ap.add_argument("--only", default=None, help="only cases whose name contains one of these comma-separated words")
     a = ap.parse_args()
     from gradio_client import Client
@@ -106,6 +130,19 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "device": a.device,
            "launch_and_warm_up_s": round(launch_s, 1), "rows": rows}
+    if a.compare:
+        res["compare"] = compare_timing(demo.specviz_cache.get())
+        print(json.dumps(res["compare"]), flush=True)
+    if a.soak:
+        try:
+            res["concurrent"] = load_app.concurrent_sessions(url)
+            print(json.dumps(res["concurrent"]), flush=True)
+        except AssertionError as exc:
+            res["concurrent"] = {"error": str(exc)[:300]}
+            print("concurrent sessions FAILED:", exc, flush=True)
+        soaked = load_app.soak(url, a.soak)
+        res["soak"] = {k: v for k, v in soaked.items() if k != "rss_mb"}
+        print(json.dumps(res["soak"]), flush=True)
     try:
         import torch
 

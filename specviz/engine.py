@@ -42,6 +42,7 @@ from .runner import EagerRunner, ModelRunner
 from .static_runner import StaticRunner
 from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
+from .transfer import to_device
 from .verify_step import StepVerifier, VerifySpec, verify_tree_step
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
@@ -321,14 +322,15 @@ class SpecDecoder:
         if self.draft_model is not None:
             self.generate(prompt, method="draft_model", num_speculative_tokens=2, max_new_tokens=4)
         k_max = min(int(max_speculative_tokens), MAX_SPECULATIVE_TOKENS)
-        captured = self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say)
+        captured = self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say, trees=True)
         for kind in self.heads:  # eagle / eagle3: the target's forwards that also return the head's taps
             self.generate(prompt, method=kind, num_speculative_tokens=2, max_new_tokens=4)
             from .proposers.eagle import head_taps
 
             head_cfg = self.heads[kind].config
             captured += self._warm_runner(self.target_model, prompt, range(1, k_max + 2), say,
-                                          taps=head_cfg.taps if kind == "dflash" else head_taps(head_cfg))
+                                          taps=head_cfg.taps if kind == "dflash" else head_taps(head_cfg),
+                                          trees="speculative_token_tree" in methods.get(kind).settings)
             if kind in ("eagle", "eagle3"):
                 captured += methods.warm_head_runner(self, self.heads[kind], k_max + 1)  # the head's own graphs
         if self.draft_model is not None:
@@ -356,9 +358,10 @@ class SpecDecoder:
             return _capture_s(*(obj for objs in self._free_runners.values() for obj in objs))
 
     def _warm_runner(self, model: torch.nn.Module, prompt: list[int], widths: Sequence[int],
-                     say: Callable[[str], None], taps: tuple[str, ...] = ()) -> int:
+                     say: Callable[[str], None], taps: tuple[str, ...] = (), trees: bool = False) -> int:
         """Capture the pooled runner's graphs for every forward width in ``widths`` (no-op without graphs),
-        with the feature ``taps`` a proposer declares (one graph per (width, taps))."""
+        with the feature ``taps`` a proposer declares (one graph per (width, taps)); ``trees``: also one tree
+        forward per tree-size bucket of the runner (``StaticRunner.tree_buckets``)."""
         runner = self._acquire_runner(model)
         try:
             if not getattr(runner, "cuda_graphs", False):
@@ -369,8 +372,14 @@ class SpecDecoder:
             for n in widths:
                 runner.forward_features(torch.tensor(prompt[-1:] * n, dtype=torch.long), taps)
                 runner.truncate(base)
-            say(f"warm-up: {len(widths)} forward graphs of {type(model).__name__}")
-            return len(widths)
+            buckets = tuple(getattr(runner, "tree_buckets", None) or ()) if trees else ()
+            for b in buckets:  # tree forwards: one graph per size bucket (b rows = the root + b - 1 nodes)
+                if base + b <= getattr(runner, "max_cache_len", 0):
+                    runner.forward_features(torch.tensor(prompt[-1:] * b, dtype=torch.long), taps,
+                                            parents=[-1] * (b - 1))
+                    runner.truncate(base)
+            say(f"warm-up: {len(widths) + len(buckets)} forward graphs of {type(model).__name__}")
+            return len(widths) + len(buckets)
         finally:
             runner.reset()
             self._release_runner(model, runner)
@@ -586,8 +595,8 @@ class SpecDecoder:
             tree_out, p_tree = verify_tree_step(spec, logits, q, x, tree, draft.tree_rule, ctx.generator)
             emitted, acc = tree_out.output_token_ids, len(tree_out.path)
             draft_ids = emitted[:acc]  # the accepted path's tokens, in path order
-            next_last = torch.tensor([emitted[-1]], dtype=torch.long, device=self.device)
-            rows = torch.tensor([0, *(1 + c for c in tree_out.path)], dtype=torch.long, device=self.device)
+            next_last = to_device(torch.tensor([emitted[-1]], dtype=torch.long), self.device)  # queued, no wait
+            rows = to_device(torch.tensor([0, *(1 + c for c in tree_out.path)], dtype=torch.long), self.device)
             runner.commit(tree_out.path)
         t3, c3 = time.perf_counter(), captured()
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
@@ -602,11 +611,11 @@ class SpecDecoder:
 
         def publish() -> None:
             bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none",
-                                         token_ids=draft_ids if tree is None else [int(t) for t in draft.token_ids],
+                                         token_ids=draft_ids if tree is None else tree_out.token_ids,
                                          details=draft.details, draft_ms=timings["draft_ms"]))
             if tree is not None:
                 record = tree_record(tree_out, p_tree, q if tree_out.rule == "sampled" else None,
-                                     [int(t) for t in draft.token_ids], tree, draft.scores,
+                                     tree_out.token_ids, tree, draft.scores,
                                      draft.tree_rule, cfg.verify, cfg.detailed_trace)
             elif detail is not None:
                 record = host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend)

@@ -183,9 +183,11 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
     Positions are the row (:func:`tree_row`): an accepted node's residual is max(p - q, 0) at its
     parent (one-hot q: p with its token removed, as a chain position's); the final rejected
     child's residual is what the emitted token was drawn from (every rejected sibling removed).
-    ``detailed=False``: no positions or top-20s (the nodes' p, q, u are still recorded)."""
+    ``detailed=False``: no positions or top-20s (the nodes' p, q, u are still recorded, from the
+    verifier's own host copy: no device read here). Detailed: one device-to-host copy for every
+    top-20 list, residual mass and the emitted token's p (it runs while the next forward is queued)."""
     N = len(parents)
-    host = {name: getattr(out, name).tolist() for name in ("p", "q", "u", "accept_prob")}
+    host = out.host if out.host else {name: getattr(out, name).tolist() for name in ("p", "q", "u", "accept_prob")}
     greedy = out.rule == "greedy"
     nodes = [{"id": i, "parent": parents[i], "depth": 0, "token_id": token_ids[i], "p": host["p"][i],
               "q": host["q"][i], "u": host["u"][i] if out.tested[i] and not greedy else None, "fate": out.fate[i],
@@ -195,12 +197,9 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
         n["depth"] = 1 if n["parent"] < 0 else nodes[n["parent"]]["depth"] + 1
     row = tree_row(out, parents)
     a = len(out.path)
-    emit_row = p[out.emit_node + 1]
     record = {
         "num_accepted": a, "output_token_ids": list(out.output_token_ids),
-        "emitted": {"position": a + 1, "token_id": out.token_id, "kind": out.kind,
-                    "p": float(emit_row[out.token_id]) if detailed else None,
-                    "top": _top_pairs(out.emit_weights) if detailed else [],
+        "emitted": {"position": a + 1, "token_id": out.token_id, "kind": out.kind, "p": None, "top": [],
                     "residual_empty": out.kind == "recovered" and out.emit_fallback},
         "positions": [], "method": method, "backend": "reference",
         "nodes": nodes, "accepted_path": list(out.path), "tree_rule": tree_rule,
@@ -208,22 +207,37 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
     }
     if not detailed:
         return record
+    R = len(row)
+    parent_p = p[[parents[c] + 1 for c in row]] if R else p[:0]  # [R, V]
+    resid = []
     for m, c in enumerate(row):
-        parent_p = p[parents[c] + 1]
         if m == a:  # the last rejected child: the residual the emitted token came from
-            resid = out.emit_weights if not out.emit_fallback else torch.zeros_like(parent_p)
+            resid.append(out.emit_weights if not out.emit_fallback else torch.zeros_like(parent_p[m]))
         elif q is not None:
-            resid = (parent_p - q[c].float()).clamp_min(0.0)
+            resid.append((parent_p[m] - q[c].float()).clamp_min(0.0))
+        elif 0 <= token_ids[c] < p.shape[1]:
+            resid.append(parent_p[m].index_fill(0, torch.tensor([token_ids[c]], device=p.device), 0.0))
         else:
-            resid = parent_p.clone()
-            if 0 <= token_ids[c] < parent_p.numel():
-                resid[token_ids[c]] = 0.0
+            resid.append(parent_p[m])
+    groups = [parent_p, torch.stack(resid) if R else p[:0], out.emit_weights[None]]
+    if q is not None and R:
+        groups.append(q[row].float())
+    vals, ids = _top(torch.cat(groups), TOP_N)  # [rows, 20]
+    mass = groups[1].sum(dim=-1)  # [R]
+    emit_p = p[out.emit_node + 1, out.token_id].reshape(1)
+    h = torch.cat([vals.double().reshape(-1), ids.double().reshape(-1), mass.double(), emit_p.double()]).tolist()
+    n_top = vals.shape[1]
+    n_vals = vals.numel()
+    top = [_pairs(h[r * n_top:(r + 1) * n_top], h[n_vals + r * n_top:n_vals + (r + 1) * n_top])
+           for r in range(vals.shape[0])]
+    record["emitted"]["p"], record["emitted"]["top"] = h[-1], top[2 * R]
+    for m, c in enumerate(row):
         record["positions"].append({
             "index": m + 1, "token_id": token_ids[c], "p": host["p"][c], "q": host["q"][c],
             "u": 0.0 if greedy else host["u"][c], "accept_prob": host["accept_prob"][c], "accepted": m < a,
-            "residual_mass": float(resid.sum()) if not greedy else float(1.0 - host["p"][c]),
-            "p_top": _top_pairs(parent_p),
-            "q_top": _top_pairs(q[c].float()) if q is not None else [[token_ids[c], 1.0]],
-            "residual_top": _top_pairs(resid),
+            "residual_mass": h[2 * n_vals + m] if not greedy else float(1.0 - host["p"][c]),
+            "p_top": top[m],
+            "q_top": top[2 * R + 1 + m] if q is not None else [[token_ids[c], 1.0]],
+            "residual_top": top[R + m],
         })
     return record

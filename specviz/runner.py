@@ -28,6 +28,7 @@ from typing import Protocol, Sequence
 import torch
 from transformers import DynamicCache
 
+from .transfer import to_device
 from .tree import depths, is_chain, validate_parents
 
 FINAL_NORM = "final_norm"  # f_t: output of the final RMSNorm (EAGLE-1, Medusa; methods.md section 0)
@@ -169,7 +170,7 @@ def compact_layers(layers: Sequence, start: int, kept: Sequence[int]) -> None:
     if list(kept) == list(range(len(kept))):
         return  # already in place (a chain, or the first children)
     device = layers[0].keys.device
-    src = torch.tensor([start + 1 + int(c) for c in kept], dtype=torch.long, device=device)
+    src = to_device(torch.tensor([start + 1 + int(c) for c in kept], dtype=torch.long), device)  # queued, no wait
     dst = torch.arange(start + 1, start + 1 + len(kept), dtype=torch.long, device=device)
     for layer in layers:
         for name in ("keys", "values"):

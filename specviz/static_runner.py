@@ -254,7 +254,7 @@ class StaticRunner:
         depth = torch.zeros(rows, dtype=torch.long)
         depth[1:n] = torch.tensor(tree_depths(tree), dtype=torch.long)
         pad = ids[:, :1].expand(1, rows - n)
-        return torch.cat([ids, pad], dim=1), mask.to(self.device), depth.to(self.device)
+        return torch.cat([ids, pad], dim=1), to_device(mask, self.device), to_device(depth, self.device)  # no host wait
 
     def _tree_forward(self, ids: torch.Tensor, taps: tuple[str, ...], tree: list[int]):
         """(float32 logits [1 + N, V], {tap: [1 + N, d]}) of a tree forward; padded to a bucket (and

@@ -283,13 +283,16 @@ class _GraphRunner(EagerRunner):
     """Records the forward widths a graph-capturing runner would capture."""
 
     cuda_graphs = True
+    tree_buckets = (8, 16)  # as StaticRunner's: tree forwards padded to these row counts
+    max_cache_len = 4096
 
     def __init__(self, model):
         super().__init__(model)
-        self.widths = []
+        self.widths, self.tree_widths = [], []
 
     def forward_features(self, token_ids, taps=(), parents=None):  # forward() calls it too
-        self.widths.append(int(token_ids.numel()))
+        tree = parents is not None and list(parents) != list(range(-1, len(parents) - 1))
+        (self.tree_widths if tree else self.widths).append(int(token_ids.numel()))
         return super().forward_features(token_ids, taps, parents=parents)
 
 
@@ -325,10 +328,12 @@ def test_warm_up_reaches_every_width_and_verifier_spec(tiny_dirs):
     report = dec.warm_up(max_speculative_tokens=4)
     target_runner = dec._free_runners[id(dec.target_model)][0]
     assert set(range(1, 6)) <= set(target_runner.widths)  # verify widths 1..k+1
+    assert target_runner.tree_widths == [8, 16]  # one tree forward per tree-size bucket (static trees)
     assert {1, 2} <= set(dec._free_runners[id(dec.draft_model)][0].widths)  # the drafter's steps
+    assert not dec._free_runners[id(dec.draft_model)][0].tree_widths  # the drafter never runs trees
     plan = warm_up_specs(dec.vocab_size, 4, backend="triton")
     assert verifier.specs[-len(plan):] == plan  # after the two tiny requests, every spec of the plan once
-    assert report["graphs"] == 5 + 2 + len(plan)
+    assert report["graphs"] == 5 + 2 + 2 + len(plan)
 
 
 def test_warm_up_specs_cover_what_the_ui_reaches(tiny_dirs, monkeypatch):

@@ -44,6 +44,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import tree as tree_mod
+from ..transfer import to_device
 from .base import Draft, StepContext
 from .eagle import EagleProposer
 
@@ -130,7 +131,7 @@ class EagleTreeProposer(EagleProposer):
         details = {"kind": self.name, "greedy": (context or StepContext()).temperature <= 0, "root_position": n,
                    "root_token_id": int(token_ids[n]), "taps": list(self.taps), "first_pass": first, **info}
         device = self._last[1].device
-        return Draft(token_ids=torch.tensor(tokens, dtype=torch.long, device=device), probs=None, details=details,
+        return Draft(token_ids=to_device(torch.tensor(tokens, dtype=torch.long), device), probs=None, details=details,
                      parents=parents, scores=scores, tree_rule="topk")
 
     # ---- one level: a head forward over some tree nodes at one position ---------------------------
@@ -146,7 +147,7 @@ class EagleTreeProposer(EagleProposer):
             line = _ancestors_or_self(cid, parent_of)
             visible[r, self.committed:] = torch.tensor([s in line for s in slots], dtype=torch.bool)
         pos = torch.full((len(rows),), position, dtype=torch.long, device=tokens.device)
-        mask = visible.to(tokens.device)[None, None]  # [1, 1, R, Lc + S]
+        mask = to_device(visible, tokens.device)[None, None]  # [1, 1, R, Lc + S]; queued, no host wait
         out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=mask)
         return out, torch.log_softmax(logits.float(), dim=-1)
 
@@ -178,16 +179,19 @@ class EagleTreeProposer(EagleProposer):
             cand_tok.append(top.indices.reshape(-1))
             cand_score.append(cu)
             best = _stable_top(cu, K)  # [K] indices into the K*K
-            frontier = [base + int(b) for b in best]
+            frontier = [base + b for b in best.tolist()]  # the level's one host read (the next mask needs it)
             f_tok, f_hidden, f_score = top.indices.reshape(-1)[best], out[best // K], cu[best]
         scores = torch.cat(cand_score)  # [K + levels*K*K]
-        keep = sorted(int(c) for c in _stable_top(scores, min(N - 1, scores.numel())))
+        tokens = torch.cat(cand_tok)  # [same]
+        top = _stable_top(scores, min(N - 1, scores.numel()))  # rerank: the N - 1 best candidates
+        top = torch.sort(top).values  # candidate order, so a parent precedes its children
+        host = torch.stack([top.double(), tokens[top].double(), scores[top].double()]).tolist()  # one host read
+        keep, toks, kept_scores = [int(c) for c in host[0]], [int(t) for t in host[1]], host[2]
         node_of = {cid: i for i, cid in enumerate(keep)}
-        toks = torch.cat(cand_tok)[keep].tolist()
         parents = [node_of[cand_parent[c]] if cand_parent[c] >= 0 else -1 for c in keep]
         info = {"tree": "dynamic", "top_k": K, "depth": self.dynamic.depth, "total_tokens": N, "levels": levels,
                 "num_candidates": int(scores.numel())}
-        return toks, parents, scores[keep].tolist(), info
+        return toks, parents, kept_scores, info
 
     # ---- static ------------------------------------------------------------------------------------
     def _static(self, n: int, max_depth: int):

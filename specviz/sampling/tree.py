@@ -46,11 +46,12 @@ nodes (3 small ops each, no host sync). The one host sync is the walk's read of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from specviz.sampling.types import SamplerNoise, draw_noise
+from specviz.transfer import to_device
 from specviz.tree import children as tree_children
 from specviz.tree import validate_parents
 
@@ -95,6 +96,8 @@ class TreeVerifyOutput:
     emit_weights: torch.Tensor
     emit_fallback: bool
     rule: str
+    token_ids: list[int] = field(default_factory=list)  # the N node tokens (host, from the same copy)
+    host: dict[str, list[float]] = field(default_factory=dict)  # p, q, u, accept_prob as host lists (same copy)
 
 
 def draw_tree_noise(num_nodes: int, vocab_size: int, generator: torch.Generator | None = None,
@@ -122,7 +125,7 @@ def verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, parents: li
     ids = token_ids.long().to(p.device)
     ok_id = (ids >= 0) & (ids < V)  # [N]
     safe = torch.where(ok_id, ids, torch.zeros_like(ids))
-    rows = torch.tensor([u + 1 for u in parents], dtype=torch.long, device=p.device)  # parent row of node i
+    rows = to_device(torch.tensor([u + 1 for u in parents], dtype=torch.long), p.device)  # parent row of node i
     p_x = torch.where(ok_id, p[rows, safe], 0.0) if N else p.new_zeros(0)  # [N]
     if rule != "greedy" and noise is None:
         noise = draw_tree_noise(N, V, generator, p.device)
@@ -183,9 +186,8 @@ def _rule_a(p, ids, ok_id, rows, parents):
     removed = (earlier & first[None, :]).float() @ torch.where(first, p_x, 0.0)  # [N]
     left = 1.0 - removed
     acc = torch.where(first & (left > 0), p_x / left.clamp_min(1e-30), 0.0).clamp(max=1.0)
-    keep = torch.ones_like(p)
-    keep[rows[ok_id], ids[ok_id]] = 0.0
-    return acc, p * keep
+    children = torch.zeros_like(p).index_put_((rows, ids), ok_id.float(), accumulate=True)  # no boolean index: no sync
+    return acc, torch.where(children > 0, 0.0, p)
 
 
 def _rule_b(p, q, ids, ok_id, parents):
@@ -221,10 +223,14 @@ def _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule) ->
     """Read the decisions once and walk from the root: the first passing child in node order."""
     N = len(parents)
     # one device-to-host copy: [passed N | emitted 1 + N | empty 1 + N | ids N] (ids exact in float64)
-    host = torch.cat([passed.double(), emit.double(), empty.double(), ids.double()]).tolist()
+    # ... and the nodes' p, q, u, acceptance probability for the trace, in the same copy
+    host = torch.cat([passed.double(), emit.double(), empty.double(), ids.double(), p_x.double(), q_x.double(),
+                      u.double(), acc.double()]).tolist()
     ok = [v > 0 for v in host[:N]]
     emit_host, empty_host = host[N : 2 * N + 1], [v > 0 for v in host[2 * N + 1 : 3 * N + 2]]
-    tokens = [int(v) for v in host[3 * N + 2 :]]
+    tokens = [int(v) for v in host[3 * N + 2 : 4 * N + 2]]
+    node_host = {name: host[4 * N + 2 + j * N : 4 * N + 2 + (j + 1) * N]
+                 for j, name in enumerate(("p", "q", "u", "accept_prob"))}
     kids = tree_children(parents)
     fate, tested = ["unvisited"] * N, [False] * N
     path, node = [], -1
@@ -246,5 +252,5 @@ def _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule) ->
     return TreeVerifyOutput(path=path, token_id=token, kind="recovered" if kids[node + 1] else "bonus",
                             output_token_ids=[tokens[c] for c in path] + [token], fate=fate, tested=tested,
                             emit_node=node, p=p_x, q=q_x, u=u, accept_prob=acc, emit_weights=w,
-                            emit_fallback=fallback, rule=rule)
+                            emit_fallback=fallback, rule=rule, token_ids=tokens, host=node_host)
 
