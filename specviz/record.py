@@ -216,7 +216,9 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
         elif q is not None:
             resid.append((parent_p[m] - q[c].float()).clamp_min(0.0))
         elif 0 <= token_ids[c] < p.shape[1]:
-            resid.append(parent_p[m].index_fill(0, torch.tensor([token_ids[c]], device=p.device), 0.0))
+            r = parent_p[m].clone()
+            r[token_ids[c]] = 0.0  # a host index: no host-to-device copy
+            resid.append(r)
         else:
             resid.append(parent_p[m])
     groups = [parent_p, torch.stack(resid) if R else p[:0], out.emit_weights[None]]
