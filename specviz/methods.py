@@ -226,16 +226,21 @@ def _make_medusa(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, 
 
 
 def _make_mtp(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, Any]) -> Proposer:
-    from .proposers.mtp import MtpProposer
+    from .proposers.mtp import MtpDraftGraphs, MtpProposer
 
-    return MtpProposer(dec.heads["mtp"], cfg.num_speculative_tokens)
+    head = dec.heads["mtp"]
+    return MtpProposer(head, cfg.num_speculative_tokens, graphs=dec._acquire(("mtp", id(head)), MtpDraftGraphs))
+
+
+def _release_mtp_graphs(dec: "SpecDecoder", proposer: Proposer, generated: list[int]) -> None:
+    dec._release(("mtp", id(proposer.head)), proposer.runner)
 
 
 register(Method("medusa", "Medusa heads on the target's final hidden state (a chain of min(k, heads) drafts, or a "
                 "static tree: speculative_token_tree)", make=_make_medusa, missing=_needs_head("medusa"),
                 details="medusa", settings=(TREE,)))
 register(Method("mtp", "Gemma-4-style MTP head, trained by specviz (no public recipe): queries over the target's KV",
-                make=_make_mtp, missing=_needs_head("mtp"), details="mtp"))
+                make=_make_mtp, missing=_needs_head("mtp"), finish=_release_mtp_graphs, details="mtp"))
 
 
 TREE_SETTINGS = (*EAGLE_TREE, "ngram_tree_branches", "suffix_tree_branches")

@@ -305,3 +305,42 @@ def test_static_graphs_equal_eager_on_gpu(mtp_dirs):
         if not kw:
             want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
             assert runs["static"].output_token_ids == want
+    # the greedy chains drafted through captured graphs (MtpDraftGraphs), none of which failed
+    graphs, = decs["static"]._free_runners[("mtp", id(decs["static"].heads["mtp"]))]
+    assert graphs.replays > 0 and graphs._graphs and all(g is not None for g in graphs._graphs.values())
+
+
+def test_whole_buffer_chain_equals_the_exact_length_chain(mtp_decoders):
+    """The graph path's chain (MtpDraftGraphs: the static cache's whole layer buffers, keys past t masked)
+    gives the eager chain's drafts (over exactly the n cached positions) at every step of a request. On the
+    CPU the capture itself fails (no CUDA) and the same body runs eagerly, which is what is compared here;
+    on CUDA tests/test_mtp.py::test_static_graphs_equal_eager_on_gpu runs the graphs."""
+    from specviz.proposers.mtp import MtpDraftGraphs
+
+    dec = mtp_decoders["static"]
+    graphs = MtpDraftGraphs()
+    pairs = []
+
+    class Both(MtpProposer):
+        def propose(self, token_ids, num_tokens=None, context=None):
+            draft = super().propose(token_ids, num_tokens, context)  # eager: no graphs given
+            n, r = len(token_ids) - 1, context.target_runner
+            if len(draft.token_ids):
+                tok = torch.tensor([[int(token_ids[n])]])
+                drafts, conf = graphs.draft(self.head, r, self.kv_layer, self._feature, tok, n, len(draft.token_ids))
+                pairs.append((draft.token_ids.tolist(), drafts.tolist(), self._pending[1], conf))
+            return draft
+
+    from specviz import methods
+
+    saved = methods.METHODS["mtp"]
+    methods.register(methods.Method("mtp", saved.summary, make=lambda d, cfg, ex: Both(d.heads["mtp"], 4),
+                                    missing=saved.missing, details="mtp"))
+    try:
+        dec.generate(PROMPT, method="mtp", num_speculative_tokens=4, max_new_tokens=20)
+    finally:
+        methods.register(saved)
+    assert len(pairs) > 3 and graphs._graphs and all(g is None for g in graphs._graphs.values())  # no CUDA here
+    for eager, whole, conf_eager, conf_whole in pairs:
+        assert whole == eager
+        torch.testing.assert_close(conf_whole, conf_eager, rtol=1e-5, atol=1e-6)

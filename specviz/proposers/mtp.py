@@ -16,6 +16,11 @@ KV anywhere: the target cache length is unchanged and the head holds no cache, s
 target's cache is ever rolled back. q: one-hot (argmax) at temperature 0, else
 ``logits_to_probs(head logits, T, top_k, top_p)`` with d_m ~ q (``Draft.probs``), so standard and
 block verification stay lossless.
+
+Greedy drafting on the static runner with CUDA graphs (:class:`MtpDraftGraphs`): the k steps run as one
+captured graph per k, reading the static cache's whole layer (keys past t hidden by the mask
+``slot <= t``, built inside the graph from the position buffer), so a step's drafting is one replay and
+no host read. Sampled drafting (T > 0) and the eager runner run the loop eagerly.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 from ..runner import FINAL_NORM
 from ..sampling import logits_to_probs
+from ..transfer import to_device
 from .base import Draft, Outcome, StepContext
 
 LABEL = "Gemma-4-style MTP head, trained by specviz (no public recipe)"
@@ -45,10 +51,12 @@ class MtpProposer:
     name = "mtp"
     taps = (FINAL_NORM,)
 
-    def __init__(self, head: torch.nn.Module, num_speculative_tokens: int = 4):
+    def __init__(self, head: torch.nn.Module, num_speculative_tokens: int = 4,
+                 graphs: "MtpDraftGraphs | None" = None):
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.head = head
+        self.runner = graphs  # the pooled graphs (the engine reads runner.capture_s to exclude capture time)
         self.kv_layer = int(head.config.kv_layer)
         self.num_speculative_tokens = int(num_speculative_tokens)
         self.reset()
@@ -88,9 +96,14 @@ class MtpProposer:
             return Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": self.name})
         keys, values = self._target_kv(ctx, n)  # [kv, n, hd] each: positions 0..n-1 = 0..t
         dev = self._feature.device
+        tok = to_device(torch.tensor([[int(token_ids[n])]], dtype=torch.long), dev)  # the root x_n; no host wait
+        details = self._describe(n, int(token_ids[n]), k, ctx)
+        if self.runner is not None and ctx.temperature <= 0 and self.runner.usable(ctx.target_runner):
+            drafts, conf = self.runner.draft(self.head, ctx.target_runner, self.kv_layer, self._feature, tok, n, k)
+            self._pending = (details, conf)
+            return Draft(token_ids=drafts, probs=None, details=details)
         t = torch.full((1, 1), n - 1, dtype=torch.long, device=dev)  # the constant draft position
         h = self._feature.view(1, 1, -1)
-        tok = torch.tensor([[int(token_ids[n])]], dtype=torch.long, device=dev)  # the root x_n
         drafts, probs, conf = [], [], []
         for _ in range(k):
             h, logits = self.head(h, tok, t, keys[None], values[None])  # [1, 1, d], [1, 1, V]
@@ -101,7 +114,6 @@ class MtpProposer:
             if q is not None:
                 probs.append(q)
             tok = x.view(1, 1)
-        details = self._describe(n, int(token_ids[n]), k, ctx)
         self._pending = (details, torch.stack(conf))
         return Draft(token_ids=torch.cat(drafts), probs=torch.stack(probs) if probs else None, details=details)
 
@@ -131,3 +143,94 @@ def _draw(logits: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.T
         q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)
         return torch.multinomial(q, 1, generator=ctx.generator), q
     return logits.argmax(dim=-1, keepdim=True), None
+
+
+class MtpDraftGraphs:
+    """Greedy MTP chains as CUDA graphs, one per (target cache, k): the static runner's layer ``kv_layer``
+    K/V buffers are read whole ([1, kv, max_cache_len, hd]; keys past the draft position t are masked
+    inside the graph), the inputs (f_t, the root token, t) are copied into static buffers, and one replay
+    drafts k tokens with their confidences. Pooled by the decoder (one per MTP head), like the EAGLE
+    head runner, so graphs survive requests. A failed capture is logged once and that k drafts eagerly.
+
+    Attributes: capture_s (seconds spent capturing; the engine excludes it from step times), replays.
+    """
+
+    def __init__(self):
+        self._graphs: dict[tuple, tuple | None] = {}
+        self.capture_s = 0.0
+        self.replays = 0
+
+    @staticmethod
+    def usable(runner: Any) -> bool:
+        """Graphs need the static runner's persistent cache, on CUDA with graphs on."""
+        return bool(getattr(runner, "cuda_graphs", False)) and hasattr(runner, "cache") \
+            and hasattr(runner, "max_cache_len") and runner.seq_len > 0
+
+    @torch.inference_mode()
+    def draft(self, head: torch.nn.Module, runner: Any, layer: int, feature: torch.Tensor, tok: torch.Tensor,
+              n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy drafts int64 [k] and confidences float32 [k, 2] (q of the top token, of the drafted one =
+        equal under argmax) for the root ``tok`` [1, 1] with feature f_{n-1} [d] at position t = n - 1."""
+        lay = runner.cache.layers[layer]
+        keys, values = lay.keys, lay.values  # [1, kv, L, hd]: the whole static buffers
+        key = (keys.data_ptr(), k)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(head, keys, values, feature, k)
+        entry = self._graphs[key]
+        if entry is None:
+            return _eager_chain(head, keys, values, feature, tok, n - 1, k)
+        graph, (h_buf, tok_buf, t_buf), out = entry
+        h_buf.copy_(feature.view(1, 1, -1))
+        tok_buf.copy_(tok)
+        t_buf.fill_(n - 1)
+        graph.replay()
+        self.replays += 1
+        return out[0].clone(), out[1].clone()
+
+    def _capture(self, head, keys, values, feature, k):
+        import logging
+        import time
+
+        t0 = time.perf_counter()
+        dev = keys.device
+        h_buf = torch.zeros(1, 1, feature.shape[-1], dtype=feature.dtype, device=dev)
+        tok_buf = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        t_buf = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        try:
+            stream = torch.cuda.Stream(dev)
+            stream.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k)
+            torch.cuda.current_stream(dev).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k)
+            torch.cuda.synchronize(dev)
+            return graph, (h_buf, tok_buf, t_buf), out
+        except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
+            logging.getLogger(__name__).warning("specviz: CUDA graph capture of the MTP chain (k = %d) failed; it "
+                                                "drafts eagerly: %s: %s", k, type(exc).__name__, exc)
+            return None
+        finally:
+            self.capture_s += time.perf_counter() - t0
+
+
+def _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k):
+    """k greedy MTP steps from the static buffers (capturable: no host value): (drafts [k], conf [k, 2])."""
+    h, tok, drafts, conf = h_buf, tok_buf, [], []
+    for _ in range(k):
+        h, logits = head(h, tok, t_buf, keys, values)  # the mask slot <= t is built from t_buf inside
+        row = logits[0, 0]
+        x = row.argmax(dim=-1, keepdim=True)  # [1]
+        top = torch.softmax(row, dim=-1).max().reshape(1)
+        conf.append(torch.cat([top, top]))  # one-hot q: the drafted token is the top token
+        drafts.append(x)
+        tok = x.view(1, 1)
+    return torch.cat(drafts), torch.stack(conf)
+
+
+def _eager_chain(head, keys, values, feature, tok, t, k):
+    """The same chain without a graph (a failed capture), over the whole buffers with the same mask."""
+    t_buf = torch.full((1, 1), t, dtype=torch.long, device=keys.device)
+    return _graph_body(head, keys, values, feature.view(1, 1, -1), tok, t_buf, k)
