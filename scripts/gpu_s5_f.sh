@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Session 5, final device call F (carry .gpu-wheels/b, right after E): install bundle b, then the app on CUDA through
+# gradio_client (the examples and the key settings, first and second run, the lesson), the comparison timing and the
+# Compare tab's "all methods, greedy" preset, 8 concurrent sessions and the 200-run soak with CUDA memory.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /root/gpu-site .gpu-wheels/b/*.whl > "$L/pip_b.log" 2>&1
+echo "[pip b] exit $?"
+export PYTHONPATH=/root/gpu-site
+ONLY="MLP class,Decoder layer,RMSNorm,Attention,Plain,Config,eagle3 greedy,dflash,mtp,medusa greedy,typical,eagle3 EAGLE-2 tree 4,draft_model static,ngram_gpu"
+timeout ${T_APP:-370} python3 scripts/gpu_app_check.py --out "$OUT/app/app_gpu.json" --only "$ONLY" --compare --soak 200 > "$L/app.log" 2>&1
+echo "[app] exit $?"; cat "$OUT/app/app_gpu.md" 2>/dev/null || tail -n 30 "$L/app.log"
+grep -E '^\{"(configurations|preset|sessions|runs)' "$L/app.log" | cut -c1-700
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
