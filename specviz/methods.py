@@ -113,9 +113,15 @@ def _make_eagle(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, A
 
     head = dec.heads[cfg.method]
     dynamic, choices = tree_settings(cfg)  # EAGLE-2 knobs, a static speculative_token_tree, or a chain
-    if dynamic is not None or choices is not None:
-        return EagleTreeProposer(head, dynamic=dynamic, choices=choices)  # its own eager runner, never pooled
-    proposer = EagleProposer(head, cfg.num_speculative_tokens, runner=acquire_head_runner(dec, head))
+    runner = acquire_head_runner(dec, head)  # static slot cache + graphs on the static runner (trees: tree_level)
+    try:
+        if dynamic is not None or choices is not None:
+            proposer = EagleTreeProposer(head, dynamic=dynamic, choices=choices, runner=runner)
+        else:
+            proposer = EagleProposer(head, cfg.num_speculative_tokens, runner=runner)
+    except Exception:  # e.g. invalid choices: the runner goes back to the pool
+        dec._release(("head", id(head)), runner)
+        raise
     proposer.pooled_runner = True  # finish returns exactly this runner to the pool
     return proposer
 
@@ -143,8 +149,8 @@ def warm_head_runner(dec: "SpecDecoder", head, max_width: int) -> int:
 
 
 def _release_head_runner(dec: "SpecDecoder", proposer: Proposer, generated: list[int]) -> None:
-    """Return a chain's pooled head runner. A tree proposer's runner is its own eager one: pooled, it was
-    handed to later chain requests, which then drafted eagerly (H200, 2026-12-01: eagle3 chain 9.7 ms per
+    """Return the request's pooled head runner, and only that one (a tree proposer once returned its own eager
+    runner into the pool, and later chain requests drafted eagerly: H200, 2026-12-01, eagle3 chain 9.7 ms per
     step after tree requests in the same decoder, 4.3 ms without)."""
     if getattr(proposer, "pooled_runner", False):
         dec._release(("head", id(proposer.head)), proposer.runner)

@@ -319,3 +319,40 @@ def test_bundled_eagle3_tree_on_gpu_equals_plain_greedy(runner):
     assert tree.output_token_ids == plain.output_token_ids == chain.output_token_ids
     assert any(len(st.nodes) > max(n.depth for n in st.nodes) for st in tree.steps if st.nodes)  # branching trees
     assert tree.metrics["num_accepted_tokens"] > 0
+    if runner == "static":  # the tree's levels ran as CUDA graphs of the pooled static head runner, none failed
+        head_runner, = dec._free_runners[("head", id(dec.heads["eagle3"]))]
+        levels = {key: g for key, g in head_runner._graphs.items() if key[0] == "tree"}
+        assert ("tree", 4) in levels and all(g is not None for g in levels.values()), levels
+
+
+@pytest.mark.parametrize("tree_kw", [dict(dynamic=DynamicTree(3, 3, 12)), dict(dynamic=DynamicTree(4, 2, 24)),
+                                     dict(choices="[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 3)]")],
+                         ids=["dynamic-3-3-12", "dynamic-4-2-24", "static"])
+def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw):
+    """The static head runner's tree levels (scratch slots past max_len, the visibility mask over every slot;
+    one CUDA graph per level width on CUDA, eager here) draft the eager runner's trees, step after step
+    (after a partial accept too): same tokens, parents, and scores."""
+    from specviz.heads.runner import StaticHeadRunner
+
+    ids = [5, 17, 33, 9, 41, 2, 77, 12]
+    g = torch.Generator().manual_seed(4)
+    feats = {tap: torch.randn(len(ids) + 20, D, generator=g) for tap in head_taps(head.config)}
+    props = {"eager": EagleTreeProposer(head, **tree_kw),
+             "static": EagleTreeProposer(head, **tree_kw, runner=StaticHeadRunner(head, 64, cuda_graphs=False))}
+    for prop in props.values():
+        prop.observe(Outcome(0, [], 0, ids[1:], {t: f[: len(ids) - 1] for t, f in feats.items()}))
+    context = list(ids)
+    for step in range(3):
+        drafts = {name: prop.propose(context, None, StepContext()) for name, prop in props.items()}
+        a, b = drafts["eager"], drafts["static"]
+        assert b.token_ids.tolist() == a.token_ids.tolist(), step
+        assert b.parents == a.parents, step
+        assert b.scores == pytest.approx(a.scores, abs=1e-5), step
+        path = tree.path_to(a.parents, len(a) - 1)[: 1 + step % 2]  # accept one or two nodes of a path
+        accepted = [int(a.token_ids[j]) for j in path]
+        committed = accepted + [99 - step]
+        n = len(context) - 1
+        for prop in props.values():
+            prop.observe(Outcome(n, accepted, len(accepted), committed,
+                                 {t: f[n: n + len(committed)] for t, f in feats.items()}))
+        context += committed

@@ -37,15 +37,18 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Sequence
 
 import torch
 from transformers import DynamicCache
 
+from ..transfer import to_device
 from .modules import _Head, crop_cache, position_mask
 
 log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 33)  # first-pass widths captured: c committed pairs run as the smallest B >= c
+TREE_SCRATCH = 128  # slots past max_len for a draft tree's nodes (never visible to chain rows: slot > position)
 
 
 class EagerHeadRunner:
@@ -133,7 +136,9 @@ class StaticHeadRunner:
         self.max_len = int(max_len)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         cfg = head.config
-        self.cache = SlotCache(cfg.num_key_value_heads, cfg.head_dim, self.max_len, head.dtype, self.device)
+        # positions 0..max_len-1 at their own slots, then TREE_SCRATCH slots for tree nodes (tree_level)
+        self.cache = SlotCache(cfg.num_key_value_heads, cfg.head_dim, self.max_len + TREE_SCRATCH, head.dtype,
+                               self.device)
         # (kind, width) -> (graph, {name: static input}, (static hidden [B, d], static logits [B, V])); None = failed
         self._graphs: dict[tuple[str, int], tuple | None] = {}
         self._pool = None
@@ -166,6 +171,76 @@ class StaticHeadRunner:
         self._check_room(position, 1)
         out_hidden, logits = self._run("step", 1, hidden, token, position, 1)
         return out_hidden.clone(), logits[0].clone()
+
+    @torch.inference_mode()
+    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, scratch: Sequence[int],
+                   visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One level of a draft tree (EAGLE-2, methods.md 1.3): R rows at the same ``position``, each writing its
+        K/V to scratch slot ``max_len + scratch[r]`` and attending the slots where ``visible`` (bool [R, slots],
+        host or device: the committed positions and the row's ancestors-or-self) is True.
+        hidden [R, d] (each row's parent output), tokens int64 [R] -> (hidden [R, d], logits float32 [R, V]),
+        new tensors. One CUDA graph per R on CUDA (inputs copied into static buffers, no host wait).
+        Raises ValueError when a scratch index is outside 0..TREE_SCRATCH-1."""
+        R = int(tokens.shape[0])
+        if not scratch or min(scratch) < 0 or max(scratch) >= TREE_SCRATCH:
+            raise ValueError(f"tree_level: scratch slots must be in 0..{TREE_SCRATCH - 1}, got {list(scratch)[:8]}")
+        key = ("tree", R)
+        entry = self._graphs.get(key) if self.cuda_graphs else None
+        inputs = entry[1] if entry is not None else self._tree_inputs(R)
+        self._fill_tree(inputs, hidden, tokens, position, scratch, visible)
+        if self.cuda_graphs and key not in self._graphs:
+            entry = self._capture_tree(key, inputs)
+        if entry is None:
+            out_hidden, logits = self._forward_tree(inputs)
+        else:
+            entry[0].replay()
+            self.replays += 1
+            out_hidden, logits = entry[2]
+        return out_hidden.clone(), logits.float().clone()
+
+    def _tree_inputs(self, R: int) -> dict[str, torch.Tensor]:
+        d = self.head.config.hidden_size
+        return {"hidden": torch.zeros(R, d, dtype=self.head.dtype, device=self.device),
+                "ids": torch.zeros(R, dtype=torch.long, device=self.device),
+                "pos": torch.zeros(R, dtype=torch.long, device=self.device),
+                "slots": torch.zeros(R, dtype=torch.long, device=self.device),
+                "mask": torch.zeros(1, 1, R, self.cache.max_len, dtype=torch.bool, device=self.device)}
+
+    def _fill_tree(self, inputs, hidden, tokens, position: int, scratch, visible) -> None:
+        inputs["hidden"].copy_(hidden)
+        inputs["ids"].copy_(tokens)
+        inputs["pos"].fill_(position)
+        inputs["slots"].copy_(to_device(torch.tensor([self.max_len + j for j in scratch], dtype=torch.long),
+                                        self.device))
+        inputs["mask"][0, 0].copy_(to_device(visible, self.device) if not visible.is_cuda else visible)
+
+    def _forward_tree(self, inputs):
+        self.cache.slots = inputs["slots"]
+        return self.head(inputs["hidden"], inputs["ids"], inputs["pos"], self.cache, from_target=False,
+                         attention_mask=inputs["mask"])
+
+    def _capture_tree(self, key, inputs):
+        """As :meth:`_capture`, for :meth:`tree_level` (its warm-up runs rewrite the level's own scratch slots)."""
+        t0 = time.perf_counter()
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._forward_tree(inputs)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = self._forward_tree(inputs)
+            self._pool = graph.pool()
+            self._graphs[key] = (graph, inputs, outputs)
+            torch.cuda.synchronize(self.device)
+        except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
+            log.warning("specviz: CUDA graph capture of the %s head's tree level (%d rows) failed, running it "
+                        "eagerly: %s: %s", self.head.config.kind, key[1], type(exc).__name__, exc)
+            self._graphs[key] = None
+        self.capture_s += time.perf_counter() - t0
+        return self._graphs[key]
 
     def warm_up(self, max_width: int) -> int:
         """Capture the draft-step graph and every first-pass bucket up to ``max_width`` rows (k + 1), at
@@ -229,7 +304,7 @@ class StaticHeadRunner:
         feats = inputs["features"] if from_target else inputs["features"][:, :d]
         pos = inputs["pos"]
         self.cache.slots = pos
-        mask = position_mask(pos[None], self.max_len)  # [1, 1, width, max_len]: slot s visible iff s <= position
+        mask = position_mask(pos[None], self.cache.max_len)  # [1, 1, width, slots]: slot s visible iff s <= position
         return self.head(feats, inputs["ids"], pos, self.cache, from_target=from_target, attention_mask=mask)
 
     def _capture(self, key: tuple[str, int], features, ids, start: int, c: int):

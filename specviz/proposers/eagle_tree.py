@@ -44,6 +44,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import tree as tree_mod
+from ..heads.runner import TREE_SCRATCH
 from ..transfer import to_device
 from .base import Draft, StepContext
 from .eagle import EagleProposer
@@ -102,14 +103,14 @@ class EagleTreeProposer(EagleProposer):
     """
 
     def __init__(self, head: torch.nn.Module, dynamic: DynamicTree | None = None,
-                 choices: str | Sequence[Sequence[int]] | None = None):
+                 choices: str | Sequence[Sequence[int]] | None = None, runner=None):
         if (dynamic is None) == (choices is None):
             raise ValueError("an EAGLE tree needs exactly one of: the dynamic tree's knobs (eagle_tree_top_k / "
                              "eagle_tree_depth / eagle_tree_total_tokens) or a static speculative_token_tree")
         self.dynamic = dynamic
         self.paths = tree_mod.parse_choices(choices) if choices is not None else None
         depth = dynamic.max_depth if dynamic is not None else max(len(p) for p in self.paths)
-        super().__init__(head, depth)
+        super().__init__(head, depth, runner=runner)
 
     @torch.inference_mode()
     def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
@@ -141,10 +142,21 @@ class EagleTreeProposer(EagleProposer):
         [R]) at ``position``; ``slots``: candidate ids whose K/V the cache holds after Lc (appended to
         here). Row r sees the committed slots and the slots of its ancestors and itself.
         Returns (hidden [R, d], log q [R, V] float32)."""
+        first = len(slots)
         slots.extend(rows)
+        lines = [_ancestors_or_self(cid, parent_of) for cid in rows]
+        tree_level = getattr(self.runner, "tree_level", None)
+        if tree_level is not None and len(slots) <= TREE_SCRATCH:  # the static head runner: scratch slots, graphs
+            visible = torch.zeros(len(rows), self.runner.cache.max_len, dtype=torch.bool)  # [R, all slots]
+            visible[:, : self.committed] = True
+            base = self.runner.max_len
+            for r, line in enumerate(lines):
+                cols = [base + j for j, s in enumerate(slots) if s in line]
+                visible[r, cols] = True
+            out, logits = tree_level(hidden, tokens, position, list(range(first, len(slots))), visible)
+            return out, torch.log_softmax(logits, dim=-1)
         visible = torch.ones(len(rows), self.committed + len(slots), dtype=torch.bool)  # [R, Lc + S]
-        for r, cid in enumerate(rows):
-            line = _ancestors_or_self(cid, parent_of)
+        for r, line in enumerate(lines):
             visible[r, self.committed:] = torch.tensor([s in line for s in slots], dtype=torch.bool)
         pos = torch.full((len(rows),), position, dtype=torch.long, device=tokens.device)
         mask = to_device(visible, tokens.device)[None, None]  # [1, 1, R, Lc + S]; queued, no host wait
