@@ -134,7 +134,8 @@ def test_selected_node_outlined_and_numbers_shown():
 def test_node_figure_off_path():
     fig = tv.node_figure(tree_trace(), 0, 2)
     bars = {t.name: t.y[0] for t in fig.data if t.type == "bar"}
-    assert bars == {"target p": 0.05, "draft q": 1.0}
+    # q as the verifier used it (one-hot) and the draft's confidence exp(log 0.35 - log 0.7) = 0.5
+    assert bars == {"target p": 0.05, "q (as verified)": 1.0, "draft confidence": pytest.approx(0.5)}
     caption = next(a.text for a in fig.layout.annotations if a.name == "caption")
     assert "rejected" in caption and "node 2" in caption
     with pytest.raises(IndexError):
@@ -249,3 +250,59 @@ def test_run_summary_says_what_the_rate_means_for_trees():
     chain_rates = {r.key: r for r in rate_set(chain)}
     assert "depth_acceptance_rate" not in chain_rates
     assert "per node" not in chain_rates["draft_acceptance_rate"].note
+
+
+# ---- q as verified vs the draft's confidence, and the step's rule (issue 15 view, lead's item 1) ---------------
+def _hovers(fig):
+    marks = next(t for t in fig.data if t.name == "nodes")
+    return {c[0]: h for c, h in zip(marks.customdata, marks.hovertext)}
+
+
+def test_hover_names_q_as_verified_and_the_draft_confidence():
+    """A top-k child is verified with q one-hot (rule A) while the head gave it 0.3 / 0.7 = 0.4286 at its
+    parent: the hover names both, and the path confidence c = exp(score) = 0.3 the box shows."""
+    hover = _hovers(tv.tree_figure(tree_trace(), 0))[3]
+    assert "q (as verified) = 1, one-hot: deterministic top-k child" in hover
+    assert "draft confidence (head softmax) = 0.4286" in hover
+    assert "path confidence c = exp(score) = 0.3" in hover
+    assert "draft confidence (head softmax) = 0.7" in _hovers(tv.tree_figure(tree_trace(), 0))[0]  # a root child
+
+
+def test_node_panel_names_both_and_says_why():
+    import re
+
+    caption = next(a.text for a in tv.node_figure(tree_trace(), 0, 2).layout.annotations if a.name == "caption")
+    caption = " ".join(re.sub(r"<[^>]+>", " ", caption).split())  # the wrapped lines as one text
+    assert "q (as verified) = 1, one-hot: deterministic top-k child" in caption
+    assert "draft confidence (head softmax) = 0.5" in caption and "Both are right" in caption
+
+
+def _rule_line(tr):
+    fig = tv.tree_figure(tr, 0)
+    return fig.layout.meta["verified_by"], next(a.text for a in fig.layout.annotations if a.name == "rule")
+
+
+def test_caption_states_the_rule_of_the_step():
+    tr = tree_trace()
+    assert _rule_line(tr) == ("topk", tv.RULE_CAPTION["topk"]) and "rule A" in tv.RULE_CAPTION["topk"]
+    tr.config["verify"] = "greedy"
+    assert _rule_line(tr)[0] == "greedy" and "argmax" in _rule_line(tr)[1]
+    tr.config["verify"] = "standard"
+    tr.steps[0].tree_rule = "sampled"
+    assert _rule_line(tr)[0] == "sampled" and "rule B" in _rule_line(tr)[1]
+    hover = _hovers(tv.tree_figure(tr, 0))[3]
+    assert "q (as verified) = 1: the draft's probability (children sampled from q)" in hover
+    chain = Trace(config={**tr.config, "verify": "block"}, prompt_token_ids=[1, 2, 3], steps=[_chain_step(0)],
+                  token_texts=tr.token_texts)
+    assert _rule_line(chain)[0] == "block"
+    chain.config["verify"] = "standard"
+    assert _rule_line(chain) == ("standard", tv.RULE_CAPTION["standard"])
+
+
+def test_rule_captions_fit_the_narrowest_tree():
+    """One line each, at most as wide as the figure's minimum width at 11 px (about 6.2 px a character of
+    Plotly's default sans-serif), also at the presentation layout's 1.45x text."""
+    from specviz.ui.lesson import PRESENT_FONT_SCALE
+
+    for key, text in tv.RULE_CAPTION.items():
+        assert "<br>" not in text and len(text) * 6.2 * PRESENT_FONT_SCALE <= tv.MIN_WIDTH - 20, (key, len(text))
