@@ -84,7 +84,9 @@ const svScale = (gd) => {
     const ax = L[key];
     if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
   }
-  if (L.height) up.height = svFitHeight(Math.round(L.height * %(grow)s));
+  // the draft tree's rows are sized for its boxes' text: they grow with it (its columns have room to spare)
+  const grow = L.meta && L.meta.tree_nodes !== undefined ? k : %(grow)s;
+  if (L.height) up.height = svFitHeight(Math.round(L.height * grow));
   const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
