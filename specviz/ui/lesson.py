@@ -84,9 +84,13 @@ const svScale = (gd) => {
     const ax = L[key];
     if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
   }
-  // the draft tree's rows are sized for its boxes' text: they grow with it (its columns have room to spare)
-  const grow = L.meta && L.meta.tree_nodes !== undefined ? k : %(grow)s;
+  // the draft tree's rows and columns are sized for its boxes' text: they grow with it (columns up to the
+  // width of the tree's panel)
+  const tree = L.meta && L.meta.tree_nodes !== undefined;
+  const grow = tree ? k : %(grow)s;
   if (L.height) up.height = svFitHeight(Math.round(L.height * grow));
+  const panel = gd.closest('#sv-tree');
+  if (tree && L.width && panel) up.width = Math.max(L.width, Math.min(Math.round(L.width * k), panel.clientWidth - 24));
   const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
