@@ -88,7 +88,8 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
     """The run's four rates as one defined set, headline first: tokens per target forward (what one
     target forward produced; the speedup in forwards), then mean acceptance length (vLLM's: drafting
     steps only), draft acceptance rate (accepted / drafted) and a (accepted / verified positions, the
-    i.i.d. estimate the theory curve (1 - a^(k+1)) / (1 - a) uses). Counts are committed tokens
+    i.i.d. estimate the theory curve (1 - a^(k+1)) / (1 - a) uses); for tree runs the draft acceptance
+    rate says it is per node and the per-depth acceptance stands after it. Counts are committed tokens
     (specviz/trace.py); values None when nothing was drafted."""
     trace = as_trace(trace)
     m = metrics_of(trace)

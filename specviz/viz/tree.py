@@ -258,7 +258,7 @@ def _title(trace: Trace, st: Step, nodes: list[ViewNode], path: list[int], rule:
             f"{quoted(trace, st.emitted.token_id)}")
 
 
-def _legend(fig: go.Figure, rule: str, own: str) -> None:
+def _legend(fig: go.Figure, rule: str, own: str, greedy: bool = False) -> None:
     """Legend entries (marker-only traces) defining every colour, and a line defining p / q / c."""
     for fate, text in NODE_LEGEND.items():
         fill, _, border = NODE_STYLE[fate]
@@ -267,8 +267,9 @@ def _legend(fig: go.Figure, rule: str, own: str) -> None:
                                                                                                   "width": 2}}))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=FATE_STYLE[own][2], hoverinfo="skip",
                              marker={"symbol": "square", "size": 13, "color": FATE_STYLE[own][0]}))
-    c_text = ("c = exp(score): the draft's confidence in the path<br>(top-k children: verified with q one-hot = 1, "
-              "not with the draft's confidence; hover a node for both)"
+    how = ("greedy: the target's argmax decides, neither q nor the draft's confidence" if greedy else
+           "top-k children: verified with q one-hot = 1, not with the draft's confidence")
+    c_text = (f"c = exp(score): the draft's confidence in the path<br>({how}; hover a node for both)"
               if rule == "topk" else "q = the draft's probability of the token")
     fig.add_annotation(text=f"p = the target's probability of the token at its parent · {c_text}", x=0, y=1,
                        xref="paper", yref="paper", xanchor="left", yanchor="bottom", yshift=4, showarrow=False,
@@ -306,11 +307,11 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
         showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text",
         hovertext=[_hover(trace, st, n, rule, by_id) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes],
         marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}))
-    _legend(fig, rule, own_fate)
+    verified_by = step_rule(trace, st)
+    _legend(fig, rule, own_fate, verified_by == "greedy")
     columns = max(d for d, _ in place.values()) + 1
     row_px = 22 if compact else 40
     caption_rows = CAPTION_PX / row_px  # the rule's line, under the tree (inside the plot area, above the legend)
-    verified_by = step_rule(trace, st)
     fig.add_annotation(name="rule", text=RULE_CAPTION[verified_by], x=-0.55, y=rows - 0.5 + caption_rows / 2,
                        xanchor="left", yanchor="middle", showarrow=False, font={"size": 11, "color": "#374151"})
     fig.update_layout(
