@@ -25,6 +25,12 @@ vLLM's scheduler counts the sampler's decision instead (``len(generated_token_id
   conditional_acceptance_rate[i] = P(accept i+1 | accepted i) = accepted_per_position[i] /
   offered_per_position[i], where offered_per_position[i] = #drafting steps whose position i+1 was
   drafted, not discarded, and reached (accepted >= i).
+* drafted_per_depth[i] = #drafting steps whose draft reached depth (position) i+1, not discarded;
+  acceptance_rate_per_depth[i] = accepted_per_position[i] / drafted_per_depth[i];
+  depth_acceptance_rate = num_accepted_tokens / sum(drafted_per_depth) (accepted / depths drafted).
+  A chain's depths are its draft tokens, so there it equals draft_acceptance_rate; a tree drafts N
+  nodes per step of which at most its depth can be accepted, so its draft_acceptance_rate (per node)
+  is not comparable with a chain's, and this is.
 * draft_coverage = num_drafts / num_steps (share of steps that had a draft; vllm#24344).
 * acceptance_histogram[j] = #drafting steps with exactly j committed accepted drafts.
 * tokens_per_step = tokens_per_target_forward = committed tokens / verification steps
@@ -413,6 +419,7 @@ METRICS_SCHEMA = {
                               "tokens_per_target_forward")},
     "accepted_per_position": [int], "acceptance_rate_per_position": [float],
     "conditional_acceptance_rate": [float], "acceptance_histogram": [int], "time_ms": {str: float},
+    "drafted_per_depth": [int], "acceptance_rate_per_depth": [float], "depth_acceptance_rate": float,
 }
 
 
@@ -506,6 +513,7 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
     per_pos = [sum(1 for a in acc if a >= i + 1) for i in range(k)]
     hist = [sum(1 for a in acc if a == j) for j in range(k + 1)]
     offered = [sum(1 for a, n in zip(acc, verified) if n >= i + 1 and a >= i) for i in range(k)]
+    reached = [sum(1 for n in verified if n >= i + 1) for i in range(k)]  # drafted_per_depth
     generated = sum(len(s.committed_token_ids) for s in steps)
     drafting_tokens = sum(len(s.committed_token_ids) for s in drafting)
     return {
@@ -521,6 +529,9 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
         "acceptance_rate_per_position": [c / num_drafts if num_drafts else 0.0 for c in per_pos],
         "conditional_acceptance_rate": [a / o if o else 0.0 for a, o in zip(per_pos, offered)],
         "offered_per_position": offered,
+        "drafted_per_depth": reached,
+        "acceptance_rate_per_depth": [a / d if d else 0.0 for a, d in zip(per_pos, reached)],
+        "depth_acceptance_rate": num_accepted / sum(reached) if sum(reached) else 0.0,
         "draft_coverage": num_drafts / len(steps) if steps else 0.0,
         "acceptance_histogram": hist,
         "tokens_per_step": tokens_per_target_forward(generated, len(steps)),

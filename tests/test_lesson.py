@@ -204,3 +204,31 @@ def test_typical_acceptance_is_taught_as_its_own_lossy_rule(traces):
     chapters = lesson_chapters(tr)
     assert any("NOT distribution-preserving" in c.text for c in chapters)
     assert not any("residual" in c.title for c in chapters)
+
+
+def test_a_tree_step_is_taught_as_a_tree():
+    """A hand-built EAGLE-2 tree step (tests/test_tree_view.py: 8 nodes, 3 deep, path 0 -> 3, then node 7 tested
+    and rejected after its sibling 6): the draft and forward chapters name the tree and highlight the draft-tree
+    view; each test of the row is rule A with u against r(x) (not min(1, p/q)) and counts the siblings rejected
+    before; the recovered token comes from rule A's residual."""
+    from test_tree_view import tree_trace
+
+    tr = tree_trace()
+    st = tr.steps[0]
+    st.positions.append(Position(3, 17, 0.01, 1.0, 0.7, 0.0102, False, 0.97, [[16, 0.5]], [[17, 1.0]], [[18, 0.5]]))
+    tr.metrics = compute_metrics(tr.steps, 3)
+    chapters = lesson_chapters(tr)
+    by_kind = {}
+    for c in chapters:
+        by_kind.setdefault(c.kind, []).append(c)
+    assert "verified by rule A" in plain(by_kind["intro"][0].text)
+    draft, forward = by_kind["draft"][0], by_kind["forward"][0]
+    assert "a tree of 8 nodes" in draft.title and draft.focus == "tree" and "3 deep" in plain(draft.text)
+    assert "one-hot" in plain(draft.text) and "EAGLE-2's dynamic tree" in plain(draft.text)
+    assert "all 8 nodes" in forward.title and forward.focus == "tree" and "ancestors" in plain(forward.text)
+    tests = [plain(c.text) for c in by_kind["test"]]
+    assert len(tests) == 3 and all(t.startswith("Rule A") and "min(1, p/q)" not in t for t in tests)
+    assert f"u = {fmt_prob(0.7)} > r(x) = {fmt_prob(0.0102)}" in tests[2] and "1 sibling(s)" in tests[2]
+    assert "1 sibling(s)" in tests[1] and "sibling(s) tested" not in tests[0]  # node 3 after node 2; node 0 first
+    assert "residual distribution of rule A" in plain(by_kind["outcome"][0].text)
+    assert all(c.focus in FOCUS_VIEWS for c in chapters)

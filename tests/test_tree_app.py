@@ -99,3 +99,62 @@ def test_static_tree_control():
     assert tree_settings("eagle3", "4, 5, 24", 0, tree) == {"speculative_token_tree": tree}
     assert tree_settings("draft_model", "", 0, f" {tree} ") == {"speculative_token_tree": tree}
     assert tree_settings("ngram", "", 2, tree) == {"ngram_tree_branches": 2}  # ngram takes no static tree
+
+
+from test_app import app_url  # noqa: E402,F401  (the tiny-model app fixture)
+from test_lesson_app import browser, pages  # noqa: E402,F401  (headless Chromium, pages closed after a test)
+
+
+# ---- the browser: a static tree of the draft model (tiny models), at 1024 px and in the presentation layout ----
+STATIC_TREE = "[(0,), (1,), (0, 0), (0, 1), (1, 0)]"
+TREE_TEXT_JS = """() => { const gd = document.querySelector('#sv-tree .js-plotly-plot');
+    const rule = (gd.layout.annotations || []).find((a) => a.name === 'rule');
+    const marks = gd.data.find((d) => d.name === 'nodes');
+    return {rule: rule ? rule.text : null, hovers: marks ? marks.hovertext : [],
+            summary: document.querySelector('#sv-summary').innerText}; }"""
+
+
+def _run_static_tree(page) -> None:
+    from test_lesson_app import PROMPT
+
+    page.locator("#sv-prompt textarea").fill(PROMPT)
+    page.get_by_label("draft_model", exact=True).check()
+    for label, value in (("temperature", 1.0), ("number input for max new tokens", 4),
+                         ("number input for num_speculative_tokens (k)", 3)):
+        box = page.get_by_label(label, exact=True)
+        box.fill(str(value))
+        box.press("Enter")
+    page.get_by_text("draft tree (instead of a chain)").click()
+    page.locator("#sv-static-tree textarea").fill(STATIC_TREE)
+    page.click("#sv-run")
+    page.wait_for_function("document.querySelector('#sv-progress').innerText.includes('done ·')", timeout=120_000)
+    page.wait_for_function("() => { const gd = document.querySelector('#sv-tree .js-plotly-plot');"
+                           " return gd && (gd.layout.annotations || []).some((a) => a.name === 'rule'); }",
+                           timeout=20_000)
+
+
+def test_tree_view_names_q_and_confidence_and_fits(browser, app_url, pages):
+    """A draft_model static tree at T = 1 (rule A): the tree's rule line, both named numbers in a node's hover,
+    the per-depth acceptance in the run summary; every text of the tree figure inside it at 1024 px and in the
+    presentation layout (1.45x figure text) at 1280 px. Screenshots: screenshots-tmp/tree-*.png."""
+    from test_lesson_app import FIT_JS, SHOTS, _open
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    for url, width, height, name in ((app_url, 1024, 768, "tree-1024"), (app_url + "?present=1", 1280, 720,
+                                                                         "tree-present-1280")):
+        page, errors = _open(browser, url, width, height, pages)
+        _run_static_tree(page)
+        page.wait_for_timeout(800)
+        seen = page.evaluate(TREE_TEXT_JS)
+        assert seen["rule"] == tv.RULE_CAPTION["topk"], seen["rule"]
+        nodes = [h for h in seen["hovers"] if h.startswith("node ")]
+        assert nodes and all("q (as verified) = 1, one-hot: deterministic top-k child" in h for h in nodes)
+        assert all("draft confidence (draft model softmax) = " in h for h in nodes), nodes
+        assert "per-depth acceptance" in seen["summary"] and "per node drafted" in seen["summary"]
+        page.locator("#sv-tree").scroll_into_view_if_needed()
+        page.wait_for_timeout(400)
+        page.locator("#sv-tree").screenshot(path=str(SHOTS / f"{name}.png"))
+        cut = page.evaluate(FIT_JS, "#sv-tree")
+        assert not cut, cut
+        assert not errors, errors
+        page.close()

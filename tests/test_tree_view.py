@@ -134,7 +134,8 @@ def test_selected_node_outlined_and_numbers_shown():
 def test_node_figure_off_path():
     fig = tv.node_figure(tree_trace(), 0, 2)
     bars = {t.name: t.y[0] for t in fig.data if t.type == "bar"}
-    assert bars == {"target p": 0.05, "draft q": 1.0}
+    # q as the verifier used it (one-hot) and the draft's confidence exp(log 0.35 - log 0.7) = 0.5
+    assert bars == {"target p": 0.05, "q (as verified)": 1.0, "draft confidence": pytest.approx(0.5)}
     caption = next(a.text for a in fig.layout.annotations if a.name == "caption")
     assert "rejected" in caption and "node 2" in caption
     with pytest.raises(IndexError):
@@ -179,3 +180,129 @@ def test_eagle_panel_draws_acceptance_by_depth_for_tree_runs():
     fig = eagle_figure(tr, 0)
     assert fig.data and all(len(t.y) for t in fig.data)
     assert "no EAGLE drafts" not in str(fig.layout.annotations)
+
+
+# ---- the run's rates for tree drafts (specviz/trace.py metrics, specviz/viz/stats.py rate set) -----------------
+def _chain_step(index=1):
+    """A chain step of 3 drafts, 1 accepted, then the recovered token."""
+    from specviz.trace import chain_nodes
+
+    pos = [_pos(1, 20, 0.9, 0.1, True), _pos(2, 21, 0.1, 0.8, False), _pos(3, 22, 0.3, None, False)]
+    return Step(index=index, proposer="ngram", draft_token_ids=[20, 21, 22], num_accepted=1,
+                emitted=Emitted(position=2, token_id=23, kind="recovered", p=0.4, top=[[23, 0.5]]), positions=pos,
+                committed_token_ids=[20, 23], nodes=chain_nodes([20, 21, 22], 1, pos), accepted_path=[0])
+
+
+def test_per_depth_acceptance_of_a_hand_built_tree():
+    """SPEC: 8 nodes, depths 1..3, the path 0 -> 3 accepted (2 of the 3 depths). Per node: 2 / 8; per depth:
+    depth 1 and 2 accepted in the 1 step that reached them, depth 3 not: 2 / 3."""
+    from specviz.trace import compute_metrics
+
+    tree = tree_trace().steps[0]
+    m = compute_metrics([tree], 3)
+    assert m["num_draft_tokens"] == 8 and m["draft_acceptance_rate"] == pytest.approx(2 / 8)
+    assert m["drafted_per_depth"] == [1, 1, 1] and m["accepted_per_position"] == [1, 1, 0]
+    assert m["acceptance_rate_per_depth"] == [1.0, 1.0, 0.0]
+    assert m["depth_acceptance_rate"] == pytest.approx(2 / 3)
+    # a chain's depths are its drafts: there the two rates are one (1 of 3)
+    chain = compute_metrics([_chain_step()], 3)
+    assert chain["depth_acceptance_rate"] == chain["draft_acceptance_rate"] == pytest.approx(1 / 3)
+    # both together: (2 + 1) / (3 + 3) per depth, (2 + 1) / (8 + 3) per node
+    both = compute_metrics([tree, _chain_step()], 3)
+    assert both["drafted_per_depth"] == [2, 2, 2] and both["depth_acceptance_rate"] == pytest.approx(3 / 6)
+    assert both["draft_acceptance_rate"] == pytest.approx(3 / 11)
+
+
+def test_per_depth_acceptance_counts_committed_depths_only():
+    """The request stopped after the tree's first accepted token: depths 2 and 3 are discarded (neither accepted
+    nor drafted for the metric), depth 1 was drafted and accepted."""
+    from dataclasses import replace
+
+    from specviz.trace import compute_metrics
+
+    cut = replace(tree_trace().steps[0], committed_token_ids=[10])
+    m = compute_metrics([cut], 3)
+    assert m["num_accepted_tokens"] == 1 and m["num_discarded_draft_tokens"] == 6
+    assert m["drafted_per_depth"] == [1, 0, 0] and m["depth_acceptance_rate"] == 1.0
+    assert m["draft_acceptance_rate"] == pytest.approx(1 / 2)  # nodes 0 and 1 (depth 1) were drafted
+
+
+def test_run_summary_says_what_the_rate_means_for_trees():
+    """The summary's draft acceptance rate of a tree run says it is per node, and the per-depth acceptance
+    stands beside it; a chain run's summary has neither."""
+    from specviz.trace import compute_metrics
+    from specviz.viz.stats import rate_set, rates_markdown
+
+    tr = tree_trace()
+    tr.metrics = compute_metrics(tr.steps, 3)
+    rates = {r.key: r for r in rate_set(tr)}
+    assert rates["draft_acceptance_rate"].numbers == "2 / 8"
+    assert "per node drafted: a tree drafts 8 nodes per step" in rates["draft_acceptance_rate"].note
+    assert "at most its depth can be accepted" in rates["draft_acceptance_rate"].note
+    depth = rates["depth_acceptance_rate"]
+    assert depth.value == pytest.approx(2 / 3) and depth.numbers == "2 / 3" and "1: 1/1, 2: 1/1, 3: 0/1" in depth.note
+    text = rates_markdown(list(rates.values()))
+    assert text.index("draft acceptance rate") < text.index("per-depth acceptance **0.67**")
+    new_keys = ("drafted_per_depth", "acceptance_rate_per_depth", "depth_acceptance_rate")
+    tr.metrics = {k: v for k, v in tr.metrics.items() if k not in new_keys}  # a trace saved before these metrics
+    assert {r.key: r for r in rate_set(tr)}["depth_acceptance_rate"].value == pytest.approx(2 / 3)
+    chain = Trace(config=tr.config, prompt_token_ids=[1, 2, 3], steps=[_chain_step(0)], token_texts=tr.token_texts)
+    chain_rates = {r.key: r for r in rate_set(chain)}
+    assert "depth_acceptance_rate" not in chain_rates
+    assert "per node" not in chain_rates["draft_acceptance_rate"].note
+
+
+# ---- q as verified vs the draft's confidence, and the step's rule (issue 15 view, lead's item 1) ---------------
+def _hovers(fig):
+    marks = next(t for t in fig.data if t.name == "nodes")
+    return {c[0]: h for c, h in zip(marks.customdata, marks.hovertext)}
+
+
+def test_hover_names_q_as_verified_and_the_draft_confidence():
+    """A top-k child is verified with q one-hot (rule A) while the head gave it 0.3 / 0.7 = 0.4286 at its
+    parent: the hover names both, and the path confidence c = exp(score) = 0.3 the box shows."""
+    hover = _hovers(tv.tree_figure(tree_trace(), 0))[3]
+    assert "q (as verified) = 1, one-hot: deterministic top-k child" in hover
+    assert "draft confidence (head softmax) = 0.4286" in hover
+    assert "path confidence c = exp(score) = 0.3" in hover
+    assert "draft confidence (head softmax) = 0.7" in _hovers(tv.tree_figure(tree_trace(), 0))[0]  # a root child
+
+
+def test_node_panel_names_both_and_says_why():
+    import re
+
+    caption = next(a.text for a in tv.node_figure(tree_trace(), 0, 2).layout.annotations if a.name == "caption")
+    caption = " ".join(re.sub(r"<[^>]+>", " ", caption).split())  # the wrapped lines as one text
+    assert "q (as verified) = 1, one-hot: deterministic top-k child" in caption
+    assert "draft confidence (head softmax) = 0.5" in caption and "Both are right" in caption
+
+
+def _rule_line(tr):
+    fig = tv.tree_figure(tr, 0)
+    return fig.layout.meta["verified_by"], next(a.text for a in fig.layout.annotations if a.name == "rule")
+
+
+def test_caption_states_the_rule_of_the_step():
+    tr = tree_trace()
+    assert _rule_line(tr) == ("topk", tv.RULE_CAPTION["topk"]) and "rule A" in tv.RULE_CAPTION["topk"]
+    tr.config["verify"] = "greedy"
+    assert _rule_line(tr)[0] == "greedy" and "argmax" in _rule_line(tr)[1]
+    tr.config["verify"] = "standard"
+    tr.steps[0].tree_rule = "sampled"
+    assert _rule_line(tr)[0] == "sampled" and "rule B" in _rule_line(tr)[1]
+    hover = _hovers(tv.tree_figure(tr, 0))[3]
+    assert "q (as verified) = 1: the draft's probability (children sampled from q)" in hover
+    chain = Trace(config={**tr.config, "verify": "block"}, prompt_token_ids=[1, 2, 3], steps=[_chain_step(0)],
+                  token_texts=tr.token_texts)
+    assert _rule_line(chain)[0] == "block"
+    chain.config["verify"] = "standard"
+    assert _rule_line(chain) == ("standard", tv.RULE_CAPTION["standard"])
+
+
+def test_rule_captions_fit_the_narrowest_tree():
+    """One line each, at most as wide as the figure's minimum width at 11 px (about 6.2 px a character of
+    Plotly's default sans-serif), also at the presentation layout's 1.45x text."""
+    from specviz.ui.lesson import PRESENT_FONT_SCALE
+
+    for key, text in tv.RULE_CAPTION.items():
+        assert "<br>" not in text and len(text) * 6.2 * PRESENT_FONT_SCALE <= tv.MIN_WIDTH - 20, (key, len(text))

@@ -25,6 +25,8 @@ from .views import selection_views
 PLAY_SECONDS = 6.0  # Play shows the next chapter after this many seconds
 PRESENT_FONT_SCALE = 1.45  # presentation layout: text inside every Plotly figure this many times larger
 PRESENT_HEIGHT_SCALE = 1.15  # and each figure this many times taller, for the larger text
+PRESENT_MIN_FIGURE_PX = 380  # but, while a lesson runs, no taller than the viewport below the chapter panel (>= this)
+PRESENT_MAX_SHRINK = 0.25  # unless that takes more than this share of its height (the 2 x 2 statistics: left as is)
 IDLE = ("<div class='sv-lesson-idle'{present}>Lesson mode: after a run (or an uploaded trace), press "
         "<b>Lesson</b> to walk through it chapter by chapter: Next / Back (→ / ←), Play (space), or jump to a step."
         "</div>")
@@ -52,6 +54,7 @@ const svFocus = () => {
   document.body.style.paddingTop = `${panel ? panel.offsetHeight : 0}px`;  // the panel is fixed while a lesson runs
   // after the views redraw (their heights settle), put the view's top just below the panel
   const place = () => {
+    svFit(target);
     const below = panel ? panel.offsetHeight : 0;
     const top = target.getBoundingClientRect().top + window.scrollY - below - 8;
     window.scrollTo({top: Math.max(top, 0), behavior: 'instant'});
@@ -81,11 +84,35 @@ const svScale = (gd) => {
     const ax = L[key];
     if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
   }
-  if (L.height) up.height = Math.round(L.height * %(grow)s);
+  // the draft tree's rows and columns are sized for its boxes' text: they grow with it (columns up to the
+  // width of the tree's panel)
+  const tree = L.meta && L.meta.tree_nodes !== undefined;
+  const grow = tree ? k : %(grow)s;
+  if (L.height) up.height = svFitHeight(Math.round(L.height * grow));
+  const panel = gd.closest('#sv-tree');
+  if (tree && L.width && panel) up.width = Math.max(L.width, Math.min(Math.round(L.width * k), panel.clientWidth - 24));
   const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
   window.Plotly.relayout(gd, up);
+};
+// presentation layout with a lesson on: a figure is at most the viewport below the fixed chapter panel tall
+// (its legend and captions included; Plotly lays the plot area out again inside), never under %(least)s px;
+// one that would lose more than %(shrink)s of its height to fit is left as it is (its text would collide)
+const svRoom = () => {
+  const panel = document.getElementById('sv-lesson');
+  const below = document.body.classList.contains('sv-lesson-on') && panel ? panel.offsetHeight : 0;
+  return window.innerHeight - below - 24;
+};
+const svFitHeight = (h) => {
+  const room = Math.max(svRoom(), %(least)s);
+  return document.body.classList.contains('sv-present') && room < h && room >= h * (1 - %(shrink)s) ? room : h;
+};
+const svFit = (view) => {
+  for (const gd of view.querySelectorAll('.js-plotly-plot')) {
+    const h = gd.layout && gd.layout.height;
+    if (window.Plotly && h && svFitHeight(h) < h) window.Plotly.relayout(gd, {height: svFitHeight(h)});
+  }
 };
 const svBindPlots = () => {
   if (!document.body.classList.contains('sv-present')) return;
@@ -111,7 +138,8 @@ if (!window.svLessonKeys) {
     button.click();
   });
 }
-""" % {"scale": PRESENT_FONT_SCALE, "grow": PRESENT_HEIGHT_SCALE})
+""" % {"scale": PRESENT_FONT_SCALE, "grow": PRESENT_HEIGHT_SCALE, "least": PRESENT_MIN_FIGURE_PX,
+                                        "shrink": PRESENT_MAX_SHRINK})
 
 
 def new_lesson() -> dict[str, Any]:

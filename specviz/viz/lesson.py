@@ -14,6 +14,13 @@ the chapters are (algorithms.md's terms, vLLM's method names):
 4. ``outcome``: the recovered token and the residual it was drawn from, or the bonus token;
 5. ``commit``: the tokens the step committed.
 
+A tree step (EAGLE-2 / static / ranked n-gram trees; trace version 2's ``nodes``) is told as one:
+the draft chapter names the tree (nodes, depth, how its children were chosen), the forward chapter
+the tree attention, the tests the rule the step used on its row (rule A: u <= r(x), r the target's
+p at the parent with the siblings rejected before x removed and renormalised; rule B: SpecInfer's
+u <= min(1, r(x)/q(x))), the outcome the residual of rule A (p with every tested child removed) or
+the bonus at a leaf; these chapters highlight the draft-tree view.
+
 A run starts with an ``intro`` chapter and ends with ``stats`` (metrics from ``trace.metrics``,
 defined in specviz/trace.py). Each chapter names the step and position it selects in the
 existing views and the view it highlights (``focus``).
@@ -29,7 +36,7 @@ from specviz.trace import Position, Step, Trace
 from .common import as_trace, fmt_prob, metrics_of, quoted, tokenwise_accepted
 from .stats import rate_set, rates_html
 
-FOCUS_VIEWS = ("stream", "grid", "residual", "match", "stats")
+FOCUS_VIEWS = ("stream", "grid", "residual", "match", "stats", "tree")
 TOP_CANDIDATES = 3  # draft candidates / residual entries named in a sentence
 
 METHOD_TEXT = {
@@ -39,6 +46,9 @@ METHOD_TEXT = {
     "suffix": "method suffix (suffix decoding: drafts follow a suffix tree of this request and of earlier outputs)",
     "draft_model": "method draft_model (a small language model drafts token by token)",
     "dflash": "method dflash (a block drafter: one forward over [root, MASK, ..., MASK] drafts the whole block)",
+    "eagle": "method eagle (EAGLE: a small head drafts from the target's own final hidden state)",
+    "eagle3": "method eagle3 (EAGLE-3: a small head drafts from the inputs of three of the target's layers)",
+    "medusa": "method medusa (Medusa heads: head i predicts the token i + 1 after the root from one target feature)",
 }
 VERIFY_TEXT = {
     "greedy": ("greedy verification: a draft token is accepted iff it is the target's argmax; the output equals "
@@ -88,6 +98,41 @@ def _method(trace: Trace, step: Step | None = None) -> str:
     return str((step.proposer if step is not None and step.proposer else None) or trace.config.get("method", ""))
 
 
+def is_tree(st: Step) -> bool:
+    """The step drafted a tree that is not a chain (some node's parent is not the node before it)."""
+    return any(n.parent != n.id - 1 for n in st.nodes)
+
+
+def _row_node(st: Step, index: int):
+    """The tree node at (1-based) row position ``index``: the accepted path, then the last child tested."""
+    from .tree import row_rejected
+
+    path = st.accepted_path
+    node = path[index - 1] if index <= len(path) else row_rejected(st)
+    return None if node is None else st.nodes[node]
+
+
+def _rejected_before(st: Step, node) -> int:
+    """Siblings of ``node`` tested and rejected before it (rule A / B test children in node order)."""
+    return sum(1 for n in st.nodes if n.parent == node.parent and n.id < node.id and n.fate == "rejected")
+
+
+def _tree_draft_why(trace: Trace, st: Step) -> str:
+    m = st.match or {}
+    kind = {"dynamic": "EAGLE-2's dynamic tree (each frontier node expanded by its top-k children, the best "
+                       "nodes by cumulative draft confidence kept)",
+            "static": "a static tree (speculative_token_tree: the r-th child of a node is the draft's r-th most "
+                      "likely token there)"}.get(m.get("tree") if isinstance(m.get("tree"), str) else "",
+                                                 "a tree of the draft's ranked continuations")
+    depth = max(n.depth for n in st.nodes)
+    how = ("Its children were drawn from q, so the test uses their q (rule B)." if st.tree_rule == "sampled" else
+           "Its children are the draft's top-ranked tokens, chosen deterministically, so the verifier treats their "
+           "q as one-hot (q = 1); the draft's own confidence in each is in the draft-tree view's hover.")
+    return (f"The proposer {html.escape(_method(trace, st))} drafted <b>a tree of {len(st.nodes)} nodes</b>, "
+            f"{depth} deep: {kind}. {how} The other views show the step's row: the accepted path, then the last "
+            f"child tested: {_toks(trace, st.draft_token_ids)}.")
+
+
 def intro_chapter(trace: Trace) -> Chapter:
     cfg = trace.config
     method, verify = _method(trace), _verify(trace)
@@ -98,6 +143,11 @@ def intro_chapter(trace: Trace) -> Chapter:
             f"{cfg.get('temperature')}, and <b>{rule}</b>. {n} verification step(s), one target forward each. Per step: "
             "the draft, the target forward, the test at each position, the recovered or bonus token, the commit; "
             "then the statistics.")
+    trees = [st for st in trace.steps if is_tree(st)]
+    if trees and verify != "greedy":
+        rule = ("rule B (SpecInfer: children sampled from q)" if trees[0].tree_rule == "sampled" else
+                "rule A (top-k children, q one-hot: u ≤ r(x), r the target's p with the rejected siblings removed)")
+        text += f" {len(trees)} step(s) drafted a tree, verified by {rule}; their chapters show the draft-tree view."
     return Chapter("intro", f"A real run, step by step ({n} steps)", text, 0 if n else None, None, "stream")
 
 
@@ -159,6 +209,9 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
     k = len(st.draft_token_ids)
     if k == 0:
         return Chapter("draft", f"Step {st.index}: nothing drafted", _no_draft_why(trace, st), st.index, 1, "match")
+    if is_tree(st):
+        return Chapter("draft", f"Step {st.index}: the proposer drafts a tree of {len(st.nodes)} nodes",
+                       _tree_draft_why(trace, st), st.index, 1, "tree")
     known = (st.match or {}).get("kind") in ("ngram", "ngram_gpu", "suffix", "draft_model")
     return Chapter("draft", f"Step {st.index}: the proposer drafts {k} token(s)", _draft_why(trace, st), st.index, 1,
                    "match" if known else "grid")
@@ -166,6 +219,14 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
 
 # ---- 2. the target forward ------------------------------------------------------------------
 def forward_chapter(trace: Trace, st: Step) -> Chapter:
+    if is_tree(st):
+        ms = st.timings_ms.get("verify")
+        text = (f"The target runs <b>one</b> forward over the context plus all {len(st.nodes)} nodes (tree attention: "
+                "each node sees the committed text and its own ancestors only, at position n + its depth). It "
+                "returns the target's p after every node at once, so every branch can be tested. "
+                + (f"This forward took {ms:.1f} ms on the machine that recorded the run." if ms else ""))
+        return Chapter("forward", f"Step {st.index}: one target forward checks all {len(st.nodes)} nodes", text,
+                       st.index, 1, "tree")
     k = len(st.draft_token_ids)
     ps = ", ".join(f"p(x{i}) = {fmt_prob(p.p)}" for i, p in enumerate(st.positions[:k], start=1))
     ms = st.timings_ms.get("verify")
@@ -213,6 +274,20 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
         return (f"u = {fmt_prob(pos.u)} {'≤' if pos.accepted else '>'} {rate} = {fmt_prob(pos.accept_prob)}, "
                 f"so {x} is {'accepted' if pos.accepted else 'rejected'}. Synthetic: the given rate decides, not p "
                 f"and q, so this run is not lossless.")
+    node = _row_node(st, i) if is_tree(st) and verify == "standard" else None
+    if node is not None:
+        before = _rejected_before(st, node)
+        sib = (f" {before} sibling(s) tested before it at the same node were rejected." if before else "")
+        verdict = f"so {x} is {'accepted' if pos.accepted else 'rejected'}."
+        if st.tree_rule == "sampled":
+            return (f"Rule B (SpecInfer; children sampled from q) at depth {i}: u = {fmt_prob(pos.u)} "
+                    f"{'≤' if pos.accepted else '>'} min(1, r(x)/q(x)) = {fmt_prob(pos.accept_prob)}, r = the target's p "
+                    f"at the parent after the earlier siblings' residual steps; p(x) = {fmt_prob(pos.p)}, q(x) = "
+                    f"{fmt_prob(pos.q)}, {verdict}{sib}")
+        return (f"Rule A (top-k children, q one-hot) at depth {i}: u = {fmt_prob(pos.u)} "
+                f"{'≤' if pos.accepted else '>'} r(x) = {fmt_prob(pos.accept_prob)}, r = the target's p at the parent "
+                f"with the siblings rejected before x removed and renormalised (p(x) = {fmt_prob(pos.p)}), "
+                f"{verdict}{sib}")
     onehot = " (q is one-hot: the proposer is deterministic, so the test is u ≤ p(x))" if pos.q >= 1.0 else ""
     return (f"u = {fmt_prob(pos.u)} {'≤' if pos.accepted else '>'} min(1, p/q) = min(1, {fmt_prob(pos.p)} / "
             f"{fmt_prob(pos.q)}) = {fmt_prob(pos.accept_prob)}, so {x} is "
@@ -259,6 +334,12 @@ def outcome_chapter(trace: Trace, st: Step) -> Chapter:
     if k == 0:
         title, text = (f"Step {st.index}: the target's own token {y}",
                        f"With no draft, the target draws its next token from p: {y} (p = {fmt_prob(e.p)}).")
+    elif st.num_accepted == k and is_tree(st):
+        how = "its argmax" if verify == "greedy" else "a draw from it"
+        title = f"Step {st.index}: the accepted path reached a leaf, bonus token {y}"
+        text = (f"The path of {k} accepted node(s) ended at a leaf of the tree (no child left to test), so the target's "
+                f"p after it, already computed by the same forward, gives a free <b>bonus token</b>: {how}, {y} "
+                f"(p = {fmt_prob(e.p)}). The step yields {k + 1} tokens from one target forward.")
     elif st.num_accepted == k:
         how = "its argmax" if verify == "greedy" else "a draw from it"
         title = f"Step {st.index}: all {k} accepted, bonus token {y}"
@@ -281,6 +362,9 @@ def outcome_chapter(trace: Trace, st: Step) -> Chapter:
             P = ([1.0] + list(st.block.get("P", [])))[st.num_accepted]
             dist = (f"the <b>block residual</b> normalize(max(P_τ·p_{slot} − q_{slot}, 0)) with P_τ = P_{st.num_accepted}"
                     f" = {fmt_prob(P)}")
+        elif is_tree(st) and st.tree_rule == "topk":
+            dist = ("the <b>residual distribution</b> of rule A: the target's p at that node with every child tested "
+                    "there (all rejected) removed, renormalised")
         else:
             z = f", Z = Σ max(p − q, 0) = {fmt_prob(pos.residual_mass)}" if pos is not None else ""
             dist = f"the <b>residual distribution</b> r = max(p_{slot} − q_{slot}, 0) / Z{z}"
@@ -288,8 +372,10 @@ def outcome_chapter(trace: Trace, st: Step) -> Chapter:
         r_text = f"r({y}) = {fmt_prob(r)}" if r is not None else f"r({y}) outside the residual's recorded top entries"
         text = (f"Draft position {slot} was rejected, so the step draws its own token from {dist}. It drew {y}: "
                 f"{r_text}, p({y}) = {fmt_prob(e.p)}. The residual's top entries: {_top(trace, e.top)}. "
-                "It puts mass only where the target wants more than the draft offered; that is what makes the "
-                "output follow p." + (" (Synthetic verification: not lossless.)" if verify == "synthetic" else ""))
+                + ("It holds p's mass outside the children already tried here; that is what makes the output follow "
+                   "p." if is_tree(st) else
+                   "It puts mass only where the target wants more than the draft offered; that is what makes the "
+                   "output follow p.") + (" (Synthetic verification: not lossless.)" if verify == "synthetic" else ""))
     return Chapter("outcome", title, text, st.index, slot, "residual")
 
 

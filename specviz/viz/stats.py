@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.trace import TOKENS_PER_FORWARD_FORMULA, Trace, tokens_per_target_forward
+from specviz.trace import TOKENS_PER_FORWARD_FORMULA, Trace, compute_metrics, tokens_per_target_forward
 
 from .common import as_trace, metrics_of
 from .speed import measured_html
@@ -88,7 +88,8 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
     """The run's four rates as one defined set, headline first: tokens per target forward (what one
     target forward produced; the speedup in forwards), then mean acceptance length (vLLM's: drafting
     steps only), draft acceptance rate (accepted / drafted) and a (accepted / verified positions, the
-    i.i.d. estimate the theory curve (1 - a^(k+1)) / (1 - a) uses). Counts are committed tokens
+    i.i.d. estimate the theory curve (1 - a^(k+1)) / (1 - a) uses); for tree runs the draft acceptance
+    rate says it is per node and the per-depth acceptance stands after it. Counts are committed tokens
     (specviz/trace.py); values None when nothing was drafted."""
     trace = as_trace(trace)
     m = metrics_of(trace)
@@ -100,6 +101,7 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
     left_out = steps - drafts
     drafting_tokens = sum(len(s.committed_token_ids) for s in drafting)
     al_formula, al_numbers = "1 + accepted / drafting steps", f"1 + {accepted} / {drafts}"
+    tree_note, tree_rates = _tree_rates(trace, m)
     if drafting_tokens != accepted + drafts:  # a step cut by the stop kept no emitted token (trace.py)
         al_formula, al_numbers = "committed tokens of drafting steps / drafting steps", f"{drafting_tokens} / {drafts}"
     return [
@@ -111,11 +113,33 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
              "vLLM's definition" + (f"; the {left_out} step(s) without a draft are left out" if left_out else "")),
         Rate("draft_acceptance_rate", "draft acceptance rate", m["draft_acceptance_rate"] if drafted > 0 else None,
              "accepted / drafted tokens", f"{accepted} / {drafted}" if drafted > 0 else "no drafts",
-             "drafts after a rejection count as not accepted"),
+             tree_note or "drafts after a rejection count as not accepted"),
+        *tree_rates,
         Rate("alpha", "a", estimated_alpha(trace), "accepted / verified positions",
              f"{accepted} / {verified}" if verified else "no drafts",
              "a position is verified when every draft before it was accepted; the theory curve in section 4 uses a"),
     ]
+
+
+def _tree_rates(trace: Trace, m: dict[str, Any]) -> tuple[str | None, list[Rate]]:
+    """For a run with tree drafts: (what the draft acceptance rate means there, [the per-depth
+    acceptance]: specviz.trace's depth_acceptance_rate = accepted / depths drafted, which for a chain
+    is its draft acceptance rate). (None, []) for chain runs."""
+    steps = [s for s in trace.steps if s.nodes]
+    if not any(n.parent != n.id - 1 for s in steps for n in s.nodes):
+        return None, []
+    if "drafted_per_depth" not in m:  # a trace saved before these metrics existed
+        m = compute_metrics(trace.steps, int(trace.config.get("num_speculative_tokens", 0) or 0))
+    reached, per_depth = m["drafted_per_depth"], m["accepted_per_position"]
+    nodes = sum(len(s.nodes) for s in steps) / len(steps)
+    by_depth = ", ".join(f"{d + 1}: {a}/{r}" for d, (a, r) in enumerate(zip(per_depth, reached)) if r)
+    note = f"per node drafted: a tree drafts {nodes:.3g} nodes per step (mean), at most its depth can be accepted"
+    return note, [Rate("depth_acceptance_rate", "per-depth acceptance",
+                       m["depth_acceptance_rate"] if sum(reached) else None,
+                       "accepted / Σ over depths d of the steps whose tree reached d",
+                       f"{m['num_accepted_tokens']} / {sum(reached)}",
+                       f"the figure comparable with a chain's draft acceptance rate; by depth (accepted/reached) "
+                       f"{by_depth}")]
 
 
 def rates_markdown(rates: list[Rate]) -> str:

@@ -9,7 +9,11 @@ a parent centred on its children; node order = the order the verifier visits sib
 Each node is a text box: the token, then ``p`` (the target's probability of the token at its
 parent), ``q`` (the draft's, 1 for deterministic children) or, for top-k children (q one-hot),
 ``c`` = exp(score), the draft's confidence in the path (EAGLE-2: the product of the head's
-probabilities along it; n-gram / suffix trees: the share of matches that continue so). Colours:
+probabilities along it; n-gram / suffix trees: the share of matches that continue so). Two numbers
+for one top-k child are both right and are both named in its hover and detail panel: the q the
+verifier used, 1 (one-hot: the child was chosen deterministically, rule A of methods.md 1.4), and
+the draft's confidence in it, its softmax at the parent (exp(score - parent's score)), the number
+the EAGLE panel shows. A line under the tree names the rule this step was verified with. Colours:
 the accepted path green, rejected nodes grey, unvisited nodes dimmed, the step's own token
 (recovered / bonus) in its stream colour, attached to the last accepted node.
 """
@@ -30,6 +34,8 @@ from specviz.trace import Step, Trace
 from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fmt_prob, label, quoted
 from .residual import P_COLOUR, Q_COLOUR, WRAP, message_figure
 
+CONFIDENCE_COLOUR = "#a78bfa"  # the draft's confidence bar of the node panel (not a q the verifier used)
+
 # (fill, text, border) per node fate; the emitted token uses the stream's colours (FATE_STYLE)
 NODE_STYLE: dict[str, tuple[str, str, str]] = {
     "accepted": (FATE_STYLE["accepted"][0], FATE_STYLE["accepted"][1], "#15803d"),
@@ -49,6 +55,8 @@ EMITTED = -2  # customdata id of the step's own token
 ROOT = -1
 TOKEN_CHARS = 9  # token text per box (then …)
 COLUMN_PX = 104  # horizontal room per depth column the box text is sized for
+MIN_WIDTH = 860  # px: the rule's one-line caption fits, also at the presentation layout's 1.45x text
+CAPTION_PX = 26  # px of the plot area under the tree for that line
 
 
 @dataclass(frozen=True)
@@ -165,13 +173,78 @@ def _second_line(n: ViewNode, rule: str) -> str:
     return f"p {_num(n.p)} · q {_num(n.q)}"
 
 
-def _hover(trace: Trace, n: ViewNode, rule: str) -> str:
-    conf = _confidence(n)
+# the draft's own probability of a node's token at its parent, named by where it came from
+CONFIDENCE_SOURCE = {"eagle": "head softmax", "eagle3": "head softmax", "medusa": "head softmax",
+                     "mtp": "head softmax", "draft_model": "draft model softmax", "ngram": "share of matches",
+                     "ngram_gpu": "share of matches", "suffix": "share of matches"}
+RULE_CAPTION = {  # one line under the tree: the rule this step was verified with (methods.md 1.4), <= 92 chars
+    "greedy": "Verified greedily: at each depth the child equal to the target's argmax is accepted.",
+    "topk": "Verified by rule A (top-k, q one-hot): accept c w.p. p(c) / (1 − p(its rejected siblings)).",
+    "sampled": "Verified by rule B (children sampled from q; SpecInfer): accept c iff u ≤ r(c)/q(c).",
+    "standard": "Verified by standard rejection sampling (a chain): accept x iff u ≤ min(1, p(x)/q(x)).",
+    "block": "Verified by block verification (a chain; Sun et al. 2024): accept up to the last η_i ≤ h_i.",
+    "typical": "Verified by typical acceptance (lossy): accept x while p(x) > min(ε, δ·exp(−H(p))).",
+    "synthetic": "Verified synthetically (not lossless): position i accepted with the given rate a_i.",
+}
+
+
+def step_rule(trace: Trace, st: Step) -> str:
+    """The key of :data:`RULE_CAPTION` for ``st``: "greedy" (the request's verify), the tree's rule
+    ("topk" = rule A, "sampled" = rule B), or for a chain the request's verification."""
+    _, _, rule = step_tree(st)
+    verify = str(trace.config.get("verify", ""))
+    if verify == "greedy":
+        return "greedy"
+    if rule != "chain":
+        return rule
+    return verify if verify in RULE_CAPTION else "standard"
+
+
+def draft_confidence(n: ViewNode, by_id: dict[int, ViewNode]) -> float | None:
+    """The draft's own probability of ``n``'s token at its parent: exp(score - the parent's score)
+    (a root child: exp(score)); scores are cumulative log-confidences (proposers/base.py Draft.scores).
+    None when the node or its parent has no score."""
+    parent = by_id.get(n.parent)
+    base = 0.0 if n.parent < 0 else (parent.score if parent is not None else None)
+    if n.score is None or base is None or not math.isfinite(n.score) or not math.isfinite(base):
+        return None
+    return math.exp(n.score - base)
+
+
+def confidence_source(st: Step) -> str:
+    """What the draft confidence of ``st``'s nodes is (e.g. "head softmax"), by the proposer."""
+    kind = st.match.get("kind") if isinstance(st.match.get("kind"), str) else st.proposer
+    return CONFIDENCE_SOURCE.get(kind or "", "exp of the draft score's step")
+
+
+def q_text(n: ViewNode, rule: str) -> str:
+    """The q the verifier used for ``n``, named, e.g. 'q (as verified) = 1, one-hot: deterministic top-k child'."""
+    if rule == "topk":
+        return "q (as verified) = 1, one-hot: deterministic top-k child"
+    if rule == "sampled":
+        return f"q (as verified) = {fmt_prob(n.q)}: the draft's probability (children sampled from q)"
+    one_hot = n.q is not None and n.q >= 1.0
+    return f"q (as verified) = {fmt_prob(n.q)}" + (", one-hot: a deterministic draft" if one_hot else
+                                                   ": the draft's probability")
+
+
+def confidence_text(n: ViewNode, by_id: dict[int, ViewNode], st: Step) -> str | None:
+    """The named draft confidence of ``n``, e.g. 'draft confidence (head softmax) = 0.7'; for a top-k
+    child without scores (Medusa) that it was not recorded; else None."""
+    conf = draft_confidence(n, by_id)
+    if conf is None:
+        return "draft confidence: not recorded (this proposer gives no draft scores)" if st.tree_rule == "topk" \
+            else None
+    return f"draft confidence ({confidence_source(st)}) = {fmt_prob(conf)}"
+
+
+def _hover(trace: Trace, st: Step, n: ViewNode, rule: str, by_id: dict[int, ViewNode]) -> str:
+    conf, path_conf = confidence_text(n, by_id, st), _confidence(n) if n.depth > 1 else None  # depth 1: c = conf
     lines = [f"node {n.id} · depth {n.depth} · {quoted(trace, n.token_id)} · {n.fate}",
-             f"p = {fmt_prob(n.p)} (target, at its parent) · q = {fmt_prob(n.q)} (draft"
-             f"{', one-hot: a top-k child' if rule == 'topk' else ''})",
-             f"u = {fmt_prob(n.u)} · accept prob. = {fmt_prob(n.accept_prob)}"
-             + (f" · c = exp(score) = {fmt_prob(conf)}" if conf is not None else "")]
+             f"p = {fmt_prob(n.p)} (target, at its parent)", q_text(n, rule),
+             *([conf + (f" · path confidence c = exp(score) = {fmt_prob(path_conf)}" if path_conf is not None
+                        else "")] if conf else []),
+             f"u = {fmt_prob(n.u)} · accept prob. = {fmt_prob(n.accept_prob)}"]
     return "<br>".join(lines) + "<br><i>click: its p / q panel</i>"
 
 
@@ -185,7 +258,7 @@ def _title(trace: Trace, st: Step, nodes: list[ViewNode], path: list[int], rule:
             f"{quoted(trace, st.emitted.token_id)}")
 
 
-def _legend(fig: go.Figure, rule: str, own: str) -> None:
+def _legend(fig: go.Figure, rule: str, own: str, greedy: bool = False) -> None:
     """Legend entries (marker-only traces) defining every colour, and a line defining p / q / c."""
     for fate, text in NODE_LEGEND.items():
         fill, _, border = NODE_STYLE[fate]
@@ -194,7 +267,9 @@ def _legend(fig: go.Figure, rule: str, own: str) -> None:
                                                                                                   "width": 2}}))
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=FATE_STYLE[own][2], hoverinfo="skip",
                              marker={"symbol": "square", "size": 13, "color": FATE_STYLE[own][0]}))
-    c_text = ("c = exp(score): the draft's confidence in the path<br>(top-k children: q is one-hot, so q is not shown)"
+    how = ("greedy: the target's argmax decides, neither q nor the draft's confidence" if greedy else
+           "top-k children: verified with q one-hot = 1, not with the draft's confidence")
+    c_text = (f"c = exp(score): the draft's confidence in the path<br>({how}; hover a node for both)"
               if rule == "topk" else "q = the draft's probability of the token")
     fig.add_annotation(text=f"p = the target's probability of the token at its parent · {c_text}", x=0, y=1,
                        xref="paper", yref="paper", xanchor="left", yanchor="bottom", yshift=4, showarrow=False,
@@ -230,19 +305,24 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     fig.add_trace(go.Scatter(
         x=[place[n.id][0] for n in boxes], y=[place[n.id][1] for n in boxes], mode="markers", name="nodes",
         showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text",
-        hovertext=[_hover(trace, n, rule) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes],
+        hovertext=[_hover(trace, st, n, rule, by_id) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes],
         marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}))
-    _legend(fig, rule, own_fate)
+    verified_by = step_rule(trace, st)
+    _legend(fig, rule, own_fate, verified_by == "greedy")
     columns = max(d for d, _ in place.values()) + 1
     row_px = 22 if compact else 40
+    caption_rows = CAPTION_PX / row_px  # the rule's line, under the tree (inside the plot area, above the legend)
+    fig.add_annotation(name="rule", text=RULE_CAPTION[verified_by], x=-0.55, y=rows - 0.5 + caption_rows / 2,
+                       xanchor="left", yanchor="middle", showarrow=False, font={"size": 11, "color": "#374151"})
     fig.update_layout(
-        title={"text": _title(trace, st, nodes, path, rule), "font": {"size": 13}, "x": 0, "xanchor": "left"},
-        width=max(640, COLUMN_PX * columns + 40), height=int(190 + row_px * rows), plot_bgcolor="#ffffff",
-        margin={"l": 10, "r": 10, "t": 74, "b": 10}, hovermode="closest", clickmode="event",
+        title={"text": _title(trace, st, nodes, path, rule), "font": {"size": 13}, "x": 0, "xanchor": "left",
+               "pad": {"l": 10}},
+        width=max(MIN_WIDTH, COLUMN_PX * columns + 40), height=int(190 + CAPTION_PX + row_px * rows),
+        plot_bgcolor="#ffffff", margin={"l": 10, "r": 10, "t": 74, "b": 10}, hovermode="closest", clickmode="event",
         xaxis={"visible": False, "range": [-0.55, columns - 0.45], "fixedrange": True},
-        yaxis={"visible": False, "range": [rows - 0.5, -0.5], "fixedrange": True},
+        yaxis={"visible": False, "range": [rows - 0.5 + caption_rows, -0.5], "fixedrange": True},
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 11}},
-        meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule},
+        meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule, "verified_by": verified_by},
     )
     return fig
 
@@ -314,7 +394,12 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
         raise IndexError(f"step {st.index} has no draft node {node}")
     fig = go.Figure()
     tok = label(trace, n.token_id)
-    for name, value, colour in (("target p", n.p, P_COLOUR), ("draft q", n.q, Q_COLOUR)):
+    by_id = {m.id: m for m in nodes}
+    conf = draft_confidence(n, by_id)
+    bars = [("target p", n.p, P_COLOUR), ("q (as verified)", 1.0 if rule == "topk" else n.q, Q_COLOUR)]
+    if conf is not None:
+        bars.append(("draft confidence", conf, CONFIDENCE_COLOUR))
+    for name, value, colour in bars:
         fig.add_trace(go.Bar(x=[name], y=[value or 0.0], marker_color=colour, name=name,
                              text=[_num(value)], textposition="outside", hoverinfo="skip"))
     if n.accept_prob is not None:
@@ -335,8 +420,17 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
                    "sibling is tried (SpecInfer, methods.md 1.4 B).",
         "chain": "A chain: accept iff u ≤ min(1, p/q) (standard verification).",
     }.get(rule, "")
+    if step_rule(trace, st) == "greedy":
+        rule_text = "Greedy verification: at its parent the target's argmax is accepted (u and q are not used)."
+    named = "; ".join([q_text(n, rule), *filter(None, [confidence_text(n, by_id, st)])]) + "."
+    if step_rule(trace, st) == "greedy":
+        named += " Greedy verification uses neither: the target's argmax decides."
+    elif rule == "topk" and conf is not None:
+        named += (" Both are right: the draft chose this child by rank (deterministically), so the lossless test "
+                  "treats its q as one-hot; the confidence is how sure the draft was.")
     lines = [f"<b>step {st.index}, node {n.id} (depth {n.depth}): {quoted(trace, n.token_id)}</b>",
              *(f"<span style='font-size:11px'>{html.escape(w)}</span>" for w in textwrap.wrap(why, WRAP)),
+             *(f"<span style='font-size:11px'>{html.escape(w)}</span>" for w in textwrap.wrap(named, WRAP)),
              *(f"<span style='font-size:11px'>{html.escape(w)}</span>" for w in textwrap.wrap(rule_text, WRAP))]
     fig.add_annotation(name="caption", text="<br>".join(lines), x=0, y=1, xref="paper", yref="paper",
                        xanchor="left", yanchor="bottom", yshift=10, showarrow=False, align="left",
@@ -364,4 +458,7 @@ def tree_source_html(trace: Trace, step: int) -> str:
     return (f"<div class='sv-match sv-eagle-tree' style='font-size:13px;color:#374151;padding:6px'>{head} drafted "
             f"{html.escape(how)} Every node of a depth ran at one position, seeing the committed prefix and its own "
             "ancestors only; the head's tree K/V is dropped after the step (its cache keeps committed positions). "
-            "The tree itself is drawn in the draft-tree view.</div>")
+            "A node's draft confidence (the head's softmax of its token at its parent, as the chain's conf. column) "
+            "is not the q the verifier uses: top-k children are chosen by rank, not sampled, so the lossless test "
+            "(rule A) treats their q as one-hot, q = 1 (greedy verification uses no q). The tree itself is drawn in "
+            "the draft-tree view, with both numbers in each node's hover.</div>")
