@@ -306,3 +306,22 @@ def test_rule_captions_fit_the_narrowest_tree():
 
     for key, text in tv.RULE_CAPTION.items():
         assert "<br>" not in text and len(text) * 6.2 * PRESENT_FONT_SCALE <= tv.MIN_WIDTH - 20, (key, len(text))
+
+
+def test_residual_panel_names_the_tree_rule_not_the_chain_test():
+    """A tree node's accept test is rule A's r(x) (or rule B's min(1, r/q)), not min(1, p/q): the decision
+    panel says so (it printed "u > min(1, p/q) = r(x)", a false formula, for tree steps); chains keep p/q."""
+    from specviz.viz.residual import residual_figure
+
+    def caption(trace):
+        fig = residual_figure(trace, 0, 1)
+        return next(a.text for a in fig.layout.annotations if a.name == "caption"), [t.name for t in fig.data]
+
+    text, names = caption(tree_trace())
+    assert "r(x) = " in text and "min(1, p/q)" not in text and "tree rule A" in text
+    assert "q (one-hot: top-k child)" in names and "residual max(p−q,0)/Z" not in names
+    chain = tree_trace()
+    st = chain.steps[0]
+    st.nodes, st.tree_rule = [], "chain"
+    text, names = caption(chain)
+    assert "min(1, p/q) = " in text and "tree rule" not in text and "residual max(p−q,0)/Z" in names

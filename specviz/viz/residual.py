@@ -90,9 +90,23 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
                                font={"color": colour, "size": 12}, bgcolor="rgba(255,255,255,0.85)", row=1, col=1)
 
 
-def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | None, row: int | None) -> str:
+TREE_TEST_NAME = {  # the acceptance probability a tree node is tested against (specviz/sampling/tree.py)
+    "topk": "r(x)",  # rule A: p renormalised after the earlier siblings' tokens were removed; q one-hot
+    "sampled": "min(1, r(x)/q(x))",  # rule B (SpecInfer): r = the residual after the earlier siblings
+}
+TREE_TEST_NOTE = {
+    "topk": "tree rule A (top-k children, q one-hot): r = p with the tokens of the siblings rejected before "
+            "this one removed, renormalised",
+    "sampled": "tree rule B (sampled children, SpecInfer): r = the residual left after the siblings rejected before "
+               "this one",
+}
+
+
+def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | None, row: int | None,
+           tree_rule: str | None = None) -> str:
     """The accept test of one position as a bar [0, threshold] with a marker at u (in ``row``;
-    greedy verification has no random test and draws nothing). Returns a sentence."""
+    greedy verification has no random test and draws nothing). ``tree_rule``: the step's tree rule
+    ("topk" / "sampled") when the position is a tree node. Returns a sentence."""
     if verify == "greedy" or row is None:
         return ("greedy: x is accepted iff it is the target's argmax (p is one-hot at temperature 0); "
                 + ("it is" if pos.accepted else "it is not"))
@@ -107,9 +121,10 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
         sentence = f"block: η_{pos.index} = {fmt_prob(u)} {cmp} h_{pos.index} = {fmt_prob(thr)}: {verdict}"
     else:
         thr, u = pos.accept_prob, pos.u
-        name = "a_i / a_(i-1)" if verify == "synthetic" else "min(1, p/q)"
+        name = "a_i / a_(i-1)" if verify == "synthetic" else TREE_TEST_NAME.get(tree_rule or "", "min(1, p/q)")
         sentence = (f"u = {fmt_prob(u)} {'≤' if pos.accepted else '>'} {name} = {fmt_prob(thr)}: "
                     + ("accepted" if pos.accepted else "rejected"))
+
         verdict = "accepted" if pos.accepted else "rejected"
     sym = f"η_{pos.index}" if verify == "block" and block else "u"
     # both bars share an offsetgroup so they overlap (the figure's bars are otherwise grouped)
@@ -261,9 +276,10 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     fig, gauge_row, block_row = _subplots(verify != "greedy", has_block)
     p, q, r = _as_dict(pos.p_top), _as_dict(pos.q_top), _as_dict(pos.residual_top)
     p.setdefault(pos.token_id, pos.p), q.setdefault(pos.token_id, pos.q)
-    series = [("target p", P_COLOUR, p), ("draft q", Q_COLOUR, q)]
+    tree_rule = st.tree_rule if st.nodes and st.tree_rule in TREE_TEST_NAME else None
+    series = [("target p", P_COLOUR, p), ("q (one-hot: top-k child)" if tree_rule == "topk" else "draft q", Q_COLOUR, q)]
     if verify != "greedy":  # greedy replaces a rejected token by the target's argmax: no residual is drawn
-        series.append(("residual max(p−q,0)/Z", R_COLOUR, r))
+        series.append(("residual r/Z (tree rule)" if tree_rule else "residual max(p−q,0)/Z", R_COLOUR, r))
     marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
     here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
     block_note = None
@@ -274,8 +290,10 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
                           "normalize(max(P_τ·p − q, 0)) at this position (Sun et al. 2024)")
         marks.append(_own_mark(trace, st))
     _bars(fig, trace, series, [pos.token_id, st.emitted.token_id if here else None], marks)
-    test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row)
-    return fig, block_row, [test + f"  ·  Z = Σ max(p−q, 0) = {fmt_prob(pos.residual_mass)}", *filter(None, [block_note])]
+    test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row, tree_rule)
+    z = "Z = the residual's mass" if tree_rule else "Z = Σ max(p−q, 0)"
+    note = TREE_TEST_NOTE[tree_rule] if tree_rule and verify != "greedy" else None
+    return fig, block_row, [test + f"  ·  {z} = {fmt_prob(pos.residual_mass)}", *filter(None, [note, block_note])]
 
 
 def _own_token(trace: Trace, st: Step, has_block: bool) -> tuple[go.Figure, int | None, list[str]]:
