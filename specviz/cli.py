@@ -53,7 +53,9 @@ def format_metrics(trace: Trace) -> str:
         f"steps {m['num_steps']}  drafts {m['num_drafts']}  draft tokens {m['num_draft_tokens']}  "
         f"accepted {m['num_accepted_tokens']}  generated {m['num_generated_tokens']}",
         f"mean acceptance length {m['mean_acceptance_length']:.3f}  "
-        f"draft acceptance rate {m['draft_acceptance_rate']:.3f}",
+        f"draft acceptance rate {m['draft_acceptance_rate']:.3f}"
+        + (f" (per node drafted)  per-depth acceptance {m['depth_acceptance_rate']:.3f}"
+           if any(st.nodes for st in trace.steps) and "depth_acceptance_rate" in m else ""),
         "acceptance per position " + " ".join(f"{r:.2f}" for r in m["acceptance_rate_per_position"]),
         "acceptance histogram " + " ".join(str(c) for c in m["acceptance_histogram"]),
         f"target forward passes {trace.target_forward_passes}  {trace.tokens_per_second:.1f} tok/s  "

@@ -325,3 +325,17 @@ def test_residual_panel_names_the_tree_rule_not_the_chain_test():
     st.nodes, st.tree_rule = [], "chain"
     text, names = caption(chain)
     assert "min(1, p/q) = " in text and "tree rule" not in text and "residual max(p−q,0)/Z" in names
+
+
+def test_cli_metrics_say_the_tree_rate_is_per_node_and_give_the_per_depth_one():
+    from specviz.cli import format_metrics
+    from specviz.trace import compute_metrics
+
+    tree = tree_trace()
+    tree.metrics = compute_metrics(tree.steps, 3)
+    text = format_metrics(tree)
+    assert "draft acceptance rate 0.250 (per node drafted)  per-depth acceptance 0.667" in text
+    chain = tree_trace()
+    chain.steps[0].nodes = []
+    chain.metrics = compute_metrics(chain.steps, 3)
+    assert "per node" not in format_metrics(chain)
