@@ -7,6 +7,7 @@ The browser side (what the page shows at 1024 and 1400 px) is tests/test_browser
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,17 @@ def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
     assert f"per pair {per_pair} → median {meas['median']:.2f}× (the headline)" in text
     assert f"Measured beside this run: {meas['median']:.2f}× tokens/s" in text
     assert "pooled" in text and "The headline is the median of these ratios" in page  # defined in the hover
+
+
+def test_measured_label_has_room_above_the_star_when_every_draft_is_accepted():
+    from specviz import SpecDecoder
+    from specviz.viz.stats import stats_figure
+
+    target = str(Path(__file__).resolve().parent.parent / "assets" / "models" / "specviz-target")
+    trace = SpecDecoder.from_pretrained(target, target, device="cpu").generate(
+        PROMPT, method="draft_model", num_speculative_tokens=5, max_new_tokens=18)
+    fig = stats_figure(trace)
+    star = next(d for d in fig.data if (d.name or "").startswith("this run: a = "))
+    assert star.y[0] == 6.0 and star.text[0] == "measured: 6.00" and star.cliponaxis is False
+    low, high = fig.layout[star.yaxis.replace("y", "yaxis")].range
+    assert low < 1 and high >= 1.2 * 6.0  # the label above the star lies inside the plot area

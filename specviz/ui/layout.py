@@ -128,8 +128,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
         c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
         c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")
     c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)",
-                           elem_id="sv-k", info=f"draft tokens per step; {K_RANGE} (a value typed outside "
-                                                 f"1-{MAX_UI_SPECULATIVE_TOKENS} runs the nearest, with a note). "
+                           elem_id="sv-k", info=f"draft tokens per step; {K_RANGE}. Typed outside "
+                                                 f"1-{MAX_UI_SPECULATIVE_TOKENS}: runs the nearest, with a note. "
                                                  "medusa drafts at most one per head, dflash at most block size − 1")
     # what was last typed into k's box (K_TYPED_JS), before the slider clamps it: the run's note says so
     c["k_typed"] = gr.Textbox("", elem_id="sv-k-typed", elem_classes="sv-hidden", show_label=False, container=False)

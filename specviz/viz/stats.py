@@ -202,7 +202,7 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
     fig.update_xaxes(title_text="acceptance rate a (= accepted / verified positions)", range=[0, 1], row=2, col=1)
     top = max(kk + 1, m.get("mean_acceptance_length") or 0)  # the theory's end (a = 1) or the star
     # headroom above the highest point for the "measured" label, which is drawn above the star
-    fig.update_yaxes(title_text="tokens per drafting step", range=[0, 1.2 * top], row=2, col=1)
+    fig.update_yaxes(title_text="tokens per drafting step", range=[0.5, 1.2 * top], row=2, col=1)
 
 
 def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | None) -> None:
