@@ -1,8 +1,8 @@
 """Headless Chromium on the bundled demo models (CPU): what a fresh user found unclear or wrong in
 the single-run views (issues 10, 17). A k typed outside 1-12 is clamped by the slider and the run
 says so; Medusa at k = 5 says why column x5 stays empty; every text fits its figure, the step
-grid's cell texts fit their cells, the Medusa table and the speedup table fit their panels at 1024
-and 1400 px; section 3 is named for the method that ran; the speedup table shows the per-pair
+grid's cell texts fit their cells, the Medusa, EAGLE and MTP tables and the speedup table fit their
+panels at 1024 and 1400 px; section 3 is named for the method that ran; the speedup table shows the per-pair
 ratios its headline is the median of. Screenshots go to ``screenshots-tmp/`` (git-ignored).
 
 Needs /usr/bin/chromium (``apt-get install -y chromium``); never downloads a browser.
@@ -243,5 +243,16 @@ def test_the_measured_label_fits_when_every_draft_is_accepted(browser, app_url, 
         page.locator("#sv-stats").screenshot(path=str(SHOTS / f"single-run-all-accepted-stats-{width}.png"))
         assert page.evaluate(MEASURED_FIT_JS) == [], width
         assert page.evaluate(FIGURE_FIT_JS, "#sv-stats") == [], width
+    assert not errors, errors
+    page.close()
+
+
+@pytest.mark.parametrize("method", ["eagle", "mtp"])
+def test_the_head_tables_fit_their_panel(browser, app_url, method):
+    """The EAGLE and MTP tables scrolled sideways at 1024 px (their last columns hidden), as Medusa's did."""
+    page, errors = _open(browser, app_url)
+    _run(page, method, 7, max_new=16, compare=False)
+    assert page.locator("#sv-match table").count() == 1
+    _check_fit(page, f"{method}-k7", speedup=False)
     assert not errors, errors
     page.close()
