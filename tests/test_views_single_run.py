@@ -108,6 +108,10 @@ def test_section_three_is_named_for_the_method_that_ran(medusa5):
     heading, text = source_texts({"trace": medusa5.to_dict()})
     assert heading.endswith("the Medusa heads") and text.startswith("**How did the Medusa heads make this draft?**")
     assert source_texts(None) == (explain.source_heading(None), explain.source_explain(None))
+    from specviz.viz import report_html
+
+    page = report_html(medusa5)  # the exported report names it too
+    assert "<h2>Where the draft came from: the Medusa heads</h2>" in page and "N-gram match" not in page
 
 
 def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
