@@ -40,6 +40,10 @@ def test_k_outside_the_app_range_is_refused_naming_both_ranges():
         with pytest.raises(ValueError, match=rf"k\) = {bad} is outside this app: 1-12; the engine itself .* 1-32"):
             check_k(bad)
     check_k(1), check_k(MAX_UI_SPECULATIVE_TOKENS)
+    from specviz.engine import MAX_SPECULATIVE_TOKENS
+    from specviz.ui.settings import ENGINE_MAX_SPECULATIVE_TOKENS
+
+    assert ENGINE_MAX_SPECULATIVE_TOKENS == MAX_SPECULATIVE_TOKENS  # the range the message states is the engine's
 
 
 def test_a_typed_k_clamped_by_the_browser_gets_a_note():
