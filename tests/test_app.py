@@ -152,8 +152,10 @@ def test_select_step_and_position_follow_the_session(app_url):
 
 @pytest.mark.parametrize("args, message", [
     (run_args(prompt="   "), "prompt is empty"),
-    (run_args(k=0), "Value 0 is less than minimum value 1"),  # the slider's own bound check
-    (run_args(k=40), "Value 40 is greater than maximum value 12"),
+    # k outside the app's range (the browser clamps a typed one first; a script's reaches the handler)
+    (run_args(k=0), "num_speculative_tokens (k) = 0 is outside this app: 1-12; the engine itself (Python API, CLI) "
+                    "takes 1-32"),
+    (run_args(k=40), "num_speculative_tokens (k) = 40 is outside this app: 1-12; the engine itself"),
     (run_args(prompt="def f(x):\n    return x\n" * 60, max_new=64), "exceeds the model's context"),
     (run_args(verify="greedy", temperature=1.0), "verify='greedy' needs temperature 0"),
     (run_args(lookup=(4, 2)), "prompt_lookup_min (4) must be <= prompt_lookup_max (2)"),

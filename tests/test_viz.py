@@ -306,7 +306,8 @@ def test_report_and_dict_input(traces):
     figs = figures(as_dict)
     assert set(figs) == {"grid", "residual", "trie", "stats"}
     page = report_html(tr)
-    for heading in ("Token stream", "Step grid", "Residual view", "N-gram match", "Run statistics"):
+    for heading in ("Token stream", "Step grid", "Residual view", "Where the draft came from: n-gram lookup (prompt "
+                    "lookup)", "Run statistics"):
         assert f"<h2>{heading}</h2>" in page
     assert page.count("Plotly.newPlot") == 4
     assert len(token_events(tr)) == len(tr.output_token_ids) + sum(

@@ -37,8 +37,10 @@ from .settings import (
     MAX_UI_NEW_TOKENS,
     MAX_UI_PAIRS,
     MAX_UI_SPECULATIVE_TOKENS,
+    check_k,
     check_prompt,
     check_slider_bounds,
+    clamped_k_note,
     engine_settings,
 )
 from .views import all_views, default_selection, empty_views, selection_views, streaming_views
@@ -172,20 +174,26 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
         num_speculative_tokens: Any, verify: str, temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any,
         seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any, synthetic_rates: str, compare: bool,
         pairs: Any = DEFAULT_PAIRS, eagle_tree: str = "", tree_branches: Any = 0, static_tree: str = "",
-        request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
+        request: gr.Request = None, k_typed: Any = "") -> Iterator[tuple[Any, ...]]:
     """The Run button: stream the request's views, then (if ``compare``) measure the speedup over
     method "none" beside the run (``pairs`` interleaved pairs of short segments), then draw
-    everything. Bad input, a load failure or a refused run ends with the message in the progress
+    everything. ``k_typed``: what was last typed into the k slider's box ("" after a drag; the
+    page's script fills it): typed outside 1..12, the browser has clamped it, and every progress
+    line of the run says so (:func:`~specviz.ui.settings.clamped_k_note`).
+    Bad input, a load failure or a refused run ends with the message in the progress
     line (never raises gr.Error): before any update the other outputs are skipped; after one (an
     error mid-run, e.g. the GPU out of memory) the session's previous trace is drawn again and
     stays in the state, so it can still be exported."""
     streamed = False
+    note = clamped_k_note(num_speculative_tokens, k_typed)
+    if note:
+        gr.Warning(note)
     try:
         for out in _run(cache, signals, state, prompt, method, num_speculative_tokens, verify, temperature, top_k,
                         top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates, compare,
                         pairs, request, eagle_tree, tree_branches, static_tree):
             streamed = streamed or isinstance(out[-1], dict)  # an update that changed the session's trace
-            yield out
+            yield (f"{out[0]} · **{note}**", *out[1:]) if note and isinstance(out[0], str) else out
     except gr.Error as exc:
         previous = dict(state or new_state())
         old = _trace_of(previous)
@@ -205,7 +213,7 @@ def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None
     """:func:`run`'s body; raises gr.Error for the user's mistakes."""
     state = dict(state or new_state())
     try:
-        check_slider_bounds(num_speculative_tokens, 1, MAX_UI_SPECULATIVE_TOKENS)
+        check_k(num_speculative_tokens)
         check_slider_bounds(max_new_tokens, 1, MAX_UI_NEW_TOKENS)
         check_slider_bounds(pairs, 1, MAX_UI_PAIRS)
         text = check_prompt(prompt)
@@ -554,12 +562,12 @@ class SessionHandlers:
     def run(self, state: dict[str, Any] | None, prompt: str, method: str, num_speculative_tokens: Any, verify: str,
             temperature: Any, top_k: Any, top_p: Any, max_new_tokens: Any, seed: Any, prompt_lookup_min: Any,
             prompt_lookup_max: Any, synthetic_rates: str, compare: bool, pairs: Any = DEFAULT_PAIRS,
-            eagle_tree: str = "", tree_branches: Any = 0, static_tree: str = "",
+            eagle_tree: str = "", tree_branches: Any = 0, static_tree: str = "", k_typed: str = "",
             request: gr.Request = None) -> Iterator[tuple[Any, ...]]:
         """See :func:`run`."""
         yield from run(self.cache, self.signals, state, prompt, method, num_speculative_tokens, verify, temperature,
                        top_k, top_p, max_new_tokens, seed, prompt_lookup_min, prompt_lookup_max, synthetic_rates,
-                       compare, pairs, eagle_tree, tree_branches, static_tree, request)
+                       compare, pairs, eagle_tree, tree_branches, static_tree, request, k_typed)
 
     def stop(self, state: dict[str, Any] | None, request: gr.Request = None) -> tuple[Any, ...]:
         """See :func:`stop`."""
@@ -589,3 +597,13 @@ def reset_suffix(state: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
     state = dict(state or new_state())
     _suffix_cache(state).clear()
     return suffix_status(state), state
+
+
+def source_texts(state: dict[str, Any] | None) -> tuple[str, str]:
+    """Section 3's heading and text, named for the method of the session's trace (the generic ones
+    before any run): :func:`specviz.viz.explain.source_heading` / ``source_explain``."""
+    from specviz.viz import explain
+
+    trace = (state or {}).get("trace") or {}
+    method = str((trace.get("config") or {}).get("method") or "") or None
+    return explain.source_heading(method), explain.source_explain(method)

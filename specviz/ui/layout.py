@@ -19,7 +19,7 @@ from . import handlers as h
 from . import lesson as lesson_ui
 from . import tree as tree_ui
 from .cache import DecoderCache, StopSignals
-from .settings import AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, MAX_UI_SPECULATIVE_TOKENS
+from .settings import AUTO_VERIFY, K_RANGE, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, MAX_UI_SPECULATIVE_TOKENS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples" / "prompts.json"
@@ -53,6 +53,21 @@ new MutationObserver(svBindGrid).observe(document.body, {childList: true, subtre
 svBindGrid();
 """
 
+# k's number box: the slider clamps a typed value to 1..12 when the box loses focus, before Run sends it;
+# keep the typed text (cleared by a drag of the slider) in the hidden #sv-k-typed box that Run also sends
+K_TYPED_JS = """
+if (!window.svKTyped) {
+  window.svKTyped = true;
+  document.addEventListener('input', (event) => {
+    const t = event.target;
+    if (!t || !t.closest || !t.closest('#sv-k')) return;
+    const box = document.querySelector('#sv-k-typed textarea, #sv-k-typed input');
+    if (!box) return;
+    box.value = t.type === 'number' ? t.value : '';
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  }, true);
+}
+"""
 
 # what each figure will show, drawn before the first run (instead of an empty box)
 PLACEHOLDERS = {
@@ -112,7 +127,12 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     with gr.Row(equal_height=True):
         c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
         c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")
-    c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)")
+    c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)",
+                           elem_id="sv-k", info=f"draft tokens per step; {K_RANGE}. Typed outside "
+                                                 f"1-{MAX_UI_SPECULATIVE_TOKENS}: runs the nearest, with a note. "
+                                                 "medusa drafts at most one per head, dflash at most block size − 1")
+    # what was last typed into k's box (K_TYPED_JS), before the slider clamps it: the run's note says so
+    c["k_typed"] = gr.Textbox("", elem_id="sv-k-typed", elem_classes="sv-hidden", show_label=False, container=False)
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *[(VERIFY_LABELS.get(v, v), v) for v in VERIFY_METHODS]],
                               value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
@@ -153,7 +173,7 @@ def _stream_views() -> dict[str, gr.components.Component]:
     v: dict[str, gr.components.Component] = {}
     gr.Markdown("## 1 · Token stream")
     v["progress"] = gr.Markdown("Ready: pick an example or type a prompt, then press Run.", elem_id="sv-progress")
-    v["stream"] = gr.HTML(elem_id="sv-stream", js_on_load=PICK_STEP_JS + tree_ui.TREE_PICK_JS)
+    v["stream"] = gr.HTML(elem_id="sv-stream", js_on_load=PICK_STEP_JS + tree_ui.TREE_PICK_JS + K_TYPED_JS)
     v["summary"] = gr.Markdown(elem_id="sv-summary")
     gr.Markdown(explain.STREAM, elem_classes="sv-explain")
     return v
@@ -177,9 +197,9 @@ def _detail_views() -> dict[str, gr.components.Component]:
         v["residual"] = gr.Plot(message_figure(PLACEHOLDERS["residual"]), label="residual view",
                                 elem_id="sv-residual", show_label=False)
     v.update(tree_ui.tree_views())  # the step's draft tree, full width (a chain for chain methods)
-    gr.Markdown("## 3 · Where the draft came from (n-gram match, suffix tree, draft model candidates, EAGLE / "
-                "Medusa / MTP heads, DFlash block)")
-    gr.Markdown(explain.MATCH, elem_classes="sv-explain")
+    # named for the method that ran (h.source_texts, after run / stop / upload)
+    v["source_heading"] = gr.Markdown(explain.source_heading(None), elem_id="sv-source-heading")
+    v["source_explain"] = gr.Markdown(explain.source_explain(None), elem_classes="sv-explain", elem_id="sv-source-explain")
     with gr.Row(equal_height=False):
         v["match"] = gr.HTML(elem_id="sv-match")
         v["trie"] = gr.Plot(message_figure(PLACEHOLDERS["trie"], 200), label="continuation trie", elem_id="sv-trie",
@@ -251,11 +271,14 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
             compare_ui.compare_tab(session.cache, state, full, tabs)
         inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
                   c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"],
-                  c["eagle_tree"], c["tree_branches"], c["static_tree"]]
+                  c["eagle_tree"], c["tree_branches"], c["static_tree"], c["k_typed"]]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
+        source = [v["source_heading"], v["source_explain"]]
         run_event.then(h.suffix_status, [state], [c["suffix_info"]], api_name="suffix_status")
-        stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop").then(
-            h.suffix_status, [state], [c["suffix_info"]])
+        run_event.then(h.source_texts, [state], source, api_name="source_texts")
+        stop_event = stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
+        stop_event.then(h.suffix_status, [state], [c["suffix_info"]])
+        stop_event.then(h.source_texts, [state], source)
         c["suffix_reset"].click(h.reset_suffix, [state], [c["suffix_info"], state], api_name="reset_suffix")
         demo.load(session.warm_up_status, None, [warm, warm_timer])
         warm_timer.tick(session.warm_up_status, None, [warm, warm_timer])
@@ -270,6 +293,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         v["position"].input(h.select_position, [state, v["step"], v["position"]], sel, api_name="select_position",
                             trigger_mode="always_last", concurrency_id="selection")
         replay_event = e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay")
+        replay_event.then(h.source_texts, [state], source)
         replay_event.then(
             h.replay_settings, [state], [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"],
                                          c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],

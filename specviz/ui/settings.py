@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-MAX_UI_SPECULATIVE_TOKENS = 12  # the slider's cap (the engine allows up to 32)
+MAX_UI_SPECULATIVE_TOKENS = 12  # the slider's cap (the engine allows up to 32: specviz.engine.MAX_SPECULATIVE_TOKENS)
+ENGINE_MAX_SPECULATIVE_TOKENS = 32  # specviz.engine.MAX_SPECULATIVE_TOKENS (not imported here: no torch at import)
+K_RANGE = (f"this app: 1-{MAX_UI_SPECULATIVE_TOKENS}; the engine itself (Python API, CLI) takes "
+           f"1-{ENGINE_MAX_SPECULATIVE_TOKENS}")
 MAX_UI_NEW_TOKENS = 512
 MAX_UI_PAIRS = 9  # the comparison's segment pairs (the slider's cap)
 MAX_PROMPT_CHARS = 20_000
@@ -39,6 +42,34 @@ def check_slider_bounds(value: Any, lo: float, hi: float) -> None:
         raise ValueError(f"Value {value} is less than minimum value {lo}.")
     if f > hi:
         raise ValueError(f"Value {value} is greater than maximum value {hi}.")
+
+
+def check_k(value: Any) -> None:
+    """num_speculative_tokens from the run event against the app's range 1..MAX_UI_SPECULATIVE_TOKENS.
+    Raises ValueError naming both ranges (:data:`K_RANGE`); non-numbers are left to :func:`engine_settings`."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return
+    if not 1 <= f <= MAX_UI_SPECULATIVE_TOKENS:
+        raise ValueError(f"num_speculative_tokens (k) = {value} is outside {K_RANGE}: choose k in "
+                         f"1-{MAX_UI_SPECULATIVE_TOKENS}")
+
+
+def clamped_k_note(k: Any, typed: Any) -> str:
+    """The note for a k typed into the slider's box outside 1..MAX_UI_SPECULATIVE_TOKENS, which the
+    browser clamps before the run event is sent (Gradio's slider does it when the box loses focus):
+    "k = 40 is outside 1-12: ran k = 12" when ``typed`` (the box's last typed text, "" after a drag)
+    is such a number and ``k`` (the value sent) is its clamped value; "" otherwise."""
+    try:
+        t, sent = float(typed), float(k)
+    except (TypeError, ValueError):
+        return ""
+    if not math.isfinite(t) or 1 <= t <= MAX_UI_SPECULATIVE_TOKENS:
+        return ""
+    if sent != min(max(t, 1), MAX_UI_SPECULATIVE_TOKENS):  # the slider moved since (a drag, an example)
+        return ""
+    return f"k = {typed} is outside 1-{MAX_UI_SPECULATIVE_TOKENS}: ran k = {int(sent)}"
 
 
 RATES_HELP = ("synthetic rates are acceptance rates per draft position, a_1, a_2, …: a_i is the chance that a "

@@ -80,8 +80,9 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
             f"output h with draft i-1. Confidence = {q_name} of the head's top token. {_first_pass_text(m)}</p>")
     head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("i", "drafted", "target", "conf.", "q(drafted)",
                                                               "feature fed @ position", "token fed")) + "</tr>"
-    return (f"<div class='sv-match sv-eagle'>{note}<div style='overflow-x:auto'><table style='font-size:13px;"
-            f"border-collapse:collapse;white-space:nowrap' cellpadding='3'>{head}{''.join(rows)}</table></div></div>")
+    # wraps inside the half-page panel (at 1024 px it scrolled sideways, hiding the last columns)
+    return (f"<div class='sv-match sv-eagle'>{note}<table style='font-size:13px;border-collapse:collapse;"
+            f"width:100%' cellpadding='3'>{head}{''.join(rows)}</table></div>")
 
 
 def _feature_name(match: dict[str, Any]) -> str:

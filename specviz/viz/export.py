@@ -55,6 +55,7 @@ def report_html(trace: Trace | dict[str, Any], step: int | None = None, position
     trace = as_trace(trace)
     figs = figures(trace, step, position, baseline)
     s, i = clamp_selection(trace, step, position)
+    method = str(trace.config.get("method", "")) or None
 
     def fig_html(name: str, first: bool) -> str:
         return figs[name].to_html(full_html=False, include_plotlyjs=first, default_width="100%")
@@ -69,7 +70,8 @@ def report_html(trace: Trace | dict[str, Any], step: int | None = None, position
         "<h2>Token stream</h2>", md(explain.STREAM), token_stream_html(trace, s),
         "<h2>Step grid</h2>", md(explain.GRID_REPORT), fig_html("grid", True),
         "<h2>Residual view</h2>", md(explain.RESIDUAL), fig_html("residual", False),
-        "<h2>N-gram match</h2>", md(explain.MATCH), source_html(trace, s, i), fig_html("trie", False),
+        f"<h2>{html.escape(explain.source_heading(method).removeprefix('## 3 · '))}</h2>", md(explain.source_explain(method)),
+        source_html(trace, s, i), fig_html("trie", False),
         "<h2>Run statistics</h2>", md(explain.STATS), speedup_html(run_summary(trace), baseline),
         fig_html("stats", False),
     ]

@@ -8,7 +8,9 @@ token text is written in every cell; hovering shows p, q, u and min(1, p/q).
 
 from __future__ import annotations
 
+import html
 import math
+import re
 from typing import Any
 
 import plotly.graph_objects as go
@@ -22,14 +24,17 @@ from .common import (
     emitted_fate,
     fate_label,
     fmt_prob,
-    label,
     position_fate,
     quoted,
     residual_prob,
+    token_text,
     tokenwise_accepted,
+    visible,
 )
 
 VISIBLE_ROWS = 22  # rows shown at once; pan/zoom the y axis for the rest
+PLOT_PX = 400  # the grid's plot area at the narrowest page the app supports (1024 px: a 472 px figure)
+CHAR_EM = 0.62  # width of a monospace character, in units of the font size (DejaVu Sans Mono: 0.602)
 ROW_PX = 26
 MIN_HEIGHT = 340  # a run of few steps still leaves room for the legend below the grid (it wraps at 1024 px)
 
@@ -43,7 +48,26 @@ def _colorscale() -> list[list[Any]]:
     return scale
 
 
-def _draft_cell(trace: Trace, step: Step, i: int) -> tuple[int, str, str]:
+def cell_font(ncol: int) -> tuple[int, int]:
+    """(font size px, characters per cell) so that a cell's text fits its column when the grid of
+    ``ncol`` columns is drawn in :data:`PLOT_PX` pixels (wider pages only add room); longer tokens
+    are cut with "…" and shown whole on hover; columns too narrow for two characters get none (0)."""
+    pitch = PLOT_PX / max(ncol, 1) - 6  # the column minus the gap and a margin
+    size = 11 if pitch >= 60 else (10 if pitch >= 30 else 8)
+    chars = int(pitch / (CHAR_EM * size))
+    return size, min(chars, 12) if chars >= 2 else 0
+
+
+def cell_label(trace: Trace, token_id: int, width: int) -> str:
+    """A grid cell's text: :func:`~specviz.viz.common.label` with runs of 4+ spaces as ␣n
+    (indentation would fill the cell), cut to ``width`` characters."""
+    if width <= 0:
+        return ""
+    s = re.sub(r"␣{4,}", lambda m: f"␣{len(m.group())}", visible(token_text(trace, token_id)))
+    return html.escape(s if len(s) <= width else s[: width - 1] + "…", quote=False)
+
+
+def _draft_cell(trace: Trace, step: Step, i: int, width: int = 10) -> tuple[int, str, str]:
     fate = position_fate(step, i)
     tok = step.draft_token_ids[i - 1]
     pos = step.positions[i - 1] if i <= len(step.positions) else None
@@ -56,11 +80,11 @@ def _draft_cell(trace: Trace, step: Step, i: int) -> tuple[int, str, str]:
     if rescued:
         hover += (f"<br>★ accepted by block verification (τ = {step.num_accepted}); token-wise verification "
                   f"would have stopped after {tokenwise}")
-    text = label(trace, tok, 10)
+    text = cell_label(trace, tok, width - rescued)
     return FATES.index(fate), ("★" + text if rescued else text), hover
 
 
-def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
+def _own_cell(trace: Trace, step: Step, width: int = 10) -> tuple[int, str, str]:
     fate = emitted_fate(step)
     tok = step.emitted.token_id
     slot = step.num_accepted + 1
@@ -72,7 +96,7 @@ def _own_cell(trace: Trace, step: Step) -> tuple[int, str, str]:
         hover += "<br>residual empty (Z = 0): drawn from p instead, so it may equal the rejected draft"
     if step.emitted.kind == "recovered" and trace.config.get("verify") != "greedy":
         hover += f", r(x) = {fmt_prob(residual_prob(step))} (the residual it was drawn from)"
-    return FATES.index(fate), label(trace, tok, 10), hover
+    return FATES.index(fate), cell_label(trace, tok, width), hover
 
 
 def grid_width(trace: Trace) -> int:
@@ -98,12 +122,13 @@ def grid_cells(trace: Trace | dict[str, Any]) -> tuple[list[list[float]], list[l
     K = the widest draft of the run (at least num_speculative_tokens)."""
     trace = as_trace(trace)
     k = grid_width(trace)
+    width = cell_font(k + 1)[1]
     z, text, hover = [], [], []
     for step in trace.steps:
         zr, tr, hr = [math.nan] * (k + 1), [""] * (k + 1), [""] * (k + 1)
         for i in range(1, len(step.draft_token_ids) + 1):
-            zr[i - 1], tr[i - 1], hr[i - 1] = _draft_cell(trace, step, i)
-        zr[k], tr[k], hr[k] = _own_cell(trace, step)
+            zr[i - 1], tr[i - 1], hr[i - 1] = _draft_cell(trace, step, i, width)
+        zr[k], tr[k], hr[k] = _own_cell(trace, step, width)
         z.append(zr), text.append(tr), hover.append(hr)
     return z, text, hover
 
@@ -125,11 +150,11 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
     z, text, hover = grid_cells(trace)
     n = len(z)
     ncol = len(z[0]) if z else 1
-    x_labels = [f"x{i}" for i in range(1, ncol)] + ["+1 token"]
+    x_labels = [f"x{i}" for i in range(1, ncol)] + ["+1 token" if cell_font(ncol)[1] >= 8 else "+1"]
     centred = [[v + 0.5 for v in row] for row in z]  # category c -> c + 0.5, the middle of its colour band
     fig = go.Figure(go.Heatmap(
         z=centred, x=list(range(ncol)), y=list(range(n)), text=text, hovertext=hover, texttemplate="%{text}",
-        textfont={"size": 11, "family": "monospace"}, hovertemplate="%{hovertext}<extra></extra>",
+        textfont={"size": cell_font(ncol)[0], "family": "monospace"}, hovertemplate="%{hovertext}<extra></extra>",
         colorscale=_colorscale(), zmin=0, zmax=len(FATES), showscale=False, xgap=2, ygap=2,
     ))
     for fate in FATES:
@@ -147,6 +172,7 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 11}},
         plot_bgcolor="#ffffff", dragmode="pan",
     )
+    _mark_unreachable(fig, trace, ncol - 1)
     if selected_step is not None and 0 <= selected_step < n:
         fig.add_shape(type="rect", x0=-0.5, x1=ncol - 0.5, y0=selected_step - 0.5, y1=selected_step + 0.5,
                       line={"color": "#111827", "width": 2})
@@ -156,3 +182,19 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
             fig.add_shape(type="rect", x0=col - 0.5, x1=col + 0.5, y0=selected_step - 0.5, y1=selected_step + 0.5,
                           line={"color": "#111827", "width": 4})
     return fig
+
+
+def _mark_unreachable(fig: go.Figure, trace: Trace, k: int) -> None:
+    """Shade draft columns the proposer cannot fill by design (:func:`specviz.viz.source.draft_limit`,
+    e.g. Medusa with fewer heads than k) and say why along them (hover: the full reason)."""
+    from .source import draft_limit
+
+    limit = draft_limit(trace)
+    if limit is None or limit[0] >= k:
+        return
+    n, short, why = limit
+    fig.add_shape(type="rect", x0=n - 0.5, x1=k - 0.5, y0=0, y1=1, yref="paper", layer="below", line={"width": 0},
+                  fillcolor="#f3f4f6")
+    fig.add_annotation(x=(n + k - 1) / 2, y=0.5, yref="paper", textangle=-90, showarrow=False,
+                       text=f"not drafted ({short})", hovertext=why,
+                       font={"size": 11, "color": "#6b7280"}, name="draft limit")

@@ -22,6 +22,7 @@ from .residual import message_figure
 
 CHOSEN = "#2563eb"
 SYMBOL = {"accepted": "✓", "rejected": "✗", "not verified": "·"}
+TOKEN_CHARS = 7  # characters of a candidate shown in the table
 
 
 def _chosen(match: dict[str, Any]) -> dict[tuple[int, int], int]:
@@ -53,13 +54,15 @@ def medusa_html(trace: Trace | dict[str, Any], step: int, position: int | None =
     for h in m["heads"]:
         cells = [f"{h['head']} → x<sub>n+{h['draft_position']}</sub>"]
         for r, (tok, prob) in enumerate(h.get("candidates", [])):
-            text = f"<code>{html.escape(repr(token_text(trace, int(tok))))}</code> {prob:.2f}"
+            # short enough for a sixth of a half-page panel at 1024 px; the whole token on hover
+            whole = html.escape(repr(token_text(trace, int(tok))), quote=True)
+            text = f"<code title='{whole}'>{label(trace, int(tok), TOKEN_CHARS)}</code><br>{prob:.2f}"
             j = chosen.get((h["head"], r))
             if j is not None:
                 fate = _node_fate(st, m, j)
                 colour = FATE_COLOUR.get(fate, CHOSEN)
                 text = (f"<span class='sv-medusa-chosen' title='{fate}' style='outline:2px solid {colour};"
-                        f"padding:1px 3px'>{text} {SYMBOL.get(fate, '')}</span>")
+                        f"padding:1px 3px;display:inline-block'>{text} {SYMBOL.get(fate, '')}</span>")
             cells.append(text)
         style = "background:#e0f2fe" if position is not None and position == h["draft_position"] else ""
         rows.append(f"<tr data-head='{h['head']}' style='{style}'>" + "".join(f"<td {CELL}>{c}</td>" for c in cells)
@@ -74,8 +77,14 @@ def medusa_html(trace: Trace | dict[str, Any], step: int, position: int | None =
             f"{m['root_position']} came from the target's own LM head). Head i predicts the token i + 1 after the "
             f"root. The draft is {shape}; outlined = drafted, in the colour of the target's decision (✓ accepted, ✗ rejected, "
             "· not verified). Probabilities: softmax of each head's logits.</p>")
-    return (f"<div class='sv-match sv-medusa'>{note}<div style='overflow-x:auto'><table style='font-size:13px;"
-            f"border-collapse:collapse;white-space:nowrap' cellpadding='3'>{head_row}{''.join(rows)}</table></div></div>")
+    if len(m["heads"]) < int(trace.config.get("num_speculative_tokens") or 0) and m.get("shape") != "tree":
+        n, k = len(m["heads"]), int(trace.config["num_speculative_tokens"])
+        note += (f"<p class='sv-draft-limit' style='font-size:13px;color:#374151'>k = {k}, but this head file has "
+                 f"{n} heads: a chain drafts min(k, {n}) = {n} tokens, so draft "
+                 + (f"position {k} stays" if n + 1 == k else f"positions {n + 1}–{k} stay") + " empty.</p>")
+    return (f"<div class='sv-match sv-medusa'>{note}<table style='font-size:13px;border-collapse:collapse;"
+            f"width:100%;table-layout:fixed;overflow-wrap:anywhere' cellpadding='3'>{head_row}{''.join(rows)}"
+            "</table></div>")
 
 
 def medusa_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> go.Figure:

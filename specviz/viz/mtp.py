@@ -69,8 +69,9 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
             "layer, key positions), the hidden state fed (f_t = the target's final-norm feature, h_m = the head's own "
             f"output of step m), the token fed, the drafted token, {q_name} of the drafted / the top token, and the "
             "target's decision.</p>")
-    return (f"<div class='sv-match sv-mtp'>{note}<div style='overflow-x:auto'><table style='font-size:13px;"
-            f"border-collapse:collapse;white-space:nowrap' cellpadding='3'>{head}{''.join(rows)}</table></div></div>")
+    # wraps inside the half-page panel (at 1024 px it scrolled sideways, hiding the last columns)
+    return (f"<div class='sv-match sv-mtp'>{note}<table style='font-size:13px;border-collapse:collapse;"
+            f"width:100%' cellpadding='3'>{head}{''.join(rows)}</table></div>")
 
 
 def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> go.Figure:

@@ -75,5 +75,39 @@ def source_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
 
 
 def source_note(trace: Trace) -> str:
-    """The method's hint for the run summary ("" for none)."""
-    return view_of(trace).note(trace)
+    """The method's hint for the run summary ("" for none), then :func:`draft_limit_note`'s line."""
+    return "\n\n".join(n for n in (view_of(trace).note(trace), draft_limit_note(trace)) if n)
+
+
+def draft_limit(trace: Trace) -> tuple[int, str, str] | None:
+    """(most draft tokens per step, a short reason, the reason in full) for a chain method whose proposer drafts fewer than k =
+    num_speculative_tokens by design, else None: Medusa drafts min(k, number of heads) (head i
+    predicts only the token i + 1 after the root; ``specviz/proposers/medusa.py``), DFlash at most
+    block size - 1 (``specviz/proposers/dflash.py``; the engine refuses a larger k). Read from the
+    steps' ``match`` (the heads / block the proposer recorded); trees (``shape`` "tree") are left
+    out: their k is a depth."""
+    k = int(trace.config.get("num_speculative_tokens") or 0)
+    for st in trace.steps:
+        m = st.match or {}
+        if m.get("shape") == "tree":
+            return None
+        if m.get("kind") == "medusa" and m.get("heads"):
+            n = len(m["heads"])
+            return (n, f"Medusa: min(k, {n} heads)", f"Medusa drafts min(k, number of heads) = {n} tokens: this head file has {n} heads and head "
+                       f"i predicts only the token i + 1 after the root") if n < k else None
+        if m.get("kind") == "dflash" and m.get("block_size"):
+            n = int(m["block_size"]) - 1
+            return (n, f"DFlash: block size − 1 = {n}", f"DFlash drafts at most block size − 1 = {n} tokens (one block of {n + 1})") if n < k else None
+    return None
+
+
+def draft_limit_note(trace: Trace) -> str:
+    """One line for the run summary when :func:`draft_limit` applies ("" otherwise): why columns
+    x(n+1)..xk of the step grid stay empty."""
+    limit = draft_limit(trace)
+    if limit is None:
+        return ""
+    n, _, why = limit
+    k = int(trace.config["num_speculative_tokens"])
+    cols = f"x{n + 1}" if n + 1 == k else f"x{n + 1}–x{k}"
+    return f"k = {k}, but {why}, so column{'s' if n + 1 < k else ''} {cols} of the step grid stay{'s' if n + 1 == k else ''} empty."

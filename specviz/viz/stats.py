@@ -218,13 +218,15 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
         fig.add_trace(go.Scatter(x=[alpha], y=[m["mean_acceptance_length"]], mode="markers+text",
                                  text=[f"measured: {m['mean_acceptance_length']:.2f}"],
                                  textposition="top left" if alpha > 0.5 else "top right",  # inside the panel
-                                 marker={"size": 13, "color": "#dc2626", "symbol": "star"},
+                                 marker={"size": 13, "color": "#dc2626", "symbol": "star"}, cliponaxis=False,
                                  name=f"this run: a = {alpha:.2f} (accepted / verified positions, not / drafted)"),
                       row=2, col=1)
     fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", line={"color": "#111827", "width": 1},
                              name="plain decoding: 1 token per forward"), row=2, col=1)
     fig.update_xaxes(title_text="acceptance rate a (= accepted / verified positions)", range=[0, 1], row=2, col=1)
-    fig.update_yaxes(title_text="tokens per drafting step", row=2, col=1)
+    top = max(kk + 1, m.get("mean_acceptance_length") or 0)  # the theory's end (a = 1) or the star
+    # headroom above the highest point for the "measured" label, which is drawn above the star
+    fig.update_yaxes(title_text="tokens per drafting step", range=[0.5, 1.2 * top], row=2, col=1)
 
 
 def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | None) -> None:
@@ -244,6 +246,46 @@ def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | 
     fig.update_xaxes(title_text="ms: draft · verify (target forward) · sample", range=[0, longest * 1.22], row=2, col=2)
 
 
+SPEEDUP_ROWS = (("generated tokens", "tokens", "{:d}"),
+                ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
+                ("verification steps (target forwards after the prefill)", "steps", "{:d}"),
+                ("tokens per target forward = tokens / verification steps", "tokens_per_forward", "{:.2f}"),
+                ("decode time (s): draft + verify + sample", "decode_s", "{:.2f}"),
+                ("tokens / s over the decode time", "decode_tokens_per_second", "{:.1f}"),
+                ("wall time (s), incl. prefill and the app's redraws", "wall_time_s", "{:.2f}"))
+PAIR_RATIO_HELP = ("Each interleaved pair times one segment of this method and one of method none on the same "
+                   "request; its ratio is (segment tokens / decode time of this method) ÷ (the same for method none). "
+                   "The headline is the median of these ratios (one disturbed pair cannot move it); the pooled "
+                   "ratio divides all segments' tokens / s instead. The whole run's own tokens / s is not part of "
+                   "the comparison: it ran at another time, with the app redrawing between steps.")
+CELL_STYLE = "padding:4px 10px;text-align:right"
+
+
+def _columns(run: dict[str, Any], baseline: dict[str, Any] | None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(heading, hover, summary) per table column: with a side-by-side measurement the timed segments of
+    both methods (what the headline is computed from), then the whole run; else the run and the baseline."""
+    meas = (baseline or {}).get("measurement")
+    if not meas:
+        return [(f"this run: {run['method']}", "", run)] + ([("method none", "", baseline)] if baseline else [])
+    seg = f"{meas['n']} × {meas['segment_tokens']}-token segments"
+    return [(f"{run['method']}: {seg} (timed)", PAIR_RATIO_HELP, meas["method_summary"]),
+            (f"method none: {seg} (timed)", PAIR_RATIO_HELP, baseline),
+            ("this run, whole (not timed against none)", PAIR_RATIO_HELP, run)]
+
+
+def _pair_row(meas: dict[str, Any]) -> str:
+    """The row the headline is computed from: each pair's tokens/s ratio, their median, the pooled ratio."""
+    pooled = _ratio(meas["method_summary"].get("decode_tokens_per_second", 0.0),
+                    meas.get("none_decode_tokens_per_second", 0.0))
+    per_pair = ", ".join(f"{r:.2f}" for r in meas["ratios"])
+    text = f"per pair {per_pair} → median <b>{meas['median']:.2f}×</b> (the headline)"
+    if pooled:
+        text += f"; pooled {pooled:.2f}×"
+    return (f"<tr class='sv-pair-ratios' title='{html.escape(PAIR_RATIO_HELP)}'><td style='padding:4px 10px'>tokens / s "
+            f"ratio, this method ÷ none</td><td colspan='2' style='{CELL_STYLE}'>{text}</td>"
+            f"<td style='{CELL_STYLE};color:#9ca3af'>–</td></tr>")
+
+
 def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: str | None = None) -> str:
     """HTML table comparing :func:`run_summary` of this run with the method "none" baseline.
 
@@ -252,24 +294,22 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: 
     the decoding itself (the app's streaming redraws between steps are not counted). Without a
     ``baseline`` the table has one column and the note ``missing`` (default: how to get one) says why.
     A baseline measured beside the run (``baseline["measurement"]``, :mod:`specviz.speedup`) is
-    shown as the median ratio with its spread."""
-    rows = [("generated tokens", "tokens", "{:d}"),
-            ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
-            ("verification steps (target forwards after the prefill)", "steps", "{:d}"),
-            ("tokens per target forward = tokens / verification steps", "tokens_per_forward", "{:.2f}"),
-            ("decode time (s): draft + verify + sample", "decode_s", "{:.2f}"),
-            ("tokens / s over the decode time", "decode_tokens_per_second", "{:.1f}"),
-            ("wall time (s), incl. prefill and the app's redraws", "wall_time_s", "{:.2f}")]
-    meas = (baseline or {}).get("measurement")
-    none_label = f"method none ({meas['n']} × {meas['segment_tokens']}-token segments)" if meas else "method none"
-    cols = [(f"this run: {run['method']}", run)] + ([(none_label, baseline)] if baseline else [])
-    head = "".join(f"<th style='padding:4px 10px;text-align:right'>{html.escape(n)}</th>" for n, _ in cols)
+    shown as the median ratio with its spread; the table then shows the numbers that headline is
+    computed from: the timed segments of this method (``measurement["method_summary"]``) and of
+    method none (``baseline``), a row of the per-pair tokens/s ratios with their median (the
+    headline) and pooled ratio, and the whole run in a last column labelled as not timed against
+    none (:data:`PAIR_RATIO_HELP`, also the columns' hover)."""
+    cols = _columns(run, baseline)
+    head = "".join(f"<th style='{CELL_STYLE}'" + (f" title='{html.escape(tip)}'" if tip else "")
+                   + f">{html.escape(n)}</th>" for n, tip, _ in cols)
     body = ""
-    for name, key, fmt in rows:
-        cells = "".join(f"<td style='padding:4px 10px;text-align:right'>{fmt.format(c.get(key, 0))}</td>"
-                        for _, c in cols)
+    for name, key, fmt in SPEEDUP_ROWS:
+        cells = "".join(f"<td style='{CELL_STYLE}'>{fmt.format(c.get(key, 0))}</td>" for _, _, c in cols)
         hover = f" title='{html.escape(TOKENS_PER_FORWARD_FORMULA)}'" if key == "tokens_per_forward" else ""
         body += f"<tr{hover}><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
+        if key == "decode_tokens_per_second" and (baseline or {}).get("measurement"):
+            meas = dict(baseline["measurement"], none_decode_tokens_per_second=baseline.get("decode_tokens_per_second", 0.0))
+            body += _pair_row(meas)
     note = ("<p style='color:#6b7280'>No method-none baseline for this trace: tick “compare with method none” "
             "(advanced settings) and run to measure the speedup.</p>")
     if missing:
@@ -299,7 +339,8 @@ def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
     seg = meas["method_summary"] if meas else run  # the cost split: from the segments measured side by side
     tps = _ratio(run.get("decode_tokens_per_second", 0.0), baseline.get("decode_tokens_per_second", 0.0))
     c = step_costs(seg, baseline)
-    note = (f"<p><b>{fwd:.2f}× tokens per target forward</b> over method none: the speedup if a forward cost the "
+    whole = " (this run, whole: a count, it needs no timing)" if meas else ""
+    note = (f"<p><b>{fwd:.2f}× tokens per target forward</b> over method none{whole}: the speedup if a forward cost the "
             "same however many tokens it verifies and drafting were free (large targets on a GPU come close).</p>")
     note += (measured_html(meas) if meas else
              f"<p><b>Measured on this machine: {tps:.2f}× tokens/s</b> (one run of each, no spread recorded).</p>")

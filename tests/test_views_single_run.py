@@ -1,0 +1,154 @@
+"""What a fresh user found unclear in the single-run views (issues 10, 17), as unit tests of the
+handlers and figure functions on real traces of the bundled models (CPU): the k range and a
+clamped k, Medusa's min(k, heads), grid cells that fit their column, section 3 named for the
+method that ran, and a speedup table that shows the numbers its headline is computed from.
+The browser side (what the page shows at 1024 and 1400 px) is tests/test_browser_single_run.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from specviz.ui.handlers import source_texts
+from specviz.ui.settings import MAX_UI_SPECULATIVE_TOKENS, check_k, clamped_k_note
+from specviz.viz import explain
+from specviz.viz.grid import CHAR_EM, PLOT_PX, cell_font, cell_label, grid_cells, step_grid_figure
+from specviz.viz.medusa import medusa_html
+from specviz.viz.source import draft_limit, draft_limit_note
+from specviz.viz.stats import run_summary, speedup_html
+from specviz.ui.views import summary_markdown
+
+PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    from specviz import SpecDecoder
+
+    return SpecDecoder.from_pretrained(device="cpu")  # the bundled demo models and heads
+
+
+@pytest.fixture(scope="module")
+def medusa5(bundled):
+    return bundled.generate(PROMPT, method="medusa", num_speculative_tokens=5, max_new_tokens=16)
+
+
+def test_k_outside_the_app_range_is_refused_naming_both_ranges():
+    for bad in (0, 13, 40):
+        with pytest.raises(ValueError, match=rf"k\) = {bad} is outside this app: 1-12; the engine itself .* 1-32"):
+            check_k(bad)
+    check_k(1), check_k(MAX_UI_SPECULATIVE_TOKENS)
+    from specviz.engine import MAX_SPECULATIVE_TOKENS
+    from specviz.ui.settings import ENGINE_MAX_SPECULATIVE_TOKENS
+
+    assert ENGINE_MAX_SPECULATIVE_TOKENS == MAX_SPECULATIVE_TOKENS  # the range the message states is the engine's
+
+
+def test_a_typed_k_clamped_by_the_browser_gets_a_note():
+    assert clamped_k_note(12, "40") == "k = 40 is outside 1-12: ran k = 12"
+    assert clamped_k_note(1, "-3") == "k = -3 is outside 1-12: ran k = 1"
+    assert clamped_k_note(5, "40") == ""  # the slider moved since (a drag, an example): no stale note
+    assert clamped_k_note(7, "7") == "" and clamped_k_note(12, "") == "" and clamped_k_note(12, "x") == ""
+
+
+def test_medusa_at_k5_says_it_drafts_min_k_heads(medusa5):
+    assert max(len(s.draft_token_ids) for s in medusa5.steps) == 4  # the bundled head file has 4 heads
+    assert draft_limit(medusa5)[0] == 4
+    note = draft_limit_note(medusa5)
+    assert "Medusa drafts min(k, number of heads) = 4" in note and "column x5 of the step grid stays empty" in note
+    assert note in summary_markdown(medusa5)
+    grid = step_grid_figure(medusa5, 0, 1)
+    said = [a for a in grid.layout.annotations if a.name == "draft limit"]
+    assert len(said) == 1 and "4 heads" in said[0].text and said[0].x == 4  # along column x5 (0-based 4)
+    step = next(s.index for s in medusa5.steps if s.draft_token_ids)
+    assert "k = 5, but this head file has 4 heads" in medusa_html(medusa5, step)
+
+
+def test_no_draft_limit_note_where_the_proposer_drafts_k(bundled, medusa5):
+    mtp = bundled.generate(PROMPT, method="mtp", num_speculative_tokens=5, max_new_tokens=12)
+    assert max(len(s.draft_token_ids) for s in mtp.steps) == 5
+    four = bundled.generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=12)
+    for tr in (mtp, four):
+        assert draft_limit(tr) is None and draft_limit_note(tr) == ""
+        assert not [a for a in step_grid_figure(tr, 0, 1).layout.annotations if a.name == "draft limit"]
+
+
+def test_medusa_table_wraps_inside_its_panel(medusa5):
+    step = next(s.index for s in medusa5.steps if s.draft_token_ids)
+    page = medusa_html(medusa5, step)
+    assert "nowrap" not in page and "table-layout:fixed" in page and "width:100%" in page
+    shown = re.findall(r"<code title='[^']*'>([^<]*)</code>", page)
+    assert shown and all(len(t.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")) <= 7 for t in shown)
+
+
+def test_grid_cell_text_fits_its_column_at_the_narrowest_page(bundled):
+    tr = bundled.generate(PROMPT, method="ngram", num_speculative_tokens=MAX_UI_SPECULATIVE_TOKENS,
+                          max_new_tokens=32)
+    for k in (1, 4, 5, 8, MAX_UI_SPECULATIVE_TOKENS, 32):
+        size, chars = cell_font(k + 1)
+        assert chars * CHAR_EM * size <= PLOT_PX / (k + 1) - 6, k
+    _, text, _ = grid_cells(tr)
+    size, chars = cell_font(len(text[0]))
+    assert size < 11 and max(len(t.replace("&amp;", "&")) for row in text for t in row) <= chars
+    tok = tr.output_token_ids[0]
+    tr.token_texts[str(tok)] = "        self"  # indentation: ␣8, not eight ␣ that fill the cell
+    assert cell_label(tr, tok, 6) == "␣8self" and cell_label(tr, tok, 4) == "␣8s…" and cell_label(tr, tok, 0) == ""
+
+
+def test_section_three_is_named_for_the_method_that_ran(medusa5):
+    from specviz.methods import METHODS
+
+    for method in METHODS:
+        heading, text = explain.source_heading(method), explain.source_explain(method)
+        assert heading.startswith("## 3 · Where the draft came from: ")
+        if method not in ("ngram", "ngram_gpu"):
+            assert "n-gram" not in heading and "n-gram" not in text.split("**")[1], method
+    names = {"draft_model": "draft model", "eagle": "EAGLE head", "medusa": "Medusa heads", "dflash": "DFlash block",
+             "mtp": "MTP head", "suffix": "suffix tree", "ngram": "n-gram lookup"}
+    for method, name in names.items():
+        assert name in explain.source_heading(method) and name in explain.source_explain(method), method
+    heading, text = source_texts({"trace": medusa5.to_dict()})
+    assert heading.endswith("the Medusa heads") and text.startswith("**How did the Medusa heads make this draft?**")
+    assert source_texts(None) == (explain.source_heading(None), explain.source_explain(None))
+    from specviz.viz import report_html
+
+    page = report_html(medusa5)  # the exported report names it too
+    assert "<h2>Where the draft came from: the Medusa heads</h2>" in page and "N-gram match" not in page
+
+
+def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
+    from specviz.speedup import measure_speedup
+
+    settings = {"method": "ngram", "num_speculative_tokens": 5, "max_new_tokens": 32}
+    run = bundled.generate(PROMPT, **settings)
+    base = measure_speedup(bundled, PROMPT, settings, pairs=2)
+    meas = base["measurement"]
+    page = speedup_html(run_summary(run), base)
+    text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
+    heads = re.findall(r"<th [^>]*>([^<]+)</th>", page)
+    seg = f"{meas['n']} × {meas['segment_tokens']}-token segments"
+    assert heads == [f"ngram: {seg} (timed)", f"method none: {seg} (timed)", "this run, whole (not timed against none)"]
+    tps = re.search(r"tokens / s over the decode time</td>((?:<td[^>]*>[^<]*</td>){3})", page).group(1)
+    shown = [float(x) for x in re.findall(r">([\d.]+)<", tps)]
+    assert shown[:2] == [round(meas["method_summary"]["decode_tokens_per_second"], 1),
+                         round(base["decode_tokens_per_second"], 1)]
+    per_pair = ", ".join(f"{r:.2f}" for r in meas["ratios"])
+    assert f"per pair {per_pair} → median {meas['median']:.2f}× (the headline)" in text
+    assert f"Measured beside this run: {meas['median']:.2f}× tokens/s" in text
+    assert "pooled" in text and "The headline is the median of these ratios" in page  # defined in the hover
+
+
+def test_measured_label_has_room_above_the_star_when_every_draft_is_accepted():
+    from specviz import SpecDecoder
+    from specviz.viz.stats import stats_figure
+
+    target = str(Path(__file__).resolve().parent.parent / "assets" / "models" / "specviz-target")
+    trace = SpecDecoder.from_pretrained(target, target, device="cpu").generate(
+        PROMPT, method="draft_model", num_speculative_tokens=5, max_new_tokens=18)
+    fig = stats_figure(trace)
+    star = next(d for d in fig.data if (d.name or "").startswith("this run: a = "))
+    assert star.y[0] == 6.0 and star.text[0] == "measured: 6.00" and star.cliponaxis is False
+    low, high = fig.layout[star.yaxis.replace("y", "yaxis")].range
+    assert low < 1 and high >= 1.2 * 6.0  # the label above the star lies inside the plot area
