@@ -445,3 +445,14 @@ def test_tree_sampling_is_lossless_per_position(small_decoder):
     with pytest.raises(ValueError, match="chain-only"):
         dec.generate(prompt, method="medusa", num_speculative_tokens=2, verify="typical", temperature=0.9,
                      speculative_token_tree=tree)
+
+
+def test_medusa_tree_panel_counts_the_tree_nodes(medusa_decoders):
+    """The panel names the static tree's size (it said "a static tree of 1 nodes" for a 5-node tree: it counted the
+    step's row, not its nodes)."""
+    from specviz.viz.source import source_html
+
+    tr = medusa_decoders["eager"].generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=12,
+                                           speculative_token_tree="[(0,), (1,), (0, 0), (0, 1), (1, 0)]")
+    st = next(s for s in tr.steps if s.nodes and len(s.draft_token_ids) < len(s.nodes))
+    assert f"a static tree of {len(st.nodes)} nodes" in source_html(tr, st.index)

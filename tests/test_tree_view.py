@@ -339,3 +339,14 @@ def test_cli_metrics_say_the_tree_rate_is_per_node_and_give_the_per_depth_one():
     chain.steps[0].nodes = []
     chain.metrics = compute_metrics(chain.steps, 3)
     assert "per node" not in format_metrics(chain)
+
+
+def test_draft_model_panel_says_tree_children_are_ranked_not_sampled():
+    from specviz.viz.draft_candidates import draft_candidates_html
+
+    tree = tree_trace()
+    page = draft_candidates_html(tree, tree.steps[0])
+    assert "candidate of its rank" in page and "sampled x_i" not in page
+    chain = tree_trace()
+    chain.steps[0].nodes = []
+    assert "sampled x_i from the draft's q" in draft_candidates_html(chain, chain.steps[0])

@@ -17,8 +17,13 @@ TOP = 5  # candidates listed per position
 def draft_candidates_html(trace: Trace, step: Step) -> str:
     """HTML table of ``step``'s drafted positions (see module docstring); rows carry
     ``data-position``. A step without per-position details gets a sentence instead."""
-    how = "took the draft's argmax (greedy drafting)" if (step.match or {}).get("greedy") else \
-        "sampled x_i from the draft's q = softmax(logits / T)"
+    if step.nodes:  # a static tree: each child is the draft's candidate of its rank (top-k), whatever T is
+        how = ("gave each tree node the draft's candidate of its rank at its parent (top-k children, verified "
+               "with q one-hot); the row below is the step's path")
+    elif (step.match or {}).get("greedy"):
+        how = "took the draft's argmax (greedy drafting)"
+    else:
+        how = "sampled x_i from the draft's q = softmax(logits / T)"
     if not step.positions:
         return (f"<div class='sv-match-empty' style='padding:12px;color:#374151'>step {step.index}: the draft model "
                 f"drafted {len(step.draft_token_ids)} token(s); this trace has no per-position details.</div>")

@@ -71,7 +71,8 @@ def medusa_html(trace: Trace | dict[str, Any], step: int, position: int | None =
     head_row = "<tr>" + "".join(f"<th {CELL}>{t}</th>" for t in
                                 ("head → predicts", *[f"top-{r + 1}" for r in range(ranks)])) + "</tr>"
     shape = ("a chain: the top-1 candidate of heads 0.." + str(len(st.draft_token_ids) - 1)
-             if m.get("shape") != "tree" else f"a static tree of {len(st.draft_token_ids)} nodes (Medusa choices)")
+             if m.get("shape") != "tree" else f"a static tree of {len(st.nodes or m.get('nodes') or st.draft_token_ids)} "
+                                              "nodes (Medusa choices)")
     note = (f"<p style='font-size:13px;color:#374151'>Medusa: every head reads the same target feature f at "
             f"position {m['feature_position']} (the last committed position; the root token at position "
             f"{m['root_position']} came from the target's own LM head). Head i predicts the token i + 1 after the "
