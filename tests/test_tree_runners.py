@@ -154,3 +154,6 @@ def test_static_tree_graphs_on_cuda_match_chains_and_commit(tiny_dirs):
         runner.truncate(len(prefix) - 1)
         prefix = prefix[:-1]
     assert any(isinstance(k, tuple) and k[0] == "tree" for k in runner._graphs)
+    path = T.path_to(PARENTS, 6)
+    if path != list(range(len(path))):  # the compaction ran as its CUDA graph (captured in round 0, replayed in 1)
+        assert runner._graphs.get(("commit", len(path))) is not None
