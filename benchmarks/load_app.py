@@ -184,9 +184,10 @@ def growth(samples: list[float]) -> dict[str, float]:
 
 
 def soak(url: str, runs: int = 200, max_new: int = 24, compare_every: int = 4, new_session_every: int = 25,
-         requests: list[tuple] = REQUESTS) -> dict[str, Any]:
+         requests: list[tuple] = REQUESTS, report_every: int = 0) -> dict[str, Any]:
     """``runs`` consecutive runs (every ``compare_every``-th with the method-none measurement, one
-    pair), sampling memory after each. Returns the samples and their growth."""
+    pair), sampling memory after each. Returns the samples and their growth; ``report_every`` > 0
+    also prints one JSON line of the memory so far every that many runs (a time limit keeps them)."""
     from gradio_client import Client
 
     rss, cuda, times = [], [], []
@@ -203,6 +204,10 @@ def soak(url: str, runs: int = 200, max_new: int = 24, compare_every: int = 4, n
         c = cuda_mb()
         if c is not None:
             cuda.append(c)
+        if report_every and (n + 1) % report_every == 0:
+            print(json.dumps({"soak_runs": n + 1, "rss_mb": round(rss[-1], 1), "run_s_median": statistics.median(times),
+                              "cuda_allocated_reserved_mb": [round(x, 1) for x in cuda[-1]] if cuda else None}),
+                  flush=True)
     result = {"runs": runs, "max_new_tokens": max_new, "run_s_median": statistics.median(times),
               "rss_mb": rss, "rss_growth": growth(rss)}
     if cuda:

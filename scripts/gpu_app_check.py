@@ -154,7 +154,7 @@ def main() -> None:
         except AssertionError as exc:
             res["concurrent"] = {"error": str(exc)[:300]}
             print("concurrent sessions FAILED:", exc, flush=True)
-        soaked = load_app.soak(url, a.soak)
+        soaked = load_app.soak(url, a.soak, report_every=25)
         res["soak"] = {k: v for k, v in soaked.items() if k != "rss_mb"}
         print(json.dumps(res["soak"]), flush=True)
     try:

@@ -8,8 +8,8 @@ OUT=${OUT:-/tmp/out}; L=$OUT/logs; mkdir -p "$L"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /root/gpu-site .gpu-wheels/b/*.whl > "$L/pip_b.log" 2>&1
 echo "[pip b] exit $?"
 export PYTHONPATH=/root/gpu-site
-ONLY="MLP class,Decoder layer,RMSNorm,Attention,Plain,Config,eagle3 greedy,dflash,mtp,medusa greedy,typical,eagle3 EAGLE-2 tree 4,draft_model static,ngram_gpu"
-timeout ${T_APP:-370} python3 scripts/gpu_app_check.py --out "$OUT/app/app_gpu.json" --only "$ONLY" --compare --soak 200 > "$L/app.log" 2>&1
+ONLY="MLP class,Decoder layer,RMSNorm forward, draft model sampling (block,Plain,eagle3 greedy,eagle3 chain k=6,dflash,mtp,medusa greedy,eagle3 EAGLE-2 tree 4,eagle EAGLE-2,draft_model static,medusa static"
+timeout ${T_APP:-420} python3 scripts/gpu_app_check.py --out "$OUT/app/app_gpu.json" --only "$ONLY" --compare --soak 200 > "$L/app.log" 2>&1
 echo "[app] exit $?"; cat "$OUT/app/app_gpu.md" 2>/dev/null || tail -n 30 "$L/app.log"
 grep -E '^\{"(configurations|preset|sessions|runs)' "$L/app.log" | cut -c1-700
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
