@@ -667,10 +667,29 @@ class SpecDecoder:
         for s in trace.steps[-1:] if texts else trace.steps:
             ids.update(s.draft_token_ids)
             ids.update(n.token_id for n in s.nodes)  # a tree's nodes off the row (the tree view names them)
+            ids.update(_match_ids(s.match))  # tokens a proposer's details name (Medusa candidates, DFlash top tokens)
             ids.update(int(t) for pos in s.positions for top in (pos.p_top, pos.q_top, pos.residual_top) for t, _ in top)
             ids.update(int(t) for t, _ in s.emitted.top)
         for t in sorted(i for i in ids if str(i) not in texts):
             texts[str(t)] = tok.decode([t])
+
+
+def _match_ids(obj: Any) -> Iterator[int]:
+    """Token ids named in a step's draft details (``Step.match``): values of keys ending in ``token_id`` /
+    ``token_ids`` and the ids of ``candidates`` lists ([[id, prob], ...]), at any depth."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if key.endswith("token_id") and isinstance(value, int) and value >= 0:
+                yield value
+            elif key.endswith("token_ids") and isinstance(value, list):
+                yield from (int(t) for t in value if isinstance(t, int) and t >= 0)
+            elif key == "candidates" and isinstance(value, list):
+                yield from (int(c[0]) for c in value if isinstance(c, (list, tuple)) and c and isinstance(c[0], int))
+            else:
+                yield from _match_ids(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            yield from _match_ids(item)
 
 
 class _Once:

@@ -456,3 +456,12 @@ def test_medusa_tree_panel_counts_the_tree_nodes(medusa_decoders):
                                            speculative_token_tree="[(0,), (1,), (0, 0), (0, 1), (1, 0)]")
     st = next(s for s in tr.steps if s.nodes and len(s.draft_token_ids) < len(s.nodes))
     assert f"a static tree of {len(st.nodes)} nodes" in source_html(tr, st.index)
+
+
+def test_every_medusa_candidate_has_its_text(medusa_decoders):
+    """The panel's candidates are named by their text (they showed raw ids like <472>)."""
+    dec = medusa_decoders["eager"]
+    for tr in (dec.generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=12),
+               list(dec.iter_generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=12))[-1]):
+        cands = {c[0] for st in tr.steps for h in (st.match or {}).get("heads", []) for c in h["candidates"]}
+        assert cands and all(str(t) in tr.token_texts for t in cands)

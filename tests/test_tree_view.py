@@ -350,3 +350,11 @@ def test_draft_model_panel_says_tree_children_are_ranked_not_sampled():
     chain = tree_trace()
     chain.steps[0].nodes = []
     assert "sampled x_i from the draft's q" in draft_candidates_html(chain, chain.steps[0])
+
+
+def test_greedy_tree_legend_names_the_replacement_token():
+    greedy = tree_trace()
+    greedy.config["verify"], greedy.config["temperature"] = "greedy", 0.0
+    names = [t.name for t in tv.tree_figure(greedy, 0).data]
+    assert "replacement token (the target's argmax)" in names and "recovered token (from the residual)" not in names
+    assert "recovered token (from the residual)" in [t.name for t in tv.tree_figure(tree_trace(), 0).data]

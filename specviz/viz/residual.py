@@ -103,16 +103,17 @@ TREE_TEST_NOTE = {
 
 
 def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | None, row: int | None,
-           tree_rule: str | None = None) -> str:
+           tree_rule: str | None = None, typical: tuple[Any, Any] = ("ε", "δ")) -> str:
     """The accept test of one position as a bar [0, threshold] with a marker at u (in ``row``;
     greedy verification has no random test and draws nothing). ``tree_rule``: the step's tree rule
     ("topk" / "sampled") when the position is a tree node. Returns a sentence."""
     if verify == "greedy" or row is None:
-        return ("greedy: x is accepted iff it is the target's argmax (p is one-hot at temperature 0); "
-                + ("it is" if pos.accepted else "it is not"))
+        return ("greedy: x is accepted iff it is the target's argmax (p is one-hot at temperature 0): "
+                + ("x is the argmax, accepted" if pos.accepted else "x is not the argmax, rejected"))
     if verify == "typical":  # Medusa's rule: no uniform is compared (specviz/sampling/typical.py)
-        return (f"typical acceptance (lossy, not distribution-preserving): x is accepted iff p(x) = {fmt_prob(pos.p)} "
-                "> min(ε, δ·exp(−H(p))); " + ("it is" if pos.accepted else "it is not"))
+        return (f"typical acceptance (lossy, not distribution-preserving): x is accepted iff p(x) > min(ε, δ·exp(−H(p))) "
+                f"(ε = {typical[0]}, δ = {typical[1]}, H = the entropy of p); p(x) = {fmt_prob(pos.p)}: "
+                + ("above it, accepted" if pos.accepted else "not above it, rejected") + "; q is not read")
     if verify == "block" and block:
         i = pos.index - 1
         thr, u, name = block["h"][i], block["eta"][i], f"h_{pos.index}"
@@ -275,10 +276,12 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     pos = st.positions[i - 1]
     fig, gauge_row, block_row = _subplots(verify != "greedy", has_block)
     p, q, r = _as_dict(pos.p_top), _as_dict(pos.q_top), _as_dict(pos.residual_top)
-    p.setdefault(pos.token_id, pos.p), q.setdefault(pos.token_id, pos.q)
+    p.setdefault(pos.token_id, pos.p)
+    if verify != "typical":  # typical records q(x) = 1 (never read): the draft's own q_top is what is drawn
+        q.setdefault(pos.token_id, pos.q)
     tree_rule = st.tree_rule if st.nodes and st.tree_rule in TREE_TEST_NAME else None
     series = [("target p", P_COLOUR, p), ("q (one-hot: top-k child)" if tree_rule == "topk" else "draft q", Q_COLOUR, q)]
-    if verify != "greedy":  # greedy replaces a rejected token by the target's argmax: no residual is drawn
+    if verify not in ("greedy", "typical"):  # greedy: the target's argmax; typical: a draw from p, no residual
         series.append(("residual r/Z (tree rule)" if tree_rule else "residual max(p−q,0)/Z", R_COLOUR, r))
     marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
     here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
@@ -290,10 +293,16 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
                           "normalize(max(P_τ·p − q, 0)) at this position (Sun et al. 2024)")
         marks.append(_own_mark(trace, st))
     _bars(fig, trace, series, [pos.token_id, st.emitted.token_id if here else None], marks)
-    test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row, tree_rule)
+    typical = (trace.config.get("typical_acceptance_sampler_posterior_threshold", "ε"),
+               trace.config.get("typical_acceptance_sampler_posterior_alpha", "δ"))
+    test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row, tree_rule, typical)
     z = "Z = the residual's mass" if tree_rule else "Z = Σ max(p−q, 0)"
+    if verify not in ("greedy", "typical"):  # the rules with a residual
+        test += f"  ·  {z} = {fmt_prob(pos.residual_mass)}"
+    elif verify == "typical" and here:
+        test += "  ·  the step's own token is drawn from p here (no residual)"
     note = TREE_TEST_NOTE[tree_rule] if tree_rule and verify != "greedy" else None
-    return fig, block_row, [test + f"  ·  {z} = {fmt_prob(pos.residual_mass)}", *filter(None, [note, block_note])]
+    return fig, block_row, [test, *filter(None, [note, block_note])]
 
 
 def _own_token(trace: Trace, st: Step, has_block: bool) -> tuple[go.Figure, int | None, list[str]]:

@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fmt_prob, label, quoted
+from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fate_label, fmt_prob, label, quoted
 from .residual import P_COLOUR, Q_COLOUR, WRAP, message_figure
 
 CONFIDENCE_COLOUR = "#a78bfa"  # the draft's confidence bar of the node panel (not a q the verifier used)
@@ -258,14 +258,14 @@ def _title(trace: Trace, st: Step, nodes: list[ViewNode], path: list[int], rule:
             f"{quoted(trace, st.emitted.token_id)}")
 
 
-def _legend(fig: go.Figure, rule: str, own: str, greedy: bool = False) -> None:
+def _legend(fig: go.Figure, rule: str, own: str, greedy: bool = False, trace: Trace | None = None) -> None:
     """Legend entries (marker-only traces) defining every colour, and a line defining p / q / c."""
     for fate, text in NODE_LEGEND.items():
         fill, _, border = NODE_STYLE[fate]
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=text, hoverinfo="skip",
                                  marker={"symbol": "square", "size": 13, "color": fill, "line": {"color": border,
                                                                                                   "width": 2}}))
-    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=FATE_STYLE[own][2], hoverinfo="skip",
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=fate_label(own, trace), hoverinfo="skip",
                              marker={"symbol": "square", "size": 13, "color": FATE_STYLE[own][0]}))
     how = ("greedy: the target's argmax decides, neither q nor the draft's confidence" if greedy else
            "top-k children: verified with q one-hot = 1, not with the draft's confidence")
@@ -308,7 +308,7 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
         hovertext=[_hover(trace, st, n, rule, by_id) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes],
         marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}))
     verified_by = step_rule(trace, st)
-    _legend(fig, rule, own_fate, verified_by == "greedy")
+    _legend(fig, rule, own_fate, verified_by == "greedy", trace)
     columns = max(d for d, _ in place.values()) + 1
     row_px = 22 if compact else 40
     caption_rows = CAPTION_PX / row_px  # the rule's line, under the tree (inside the plot area, above the legend)
