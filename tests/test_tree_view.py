@@ -358,3 +358,23 @@ def test_greedy_tree_legend_names_the_replacement_token():
     names = [t.name for t in tv.tree_figure(greedy, 0).data]
     assert "replacement token (the target's argmax)" in names and "recovered token (from the residual)" not in names
     assert "recovered token (from the residual)" in [t.name for t in tv.tree_figure(tree_trace(), 0).data]
+
+
+@pytest.mark.parametrize("verify", ["greedy", "typical"])
+def test_decision_panel_of_greedy_and_typical_has_no_residual(verify):
+    """Greedy takes the argmax and typical draws from p: neither has a residual (the panel drew one for typical and
+    appended 'Z = Σ max(p−q, 0)' to both; typical also drew its recorded one-hot q beside the draft's q)."""
+    from specviz.viz.residual import residual_figure
+
+    chain = tree_trace()
+    st = chain.steps[0]
+    st.nodes, st.tree_rule = [], "chain"
+    chain.config.update(verify=verify, temperature=0.0 if verify == "greedy" else 1.0)
+    fig = residual_figure(chain, 0, 1)
+    text = next(a.text for a in fig.layout.annotations if a.name == "caption")
+    names = [t.name for t in fig.data]
+    assert "Z = " not in text and not any(n and n.startswith("residual") for n in names)
+    if verify == "greedy":
+        assert "x is the argmax, accepted" in text
+    else:
+        assert "q is not read" in text and "ε = " in text
