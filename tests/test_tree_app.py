@@ -128,8 +128,12 @@ def _run_static_tree(page) -> None:
     page.locator("#sv-static-tree textarea").fill(STATIC_TREE)
     page.click("#sv-run")
     page.wait_for_function("document.querySelector('#sv-progress').innerText.includes('done ·')", timeout=120_000)
+    # the tree view redraws after the run's last output (the selected step's change event): wait for the figure of
+    # the step the step slider selects, not whichever figure an earlier update drew (a race seen on a busy CPU)
     page.wait_for_function("() => { const gd = document.querySelector('#sv-tree .js-plotly-plot');"
-                           " return gd && (gd.layout.annotations || []).some((a) => a.name === 'rule'); }",
+                           " const box = document.querySelector('#sv-step input[type=number]');"
+                           " return gd && box && (gd.layout.annotations || []).some((a) => a.name === 'rule')"
+                           " && gd.layout.title && String(gd.layout.title.text).includes(`step ${box.value}:`); }",
                            timeout=20_000)
 
 

@@ -56,7 +56,8 @@ ROOT = -1
 TOKEN_CHARS = 9  # token text per box (then …)
 COLUMN_PX = 104  # horizontal room per depth column the box text is sized for
 MIN_WIDTH = 860  # px: the rule's one-line caption fits, also at the presentation layout's 1.45x text
-CAPTION_PX = 26  # px of the plot area under the tree for that line
+LEGEND_PX = 60  # px under the plot area for the two legend rows (the presentation layout's 1.45x text included)
+RULE_LINE_PX = 24  # px above the plot area for the rule's line (room for the presentation layout's 1.45x text)
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,8 @@ def _legend(fig: go.Figure, rule: str, own: str, greedy: bool = False, trace: Tr
     c_text = (f"c = exp(score): the draft's confidence in the path<br>({how}; hover a node for both)"
               if rule == "topk" else "q = the draft's probability of the token")
     fig.add_annotation(text=f"p = the target's probability of the token at its parent · {c_text}", x=0, y=1,
-                       xref="paper", yref="paper", xanchor="left", yanchor="bottom", yshift=4, showarrow=False,
+                       xref="paper", yref="paper", xanchor="left", yanchor="bottom", yshift=4 + RULE_LINE_PX,
+                       showarrow=False,
                        font={"size": 11, "color": "#374151"}, align="left", name="definitions")
 
 
@@ -311,16 +313,19 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     _legend(fig, rule, own_fate, verified_by == "greedy", trace)
     columns = max(d for d, _ in place.values()) + 1
     row_px = 22 if compact else 40
-    caption_rows = CAPTION_PX / row_px  # the rule's line, under the tree (inside the plot area, above the legend)
-    fig.add_annotation(name="rule", text=RULE_CAPTION[verified_by], x=-0.55, y=rows - 0.5 + caption_rows / 2,
-                       xanchor="left", yanchor="middle", showarrow=False, font={"size": 11, "color": "#374151"})
+    # the rule's line sits above the plot area, under the definitions (under the tree it met the legend once the
+    # presentation layout enlarged the legend's text)
+    fig.add_annotation(name="rule", text=RULE_CAPTION[verified_by], x=0, xref="paper", y=1, yref="paper",
+                       xanchor="left", yanchor="bottom", yshift=4, showarrow=False, font={"size": 11, "color": "#374151"})
     fig.update_layout(
         title={"text": _title(trace, st, nodes, path, rule), "font": {"size": 13}, "x": 0, "xanchor": "left",
-               "pad": {"l": 10}},
-        width=max(MIN_WIDTH, COLUMN_PX * columns + 40), height=int(190 + CAPTION_PX + row_px * rows),
-        plot_bgcolor="#ffffff", margin={"l": 10, "r": 10, "t": 74, "b": 10}, hovermode="closest", clickmode="event",
+               "y": 1, "yref": "container", "yanchor": "top", "pad": {"l": 10, "t": 8}},  # above the two text lines
+        width=max(MIN_WIDTH, COLUMN_PX * columns + 40), height=int(190 + RULE_LINE_PX + LEGEND_PX + row_px * rows),
+        plot_bgcolor="#ffffff", margin={"l": 10, "r": 10, "t": 74 + RULE_LINE_PX, "b": 10 + LEGEND_PX},
+        hovermode="closest",
+        clickmode="event",
         xaxis={"visible": False, "range": [-0.55, columns - 0.45], "fixedrange": True},
-        yaxis={"visible": False, "range": [rows - 0.5 + caption_rows, -0.5], "fixedrange": True},
+        yaxis={"visible": False, "range": [rows - 0.5, -0.5], "fixedrange": True},
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 11}},
         meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule, "verified_by": verified_by},
     )
