@@ -19,6 +19,7 @@ import torch
 
 from .sampling.reference import emitted_weights, residual_weights
 from .sampling.types import KIND_NAMES, RejectionOutput
+from .transfer import to_device
 
 if TYPE_CHECKING:
     from .sampling.tree import TreeVerifyOutput
@@ -208,7 +209,8 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
     if not detailed:
         return record
     R = len(row)
-    parent_p = p[[parents[c] + 1 for c in row]] if R else p[:0]  # [R, V]
+    rows = to_device(torch.tensor([parents[c] + 1 for c in row], dtype=torch.long), p.device)  # queued, no wait
+    parent_p = p.index_select(0, rows) if R else p[:0]  # [R, V]
     resid = []
     for m, c in enumerate(row):
         if m == a:  # the last rejected child: the residual the emitted token came from
@@ -223,7 +225,7 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
             resid.append(parent_p[m])
     groups = [parent_p, torch.stack(resid) if R else p[:0], out.emit_weights[None]]
     if q is not None and R:
-        groups.append(q[row].float())
+        groups.append(q.index_select(0, to_device(torch.tensor(row, dtype=torch.long), q.device)).float())
     vals, ids = _top(torch.cat(groups), TOP_N)  # [rows, 20]
     mass = groups[1].sum(dim=-1)  # [R]
     emit_p = p[out.emit_node + 1, out.token_id].reshape(1)

@@ -222,7 +222,7 @@ class EagleTreeProposer(EagleProposer):
             if not rows:
                 break
             h_in = torch.stack([outs[parents[i]] if parents[i] >= 0 else hidden[0] for i in rows])  # [R, d]
-            tok = torch.tensor([tokens[i] for i in rows], dtype=torch.long, device=hidden.device)
+            tok = to_device(torch.tensor([tokens[i] for i in rows], dtype=torch.long), hidden.device)  # no host wait
             out, lp = self._level(h_in, tok, n + d - 1, rows, slots, parent_of)
             for r, i in enumerate(rows):
                 outs[i] = out[r]

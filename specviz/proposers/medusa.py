@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from ..runner import FINAL_NORM
+from ..transfer import to_device
 from ..tree import choices_parents, depths, parse_choices
 from .base import Draft, Outcome, StepContext
 
@@ -105,8 +106,8 @@ class MedusaProposer:
             paths = [p for p in self.paths if len(p) <= k]  # near max_new_tokens: drop the deepest nodes
             nodes = [(len(p) - 1, p[-1]) for p in paths]
             parents = choices_parents(paths)
-        heads_idx = torch.tensor([h for h, _ in nodes], dtype=torch.long, device=cand.device)
-        rank_idx = torch.tensor([r for _, r in nodes], dtype=torch.long, device=cand.device)
+        heads_idx = to_device(torch.tensor([h for h, _ in nodes], dtype=torch.long), cand.device)  # queued, no wait
+        rank_idx = to_device(torch.tensor([r for _, r in nodes], dtype=torch.long), cand.device)
         tokens = cand[heads_idx, rank_idx]  # [N] on the device, no host wait
         details = self._describe(n, int(token_ids[n]), nodes, parents, context)
         self._pending = (details, probs, cand)
