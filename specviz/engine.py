@@ -43,7 +43,7 @@ from .static_runner import StaticRunner
 from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
 from .transfer import to_device
-from .verify_step import StepVerifier, VerifySpec, verify_tree_step
+from .verify_step import StepVerifier, VerifySpec, graph_key, verify_tree_step
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
 DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3",
@@ -52,6 +52,7 @@ DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODE
 RUNNERS = ("auto", "eager", "static")
 VERIFY_METHODS = ("greedy", "standard", "block", "synthetic", "typical")  # typical: lossy (sampling/typical.py)
 MAX_SPECULATIVE_TOKENS = 32
+WARM_UP_GRAPH_HEADROOM = 32  # verifier graph pairs kept beyond the warm-up's (other rates, top-k / top-p on, ...)
 
 _DEVICE_LOCKS: dict[str, threading.RLock] = {}
 _DEVICE_LOCKS_GUARD = threading.Lock()
@@ -340,6 +341,10 @@ class SpecDecoder:
             if verifier.cuda_graphs:
                 specs = warm_up_specs(self.vocab_size, k_max, verify_methods, temperatures, tuple(synthetic_rates),
                                       backend="triton")
+                # room for every captured pair plus requests' own: the plan's 106 keys (k <= 12) overflowed the
+                # default bound of 64 and the least recently used warm-up captures were dropped again
+                planned = len({graph_key(spec) for spec in specs})
+                verifier.max_graphs = max(getattr(verifier, "max_graphs", 0), planned + WARM_UP_GRAPH_HEADROOM)
                 generator = torch.Generator(device=self.device).manual_seed(0)
                 for n, spec in enumerate(specs, 1):
                     self._warm_verifier(verifier, spec, generator)

@@ -301,6 +301,7 @@ class _RecordingVerifier:
 
     cuda_graphs = True
     capture_s = 0.0
+    max_graphs = 4  # as StepVerifier's LRU bound (64 there): the warm-up must raise it to fit its plan
 
     def __init__(self):
         from specviz.verify_step import StepVerifier
@@ -334,6 +335,10 @@ def test_warm_up_reaches_every_width_and_verifier_spec(tiny_dirs):
     plan = warm_up_specs(dec.vocab_size, 4, backend="triton")
     assert verifier.specs[-len(plan):] == plan  # after the two tiny requests, every spec of the plan once
     assert report["graphs"] == 5 + 2 + 2 + len(plan)
+    # the verifier keeps every pair the warm-up captured (its LRU bound once dropped 42 of k <= 12's 106 keys)
+    from specviz.verify_step import graph_key
+
+    assert verifier.max_graphs >= len({graph_key(s) for s in plan}) + 1
 
 
 def test_warm_up_specs_cover_what_the_ui_reaches(tiny_dirs, monkeypatch):
