@@ -356,3 +356,14 @@ def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw):
             prop.observe(Outcome(n, accepted, len(accepted), committed,
                                  {t: f[n: n + len(committed)] for t, f in feats.items()}))
         context += committed
+
+
+def test_a_tree_larger_than_the_static_head_runners_scratch_is_refused(head):
+    """top_k x depth rows per step beyond the static head runner's scratch slots: a clear ValueError when the
+    proposer is made (before, the levels past the scratch ran on the slot cache with stale slot indices)."""
+    from specviz.heads.runner import TREE_SCRATCH, StaticHeadRunner
+
+    runner = StaticHeadRunner(head, 64, cuda_graphs=False)
+    with pytest.raises(ValueError, match="static head runner holds"):
+        EagleTreeProposer(head, dynamic=DynamicTree(TREE_SCRATCH // 4 + 1, 4, 24), runner=runner)
+    EagleTreeProposer(head, dynamic=DynamicTree(TREE_SCRATCH // 4 + 1, 4, 24))  # the eager runner has no bound

@@ -73,6 +73,26 @@ class EagerHeadRunner:
         """Drop the K/V of positions >= ``length`` (the provisional draft K/V, methods.md 1.2)."""
         crop_cache(self.cache, length)
 
+    tree_scratch = None  # tree levels append to the DynamicCache: no bound
+
+    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int,
+                   own: Sequence[int], sees: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One level of a draft tree (see :meth:`StaticHeadRunner.tree_level`): the rows' K/V are appended after
+        the ``committed`` positions and the tree's earlier scratch rows (scratch row j = column committed + j;
+        ``own`` must be the next ones in order), each row attending the committed keys and its ``sees``."""
+        if list(own) != list(range(self.cache.get_seq_length() - committed, self.cache.get_seq_length() - committed
+                                   + len(own))):
+            raise ValueError(f"tree_level: scratch rows {list(own)[:8]} are not the next ones after "
+                             f"{self.cache.get_seq_length() - committed} written")
+        visible = torch.zeros(len(own), committed + own[-1] + 1, dtype=torch.bool)  # [R, Lc + S]
+        visible[:, :committed] = True
+        for r, cols in enumerate(sees):
+            visible[r, [committed + j for j in cols]] = True
+        pos = torch.full((len(own),), position, dtype=torch.long, device=tokens.device)
+        mask = to_device(visible, tokens.device)[None, None]  # [1, 1, R, Lc + S]; queued, no host wait
+        out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=mask)
+        return out, logits.float()
+
     def first_pass(self, features: torch.Tensor, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """features [c, F], ids int64 [c] (the token after each feature), rows at positions start..start+c-1
         -> (hidden [1, d], logits float32 [V]) of the last row. Drops the cache's slots >= start first."""
@@ -172,18 +192,25 @@ class StaticHeadRunner:
         out_hidden, logits = self._run("step", 1, hidden, token, position, 1)
         return out_hidden.clone(), logits[0].clone()
 
+    tree_scratch = TREE_SCRATCH  # scratch rows a step's tree levels may write
+
     @torch.inference_mode()
-    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, scratch: Sequence[int],
-                   visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One level of a draft tree (EAGLE-2, methods.md 1.3): R rows at the same ``position``, each writing its
-        K/V to scratch slot ``max_len + scratch[r]`` and attending the slots where ``visible`` (bool [R, slots],
-        host or device: the committed positions and the row's ancestors-or-self) is True.
-        hidden [R, d] (each row's parent output), tokens int64 [R] -> (hidden [R, d], logits float32 [R, V]),
-        new tensors. One CUDA graph per R on CUDA (inputs copied into static buffers, no host wait).
-        Raises ValueError when a scratch index is outside 0..TREE_SCRATCH-1."""
+    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int,
+                   own: Sequence[int], sees: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One level of a draft tree (EAGLE-2, methods.md 1.3): R rows at the same ``position``, row r writing its
+        K/V to scratch row ``own[r]`` (slot ``max_len + own[r]``) and attending the ``committed`` positions and
+        the scratch rows ``sees[r]`` (its ancestors and itself). hidden [R, d] (each row's parent output),
+        tokens int64 [R] -> (hidden [R, d], logits float32 [R, V]), new tensors. One CUDA graph per R on CUDA
+        (inputs copied into static buffers, no host wait).
+        Raises ValueError when a scratch row is outside 0..TREE_SCRATCH-1."""
         R = int(tokens.shape[0])
-        if not scratch or min(scratch) < 0 or max(scratch) >= TREE_SCRATCH:
-            raise ValueError(f"tree_level: scratch slots must be in 0..{TREE_SCRATCH - 1}, got {list(scratch)[:8]}")
+        if not own or min(own) < 0 or max(own) >= TREE_SCRATCH:
+            raise ValueError(f"tree_level: scratch rows must be in 0..{TREE_SCRATCH - 1}, got {list(own)[:8]}")
+        visible = torch.zeros(R, self.cache.max_len, dtype=torch.bool)  # [R, every slot]
+        visible[:, :committed] = True
+        for r, cols in enumerate(sees):
+            visible[r, [self.max_len + j for j in cols]] = True
+        scratch = own
         key = ("tree", R)
         entry = self._graphs.get(key) if self.cuda_graphs else None
         inputs = entry[1] if entry is not None else self._tree_inputs(R)

@@ -44,7 +44,6 @@ from typing import Any, Sequence
 import torch
 
 from .. import tree as tree_mod
-from ..heads.runner import TREE_SCRATCH
 from ..transfer import to_device
 from .base import Draft, StepContext
 from .eagle import EagleProposer
@@ -111,6 +110,12 @@ class EagleTreeProposer(EagleProposer):
         self.paths = tree_mod.parse_choices(choices) if choices is not None else None
         depth = dynamic.max_depth if dynamic is not None else max(len(p) for p in self.paths)
         super().__init__(head, depth, runner=runner)
+        scratch = getattr(self.runner, "tree_scratch", None)  # rows a step's levels may write (None: no bound)
+        rows = dynamic.top_k * dynamic.depth if dynamic is not None else len(self.paths)
+        if scratch is not None and rows > scratch:
+            raise ValueError(f"this EAGLE tree writes up to {rows} head rows per step (top_k x depth, or the static "
+                             f"tree's nodes); the static head runner holds {scratch}: lower eagle_tree_top_k or "
+                             "eagle_tree_depth")
 
     @torch.inference_mode()
     def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
@@ -145,23 +150,10 @@ class EagleTreeProposer(EagleProposer):
         first = len(slots)
         slots.extend(rows)
         lines = [_ancestors_or_self(cid, parent_of) for cid in rows]
-        tree_level = getattr(self.runner, "tree_level", None)
-        if tree_level is not None and len(slots) <= TREE_SCRATCH:  # the static head runner: scratch slots, graphs
-            visible = torch.zeros(len(rows), self.runner.cache.max_len, dtype=torch.bool)  # [R, all slots]
-            visible[:, : self.committed] = True
-            base = self.runner.max_len
-            for r, line in enumerate(lines):
-                cols = [base + j for j, s in enumerate(slots) if s in line]
-                visible[r, cols] = True
-            out, logits = tree_level(hidden, tokens, position, list(range(first, len(slots))), visible)
-            return out, torch.log_softmax(logits, dim=-1)
-        visible = torch.ones(len(rows), self.committed + len(slots), dtype=torch.bool)  # [R, Lc + S]
-        for r, line in enumerate(lines):
-            visible[r, self.committed:] = torch.tensor([s in line for s in slots], dtype=torch.bool)
-        pos = torch.full((len(rows),), position, dtype=torch.long, device=tokens.device)
-        mask = to_device(visible, tokens.device)[None, None]  # [1, 1, R, Lc + S]; queued, no host wait
-        out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=mask)
-        return out, torch.log_softmax(logits.float(), dim=-1)
+        sees = [[j for j, s in enumerate(slots) if s in line] for line in lines]  # scratch rows each row attends
+        out, logits = self.runner.tree_level(hidden, tokens, position, self.committed,
+                                             list(range(first, len(slots))), sees)
+        return out, torch.log_softmax(logits, dim=-1)
 
     def _root(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(hidden [1, d], log q [V]) of the head's row at n-1 (the first pass's last row)."""
