@@ -25,6 +25,8 @@ no host read. Sampled drafting (T > 0) and the eager runner run the loop eagerly
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Sequence
 
 import torch
@@ -34,6 +36,7 @@ from ..sampling import logits_to_probs
 from ..transfer import to_device
 from .base import Draft, Outcome, StepContext
 
+log = logging.getLogger(__name__)
 LABEL = "Gemma-4-style MTP head, trained by specviz (no public recipe)"
 
 
@@ -188,9 +191,6 @@ class MtpDraftGraphs:
         return out[0].clone(), out[1].clone()
 
     def _capture(self, head, keys, values, feature, k):
-        import logging
-        import time
-
         t0 = time.perf_counter()
         dev = keys.device
         h_buf = torch.zeros(1, 1, feature.shape[-1], dtype=feature.dtype, device=dev)
@@ -209,8 +209,8 @@ class MtpDraftGraphs:
             torch.cuda.synchronize(dev)
             return graph, (h_buf, tok_buf, t_buf), out
         except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
-            logging.getLogger(__name__).warning("specviz: CUDA graph capture of the MTP chain (k = %d) failed; it "
-                                                "drafts eagerly: %s: %s", k, type(exc).__name__, exc)
+            log.warning("specviz: CUDA graph capture of the MTP chain (k = %d) failed; it drafts eagerly: %s: %s",
+                        k, type(exc).__name__, exc)
             return None
         finally:
             self.capture_s += time.perf_counter() - t0
