@@ -164,6 +164,46 @@ def test_smoke_cli_trains_saves_and_reports_heldout_acceptance(tmp_path):
     assert head.config.block_size == 8 and head.config.mask_token_id == 1
 
 
+def test_init_from_target_copies_the_chosen_layers_and_the_final_norm():
+    """``init_from_target``: "last" copies the target's last L_d decoder layers, "first" its first; the
+    drafter's q/k norms stay at 1; the copy is a real copy (training the head leaves the target alone)."""
+    target = build_model("llama", seed=1, layers=4, hidden=32).float()
+    hc = dflash_config_from_target(target.config, num_layers=2, block_size=8)
+    for which, want in (("last", [2, 3]), ("first", [0, 1])):
+        head = DFlashHead(hc)
+        assert tdf.init_from_target(head, target, which) == want
+        for mine, i in zip(head.layers, want):
+            src = target.model.layers[i]
+            assert torch.equal(mine.q_proj.weight, src.self_attn.q_proj.weight)
+            assert torch.equal(mine.mlp.down_proj.weight, src.mlp.down_proj.weight)
+            assert torch.equal(mine.post_attention_layernorm.weight, src.post_attention_layernorm.weight)
+            assert torch.equal(mine.k_norm.weight, torch.ones_like(mine.k_norm.weight))
+        assert torch.equal(head.norm.weight, target.model.norm.weight)
+        with torch.no_grad():
+            head.layers[0].q_proj.weight.add_(1.0)
+        assert not torch.equal(head.layers[0].q_proj.weight, target.model.layers[want[0]].self_attn.q_proj.weight)
+    with pytest.raises(ValueError, match="'last' or 'first'"):
+        tdf.init_from_target(DFlashHead(hc), target, "middle")
+
+
+def test_cli_set_overrides_replace_config_fields_and_refuse_unknown_ones():
+    got = train_heads_mod.parse_overrides(["dflash.num_layers=3", "dflash.init_from_target=last",
+                                           "medusa.head_layers=2", "dflash.target_layer_ids=[1, 9, 17]"])
+    assert got == {"dflash": {"num_layers": 3, "init_from_target": "last", "target_layer_ids": (1, 9, 17)},
+                   "medusa": {"head_layers": 2}}
+    cfg = train_heads_mod._with_overrides(tdf.DFLASH_DEFAULT, got["dflash"])
+    assert (cfg.num_layers, cfg.init_from_target, cfg.batch_size) == (3, "last", tdf.DFLASH_DEFAULT.batch_size)
+    with pytest.raises(ValueError, match="KIND.FIELD=VALUE"):
+        train_heads_mod.parse_overrides(["num_layers=3"])
+    with pytest.raises(ValueError, match="unknown config fields"):
+        train_heads_mod._with_overrides(tdf.DFLASH_DEFAULT, {"layers": 3})
+    target = build_model("llama", seed=0, layers=4, hidden=32).float()
+    w = torch.randint(0, target.config.vocab_size, (4, 33))
+    with pytest.raises(ValueError, match="not being trained"):
+        train_heads_mod.train_heads(target, w, w, "cpu", "/nonexistent", heads=["dflash"], smoke=True,
+                                    overrides={"medusa": {"head_layers": 2}})
+
+
 def test_time_budget_stops_early():
     target = build_model("llama", seed=0, layers=4, hidden=32).float()
     w = torch.randint(0, target.config.vocab_size, (16, 33))

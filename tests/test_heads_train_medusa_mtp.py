@@ -137,3 +137,20 @@ def test_fitted_run_ends_at_the_fitted_step(one_thread):
     assert abs(log["train"][-1]["lr"] - want) < 1e-9
     if not log["stopped_early"]:
         assert log["steps"] == log["fitted_steps"] and abs(want - cfg.min_lr_ratio * cfg.lr) < 1e-9
+
+
+def test_medusa_head_layers_override_builds_deeper_heads_that_save_and_load(tmp_path, one_thread):
+    """``--set medusa.head_layers=2``: every Medusa head has two ResBlocks, and the saved head loads with them."""
+    from tiny_models import build_model
+    import dataclasses
+
+    from specviz.heads.io import load_head
+
+    target = build_model("llama", seed=0, layers=2, hidden=32).float()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    w = torch.randint(0, target.config.vocab_size, (8, 17))
+    cfg = dataclasses.replace(train_heads_mod.SMOKE["medusa"], steps=3, eval_windows=2, head_layers=2)
+    log = train_heads_mod.train_medusa(target, w, w[:2], "cpu", tmp_path, config=cfg)
+    head = load_head(log["saved"]["dir"], target)
+    assert head.config.num_layers == 2 and all(len(b) == 2 for b in head.blocks)

@@ -65,11 +65,12 @@ class MedusaConfig(JsonConfig):
         """The features a first pass reads, named as in :mod:`specviz.heads.extract`: the final-norm f_t."""
         return ("final",)
 
-def medusa_config_from_target(target_config, num_heads: int = DEFAULT_NUM_HEADS) -> MedusaConfig:
-    """The Medusa config for a transformers Llama-like target config."""
+def medusa_config_from_target(target_config, num_heads: int = DEFAULT_NUM_HEADS, num_layers: int = 1) -> MedusaConfig:
+    """The Medusa config for a transformers Llama-like target config (``num_layers``: ResBlocks per head,
+    Medusa's ``medusa_num_layers``)."""
     c = target_config
     return MedusaConfig(kind="medusa", hidden_size=c.hidden_size, vocab_size=c.vocab_size,
-                        target_num_hidden_layers=c.num_hidden_layers, num_heads=num_heads)
+                        target_num_hidden_layers=c.num_hidden_layers, num_heads=num_heads, num_layers=num_layers)
 
 
 def check_medusa_matches(cfg: MedusaConfig, target_config) -> None:

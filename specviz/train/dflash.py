@@ -58,6 +58,7 @@ class DFlashTrainConfig:
     gamma: float = 4.0
     num_layers: int = 2
     target_layer_ids: tuple[int, ...] | None = None
+    init_from_target: str | None = None  # "last" / "first": copy that many target layers (see init_from_target)
     eval_every: int = 500
     eval_windows: int = 64
     eval_batch_size: int = 8
@@ -180,7 +181,10 @@ def fit_dflash(target, train_windows, heldout_windows, device, cfg: DFlashTrainC
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
     hc = dflash_config_from_target(target.config, cfg.num_layers, cfg.block_size, cfg.target_layer_ids)
-    head = DFlashHead(hc).to(device).attach(target).train()
+    head = DFlashHead(hc)
+    if cfg.init_from_target:
+        init_from_target(head, target, cfg.init_from_target)
+    head = head.to(device).attach(target).train()
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                             fused=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -224,6 +228,35 @@ def fit_dflash(target, train_windows, heldout_windows, device, cfg: DFlashTrainC
             break
     log.update(steps=step, tokens_seen=step * cfg.batch_size * seq_len, train_s=round(time.time() - t0, 2))
     return head, log
+
+
+def init_from_target(head: DFlashHead, target, which: str = "last") -> list[int]:
+    """Initialise the drafter's L_d layers from L_d of the target's decoder layers (q/k/v/o projections, SwiGLU,
+    both RMSNorms; q_norm / k_norm stay at 1) and its final norm from the target's: ``which`` = "last" (the
+    target's last L_d layers, whose outputs feed the shared LM head) or "first" (its first L_d, whose inputs are
+    embeddings, as the block's are). A specviz choice (the DFlash paper trains from scratch), as the draft model's
+    embedding is initialised from the target's. Returns the target layer indices copied.
+    Raises ValueError for an unknown ``which`` or a target whose layer shapes differ."""
+    layers = target.model.layers
+    L, n = len(layers), len(head.layers)
+    if which not in ("last", "first"):
+        raise ValueError(f"init_from_target must be 'last' or 'first', got {which!r}")
+    ids = list(range(L - n, L)) if which == "last" else list(range(n))
+    with torch.no_grad():
+        for mine, i in zip(head.layers, ids):
+            src = layers[i]
+            pairs = [(mine.q_proj, src.self_attn.q_proj), (mine.k_proj, src.self_attn.k_proj),
+                     (mine.v_proj, src.self_attn.v_proj), (mine.o_proj, src.self_attn.o_proj),
+                     (mine.input_layernorm, src.input_layernorm),
+                     (mine.post_attention_layernorm, src.post_attention_layernorm),
+                     (mine.mlp.gate_proj, src.mlp.gate_proj), (mine.mlp.up_proj, src.mlp.up_proj),
+                     (mine.mlp.down_proj, src.mlp.down_proj)]
+            for a, b in pairs:
+                if a.weight.shape != b.weight.shape:
+                    raise ValueError(f"target layer {i}: {tuple(b.weight.shape)} vs the drafter's {tuple(a.weight.shape)}")
+                a.weight.copy_(b.weight)
+        head.norm.weight.copy_(target.model.norm.weight)
+    return ids
 
 
 def train_dflash(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:

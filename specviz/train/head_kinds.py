@@ -39,7 +39,7 @@ class KVFeatures:
 def new_head(kind: str, target, cfg):
     """(config, freshly initialised head, not yet on the device) for ``kind``."""
     if kind == "medusa":
-        config = medusa_config_from_target(target.config)
+        config = medusa_config_from_target(target.config, num_layers=cfg.head_layers or 1)
         return config, MedusaHead(config)
     config = mtp_config_from_target(target.config)
     return config, MtpHead(config)

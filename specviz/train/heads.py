@@ -37,7 +37,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -63,7 +63,7 @@ class HeadTrainConfig:
     eval_every / eval_windows / eval_batch_size: held-out evaluation. aux_layer_ids: EAGLE-3 taps
     (None = (2, L//2, L-3)). compile: torch.compile the EAGLE-1 head (EAGLE-3 runs eagerly: its
     DynamicCache is Python state). min_seconds_left: stop when fewer seconds of the budget remain
-    (reserved for the final evaluation and saving).
+    (reserved for the final evaluation and saving). head_layers: Medusa's ResBlocks per head (None = 1).
     """
 
     batch_size: int = 32
@@ -87,6 +87,7 @@ class HeadTrainConfig:
     compile: bool = False
     seed: int = 0
     min_seconds_left: float = 10.0
+    head_layers: int | None = None
     fit_to_budget: bool = False  # shorten the run (and its cosine) to what time_budget_s allows, timed at step 20
 
 
@@ -308,26 +309,59 @@ HEAD_KS = {"dflash": 7}  # greedy k of the held-out acceptance run (DFlash: B - 
 
 def train_heads(target, train_windows: torch.Tensor, heldout_windows: torch.Tensor, device, out_dir,
                 time_budget_s: float | None = None, heads: Sequence[str] | None = None,
-                smoke: bool = False) -> dict[str, dict]:
+                smoke: bool = False, overrides: dict[str, dict[str, Any]] | None = None) -> dict[str, dict]:
     """Train the registered heads (``heads``: names, default all) on the frozen target, one after
     the other, each with ``time_budget_s``. windows: int64 [W, T+1] on device. smoke: the tiny
-    CPU configs (:data:`SMOKE`). Returns {name: log}. Raises ValueError for an unknown name."""
+    CPU configs (:data:`SMOKE`). overrides: {name: {config field: value}} replacing fields of that head's
+    config (the CLI's ``--set``). Returns {name: log}. Raises ValueError for an unknown name or field."""
     names = list(HEAD_TRAINERS) if heads is None else list(heads)
     unknown = [n for n in names if n not in HEAD_TRAINERS]
     if unknown:
         raise ValueError(f"unknown heads {unknown}; registered: {sorted(HEAD_TRAINERS)}")
+    stray = sorted(set(overrides or {}) - set(names))
+    if stray:
+        raise ValueError(f"--set names heads {stray} that are not being trained ({names})")
     was_training = target.training
     target.eval()
     flags = [p.requires_grad for p in target.parameters()]
     for p in target.parameters():
         p.requires_grad_(False)
     try:
+        configs = {n: _with_overrides(SMOKE[n] if smoke else DEFAULTS[n], (overrides or {}).get(n, {}))
+                   for n in names}
         return {n: HEAD_TRAINERS[n](target, train_windows, heldout_windows, device, out_dir, time_budget_s,
-                                    config=SMOKE[n] if smoke else None) for n in names}
+                                    config=configs[n]) for n in names}
     finally:
         for p, f in zip(target.parameters(), flags):
             p.requires_grad_(f)
         target.train(was_training)
+
+
+def _with_overrides(cfg, fields: dict[str, Any]):
+    """``cfg`` (a frozen dataclass) with ``fields`` replaced. Raises ValueError naming an unknown field."""
+    known = {f.name for f in dataclasses.fields(cfg)}
+    bad = sorted(set(fields) - known)
+    if bad:
+        raise ValueError(f"unknown config fields {bad} for {type(cfg).__name__}; known: {sorted(known)}")
+    return dataclasses.replace(cfg, **fields) if fields else cfg
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``["dflash.num_layers=3", "medusa.head_layers=2"]`` -> {"dflash": {"num_layers": 3}, ...}. Values are
+    JSON (numbers, true / false, null, lists -> tuples) or else plain strings. Raises ValueError for a
+    malformed item."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        kind, dot, field_name = key.partition(".")
+        if not (sep and dot and kind and field_name):
+            raise ValueError(f"--set wants KIND.FIELD=VALUE (e.g. dflash.num_layers=3), got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(kind, {})[field_name] = tuple(value) if isinstance(value, list) else value
+    return out
 
 
 # ---- data for the CLI ---------------------------------------------------------------------------
@@ -361,9 +395,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--eval-tokens", type=int, default=None, help="new tokens per prompt (default 64; --smoke: 8)")
     ap.add_argument("--eval-dtype", default="float32", help="dtype of the acceptance run (float32: greedy is then "
                     "exactly plain greedy; bf16 may flip near-ties)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KIND.FIELD=VALUE",
+                    help="replace a field of one head's training config, e.g. dflash.init_from_target=last, "
+                         "medusa.head_layers=2 (repeatable)")
     ap.add_argument("--draft", default=None, help="draft model beside the heads (default: the bundled draft, when "
                     "the target is the bundled one)")
     args = ap.parse_args(argv)
+    overrides = parse_overrides(args.overrides)
     from specviz.models import load_model, load_tokenizer, resolve_device
 
     device = resolve_device(args.device)
@@ -374,7 +412,7 @@ def main(argv: list[str] | None = None) -> dict:
     train_w, held_w = head_windows(tok, args.preset or ("smoke" if args.smoke else "demo"))
     names = [n.strip() for n in args.heads.split(",") if n.strip()]
     logs = train_heads(target, train_w.to(device), held_w.to(device), device, args.out, args.time_budget_s,
-                       names, smoke=args.smoke)
+                       names, smoke=args.smoke, overrides=overrides)
     summary = {n: {"steps": g["steps"], "train_s": g["train_s"], "stopped_early": g["stopped_early"],
                    "heldout": g["heldout"][-1], "bytes": g["saved"]["bytes"]} for n, g in logs.items()}
     print(json.dumps(summary))
