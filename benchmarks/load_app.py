@@ -167,6 +167,27 @@ def cuda_mb() -> tuple[float, float] | None:
     return torch.cuda.memory_allocated() / 2**20, torch.cuda.memory_reserved() / 2**20
 
 
+_CAPTURES = [0]
+
+
+def graph_captures() -> int:
+    """CUDA-graph captures begun in this process since the first call (a wrapper on
+    ``torch.cuda.CUDAGraph.capture_begin``, installed once): a soak whose count keeps rising re-captures
+    graphs per run, and a capture's host memory is what RSS growth on a GPU would come from."""
+    import torch
+
+    cls = torch.cuda.CUDAGraph
+    if not getattr(cls, "_specviz_counted", False):
+        original = cls.capture_begin
+
+        def counted(self, *args, **kwargs):
+            _CAPTURES[0] += 1
+            return original(self, *args, **kwargs)
+
+        cls.capture_begin, cls._specviz_counted = counted, True
+    return _CAPTURES[0]
+
+
 def _slope(ys: list[float]) -> float:
     xs = list(range(len(ys)))
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -190,8 +211,11 @@ def soak(url: str, runs: int = 200, max_new: int = 24, compare_every: int = 4, n
     also prints one JSON line of the memory so far every that many runs (a time limit keeps them)."""
     from gradio_client import Client
 
-    rss, cuda, times = [], [], []
+    import gc
+
+    rss, cuda, times, captures, threads = [], [], [], [], []
     client = None
+    graph_captures()
     for n in range(runs):
         if n % new_session_every == 0:
             client = Client(url, verbose=False)
@@ -200,16 +224,21 @@ def soak(url: str, runs: int = 200, max_new: int = 24, compare_every: int = 4, n
         out = client.predict(*run_args(req, max_new, compare=n % compare_every == 0), api_name="/run")
         times.append(time.perf_counter() - t0)
         assert out[0].startswith("**done**"), (n, req, out[0])
+        gc.collect()
         rss.append(rss_mb())
+        captures.append(graph_captures())
+        threads.append(threading.active_count())
         c = cuda_mb()
         if c is not None:
             cuda.append(c)
         if report_every and (n + 1) % report_every == 0:
             print(json.dumps({"soak_runs": n + 1, "rss_mb": round(rss[-1], 1), "run_s_median": statistics.median(times),
+                              "graph_captures": captures[-1], "threads": threads[-1],
                               "cuda_allocated_reserved_mb": [round(x, 1) for x in cuda[-1]] if cuda else None}),
                   flush=True)
     result = {"runs": runs, "max_new_tokens": max_new, "run_s_median": statistics.median(times),
-              "rss_mb": rss, "rss_growth": growth(rss)}
+              "rss_mb": rss, "rss_growth": growth(rss), "graph_captures": [captures[0], captures[-1]] if captures else [],
+              "threads": [min(threads), max(threads)] if threads else []}
     if cuda:
         result["cuda_allocated_growth"] = growth([a for a, _ in cuda])
         result["cuda_reserved_growth"] = growth([r for _, r in cuda])

@@ -37,7 +37,7 @@ from .proposers import StepContext
 from .proposers.base import Draft, Outcome, Proposer
 from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import GlobalSuffixCache
-from .record import host_record, tree_record
+from .record import host_record, tree_detail, tree_record
 from .runner import EagerRunner, ModelRunner
 from .static_runner import StaticRunner
 from .sampling import validate_sampling_params
@@ -574,6 +574,7 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         tree = None if draft.is_chain else list(draft.parents)  # a tree: 1 + N rows, ancestor mask
+        tree_pending = None  # a tree step's detailed record, queued at verification
         t1, c1 = time.perf_counter(), captured()
         fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
         forward = runner.forward_features(fed, proposer.taps if proposer is not None else (), parents=tree)
@@ -598,6 +599,9 @@ class SpecDecoder:
             rows = None  # the committed rows are the first ones
         else:  # the tree verifier (reference), then the accepted path's K/V compacted into place
             tree_out, p_tree = verify_tree_step(spec, logits, q, x, tree, draft.tree_rule, ctx.generator)
+            tree_q = q if tree_out.rule == "sampled" else None
+            tree_pending = tree_detail(tree_out, p_tree, tree_q, tree_out.token_ids, tree) if cfg.detailed_trace \
+                else None  # queued now, read when the record is built (one step later)
             emitted, acc = tree_out.output_token_ids, len(tree_out.path)
             draft_ids = emitted[:acc]  # the accepted path's tokens, in path order
             next_last = to_device(torch.tensor([emitted[-1]], dtype=torch.long), self.device)  # queued, no wait
@@ -619,9 +623,8 @@ class SpecDecoder:
                                          token_ids=draft_ids if tree is None else tree_out.token_ids,
                                          details=draft.details, draft_ms=timings["draft_ms"]))
             if tree is not None:
-                record = tree_record(tree_out, p_tree, q if tree_out.rule == "sampled" else None,
-                                     tree_out.token_ids, tree, draft.scores,
-                                     draft.tree_rule, cfg.verify, cfg.detailed_trace)
+                record = tree_record(tree_out, tree_out.token_ids, tree, draft.scores, draft.tree_rule, cfg.verify,
+                                     tree_pending, has_q=tree_q is not None)
             elif detail is not None:
                 record = host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend)
             else:

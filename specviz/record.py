@@ -174,41 +174,37 @@ def tree_row(out: "TreeVerifyOutput", parents: list[int]) -> list[int]:
     return out.path + last[-1:]
 
 
-def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None, token_ids: list[int],
-                parents: list[int], scores: list[float] | None, tree_rule: str, method: str,
-                detailed: bool = True) -> dict[str, Any]:
-    """Plain-data step record of a tree step (the keys of :func:`host_record`, plus ``nodes``,
-    ``accepted_path`` and ``tree_rule``), from :func:`specviz.sampling.tree.verify_tree`'s output.
+class PendingTreeDetail:
+    """The detailed part of one tree step's record: every top-20 list, residual mass and the emitted
+    token's p, packed in one flat float64 tensor on the device right after the verifier and copied to
+    pinned host memory behind it (:func:`tree_detail`); :meth:`values` waits for that copy, which the
+    engine calls one step later, when building the record (so the GPU never idles for it)."""
 
-    p: float32 [1 + N, V] (row 0 = root); q: [N, V] (rule "sampled") or None (one-hot).
-    Positions are the row (:func:`tree_row`): an accepted node's residual is max(p - q, 0) at its
-    parent (one-hot q: p with its token removed, as a chain position's); the final rejected
-    child's residual is what the emitted token was drawn from (every rejected sibling removed).
-    ``detailed=False``: no positions or top-20s (the nodes' p, q, u are still recorded, from the
-    verifier's own host copy: no device read here). Detailed: one device-to-host copy for every
-    top-20 list, residual mass and the emitted token's p (it runs while the next forward is queued)."""
-    N = len(parents)
-    host = out.host if out.host else {name: getattr(out, name).tolist() for name in ("p", "q", "u", "accept_prob")}
-    greedy = out.rule == "greedy"
-    nodes = [{"id": i, "parent": parents[i], "depth": 0, "token_id": token_ids[i], "p": host["p"][i],
-              "q": host["q"][i], "u": host["u"][i] if out.tested[i] and not greedy else None, "fate": out.fate[i],
-              "score": None if scores is None else float(scores[i]),
-              "accept_prob": host["accept_prob"][i] if out.tested[i] else None} for i in range(N)]
-    for n in nodes:
-        n["depth"] = 1 if n["parent"] < 0 else nodes[n["parent"]]["depth"] + 1
+    def __init__(self, flat: torch.Tensor, row: list[int], n_top: int):
+        self.row, self.n_top = row, n_top
+        if flat.is_cuda:
+            self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            self._host.copy_(flat, non_blocking=True)
+            self._done: torch.cuda.Event | None = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host, self._done = flat, None
+
+    def values(self) -> list[float]:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.tolist()
+
+
+def tree_detail(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None, token_ids: list[int],
+                parents: list[int]) -> PendingTreeDetail:
+    """Queue the detailed record of a tree step (see :func:`tree_record`) on p's device and start its one
+    device-to-host copy. p: float32 [1 + N, V] (row 0 = root); q: [N, V] (rule "sampled") or None (one-hot).
+    Positions are the row (:func:`tree_row`): an accepted node's residual is max(p - q, 0) at its parent
+    (one-hot q: p with its token removed, as a chain position's); the final rejected child's residual is what
+    the emitted token was drawn from (every rejected sibling removed)."""
     row = tree_row(out, parents)
-    a = len(out.path)
-    record = {
-        "num_accepted": a, "output_token_ids": list(out.output_token_ids),
-        "emitted": {"position": a + 1, "token_id": out.token_id, "kind": out.kind, "p": None, "top": [],
-                    "residual_empty": out.kind == "recovered" and out.emit_fallback},
-        "positions": [], "method": method, "backend": "reference",
-        "nodes": nodes, "accepted_path": list(out.path), "tree_rule": tree_rule,
-        "row": row,
-    }
-    if not detailed:
-        return record
-    R = len(row)
+    a, R = len(out.path), len(row)
     rows = to_device(torch.tensor([parents[c] + 1 for c in row], dtype=torch.long), p.device)  # queued, no wait
     parent_p = p.index_select(0, rows) if R else p[:0]  # [R, V]
     resid = []
@@ -229,11 +225,45 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
     vals, ids = _top(torch.cat(groups), TOP_N)  # [rows, 20]
     mass = groups[1].sum(dim=-1)  # [R]
     emit_p = p[out.emit_node + 1, out.token_id].reshape(1)
-    h = torch.cat([vals.double().reshape(-1), ids.double().reshape(-1), mass.double(), emit_p.double()]).tolist()
-    n_top = vals.shape[1]
-    n_vals = vals.numel()
+    flat = torch.cat([vals.double().reshape(-1), ids.double().reshape(-1), mass.double(), emit_p.double()])
+    return PendingTreeDetail(flat, row, int(vals.shape[1]))
+
+
+def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int], scores: list[float] | None,
+                tree_rule: str, method: str, detail: PendingTreeDetail | None = None,
+                has_q: bool = False) -> dict[str, Any]:
+    """Plain-data step record of a tree step (the keys of :func:`host_record`, plus ``nodes``,
+    ``accepted_path`` and ``tree_rule``), from :func:`specviz.sampling.tree.verify_tree`'s output.
+
+    ``detail`` (from :func:`tree_detail`, queued at verification) adds the positions and the top-20s;
+    None records no positions or top-20s (the nodes' p, q, u are still recorded, from the verifier's own
+    host copy: no device read here). has_q: the tree's q was a full distribution (rule "sampled")."""
+    N = len(parents)
+    host = out.host if out.host else {name: getattr(out, name).tolist() for name in ("p", "q", "u", "accept_prob")}
+    greedy = out.rule == "greedy"
+    nodes = [{"id": i, "parent": parents[i], "depth": 0, "token_id": token_ids[i], "p": host["p"][i],
+              "q": host["q"][i], "u": host["u"][i] if out.tested[i] and not greedy else None, "fate": out.fate[i],
+              "score": None if scores is None else float(scores[i]),
+              "accept_prob": host["accept_prob"][i] if out.tested[i] else None} for i in range(N)]
+    for n in nodes:
+        n["depth"] = 1 if n["parent"] < 0 else nodes[n["parent"]]["depth"] + 1
+    row = tree_row(out, parents)
+    a = len(out.path)
+    record = {
+        "num_accepted": a, "output_token_ids": list(out.output_token_ids),
+        "emitted": {"position": a + 1, "token_id": out.token_id, "kind": out.kind, "p": None, "top": [],
+                    "residual_empty": out.kind == "recovered" and out.emit_fallback},
+        "positions": [], "method": method, "backend": "reference",
+        "nodes": nodes, "accepted_path": list(out.path), "tree_rule": tree_rule,
+        "row": row,
+    }
+    if detail is None:
+        return record
+    R, n_top, h = len(row), detail.n_top, detail.values()
+    n_rows = 2 * R + 1 + (R if has_q else 0)
+    n_vals = n_rows * n_top
     top = [_pairs(h[r * n_top:(r + 1) * n_top], h[n_vals + r * n_top:n_vals + (r + 1) * n_top])
-           for r in range(vals.shape[0])]
+           for r in range(n_rows)]
     record["emitted"]["p"], record["emitted"]["top"] = h[-1], top[2 * R]
     for m, c in enumerate(row):
         record["positions"].append({
@@ -241,7 +271,7 @@ def tree_record(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
             "u": 0.0 if greedy else host["u"][c], "accept_prob": host["accept_prob"][c], "accepted": m < a,
             "residual_mass": h[2 * n_vals + m] if not greedy else float(1.0 - host["p"][c]),
             "p_top": top[m],
-            "q_top": top[2 * R + 1 + m] if q is not None else [[token_ids[c], 1.0]],
+            "q_top": top[2 * R + 1 + m] if has_q else [[token_ids[c], 1.0]],
             "residual_top": top[R + m],
         })
     return record

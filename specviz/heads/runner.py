@@ -76,21 +76,20 @@ class EagerHeadRunner:
     tree_scratch = None  # tree levels append to the DynamicCache: no bound
 
     def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int,
-                   own: Sequence[int], sees: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+                   own: Sequence[int], sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One level of a draft tree (see :meth:`StaticHeadRunner.tree_level`): the rows' K/V are appended after
         the ``committed`` positions and the tree's earlier scratch rows (scratch row j = column committed + j;
-        ``own`` must be the next ones in order), each row attending the committed keys and its ``sees``."""
-        if list(own) != list(range(self.cache.get_seq_length() - committed, self.cache.get_seq_length() - committed
-                                   + len(own))):
-            raise ValueError(f"tree_level: scratch rows {list(own)[:8]} are not the next ones after "
-                             f"{self.cache.get_seq_length() - committed} written")
-        visible = torch.zeros(len(own), committed + own[-1] + 1, dtype=torch.bool)  # [R, Lc + S]
-        visible[:, :committed] = True
-        for r, cols in enumerate(sees):
-            visible[r, [committed + j for j in cols]] = True
-        pos = torch.full((len(own),), position, dtype=torch.long, device=tokens.device)
-        mask = to_device(visible, tokens.device)[None, None]  # [1, 1, R, Lc + S]; queued, no host wait
-        out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=mask)
+        ``own`` must be the next ones in order), each row attending the committed keys and the scratch rows
+        ``sees`` marks (bool [R, S], S = own[-1] + 1, on any device)."""
+        written = self.cache.get_seq_length() - committed
+        if list(own) != list(range(written, written + len(own))):
+            raise ValueError(f"tree_level: scratch rows {list(own)[:8]} are not the next ones after {written} written")
+        _check_sees(sees, len(own), own[-1] + 1, own[-1] + 1)
+        device = tokens.device
+        visible = torch.cat([torch.ones(len(own), committed, dtype=torch.bool, device=device),
+                             sees.to(device=device, dtype=torch.bool, non_blocking=True)], dim=1)  # [R, Lc + S]
+        pos = torch.full((len(own),), position, dtype=torch.long, device=device)
+        out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=visible[None, None])
         return out, logits.float()
 
     def first_pass(self, features: torch.Tensor, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,6 +108,15 @@ class EagerHeadRunner:
 
     def warm_up(self, max_width: int) -> int:
         return 0
+
+
+def _check_sees(sees: torch.Tensor, rows: int, min_cols: int, max_cols: int | None = None) -> None:
+    """``sees`` must be a bool tensor [rows, S] with min_cols <= S (<= max_cols). Raises ValueError."""
+    if not (isinstance(sees, torch.Tensor) and sees.dtype == torch.bool and sees.dim() == 2 and sees.shape[0] == rows
+            and sees.shape[1] >= min_cols and (max_cols is None or sees.shape[1] <= max_cols)):
+        raise ValueError(f"tree_level: sees must be a bool tensor [{rows}, S] with S >= {min_cols}"
+                         + (f" and S <= {max_cols}" if max_cols else "") + f", got "
+                         f"{getattr(sees, 'dtype', type(sees).__name__)} {list(getattr(sees, 'shape', []))}")
 
 
 class SlotCache:
@@ -163,6 +171,7 @@ class StaticHeadRunner:
         self._graphs: dict[tuple[str, int], tuple | None] = {}
         self._pool = None
         self._arange = torch.arange(max(BUCKETS), device=self.device)
+        self._scratch_rows = torch.arange(TREE_SCRATCH, device=self.device)
         self.capture_s = 0.0  # seconds spent capturing so far (the engine excludes it from step times)
         self.replays = 0  # graph replays so far (tests check that the graph path ran)
 
@@ -196,25 +205,22 @@ class StaticHeadRunner:
 
     @torch.inference_mode()
     def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int,
-                   own: Sequence[int], sees: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+                   own: Sequence[int], sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One level of a draft tree (EAGLE-2, methods.md 1.3): R rows at the same ``position``, row r writing its
         K/V to scratch row ``own[r]`` (slot ``max_len + own[r]``) and attending the ``committed`` positions and
-        the scratch rows ``sees[r]`` (its ancestors and itself). hidden [R, d] (each row's parent output),
-        tokens int64 [R] -> (hidden [R, d], logits float32 [R, V]), new tensors. One CUDA graph per R on CUDA
-        (inputs copied into static buffers, no host wait).
-        Raises ValueError when a scratch row is outside 0..TREE_SCRATCH-1."""
+        the scratch rows that ``sees`` marks (bool [R, S], S <= TREE_SCRATCH: its ancestors and itself; on the
+        head's device it is never read by the host). hidden [R, d] (each row's parent output), tokens int64 [R]
+        -> (hidden [R, d], logits float32 [R, V]), new tensors. One CUDA graph per R on CUDA (inputs copied
+        into static buffers, no host wait).
+        Raises ValueError when a scratch row is outside 0..TREE_SCRATCH-1 or ``sees`` has the wrong shape."""
         R = int(tokens.shape[0])
         if not own or min(own) < 0 or max(own) >= TREE_SCRATCH:
             raise ValueError(f"tree_level: scratch rows must be in 0..{TREE_SCRATCH - 1}, got {list(own)[:8]}")
-        visible = torch.zeros(R, self.cache.max_len, dtype=torch.bool)  # [R, every slot]
-        visible[:, :committed] = True
-        for r, cols in enumerate(sees):
-            visible[r, [self.max_len + j for j in cols]] = True
-        scratch = own
+        _check_sees(sees, R, max(own) + 1, TREE_SCRATCH)
         key = ("tree", R)
         entry = self._graphs.get(key) if self.cuda_graphs else None
         inputs = entry[1] if entry is not None else self._tree_inputs(R)
-        self._fill_tree(inputs, hidden, tokens, position, scratch, visible)
+        self._fill_tree(inputs, hidden, tokens, position, committed, own, sees)
         if self.cuda_graphs and key not in self._graphs:
             entry = self._capture_tree(key, inputs)
         if entry is None:
@@ -233,13 +239,22 @@ class StaticHeadRunner:
                 "slots": torch.zeros(R, dtype=torch.long, device=self.device),
                 "mask": torch.zeros(1, 1, R, self.cache.max_len, dtype=torch.bool, device=self.device)}
 
-    def _fill_tree(self, inputs, hidden, tokens, position: int, scratch, visible) -> None:
+    def _fill_tree(self, inputs, hidden, tokens, position: int, committed: int, own, sees) -> None:
+        """Static inputs of one level, all written by device ops (no host wait): the mask is the committed
+        slots 0..committed-1 plus the scratch columns max_len + j that ``sees`` marks."""
         inputs["hidden"].copy_(hidden)
         inputs["ids"].copy_(tokens)
         inputs["pos"].fill_(position)
-        inputs["slots"].copy_(to_device(torch.tensor([self.max_len + j for j in scratch], dtype=torch.long),
-                                        self.device))
-        inputs["mask"][0, 0].copy_(to_device(visible, self.device) if not visible.is_cuda else visible)
+        own = list(own)
+        if own == list(range(own[0], own[0] + len(own))):  # a run of rows: no host-to-device copy
+            torch.add(self._scratch_rows[: len(own)], self.max_len + own[0], out=inputs["slots"])
+        else:
+            inputs["slots"].copy_(to_device(torch.tensor([self.max_len + j for j in own], dtype=torch.long),
+                                            self.device))
+        mask = inputs["mask"][0, 0]  # [R, every slot]
+        mask.zero_()
+        mask[:, :committed] = True
+        mask[:, self.max_len:self.max_len + sees.shape[1]].copy_(sees, non_blocking=True)
 
     def _forward_tree(self, inputs):
         self.cache.slots = inputs["slots"]

@@ -141,18 +141,13 @@ class EagleTreeProposer(EagleProposer):
                      parents=parents, scores=scores, tree_rule="topk")
 
     # ---- one level: a head forward over some tree nodes at one position ---------------------------
-    def _level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, rows: list[int],
-               slots: list[int], parent_of: dict[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the head on ``rows`` (candidate ids; hidden [R, d] = each parent's output, tokens int64
-        [R]) at ``position``; ``slots``: candidate ids whose K/V the cache holds after Lc (appended to
-        here). Row r sees the committed slots and the slots of its ancestors and itself.
-        Returns (hidden [R, d], log q [R, V] float32)."""
-        first = len(slots)
-        slots.extend(rows)
-        lines = [_ancestors_or_self(cid, parent_of) for cid in rows]
-        sees = [[j for j, s in enumerate(slots) if s in line] for line in lines]  # scratch rows each row attends
+    def _level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, first: int,
+               sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the head on R rows (hidden [R, d] = each parent's output, tokens int64 [R]) at ``position``,
+        writing scratch rows first..first+R-1; ``sees`` bool [R, first + R]: the scratch rows each row attends
+        (its ancestors and itself) besides the committed prefix. Returns (hidden [R, d], log q [R, V] float32)."""
         out, logits = self.runner.tree_level(hidden, tokens, position, self.committed,
-                                             list(range(first, len(slots))), sees)
+                                             range(first, first + int(tokens.shape[0])), sees)
         return out, torch.log_softmax(logits, dim=-1)
 
     def _root(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,40 +157,45 @@ class EagleTreeProposer(EagleProposer):
 
     # ---- EAGLE-2 -----------------------------------------------------------------------------------
     def _dynamic(self, n: int, max_depth: int):
+        """EAGLE-2 on the device: the frontier, its ancestor masks and every candidate's parent stay device
+        tensors, so the levels queue without a host wait; the rerank's one copy brings the tree to the host."""
         K, N = self.dynamic.top_k, self.dynamic.total_tokens
         levels = min(self.dynamic.depth, max_depth - 1)  # head forwards after the root's expansion
         hidden, logp = self._root()
+        dev = logp.device
         top = torch.topk(logp, K)
-        cand_tok, cand_score, cand_parent = [top.indices], [top.values], [-1] * K  # per candidate id
-        frontier = list(range(K))  # candidate ids
+        cand_tok, cand_score = [top.indices], [top.values]  # per candidate id, level by level
+        cand_parent = [torch.full((K,), -1, dtype=torch.long, device=dev)]  # candidate id of the parent (-1: root)
+        frontier = torch.arange(K, device=dev)  # candidate ids of the frontier
         f_tok, f_hidden, f_score = top.indices, hidden.expand(K, -1), top.values  # [K], [K, d], [K]
-        slots: list[int] = []
-        parent_of: dict[int, int] = {}  # candidate id -> its parent's (absent: a root child)
+        anc = torch.zeros(K, 0, dtype=torch.bool, device=dev)  # [K, i*K]: scratch rows of each frontier's ancestors
+        eye = torch.eye(K, dtype=torch.bool, device=dev)
+        base = K
         for i in range(levels):
-            out, lp = self._level(f_hidden, f_tok, n + i, frontier, slots, parent_of)  # [K, d], [K, V]
+            sees = torch.cat([anc, eye], dim=1)  # [K, (i+1)*K]: ancestors and itself
+            out, lp = self._level(f_hidden, f_tok, n + i, i * K, sees)  # [K, d], [K, V]
             top = torch.topk(lp, K, dim=-1)  # [K, K]
             cu = (top.values + f_score[:, None]).reshape(-1)  # [K*K] cumulative log-confidence
-            base = sum(len(t) for t in cand_tok)
-            for j, cid in enumerate(frontier):
-                for c in range(K):
-                    cand_parent.append(cid)
-                    parent_of[base + j * K + c] = cid
             cand_tok.append(top.indices.reshape(-1))
             cand_score.append(cu)
+            cand_parent.append(frontier.repeat_interleave(K))  # child j*K + c of frontier row j
             best = _stable_top(cu, K)  # [K] indices into the K*K
-            frontier = [base + b for b in best.tolist()]  # the level's one host read (the next mask needs it)
-            f_tok, f_hidden, f_score = top.indices.reshape(-1)[best], out[best // K], cu[best]
-        scores = torch.cat(cand_score)  # [K + levels*K*K]
-        tokens = torch.cat(cand_tok)  # [same]
-        top = _stable_top(scores, min(N - 1, scores.numel()))  # rerank: the N - 1 best candidates
-        top = torch.sort(top).values  # candidate order, so a parent precedes its children
-        host = torch.stack([top.double(), tokens[top].double(), scores[top].double()]).tolist()  # one host read
-        keep, toks, kept_scores = [int(c) for c in host[0]], [int(t) for t in host[1]], host[2]
-        node_of = {cid: i for i, cid in enumerate(keep)}
-        parents = [node_of[cand_parent[c]] if cand_parent[c] >= 0 else -1 for c in keep]
+            row = best // K  # the frontier row each new frontier node descends from
+            frontier = base + best
+            f_tok, f_hidden, f_score = top.indices.reshape(-1)[best], out[row], cu[best]
+            anc = sees[row]
+            base += K * K
+        scores, tokens, parent = torch.cat(cand_score), torch.cat(cand_tok), torch.cat(cand_parent)  # [C]
+        keep = torch.sort(_stable_top(scores, min(N - 1, scores.numel()))).values  # rerank, in candidate order
+        node_of = torch.full_like(parent, -1)
+        node_of[keep] = torch.arange(keep.numel(), device=dev)
+        kept_parent = parent[keep]
+        parents = torch.where(kept_parent >= 0, node_of[kept_parent.clamp_min(0)], -1)
+        host = torch.stack([tokens[keep].double(), parents.double(), scores[keep].double()]).tolist()  # one host read
+        toks, parents_host, kept_scores = [int(t) for t in host[0]], [int(v) for v in host[1]], host[2]
         info = {"tree": "dynamic", "top_k": K, "depth": self.dynamic.depth, "total_tokens": N, "levels": levels,
                 "num_candidates": int(scores.numel())}
-        return toks, parents, kept_scores, info
+        return toks, parents_host, kept_scores, info
 
     # ---- static ------------------------------------------------------------------------------------
     def _static(self, n: int, max_depth: int):
@@ -206,8 +206,7 @@ class EagleTreeProposer(EagleProposer):
         tokens, scores = [0] * len(paths), [0.0] * len(paths)
         outs: dict[int, torch.Tensor] = {}  # node -> head output hidden [d] (nodes with children)
         self._assign(kids[0], paths, logp, 0.0, tokens, scores)
-        slots: list[int] = []
-        parent_of = dict(enumerate(parents))
+        scratch: list[int] = []  # node of each scratch row written so far
         depth = tree_mod.depths(parents)
         for d in range(1, max(depth, default=0)):
             rows = [i for i in range(len(paths)) if depth[i] == d and kids[i + 1]]
@@ -215,7 +214,10 @@ class EagleTreeProposer(EagleProposer):
                 break
             h_in = torch.stack([outs[parents[i]] if parents[i] >= 0 else hidden[0] for i in rows])  # [R, d]
             tok = to_device(torch.tensor([tokens[i] for i in rows], dtype=torch.long), hidden.device)  # no host wait
-            out, lp = self._level(h_in, tok, n + d - 1, rows, slots, parent_of)
+            first = len(scratch)
+            scratch.extend(rows)
+            sees = torch.tensor([[s in _ancestors_or_self(i, parents) for s in scratch] for i in rows])  # [R, S]
+            out, lp = self._level(h_in, tok, n + d - 1, first, to_device(sees, hidden.device))
             for r, i in enumerate(rows):
                 outs[i] = out[r]
                 self._assign(kids[i + 1], paths, lp[r], scores[i], tokens, scores)
@@ -238,11 +240,11 @@ def _stable_top(values: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(values, descending=True, stable=True).indices[:k]
 
 
-def _ancestors_or_self(cid: int, parent_of: dict[int, int]) -> set[int]:
+def _ancestors_or_self(node: int, parents: Sequence[int]) -> set[int]:
     line = set()
-    while cid >= 0:
-        line.add(cid)
-        cid = parent_of.get(cid, -1)
+    while node >= 0:
+        line.add(node)
+        node = parents[node]
     return line
 
 
