@@ -334,6 +334,12 @@ class SpecDecoder:
                                           trees="speculative_token_tree" in methods.get(kind).settings)
             if kind in ("eagle", "eagle3"):
                 captured += methods.warm_head_runner(self, self.heads[kind], k_max + 1)  # the head's own graphs
+                from .proposers.eagle_tree import DEFAULT_DEPTH, DEFAULT_TOP_K, DEFAULT_TOTAL_TOKENS
+
+                # the default EAGLE-2 tree's draft graph (one per number of levels; a request's last steps have fewer)
+                self.generate(prompt, method=kind, num_speculative_tokens=DEFAULT_DEPTH + 1, max_new_tokens=24,
+                              eagle_tree_top_k=DEFAULT_TOP_K, eagle_tree_depth=DEFAULT_DEPTH,
+                              eagle_tree_total_tokens=DEFAULT_TOTAL_TOKENS)
         if self.draft_model is not None:
             captured += self._warm_runner(self.draft_model, prompt, (1, 2), say)
         verifier = self._acquire("verifier", lambda: StepVerifier(self.device))

@@ -319,26 +319,30 @@ def test_bundled_eagle3_tree_on_gpu_equals_plain_greedy(runner):
     assert tree.output_token_ids == plain.output_token_ids == chain.output_token_ids
     assert any(len(st.nodes) > max(n.depth for n in st.nodes) for st in tree.steps if st.nodes)  # branching trees
     assert tree.metrics["num_accepted_tokens"] > 0
-    if runner == "static":  # the tree's levels ran as CUDA graphs of the pooled static head runner, none failed
+    if runner == "static":  # each tree was one CUDA graph of the pooled static head runner (K, levels, N), none failed
         head_runner, = dec._free_runners[("head", id(dec.heads["eagle3"]))]
-        levels = {key: g for key, g in head_runner._graphs.items() if key[0] == "tree"}
-        assert ("tree", 4) in levels and all(g is not None for g in levels.values()), levels
+        drafts = {key: g for key, g in head_runner._graphs.items() if key[0] == "eagle2"}
+        assert ("eagle2", 4, 5, 24) in drafts and all(g is not None for g in drafts.values()), drafts
 
 
 @pytest.mark.parametrize("tree_kw", [dict(dynamic=DynamicTree(3, 3, 12)), dict(dynamic=DynamicTree(4, 2, 24)),
                                      dict(choices="[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 3)]")],
                          ids=["dynamic-3-3-12", "dynamic-4-2-24", "static"])
-def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a GPU"))])
+def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw, device):
     """The static head runner's tree levels (scratch slots past max_len, the visibility mask over every slot;
-    one CUDA graph per level width on CUDA, eager here) draft the eager runner's trees, step after step
+    on CUDA a dynamic tree is one captured graph and a static tree's levels one graph per width) draft the eager
+    runner's trees, step after step
     (after a partial accept too): same tokens, parents, and scores."""
     from specviz.heads.runner import StaticHeadRunner
 
     ids = [5, 17, 33, 9, 41, 2, 77, 12]
     g = torch.Generator().manual_seed(4)
-    feats = {tap: torch.randn(len(ids) + 20, D, generator=g) for tap in head_taps(head.config)}
-    props = {"eager": EagleTreeProposer(head, **tree_kw),
-             "static": EagleTreeProposer(head, **tree_kw, runner=StaticHeadRunner(head, 64, cuda_graphs=False))}
+    head = copy.deepcopy(head).to(device)  # on CUDA the static runner's whole EAGLE-2 draft is one captured graph
+    feats = {tap: torch.randn(len(ids) + 20, D, generator=g).to(device) for tap in head_taps(head.config)}
+    static = StaticHeadRunner(head, 64)
+    props = {"eager": EagleTreeProposer(head, **tree_kw), "static": EagleTreeProposer(head, **tree_kw, runner=static)}
     for prop in props.values():
         prop.observe(Outcome(0, [], 0, ids[1:], {t: f[: len(ids) - 1] for t, f in feats.items()}))
     context = list(ids)
@@ -356,6 +360,8 @@ def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw):
             prop.observe(Outcome(n, accepted, len(accepted), committed,
                                  {t: f[n: n + len(committed)] for t, f in feats.items()}))
         context += committed
+    if device == "cuda":  # the graphs ran (the dynamic tree as one graph, a static tree's levels one graph each)
+        assert static.replays > 0 and static._graphs and all(g is not None for g in static._graphs.values())
 
 
 def test_a_tree_larger_than_the_static_head_runners_scratch_is_refused(head):

@@ -42,6 +42,7 @@ from typing import Sequence
 import torch
 from transformers import DynamicCache
 
+from ..graphs import capture
 from ..transfer import to_device
 from .modules import _Head, crop_cache, position_mask
 
@@ -91,6 +92,14 @@ class EagerHeadRunner:
         pos = torch.full((len(own),), position, dtype=torch.long, device=device)
         out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=visible[None, None])
         return out, logits.float()
+
+    def tree_draft(self, key: tuple, fn, hidden: torch.Tensor, logits: torch.Tensor, position: int,
+                   committed: int) -> torch.Tensor:
+        """As :meth:`StaticHeadRunner.tree_draft`, eagerly: ``fn``'s levels are :meth:`tree_level` calls."""
+        def level(i, first, h, tokens, sees):
+            return self.tree_level(h, tokens, position + i, committed, range(first, first + int(tokens.shape[0])), sees)
+
+        return fn(hidden, logits, level)
 
     def first_pass(self, features: torch.Tensor, ids: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """features [c, F], ids int64 [c] (the token after each feature), rows at positions start..start+c-1
@@ -265,24 +274,74 @@ class StaticHeadRunner:
         """As :meth:`_capture`, for :meth:`tree_level` (its warm-up runs rewrite the level's own scratch slots)."""
         t0 = time.perf_counter()
         try:
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._forward_tree(inputs)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = self._forward_tree(inputs)
+            graph, outputs = capture(lambda: self._forward_tree(inputs), self.device, self._pool)
             self._pool = graph.pool()
             self._graphs[key] = (graph, inputs, outputs)
-            torch.cuda.synchronize(self.device)
         except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
             log.warning("specviz: CUDA graph capture of the %s head's tree level (%d rows) failed, running it "
                         "eagerly: %s: %s", self.head.config.kind, key[1], type(exc).__name__, exc)
             self._graphs[key] = None
         self.capture_s += time.perf_counter() - t0
         return self._graphs[key]
+
+    # ---- a whole draft tree as one graph ---------------------------------------------------------
+    @torch.inference_mode()
+    def tree_draft(self, key: tuple, fn, hidden: torch.Tensor, logits: torch.Tensor, position: int,
+                   committed: int) -> torch.Tensor:
+        """Run a tree drafter ``fn(hidden, logits, level) -> packed`` from the root row (hidden [1, d],
+        logits float32 [V] of the first pass's last row), where ``level(i, first, h, tokens, sees) ->
+        (hidden [R, d], logits float32 [R, V])`` is one tree level at position ``position + i`` writing scratch
+        rows first..first+R-1 and attending the ``committed`` positions and the scratch rows ``sees`` marks
+        (bool [R, S]). ``fn`` must be replayable (device ops only, shapes fixed by ``key``): on CUDA the
+        whole draft is ONE graph per key (captured on first use), replayed with the root row, position and
+        committed length copied into static buffers (no host wait). Returns a new tensor (``fn``'s output).
+        Raises ValueError when the levels' scratch rows run past TREE_SCRATCH."""
+        self._check_room(position, 1)
+        entry = self._graphs.get(key) if self.cuda_graphs else None
+        inputs = entry[1] if entry is not None else self._draft_inputs(hidden, logits)
+        inputs["hidden"].copy_(hidden)
+        inputs["logits"].copy_(logits)
+        inputs["pos"].fill_(position)
+        inputs["committed"].fill_(committed)
+        run = lambda: fn(inputs["hidden"], inputs["logits"], lambda *a: self._level_tensors(inputs, *a))  # noqa: E731
+        if self.cuda_graphs and key not in self._graphs:
+            t0 = time.perf_counter()
+            try:
+                graph, out = capture(run, self.device, self._pool)
+                self._pool = graph.pool()
+                entry = self._graphs[key] = (graph, inputs, out)
+            except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
+                log.warning("specviz: CUDA graph capture of the %s head's draft tree %s failed, running it "
+                            "eagerly: %s: %s", self.head.config.kind, key, type(exc).__name__, exc)
+                entry = self._graphs[key] = None
+            self.capture_s += time.perf_counter() - t0
+        if entry is None:
+            return run()
+        entry[0].replay()
+        self.replays += 1
+        return entry[2].clone()
+
+    def _draft_inputs(self, hidden: torch.Tensor, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"hidden": torch.zeros_like(hidden, dtype=self.head.dtype, device=self.device),
+                "logits": torch.zeros_like(logits, dtype=torch.float32, device=self.device),
+                "pos": torch.zeros((), dtype=torch.long, device=self.device),
+                "committed": torch.zeros((), dtype=torch.long, device=self.device)}
+
+    def _level_tensors(self, inputs, i: int, first: int, hidden: torch.Tensor, tokens: torch.Tensor,
+                       sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One tree level inside :meth:`tree_draft`: position and committed length read from the static
+        buffers by device ops (so the level can be captured), the mask built on the device."""
+        R, S = int(tokens.shape[0]), int(sees.shape[1])
+        if first + R > TREE_SCRATCH or S > TREE_SCRATCH:
+            raise ValueError(f"tree_draft: scratch rows {first}..{first + R - 1} run past {TREE_SCRATCH}")
+        total = self.cache.max_len
+        slot = torch.arange(total, device=self.device)
+        mask = (slot < inputs["committed"]).expand(R, total).clone()  # [R, every slot]: the committed prefix
+        mask[:, self.max_len:self.max_len + S] = sees
+        self.cache.slots = self._scratch_rows[first:first + R] + self.max_len
+        pos = (inputs["pos"] + i).expand(R)
+        out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=mask[None, None])
+        return out, logits.float()
 
     def warm_up(self, max_width: int) -> int:
         """Capture the draft-step graph and every first-pass bucket up to ``max_width`` rows (k + 1), at
@@ -359,18 +418,9 @@ class StaticHeadRunner:
         try:
             inputs = self._inputs(width)
             self._fill(inputs, features, ids, start, c)
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    self._forward(kind, inputs)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = self._forward(kind, inputs)
+            graph, outputs = capture(lambda: self._forward(kind, inputs), self.device, self._pool)
             self._pool = graph.pool()
             self._graphs[key] = (graph, inputs, outputs)
-            torch.cuda.synchronize(self.device)
         except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
             log.warning("specviz: CUDA graph capture of the %s head's %s call (width %d) failed, running it "
                         "eagerly: %s: %s", self.head.config.kind, kind, width, type(exc).__name__, exc)

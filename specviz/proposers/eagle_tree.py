@@ -38,6 +38,7 @@ holds each node's cumulative log-confidence (natural log).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -157,45 +158,19 @@ class EagleTreeProposer(EagleProposer):
 
     # ---- EAGLE-2 -----------------------------------------------------------------------------------
     def _dynamic(self, n: int, max_depth: int):
-        """EAGLE-2 on the device: the frontier, its ancestor masks and every candidate's parent stay device
-        tensors, so the levels queue without a host wait; the rerank's one copy brings the tree to the host."""
+        """EAGLE-2 (:func:`eagle2_tree`) through the head runner's :meth:`tree_draft`: on the static head
+        runner with CUDA graphs the whole tree (root expansion, every level, the rerank) is one graph replay,
+        and the tree comes to the host in one copy."""
         K, N = self.dynamic.top_k, self.dynamic.total_tokens
         levels = min(self.dynamic.depth, max_depth - 1)  # head forwards after the root's expansion
-        hidden, logp = self._root()
-        dev = logp.device
-        top = torch.topk(logp, K)
-        cand_tok, cand_score = [top.indices], [top.values]  # per candidate id, level by level
-        cand_parent = [torch.full((K,), -1, dtype=torch.long, device=dev)]  # candidate id of the parent (-1: root)
-        frontier = torch.arange(K, device=dev)  # candidate ids of the frontier
-        f_tok, f_hidden, f_score = top.indices, hidden.expand(K, -1), top.values  # [K], [K, d], [K]
-        anc = torch.zeros(K, 0, dtype=torch.bool, device=dev)  # [K, i*K]: scratch rows of each frontier's ancestors
-        eye = torch.eye(K, dtype=torch.bool, device=dev)
-        base = K
-        for i in range(levels):
-            sees = torch.cat([anc, eye], dim=1)  # [K, (i+1)*K]: ancestors and itself
-            out, lp = self._level(f_hidden, f_tok, n + i, i * K, sees)  # [K, d], [K, V]
-            top = torch.topk(lp, K, dim=-1)  # [K, K]
-            cu = (top.values + f_score[:, None]).reshape(-1)  # [K*K] cumulative log-confidence
-            cand_tok.append(top.indices.reshape(-1))
-            cand_score.append(cu)
-            cand_parent.append(frontier.repeat_interleave(K))  # child j*K + c of frontier row j
-            best = _stable_top(cu, K)  # [K] indices into the K*K
-            row = best // K  # the frontier row each new frontier node descends from
-            frontier = base + best
-            f_tok, f_hidden, f_score = top.indices.reshape(-1)[best], out[row], cu[best]
-            anc = sees[row]
-            base += K * K
-        scores, tokens, parent = torch.cat(cand_score), torch.cat(cand_tok), torch.cat(cand_parent)  # [C]
-        keep = torch.sort(_stable_top(scores, min(N - 1, scores.numel()))).values  # rerank, in candidate order
-        node_of = torch.full_like(parent, -1)
-        node_of[keep] = torch.arange(keep.numel(), device=dev)
-        kept_parent = parent[keep]
-        parents = torch.where(kept_parent >= 0, node_of[kept_parent.clamp_min(0)], -1)
-        host = torch.stack([tokens[keep].double(), parents.double(), scores[keep].double()]).tolist()  # one host read
-        toks, parents_host, kept_scores = [int(t) for t in host[0]], [int(v) for v in host[1]], host[2]
+        hidden, logits = self._last
+        fn = functools.partial(eagle2_tree, top_k=K, levels=levels, total_tokens=N)
+        packed = self.runner.tree_draft(("eagle2", K, levels, N), fn, hidden, logits.float(), n, self.committed)
+        host = packed.tolist()  # the draft's one host read
+        toks, parents, scores = [int(t) for t in host[0]], [int(v) for v in host[1]], host[2]
         info = {"tree": "dynamic", "top_k": K, "depth": self.dynamic.depth, "total_tokens": N, "levels": levels,
-                "num_candidates": int(scores.numel())}
-        return toks, parents_host, kept_scores, info
+                "num_candidates": K + levels * K * K}
+        return toks, parents, scores, info
 
     # ---- static ------------------------------------------------------------------------------------
     def _static(self, n: int, max_depth: int):
@@ -233,6 +208,52 @@ class EagleTreeProposer(EagleProposer):
         for c in kids:
             r = paths[c][-1]
             tokens[c], scores[c] = int(top.indices[r]), base + float(top.values[r])
+
+
+def eagle2_tree(hidden: torch.Tensor, logits: torch.Tensor, level, *, top_k: int, levels: int,
+                total_tokens: int) -> torch.Tensor:
+    """EAGLE-2's dynamic tree (``topK_genrate``, see the module docstring) as device ops only, so that it
+    can be captured as one CUDA graph: the frontier, each frontier node's ancestor rows and every
+    candidate's parent stay device tensors.
+
+    hidden [1, d], logits float32 [V]: the head's root row (position n-1). ``level(i, first, h, tokens,
+    sees)``: one head forward of the frontier at position n + i writing scratch rows first..first+K-1
+    (:meth:`specviz.heads.runner.StaticHeadRunner.tree_draft`); ``sees`` bool [K, (i+1) K] marks the scratch
+    rows of each row's ancestors and itself. Returns float64 [3, total_tokens - 1]: the kept nodes'
+    tokens, parents (node index, -1 = the root) and cumulative log-confidences, in candidate order (a parent
+    precedes its children)."""
+    K, N = top_k, total_tokens
+    logp = torch.log_softmax(logits, dim=-1)
+    dev = logp.device
+    top = torch.topk(logp, K)
+    cand_tok, cand_score = [top.indices], [top.values]  # per candidate id, level by level
+    cand_parent = [torch.full((K,), -1, dtype=torch.long, device=dev)]  # candidate id of the parent (-1: root)
+    frontier = torch.arange(K, device=dev)  # candidate ids of the frontier
+    f_tok, f_hidden, f_score = top.indices, hidden.expand(K, -1), top.values  # [K], [K, d], [K]
+    anc = torch.zeros(K, 0, dtype=torch.bool, device=dev)  # [K, i*K]: scratch rows of each frontier's ancestors
+    eye = torch.eye(K, dtype=torch.bool, device=dev)
+    base = K
+    for i in range(levels):
+        sees = torch.cat([anc, eye], dim=1)  # [K, (i+1)*K]: ancestors and itself
+        out, lg = level(i, i * K, f_hidden, f_tok, sees)  # [K, d], [K, V]
+        top = torch.topk(torch.log_softmax(lg, dim=-1), K, dim=-1)  # [K, K]
+        cu = (top.values + f_score[:, None]).reshape(-1)  # [K*K] cumulative log-confidence
+        cand_tok.append(top.indices.reshape(-1))
+        cand_score.append(cu)
+        cand_parent.append(frontier.repeat_interleave(K))  # child j*K + c of frontier row j
+        best = _stable_top(cu, K)  # [K] indices into the K*K
+        row = best // K  # the frontier row each new frontier node descends from
+        frontier = base + best
+        f_tok, f_hidden, f_score = top.indices.reshape(-1)[best], out[row], cu[best]
+        anc = sees[row]
+        base += K * K
+    scores, tokens, parent = torch.cat(cand_score), torch.cat(cand_tok), torch.cat(cand_parent)  # [C]
+    keep = torch.sort(_stable_top(scores, min(N - 1, scores.numel()))).values  # rerank, in candidate order
+    node_of = torch.full_like(parent, -1)
+    node_of[keep] = torch.arange(keep.numel(), device=dev)
+    kept_parent = parent[keep]
+    parents = torch.where(kept_parent >= 0, node_of[kept_parent.clamp_min(0)], -1)
+    return torch.stack([tokens[keep].double(), parents.double(), scores[keep].double()])
 
 
 def _stable_top(values: torch.Tensor, k: int) -> torch.Tensor:

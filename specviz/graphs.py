@@ -1,0 +1,35 @@
+"""One CUDA-graph capture recipe for every runner (gpt-fast ``generate.py`` / vLLM ``CUDAGraphRunner``).
+
+:func:`capture` runs the work ``warmup`` times on a side stream (so that lazy initialisation, cuBLAS
+workspaces and the caching allocator's blocks exist before capture), then captures one more run into a
+graph whose memory comes from ``pool`` (runners share one pool among their graphs). The work must be
+replayable: only device ops on tensors that outlive the graph (static inputs filled before each replay),
+no host reads, no shapes that depend on data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def capture(fn: Callable[[], T], device: torch.device, pool: Any = None, warmup: int = 2
+            ) -> tuple[torch.cuda.CUDAGraph, T]:
+    """(graph, the captured run's outputs) of ``fn`` on CUDA ``device``. ``pool``: a graph memory pool
+    (``graph.pool()`` of an earlier capture) or None (a new one). The outputs are the graph's static
+    buffers: a replay overwrites them. Raises what the capture raises (callers log it and run ``fn``
+    eagerly instead)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        outputs = fn()
+    torch.cuda.synchronize(device)
+    return graph, outputs
