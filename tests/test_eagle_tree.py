@@ -340,6 +340,7 @@ def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw, device):
     ids = [5, 17, 33, 9, 41, 2, 77, 12]
     g = torch.Generator().manual_seed(4)
     head = copy.deepcopy(head).to(device)  # on CUDA the static runner's whole EAGLE-2 draft is one captured graph
+    head._shared = tuple(m.to(device) for m in head._shared)  # the (copied) target's embedding and LM head
     feats = {tap: torch.randn(len(ids) + 20, D, generator=g).to(device) for tap in head_taps(head.config)}
     static = StaticHeadRunner(head, 64)
     props = {"eager": EagleTreeProposer(head, **tree_kw), "static": EagleTreeProposer(head, **tree_kw, runner=static)}

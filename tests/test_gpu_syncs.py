@@ -49,6 +49,9 @@ def count_waits(dec: SpecDecoder, monkeypatch, **kw) -> list[dict]:
     original_sync = torch.cuda.Event.synchronize
 
     def counted_sync(event):
+        import traceback
+
+        event.specviz_caller = traceback.format_stack(limit=3)[0].strip()  # where the wait came from (a report)
         waited.append(event)
         return original_sync(event)
 
@@ -61,7 +64,8 @@ def count_waits(dec: SpecDecoder, monkeypatch, **kw) -> list[dict]:
         def counted_step(*args, **kwargs):
             n_warn, n_wait = len(caught), len(waited)
             out = original_step(*args, **kwargs)
-            steps.append({"syncs": [str(w.message) for w in caught[n_warn:] if SYNC_MESSAGE in str(w.message)],
+            steps.append({"syncs": [f"{w.message} at {w.filename}:{w.lineno}" for w in caught[n_warn:]
+                                    if SYNC_MESSAGE in str(w.message)],
                           "waits": waited[n_wait:]})
             return out
 
@@ -128,4 +132,7 @@ def test_eagle_tree_step_reads_the_host_once_per_level(gpu_decoder, monkeypatch,
     bound = 2 + int(detailed)
     counts = [len(s["syncs"]) + len(s["waits"]) for s in steps]
     print(f"eagle3 tree detailed={detailed}: host reads per step {counts}")
-    assert max(counts) <= bound, f"host reads per step {counts} exceed 2 (+1 traced) = {bound}"
+    worst = max(range(len(steps)), key=lambda i: counts[i])
+    assert max(counts) <= bound, (f"host reads per step {counts} exceed 2 (+1 traced) = {bound}; step {worst + 1}: "
+                                  f"syncs {steps[worst]['syncs']}, event waits at "
+                                  f"{[getattr(e, 'specviz_caller', '?') for e in steps[worst]['waits']]}")
