@@ -207,21 +207,24 @@ def tree_detail(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
     a, R = len(out.path), len(row)
     rows = to_device(torch.tensor([parents[c] + 1 for c in row], dtype=torch.long), p.device)  # queued, no wait
     parent_p = p.index_select(0, rows) if R else p[:0]  # [R, V]
-    resid = []
-    for m, c in enumerate(row):
-        if m == a:  # the last rejected child: the residual the emitted token came from
-            resid.append(out.emit_weights if not out.emit_fallback else torch.zeros_like(parent_p[m]))
-        elif q is not None:
-            resid.append((parent_p[m] - q[c].float()).clamp_min(0.0))
-        elif 0 <= token_ids[c] < p.shape[1]:
-            r = parent_p[m].clone()
-            r[token_ids[c]] = 0.0  # a host index: no host-to-device copy
-            resid.append(r)
+    row_ids = to_device(torch.tensor(row, dtype=torch.long), p.device) if R else None
+    q_row = q.index_select(0, row_ids).float() if q is not None and R else None  # [R, V]
+    if q_row is not None:
+        resid = (parent_p - q_row).clamp_min(0.0)  # an accepted node's residual at its parent
+    else:  # one-hot q: p at the parent with the node's token removed (device indices from one pinned copy)
+        resid = parent_p.clone()
+        hit = [(m, token_ids[c]) for m, c in enumerate(row) if m != a and 0 <= token_ids[c] < p.shape[1]]
+        if hit:
+            index = to_device(torch.tensor(hit, dtype=torch.long).T.contiguous(), p.device)  # [2, H]
+            resid.index_put_((index[0], index[1]), torch.zeros((), dtype=resid.dtype, device=p.device))
+    if a < R:  # the last rejected child: the residual the emitted token came from
+        if out.emit_fallback:
+            resid[a].zero_()
         else:
-            resid.append(parent_p[m])
-    groups = [parent_p, torch.stack(resid) if R else p[:0], out.emit_weights[None]]
-    if q is not None and R:
-        groups.append(q.index_select(0, to_device(torch.tensor(row, dtype=torch.long), q.device)).float())
+            resid[a].copy_(out.emit_weights)
+    groups = [parent_p, resid, out.emit_weights[None]]
+    if q_row is not None:
+        groups.append(q_row)
     vals, ids = _top(torch.cat(groups), TOP_N)  # [rows, 20]
     mass = groups[1].sum(dim=-1)  # [R]
     emit_p = p[out.emit_node + 1, out.token_id].reshape(1)

@@ -28,6 +28,12 @@ def static_decoders(tiny_dirs):
             for arch, (t, d) in tiny_dirs.items()}
 
 
+@pytest.fixture(scope="module")
+def static_self_decoders(tiny_dirs):
+    return {"llama": SpecDecoder.from_pretrained(tiny_dirs["llama"][0], tiny_dirs["llama"][0], device="cpu",
+                                                 dtype="float32", runner="static")}
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("runner", ["eager", "static"])
 def test_greedy_tree_equals_plain_greedy(decoders, static_decoders, arch, runner):
@@ -241,6 +247,27 @@ class SampledTree(FixedTree):
     def propose(self, token_ids, num_tokens=None, context=None):
         x = torch.multinomial(self.q, 6, replacement=True, generator=context.generator)
         return Draft(token_ids=x, probs=self.q.expand(6, -1).clone(), parents=list(self.parents), tree_rule="sampled")
+
+
+@pytest.mark.parametrize("runner", ["eager", "static"])
+def test_rule_a_residual_of_an_accepted_node_is_p_without_its_token(self_decoders, static_self_decoders, runner):
+    """Rule A (one-hot q), a self-draft (many accepted nodes): an accepted position's residual is p at its
+    parent with the node's token removed: the token is absent, the mass is 1 - p(token), and every other
+    top-20 entry is p's renormalised."""
+    dec = self_decoders["llama"] if runner == "eager" else static_self_decoders["llama"]
+    tr = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=24, temperature=0.8,
+                      speculative_token_tree=TREE, seed=5)
+    checked = 0
+    for s in tr.steps:
+        for pos in s.positions[: s.num_accepted]:
+            p_top, resid = dict((int(t), v) for t, v in pos.p_top), dict((int(t), v) for t, v in pos.residual_top)
+            assert pos.token_id not in resid and resid
+            assert pos.residual_mass == pytest.approx(1.0 - pos.p, abs=1e-5)
+            for t, v in resid.items():
+                if t in p_top:
+                    assert v == pytest.approx(p_top[t] / (1.0 - pos.p), rel=1e-4, abs=1e-6)
+            checked += 1
+    assert checked >= 5
 
 
 def test_sampled_children_run_rule_b_end_to_end(self_decoders, monkeypatch):
