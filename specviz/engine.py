@@ -579,12 +579,16 @@ class SpecDecoder:
         else:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
-        tree = None if draft.is_chain else list(draft.parents)  # a tree: 1 + N rows, ancestor mask
+        is_tree = not draft.is_chain  # a tree: 1 + N rows, ancestor mask
+        # a tree drafted on the device is forwarded from its device parents; its host parents are read after
+        fwd_tree = (draft.device_parents if draft.device_parents is not None else list(draft.parents)) if is_tree \
+            else None
         tree_pending = None  # a tree step's detailed record, queued at verification
         t1, c1 = time.perf_counter(), captured()
         fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
-        forward = runner.forward_features(fed, proposer.taps if proposer is not None else (), parents=tree)
+        forward = runner.forward_features(fed, proposer.taps if proposer is not None else (), parents=fwd_tree)
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
+        tree = list(draft.parents) if is_tree else None  # (a device-drafted tree's host copy: read now)
         t2, c2 = time.perf_counter(), captured()
         if previous is not None:
             previous()

@@ -19,7 +19,7 @@ import torch
 
 from .sampling.reference import emitted_weights, residual_weights
 from .sampling.types import KIND_NAMES, RejectionOutput
-from .transfer import to_device
+from .transfer import HostCopy, to_device
 
 if TYPE_CHECKING:
     from .sampling.tree import TreeVerifyOutput
@@ -182,18 +182,10 @@ class PendingTreeDetail:
 
     def __init__(self, flat: torch.Tensor, row: list[int], n_top: int):
         self.row, self.n_top = row, n_top
-        if flat.is_cuda:
-            self._host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            self._host.copy_(flat, non_blocking=True)
-            self._done: torch.cuda.Event | None = torch.cuda.Event()
-            self._done.record()
-        else:
-            self._host, self._done = flat, None
+        self._copy = HostCopy(flat)
 
     def values(self) -> list[float]:
-        if self._done is not None:
-            self._done.synchronize()
-        return self._host.tolist()
+        return self._copy.tolist()
 
 
 def tree_detail(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None, token_ids: list[int],

@@ -136,6 +136,21 @@ def tree_attention(parents: Sequence[int]) -> torch.Tensor:
     return m
 
 
+def tree_attention_device(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tree_attention` and the nodes' depths from parents int64 [N] on the device, by device ops only
+    (pointer doubling: ceil(log2 N) boolean matrix products), for a tree drafted on the device whose host
+    copy has not been read yet. Returns (mask bool [1 + N, 1 + N], depth int64 [N], 1 = a root child)."""
+    N = int(parents.numel())
+    idx = torch.arange(N, device=parents.device)
+    anc = (parents[:, None] == idx[None, :]) | (idx[:, None] == idx[None, :])  # [N, N]: parent or itself
+    for _ in range(max(1, (N - 1).bit_length())):
+        anc = anc | ((anc.float() @ anc.float()) > 0)
+    mask = torch.ones(N + 1, N + 1, dtype=torch.bool, device=parents.device).tril()
+    mask[1:, 1:] = anc
+    mask[0, 1:] = False
+    return mask, anc.sum(dim=1)
+
+
 def tree_positions(parents: Sequence[int], start: int) -> torch.Tensor:
     """int64 [1 + N]: ``start`` for the root row, ``start + depth[i]`` for node i."""
     return torch.tensor([start, *(start + d for d in depths(parents))], dtype=torch.long)
@@ -146,6 +161,11 @@ def as_tree(parents: Sequence[int] | None, n_rows: int) -> list[int] | None:
     (None given, or parents i - 1: the causal fast path). Raises ValueError on a size mismatch."""
     if parents is None:
         return None
+    if isinstance(parents, torch.Tensor):  # drafted on the device (its host copy not read yet): a tree
+        if parents.dim() != 1 or parents.numel() + 1 != n_rows:
+            raise ValueError(f"a tree forward takes 1 + N tokens; parents on the device have shape "
+                             f"{list(parents.shape)} for {n_rows} tokens")
+        return parents
     parents = validate_parents(parents)
     if len(parents) + 1 != n_rows:
         raise ValueError(f"a tree forward takes 1 + N tokens (the last committed token + {len(parents)} nodes), "
@@ -207,6 +227,8 @@ class EagerRunner:
         if self.cache is None:
             self.reset()
         ids = token_ids.to(self.device).view(1, -1)  # [1, n]
+        if isinstance(parents, torch.Tensor):  # a tree drafted on the device: the reference reads it here
+            parents = [int(v) for v in parents.tolist()]
         tree = as_tree(parents, ids.shape[1])
         kw = {}
         if tree is not None:  # all cached keys + the ancestor mask; positions start + depth

@@ -56,7 +56,7 @@ import torch
 from transformers import StaticCache
 
 from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, mask_for, pick_features,
-                     tree_attention)
+                     tree_attention, tree_attention_device)
 from .tree import depths as tree_depths
 from .transfer import to_device
 
@@ -248,12 +248,18 @@ class StaticRunner:
         """ids [1, rows], tree mask bool [rows, rows], depth [rows] for a tree padded to ``rows``
         (padding rows: the root's token, attending to the root and themselves, depth 0)."""
         n = len(tree) + 1
+        pad = ids[:, :1].expand(1, rows - n)
+        if isinstance(tree, torch.Tensor):  # parents on the device (drafted there): the mask by device ops
+            mask = torch.eye(rows, dtype=torch.bool, device=self.device)
+            mask[:, 0] = True
+            depth = torch.zeros(rows, dtype=torch.long, device=self.device)
+            mask[:n, :n], depth[1:n] = tree_attention_device(tree)
+            return torch.cat([ids, pad], dim=1), mask, depth
         mask = torch.eye(rows, dtype=torch.bool)
         mask[:, 0] = True
         mask[:n, :n] = tree_attention(tree)
         depth = torch.zeros(rows, dtype=torch.long)
         depth[1:n] = torch.tensor(tree_depths(tree), dtype=torch.long)
-        pad = ids[:, :1].expand(1, rows - n)
         return torch.cat([ids, pad], dim=1), to_device(mask, self.device), to_device(depth, self.device)  # no host wait
 
     def _tree_forward(self, ids: torch.Tensor, taps: tuple[str, ...], tree: list[int]):

@@ -9,6 +9,8 @@ staging buffer alive until the copy that reads it has run (vLLM and gpt-fast sta
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -25,3 +27,58 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if device.type != "cuda" or t.is_cuda:
         return t.to(device)
     return pinned(t).to(device, non_blocking=True)
+
+
+class HostCopy:
+    """A device tensor's values on their way to the host: queued now (into pinned memory, behind the work
+    queued so far, with an event), read by :meth:`tolist`, which waits for that copy only, not for whatever
+    was queued after it. On the CPU it is the tensor itself. t: any tensor (float64 keeps int ids exact)."""
+
+    def __init__(self, t: torch.Tensor):
+        if t.is_cuda:
+            self._host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            self._host.copy_(t, non_blocking=True)
+            self._done: torch.cuda.Event | None = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host, self._done = t, None
+        self._list: list | None = None
+
+    def tolist(self) -> list:
+        """The values as (nested) Python lists; the first call waits for the copy."""
+        if self._list is None:
+            if self._done is not None:
+                self._done.synchronize()
+            self._list = self._host.tolist()
+        return self._list
+
+
+class LazyHostList(Sequence):
+    """A read-only sequence whose items are ``convert(v)`` of one row of a :class:`HostCopy`, read on first
+    use (len() of it is known without waiting: ``length``)."""
+
+    def __init__(self, copy: HostCopy, row: int, length: int, convert=float):
+        self._copy, self._row, self._len, self._convert = copy, row, int(length), convert
+        self._items: list | None = None
+
+    def _resolve(self) -> list:
+        if self._items is None:
+            self._items = [self._convert(v) for v in self._copy.tolist()[self._row]]
+        return self._items
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i):
+        return self._resolve()[i]
+
+    def __iter__(self):
+        return iter(self._resolve())
+
+    def __eq__(self, other):
+        if not isinstance(other, (list, tuple, LazyHostList)):
+            return NotImplemented
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"LazyHostList({self._resolve() if self._items is not None else '<pending>'})"

@@ -112,7 +112,7 @@ def test_dynamic_tree_equals_brute_force(head, K, depth, total):
     toks, parents, scores = _reference_dynamic(head, cache0, hidden, logits, n, K, depth, total)
     assert draft.token_ids.tolist() == toks
     assert draft.parents == parents
-    assert draft.scores == pytest.approx(scores, abs=1e-4)
+    assert list(draft.scores) == pytest.approx(scores, abs=1e-4)  # a Sequence (lazy host copy)
     # a child's cumulative score never exceeds its parent's (the closure EAGLE-2's rerank relies on)
     for i, p in enumerate(draft.parents):
         if p >= 0:
@@ -352,7 +352,7 @@ def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw, device):
         a, b = drafts["eager"], drafts["static"]
         assert b.token_ids.tolist() == a.token_ids.tolist(), step
         assert b.parents == a.parents, step
-        assert b.scores == pytest.approx(a.scores, abs=1e-5), step
+        assert list(b.scores) == pytest.approx(list(a.scores), abs=1e-5), step
         path = tree.path_to(a.parents, len(a) - 1)[: 1 + step % 2]  # accept one or two nodes of a path
         accepted = [int(a.token_ids[j]) for j in path]
         committed = accepted + [99 - step]

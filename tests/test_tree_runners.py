@@ -157,3 +157,20 @@ def test_static_tree_graphs_on_cuda_match_chains_and_commit(tiny_dirs):
     path = T.path_to(PARENTS, 6)
     if path != list(range(len(path))):  # the compaction ran as its CUDA graph (captured in round 0, replayed in 1)
         assert runner._graphs.get(("commit", len(path))) is not None
+
+
+def test_device_tree_attention_equals_the_host_one_on_random_trees():
+    """tree_attention_device (parents on the device, pointer doubling) gives tree_attention's mask and the
+    nodes' depths exactly, for random trees of 1..64 nodes (chains, stars and deep trees among them)."""
+    import random
+
+    from specviz.runner import tree_attention, tree_attention_device
+    from specviz.tree import depths
+
+    rng = random.Random(0)
+    shapes = [[-1], list(range(-1, 63)), [-1] * 20]  # one node, a 64-deep chain, a star
+    shapes += [[rng.randrange(-1, i) for i in range(rng.randrange(1, 65))] for _ in range(200)]
+    for parents in shapes:
+        mask, depth = tree_attention_device(torch.tensor(parents, dtype=torch.long))
+        assert torch.equal(mask, tree_attention(parents)), parents
+        assert depth.tolist() == depths(parents), parents

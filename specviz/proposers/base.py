@@ -67,6 +67,10 @@ class Draft:
     tree_rule: how a tree's children were made, which decides the lossless rule (methods.md 1.4):
                "topk" (deterministic children, q one-hot: rule A) or "sampled" (i.i.d. draws
                from the parent's q, ``probs[i]`` = that q: SpecInfer's rule B).
+    device_parents: None, or the same parents as int64 [N] on the device, for a tree drafted there
+               (EAGLE-2): the engine then queues the tree forward (its mask built on the device)
+               before ``parents`` (a :class:`~specviz.transfer.LazyHostList` whose copy is on its way)
+               is read, so the GPU goes from drafting to verifying without waiting for the host.
     """
 
     token_ids: torch.Tensor
@@ -75,12 +79,16 @@ class Draft:
     parents: list[int] | None = None
     scores: list[float] | None = None
     tree_rule: str = "topk"
+    device_parents: torch.Tensor | None = None
 
     @property
     def is_chain(self) -> bool:
-        """True when the draft is a chain (no parents given, or parents i - 1)."""
+        """True when the draft is a chain (no parents given, or parents i - 1). A tree with ``device_parents``
+        is verified as a tree without reading its parents here."""
         from ..tree import is_chain
 
+        if self.device_parents is not None:
+            return False
         return self.parents is None or is_chain(self.parents)
 
     def __len__(self) -> int:

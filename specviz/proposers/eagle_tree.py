@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import tree as tree_mod
-from ..transfer import to_device
+from ..transfer import HostCopy, LazyHostList, to_device
 from .base import Draft, StepContext
 from .eagle import EagleProposer
 
@@ -131,15 +131,14 @@ class EagleTreeProposer(EagleProposer):
         if max_depth <= 0 or n == 0:
             return Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": self.name, "tree": "none"})
         first = self._first_pass()
-        if self.dynamic is not None:
-            tokens, parents, scores, info = self._dynamic(n, max_depth)
-        else:
-            tokens, parents, scores, info = self._static(n, max_depth)
         details = {"kind": self.name, "greedy": (context or StepContext()).temperature <= 0, "root_position": n,
-                   "root_token_id": int(token_ids[n]), "taps": list(self.taps), "first_pass": first, **info}
+                   "root_token_id": int(token_ids[n]), "taps": list(self.taps), "first_pass": first}
+        if self.dynamic is not None:
+            return self._dynamic(n, max_depth, details)
+        tokens, parents, scores, info = self._static(n, max_depth)
         device = self._last[1].device
-        return Draft(token_ids=to_device(torch.tensor(tokens, dtype=torch.long), device), probs=None, details=details,
-                     parents=parents, scores=scores, tree_rule="topk")
+        return Draft(token_ids=to_device(torch.tensor(tokens, dtype=torch.long), device), probs=None,
+                     details={**details, **info}, parents=parents, scores=scores, tree_rule="topk")
 
     # ---- one level: a head forward over some tree nodes at one position ---------------------------
     def _level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, first: int,
@@ -157,20 +156,23 @@ class EagleTreeProposer(EagleProposer):
         return hidden, torch.log_softmax(logits.float(), dim=-1)
 
     # ---- EAGLE-2 -----------------------------------------------------------------------------------
-    def _dynamic(self, n: int, max_depth: int):
+    def _dynamic(self, n: int, max_depth: int, details: dict) -> Draft:
         """EAGLE-2 (:func:`eagle2_tree`) through the head runner's :meth:`tree_draft`: on the static head
-        runner with CUDA graphs the whole tree (root expansion, every level, the rerank) is one graph replay,
-        and the tree comes to the host in one copy."""
+        runner with CUDA graphs the whole tree (root expansion, every level, the rerank) is one graph replay.
+        The tree stays on the device (tokens, ``device_parents``); its host copy (parents, scores) is queued
+        behind it and read by the engine once the tree's target forward is queued."""
         K, N = self.dynamic.top_k, self.dynamic.total_tokens
         levels = min(self.dynamic.depth, max_depth - 1)  # head forwards after the root's expansion
         hidden, logits = self._last
         fn = functools.partial(eagle2_tree, top_k=K, levels=levels, total_tokens=N)
         packed = self.runner.tree_draft(("eagle2", K, levels, N), fn, hidden, logits.float(), n, self.committed)
-        host = packed.tolist()  # the draft's one host read
-        toks, parents, scores = [int(t) for t in host[0]], [int(v) for v in host[1]], host[2]
+        nodes = int(packed.shape[1])
+        copy = HostCopy(packed)  # [3, nodes] float64: tokens, parents, scores (ids exact)
         info = {"tree": "dynamic", "top_k": K, "depth": self.dynamic.depth, "total_tokens": N, "levels": levels,
                 "num_candidates": K + levels * K * K}
-        return toks, parents, scores, info
+        return Draft(token_ids=packed[0].long(), probs=None, details={**details, **info},
+                     parents=LazyHostList(copy, 1, nodes, int), scores=LazyHostList(copy, 2, nodes, float),
+                     tree_rule="topk", device_parents=packed[1].long())
 
     # ---- static ------------------------------------------------------------------------------------
     def _static(self, n: int, max_depth: int):
