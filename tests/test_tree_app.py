@@ -126,6 +126,7 @@ def _run_static_tree(page) -> None:
         box.press("Enter")
     page.get_by_text("draft tree (instead of a chain)").click()
     page.locator("#sv-static-tree textarea").fill(STATIC_TREE)
+    page.locator("#sv-static-tree textarea").press("Tab")  # commit the text (on a loaded machine a click can beat it)
     page.click("#sv-run")
     page.wait_for_function("document.querySelector('#sv-progress').innerText.includes('done ·')", timeout=120_000)
     # the tree view redraws after the run's last output (the selected step's change event): wait for the figure of
