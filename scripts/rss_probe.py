@@ -1,7 +1,11 @@
 """Where the app's host memory grows on CUDA (issue 10): the same requests as benchmarks/load_app.py's soak, run
-straight on the engine (no web server, no handlers), RSS and the pinned-memory allocator's stats every 20 runs.
+on the engine (no web server, no handlers), RSS and the pinned-memory allocator's stats every 20 runs.
 
-    python scripts/rss_probe.py [--runs 240] [--device cuda]
+    python scripts/rss_probe.py [--runs 240] [--device cuda] [--via direct|thread|pool]
+
+--via: where each request runs: ``direct`` on the main thread; ``thread`` on a new thread per request (what the
+app's Run handler did until session 6); ``pool`` through :class:`specviz.ui.worker.BackgroundRun` (the app's
+long-lived run threads now).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=240)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--via", default="direct", choices=["direct", "thread", "pool"])
     a = ap.parse_args()
+    import threading
     import torch
 
     from load_app import REQUESTS, rss_mb
@@ -34,13 +40,13 @@ def main() -> None:
         kw = dict(method=method, num_speculative_tokens=4, temperature=temp, seed=seed, max_new_tokens=24,
                   verify=None if verify == "auto" else verify, prompt_lookup_min=1, prompt_lookup_max=3,
                   synthetic_rates=[float(x) for x in rates.split(",")] if rates else None)
-        tr = dec.generate(prompt, **kw)
+        tr = run(a.via, dec, prompt, kw)
         if n % 4 == 0:
-            dec.generate(prompt, method="none", max_new_tokens=24)
+            run(a.via, dec, prompt, dict(method="none", max_new_tokens=24))
         keep = [tr.to_dict()]  # what a session's state keeps: the last trace only
         if (n + 1) % 20 == 0:
             gc.collect()
-            row = {"runs": n + 1, "rss_mb": round(rss_mb(), 1)}
+            row = {"via": a.via, "runs": n + 1, "rss_mb": round(rss_mb(), 1), "threads": threading.active_count()}
             if a.device == "cuda":
                 row["cuda_alloc_mb"] = round(torch.cuda.memory_allocated() / 2**20, 1)
                 stats = getattr(torch.cuda, "host_memory_stats", None)
@@ -50,6 +56,27 @@ def main() -> None:
                                      or k in ("num_host_alloc", "num_host_free")}
             print(json.dumps(row), flush=True)
     del keep
+
+
+def run(via: str, dec, prompt: str, kw: dict):
+    """One request on the main thread, a new thread, or the app's run pool; returns its trace."""
+    import threading
+
+    if via == "direct":
+        return dec.generate(prompt, **kw)
+    if via == "thread":
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("trace", dec.generate(prompt, **kw)), daemon=True)
+        t.start()
+        t.join()
+        return out["trace"]
+    from specviz.ui.worker import BackgroundRun
+
+    job = BackgroundRun(dec, prompt, kw, threading.Event())
+    job.finished.wait()
+    if job.error is not None:
+        raise job.error
+    return job.result()
 
 
 if __name__ == "__main__":
