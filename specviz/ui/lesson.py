@@ -34,7 +34,7 @@ NO_TRACE = "<div class='sv-lesson-idle'>There is no run to explain yet: press Ru
 
 # Highlights the view the chapter talks about, scrolls it into view below the (sticky) chapter
 # panel, binds the keyboard once, and turns the presentation layout on (?present=1 or data-present).
-LESSON_JS = ("""
+LESSON_JS = (r"""
 const params = new URLSearchParams(window.location.search);
 if (['1', 'true', 'yes'].includes(params.get('present')) || element.querySelector('[data-present="1"]')) {
   document.body.classList.add('sv-present');
