@@ -255,6 +255,33 @@ FIT_JS = """(sel) => {
 }"""
 
 
+# a figure's texts (and, with frame = true, the figure's own box) that are not inside the viewport below the pinned
+# chapter panel: what a class does not see without scrolling
+UNDER_PANEL_JS = """([sel, frame]) => {
+  const panel = document.getElementById('sv-lesson'), gd = document.querySelector(sel + ' .js-plotly-plot');
+  if (!gd) return ['no figure'];
+  const top = document.body.classList.contains('sv-lesson-on') && panel ? panel.getBoundingClientRect().bottom : 0;
+  const out = [], away = (r) => r.top < top - 1 || r.bottom > innerHeight + 1 || r.left < -1 || r.right > innerWidth + 1;
+  const where = (r) => `[${Math.round(r.top)}..${Math.round(r.bottom)} in ${Math.round(top)}..${innerHeight}]`;
+  if (frame && away(gd.getBoundingClientRect())) out.push(`the figure ${where(gd.getBoundingClientRect())}`);
+  for (const t of gd.querySelectorAll('.main-svg text, .main-svg .annotation-text')) {
+    const r = t.getBoundingClientRect();
+    if (t.textContent.trim() && r.width > 0 && away(r)) out.push(`${t.textContent.slice(0, 40)} ${where(r)}`);
+  }
+  return out;
+}"""
+
+
+def under_panel(page, selector: str, frame: bool = False) -> list[str]:
+    """The texts of ``selector``'s figure outside the viewport or under the chapter panel (after up to 4 s: the
+    lesson's script places and fits the view 250 and 900 ms after a chapter is shown)."""
+    try:
+        page.wait_for_function(f"(a) => ({UNDER_PANEL_JS})(a).length === 0", arg=[selector, frame], timeout=4_000)
+    except Exception:  # noqa: BLE001  (not inside: the caller's assertion reports what is where)
+        pass
+    return page.evaluate(UNDER_PANEL_JS, [selector, frame])
+
+
 def _check_fit(page, name: str) -> None:
     """Every text of the grid, residual, trie and stats figures lies inside its figure."""
     page.wait_for_timeout(800)

@@ -114,18 +114,18 @@ TREE_TEXT_JS = """() => { const gd = document.querySelector('#sv-tree .js-plotly
             summary: document.querySelector('#sv-summary').innerText}; }"""
 
 
-def _run_static_tree(page) -> None:
+def _run_static_tree(page, tree: str = STATIC_TREE, k: int = 3) -> None:
     from test_lesson_app import PROMPT
 
     page.locator("#sv-prompt textarea").fill(PROMPT)
     page.get_by_label("draft_model", exact=True).check()
     for label, value in (("temperature", 1.0), ("number input for max new tokens", 4),
-                         ("number input for num_speculative_tokens (k)", 3)):
+                         ("number input for num_speculative_tokens (k)", k)):
         box = page.get_by_label(label, exact=True)
         box.fill(str(value))
         box.press("Enter")
     page.get_by_text("draft tree (instead of a chain)").click()
-    page.locator("#sv-static-tree textarea").fill(STATIC_TREE)
+    page.locator("#sv-static-tree textarea").fill(tree)
     page.locator("#sv-static-tree textarea").press("Tab")  # commit the text (on a loaded machine a click can beat it)
     page.click("#sv-run")
     page.wait_for_function("document.querySelector('#sv-progress').innerText.includes('done ·')", timeout=120_000)
@@ -163,3 +163,48 @@ def test_tree_view_names_q_and_confidence_and_fits(browser, app_url, pages):
         assert not cut, cut
         assert not errors, errors
         page.close()
+
+
+# 8 children of the root and a chain of 6 under the first: 8-9 rows, 6 deep, taller than 1280x720 less the chapter panel
+TALL_TREE = "[(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0), " \
+            "(0, 0, 0, 0, 0, 0)]"
+
+
+def test_a_tall_tree_fits_below_the_chapter_panel_in_the_presentation_layout(browser, app_url, pages):
+    """?present=1 at 1280x720, a lesson's chapter about a tree step: every text of the tree figure (node boxes,
+    title, definitions, rule line, legend) is inside the viewport and not under the pinned chapter panel; then the
+    same tree at 1024x768 without the presentation layout keeps its two-line boxes and fits its figure.
+    Screenshots: screenshots-tmp/tree-tall-*.png."""
+    from test_lesson_app import FIT_JS, SHOTS, _open, under_panel
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page, errors = _open(browser, app_url + "?present=1", 1280, 720, pages)
+    _run_static_tree(page, TALL_TREE, k=6)
+    page.click("#sv-lesson-start")
+    page.wait_for_selector(".sv-chapter")
+    for n in range(1, 6):
+        if page.evaluate("document.querySelector('.sv-chapter').dataset.focus") == "sv-tree":
+            break
+        page.locator("body").press("ArrowRight")
+        page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{n}'", timeout=20_000)
+    assert page.evaluate("document.querySelector('.sv-chapter').dataset.focus") == "sv-tree"
+    rows = page.evaluate("document.querySelector('#sv-tree .js-plotly-plot').layout.meta.tree_rows")
+    assert rows >= 8, rows  # the tall tree: 8 rows of 40 px at 1.45x text do not fit under the panel
+    away = under_panel(page, "#sv-tree")
+    page.screenshot(path=str(SHOTS / "tree-tall-present-1280.png"))
+    assert not away, away
+    texts = page.evaluate("[...document.querySelectorAll('#sv-tree .annotation-text')].map((t) => t.textContent)")
+    assert tv.RULE_CAPTION["topk"] in texts and any(t.startswith("p = the target's probability") for t in texts)
+    assert not errors, errors
+    page.close()
+    page, errors = _open(browser, app_url, 1024, 768, pages)
+    _run_static_tree(page, TALL_TREE, k=6)
+    page.locator("#sv-tree").scroll_into_view_if_needed()
+    page.wait_for_timeout(400)
+    page.locator("#sv-tree").screenshot(path=str(SHOTS / "tree-tall-1024.png"))
+    assert not page.evaluate(FIT_JS, "#sv-tree")
+    layout = page.evaluate("document.querySelector('#sv-tree .js-plotly-plot').layout")
+    two_lines = [a["name"] for a in layout["annotations"] if a.get("name", "").startswith("node ") and "<br>" in a["text"]]
+    # every drafted node (and the step's own token) keeps its p / c line outside the presentation layout
+    assert len(two_lines) == layout["meta"]["tree_nodes"] + 1, (two_lines, layout["meta"])
+    assert not errors, errors

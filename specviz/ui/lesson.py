@@ -91,6 +91,7 @@ const svScale = (gd) => {
   if (L.height) up.height = svFitHeight(Math.round(L.height * grow));
   const panel = gd.closest('#sv-tree');
   if (tree && L.width && panel) up.width = Math.max(L.width, Math.min(Math.round(L.width * k), panel.clientWidth - 24));
+  if (tree) Object.assign(up, svTreeFit(L, up['margin.t'] || (L.margin && L.margin.t) || 0, up.height) || {});
   const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
@@ -108,8 +109,29 @@ const svFitHeight = (h) => {
   const room = Math.max(svRoom(), %(least)s);
   return document.body.classList.contains('sv-present') && room < h && room >= h * (1 - %(shrink)s) ? room : h;
 };
+// presentation layout with a lesson on: a draft tree taller than the room below the chapter panel gets a row
+// pitch that fits (its title, definitions, rule line and legend keep their size and place): the node boxes'
+// text shrinks with the pitch (never over the layout's %(scale)sx, never under 0.9x), down to one line per box
+// (the numbers stay in the hover) when two lines do not fit at 1x; a tree that does not fit even so is left as it is
+const svTreeFit = (L, top, height) => {
+  const m = L.meta || {}, on = document.body.classList;
+  if (!m.tree_rows || !on.contains('sv-present') || !on.contains('sv-lesson-on')) return null;
+  const room = svRoom(), fixed = top + ((L.margin && L.margin.b) || 0), pitch = (room - fixed) / m.tree_rows;
+  let s = Math.min(%(scale)s, pitch / m.tree_row_px), compact = m.tree_compact, font = m.tree_box_font;
+  if (s < 1 && !compact) [compact, font, s] = [true, 10, Math.min(%(scale)s, pitch / 22)];  // tree.py's one-line row
+  if (s < 0.9 || (height <= room && s >= %(scale)s)) return null;
+  const up = {height: Math.floor(room)};
+  (L.annotations || []).forEach((a, i) => {
+    if (!String(a.name || '').startsWith('node ')) return;
+    up[`annotations[${i}].font.size`] = Math.round(font * s);
+    if (compact && typeof a.text === 'string') up[`annotations[${i}].text`] = a.text.split('<br>')[0];
+  });
+  return up;
+};
 const svFit = (view) => {
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
+    const t = gd.layout && svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height);
+    if (window.Plotly && t) { window.Plotly.relayout(gd, t); continue; }
     const h = gd.layout && gd.layout.height;
     if (window.Plotly && h && svFitHeight(h) < h) window.Plotly.relayout(gd, {height: svFitHeight(h)});
   }

@@ -327,7 +327,11 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
         xaxis={"visible": False, "range": [-0.55, columns - 0.45], "fixedrange": True},
         yaxis={"visible": False, "range": [rows - 0.5, -0.5], "fixedrange": True},
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 11}},
-        meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule, "verified_by": verified_by},
+        meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule, "verified_by": verified_by,
+              # the geometry the presentation layout's fit reads (specviz/ui/lesson.py svTreeFit): rows of the
+              # layout, the row pitch (px) and box font (px) the boxes are sized for, one-line boxes or not
+              "tree_rows": int(rows), "tree_row_px": row_px, "tree_box_font": 10 if compact else 11,
+              "tree_compact": compact},
     )
     return fig
 
