@@ -213,6 +213,14 @@ def _residual_legend_box(page, seen: list) -> None:
     seen.append(page.evaluate(LEGEND_BOX_JS))
 
 
+def _stats_box(page, seen: list) -> None:
+    """At a chapter that highlights the statistics: the figure's box and texts outside the viewport below the
+    chapter panel (:func:`under_panel`), appended to ``seen``; a screenshot."""
+    if page.evaluate("document.querySelector('.sv-chapter').dataset.focus") == "sv-stats":
+        seen.append(under_panel(page, "#sv-stats", frame=True))
+        page.screenshot(path=str(SHOTS / "lesson-present-1280x720-stats.png"))
+
+
 GRID_TICK_PX = "() => parseFloat(getComputedStyle(document.querySelector('#sv-grid .ytick text')).fontSize)"
 
 
@@ -227,7 +235,10 @@ def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_
     # the lesson on a standard draft_model run, end to end; the page scrolls to each chapter's view, and the
     # chapter and Next stay on screen at every chapter
     legends: list = []
-    seen = _walk(page, "present-1280x720", inside=lambda pg: (_chapter_on_screen(pg), _residual_legend_box(pg, legends)))
+    stats: list = []  # at the statistics chapter: what of the 2 x 2 figure is off screen or under the chapter panel
+    seen = _walk(page, "present-1280x720", inside=lambda pg: (_chapter_on_screen(pg), _residual_legend_box(pg, legends),
+                                                               _stats_box(pg, stats)))
+    assert stats == [[]], stats
     # the residual figure, legend included, fits the 1280x720 viewport below the chapter panel
     boxes = [b for b in legends if b is not None]
     assert boxes, legends

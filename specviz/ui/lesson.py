@@ -120,7 +120,9 @@ const svTreeFit = (L, top, height) => {
   let s = Math.min(%(scale)s, pitch / m.tree_row_px), compact = m.tree_compact, font = m.tree_box_font;
   if (s < 1 && !compact) [compact, font, s] = [true, 10, Math.min(%(scale)s, pitch / 22)];  // tree.py's one-line row
   if (s < 0.9 || (height <= room && s >= %(scale)s)) return null;
-  const up = {height: Math.floor(room)};
+  // the legend pinned to the figure's bottom edge, inside the bottom margin (as a paper-anchored legend below the
+  // plot area Plotly drew it over the lowest rows once the figure was shortened)
+  const up = {height: Math.floor(room), 'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom'};
   (L.annotations || []).forEach((a, i) => {
     if (!String(a.name || '').startsWith('node ')) return;
     up[`annotations[${i}].font.size`] = Math.round(font * s);
@@ -128,9 +130,36 @@ const svTreeFit = (L, top, height) => {
   });
   return up;
 };
+// presentation layout with a lesson on: the 2 x 2 statistics figure, taller than the room below the chapter panel,
+// is given that height and the compact geometry of its meta.stats_fit (specviz/viz/stats.py PRESENT_FIT: pixel
+// room for each row's titles, ticks and axis titles and for the legend, the text a little smaller than the layout's
+// %(scale)sx); left as it is when its rows would get less than min_row_px
+const svStatsFit = (L) => {
+  const f = L.meta && L.meta.stats_fit, on = document.body.classList;
+  if (!f || !on.contains('sv-present') || !on.contains('sv-lesson-on')) return null;
+  const room = Math.floor(svRoom()), bottom = f.axis_px + f.legend_px, area = room - f.top_px - bottom;
+  const gap = (f.axis_px + f.title_px) / area, row = (1 - gap) / 2;
+  if (L.height <= room || row * area < f.min_row_px) return null;
+  const [c1, c2] = f.columns, up = {height: room, 'font.size': f.font, 'legend.font.size': f.legend,
+    'margin.t': f.top_px, 'margin.b': bottom, 'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom'};
+  [c1, c2, c1, c2].forEach((c, i) => { up[`xaxis${i ? i + 1 : ''}.domain`] = c; });
+  [[1 - row, 1], [1 - row, 1], [0, row], [0, row]].forEach((d, i) => { up[`yaxis${i ? i + 1 : ''}.domain`] = d; });
+  for (const key of Object.keys(L).filter((key) => /^[xy]axis[0-9]*$/.test(key)))
+    Object.assign(up, {[`${key}.tickfont.size`]: f.font, [`${key}.title.font.size`]: f.font});
+  (L.annotations || []).forEach((a, i) => {
+    const t = /^subplot-title-([0-3])$/.exec(a.name || '');
+    up[`annotations[${i}].font.size`] = t ? f.titles : f.font;
+    if (!t) return;
+    const c = [c1, c2][t[1] %% 2];
+    up[`annotations[${i}].x`] = (c[0] + c[1]) / 2;
+    up[`annotations[${i}].y`] = t[1] < 2 ? 1 : row;
+  });
+  return up;
+};
 const svFit = (view) => {
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
-    const t = gd.layout && svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height);
+    const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height) ||
+                            svStatsFit(gd.layout));
     if (window.Plotly && t) { window.Plotly.relayout(gd, t); continue; }
     const h = gd.layout && gd.layout.height;
     if (window.Plotly && h && svFitHeight(h) < h) window.Plotly.relayout(gd, {height: svFitHeight(h)});

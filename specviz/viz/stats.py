@@ -22,6 +22,13 @@ from .common import as_trace, metrics_of
 from .speed import measured_html
 
 TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
+# the geometry of the figure when a lesson's chapter shows it in the presentation layout (specviz/ui/lesson.py
+# svStatsFit, which makes it the height left below the chapter panel): font sizes (px) of the text, the panel
+# titles and the legend; px above the top row (its titles), under each row (tick labels and axis title), above the
+# second row (its titles) and for the legend's rows; the two columns' x domains (wide apart: the time panel's bar
+# names sit left of its plot)
+PRESENT_FIT = {"font": 13, "titles": 15, "legend": 13, "top_px": 26, "axis_px": 44, "title_px": 24,
+               "legend_px": 88, "columns": [[0.0, 0.42], [0.6, 1.0]], "min_row_px": 60}
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -202,8 +209,10 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
                                x=0.5, y=0.5, name="no-drafts")
     _theory_panel(fig, trace, m, k)
     _time_panel(fig, run_summary(trace), baseline)
+    for i, title in enumerate(fig.layout.annotations[:4]):  # make_subplots' titles, named for the fit
+        title.name = f"subplot-title-{i}"
     fig.update_layout(height=620, plot_bgcolor="#ffffff", barmode="stack", margin={"l": 60, "r": 20, "t": 40, "b": 60},
-                      legend={"orientation": "h", "y": -0.12, "font": {"size": 11}})
+                      legend={"orientation": "h", "y": -0.12, "font": {"size": 11}}, meta={"stats_fit": PRESENT_FIT})
     return fig
 
 
