@@ -170,6 +170,14 @@ TALL_TREE = "[(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (0, 0), (0, 0, 0),
             "(0, 0, 0, 0, 0, 0)]"
 
 
+# the node boxes whose bounding box meets the legend's (a legend drawn over the tree's lowest rows)
+NODES_ON_LEGEND_JS = """() => { const gd = document.querySelector('#sv-tree .js-plotly-plot');
+    const leg = gd.querySelector('.legend').getBoundingClientRect(), names = gd.layout.annotations.map((a) => a.name);
+    return [...gd.querySelectorAll('.annotation[data-index]')].filter((g) => String(names[+g.dataset.index])
+      .startsWith('node ')).map((g) => g.getBoundingClientRect()).filter((r) => r.bottom > leg.top && r.top < leg.bottom
+      && r.right > leg.left && r.left < leg.right).length; }"""
+
+
 def test_a_tall_tree_fits_below_the_chapter_panel_in_the_presentation_layout(browser, app_url, pages):
     """?present=1 at 1280x720, a lesson's chapter about a tree step: every text of the tree figure (node boxes,
     title, definitions, rule line, legend) is inside the viewport and not under the pinned chapter panel; then the
@@ -193,6 +201,7 @@ def test_a_tall_tree_fits_below_the_chapter_panel_in_the_presentation_layout(bro
     away = under_panel(page, "#sv-tree")
     page.screenshot(path=str(SHOTS / "tree-tall-present-1280.png"))
     assert not away, away
+    assert not page.evaluate(NODES_ON_LEGEND_JS), "node boxes drawn over the legend"
     texts = page.evaluate("[...document.querySelectorAll('#sv-tree .annotation-text')].map((t) => t.textContent)")
     assert tv.RULE_CAPTION["topk"] in texts and any(t.startswith("p = the target's probability") for t in texts)
     assert not errors, errors
