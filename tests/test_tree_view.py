@@ -378,3 +378,17 @@ def test_decision_panel_of_greedy_and_typical_has_no_residual(verify):
         assert "x is the argmax, accepted" in text
     else:
         assert "q is not read" in text and "ε = " in text
+
+
+def test_meta_gives_the_geometry_the_presentation_fit_reads():
+    """specviz/ui/lesson.py svTreeFit computes a row pitch from meta.tree_rows and scales the boxes from
+    tree_row_px / tree_box_font: they must be the figure's own rows (its y range) and sizing (its height, its
+    boxes' font)."""
+    fig = tv.tree_figure(tree_trace(), 0)
+    m = fig.layout.meta
+    lo, hi = fig.layout.yaxis.range
+    assert m["tree_rows"] == round(lo - hi) and m["tree_rows"] >= 2
+    fixed = fig.layout.height - m["tree_row_px"] * m["tree_rows"]
+    assert fixed == 190 + tv.RULE_LINE_PX + tv.LEGEND_PX and not m["tree_compact"]
+    fonts = {a.font.size for a in fig.layout.annotations if (a.name or "").startswith("node ")}
+    assert fonts == {m["tree_box_font"]}

@@ -438,3 +438,19 @@ def test_block_rescue_is_marked():
     assert "★ Block verification accepted 1 draft token(s)" in summary_markdown(tr) and "step 0 (+1)" in summary_markdown(tr)
     assert "by block verification" in title_text(residual_figure(tr, 0, 2))
     assert "★" not in summary_markdown(handmade())
+
+
+def test_stats_figure_names_its_panel_titles_for_the_presentation_fit(traces):
+    """specviz/ui/lesson.py svStatsFit moves the four panel titles (by name) to the compact geometry of
+    meta.stats_fit, whose rows must keep at least min_row_px at the 1280x720 room it was drawn for."""
+    from specviz.viz.stats import PRESENT_FIT
+
+    fig = stats_figure(next(iter(traces.values())))
+    names = [a.name for a in fig.layout.annotations if (a.name or "").startswith("subplot-title-")]
+    assert names == [f"subplot-title-{i}" for i in range(4)]
+    assert fig.layout.meta["stats_fit"] == PRESENT_FIT
+    f = PRESENT_FIT
+    area = 380 - f["top_px"] - f["axis_px"] - f["legend_px"]  # about the room under a long statistics chapter
+    assert (area - f["axis_px"] - f["title_px"]) / 2 >= f["min_row_px"]
+    (a0, a1), (b0, b1) = f["columns"]
+    assert 0 <= a0 < a1 < b0 < b1 <= 1
