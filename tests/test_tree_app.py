@@ -165,9 +165,11 @@ def test_tree_view_names_q_and_confidence_and_fits(browser, app_url, pages):
         page.close()
 
 
-# 8 children of the root and a chain of 6 under the first: 8-9 rows, 6 deep, taller than 1280x720 less the chapter panel
-TALL_TREE = "[(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0), " \
-            "(0, 0, 0, 0, 0, 0)]"
+# 12 children of the root and a chain of 6 under the first: 12-13 rows (as many as the EAGLE-2 tree 4, 5, 24 of the
+# bundled eagle3 example has at most: 4-12 rows over its 16 steps), 6 deep, far taller than 1280x720 less the chapter
+# panel
+TALL_TREE = "[" + ", ".join(f"({r},)" for r in range(12)) + ", " + ", ".join(f"({', '.join(['0'] * d)})"
+                                                                           for d in range(2, 7)) + "]"
 
 
 # the node boxes whose bounding box meets the legend's (a legend drawn over the tree's lowest rows)
@@ -197,7 +199,7 @@ def test_a_tall_tree_fits_below_the_chapter_panel_in_the_presentation_layout(bro
         page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{n}'", timeout=20_000)
     assert page.evaluate("document.querySelector('.sv-chapter').dataset.focus") == "sv-tree"
     rows = page.evaluate("document.querySelector('#sv-tree .js-plotly-plot').layout.meta.tree_rows")
-    assert rows >= 8, rows  # the tall tree: 8 rows of 40 px at 1.45x text do not fit under the panel
+    assert rows >= 12, rows  # the tall tree: 12 rows of 40 px at 1.45x text do not fit under the panel
     away = under_panel(page, "#sv-tree")
     page.screenshot(path=str(SHOTS / "tree-tall-present-1280.png"))
     assert not away, away

@@ -91,7 +91,7 @@ const svScale = (gd) => {
   if (L.height) up.height = svFitHeight(Math.round(L.height * grow));
   const panel = gd.closest('#sv-tree');
   if (tree && L.width && panel) up.width = Math.max(L.width, Math.min(Math.round(L.width * k), panel.clientWidth - 24));
-  if (tree) Object.assign(up, svTreeFit(L, up['margin.t'] || (L.margin && L.margin.t) || 0, up.height) || {});
+  if (tree) Object.assign(up, svTreeFit(L, up['margin.t'] || (L.margin && L.margin.t) || 0, up.height, k) || {});
   const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
@@ -113,16 +113,22 @@ const svFitHeight = (h) => {
 // pitch that fits (its title, definitions, rule line and legend keep their size and place): the node boxes'
 // text shrinks with the pitch (never over the layout's %(scale)sx, never under 0.9x), down to one line per box
 // (the numbers stay in the hover) when two lines do not fit at 1x; a tree that does not fit even so is left as it is
-const svTreeFit = (L, top, height) => {
+// (L: the layout, its text sizes times tk; top: its top margin, height: its height, both as they will be drawn)
+const svTreeFit = (L, top, height, tk) => {
   const m = L.meta || {}, on = document.body.classList;
   if (!m.tree_rows || !on.contains('sv-present') || !on.contains('sv-lesson-on')) return null;
+  // the top margin as tall as its text needs: the title (8 px pad), the definitions' lines, 28 px for the rule line
+  const defs = (L.annotations || []).find((a) => a.name === 'definitions'), size = (f) => ((f && f.size) || 12) * tk;
+  const lines = defs ? String(defs.text).split('<br>').length : 0;
+  top = Math.min(top, Math.ceil(8 + 1.3 * size(L.title && L.title.font) + 8 + 1.3 * size(defs && defs.font) * lines + 28));
   const room = svRoom(), fixed = top + ((L.margin && L.margin.b) || 0), pitch = (room - fixed) / m.tree_rows;
   let s = Math.min(%(scale)s, pitch / m.tree_row_px), compact = m.tree_compact, font = m.tree_box_font;
   if (s < 1 && !compact) [compact, font, s] = [true, 10, Math.min(%(scale)s, pitch / 22)];  // tree.py's one-line row
   if (s < 0.9 || (height <= room && s >= %(scale)s)) return null;
   // the legend pinned to the figure's bottom edge, inside the bottom margin (as a paper-anchored legend below the
   // plot area Plotly drew it over the lowest rows once the figure was shortened)
-  const up = {height: Math.floor(room), 'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom'};
+  const up = {height: Math.floor(room), 'margin.t': top, 'legend.yref': 'container', 'legend.y': 0,
+              'legend.yanchor': 'bottom'};
   (L.annotations || []).forEach((a, i) => {
     if (!String(a.name || '').startsWith('node ')) return;
     up[`annotations[${i}].font.size`] = Math.round(font * s);
@@ -158,7 +164,7 @@ const svStatsFit = (L) => {
 };
 const svFit = (view) => {
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
-    const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height) ||
+    const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1) ||
                             svStatsFit(gd.layout));
     if (window.Plotly && t) { window.Plotly.relayout(gd, t); continue; }
     const h = gd.layout && gd.layout.height;
