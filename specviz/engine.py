@@ -580,13 +580,11 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         is_tree = not draft.is_chain  # a tree: 1 + N rows, ancestor mask
-        # a tree drafted on the device is forwarded from its device parents; its host parents are read after
-        fwd_tree = (draft.device_parents if draft.device_parents is not None else list(draft.parents)) if is_tree \
-            else None
         tree_pending = None  # a tree step's detailed record, queued at verification
         t1, c1 = time.perf_counter(), captured()
         fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
-        forward = runner.forward_features(fed, proposer.taps if proposer is not None else (), parents=fwd_tree)
+        forward = runner.forward_features(fed, proposer.taps if proposer is not None else (),
+                                          parents=draft.forward_parents if is_tree else None)
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         tree = list(draft.parents) if is_tree else None  # (a device-drafted tree's host copy: read now)
         t2, c2 = time.perf_counter(), captured()
@@ -609,7 +607,7 @@ class SpecDecoder:
             rows = None  # the committed rows are the first ones
         else:  # the tree verifier (reference), then the accepted path's K/V compacted into place
             tree_out, p_tree = verify_tree_step(spec, logits, q, x, tree, draft.tree_rule, ctx.generator)
-            tree_q = q if tree_out.rule == "sampled" else None
+            tree_q = q if tree_out.rule == "sampled" else None  # q's top lists are recorded for rule B only
             tree_pending = tree_detail(tree_out, p_tree, tree_q, tree_out.token_ids, tree) if cfg.detailed_trace \
                 else None  # queued now, read when the record is built (one step later)
             emitted, acc = tree_out.output_token_ids, len(tree_out.path)
@@ -634,7 +632,7 @@ class SpecDecoder:
                                          details=draft.details, draft_ms=timings["draft_ms"]))
             if tree is not None:
                 record = tree_record(tree_out, tree_out.token_ids, tree, draft.scores, draft.tree_rule, cfg.verify,
-                                     tree_pending, has_q=tree_q is not None)
+                                     tree_pending)
             elif detail is not None:
                 record = host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend)
             else:

@@ -161,12 +161,6 @@ def host_record(h: dict[str, list], ids: list[int], method: str, backend: str) -
 
 
 # ---- tree steps ----------------------------------------------------------------------------------
-def _top_pairs(dist: torch.Tensor, n: int = TOP_N) -> list[list[float]]:
-    """Top-n [token_id, prob] pairs of non-negative weights dist [V] (normalised), prob > 0."""
-    vals, ids = _top(dist[None], n)
-    return _pairs(vals[0].tolist(), ids[0].tolist())
-
-
 def tree_row(out: "TreeVerifyOutput", parents: list[int]) -> list[int]:
     """The step's row (:mod:`specviz.trace`): the accepted path, then the last child tested at the
     node the step stopped at (rejected), if it has children."""
@@ -180,8 +174,8 @@ class PendingTreeDetail:
     pinned host memory behind it (:func:`tree_detail`); :meth:`values` waits for that copy, which the
     engine calls one step later, when building the record (so the GPU never idles for it)."""
 
-    def __init__(self, flat: torch.Tensor, row: list[int], n_top: int):
-        self.row, self.n_top = row, n_top
+    def __init__(self, flat: torch.Tensor, n_top: int, has_q: bool):
+        self.n_top, self.has_q = n_top, has_q  # top-n per list; whether q's top lists are packed too (rule B)
         self._copy = HostCopy(flat)
 
     def values(self) -> list[float]:
@@ -221,20 +215,19 @@ def tree_detail(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None
     mass = groups[1].sum(dim=-1)  # [R]
     emit_p = p[out.emit_node + 1, out.token_id].reshape(1)
     flat = torch.cat([vals.double().reshape(-1), ids.double().reshape(-1), mass.double(), emit_p.double()])
-    return PendingTreeDetail(flat, row, int(vals.shape[1]))
+    return PendingTreeDetail(flat, int(vals.shape[1]), q_row is not None)
 
 
 def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int], scores: list[float] | None,
-                tree_rule: str, method: str, detail: PendingTreeDetail | None = None,
-                has_q: bool = False) -> dict[str, Any]:
+                tree_rule: str, method: str, detail: PendingTreeDetail | None = None) -> dict[str, Any]:
     """Plain-data step record of a tree step (the keys of :func:`host_record`, plus ``nodes``,
     ``accepted_path`` and ``tree_rule``), from :func:`specviz.sampling.tree.verify_tree`'s output.
 
     ``detail`` (from :func:`tree_detail`, queued at verification) adds the positions and the top-20s;
     None records no positions or top-20s (the nodes' p, q, u are still recorded, from the verifier's own
-    host copy: no device read here). has_q: the tree's q was a full distribution (rule "sampled")."""
+    host copy: no device read here)."""
     N = len(parents)
-    host = out.host if out.host else {name: getattr(out, name).tolist() for name in ("p", "q", "u", "accept_prob")}
+    host = out.host
     greedy = out.rule == "greedy"
     nodes = [{"id": i, "parent": parents[i], "depth": 0, "token_id": token_ids[i], "p": host["p"][i],
               "q": host["q"][i], "u": host["u"][i] if out.tested[i] and not greedy else None, "fate": out.fate[i],
@@ -254,7 +247,7 @@ def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int
     }
     if detail is None:
         return record
-    R, n_top, h = len(row), detail.n_top, detail.values()
+    R, n_top, h, has_q = len(row), detail.n_top, detail.values(), detail.has_q
     n_rows = 2 * R + 1 + (R if has_q else 0)
     n_vals = n_rows * n_top
     top = [_pairs(h[r * n_top:(r + 1) * n_top], h[n_vals + r * n_top:n_vals + (r + 1) * n_top])

@@ -191,10 +191,14 @@ def compact_layers(layers: Sequence, start: int, kept: Sequence[int]) -> None:
         return  # already in place (a chain, or the first children)
     device = layers[0].keys.device
     src = to_device(torch.tensor([start + 1 + int(c) for c in kept], dtype=torch.long), device)  # queued, no wait
-    dst = torch.arange(start + 1, start + 1 + len(kept), dtype=torch.long, device=device)
+    copy_slots(layers, src, torch.arange(start + 1, start + 1 + len(kept), dtype=torch.long, device=device))
+
+
+def copy_slots(layers: Sequence, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """Copy slots ``src`` to ``dst`` (int64 [L] on the device) in every layer's ``keys`` / ``values``
+    [1, H, S, D]; sources are gathered first (so src >= dst may overlap). Replayable (device ops only)."""
     for layer in layers:
-        for name in ("keys", "values"):
-            t = getattr(layer, name)
+        for t in (layer.keys, layer.values):
             t.index_copy_(2, dst, t.index_select(2, src))
 
 

@@ -55,8 +55,9 @@ from typing import Sequence
 import torch
 from transformers import StaticCache
 
-from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, mask_for, pick_features,
-                     tree_attention, tree_attention_device)
+from .graphs import capture
+from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, copy_slots, mask_for,
+                     pick_features, tree_attention, tree_attention_device)
 from .tree import depths as tree_depths
 from .transfer import to_device
 
@@ -328,18 +329,9 @@ class StaticRunner:
         key = ("commit", L)
         if key not in self._graphs:
             t0 = time.perf_counter()
-            src, dst = (torch.zeros(L, dtype=torch.long, device=self.device) for _ in range(2))
+            src, dst = (torch.arange(L, dtype=torch.long, device=self.device) for _ in range(2))
             try:  # capture with src == dst (a no-op copy): nothing runs twice on the real slots
-                src.copy_(torch.arange(L, device=self.device))
-                dst.copy_(src)
-                stream = torch.cuda.Stream(self.device)
-                stream.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(stream):
-                    _compact(layers, src, dst)
-                torch.cuda.current_stream(self.device).wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
-                    _compact(layers, src, dst)
+                graph, _ = capture(lambda: copy_slots(layers, src, dst), self.device, self._pool, warmup=1)
                 self._pool = graph.pool()
                 self._graphs[key] = (graph, src, dst)
             except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
@@ -354,7 +346,7 @@ class StaticRunner:
         graph, src, dst = entry
         start = self.last_start + 1
         src.copy_(to_device(torch.tensor([start + int(c) for c in kept], dtype=torch.long), self.device))
-        dst.copy_(to_device(torch.arange(start, start + L, dtype=torch.long), self.device))
+        torch.arange(start, start + L, out=dst)  # written on the device: no host copy
         graph.replay()
 
     @torch.inference_mode()  # on CUDA the positions are inference tensors (made in the first forward)
@@ -414,10 +406,3 @@ def _raise_recompile_limit(at_least: int = 64) -> None:
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(int(getattr(config, name)), at_least))
 
-
-def _compact(layers, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """Copy slots ``src`` to ``dst`` (int64 [L] on the device) in every layer's keys and values [1, H, S, D];
-    sources are gathered first (src >= dst, overlaps safe)."""
-    for layer in layers:
-        for t in (layer.keys, layer.values):
-            t.index_copy_(2, dst, t.index_select(2, src))

@@ -10,43 +10,20 @@ Needs /usr/bin/chromium (``apt-get install -y chromium``); never downloads a bro
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-if not Path(CHROMIUM).exists():
-    pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`", allow_module_level=True)
-playwright = pytest.importorskip("playwright.sync_api")
+from test_browser import ARGS, CHROMIUM, PROMPT, SHOTS, _free_port, playwright  # noqa: E402  (skips without Chromium)
+from test_lesson_app import FIT_JS as FIGURE_FIT_JS  # noqa: E402  (every text of a figure inside the figure)
 
 from specviz.ui import build_app, launch_options  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
-PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 RUN_TIMEOUT_MS = 240_000
 WIDTHS = (1024, 1400)
 
-# every text of a figure inside the figure (as in test_lesson_app.py's check)
-FIGURE_FIT_JS = """(sel) => {
-  const out = [];
-  for (const plot of document.querySelectorAll(sel + ' .js-plotly-plot')) {
-    const frame = plot.getBoundingClientRect();
-    for (const t of plot.querySelectorAll('.main-svg text, .main-svg .annotation-text')) {
-      const r = t.getBoundingClientRect();
-      if (!t.textContent.trim() || r.width === 0) continue;
-      if (r.left < frame.left - 1 || r.right > frame.right + 1 || r.top < frame.top - 1 || r.bottom > frame.bottom + 1)
-        out.push(`${t.textContent.slice(0, 60)} [${Math.round(r.left)}..${Math.round(r.right)} in ` +
-                 `${Math.round(frame.left)}..${Math.round(frame.right)}]`);
-    }
-  }
-  return out;
-}"""
 # the step grid: each cell's text no wider than its cell (the column pitch less the 2 px gap)
 CELL_FIT_JS = """() => {
   const gd = document.querySelector('#sv-grid .js-plotly-plot');
@@ -85,12 +62,6 @@ PANEL_FIT_JS = """(sel) => {
   }
   return out;
 }"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -37,13 +37,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Sequence
 
 import torch
 from transformers import DynamicCache
 
 from ..graphs import capture
-from ..transfer import to_device
 from .modules import _Head, crop_cache, position_mask
 
 log = logging.getLogger(__name__)
@@ -76,20 +74,21 @@ class EagerHeadRunner:
 
     tree_scratch = None  # tree levels append to the DynamicCache: no bound
 
-    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int,
-                   own: Sequence[int], sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One level of a draft tree (see :meth:`StaticHeadRunner.tree_level`): the rows' K/V are appended after
-        the ``committed`` positions and the tree's earlier scratch rows (scratch row j = column committed + j;
-        ``own`` must be the next ones in order), each row attending the committed keys and the scratch rows
-        ``sees`` marks (bool [R, S], S = own[-1] + 1, on any device)."""
+    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int, first: int,
+                   sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One level of a draft tree (see :meth:`StaticHeadRunner.tree_level`): the R rows' K/V are appended
+        after the ``committed`` positions and the tree's ``first`` earlier scratch rows (scratch row j = column
+        committed + j), each row attending the committed keys and the scratch rows ``sees`` marks (bool [R, S],
+        S = first + R, on any device)."""
+        R = int(tokens.shape[0])
         written = self.cache.get_seq_length() - committed
-        if list(own) != list(range(written, written + len(own))):
-            raise ValueError(f"tree_level: scratch rows {list(own)[:8]} are not the next ones after {written} written")
-        _check_sees(sees, len(own), own[-1] + 1, own[-1] + 1)
+        if first != written:
+            raise ValueError(f"tree_level: scratch rows from {first} are not the next ones after {written} written")
+        _check_sees(sees, R, first + R, first + R)
         device = tokens.device
-        visible = torch.cat([torch.ones(len(own), committed, dtype=torch.bool, device=device),
+        visible = torch.cat([torch.ones(R, committed, dtype=torch.bool, device=device),
                              sees.to(device=device, dtype=torch.bool, non_blocking=True)], dim=1)  # [R, Lc + S]
-        pos = torch.full((len(own),), position, dtype=torch.long, device=device)
+        pos = torch.full((R,), position, dtype=torch.long, device=device)
         out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=visible[None, None])
         return out, logits.float()
 
@@ -97,7 +96,7 @@ class EagerHeadRunner:
                    committed: int) -> torch.Tensor:
         """As :meth:`StaticHeadRunner.tree_draft`, eagerly: ``fn``'s levels are :meth:`tree_level` calls."""
         def level(i, first, h, tokens, sees):
-            return self.tree_level(h, tokens, position + i, committed, range(first, first + int(tokens.shape[0])), sees)
+            return self.tree_level(h, tokens, position + i, committed, first, sees)
 
         return fn(hidden, logits, level)
 
@@ -181,6 +180,7 @@ class StaticHeadRunner:
         self._pool = None
         self._arange = torch.arange(max(BUCKETS), device=self.device)
         self._scratch_rows = torch.arange(TREE_SCRATCH, device=self.device)
+        self._slot_ids = torch.arange(self.cache.max_len, device=self.device)  # every slot, for the tree masks
         self.capture_s = 0.0  # seconds spent capturing so far (the engine excludes it from step times)
         self.replays = 0  # graph replays so far (tests check that the graph path ran)
 
@@ -213,25 +213,29 @@ class StaticHeadRunner:
     tree_scratch = TREE_SCRATCH  # scratch rows a step's tree levels may write
 
     @torch.inference_mode()
-    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int,
-                   own: Sequence[int], sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int, first: int,
+                   sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One level of a draft tree (EAGLE-2, methods.md 1.3): R rows at the same ``position``, row r writing its
-        K/V to scratch row ``own[r]`` (slot ``max_len + own[r]``) and attending the ``committed`` positions and
-        the scratch rows that ``sees`` marks (bool [R, S], S <= TREE_SCRATCH: its ancestors and itself; on the
-        head's device it is never read by the host). hidden [R, d] (each row's parent output), tokens int64 [R]
-        -> (hidden [R, d], logits float32 [R, V]), new tensors. One CUDA graph per R on CUDA (inputs copied
+        K/V to scratch row ``first + r`` (slot ``max_len + first + r``) and attending the ``committed`` positions
+        and the scratch rows that ``sees`` marks (bool [R, S], S <= TREE_SCRATCH: its ancestors and itself; on
+        the head's device it is never read by the host). hidden [R, d] (each row's parent output), tokens int64
+        [R] -> (hidden [R, d], logits float32 [R, V]), new tensors. One CUDA graph per R on CUDA (inputs copied
         into static buffers, no host wait).
         Raises ValueError when a scratch row is outside 0..TREE_SCRATCH-1 or ``sees`` has the wrong shape."""
         R = int(tokens.shape[0])
-        if not own or min(own) < 0 or max(own) >= TREE_SCRATCH:
-            raise ValueError(f"tree_level: scratch rows must be in 0..{TREE_SCRATCH - 1}, got {list(own)[:8]}")
-        _check_sees(sees, R, max(own) + 1, TREE_SCRATCH)
+        if first < 0 or first + R > TREE_SCRATCH:
+            raise ValueError(f"tree_level: scratch rows must be in 0..{TREE_SCRATCH - 1}, got {first}..{first + R - 1}")
+        _check_sees(sees, R, first + R, TREE_SCRATCH)
         key = ("tree", R)
         entry = self._graphs.get(key) if self.cuda_graphs else None
         inputs = entry[1] if entry is not None else self._tree_inputs(R)
-        self._fill_tree(inputs, hidden, tokens, position, committed, own, sees)
+        inputs["hidden"].copy_(hidden)
+        inputs["ids"].copy_(tokens)
+        inputs["pos"].fill_(position)
+        torch.add(self._scratch_rows[:R], self.max_len + first, out=inputs["slots"])  # no host-to-device copy
+        inputs["mask"][0, 0].copy_(self._level_mask(R, committed, sees))
         if self.cuda_graphs and key not in self._graphs:
-            entry = self._capture_tree(key, inputs)
+            entry = self._remember(key, lambda: self._forward_tree(inputs), inputs, f"tree level ({R} rows)")
         if entry is None:
             out_hidden, logits = self._forward_tree(inputs)
         else:
@@ -248,38 +252,31 @@ class StaticHeadRunner:
                 "slots": torch.zeros(R, dtype=torch.long, device=self.device),
                 "mask": torch.zeros(1, 1, R, self.cache.max_len, dtype=torch.bool, device=self.device)}
 
-    def _fill_tree(self, inputs, hidden, tokens, position: int, committed: int, own, sees) -> None:
-        """Static inputs of one level, all written by device ops (no host wait): the mask is the committed
-        slots 0..committed-1 plus the scratch columns max_len + j that ``sees`` marks."""
-        inputs["hidden"].copy_(hidden)
-        inputs["ids"].copy_(tokens)
-        inputs["pos"].fill_(position)
-        own = list(own)
-        if own == list(range(own[0], own[0] + len(own))):  # a run of rows: no host-to-device copy
-            torch.add(self._scratch_rows[: len(own)], self.max_len + own[0], out=inputs["slots"])
-        else:
-            inputs["slots"].copy_(to_device(torch.tensor([self.max_len + j for j in own], dtype=torch.long),
-                                            self.device))
-        mask = inputs["mask"][0, 0]  # [R, every slot]
-        mask.zero_()
-        mask[:, :committed] = True
-        mask[:, self.max_len:self.max_len + sees.shape[1]].copy_(sees, non_blocking=True)
+    def _level_mask(self, R: int, committed: int | torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+        """bool [R, every slot] of one tree level, by device ops (``committed`` an int, or a 0-dim device tensor
+        inside a captured draft): the committed slots 0..committed-1 and the scratch columns max_len + j that
+        ``sees`` [R, S] marks."""
+        mask = (self._slot_ids < committed).expand(R, -1).clone()
+        mask[:, self.max_len:self.max_len + sees.shape[1]] = sees
+        return mask
 
     def _forward_tree(self, inputs):
         self.cache.slots = inputs["slots"]
         return self.head(inputs["hidden"], inputs["ids"], inputs["pos"], self.cache, from_target=False,
                          attention_mask=inputs["mask"])
 
-    def _capture_tree(self, key, inputs):
-        """As :meth:`_capture`, for :meth:`tree_level` (its warm-up runs rewrite the level's own scratch slots)."""
+    def _remember(self, key: tuple, fn, inputs, what: str):
+        """Capture ``fn`` (:func:`specviz.graphs.capture`, the runner's pool) and keep (graph, inputs, outputs)
+        under ``key``; a failure is logged once and remembered as None (that call then runs eagerly). The time
+        spent counts in ``capture_s``. Returns the entry."""
         t0 = time.perf_counter()
         try:
-            graph, outputs = capture(lambda: self._forward_tree(inputs), self.device, self._pool)
+            graph, outputs = capture(fn, self.device, self._pool)
             self._pool = graph.pool()
             self._graphs[key] = (graph, inputs, outputs)
         except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
-            log.warning("specviz: CUDA graph capture of the %s head's tree level (%d rows) failed, running it "
-                        "eagerly: %s: %s", self.head.config.kind, key[1], type(exc).__name__, exc)
+            log.warning("specviz: CUDA graph capture of the %s head's %s failed, running it eagerly: %s: %s",
+                        self.head.config.kind, what, type(exc).__name__, exc)
             self._graphs[key] = None
         self.capture_s += time.perf_counter() - t0
         return self._graphs[key]
@@ -305,16 +302,7 @@ class StaticHeadRunner:
         inputs["committed"].fill_(committed)
         run = lambda: fn(inputs["hidden"], inputs["logits"], lambda *a: self._level_tensors(inputs, *a))  # noqa: E731
         if self.cuda_graphs and key not in self._graphs:
-            t0 = time.perf_counter()
-            try:
-                graph, out = capture(run, self.device, self._pool)
-                self._pool = graph.pool()
-                entry = self._graphs[key] = (graph, inputs, out)
-            except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
-                log.warning("specviz: CUDA graph capture of the %s head's draft tree %s failed, running it "
-                            "eagerly: %s: %s", self.head.config.kind, key, type(exc).__name__, exc)
-                entry = self._graphs[key] = None
-            self.capture_s += time.perf_counter() - t0
+            entry = self._remember(key, run, inputs, f"draft tree {key}")
         if entry is None:
             return run()
         entry[0].replay()
@@ -331,15 +319,12 @@ class StaticHeadRunner:
                        sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One tree level inside :meth:`tree_draft`: position and committed length read from the static
         buffers by device ops (so the level can be captured), the mask built on the device."""
-        R, S = int(tokens.shape[0]), int(sees.shape[1])
-        if first + R > TREE_SCRATCH or S > TREE_SCRATCH:
+        R = int(tokens.shape[0])
+        if first + R > TREE_SCRATCH or sees.shape[1] > TREE_SCRATCH:
             raise ValueError(f"tree_draft: scratch rows {first}..{first + R - 1} run past {TREE_SCRATCH}")
-        total = self.cache.max_len
-        slot = torch.arange(total, device=self.device)
-        mask = (slot < inputs["committed"]).expand(R, total).clone()  # [R, every slot]: the committed prefix
-        mask[:, self.max_len:self.max_len + S] = sees
         self.cache.slots = self._scratch_rows[first:first + R] + self.max_len
         pos = (inputs["pos"] + i).expand(R)
+        mask = self._level_mask(R, inputs["committed"], sees)
         out, logits = self.head(hidden, tokens, pos, self.cache, from_target=False, attention_mask=mask[None, None])
         return out, logits.float()
 
@@ -409,24 +394,13 @@ class StaticHeadRunner:
         return self.head(feats, inputs["ids"], pos, self.cache, from_target=from_target, attention_mask=mask)
 
     def _capture(self, key: tuple[str, int], features, ids, start: int, c: int):
-        """Capture one head forward of ``key``'s kind and width (StaticRunner._capture's recipe: two
-        warm-up runs on a side stream, then the capture, into one memory pool shared by the runner's
-        graphs). The warm-up runs write the call's own K/V at its own slots (idempotent). A failure
-        is logged and remembered (that kind and width then run eagerly)."""
-        t0 = time.perf_counter()
+        """Capture one head forward of ``key``'s kind and width (:meth:`_remember`: two warm-up runs on a side
+        stream, then the capture, into one memory pool shared by the runner's graphs). The warm-up runs write
+        the call's own K/V at its own slots (idempotent)."""
         kind, width = key
-        try:
-            inputs = self._inputs(width)
-            self._fill(inputs, features, ids, start, c)
-            graph, outputs = capture(lambda: self._forward(kind, inputs), self.device, self._pool)
-            self._pool = graph.pool()
-            self._graphs[key] = (graph, inputs, outputs)
-        except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
-            log.warning("specviz: CUDA graph capture of the %s head's %s call (width %d) failed, running it "
-                        "eagerly: %s: %s", self.head.config.kind, kind, width, type(exc).__name__, exc)
-            self._graphs[key] = None
-        self.capture_s += time.perf_counter() - t0
-        return self._graphs[key]
+        inputs = self._inputs(width)
+        self._fill(inputs, features, ids, start, c)
+        return self._remember(key, lambda: self._forward(kind, inputs), inputs, f"{kind} call (width {width})")
 
 
 def make_head_runner(head: torch.nn.Module, max_len: int | None, cuda_graphs: bool | None = None):

@@ -91,6 +91,14 @@ class Draft:
             return False
         return self.parents is None or is_chain(self.parents)
 
+    @property
+    def forward_parents(self) -> torch.Tensor | list[int] | None:
+        """The parents the target's tree forward takes: ``device_parents`` when the tree was drafted on the
+        device (its host copy is then read after the forward is queued), else the host list."""
+        if self.device_parents is not None:
+            return self.device_parents
+        return None if self.parents is None else list(self.parents)
+
     def __len__(self) -> int:
         return int(self.token_ids.numel())
 

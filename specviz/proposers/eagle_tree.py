@@ -146,8 +146,7 @@ class EagleTreeProposer(EagleProposer):
         """Run the head on R rows (hidden [R, d] = each parent's output, tokens int64 [R]) at ``position``,
         writing scratch rows first..first+R-1; ``sees`` bool [R, first + R]: the scratch rows each row attends
         (its ancestors and itself) besides the committed prefix. Returns (hidden [R, d], log q [R, V] float32)."""
-        out, logits = self.runner.tree_level(hidden, tokens, position, self.committed,
-                                             range(first, first + int(tokens.shape[0])), sees)
+        out, logits = self.runner.tree_level(hidden, tokens, position, self.committed, first, sees)
         return out, torch.log_softmax(logits, dim=-1)
 
     def _root(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -181,8 +180,8 @@ class EagleTreeProposer(EagleProposer):
         kids = tree_mod.children(parents)
         hidden, logp = self._root()
         tokens, scores = [0] * len(paths), [0.0] * len(paths)
+        self._assign([-1], logp[None], paths, kids, tokens, scores)
         outs: dict[int, torch.Tensor] = {}  # node -> head output hidden [d] (nodes with children)
-        self._assign(kids[0], paths, logp, 0.0, tokens, scores)
         scratch: list[int] = []  # node of each scratch row written so far
         depth = tree_mod.depths(parents)
         for d in range(1, max(depth, default=0)):
@@ -195,22 +194,25 @@ class EagleTreeProposer(EagleProposer):
             scratch.extend(rows)
             sees = torch.tensor([[s in _ancestors_or_self(i, parents) for s in scratch] for i in rows])  # [R, S]
             out, lp = self._level(h_in, tok, n + d - 1, first, to_device(sees, hidden.device))
-            for r, i in enumerate(rows):
-                outs[i] = out[r]
-                self._assign(kids[i + 1], paths, lp[r], scores[i], tokens, scores)
+            outs.update((i, out[r]) for r, i in enumerate(rows))
+            self._assign(rows, lp, paths, kids, tokens, scores)
         return tokens, parents, scores, {"tree": "static", "choices": [list(p) for p in paths]}
 
     @staticmethod
-    def _assign(kids: list[int], paths, logp: torch.Tensor, base: float, tokens: list, scores: list) -> None:
-        """Give each child node of one parent the token of its rank (its path's last entry) in the
-        parent's log q [V]; score = parent score + log q."""
-        if not kids:
+    def _assign(nodes: list[int], logp: torch.Tensor, paths, kids, tokens: list, scores: list) -> None:
+        """Give the children of ``nodes`` (-1 = the root) the token of their rank (their path's last entry) in
+        their parent's log q (row r of ``logp`` [R, V] for nodes[r]); score = parent score + log q. One host
+        read for the whole level."""
+        ranks = [paths[c][-1] for i in nodes for c in kids[i + 1]]
+        if not ranks:
             return
-        top = torch.topk(logp, max(paths[c][-1] for c in kids) + 1)
-        for c in kids:
-            r = paths[c][-1]
-            tokens[c], scores[c] = int(top.indices[r]), base + float(top.values[r])
-
+        top = torch.topk(logp, max(ranks) + 1, dim=-1)  # [R, r_max + 1]
+        values, ids = torch.stack([top.values.double(), top.indices.double()]).tolist()  # the level's one read
+        for r, i in enumerate(nodes):
+            base = scores[i] if i >= 0 else 0.0
+            for c in kids[i + 1]:
+                rank = paths[c][-1]
+                tokens[c], scores[c] = int(ids[r][rank]), base + values[r][rank]
 
 def eagle2_tree(hidden: torch.Tensor, logits: torch.Tensor, level, *, top_k: int, levels: int,
                 total_tokens: int) -> torch.Tensor:

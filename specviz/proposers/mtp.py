@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..graphs import capture
 from ..runner import FINAL_NORM
 from ..sampling import logits_to_probs
 from ..transfer import to_device
@@ -197,16 +198,7 @@ class MtpDraftGraphs:
         tok_buf = torch.zeros(1, 1, dtype=torch.long, device=dev)
         t_buf = torch.zeros(1, 1, dtype=torch.long, device=dev)
         try:
-            stream = torch.cuda.Stream(dev)
-            stream.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k)
-            torch.cuda.current_stream(dev).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                out = _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k)
-            torch.cuda.synchronize(dev)
+            graph, out = capture(lambda: _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k), dev)
             return graph, (h_buf, tok_buf, t_buf), out
         except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
             log.warning("specviz: CUDA graph capture of the MTP chain (k = %d) failed; it drafts eagerly: %s: %s",

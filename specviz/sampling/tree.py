@@ -46,7 +46,7 @@ nodes (3 small ops each, no host sync). The one host sync is the walk's read of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -96,8 +96,8 @@ class TreeVerifyOutput:
     emit_weights: torch.Tensor
     emit_fallback: bool
     rule: str
-    token_ids: list[int] = field(default_factory=list)  # the N node tokens (host, from the same copy)
-    host: dict[str, list[float]] = field(default_factory=dict)  # p, q, u, accept_prob as host lists (same copy)
+    token_ids: list[int]  # the N node tokens (host, from the same copy)
+    host: dict[str, list[float]]  # p, q, u, accept_prob as host lists (same copy)
 
 
 def draw_tree_noise(num_nodes: int, vocab_size: int, generator: torch.Generator | None = None,
