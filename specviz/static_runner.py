@@ -38,7 +38,9 @@ from the write position, so a tree forward can be captured too: with CUDA graphs
 padded to a tree-size bucket (:data:`TREE_BUCKETS`; padding rows attend to the root and themselves,
 their logits are dropped and their cache slots lie past the tree) and one graph per (bucket, taps)
 is replayed with the bucket's ids, mask [bucket, bucket] and depths copied into static buffers.
-The graph path is not yet run on a GPU (2026-12-01); ``tree_buckets=None`` runs trees eagerly.
+The mask and depths come from the host parents, or, for a tree drafted on the device (EAGLE-2, parents as a
+device tensor), from :func:`specviz.runner.tree_attention_device`. Run on the H200 since session 5
+(tests/test_tree_runners.py, tests/test_eagle_tree.py); ``tree_buckets=None`` runs trees eagerly.
 
 Feature taps (:meth:`StaticRunner.forward_features`): the requested hidden states come from the
 same forward (transformers' ``output_hidden_states``, see :mod:`specviz.runner`); under CUDA graphs
@@ -125,8 +127,9 @@ class StaticRunner:
     @torch.inference_mode()
     def forward_features(self, token_ids: torch.Tensor, taps: Sequence[str] = (),
                          parents: Sequence[int] | None = None) -> ForwardOutput:
-        """See :class:`specviz.runner.ModelRunner`. A tree (``parents`` not a chain) runs eagerly
-        (no CUDA graph per tree size yet), with the ancestor mask and positions seq_len + depth."""
+        """See :class:`specviz.runner.ModelRunner`. A tree (``parents`` not a chain: a host list, or int64 [N]
+        on the device) is padded to a tree-size bucket and replayed from that bucket's graph (eagerly without
+        graphs or past the largest bucket), with the ancestor mask and positions seq_len + depth."""
         taps = check_taps(taps, self.model)
         n = int(token_ids.numel())
         if self.seq_len + n > self.max_cache_len:

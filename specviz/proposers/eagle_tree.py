@@ -12,8 +12,9 @@ root x_n) gives log-probabilities of the depth-1 candidates. A level of the tree
 forward over the frontier nodes (depth d) at the ONE position ``n + d - 1`` (every sibling shares
 it, methods.md 3.4), each row fed its parent's output hidden state with its own token, attending
 to the committed prefix plus its own ancestors and itself (never its cousins). Those rows'
-K/V go to scratch slots after the committed length Lc and are dropped at the next first pass
-(methods.md 1.2): the head's cache keeps committed positions only.
+K/V go to scratch slots (after the committed length Lc on the eager head runner, past its
+max_len on the static one) and are never read by a later step (methods.md 1.2): the head's cache
+keeps committed positions only.
 
 Dynamic (EAGLE-2, exactly ``topK_genrate``): with K = top_k, D = depth, N = total_tokens
 (root included, so N - 1 draft nodes):
@@ -29,7 +30,8 @@ Ties are broken by candidate order (a stable sort; ``torch.topk`` leaves them un
 child (score <= its parent's, created later) never enters without its parent.
 
 Static: a parsed choice list (:func:`specviz.tree.parse_choices`): the child of rank r of a node is
-its r-th most likely token under the head, one forward per depth over the nodes that have children.
+its r-th most likely token under the head, one forward per depth over the nodes that have children
+(one host read per depth for the children's tokens).
 
 Every child is the deterministic top-k of its parent's head distribution: ``Draft.probs`` is None
 (q one-hot) and ``tree_rule`` "topk" (methods.md 1.4 rule A), at any temperature. ``Draft.scores``
