@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call, made of named stages, so each session's calls are a list of stages rather than a new script.
+# Usage (on the device, from the repository root):  bash scripts/gpu_call.sh COMMIT STAGE [STAGE ...]
+# Stages:
+#   pip_a    install bundle a of ../shared/tools/gpu-app-wheels.sh (carry [".gpu-wheels/a"]) into /root/gpu-site
+#   pip_b    install bundle b (carry [".gpu-wheels/b"]); later stages then see gradio and plotly
+#   tests    the GPU tests: in every test file that mentions cuda (the app's tests aside), each test whose name or id says
+#            gpu/cuda/graph/sync/concurrent/... (no view tests)
+#   profile  scripts/profile_tree_step.py: the tree step's phases beside the chain's
+#   bench    benchmarks/bench_e2e.py: chains beside trees, static runner, trace on and off
+#   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
+#            8 concurrent sessions and a soak of $SOAK runs (RSS, CUDA memory, graph captures, threads)
+# Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP (timeouts, s), K (pytest -k for tests),
+#   METHODS (bench methods). Logs go to $OUT/logs.tgz; results under $OUT.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
+OUT=${OUT:-/tmp/out}; COMMIT=${1:-unknown}; shift; L=$OUT/logs; mkdir -p "$L"
+NOVIEW="not view and not figure and not html and not lesson and not interpreter and not triton_backend_equals_reference"
+GPUK="gpu or cuda or graph or sync or concurrent or tree_step or static_head_runner or wait"
+for stage in "$@"; do
+  case $stage in
+  pip_a|pip_b)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /root/gpu-site .gpu-wheels/${stage#pip_}/*.whl \
+      > "$L/$stage.log" 2>&1
+    echo "[$stage] exit $?"; export PYTHONPATH=/root/gpu-site ;;
+  tests)
+    timeout ${T_TESTS:-300} python3 -m pytest -v -p no:cacheprovider --tb=short -rfEs \
+      $(grep -l cuda tests/test_*.py | grep -v test_app) -k "($NOVIEW) and (${K:-$GPUK})" > "$L/tests.log" 2>&1
+    echo "[tests] exit $? $(grep -c ' PASSED' $L/tests.log) passed $(grep -cE ' FAILED| ERROR' $L/tests.log) failed"
+    grep -E "^E  |FAILED|ERROR|host reads per step|passed|failed" "$L/tests.log" | cut -c1-600 | tail -24 ;;
+  profile)
+    timeout 90 python3 scripts/profile_tree_step.py > "$L/profile.log" 2>&1
+    echo "[profile] exit $?"; grep "ms/step" "$L/profile.log" ;;
+  bench)
+    timeout 150 python3 benchmarks/bench_e2e.py --out "$OUT/e2e" --repeats 3 --max-new 128 --no-big --runners static \
+      --methods "${METHODS:-none,eagle3,eagle3+tree4x5x24,eagle,eagle+tree4x5x24,draft_model+choices}" --commit "$COMMIT" \
+      > "$L/bench_e2e.log" 2>&1
+    echo "[bench] exit $?"; grep -E "tok/s" "$L/bench_e2e.log" | grep -v "^hf" | tail -14 ;;
+  app)
+    timeout ${T_APP:-500} python3 scripts/gpu_app_check.py --out "$OUT/app/app_gpu.json" ${ONLY:+--only "$ONLY"} --compare \
+      --soak ${SOAK:-200} > "$L/app.log" 2>&1
+    echo "[app] exit $?"; cat "$OUT/app/app_gpu.md" 2>/dev/null || tail -n 30 "$L/app.log"
+    grep -E '^\{"(configurations|preset|sessions|runs|soak_runs)' "$L/app.log" | cut -c1-400 | tail -14 ;;
+  *) echo "unknown stage $stage" ;;
+  esac
+done
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
