@@ -16,20 +16,26 @@ import torch
 T = TypeVar("T")
 
 
-def capture(fn: Callable[[], T], device: torch.device, pool: Any = None, warmup: int = 2
-            ) -> tuple[torch.cuda.CUDAGraph, T]:
+def capture(fn: Callable[[], T], device: torch.device, pool: Any = None, warmup: int = 2,
+            reset: Callable[[], None] | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
     """(graph, the captured run's outputs) of ``fn`` on CUDA ``device``. ``pool``: a graph memory pool
-    (``graph.pool()`` of an earlier capture) or None (a new one). The outputs are the graph's static
-    buffers: a replay overwrites them. Raises what the capture raises (callers log it and run ``fn``
-    eagerly instead)."""
+    (``graph.pool()`` of an earlier capture) or None (a new one). ``reset``: run (eagerly, outside the
+    graph) after each warm-up run and after the capture, to undo state ``fn`` advances on the device, e.g.
+    a KV cache's write position (a capture records the work but does not run it). The outputs are the
+    graph's static buffers: a replay overwrites them. Raises what the capture raises (callers log it and
+    run ``fn`` eagerly instead)."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             fn()
+            if reset is not None:
+                reset()
     torch.cuda.current_stream(device).wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         outputs = fn()
+    if reset is not None:
+        reset()
     torch.cuda.synchronize(device)
     return graph, outputs

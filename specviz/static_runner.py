@@ -34,13 +34,15 @@ H200 is measured there (benchmarks/bench_shapes.py / bench_e2e.py, with and with
 by side) before it is turned on.
 
 Tree forwards (``parents``): the ancestor mask and the positions n + depth are built on the device
-from the write position, so a tree forward can be captured too: with CUDA graphs, 1 + N rows are
-padded to a tree-size bucket (:data:`TREE_BUCKETS`; padding rows attend to the root and themselves,
-their logits are dropped and their cache slots lie past the tree) and one graph per (bucket, taps)
-is replayed with the bucket's ids, mask [bucket, bucket] and depths copied into static buffers.
-The mask and depths come from the host parents, or, for a tree drafted on the device (EAGLE-2, parents as a
-device tensor), from :func:`specviz.runner.tree_attention_device`. Run on the H200 since session 5
-(tests/test_tree_runners.py, tests/test_eagle_tree.py); ``tree_buckets=None`` runs trees eagerly.
+from the parents and the write position (:func:`specviz.runner.tree_attention_device`, pointer
+doubling), so a tree forward can be captured whole: with CUDA graphs, 1 + N rows are padded to a
+tree-size bucket (:data:`TREE_BUCKETS`; padding nodes are root children that no real node descends
+from: they attend to the root and themselves, their logits are dropped and their cache slots lie past
+the tree) and one graph per (bucket, taps) builds the mask and runs the model, replayed with the ids
+and parents copied into static buffers (a host tree's parents: one queued copy; a tree drafted on the
+device, EAGLE-2: a device copy, no host value at all). The tree forward has run on the H200 since
+session 5 (tests/test_tree_runners.py, tests/test_eagle_tree.py); the mask inside its graph is newer
+(session 7, CPU-tested only so far); ``tree_buckets=None`` runs trees eagerly.
 
 Feature taps (:meth:`StaticRunner.forward_features`): the requested hidden states come from the
 same forward (transformers' ``output_hidden_states``, see :mod:`specviz.runner`); under CUDA graphs
@@ -59,8 +61,7 @@ from transformers import StaticCache
 
 from .graphs import capture
 from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, copy_slots, mask_for,
-                     pick_features, tree_attention, tree_attention_device)
-from .tree import depths as tree_depths
+                     pick_features, tree_attention_device)
 from .transfer import to_device
 
 TREE_BUCKETS = (8, 16, 32, 65)  # tree forwards (1 + N rows) are padded to one of these under CUDA graphs
@@ -248,66 +249,76 @@ class StaticRunner:
         allowed = (kv < pos)[None, :] | (in_tree[None, :] & tm)
         return mask_for(allowed, self.model), (pos + depth)[None]
 
-    def _tree_inputs(self, ids: torch.Tensor, tree: list[int], rows: int):
-        """ids [1, rows], tree mask bool [rows, rows], depth [rows] for a tree padded to ``rows``
-        (padding rows: the root's token, attending to the root and themselves, depth 0)."""
-        n = len(tree) + 1
-        pad = ids[:, :1].expand(1, rows - n)
-        if isinstance(tree, torch.Tensor):  # parents on the device (drafted there): the mask by device ops
-            mask = torch.eye(rows, dtype=torch.bool, device=self.device)
-            mask[:, 0] = True
-            depth = torch.zeros(rows, dtype=torch.long, device=self.device)
-            mask[:n, :n], depth[1:n] = tree_attention_device(tree)
-            return torch.cat([ids, pad], dim=1), mask, depth
-        mask = torch.eye(rows, dtype=torch.bool)
-        mask[:, 0] = True
-        mask[:n, :n] = tree_attention(tree)
-        depth = torch.zeros(rows, dtype=torch.long)
-        depth[1:n] = torch.tensor(tree_depths(tree), dtype=torch.long)
-        return torch.cat([ids, pad], dim=1), to_device(mask, self.device), to_device(depth, self.device)  # no host wait
+    def _tree_buffers(self, rows: int) -> dict[str, torch.Tensor]:
+        """Inputs of a tree forward of ``rows`` rows: ids int64 [1, rows], parents int64 [rows - 1] (-1 = the
+        root; padding nodes are root children no real node descends from)."""
+        return {"ids": torch.zeros(1, rows, dtype=torch.long, device=self.device),
+                "parents": torch.full((rows - 1,), -1, dtype=torch.long, device=self.device)}
 
-    def _tree_forward(self, ids: torch.Tensor, taps: tuple[str, ...], tree: list[int]):
+    def _fill_tree(self, inputs: dict[str, torch.Tensor], ids: torch.Tensor, tree) -> None:
+        """Copy a tree's 1 + N ids and N parents (a host list, or int64 [N] on the device) into ``inputs``;
+        rows past 1 + N are padding (their ids are whatever the buffer holds, their parents -1)."""
+        n = ids.shape[1]
+        inputs["ids"][:, :n].copy_(ids)
+        par = inputs["parents"]
+        if isinstance(tree, torch.Tensor):  # drafted on the device: no host copy at all
+            par[: n - 1].copy_(tree)
+            if par.numel() > n - 1:
+                par[n - 1:].fill_(-1)
+        else:  # a host tree: one queued copy of the padded list (pinned, no wait)
+            host = torch.full((par.numel(),), -1, dtype=torch.long)
+            host[: n - 1] = torch.tensor(tree, dtype=torch.long)
+            par.copy_(to_device(host, self.device))
+
+    def _tree_body(self, inputs: dict[str, torch.Tensor], taps: tuple[str, ...]):
+        """The replayable tree forward: ancestor mask and depths from the parents by device ops
+        (:func:`specviz.runner.tree_attention_device`), then the model on every row. Returns (logits [1, rows, V]
+        in the model's dtype, {tap: [rows, d]})."""
+        mask, depth = tree_attention_device(inputs["parents"])
+        depth = torch.cat([depth.new_zeros(1), depth])  # [rows]: the root row at depth 0
+        return self._eager(inputs["ids"], taps, (mask, depth))
+
+    def _tree_forward(self, ids: torch.Tensor, taps: tuple[str, ...], tree):
         """(float32 logits [1 + N, V], {tap: [1 + N, d]}) of a tree forward; padded to a bucket (and
-        replayed from a CUDA graph when on) if ``tree_buckets`` is set and a bucket fits."""
-        n = len(tree) + 1
+        replayed from a CUDA graph when on) if ``tree_buckets`` is set and a bucket fits. ``tree``: the
+        parents, a host list or int64 [N] on the device. The mask is built inside the graph: per step the
+        host queues the ids' and parents' copies and one replay."""
+        n = ids.shape[1]
         bucket = next((b for b in (self.tree_buckets or ()) if b >= n), None)
-        if bucket is None or self.seq_len + bucket > self.max_cache_len:
-            logits, features = self._eager(ids, taps, self._tree_inputs(ids, tree, n)[1:])
-            return logits[0].float(), features
-        padded, mask, depth = self._tree_inputs(ids, tree, bucket)
-        if self.cuda_graphs and self.seq_len > 0:
-            key = ("tree", bucket, taps)
-            g = self._graphs.get(key) or self._capture_tree(key, padded, mask, depth, taps)
-            graph, (s_ids, s_mask, s_depth), s_logits, s_features = g
-            s_ids.copy_(padded)
-            s_mask.copy_(mask)
-            s_depth.copy_(depth)
+        fits = bucket is not None and self.seq_len + bucket <= self.max_cache_len
+        rows = bucket if fits else n  # no bucket fits: unpadded and eager
+        key = ("tree", rows, taps)
+        graphed = fits and self.cuda_graphs and self.seq_len > 0
+        entry = self._graphs.get(key) if graphed else None
+        inputs = entry[1] if entry is not None else self._tree_buffers(rows)
+        self._fill_tree(inputs, ids, tree)
+        if graphed and key not in self._graphs:
+            entry = self._capture_tree(key, inputs, taps)
+        if entry is None:
+            logits, features = self._tree_body(inputs, taps)
+            logits, features = logits[0, :n].float(), {t: h[:n] for t, h in features.items()}
+        else:
+            graph, _, s_logits, s_features = entry
             graph.replay()
             logits, features = s_logits[0, :n].to(torch.float32, copy=True), {t: h[:n].clone() for t, h in s_features.items()}
-        else:
-            logits, features = self._eager(padded, taps, (mask, depth))
-            logits, features = logits[0, :n].float(), {t: h[:n] for t, h in features.items()}
         self._set_position(self.seq_len + n)  # the padding rows' slots are not part of the cache
         return logits, features
 
-    def _capture_tree(self, key, ids, mask, depth, taps):
-        """Capture one padded tree forward (as :meth:`_capture`), its inputs in static buffers."""
+    def _capture_tree(self, key, inputs, taps):
+        """Capture one padded tree forward (:func:`specviz.graphs.capture`, the runner's pool), its ids and
+        parents in static buffers; the warm-up runs and the capture leave the write position where it was.
+        A failed capture is logged and remembered as None: that bucket then runs eagerly."""
         t0 = time.perf_counter()
-        static = (ids.clone(), mask.clone(), depth.clone())
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self._eager(static[0], taps, static[1:])
-                self._set_position(self.seq_len)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            s_logits, s_features = self._eager(static[0], taps, static[1:])
-        self._pool = graph.pool()
-        self._set_position(self.seq_len)
-        self._graphs[key] = (graph, static, s_logits, s_features)
-        torch.cuda.synchronize(self.device)
+        try:
+            graph, (s_logits, s_features) = capture(lambda: self._tree_body(inputs, taps), self.device, self._pool,
+                                                    reset=lambda: self._set_position(self.seq_len))
+            self._pool = graph.pool()
+            self._graphs[key] = (graph, inputs, s_logits, s_features)
+        except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
+            self._set_position(self.seq_len)
+            log.warning("specviz: CUDA graph capture of the %s tree forward (%d rows) failed; it runs eagerly: %s: %s",
+                        type(self.model).__name__, key[1], type(exc).__name__, exc)
+            self._graphs[key] = None
         self.capture_s += time.perf_counter() - t0
         return self._graphs[key]
 

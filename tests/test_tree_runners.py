@@ -56,12 +56,15 @@ PREFIX = torch.tensor([3, 17, 45, 9, 88, 120, 7, 64])  # committed tokens x_0..x
 ROOT = 55  # the last committed token x_n
 
 
-@pytest.mark.parametrize("kind", ["eager", "static", "static_padded"])
+@pytest.mark.parametrize("kind", ["eager", "static", "static_padded", "static_padded_device_parents"])
 def test_tree_logits_equal_each_path_as_a_chain(model, kind):
-    runner = _runners(model, kind)
+    """Each node's logits and features equal its root path run as a chain; "device_parents": the parents as an
+    int64 tensor (a tree drafted on the device, whose mask the static runner builds by device ops)."""
+    runner = _runners(model, kind.replace("_device_parents", ""))
     runner.reset()
     runner.forward(PREFIX)
-    out = runner.forward_features(torch.tensor([ROOT, *TOKENS]), ("final_norm",), parents=PARENTS)
+    parents = torch.tensor(PARENTS, dtype=torch.long) if kind.endswith("device_parents") else PARENTS
+    out = runner.forward_features(torch.tensor([ROOT, *TOKENS]), ("final_norm",), parents=parents)
     assert out.logits.shape == (1 + len(TOKENS), model.config.vocab_size)
     assert runner.seq_len == len(PREFIX) + 1 + len(TOKENS)
     if kind != "eager":  # the write position follows seq_len (padding rows are not in the cache)
