@@ -8,6 +8,7 @@
 #            gpu/cuda/graph/sync/concurrent/... (no view tests)
 #   profile  scripts/profile_tree_step.py: the tree step's phases beside the chain's
 #   bench    benchmarks/bench_e2e.py: chains beside trees, static runner, trace on and off
+#   hostops  benchmarks/host_ops.py --device cuda: eager ops the host issues per step, by phase (exact on CUDA)
 #   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
 #            8 concurrent sessions and a soak of $SOAK runs (RSS, CUDA memory, graph captures, threads)
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP (timeouts, s), K (pytest -k for tests),
@@ -36,6 +37,9 @@ for stage in "$@"; do
       --methods "${METHODS:-none,eagle3,eagle3+tree4x5x24,eagle,eagle+tree4x5x24,draft_model+choices}" --commit "$COMMIT" \
       > "$L/bench_e2e.log" 2>&1
     echo "[bench] exit $?"; grep -E "tok/s" "$L/bench_e2e.log" | grep -v "^hf" | tail -14 ;;
+  hostops)
+    timeout 120 python3 benchmarks/host_ops.py --device cuda --by phase --top 12 > "$L/host_ops.log" 2>&1
+    echo "[hostops] exit $?"; grep -E "^## |^ +[0-9]" "$L/host_ops.log" | head -60 ;;
   app)
     timeout ${T_APP:-500} python3 scripts/gpu_app_check.py --out "$OUT/app/app_gpu.json" ${ONLY:+--only "$ONLY"} --compare \
       --soak ${SOAK:-200} > "$L/app.log" 2>&1
