@@ -30,7 +30,8 @@ class GenerationStarted:
 class DraftProposed:
     """The proposer's output for step ``step``: ``token_ids`` (the draft, host list),
     ``proposer`` (method name), ``details`` (the proposer's plain-data match details) and the
-    wall time spent drafting, ``draft_ms``."""
+    wall time spent drafting, ``draft_ms`` (the proposer's ``propose`` for this step plus its ``observe`` of
+    the tokens this step committed; one-time graph captures excluded)."""
 
     step: int
     proposer: str

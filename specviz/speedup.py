@@ -6,7 +6,8 @@ identical runs can differ by 2x. So the comparison is made after each run, from 
 of segments of the same request (the first ``segment_tokens`` new tokens): one with the run's
 method, one with method "none", alternating the order (A B, B A, A B, ...) so that a drift of the
 machine's speed cancels. Each pair gives one ratio of decode tokens/s (tokens / (draft + verify +
-sample time), the engine's own per-step time: no prefill, no time between steps); the headline
+sample time), the engine's own per-step time, the proposer's observe counted in draft: no prefill, no
+time between steps, e.g. the trace's event publication); the headline
 is the median ratio, shown with its range over the pairs; a range wider than ``NOISY_SPREAD`` of the
 median is too noisy to read. Spec-Bench reports mean +- std over 3 runs; vLLM's
 ``benchmarks/sweep/tune_speculative_k.py`` uses the median and MAD of repeated runs.

@@ -181,3 +181,24 @@ def test_partial_traces_are_readable(decoders):
         mentioned = set(generated) | {t for s in trace.steps for t in s.draft_token_ids}
         mentioned |= {int(t) for s in trace.steps for p in s.positions for t, _ in p.p_top + p.q_top + p.residual_top}
         assert mentioned <= {int(k) for k in trace.token_texts}
+
+
+def test_observe_time_is_counted_as_drafting(decoders, monkeypatch):
+    """The proposer's observe (after verification) is drafting work: a step's draft_ms includes it, so a
+    speedup over method none (which observes nothing) is not measured on a time that leaves it out."""
+    import time as _time
+
+    from specviz.proposers.ngram import NgramProposer
+
+    dec = decoders["llama"]
+    base = dec.generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=8)
+
+    def slow_observe(self, outcome):
+        _time.sleep(0.03)
+
+    monkeypatch.setattr(NgramProposer, "observe", slow_observe)
+    slow = dec.generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=8)
+    assert slow.output_token_ids == base.output_token_ids
+    for step in slow.steps[1:]:  # the prefill's observe runs before the first step: not a step's time
+        assert step.timings_ms["draft"] >= 30.0, step.timings_ms
+    assert slow.metrics["time_ms"]["draft"] >= 30.0 * (len(slow.steps) - 1)

@@ -38,8 +38,8 @@ COLUMN_FORMULAS = {
     "speedup": "measured: tokens/s ÷ tokens/s of method none at the same temperature, run in this comparison",
     "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
                        "g = coverage, a = accepted / verified positions",
-    "ms/step: draft / verify / sample": "milliseconds per verification step: drafting, the target's verify forward, "
-                                        "sampler + record",
+    "ms/step: draft / verify / sample": "milliseconds per verification step: drafting (the proposer's propose and "
+                                        "observe), the target's verify forward, sampler + record",
     "c_i (Wilson 95%, n), i = 1..k": "c_i = accepted at position i / steps that verified position i "
                                      "(= P(accept i | accepted 1..i-1)), Wilson 95 % interval, n = steps that verified i",
     "lossless": "T = 0: output = method none's token for token (runs equal / runs). T > 0: chi-square test per "
