@@ -55,7 +55,7 @@ def format_metrics(trace: Trace) -> str:
         f"mean acceptance length {m['mean_acceptance_length']:.3f}  "
         f"draft acceptance rate {m['draft_acceptance_rate']:.3f}"
         + (f" (per node drafted)  per-depth acceptance {m['depth_acceptance_rate']:.3f}"
-           if any(st.nodes for st in trace.steps) and "depth_acceptance_rate" in m else ""),
+           if any(st.is_tree for st in trace.steps) and "depth_acceptance_rate" in m else ""),
         "acceptance per position " + " ".join(f"{r:.2f}" for r in m["acceptance_rate_per_position"]),
         "acceptance histogram " + " ".join(str(c) for c in m["acceptance_histogram"]),
         f"target forward passes {trace.target_forward_passes}  {trace.tokens_per_second:.1f} tok/s  "
@@ -66,7 +66,7 @@ def format_metrics(trace: Trace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specviz", description="specviz: run speculative decoding and see what "
-                                 "happened inside (commands: app, generate, train)")
+                                 "happened inside (commands: app, generate, compare, train)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("app", help="serve the web app (specviz app --help for its options)", add_help=False)
     sub.add_parser("train", help="train the demo models (specviz train --help for its options)", add_help=False)

@@ -164,6 +164,12 @@ class Step:
         return len(self.nodes) if self.nodes else len(self.draft_token_ids)
 
     @property
+    def is_tree(self) -> bool:
+        """The step drafted a tree that is not a chain (some node's parent is not the node before it). A
+        version-2 chain step has nodes too (parents i - 1): test this, not ``nodes``."""
+        return any(n.parent != n.id - 1 for n in self.nodes)
+
+    @property
     def draft_depth(self) -> int:
         """The deepest drafted position (a chain: k')."""
         return max((n.depth for n in self.nodes), default=0) if self.nodes else len(self.draft_token_ids)

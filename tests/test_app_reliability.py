@@ -423,3 +423,16 @@ def test_no_capture_note_when_nothing_was_captured(app_url):
     out = client.predict(*run_args(method="ngram", max_new=8, compare=False), api_name="/run")
     assert plot(out[GRID])["data"]
     assert "captured CUDA graphs" not in out[SPEEDUP]  # nothing captured on the CPU: no note
+
+
+def test_an_error_quoting_angle_brackets_is_shown_whole():
+    """Python's SyntaxError text ends "(<unknown>, line 1)": the Markdown progress line took "<unknown>" for a tag
+    and lost the rest of the message and the note that the views are stale (new-user report, session 7)."""
+    import warnings
+
+    from specviz.ui.handlers import STALE_NOTE, _message_outputs
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # gr.Warning outside a request warns
+        line = _message_outputs("speculative_token_tree: '(' was never closed (<unknown>, line 1)")[0]
+    assert "(&lt;unknown&gt;, line 1)" in line and "<unknown>" not in line and STALE_NOTE in line

@@ -33,3 +33,43 @@ def test_one_definition_everywhere(self_decoders):
     assert f">{steps}</td>" in page and f">{steps + 1}</td>" in page  # steps and forwards incl. prefill
     assert f"{want:.2f} tokens per target forward" in summary_markdown(trace)
     assert f"{want / 1.0:.2f}× tokens per target forward" in page
+
+
+def _summary(tokens, steps, draft, verify, sample):
+    t = {"draft": draft, "verify": verify, "sample": sample}
+    decode_s = sum(t.values()) / 1e3
+    return {"tokens": tokens, "steps": steps, "tokens_per_forward": tokens / steps, "time_ms": t,
+            "decode_s": decode_s, "decode_tokens_per_second": tokens / decode_s}
+
+
+def test_speedup_note_never_says_speculation_loses_beside_a_pooled_gain():
+    """The new-user report: "... = 1.10x (the segments pooled). Here speculation loses" (the sentence followed the
+    0.95x median alone). When the median and the pooled ratio fall on different sides of 1x the note says the
+    difference is within the noise; when both are below 1x it explains the loss."""
+    from specviz.viz.stats import _speedup_note
+
+    def note(median, seg_draft_ms):
+        base = _summary(32, 32, 0.0, 320.0, 0.0)  # method none: 10 ms a token
+        seg = _summary(32, 10, seg_draft_ms, 100.0, 10.0)  # 3.2 tokens a step
+        meas = {"median": median, "low": median * 0.8, "high": median * 1.2, "n": 3, "pairs": 3, "segment_tokens": 32,
+                "ratios": [median] * 3, "noisy": False, "cost_s": 1.0, "method_summary": seg}
+        text = _speedup_note(seg, {**base, "measurement": meas})
+        return " ".join(re.sub(r"<[^>]+>", " ", text).split())
+
+    pooled_gain = note(0.95, 180.0)  # pooled: 32 tokens in 290 ms vs 320 ms = 1.10x
+    assert "= 1.10× (the segments pooled)" in pooled_gain
+    assert "speculation loses" not in pooled_gain and "within the noise" in pooled_gain
+    both_lose = note(0.8, 300.0)  # pooled 32 / 410 ms vs 320 ms = 0.78x
+    assert "Here speculation loses" in both_lose and "within the noise" not in both_lose
+    both_win = note(1.6, 50.0)
+    assert "speculation loses" not in both_win and "within the noise" not in both_win
+
+
+def test_lossy_verification_says_so_in_the_summary(self_decoders):
+    """Lossy modes say so wherever they appear: synthetic acceptance in the run summary (the dropdown names it too)."""
+    dec = self_decoders["llama"]
+    trace = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=8, verify="synthetic",
+                         temperature=1.0, synthetic_rates=[0.9, 0.8, 0.7])
+    assert "**Lossy:** verify = synthetic" in summary_markdown(trace)
+    lossless = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=8)
+    assert "Lossy" not in summary_markdown(lossless)

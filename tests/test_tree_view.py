@@ -335,10 +335,22 @@ def test_cli_metrics_say_the_tree_rate_is_per_node_and_give_the_per_depth_one():
     tree.metrics = compute_metrics(tree.steps, 3)
     text = format_metrics(tree)
     assert "draft acceptance rate 0.250 (per node drafted)  per-depth acceptance 0.667" in text
-    chain = tree_trace()
-    chain.steps[0].nodes = []
-    chain.metrics = compute_metrics(chain.steps, 3)
-    assert "per node" not in format_metrics(chain)
+    for chain in _chains():  # a version-2 chain step has nodes too (parents i - 1): still a chain
+        chain.metrics = compute_metrics(chain.steps, 3)
+        assert "per node" not in format_metrics(chain)
+
+
+def _chains():
+    """tree_trace()'s step made a chain two ways: no nodes (as a version-1 trace loaded), and the chain nodes a
+    version-2 trace of a chain draft holds (what the engine records)."""
+    from specviz.trace import chain_nodes
+
+    bare, noded = tree_trace(), tree_trace()
+    bare.steps[0].nodes = []
+    st = noded.steps[0]
+    st.nodes, st.tree_rule = chain_nodes(st.draft_token_ids, st.num_accepted, st.positions), "chain"
+    assert st.nodes and not st.is_tree
+    return bare, noded
 
 
 def test_draft_model_panel_says_tree_children_are_ranked_not_sampled():
@@ -347,9 +359,8 @@ def test_draft_model_panel_says_tree_children_are_ranked_not_sampled():
     tree = tree_trace()
     page = draft_candidates_html(tree, tree.steps[0])
     assert "candidate of its rank" in page and "sampled x_i" not in page
-    chain = tree_trace()
-    chain.steps[0].nodes = []
-    assert "sampled x_i from the draft's q" in draft_candidates_html(chain, chain.steps[0])
+    for chain in _chains():
+        assert "sampled x_i from the draft's q" in draft_candidates_html(chain, chain.steps[0])
 
 
 def test_greedy_tree_legend_names_the_replacement_token():

@@ -34,6 +34,7 @@ from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
 
 from .cache import DecoderCache, StopSignals
+from .handlers import md_text
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARE_PROMPTS = ROOT / "assets" / "examples" / "compare_prompts.json"
@@ -189,7 +190,7 @@ def _message(text: str):
 
 def _error(message: str, note: str = "the views below are unchanged") -> tuple:
     gr.Warning(message)
-    return (f"**error** · {message} · _{note}_", *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), gr.skip())
+    return (f"**error** · {md_text(message)} · _{note}_", *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), gr.skip())
 
 
 def _progress(c: Comparison, total: int, last: str) -> str:

@@ -15,6 +15,7 @@ app stays up. Only Export, whose single output is the download list, raises ``gr
 from __future__ import annotations
 
 import hashlib
+import html
 import json
 import os
 import re
@@ -31,7 +32,7 @@ from specviz.speedup import DEFAULT_BUDGET_S, DEFAULT_PAIRS, DEFAULT_SEGMENT_TOK
 from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.viz import figure_png, figures, report_html, run_summary
 
-from .cache import DecoderCache, StopSignals
+from .cache import DecoderCache, StopSignals, device_in_use
 from .settings import tree_settings
 from .settings import (
     MAX_UI_NEW_TOKENS,
@@ -87,7 +88,13 @@ def _message_outputs(message: str, state: dict[str, Any] | None = None, note: st
     and leave every view, both sliders and (unless given) the session state as they are. ``note``
     (appended to the progress line) says what the views show, so nobody mistakes them for a result."""
     gr.Warning(message)
-    return (f"**error** · {message} · _{note}_", *([gr.skip()] * 10), gr.skip() if state is None else state)
+    return (f"**error** · {md_text(message)} · _{note}_", *([gr.skip()] * 10), gr.skip() if state is None else state)
+
+
+def md_text(message: str) -> str:
+    """``message`` for a Markdown line: HTML escaped, so an error quoting Python's "(<unknown>, line 1)" is shown,
+    not taken for a tag that swallows the rest of the line."""
+    return html.escape(str(message), quote=False)
 
 
 def _full_outputs(progress: str, trace: Trace, state: dict[str, Any]) -> tuple[Any, ...]:
@@ -201,7 +208,7 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
             yield _message_outputs(exc.message, previous if streamed else None)
             return
         gr.Warning(exc.message)
-        yield _full_outputs(f"**error** · {exc.message} · _the views below show your previous run (the session "
+        yield _full_outputs(f"**error** · {md_text(exc.message)} · _the views below show your previous run (the session "
                             "keeps it: Export still saves it)_", old, previous)
 
 
@@ -577,7 +584,9 @@ class SessionHandlers:
         """The line under the header while the models load and warm up (polled by a timer, which
         this turns off once nothing is happening), and the warm-up's cost once done."""
         if self.cache.status:
-            return (f"**warming up** · {self.cache.status.removeprefix('warm-up: ')} · one-time work (CUDA-graph capture, kernel compilation) "
+            cuda = device_in_use(self.cache.device).startswith("cuda")
+            work = "CUDA-graph capture, kernel compilation" if cuda else "the first requests' set-up"
+            return (f"**warming up** · {self.cache.status.removeprefix('warm-up: ')} · one-time work ({work}) "
                     "done now so that no run pays for it; a Run pressed meanwhile waits for it", gr.Timer(active=True))
         r = self.cache.warm_up_report
         done = (f"warmed up in {r['seconds']:.1f} s ({int(r['graphs'])} CUDA graphs captured, {r['capture_s']:.1f} s)"

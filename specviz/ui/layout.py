@@ -109,7 +109,8 @@ class LenientNumber(gr.Number):
 def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     from specviz.engine import METHODS, VERIFY_METHODS
 
-    VERIFY_LABELS = {"typical": "typical (Medusa; lossy: not distribution-preserving)"}
+    VERIFY_LABELS = {"typical": "typical (Medusa; lossy: not distribution-preserving)",
+                     "synthetic": "synthetic (fixed acceptance rates, benchmarking; lossy: not distribution-preserving)"}
 
     c: dict[str, gr.components.Component] = {}
     # the controls start with the first example's prompt and settings, so the dropdown names it

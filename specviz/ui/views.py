@@ -74,6 +74,15 @@ def default_selection(trace: Trace) -> tuple[int, int]:
     return pick.index, pick.num_accepted + 1
 
 
+LOSSY_NOTES = {  # verification modes whose output is NOT distributed as the target's (algorithms.md 4; Medusa)
+    "synthetic": ("**Lossy:** verify = synthetic accepts drafts at the fixed rates a_i given (vLLM's synthetic "
+                  "acceptance, for benchmarking), not by comparing p and q: the output is not distributed as the "
+                  "target's, and the rates above measure the setting, not the draft."),
+    "typical": ("**Lossy:** typical acceptance (Medusa) accepts a draft while p(x) > min(ε, δ·exp(−H(p))): the output "
+                "is not distributed as the target's."),
+}
+
+
 def summary_markdown(trace: Trace) -> str:
     """Headline numbers of a (possibly partial) trace as Markdown."""
     if not trace.steps:
@@ -89,6 +98,8 @@ def summary_markdown(trace: Trace) -> str:
     note = source_note(trace)  # the method's own hint (viz/source.py), e.g. prompt lookup rarely matching
     if note:
         head += "\n\n" + note
+    if cfg.get("verify") in LOSSY_NOTES:
+        head += "\n\n" + LOSSY_NOTES[cfg["verify"]]
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
             f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "
             f"stop: {trace.stop_reason or 'running'}")

@@ -17,7 +17,7 @@ TOP = 5  # candidates listed per position
 def draft_candidates_html(trace: Trace, step: Step) -> str:
     """HTML table of ``step``'s drafted positions (see module docstring); rows carry
     ``data-position``. A step without per-position details gets a sentence instead."""
-    if step.nodes:  # a static tree: each child is the draft's candidate of its rank (top-k), whatever T is
+    if step.is_tree:  # a static tree: each child is the draft's candidate of its rank (top-k), whatever T is
         how = ("gave each tree node the draft's candidate of its rank at its parent (top-k children, verified "
                "with q one-hot); the row below is the step's path")
     elif (step.match or {}).get("greedy"):

@@ -99,8 +99,8 @@ def _method(trace: Trace, step: Step | None = None) -> str:
 
 
 def is_tree(st: Step) -> bool:
-    """The step drafted a tree that is not a chain (some node's parent is not the node before it)."""
-    return any(n.parent != n.id - 1 for n in st.nodes)
+    """:attr:`specviz.trace.Step.is_tree`."""
+    return st.is_tree
 
 
 def _row_node(st: Step, index: int):

@@ -123,7 +123,8 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
     else:
         thr, u = pos.accept_prob, pos.u
         name = "a_i / a_(i-1)" if verify == "synthetic" else TREE_TEST_NAME.get(tree_rule or "", "min(1, p/q)")
-        sentence = (f"u = {fmt_prob(u)} {'≤' if pos.accepted else '>'} {name} = {fmt_prob(thr)}: "
+        sentence = (("synthetic (lossy, fixed rates): " if verify == "synthetic"
+                     else "") + f"u = {fmt_prob(u)} {'≤' if pos.accepted else '>'} {name} = {fmt_prob(thr)}: "
                     + ("accepted" if pos.accepted else "rejected"))
 
         verdict = "accepted" if pos.accepted else "rejected"

@@ -359,7 +359,12 @@ def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
                  f"steps of method none (drafting {c['draft']:.2f} + verify forward of up to k+1 tokens "
                  f"{c['verify']:.2f} + sampler and record {c['sample']:.2f}), and yields {fwd:.2f}× the tokens: "
                  f"{fwd:.2f} / {c['total']:.2f} = {fwd / c['total']:.2f}×{' (the segments pooled)' if meas else ''}.")
-        if (meas["median"] if meas else tps) < 1:
+        headline, pooled = (meas["median"] if meas else tps), fwd / c["total"]
+        if (headline < 1) != (pooled < 1):  # the median of the pairs and the pooled segments disagree
+            note += (f" The headline ({headline:.2f}×, the median of the pairs) and the segments pooled "
+                     f"({pooled:.2f}×) fall on different sides of 1×: on this machine, now, the difference between "
+                     "speculation and method none is within the noise.")
+        elif headline < 1:
             note += (" Here speculation loses: the drafting and the wider verify forward cost more than the target "
                      "forwards they save. That happens when the target is small (its forward is cheap, barely more "
                      "than the draft's) or runs on a CPU (where a forward's cost grows with the tokens it checks); "
