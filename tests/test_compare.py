@@ -335,3 +335,33 @@ def test_planted_synthetic_run_is_flagged_by_the_distribution_test(decoders):
     fair, planted = losslessness(c, 1), losslessness(c, 2)
     assert fair["test"]["status"] == "tested" and fair["ok"] is True, fair
     assert planted["ok"] is False and planted["test"]["p"] < 0.01, planted
+
+
+def _ksweep_row(method: str, k: int, verify: str = "greedy", temperature: float = 0.0) -> dict:
+    """A table row with just what ksweep_figure reads."""
+    return {"method": method, "verify": verify, "temperature": temperature, "k": k, "label": f"{method} k={k}",
+            "acceptance_length": {"vllm": 1.5, "per_forward": 1.4, "drafts_only": 0.5}, "speedup": 1.1,
+            "conditional": [{"n": 10}] * k, "num_accepted_tokens": 5, "steps": 20, "num_drafts": 10}
+
+
+def test_ksweep_gives_every_method_its_own_colour_and_marker():
+    """newuser7: methods reused a 7-colour palette (ngram and medusa both blue, ...). Each method now has
+    one colour and marker, distinct from every other method's, and the same whichever methods are swept."""
+    from specviz.engine import METHODS
+    from specviz.viz.compare import METHOD_STYLE, ksweep_figure
+
+    assert set(METHODS) <= set(METHOD_STYLE)
+    assert len({c for c, _ in METHOD_STYLE.values()}) == len({m for _, m in METHOD_STYLE.values()}) == len(METHOD_STYLE)
+    rows = [_ksweep_row(m, k) for m in METHODS for k in (1, 3, 5)]
+    fig = ksweep_figure(rows)
+    measured = [d for d in fig.data if d.showlegend is not False]  # one legend entry per method
+    assert len(measured) == len(METHODS) - 1  # method none is the baseline, not drawn
+    assert len({d.line.color for d in measured}) == len({d.marker.symbol for d in measured}) == len(measured)
+    for d in measured:
+        assert (d.line.color, d.marker.symbol) == METHOD_STYLE[d.name.split()[0]]
+    alone = ksweep_figure([_ksweep_row("mtp", k) for k in (1, 3)])  # the same colour in a smaller sweep
+    assert alone.data[0].line.color == METHOD_STYLE["mtp"][0]
+    # a second verification of the same method: same colour, another line dash
+    two = ksweep_figure([_ksweep_row("ngram", 2), _ksweep_row("ngram", 2, "standard", 0.8)])
+    a, b = [d for d in two.data if d.showlegend is not False]
+    assert a.line.color == b.line.color and a.line.dash != b.line.dash

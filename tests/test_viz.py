@@ -237,6 +237,26 @@ def test_block_panel_shows_P_h_eta(traces):
     if st.num_accepted < k:  # the recovered token's block residual is defined in the caption
         assert "the block residual the recovered token was drawn from" in title_text(fig)
     assert f"τ = last i with η_i ≤ h_i = {st.num_accepted} → {st.num_accepted} token(s) accepted" in title_text(fig)
+    # newuser7: the caption's colour word is the colour the dashes are drawn in (open symbols stroke in
+    # marker.color, so an unset one took plotly's pink default)
+    from specviz.viz.residual import RATIO_COLOUR
+
+    ratio = by_name["min(1, p/q)"].marker
+    assert ratio.color == ratio.line.color == RATIO_COLOUR == {"grey": "#6b7280"}[title_word(fig)]
+    # newuser7: h_i is in the tick labels under the bars, not inside the bars under the η diamonds
+    block_axis = fig.layout[f"xaxis{by_name['h_i'].xaxis[1:]}"]
+    assert list(block_axis.ticktext) == [f"x{i}<br>h={fmt_prob(h)}" for i, h in enumerate(st.block["h"][:k], 1)]
+    assert not by_name["h_i"].text
+    # newuser7: the legend's top sits below the block panel's two-line tick labels and caption (~55 px)
+    plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    assert -fig.layout.legend.y * plot_px >= 55 and fig.layout.margin.b >= -fig.layout.legend.y * plot_px + 30
+
+
+def title_word(fig) -> str:
+    """The colour word the block panel's axis caption gives the min(1, p/q) dashes."""
+    caption = next(a.title.text for a in (fig.layout[k] for k in fig.layout if k.startswith("xaxis"))
+                   if a.title.text and "min(1, p/q)" in a.title.text)
+    return re.search(r"(\w+) dash min\(1, p/q\)", caption).group(1)
 
 
 def test_bonus_slot_with_self_draft(self_trace):

@@ -261,6 +261,36 @@ def rules_figure(trace: Trace) -> go.Figure:
 
 
 # ---- the k sweep ----------------------------------------------------------------------------
+# One colour and one marker per method (specviz.engine.METHODS): no two methods share either, and a
+# method keeps them whatever else is in the sweep (the k sweep is the only Compare figure coloured by
+# method; strips and rules are coloured by fate / count). Tableau 10 colours.
+METHOD_STYLE: dict[str, tuple[str, str]] = {
+    "none": ("#7f7f7f", "circle-open"),
+    "ngram": ("#1f77b4", "circle"),
+    "ngram_gpu": ("#17becf", "square"),
+    "suffix": ("#ff7f0e", "diamond"),
+    "draft_model": ("#9467bd", "triangle-up"),
+    "eagle": ("#d62728", "triangle-down"),
+    "eagle3": ("#8c564b", "pentagon"),
+    "dflash": ("#bcbd22", "hexagon"),
+    "medusa": ("#e377c2", "star"),
+    "mtp": ("#2ca02c", "cross"),
+}
+# methods missing above (a new one): colours and markers no listed method uses, in order of first use
+EXTRA_STYLES = (("#111827", "x"), ("#0f766e", "star-square"), ("#a16207", "hourglass"), ("#4338ca", "bowtie"))
+_extra: dict[str, tuple[str, str]] = {}
+VARIANT_DASHES = ("solid", "dot", "dashdot", "longdashdot")  # a method's 2nd, 3rd ... verification / temperature
+
+
+def method_style(method: str) -> tuple[str, str]:
+    """(colour, marker symbol) of ``method``: METHOD_STYLE, else the next unused EXTRA_STYLES entry."""
+    if method in METHOD_STYLE:
+        return METHOD_STYLE[method]
+    if method not in _extra:
+        _extra[method] = EXTRA_STYLES[len(_extra) % len(EXTRA_STYLES)]
+    return _extra[method]
+
+
 KSWEEP_THEORY = {  # convention -> (y axis title, the dashed curve's formula; E = (1 - a^(k+1)) / (1 - a))
     "vllm": ("tokens per drafting step", "E = (1 − a^(k+1))/(1 − a)"),
     "per_forward": ("tokens per verification step", "(1 − g) + g·E, g = coverage"),
@@ -287,13 +317,16 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     for r in rows:
         if r["method"] != "none":
             groups.setdefault(f"{r['method']} {r['verify']} T={r['temperature']:g}", []).append(r)
-    palette = ("#2563eb", "#16a34a", "#f97316", "#9333ea", "#dc2626", "#0891b2", "#ca8a04")
-    for n, (name, rs) in enumerate(groups.items()):
+    variants: dict[str, int] = {}  # method -> groups of it drawn so far (another verification / temperature)
+    for name, rs in groups.items():
         rs = sorted(rs, key=lambda r: r["k"])
-        colour = palette[n % len(palette)]
+        colour, symbol = method_style(rs[0]["method"])
+        v = variants[rs[0]["method"]] = variants.get(rs[0]["method"], -1) + 1
+        line = {"color": colour, "dash": VARIANT_DASHES[v % len(VARIANT_DASHES)]}
+        marker = {"symbol": symbol, "size": 9, "color": colour}
         ks = [r["k"] for r in rs]
         fig.add_trace(go.Scatter(x=ks, y=[r["acceptance_length"][convention] for r in rs], mode="lines+markers",
-                                 name=name, line={"color": colour}, legendgroup=name), row=1, col=1)
+                                 name=name, line=line, marker=marker, legendgroup=name), row=1, col=1)
         offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
         a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
         steps = sum(r["steps"] for r in rs)
@@ -306,7 +339,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                                      legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
                                      "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
         fig.add_trace(go.Scatter(x=ks, y=[r["speedup"] for r in rs], mode="lines+markers", name=name,
-                                 line={"color": colour}, legendgroup=name, showlegend=False), row=1, col=2)
+                                 line=line, marker=marker, legendgroup=name, showlegend=False), row=1, col=2)
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
     fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
     fig.update_yaxes(title_text=y_title, row=1, col=1)

@@ -24,6 +24,9 @@ from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, positio
 MAX_BARS = 10
 WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px window
 P_COLOUR, Q_COLOUR, R_COLOUR, B_COLOUR = "#2563eb", "#f97316", "#16a34a", "#9333ea"
+# the block panel's min(1, p/q) dashes: the colour and the word its axis caption names them by
+RATIO_COLOUR, RATIO_COLOUR_WORD = "#6b7280", "grey"
+BLOCK_LEGEND_PX = 62  # the legend's top, in pixels below the block panel (its two-line ticks and caption)
 
 
 def message_figure(text: str, height: int = 260) -> go.Figure:
@@ -151,14 +154,15 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
 
 def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
     """Block verification's numbers per draft position, each series named where it is drawn (no
-    legend entries): bars h_i, a purple line P_i, grey dashes min(1, p_i/q_i), diamonds η_i."""
+    legend entries): bars h_i (values under the bars), a purple line P_i, grey dashes min(1, p_i/q_i),
+    diamonds η_i."""
     b = step.block
     k = len(step.draft_token_ids)
     x = [f"x{i}" for i in range(1, k + 1)]
     ratio = [pos.accept_prob for pos in step.positions[:k]]
     passes = [e <= h for e, h in zip(b["eta"][:k], b["h"][:k])]
+    # h_i is written under its bar, in the tick label: inside the bar the η diamond and the dashes covered it
     fig.add_trace(go.Bar(x=x, y=b["h"][:k], name="h_i", marker_color="#99f6e4", showlegend=False, width=0.6,
-                         text=[f"h={fmt_prob(v)}" for v in b["h"][:k]], textposition="inside", insidetextanchor="start",
                          hovertemplate="h_%{x} = %{y:.4f}: the probability to accept the block up to here<extra></extra>"),
                   row=row, col=1)
     fig.add_trace(go.Scatter(x=x, y=b["P"][:k], mode="lines+markers", name="P_i", showlegend=False,
@@ -166,7 +170,8 @@ def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
                              hovertemplate="P_%{x} = %{y:.4f}: how well the first i tokens match<extra></extra>"),
                   row=row, col=1)
     fig.add_trace(go.Scatter(x=x, y=ratio, mode="markers", name="min(1, p/q)", showlegend=False,
-                             marker={"symbol": "line-ew-open", "size": 22, "line": {"width": 3, "color": "#6b7280"}},
+                             marker={"symbol": "line-ew-open", "size": 22, "color": RATIO_COLOUR,  # open symbols
+                                     "line": {"width": 3, "color": RATIO_COLOUR}},  # stroke in marker.color
                              hovertemplate="min(1, p/q) = %{y:.4f}: the token-wise test<extra></extra>"), row=row, col=1)
     fig.add_trace(go.Scatter(x=x, y=b["eta"][:k], mode="markers", name="η_i", showlegend=False,
                              marker={"symbol": "diamond", "size": 13, "line": {"width": 1, "color": "#111827"},
@@ -176,8 +181,9 @@ def _block_panel(fig: go.Figure, step: Step, row: int) -> str:
     tau = int(b.get("tau", step.num_accepted))
     tokenwise = tokenwise_accepted(step)
     fig.update_yaxes(range=[0, 1.05], title_text="block test", row=row, col=1)
-    fig.update_xaxes(title_text="teal bar h_i · purple line P_i · grey dash min(1, p/q) · ◆ η_i (green passes, red fails)",
-                     title_font={"size": 11}, title_standoff=2, row=row, col=1)
+    fig.update_xaxes(title_text=f"teal bar h_i · purple line P_i · {RATIO_COLOUR_WORD} dash min(1, p/q) · ◆ η_i "
+                                "(green passes, red fails)", title_font={"size": 11}, title_standoff=2,
+                     tickvals=x, ticktext=[f"{xi}<br>h={fmt_prob(v)}" for xi, v in zip(x, b["h"][:k])], row=row, col=1)
     return (f"block: τ = last i with η_i ≤ h_i = {tau} → {tau} token(s) accepted. With these same uniforms "
             f"token-wise verification (η_i ≤ min(1, p_i/q_i)) would have accepted {tokenwise}; block verification "
             "accepts at least as many on average, not on every draw")
@@ -327,9 +333,12 @@ def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
     fig.add_annotation(name="caption", text=caption, x=0, y=1, xref="paper", yref="paper", xanchor="left",
                        yanchor="bottom", yshift=10, showarrow=False, align="left",
                        font={"size": 14, "color": "#111827"})
+    height, top = (680 if has_block else 480), 26 + 19 * (len(head) + len(small))
+    bottom = BLOCK_LEGEND_PX + 40 if has_block else 40  # the block panel's legend sits below its caption
+    legend_y = -BLOCK_LEGEND_PX / max(height - top - bottom, 1) if has_block else (-0.13 if gauge else -0.06)
     fig.update_layout(
-        height=(620 if has_block else 480), barmode="group", plot_bgcolor="#ffffff",
-        margin={"l": 55, "r": 10, "t": 26 + 19 * (len(head) + len(small)), "b": 40},
-        legend={"orientation": "h", "y": -0.13 if gauge else -0.06, "yanchor": "top", "font": {"size": 11}},
+        height=height, barmode="group", plot_bgcolor="#ffffff",
+        margin={"l": 55, "r": 10, "t": top, "b": bottom},
+        legend={"orientation": "h", "y": legend_y, "yanchor": "top", "font": {"size": 11}},
     )
     return fig
