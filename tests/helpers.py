@@ -3,10 +3,14 @@
 The head-method files (test_medusa, test_mtp, test_dflash, test_eagle, test_eagle_tree): the tiny
 target, the decoders of both runners, the CLI's arguments, the "random heads and an oracle give plain
 greedy's tokens" loop and the GPU check that the static runner's CUDA graphs give the eager runner's
-tokens. Imports are inside the functions, so that importing this module costs nothing."""
+tokens. The browser files (test_browser, test_browser_single_run, test_lesson_app): headless Chromium
+and the app's page. Imports are inside the functions, so that importing this module costs nothing
+(and needs neither Chromium nor Playwright)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
@@ -126,3 +130,50 @@ def assert_static_graphs_equal_eager(decs: dict, method: str, k: int, verify: st
             want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
             assert runs["static"].output_token_ids == want
 
+
+# ---- the browser tests --------------------------------------------------------------------------------------
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", "--no-first-run"]
+SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", Path(__file__).resolve().parent.parent / "screenshots-tmp"))
+
+
+def chromium(tmp_path_factory, width: int, height: int):
+    """A generator for a fixture (``yield from``): a persistent headless Chromium context (CHROMIUM, never a
+    downloaded browser) with a ``width`` x ``height`` viewport on a fresh profile, removed afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    profile = tmp_path_factory.mktemp("chromium-profile")
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True, args=ARGS,
+                                                   viewport={"width": width, "height": height})
+        yield ctx
+        ctx.close()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def open_page(browser, url: str, viewport: dict | None = None, pages: list | None = None):
+    """(page, errors): a new page of ``browser`` (appended to ``pages``; resized to ``viewport``) at ``url``, once
+    the app's Run button is there; ``errors`` collects the page's uncaught script errors."""
+    page = browser.new_page()
+    if pages is not None:
+        pages.append(page)
+    if viewport is not None:
+        page.set_viewport_size(viewport)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(url)
+    page.wait_for_selector("#sv-run")
+    return page, errors
+
+
+def set_box(page, label: str, value) -> None:
+    """Type ``value`` into the input labelled ``label`` and press Enter."""
+    box = page.get_by_label(label, exact=True)
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def progress(page) -> str:
+    """The app's progress line."""
+    return page.locator("#sv-progress").inner_text()
