@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny random models saved to disk (loaded like real ones)."""
+"""Shared fixtures: tiny random models saved to disk (loaded like real ones), and one intra-op thread."""
 
 from __future__ import annotations
 
@@ -43,3 +43,25 @@ def self_decoders(tiny_dirs):
     from specviz import SpecDecoder
 
     return {arch: SpecDecoder.from_pretrained(t, t, device="cpu", dtype="float32") for arch, (t, _) in tiny_dirs.items()}
+
+
+def _single_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a whole module (``pytestmark = pytest.mark.usefixtures("one_thread")``): the
+    models are tiny, and the CI machine's cores are shared."""
+    yield from _single_thread()
+
+
+@pytest.fixture
+def one_thread_per_test():
+    """One intra-op thread for one test only."""
+    yield from _single_thread()

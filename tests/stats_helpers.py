@@ -71,3 +71,48 @@ def save_small_word_target(root, seed: int = 4):
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(root / "target")
     return model
+
+
+def exact_marginals(dec, prompt: list[int], **sampling):
+    """The target's distributions (float64 [SMALL_VOCAB] each) of the first and second generated tokens
+    after ``prompt``, under ``sampling`` (temperature, top_k, top_p)."""
+    import torch
+
+    from specviz.sampling import logits_to_probs
+
+    with torch.no_grad():
+        p1 = logits_to_probs(dec.target_model(input_ids=torch.tensor([prompt])).logits[0, -1], **sampling).double()
+        both = torch.tensor([prompt + [x] for x in range(SMALL_VOCAB)])  # [V, len + 1]
+        p2_given = logits_to_probs(dec.target_model(input_ids=both).logits[:, -1], **sampling).double()  # [V, V]
+    return p1, p1 @ p2_given
+
+
+def chi2_pvalue(counts, p, trials: int) -> float:
+    """Chi-square p-value of ``counts`` [V] (of ``trials`` runs) against ``p`` [V]: bins with an expected
+    count < 5 merged into one (dropped if its probability is 0), ``p`` renormalised to the counts' total
+    (it may be float32)."""
+    import torch
+    from scipy.stats import chisquare
+
+    keep = p * trials >= 5
+    observed = torch.cat([counts[keep], counts[~keep].sum()[None]])
+    expected = torch.cat([p[keep], p[~keep].sum()[None]]) * trials
+    if expected[-1] == 0:
+        observed, expected = observed[:-1], expected[:-1]
+    expected = expected * (observed.sum() / expected.sum())
+    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
+def first_two(dec, prompt: list[int], trials: int, method: str, **settings):
+    """(counts [2, SMALL_VOCAB] float64, accepted): the first and second generated tokens of ``trials``
+    runs of ``method`` seeded 0 .. trials-1 (3 new tokens each), and the first steps' accepted drafts summed."""
+    import torch
+
+    counts = torch.zeros(2, SMALL_VOCAB, dtype=torch.float64)
+    accepted = 0
+    for seed in range(trials):
+        tr = dec.generate(prompt, method=method, max_new_tokens=3, seed=seed, detailed_trace=False, **settings)
+        for i in range(2):
+            counts[i, tr.output_token_ids[i]] += 1
+        accepted += tr.steps[0].num_accepted
+    return counts, accepted

@@ -6,84 +6,24 @@ Needs /usr/bin/chromium (``apt-get install -y chromium``); never downloads a bro
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 from pathlib import Path
 
 import pytest
+from helpers import CHROMIUM, SHOTS, chromium, open_page, progress, set_box
 
-CHROMIUM = "/usr/bin/chromium"
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`", allow_module_level=True)
 playwright = pytest.importorskip("playwright.sync_api")
 
-from test_app import save_endless_models  # noqa: E402
+from test_app import app_url, endless_app_url  # noqa: E402,F401  (the tiny-model and the endless apps: fixtures)
 
-from specviz.ui import build_app, launch_options  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 RUN_TIMEOUT_MS = 120_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def app_url(tiny_dirs):
-    target, draft = tiny_dirs["llama"]
-    demo = build_app(str(target), str(draft), "cpu")
-    port = _free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
-
-
-@pytest.fixture(scope="module")
-def endless_app_url(tmp_path_factory):
-    """An app whose models never emit EOS: a 400-token run lasts long enough to be stopped."""
-    demo = build_app(*save_endless_models(tmp_path_factory.mktemp("endless")), "cpu")
-    port = _free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
-
-
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with playwright.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True, args=ARGS,
-                                                   viewport={"width": 1400, "height": 1000})
-        yield ctx
-        ctx.close()
-    shutil.rmtree(profile, ignore_errors=True)
-
-
-def _open(browser, url):
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url)
-    page.wait_for_selector("#sv-run")
-    return page, errors
-
-
-def _set(page, label: str, value) -> None:
-    box = page.get_by_label(label, exact=True)
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def _progress(page) -> str:
-    return page.locator("#sv-progress").inner_text()
+    yield from chromium(tmp_path_factory, 1400, 1000)
 
 
 def _wait_progress(page, marker: str, timeout=RUN_TIMEOUT_MS) -> None:
@@ -91,7 +31,7 @@ def _wait_progress(page, marker: str, timeout=RUN_TIMEOUT_MS) -> None:
         page.wait_for_function("m => document.querySelector('#sv-progress').innerText.includes(m)", arg=marker,
                                timeout=timeout)
     except playwright.TimeoutError:
-        pytest.fail(f"no {marker!r} in the progress line within {timeout / 1000:.0f} s; it shows {_progress(page)!r}")
+        pytest.fail(f"no {marker!r} in the progress line within {timeout / 1000:.0f} s; it shows {progress(page)!r}")
 
 
 def _caption_starts(text: str, start: str) -> bool:
@@ -111,14 +51,14 @@ def _wait_caption(page, start: str) -> None:
 def _run(page, method: str, max_new: int = 24) -> None:
     page.locator("#sv-prompt textarea").fill(PROMPT)
     page.get_by_label(method, exact=True).check()
-    _set(page, "number input for max new tokens", max_new)
+    set_box(page, "number input for max new tokens", max_new)
     page.click("#sv-run")
     _wait_progress(page, "done ·")
 
 
 def test_run_renders_every_view_and_keeps_a_screenshot(browser, app_url):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page, errors = _open(browser, app_url)
+    page, errors = open_page(browser, app_url)
     _run(page, "ngram")
     assert page.locator("#sv-stream .sv-tok").count() >= 24
     for view in ("sv-grid", "sv-residual", "sv-trie", "sv-stats"):
@@ -135,7 +75,7 @@ def test_run_renders_every_view_and_keeps_a_screenshot(browser, app_url):
 
 
 def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
-    page, errors = _open(browser, app_url)
+    page, errors = open_page(browser, app_url)
     _run(page, "draft_model")
     before = page.locator("#sv-residual .annotation-text").all_text_contents()
     page.locator("#sv-step input[type=range]").fill("2")
@@ -169,11 +109,11 @@ def test_choosing_a_step_redraws_the_residual_view(browser, app_url):
 
 
 def test_stop_ends_a_long_run(browser, endless_app_url):
-    page, errors = _open(browser, endless_app_url)
+    page, errors = open_page(browser, endless_app_url)
     page.locator("#sv-prompt textarea").fill("for i in range(10):\n")
     page.get_by_label("draft_model", exact=True).check()
-    _set(page, "number input for max new tokens", 400)
-    _set(page, "number input for num_speculative_tokens (k)", 12)  # 13 forwards per token: a long run
+    set_box(page, "number input for max new tokens", 400)
+    set_box(page, "number input for num_speculative_tokens (k)", 12)  # 13 forwards per token: a long run
     page.click("#sv-run")
     _wait_progress(page, "running ·", timeout=60_000)
     _wait_caption(page, "Running: this view is drawn when the run ends")  # no stale views of an earlier run
@@ -182,14 +122,14 @@ def test_stop_ends_a_long_run(browser, endless_app_url):
     page.locator("#sv-stop").dispatch_event("click")
     _wait_progress(page, "stopped ·", timeout=60_000)
     page.wait_for_timeout(1500)  # a cancelled run must not overwrite the stopped view
-    assert "stopped ·" in _progress(page)
+    assert "stopped ·" in progress(page)
     assert 0 < page.locator("#sv-stream .sv-tok").count()
     assert not errors, errors
     page.close()
 
 
 def test_empty_prompt_shows_an_error_and_the_app_stays_up(browser, app_url):
-    page, errors = _open(browser, app_url)
+    page, errors = open_page(browser, app_url)
     page.locator("#sv-prompt textarea").fill("   ")
     page.click("#sv-run")
     page.get_by_text("the prompt is empty").first.wait_for(timeout=20_000)
@@ -205,7 +145,7 @@ def _no_error_badges(page) -> None:
 
 
 def test_a_fast_drag_of_the_step_slider_ends_on_the_last_value(browser, app_url):
-    page, errors = _open(browser, app_url)
+    page, errors = open_page(browser, app_url)
     _run(page, "draft_model", max_new=32)
     last = int(page.locator("#sv-step input[type=range]").get_attribute("max"))
     assert last >= 3
@@ -225,10 +165,10 @@ def test_a_fast_drag_of_the_step_slider_ends_on_the_last_value(browser, app_url)
 
 
 def test_a_typed_out_of_range_step_is_clamped(browser, app_url):
-    page, errors = _open(browser, app_url)
+    page, errors = open_page(browser, app_url)
     _run(page, "draft_model")
     last = int(page.locator("#sv-step input[type=range]").get_attribute("max"))
-    _set(page, "number input for step", 999)
+    set_box(page, "number input for step", 999)
     _wait_caption(page, f"step {last}")
     page.wait_for_function("v => document.querySelector('#sv-step input[type=range]').value === v", arg=str(last),
                            timeout=10_000)
@@ -238,7 +178,7 @@ def test_a_typed_out_of_range_step_is_clamped(browser, app_url):
 
 
 def test_closing_the_example_dropdown_keeps_the_prompt(browser, app_url):
-    page, errors = _open(browser, app_url)
+    page, errors = open_page(browser, app_url)
     before = page.locator("#sv-prompt textarea").input_value()
     assert before
     box = page.get_by_label("Example prompts")
@@ -253,13 +193,13 @@ def test_closing_the_example_dropdown_keeps_the_prompt(browser, app_url):
 
 
 def test_a_bad_setting_shows_the_message_and_keeps_the_views(browser, app_url):
-    page, errors = _open(browser, app_url)
+    page, errors = open_page(browser, app_url)
     _run(page, "ngram", max_new=8)
     tokens = page.locator("#sv-stream .sv-tok").count()
-    _set(page, "number input for max new tokens", 9999)  # the box clamps to 512: more than the tiny context
+    set_box(page, "number input for max new tokens", 9999)  # the box clamps to 512: more than the tiny context
     page.click("#sv-run")
     _wait_progress(page, "exceeds the model's context", timeout=30_000)
-    assert _progress(page).startswith("error ·")
+    assert progress(page).startswith("error ·")
     page.wait_for_timeout(500)
     assert page.locator("#sv-stream .sv-tok").count() == tokens
     _no_error_badges(page)

@@ -10,15 +10,16 @@ Needs /usr/bin/chromium (``apt-get install -y chromium``); never downloads a bro
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
+from helpers import SHOTS, chromium, open_page, progress, set_box
 
-from test_browser import ARGS, CHROMIUM, PROMPT, SHOTS, _free_port, playwright  # noqa: E402  (skips without Chromium)
+from test_app import _launch  # noqa: E402
+from test_browser import PROMPT, playwright  # noqa: E402  (skips without Chromium)
 from test_lesson_app import FIT_JS as FIGURE_FIT_JS  # noqa: E402  (every text of a figure inside the figure)
 
-from specviz.ui import build_app, launch_options  # noqa: E402
+from specviz.ui import build_app  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_MS = 240_000
@@ -67,61 +68,37 @@ PANEL_FIT_JS = """(sel) => {
 @pytest.fixture(scope="module")
 def app_url():
     demo = build_app(None, None, "cpu")  # the bundled target, draft and heads
-    port = _free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())
-    yield f"http://127.0.0.1:{port}/"
+    yield _launch(demo)
     demo.close()
 
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with playwright.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True, args=ARGS,
-                                                   viewport={"width": WIDTHS[0], "height": 900})
-        yield ctx
-        ctx.close()
-    shutil.rmtree(profile, ignore_errors=True)
+    yield from chromium(tmp_path_factory, WIDTHS[0], 900)
 
 
 def _open(browser, url):
-    page = browser.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.set_viewport_size({"width": WIDTHS[0], "height": 900})
-    page.goto(url)
-    page.wait_for_selector("#sv-run")
-    return page, errors
-
-
-def _set(page, label: str, value) -> None:
-    box = page.get_by_label(label, exact=True)
-    box.fill(str(value))
-    box.press("Enter")
-
-
-def _progress(page) -> str:
-    return page.locator("#sv-progress").inner_text()
+    return open_page(browser, url, {"width": WIDTHS[0], "height": 900})
 
 
 def _run(page, method: str, k, max_new: int, compare: bool) -> None:
     page.locator("#sv-prompt textarea").fill(PROMPT)
     page.get_by_label(method, exact=True).check()
-    _set(page, "number input for num_speculative_tokens (k)", k)
-    _set(page, "number input for max new tokens", max_new)
+    set_box(page, "number input for num_speculative_tokens (k)", k)
+    set_box(page, "number input for max new tokens", max_new)
     page.get_by_text("advanced", exact=True).click()
     box = page.get_by_label("compare with method", exact=False)
     box.check() if compare else box.uncheck()
     if compare:
-        _set(page, "number input for comparison pairs", 2)
+        set_box(page, "number input for comparison pairs", 2)
     page.locator("#sv-progress").click()  # the k box loses focus: the slider clamps it now, as a user's click does
     page.click("#sv-run")
     try:
         page.wait_for_function("() => /done ·|error ·/.test(document.querySelector('#sv-progress').innerText)",
                                timeout=RUN_TIMEOUT_MS)
     except playwright.TimeoutError:
-        pytest.fail(f"the run did not finish within {RUN_TIMEOUT_MS / 1000:.0f} s; progress: {_progress(page)!r}")
-    assert "done ·" in _progress(page), _progress(page)
+        pytest.fail(f"the run did not finish within {RUN_TIMEOUT_MS / 1000:.0f} s; progress: {progress(page)!r}")
+    assert "done ·" in progress(page), progress(page)
     page.wait_for_selector("#sv-grid .js-plotly-plot g.heatmap-label text", timeout=20_000)
     page.wait_for_function(f"() => document.querySelector('#sv-source-heading').innerText.includes('came from:')",
                            timeout=20_000)
@@ -151,7 +128,7 @@ def test_a_typed_k_outside_1_12_runs_the_clamped_k_and_says_so(browser, app_url)
     assert "this app: 1-12" in info and "1-32" in info  # both ranges where the control is
     _run(page, "ngram", 40, max_new=24, compare=False)
     assert page.get_by_label("number input for num_speculative_tokens (k)", exact=True).input_value() == "12"
-    assert "k = 40 is outside 1-12: ran k = 12" in _progress(page)
+    assert "k = 40 is outside 1-12: ran k = 12" in progress(page)
     assert "k = 12" in page.locator("#sv-summary").inner_text()
     page.locator("#sv-progress").screenshot(path=str(SHOTS / "single-run-k40-progress.png"))
     _check_fit(page, "ngram-k12", speedup=False)  # 13 grid columns: the narrowest cells
@@ -161,7 +138,7 @@ def test_a_typed_k_outside_1_12_runs_the_clamped_k_and_says_so(browser, app_url)
     page.locator("#sv-run").click()
     page.wait_for_function("() => /done ·/.test(document.querySelector('#sv-progress').innerText) && "
                            "document.querySelector('#sv-summary').innerText.includes('k = 3')", timeout=RUN_TIMEOUT_MS)
-    assert "outside 1-12" not in _progress(page)
+    assert "outside 1-12" not in progress(page)
     assert not errors, errors
     page.close()
 

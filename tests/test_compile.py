@@ -22,14 +22,7 @@ from tiny_models import build_model
 
 TAPS = (FINAL_NORM, layer_input(1))
 WIDTHS = (1, 3, 5, 1, 2, 4, 1)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 def _forwards(runner: StaticRunner, device: str = "cpu") -> list[torch.Tensor]:

@@ -7,44 +7,31 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stats_helpers import SMALL_VOCAB, save_small_word_target
+from helpers import PROMPT, assert_greedy_equals_plain_greedy, assert_static_graphs_equal_eager, cli_args
+from helpers import runner_decoders, target_features, tiny_head_dirs
+from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_word_target
 
 from specviz import SpecDecoder
 from specviz.heads.dflash import DFlashCache, DFlashHead, dflash_config_from_target, save_dflash
 from specviz.proposers.dflash import DFlashProposer
-from specviz.runner import hidden_state_index
-from specviz.static_runner import StaticRunner
-from tiny_models import save_model
 
-PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
 D, BLOCK = 32, 8
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 @pytest.fixture(scope="module")
 def dflash_dirs(tmp_path_factory):
     """(target dir, head dir): a 5-layer tiny Llama (pad = MASK = 1) and a random 2-layer DFlash head."""
-    root = tmp_path_factory.mktemp("dflash")
-    target = save_model("llama", root / "target", seed=3, layers=5, hidden=D)
-    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
-    torch.manual_seed(11)
-    cfg = dflash_config_from_target(dec.target_model.config, num_layers=2, block_size=BLOCK)
-    save_dflash(DFlashHead(cfg, dec.target_model), root / "dflash", dtype=torch.float32)
-    return target, root / "dflash"
+    def random_dflash(model):
+        torch.manual_seed(11)
+        return DFlashHead(dflash_config_from_target(model.config, num_layers=2, block_size=BLOCK), model)
+
+    return tiny_head_dirs(tmp_path_factory, "dflash", random_dflash, layers=5, save=save_dflash)
 
 
 @pytest.fixture(scope="module")
 def decoders(dflash_dirs):
-    target, head = dflash_dirs
-    return {r: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=r,
-                                           heads={"dflash": str(head)}) for r in ("eager", "static")}
+    return runner_decoders(dflash_dirs[0], {"dflash": dflash_dirs[1]})
 
 
 class OracleBlock(torch.nn.Module):
@@ -87,27 +74,10 @@ def _plain(dec, n=16):
 def test_greedy_equals_plain_greedy(decoders, runner):
     """fp32 CPU, k in {1, 3, 7}: a random head (mostly rejected) and an oracle stub with injected
     errors (full and partial accepts) give exactly method none's tokens, on both runners."""
-    dec = decoders[runner]
-    want = _plain(dec)
-    oracle = dec.encode(PROMPT) + want
-    real = dict(dec.heads)
-    accepted = 0
-    try:
-        for k in (1, 3, 7):
-            dec.heads = dict(real)
-            got = dec.generate(PROMPT, method="dflash", num_speculative_tokens=k, max_new_tokens=16)
-            assert got.output_token_ids == want, (runner, k, "random head")
-            dec.heads["dflash"] = OracleBlock(real["dflash"].config, oracle, wrong={len(oracle) - 12, len(oracle) - 5})
-            got = dec.generate(PROMPT, method="dflash", num_speculative_tokens=k, max_new_tokens=16)
-            assert got.output_token_ids == want, (runner, k, "oracle head")
-            assert any(s.num_accepted < len(s.draft_token_ids) for s in got.steps)  # a rejection
-            assert any(s.num_accepted == len(s.draft_token_ids) > 0 for s in got.steps)  # a full accept
-            accepted += sum(s.num_accepted for s in got.steps)
-    finally:
-        dec.heads = real
-    assert accepted > 16  # the oracle's drafts were mostly accepted
-    if runner == "static":
-        assert isinstance(dec.target_runner, StaticRunner)
+    assert_greedy_equals_plain_greedy(
+        decoders[runner], runner, ("dflash",), (1, 3, 7),
+        lambda kind, full, real: OracleBlock(real["dflash"].config, full, wrong={len(full) - 12, len(full) - 5}),
+        min_accepted=16)
 
 
 def test_one_drafter_forward_per_step(decoders):
@@ -129,13 +99,6 @@ def test_one_drafter_forward_per_step(decoders):
         hook.remove()
 
 
-def _target_features(dec, ids: list[int], taps) -> torch.Tensor:
-    with torch.no_grad():
-        out = dec.target_model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    L = dec.target_model.config.num_hidden_layers
-    return torch.cat([out.hidden_states[hidden_state_index(t, L)][0] for t in taps], dim=-1)
-
-
 def test_block_and_context_follow_the_alignment(decoders):
     """methods.md 6.1: the first forward reads the prompt's target features at positions 0..n-1
     (outputs of target_layer_ids); each later forward reads exactly the positions committed by the
@@ -154,7 +117,7 @@ def test_block_and_context_follow_the_alignment(decoders):
     finally:
         dec.heads["dflash"] = real
     assert tr.output_token_ids == want
-    feats = _target_features(dec, full, real.config.taps)  # [N, F]
+    feats = target_features(dec, full, real.config.taps)  # [N, F]
     assert stub.calls[0]["ctx_pos"] == list(range(n0))
     drafting = [s for s in tr.steps if s.draft_token_ids]
     for s, c in zip(drafting, stub.calls):
@@ -183,7 +146,7 @@ def test_context_cache_equals_a_recompute_after_every_step(decoders):
         ids = trace.prompt_token_ids + [t for s in trace.steps for t in s.committed_token_ids]
         Lc = prop.committed
         assert Lc == prop.cache.length and Lc + prop._pending_n == len(ids) - 1
-        feats = _target_features(dec, ids[:Lc], prop.taps)
+        feats = target_features(dec, ids[:Lc], prop.taps)
         fresh = DFlashCache()
         with torch.no_grad():
             prop.head(feats, torch.arange(Lc), torch.tensor([ids[Lc]] + [1] * (BLOCK - 1)),
@@ -205,7 +168,7 @@ def test_static_runner_equals_the_eager_one(decoders):
     dec = decoders["eager"]
     head = dec.heads["dflash"]
     ids = list(range(2, 60))
-    feats = _target_features(dec, ids, head.config.taps)  # [58, F]
+    feats = target_features(dec, ids, head.config.taps)  # [58, F]
     eager, static = EagerDFlashRunner(head), StaticDFlashRunner(head, max_len=64)
     start = 0
     with torch.no_grad():
@@ -249,7 +212,7 @@ def test_mask_token_is_never_drafted(decoders):
         assert all(sl["top_token_id"] != mask for s in tr.steps for sl in s.match.get("slots", []))
     assert greedy.output_token_ids == _plain(dec) and sum(s.num_accepted for s in greedy.steps) > 8
     prop = DFlashProposer(stub, 3)
-    feats = _target_features(dec, oracle[:5], prop.taps)
+    feats = target_features(dec, oracle[:5], prop.taps)
     prop.observe(Outcome(0, [], 0, oracle[1:6], {t: f for t, f in zip(prop.taps, feats.split(D, dim=-1))}))
     draft = prop.propose(oracle[:6], 3, StepContext(temperature=1.0, generator=torch.Generator().manual_seed(0)))
     assert draft.probs.shape == (3, real.config.vocab_size) and float(draft.probs[:, mask].max()) == 0.0
@@ -274,8 +237,7 @@ def test_cli_dflash(dflash_dirs, capsys):
     from specviz.cli import main
 
     target, head = dflash_dirs
-    common = ["generate", "--target", str(target), "--prompt", "def add(a, b):", "-k", "7", "--max-new-tokens", "6",
-              "--device", "cpu", "--dtype", "float32", "--no-color", "--method", "dflash"]
+    common = cli_args(target, 7, "--method", "dflash")
     assert main([*common, "--dflash-head", str(head)]) == 0
     assert "mean acceptance length" in capsys.readouterr().out
     assert main(common) == 2
@@ -283,7 +245,6 @@ def test_cli_dflash(dflash_dirs, capsys):
 
 
 # ---- lossless sampling: chi-square per position, small vocabulary ---------------------------------
-V_SMALL = SMALL_VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -300,42 +261,17 @@ def small_decoder(tmp_path_factory):
                                        heads={"dflash": str(root / "dflash")})
 
 
-def _exact_marginals(dec, prompt: list[int], **sampling):
-    from specviz.sampling import logits_to_probs
-
-    with torch.no_grad():
-        p1 = logits_to_probs(dec.target_model(input_ids=torch.tensor([prompt])).logits[0, -1], **sampling).double()
-        both = torch.tensor([prompt + [x] for x in range(V_SMALL)])
-        p2_given = logits_to_probs(dec.target_model(input_ids=both).logits[:, -1], **sampling).double()
-    return p1, p1 @ p2_given
-
-
 @pytest.mark.parametrize("verify,sampling", (("standard", dict(temperature=0.9)),
                                              ("block", dict(temperature=1.0, top_p=0.8)),
                                              ("standard", dict(temperature=0.8, top_k=4))))
 def test_sampling_is_lossless_per_position(small_decoder, verify, sampling):
     """T > 0, k = 2: the first and second generated tokens are distributed as the target's;
     chi-square over 400 seeded runs (bins with expected count < 5 merged), p > 0.001."""
-    from scipy.stats import chisquare
-
     dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
-    counts = torch.zeros(2, V_SMALL, dtype=torch.float64)
-    accepted = 0
-    for seed in range(trials):
-        tr = dec.generate(prompt, method="dflash", num_speculative_tokens=2, max_new_tokens=3, verify=verify, seed=seed,
-                          detailed_trace=False, **sampling)
-        for i in range(2):
-            counts[i, tr.output_token_ids[i]] += 1
-        accepted += tr.steps[0].num_accepted
+    counts, accepted = first_two(dec, prompt, trials, "dflash", num_speculative_tokens=2, verify=verify, **sampling)
     assert 0.1 * trials < accepted < 1.9 * trials  # drafts are accepted and rejected
-    for i, p in enumerate(_exact_marginals(dec, prompt, **sampling)):
-        keep = p * trials >= 5
-        observed = torch.cat([counts[i][keep], counts[i][~keep].sum()[None]])
-        expected = torch.cat([p[keep], p[~keep].sum()[None]]) * trials
-        if expected[-1] == 0:
-            observed, expected = observed[:-1], expected[:-1]
-        expected = expected * (observed.sum() / expected.sum())
-        assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3, (verify, i, counts[i].tolist())
+    for i, p in enumerate(exact_marginals(dec, prompt, **sampling)):
+        assert chi2_pvalue(counts[i], p, trials) > 1e-3, (verify, i, counts[i].tolist())
 
 
 def test_sampled_q_is_the_processed_slot_distribution(small_decoder):
@@ -348,7 +284,7 @@ def test_sampled_q_is_the_processed_slot_distribution(small_decoder):
     head = dec.heads["dflash"]
     prop = DFlashProposer(head, num_speculative_tokens=3)
     prompt = [1, 6, 2, 3, 4]
-    feats = _target_features(dec, prompt[:-1], prop.taps)
+    feats = target_features(dec, prompt[:-1], prop.taps)
     prop.observe(Outcome(0, [], 0, prompt[1:], {t: f for t, f in zip(prop.taps, feats.split(32, dim=-1))}))
     ctx = StepContext(temperature=0.7, generator=torch.Generator().manual_seed(0), top_k=5, top_p=0.9)
     draft = prop.propose(prompt, 3, ctx)
@@ -365,15 +301,7 @@ def test_static_graphs_equal_eager_on_gpu(dflash_dirs):
     """fp32 on CUDA: the static runner with CUDA graphs gives the eager runner's tokens and per-step
     acceptances, greedy and seeded sampling, and method none's tokens."""
     target, head = dflash_dirs
-    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
-                                           heads={"dflash": str(head)}) for r in ("eager", "static")}
-    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="block", seed=4)):
-        runs = {r: d.generate(PROMPT, method="dflash", num_speculative_tokens=7, max_new_tokens=24, **kw)
-                for r, d in decs.items()}
-        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
-        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
-        if not kw:
-            assert runs["static"].output_token_ids == _plain(decs["static"], 24)
+    assert_static_graphs_equal_eager(runner_decoders(target, {"dflash": head}, device="cuda"), "dflash", 7, "block")
 
 
 def test_dflash_views(decoders):

@@ -14,13 +14,7 @@ from specviz.heads.dflash import DFlashCache, DFlashHead, dflash_config_from_tar
 from specviz.train import dflash as tdf
 from specviz.train import heads as train_heads_mod
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 def test_anchors_are_distinct_sorted_and_leave_room_for_a_block():

@@ -8,50 +8,31 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from stats_helpers import SMALL_VOCAB, save_small_word_target
+from helpers import PROMPT, assert_greedy_equals_plain_greedy, assert_static_graphs_equal_eager, cli_args
+from helpers import runner_decoders, save_eagle_heads, save_tiny_target, target_features
+from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_word_target
 from transformers import DynamicCache
 
 from specviz import SpecDecoder
 from specviz.heads import build_head, head_config_from_target, save_head
 from specviz.proposers.eagle import EagleProposer, head_taps
-from specviz.runner import hidden_state_index
 from specviz.static_runner import StaticRunner
-from tiny_models import save_model
 
-PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
 D = 32  # the tiny target's hidden size
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: these models are tiny, and the CI machine's cores are shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 @pytest.fixture(scope="module")
 def eagle_dirs(tmp_path_factory):
     """(target dir, {kind: head dir}): a 4-layer tiny Llama and one random head of each kind."""
     root = tmp_path_factory.mktemp("eagle")
-    target = save_model("llama", root / "target", seed=3, layers=4, hidden=D)
-    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
-    heads = {}
-    for i, kind in enumerate(("eagle", "eagle3")):
-        torch.manual_seed(10 + i)
-        head = build_head(head_config_from_target(dec.target_model.config, kind), dec.target_model)
-        save_head(head, root / kind, dtype=torch.float32)
-        heads[kind] = root / kind
-    return target, heads
+    target, model = save_tiny_target(root, layers=4, hidden=D)
+    return target, save_eagle_heads(root, model)
 
 
 @pytest.fixture(scope="module")
 def eagle_decoders(eagle_dirs):
-    target, heads = eagle_dirs
-    return {runner: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=runner,
-                                                heads={k: str(v) for k, v in heads.items()})
-            for runner in ("eager", "static")}
+    return runner_decoders(*eagle_dirs)
 
 
 class OracleHead(torch.nn.Module):
@@ -86,37 +67,10 @@ def test_greedy_equals_plain_greedy(eagle_decoders, runner):
     """fp32 CPU, k in {1, 2, 4, 7}: random heads (mostly rejected) and an oracle stub with injected
     errors (full and partial accepts) give exactly method none's tokens, on both runners."""
     dec = eagle_decoders[runner]
-    want = _plain(dec).output_token_ids
-    oracle = dec.encode(PROMPT) + want
-    real = dict(dec.heads)
-    accepted = 0
-    try:
-        for k in (1, 2, 4, 7):
-            for kind in ("eagle", "eagle3"):
-                dec.heads = dict(real)
-                got = dec.generate(PROMPT, method=kind, num_speculative_tokens=k, max_new_tokens=16,
-                                   detailed_trace=False)
-                assert got.output_token_ids == want, (runner, kind, k, "random head")
-                dec.heads[kind] = OracleHead(kind, oracle, dec.vocab_size, D, wrong={len(oracle) - 12, len(oracle) - 5})
-                got = dec.generate(PROMPT, method=kind, num_speculative_tokens=k, max_new_tokens=16,
-                                   detailed_trace=False)
-                assert got.output_token_ids == want, (runner, kind, k, "oracle head")
-                assert any(s.num_accepted < len(s.draft_token_ids) for s in got.steps)  # a rejection
-                assert any(s.num_accepted == len(s.draft_token_ids) > 0 for s in got.steps)  # a full accept
-                accepted += sum(s.num_accepted for s in got.steps)
-    finally:
-        dec.heads = real
-    assert accepted > 16 * 4  # the oracle's drafts were mostly accepted
-    if runner == "static":
-        assert isinstance(dec.target_runner, StaticRunner)
-
-
-def _target_features(dec, ids: list[int], taps: tuple[str, ...]) -> torch.Tensor:
-    """[len(ids), F]: the taps of one uncached target forward over ``ids``, concatenated."""
-    with torch.no_grad():
-        out = dec.target_model(input_ids=torch.tensor([ids]), output_hidden_states=True)
-    L = dec.target_model.config.num_hidden_layers
-    return torch.cat([out.hidden_states[hidden_state_index(t, L)][0] for t in taps], dim=-1)
+    assert_greedy_equals_plain_greedy(
+        dec, runner, ("eagle", "eagle3"), (1, 2, 4, 7),
+        lambda kind, full, real: OracleHead(kind, full, dec.vocab_size, D, wrong={len(full) - 12, len(full) - 5}),
+        min_accepted=16 * 4, detailed_trace=False)
 
 
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))
@@ -138,7 +92,7 @@ def test_head_inputs_follow_the_pairing(eagle_decoders, kind):
     finally:
         dec.heads[kind] = real
     assert trace.output_token_ids == want
-    feats = _target_features(dec, full, head_taps(head.config))  # [N, F]
+    feats = target_features(dec, full, head_taps(head.config))  # [N, F]
     first_passes = [c for c in head.calls if c["from_target"]]
     # every first-pass row: the target feature of its own position, with the token after it
     for c in first_passes:
@@ -181,7 +135,7 @@ def test_draft_cache_equals_a_recompute_after_every_step(eagle_decoders, kind):
         ids = trace.prompt_token_ids + [t for s in trace.steps for t in s.committed_token_ids]
         Lc = prop.committed
         assert Lc + len(prop._pending_ids) == len(ids) - 1
-        feats = _target_features(dec, ids[:Lc], prop.taps)
+        feats = target_features(dec, ids[:Lc], prop.taps)
         fresh = DynamicCache()
         with torch.no_grad():
             prop.head(feats, torch.tensor(ids[1:Lc + 1]), torch.arange(Lc), fresh, from_target=True)
@@ -207,7 +161,6 @@ def test_missing_head_is_a_clear_error(tiny_dirs, eagle_dirs):
 
 
 # ---- lossless sampling: chi-square per position, small vocabulary ---------------------------------
-V_SMALL = SMALL_VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -223,17 +176,6 @@ def small_decoder(tmp_path_factory):
                                        heads={k: str(root / k) for k in ("eagle", "eagle3")})
 
 
-def _exact_marginals(dec, prompt: list[int], **sampling) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's distributions of the first and second generated tokens (float64 [V] each)."""
-    from specviz.sampling import logits_to_probs
-
-    with torch.no_grad():
-        p1 = logits_to_probs(dec.target_model(input_ids=torch.tensor([prompt])).logits[0, -1], **sampling).double()
-        both = torch.tensor([prompt + [x] for x in range(V_SMALL)])  # [V, len + 1]
-        p2_given = logits_to_probs(dec.target_model(input_ids=both).logits[:, -1], **sampling).double()  # [V, V]
-    return p1, p1 @ p2_given
-
-
 @pytest.mark.parametrize("kind,verify,sampling", (
     ("eagle", "standard", dict(temperature=0.9)), ("eagle", "block", dict(temperature=1.0, top_p=0.8)),
     ("eagle3", "standard", dict(temperature=0.8, top_k=4)), ("eagle3", "block", dict(temperature=0.9))))
@@ -241,26 +183,11 @@ def test_sampling_is_lossless_per_position(small_decoder, kind, verify, sampling
     """T > 0 (top-k / top-p on p and q alike), k = 2: the first and second generated tokens (accepted
     drafts, recovered and bonus tokens alike) are distributed as the target's; chi-square over 400
     seeded runs (bins with expected count < 5 merged), p > 0.001."""
-    from scipy.stats import chisquare
-
     dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
-    counts = torch.zeros(2, V_SMALL, dtype=torch.float64)
-    accepted = 0
-    for seed in range(trials):
-        tr = dec.generate(prompt, method=kind, num_speculative_tokens=2, max_new_tokens=3, verify=verify, seed=seed,
-                          detailed_trace=False, **sampling)
-        for i in range(2):
-            counts[i, tr.output_token_ids[i]] += 1
-        accepted += tr.steps[0].num_accepted
+    counts, accepted = first_two(dec, prompt, trials, kind, num_speculative_tokens=2, verify=verify, **sampling)
     assert 0.1 * trials < accepted < 1.9 * trials  # drafts are accepted and rejected
-    for i, p in enumerate(_exact_marginals(dec, prompt, **sampling)):
-        keep = p * trials >= 5
-        observed = torch.cat([counts[i][keep], counts[i][~keep].sum()[None]])
-        expected = torch.cat([p[keep], p[~keep].sum()[None]]) * trials
-        if expected[-1] == 0:
-            observed, expected = observed[:-1], expected[:-1]
-        expected = expected * (observed.sum() / expected.sum())  # p is float32: renormalise exactly
-        assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3, (kind, verify, i, counts[i].tolist())
+    for i, p in enumerate(exact_marginals(dec, prompt, **sampling)):
+        assert chi2_pvalue(counts[i], p, trials) > 1e-3, (kind, verify, i, counts[i].tolist())
 
 
 def test_sampled_q_is_the_processed_head_distribution(small_decoder):
@@ -272,7 +199,7 @@ def test_sampled_q_is_the_processed_head_distribution(small_decoder):
     dec = small_decoder
     prop = EagleProposer(dec.heads["eagle3"], num_speculative_tokens=3)
     prompt = [1, 6, 2, 3, 4]
-    feats = _target_features(dec, prompt[:-1], prop.taps)
+    feats = target_features(dec, prompt[:-1], prop.taps)
     prop.observe(Outcome(0, [], 0, prompt[1:], {t: f for t, f in zip(prop.taps, feats.split(32, dim=-1))}))
     ctx = StepContext(temperature=0.7, generator=torch.Generator().manual_seed(0), top_k=5, top_p=0.9)
     draft = prop.propose(prompt, 3, ctx)
@@ -334,16 +261,9 @@ def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
     """fp32 on CUDA: the static runner with CUDA graphs (taps captured in the graphs) gives the eager
     runner's tokens and per-step acceptances, greedy and seeded sampling, and method none's tokens."""
     target, heads = eagle_dirs
-    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
-                                           heads={k: str(v) for k, v in heads.items()}) for r in ("eager", "static")}
+    decs = runner_decoders(target, heads, device="cuda")
     assert decs["static"].runner_factory.func is StaticRunner
-    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="block", seed=4)):
-        runs = {r: d.generate(PROMPT, method=kind, num_speculative_tokens=4, max_new_tokens=24, **kw)
-                for r, d in decs.items()}
-        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
-        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
-        if not kw:
-            assert runs["static"].output_token_ids == _plain(decs["static"], max_new_tokens=24).output_token_ids
+    assert_static_graphs_equal_eager(decs, kind, 4, "block")
     # the taps were captured inside the graphs (the pooled runner also holds method none's tap-free graphs)
     assert any(key[1] for key in decs["static"].target_runner._graphs)
     # the head drafted through its static runner's graphs (specviz/heads/runner.py), none of which failed
@@ -356,8 +276,7 @@ def test_cli_eagle_methods(eagle_dirs, capsys):
     from specviz.cli import main
 
     target, heads = eagle_dirs
-    common = ["generate", "--target", str(target), "--prompt", "def add(a, b):", "-k", "3", "--max-new-tokens", "6",
-              "--device", "cpu", "--dtype", "float32", "--no-color"]
+    common = cli_args(target)
     assert main([*common, "--method", "eagle3", "--eagle3-head", str(heads["eagle3"])]) == 0
     assert "mean acceptance length" in capsys.readouterr().out
     assert main([*common, "--method", "eagle"]) == 2

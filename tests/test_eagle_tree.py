@@ -10,6 +10,7 @@ import copy
 
 import pytest
 import torch
+from helpers import PROMPT, runner_decoders, save_eagle_heads, save_tiny_target
 
 from specviz import tree
 from specviz.heads import build_head, crop_cache, head_config_from_target
@@ -19,14 +20,7 @@ from specviz.proposers.eagle_tree import DynamicTree, EagleTreeProposer, tree_se
 from tiny_models import build_model
 
 D = 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 @pytest.fixture(scope="module", params=["eagle", "eagle3"])
@@ -237,27 +231,14 @@ def test_block_verification_refused_for_trees():
 
 
 # ---- end to end through the engine (tree forward, tree verifier, trace v2) ----------------------------
-PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
 
 
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory):
     """{runner: SpecDecoder} on a tiny 4-layer Llama with one random head of each kind (fp32)."""
-    from specviz import SpecDecoder
-    from specviz.heads import save_head
-    from tiny_models import save_model
-
     root = tmp_path_factory.mktemp("eagle_tree")
-    target = save_model("llama", root / "target", seed=3, layers=4, hidden=D)
-    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
-    heads = {}
-    for i, kind in enumerate(("eagle", "eagle3")):
-        torch.manual_seed(10 + i)
-        save_head(build_head(head_config_from_target(dec.target_model.config, kind), dec.target_model), root / kind,
-                  dtype=torch.float32)
-        heads[kind] = str(root / kind)
-    return {runner: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=runner, heads=heads)
-            for runner in ("eager", "static")}
+    target, model = save_tiny_target(root, layers=4, hidden=D)
+    return runner_decoders(target, save_eagle_heads(root, model))
 
 
 TREES = [("eagle", {"eagle_tree_top_k": 3, "eagle_tree_depth": 3, "eagle_tree_total_tokens": 16}),

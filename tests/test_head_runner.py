@@ -21,14 +21,7 @@ from tiny_models import build_model
 K = 4
 PLAN = (1, 3, 5, 2, 4, 1, 5, 5, 3)  # tokens committed per step (1..k+1): widths 1, 2, 3 -> 4, 5 -> 8 padded
 PROMPT = 40  # the prefill's first pass: 39 rows, wider than every bucket (exact width, eager)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 def _setup(kind: str, device: str):

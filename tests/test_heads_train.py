@@ -116,15 +116,7 @@ def test_unknown_head_name():
         train_heads_mod.train_heads(torch.nn.Linear(2, 2), None, None, "cpu", "/tmp", heads=["nonesuch"])
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-def test_smoke_cli_trains_reduces_loss_and_saves(tmp_path, one_thread):
+def test_smoke_cli_trains_reduces_loss_and_saves(tmp_path, one_thread_per_test):
     """``python -m specviz.train.heads --smoke`` on a tiny 8-layer target: both heads' training loss
     falls, held-out agreement is logged per unrolled step, and the saved heads load and run."""
     target_dir = save_model("llama", tmp_path / "target", seed=0, layers=8, hidden=64)
@@ -151,7 +143,7 @@ def test_smoke_cli_trains_reduces_loss_and_saves(tmp_path, one_thread):
         assert torch.isfinite(logits).all()
 
 
-def test_time_budget_stops_early(tmp_path, one_thread):
+def test_time_budget_stops_early(tmp_path, one_thread_per_test):
     from tiny_models import build_model
 
     target = build_model("llama", seed=0, layers=8, hidden=64).float()

@@ -20,14 +20,6 @@ B, T, D, V = 2, 10, 4, 64
 TOK0, LAB0 = 3, 30  # x_i = TOK0 + i; the target's argmax at position p is LAB0 + p + 1
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 class RecordingMtp(torch.nn.Module):
     """Records each call; h_out = h_in + 1; logits peaked at LAB0 + position + 2 + step (what step s of a
     row at position t must predict: the target's argmax at t+1+s), so top-1 agreement is 1 iff the
@@ -71,7 +63,7 @@ def test_mtp_unroll_constant_position_and_labels():
         mtp_loss(RecordingMtp(), final, z, keys, keys, ids, steps=T)
 
 
-def test_smoke_cli_trains_medusa_and_mtp(tmp_path, one_thread):
+def test_smoke_cli_trains_medusa_and_mtp(tmp_path, one_thread_per_test):
     """``--kinds medusa,mtp --smoke`` on a tiny 8-layer target: both losses fall, held-out agreement is
     logged per head / step, the saved heads load (safetensors) and run through the engine, and the
     held-out acceptance run reports every method with the outputs of method none."""
@@ -118,7 +110,7 @@ def test_schedule_fits_the_time_budget():
     assert train_heads_mod._fit_steps(cfg, 20, 200.0, 180.0) == 21
 
 
-def test_fitted_run_ends_at_the_fitted_step(one_thread):
+def test_fitted_run_ends_at_the_fitted_step(one_thread_per_test):
     from tiny_models import build_model
     import dataclasses
 
@@ -139,7 +131,7 @@ def test_fitted_run_ends_at_the_fitted_step(one_thread):
         assert log["steps"] == log["fitted_steps"] and abs(want - cfg.min_lr_ratio * cfg.lr) < 1e-9
 
 
-def test_medusa_head_layers_override_builds_deeper_heads_that_save_and_load(tmp_path, one_thread):
+def test_medusa_head_layers_override_builds_deeper_heads_that_save_and_load(tmp_path, one_thread_per_test):
     """``--set medusa.head_layers=2``: every Medusa head has two ResBlocks, and the saved head loads with them."""
     from tiny_models import build_model
     import dataclasses

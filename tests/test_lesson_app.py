@@ -8,22 +8,15 @@ on the 2-core CPU (each chapter is a server round trip and a redraw, about 1 s t
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
+from helpers import CHROMIUM, SHOTS, chromium, open_page, set_box
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
 from test_app import app_url, run_args  # noqa: E402,F401  (app_url: the tiny-model app fixture)
 
-
-ROOT = Path(__file__).resolve().parent.parent
-SHOTS = Path(os.environ.get("SPECVIZ_SCREENSHOTS", ROOT / "screenshots-tmp"))
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 # lesson outputs: chapter html, step slider, position slider, stream, grid, residual, match, trie
 TEXT, STEP, POSITION = 0, 1, 2
@@ -57,14 +50,8 @@ def test_lesson_api_names_and_events(app_url):
 def browser(tmp_path_factory):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} is missing: install it with `apt-get install -y chromium`")
-    playwright = pytest.importorskip("playwright.sync_api")
-    profile = tmp_path_factory.mktemp("chromium-profile")
-    with playwright.sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(profile), executable_path=CHROMIUM, headless=True, args=ARGS,
-                                                   viewport={"width": 1280, "height": 720})
-        yield ctx
-        ctx.close()
-    shutil.rmtree(profile, ignore_errors=True)
+    pytest.importorskip("playwright.sync_api")
+    yield from chromium(tmp_path_factory, 1280, 720)
 
 
 @pytest.fixture
@@ -77,15 +64,7 @@ def pages(browser):
 
 
 def _open(browser, url, width=1280, height=720, pages=None):
-    page = browser.new_page()
-    if pages is not None:
-        pages.append(page)
-    page.set_viewport_size({"width": width, "height": height})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(url)
-    page.wait_for_selector("#sv-run")
-    return page, errors
+    return open_page(browser, url, {"width": width, "height": height}, pages)
 
 
 def _run(page, method: str, verify: str = "auto", temperature: float = 0.0, max_new: int = 2) -> None:
@@ -95,14 +74,10 @@ def _run(page, method: str, verify: str = "auto", temperature: float = 0.0, max_
     page.get_by_label(method, exact=True).check()
     for label, value in (("temperature", temperature), ("number input for max new tokens", max_new),
                          ("number input for num_speculative_tokens (k)", 3)):
-        box = page.get_by_label(label, exact=True)
-        box.fill(str(value))
-        box.press("Enter")
+        set_box(page, label, value)
     if method.startswith("ngram"):  # prompt lookup on single tokens: the tiny models' text rarely repeats longer runs
         page.get_by_text("n-gram (prompt lookup) settings").click()
-        box = page.get_by_label("number input for prompt_lookup_min", exact=True)
-        box.fill("1")
-        box.press("Enter")
+        set_box(page, "number input for prompt_lookup_min", "1")
     if verify != "auto":
         page.get_by_label("Verification").click()
         page.get_by_role("option", name=verify, exact=True).click()

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from stats_helpers import SMALL_VOCAB, save_small_word_target
+from helpers import PROMPT, assert_greedy_equals_plain_greedy, assert_static_graphs_equal_eager, cli_args
+from helpers import runner_decoders, tiny_head_dirs
+from stats_helpers import SMALL_VOCAB, chi2_pvalue, exact_marginals, first_two, save_small_word_target
 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
@@ -18,20 +20,9 @@ from specviz.heads.medusa import MedusaHead, medusa_config_from_target, medusa_l
 from specviz.proposers.base import Outcome
 from specviz.proposers.medusa import DEFAULT_MEDUSA_TREE, MedusaProposer
 from specviz.runner import FINAL_NORM, EagerRunner
-from specviz.static_runner import StaticRunner
 from specviz.tree import parse_choices
-from tiny_models import save_model
 
-PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
-D = 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 def random_medusa(model, seed: int, scale: float = 0.5) -> MedusaHead:
@@ -46,18 +37,12 @@ def random_medusa(model, seed: int, scale: float = 0.5) -> MedusaHead:
 
 @pytest.fixture(scope="module")
 def medusa_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("medusa")
-    target = save_model("llama", root / "target", seed=3, layers=4, hidden=D)
-    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
-    save_head(random_medusa(dec.target_model, 11), root / "medusa", dtype=torch.float32)
-    return target, root / "medusa"
+    return tiny_head_dirs(tmp_path_factory, "medusa", lambda model: random_medusa(model, 11))
 
 
 @pytest.fixture(scope="module")
 def medusa_decoders(medusa_dirs):
-    target, head = medusa_dirs
-    return {r: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=r, heads={"medusa": str(head)})
-            for r in ("eager", "static")}
+    return runner_decoders(medusa_dirs[0], {"medusa": medusa_dirs[1]})
 
 
 def _features(dec, ids: list[int]) -> torch.Tensor:
@@ -123,29 +108,14 @@ def test_heads_read_the_final_norm_feature(medusa_decoders):
 def test_greedy_equals_plain_greedy(medusa_decoders, runner):
     """fp32 CPU, k in {1, 2, 4, 6}: random heads and an oracle stub with an injected error give exactly
     method none's tokens; the oracle's drafts are mostly accepted (full and partial accepts)."""
+    def at_most_four(k, got):  # a chain of min(k, number of heads) tokens
+        assert all(len(s.draft_token_ids) <= min(k, 4) for s in got.steps)
+
     dec = medusa_decoders[runner]
-    want = dec.generate(PROMPT, method="none", max_new_tokens=16).output_token_ids
-    full = dec.encode(PROMPT) + want
-    real = dict(dec.heads)
-    accepted = 0
-    try:
-        for k in (1, 2, 4, 6):
-            dec.heads = dict(real)
-            got = dec.generate(PROMPT, method="medusa", num_speculative_tokens=k, max_new_tokens=16)
-            assert got.output_token_ids == want, (runner, k, "random heads")
-            assert all(len(s.draft_token_ids) <= min(k, 4) for s in got.steps)
-            dec.heads["medusa"] = OracleMedusa(full, _features(dec, full), dec.vocab_size, every=2)
-            got = dec.generate(PROMPT, method="medusa", num_speculative_tokens=k, max_new_tokens=16)
-            assert got.output_token_ids == want, (runner, k, "oracle heads")
-            if k > 1:
-                assert any(s.num_accepted < len(s.draft_token_ids) for s in got.steps)
-            assert any(s.num_accepted == len(s.draft_token_ids) > 0 for s in got.steps)
-            accepted += sum(s.num_accepted for s in got.steps)
-    finally:
-        dec.heads = real
-    assert accepted > 16 * 2
-    if runner == "static":
-        assert isinstance(dec.target_runner, StaticRunner)
+    assert_greedy_equals_plain_greedy(
+        dec, runner, ("medusa",), (1, 2, 4, 6),
+        lambda kind, full, real: OracleMedusa(full, _features(dec, full), dec.vocab_size, every=2),
+        min_accepted=16 * 2, rejection_from_k=2, noun="heads", check_random=at_most_four)
 
 
 def test_chain_is_argmax_of_each_head_at_the_last_committed_feature(medusa_decoders):
@@ -244,8 +214,7 @@ def test_missing_head_and_cli(medusa_dirs, capsys):
     dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="method 'medusa' needs a Medusa head.*heads="):
         dec.generate(PROMPT, method="medusa")
-    common = ["generate", "--target", str(target), "--prompt", "def add(a, b):", "-k", "3", "--max-new-tokens", "6",
-              "--device", "cpu", "--dtype", "float32", "--no-color"]
+    common = cli_args(target)
     assert main([*common, "--method", "medusa", "--medusa-head", str(head_dir)]) == 0
     assert "mean acceptance length" in capsys.readouterr().out
     assert main([*common, "--method", "medusa"]) == 2
@@ -266,49 +235,16 @@ def small_decoder(tmp_path_factory):
                                        heads={"medusa": str(root / "medusa")})
 
 
-def _exact_marginals(dec, prompt: list[int], **sampling):
-    from specviz.sampling import logits_to_probs
-
-    with torch.no_grad():
-        p1 = logits_to_probs(dec.target_model(input_ids=torch.tensor([prompt])).logits[0, -1], **sampling).double()
-        both = torch.tensor([prompt + [x] for x in range(V_SMALL)])
-        p2_given = logits_to_probs(dec.target_model(input_ids=both).logits[:, -1], **sampling).double()
-    return p1, p1 @ p2_given
-
-
-def _chi2_pvalue(counts: torch.Tensor, p: torch.Tensor, trials: int) -> float:
-    from scipy.stats import chisquare
-
-    keep = p * trials >= 5
-    observed = torch.cat([counts[keep], counts[~keep].sum()[None]])
-    expected = torch.cat([p[keep], p[~keep].sum()[None]]) * trials
-    if expected[-1] == 0:
-        observed, expected = observed[:-1], expected[:-1]
-    expected = expected * (observed.sum() / expected.sum())
-    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
-
-
-def _first_two(dec, prompt, trials, **settings):
-    counts = torch.zeros(2, V_SMALL, dtype=torch.float64)
-    accepted = 0
-    for seed in range(trials):
-        tr = dec.generate(prompt, method="medusa", max_new_tokens=3, seed=seed, detailed_trace=False, **settings)
-        for i in range(2):
-            counts[i, tr.output_token_ids[i]] += 1
-        accepted += tr.steps[0].num_accepted
-    return counts, accepted
-
-
 @pytest.mark.parametrize("verify,sampling", (("standard", dict(temperature=0.9)),
                                              ("block", dict(temperature=1.0, top_p=0.8))))
 def test_sampling_is_lossless_per_position(small_decoder, verify, sampling):
     """T > 0, k = 2, one-hot q at the heads' argmax: the first and second generated tokens are
     distributed as the target's (chi-square over 400 seeded runs, p > 0.001)."""
     dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
-    counts, accepted = _first_two(dec, prompt, trials, num_speculative_tokens=2, verify=verify, **sampling)
+    counts, accepted = first_two(dec, prompt, trials, "medusa", num_speculative_tokens=2, verify=verify, **sampling)
     assert 0.05 * trials < accepted < 1.95 * trials
-    for i, p in enumerate(_exact_marginals(dec, prompt, **sampling)):
-        assert _chi2_pvalue(counts[i], p, trials) > 1e-3, (verify, i, counts[i].tolist())
+    for i, p in enumerate(exact_marginals(dec, prompt, **sampling)):
+        assert chi2_pvalue(counts[i], p, trials) > 1e-3, (verify, i, counts[i].tolist())
 
 
 def test_typical_equals_greedy_at_temperature_zero(small_decoder, medusa_decoders):
@@ -331,7 +267,7 @@ def test_typical_acceptance_is_detected_as_lossy(small_decoder):
     runs instead of p(argmax): chi-square against p rejects (p < 1e-6). Standard verification of the
     same drafts passes (p > 0.001)."""
     dec, prompt, trials = small_decoder, [1, 6, 2, 3], 300
-    p1, _ = _exact_marginals(dec, prompt, temperature=1.0)
+    p1, _ = exact_marginals(dec, prompt, temperature=1.0)
     top = int(p1.argmax())
     assert 0.09 < float(p1[top]) < 0.9  # the rule must accept it, and p is far from one-hot
     real = dict(dec.heads)
@@ -344,13 +280,14 @@ def test_typical_acceptance_is_detected_as_lossy(small_decoder):
 
     try:
         dec.heads["medusa"] = Argmax()
-        lossy, acc = _first_two(dec, prompt, trials, num_speculative_tokens=1, verify="typical", temperature=1.0)
-        fair, _ = _first_two(dec, prompt, trials, num_speculative_tokens=1, verify="standard", temperature=1.0)
+        lossy, acc = first_two(dec, prompt, trials, "medusa", num_speculative_tokens=1, verify="typical",
+                               temperature=1.0)
+        fair, _ = first_two(dec, prompt, trials, "medusa", num_speculative_tokens=1, verify="standard", temperature=1.0)
     finally:
         dec.heads = real
     assert acc == trials and lossy[0, top] == trials
-    assert _chi2_pvalue(lossy[0], p1, trials) < 1e-6
-    assert _chi2_pvalue(fair[0], p1, trials) > 1e-3
+    assert chi2_pvalue(lossy[0], p1, trials) < 1e-6
+    assert chi2_pvalue(fair[0], p1, trials) > 1e-3
 
 
 def test_typical_rule_and_bad_parameters(small_decoder):
@@ -401,16 +338,7 @@ def test_static_graphs_equal_eager_on_gpu(medusa_dirs):
     acceptances (greedy, seeded standard sampling, typical on the reference sampler), and greedy
     equals method none."""
     target, head = medusa_dirs
-    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
-                                           heads={"medusa": str(head)}) for r in ("eager", "static")}
-    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="typical", seed=4)):
-        runs = {r: d.generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=24, **kw)
-                for r, d in decs.items()}
-        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
-        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
-        if not kw:
-            want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
-            assert runs["static"].output_token_ids == want
+    assert_static_graphs_equal_eager(runner_decoders(target, {"medusa": head}, device="cuda"), "medusa", 4, "typical")
 
 
 @pytest.mark.skipif(not all((__import__("specviz.engine").engine.DEFAULT_HEADS[k] / "model.safetensors").exists()
@@ -437,11 +365,11 @@ def test_tree_sampling_is_lossless_per_position(small_decoder):
     verify typical is refused for trees (chain-only)."""
     dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
     tree = "[(0,), (1,), (2,), (0, 0), (1, 0), (0, 1)]"
-    counts, accepted = _first_two(dec, prompt, trials, num_speculative_tokens=2, verify="standard", temperature=0.9,
-                                  speculative_token_tree=tree)
+    counts, accepted = first_two(dec, prompt, trials, "medusa", num_speculative_tokens=2, verify="standard",
+                                 temperature=0.9, speculative_token_tree=tree)
     assert 0.05 * trials < accepted < 1.95 * trials
-    for i, p in enumerate(_exact_marginals(dec, prompt, temperature=0.9)):
-        assert _chi2_pvalue(counts[i], p, trials) > 1e-3, (i, counts[i].tolist())
+    for i, p in enumerate(exact_marginals(dec, prompt, temperature=0.9)):
+        assert chi2_pvalue(counts[i], p, trials) > 1e-3, (i, counts[i].tolist())
     with pytest.raises(ValueError, match="chain-only"):
         dec.generate(prompt, method="medusa", num_speculative_tokens=2, verify="typical", temperature=0.9,
                      speculative_token_tree=tree)

@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from stats_helpers import SMALL_VOCAB, save_small_word_target
+from helpers import PROMPT, assert_greedy_equals_plain_greedy, assert_static_graphs_equal_eager, cli_args
+from helpers import runner_decoders, tiny_head_dirs
+from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_word_target
 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
@@ -18,18 +20,9 @@ from specviz.heads.mtp import MtpHead, mtp_config_from_target
 from specviz.proposers.mtp import MtpProposer
 from specviz.runner import EagerRunner
 from specviz.static_runner import StaticRunner
-from tiny_models import save_model
 
-PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a"
 D = 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 def random_mtp(model, seed: int) -> MtpHead:
@@ -39,18 +32,12 @@ def random_mtp(model, seed: int) -> MtpHead:
 
 @pytest.fixture(scope="module")
 def mtp_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mtp")
-    target = save_model("llama", root / "target", seed=3, layers=4, hidden=D)
-    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
-    save_head(random_mtp(dec.target_model, 12), root / "mtp", dtype=torch.float32)
-    return target, root / "mtp"
+    return tiny_head_dirs(tmp_path_factory, "mtp", lambda model: random_mtp(model, 12))
 
 
 @pytest.fixture(scope="module")
 def mtp_decoders(mtp_dirs):
-    target, head = mtp_dirs
-    return {r: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=r, heads={"mtp": str(head)})
-            for r in ("eager", "static")}
+    return runner_decoders(mtp_dirs[0], {"mtp": mtp_dirs[1]})
 
 
 class OracleMtp(torch.nn.Module):
@@ -118,27 +105,10 @@ def test_greedy_equals_plain_greedy(mtp_decoders, runner):
     """fp32 CPU, k in {1, 2, 4, 6}: the random head and an oracle stub (full and partial accepts) give
     exactly method none's tokens."""
     dec = mtp_decoders[runner]
-    want = dec.generate(PROMPT, method="none", max_new_tokens=16).output_token_ids
-    full = dec.encode(PROMPT) + want
-    real = dict(dec.heads)
-    accepted = 0
-    try:
-        for k in (1, 2, 4, 6):
-            dec.heads = dict(real)
-            got = dec.generate(PROMPT, method="mtp", num_speculative_tokens=k, max_new_tokens=16)
-            assert got.output_token_ids == want, (runner, k, "random head")
-            dec.heads["mtp"] = OracleMtp(full, dec.vocab_size, D, real["mtp"].config.kv_layer)
-            got = dec.generate(PROMPT, method="mtp", num_speculative_tokens=k, max_new_tokens=16)
-            assert got.output_token_ids == want, (runner, k, "oracle head")
-            if k > 1:
-                assert any(s.num_accepted < len(s.draft_token_ids) for s in got.steps)
-            assert any(s.num_accepted == len(s.draft_token_ids) > 0 for s in got.steps)
-            accepted += sum(s.num_accepted for s in got.steps)
-    finally:
-        dec.heads = real
-    assert accepted > 16 * 2
-    if runner == "static":
-        assert isinstance(dec.target_runner, StaticRunner)
+    assert_greedy_equals_plain_greedy(
+        dec, runner, ("mtp",), (1, 2, 4, 6),
+        lambda kind, full, real: OracleMtp(full, dec.vocab_size, D, real["mtp"].config.kv_layer),
+        min_accepted=16 * 2, rejection_from_k=2)
 
 
 @pytest.mark.parametrize("runner", ("eager", "static"))
@@ -230,13 +200,9 @@ def test_save_load_missing_and_cli(mtp_dirs, mtp_decoders, capsys):
     bare = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="method 'mtp' needs a Gemma-4-style MTP head.*heads="):
         bare.generate(PROMPT, method="mtp")
-    common = ["generate", "--target", str(target), "--prompt", "def add(a, b):", "-k", "3", "--max-new-tokens", "6",
-              "--device", "cpu", "--dtype", "float32", "--no-color"]
+    common = cli_args(target)
     assert main([*common, "--method", "mtp", "--mtp-head", str(head_dir)]) == 0
     assert "mean acceptance length" in capsys.readouterr().out
-
-
-V_SMALL = SMALL_VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -252,20 +218,11 @@ def small_decoder(tmp_path_factory):
 def test_sampling_is_lossless_per_position(small_decoder, verify, sampling):
     """T > 0, k = 2, drafts sampled from q = the head's processed distribution: the first and second
     generated tokens are distributed as the target's (chi-square over 400 seeded runs, p > 0.001)."""
-    from test_medusa import _chi2_pvalue, _exact_marginals
-
     dec, prompt, trials = small_decoder, [1, 6, 2, 3], 400
-    counts = torch.zeros(2, V_SMALL, dtype=torch.float64)
-    accepted = 0
-    for seed in range(trials):
-        tr = dec.generate(prompt, method="mtp", num_speculative_tokens=2, max_new_tokens=3, verify=verify, seed=seed,
-                          detailed_trace=False, **sampling)
-        for i in range(2):
-            counts[i, tr.output_token_ids[i]] += 1
-        accepted += tr.steps[0].num_accepted
+    counts, accepted = first_two(dec, prompt, trials, "mtp", num_speculative_tokens=2, verify=verify, **sampling)
     assert 0.05 * trials < accepted < 1.95 * trials
-    for i, p in enumerate(_exact_marginals(dec, prompt, **sampling)):
-        assert _chi2_pvalue(counts[i], p, trials) > 1e-3, (verify, i, counts[i].tolist())
+    for i, p in enumerate(exact_marginals(dec, prompt, **sampling)):
+        assert chi2_pvalue(counts[i], p, trials) > 1e-3, (verify, i, counts[i].tolist())
 
 
 def test_mtp_view(mtp_decoders):
@@ -294,17 +251,9 @@ def test_static_graphs_equal_eager_on_gpu(mtp_dirs):
     """fp32 on CUDA: with CUDA graphs the static runner's cache (read by layer_kv) gives the eager
     runner's tokens and acceptances, greedy and seeded sampling; greedy equals method none."""
     target, head = mtp_dirs
-    decs = {r: SpecDecoder.from_pretrained(target, device="cuda", dtype="float32", runner=r,
-                                           heads={"mtp": str(head)}) for r in ("eager", "static")}
+    decs = runner_decoders(target, {"mtp": head}, device="cuda")
     assert decs["static"].runner_factory.func is StaticRunner
-    for kw in (dict(), dict(temperature=0.9, verify="standard", seed=3), dict(temperature=0.9, verify="block", seed=4)):
-        runs = {r: d.generate(PROMPT, method="mtp", num_speculative_tokens=4, max_new_tokens=24, **kw)
-                for r, d in decs.items()}
-        assert runs["static"].output_token_ids == runs["eager"].output_token_ids, kw
-        assert [s.num_accepted for s in runs["static"].steps] == [s.num_accepted for s in runs["eager"].steps], kw
-        if not kw:
-            want = decs["static"].generate(PROMPT, method="none", max_new_tokens=24).output_token_ids
-            assert runs["static"].output_token_ids == want
+    assert_static_graphs_equal_eager(decs, "mtp", 4, "block")
     # the greedy chains drafted through captured graphs (MtpDraftGraphs), none of which failed
     graphs, = decs["static"]._free_runners[("mtp", id(decs["static"].heads["mtp"]))]
     assert graphs.replays > 0 and graphs._graphs and all(g is not None for g in graphs._graphs.values())
