@@ -198,12 +198,26 @@ def test_cli_set_overrides_replace_config_fields_and_refuse_unknown_ones():
                                     overrides={"medusa": {"head_layers": 2}})
 
 
-def test_time_budget_stops_early():
+class _Clock:
+    """A fake ``time`` module: every ``time()`` call advances 10 ms, so a time budget ends a run after the same
+    steps on a quiet or a loaded machine (with the real clock, one slow step under load left the last lr above
+    the annealed bound)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+def test_time_budget_stops_early(monkeypatch):
     target = build_model("llama", seed=0, layers=4, hidden=32).float()
     w = torch.randint(0, target.config.vocab_size, (16, 33))
     import dataclasses
 
     cfg = dataclasses.replace(tdf.DFLASH_SMOKE, steps=10_000, eval_windows=2, num_anchors=4)
+    monkeypatch.setattr(tdf, "time", _Clock())
     _, log = tdf.fit_dflash(target, w, w[:2], "cpu", cfg, time_budget_s=1.0)
     assert log["stopped_early"] and log["steps"] < cfg.steps and log["heldout"]
     assert log["train"][-1]["lr"] < 0.2 * cfg.lr  # the time-aware cosine annealed anyway
