@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import socket
@@ -167,7 +168,8 @@ def test_bad_input_gives_a_message_and_the_app_stays_up(app_url, args, message):
     client = Client(app_url, verbose=False)
     first = client.predict(*run_args(max_new=8, compare=False), api_name="/run")
     out = client.predict(*args, api_name="/run")  # no exception: the message is in the progress line
-    assert out[PROGRESS].startswith("**error** · ") and message in out[PROGRESS]
+    # the line is Markdown with the message HTML-escaped (so "<" and ">" show): compare what the page shows
+    assert out[PROGRESS].startswith("**error** · ") and message in html.unescape(out[PROGRESS])
     # the session keeps the trace drawn before: the selection views still draw it
     stream = client.predict(0, api_name="/select_step")[1]
     assert stream_tokens(stream) == stream_tokens(first[STREAM])
@@ -321,7 +323,7 @@ def test_replay_refuses_an_inconsistent_trace(app_url, tmp_path, how, message):
     bad = tmp_path / f"{how}.json"
     bad.write_text(json.dumps(_tampered(trace, how)))
     out = client.predict(handle_file(str(bad)), api_name="/replay")
-    assert out[PROGRESS].startswith("**error** · this is not a specviz trace") and message in out[PROGRESS]
+    assert out[PROGRESS].startswith("**error** · this is not a specviz trace") and message in html.unescape(out[PROGRESS])
     # the session still holds its own run: the selection views draw it
     assert client.predict(0, api_name="/select_step")[1] != ""
 
