@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
 
+from .speedup import spread
 from .trace import (ACCEPTANCE_LENGTH_CONVENTIONS, Step, Trace, TraceFormatError, acceptance_length,
                     compute_metrics, load_json_capped)
 
@@ -434,6 +435,30 @@ def _distribution_badge(test: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- the table ----------------------------------------------------------------------------
+def run_ratios(comparison: Comparison, runs: list[RunResult], base: int | None) -> list[float]:
+    """Per (prompt, seed): this run's decode tokens/s ÷ method none's on the same prompt and seed (run next to it,
+    :func:`plan`). Their spread says how far one pooled ratio can be trusted on this machine; [] without a baseline."""
+    if base is None:
+        return []
+    base_runs = {(r.prompt, r.seed): r for r in comparison.runs_of(base)}
+    out = []
+    for r in runs:
+        b = base_runs.get((r.prompt, r.seed))
+        if b is None:
+            continue
+        mine, theirs = _decode_rate(r.trace), _decode_rate(b.trace)
+        if mine > 0 and theirs > 0:
+            out.append(mine / theirs)
+    return out
+
+
+def _decode_rate(trace: Trace) -> float:
+    """Tokens / decode time of one run, as :func:`pooled_row` pools them (0 without decode time)."""
+    m = pooled_metrics([trace], 1)
+    dec = decode_seconds(m)
+    return m["num_generated_tokens"] / dec if dec > 0 else 0.0
+
+
 def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     """One row of the table: the configuration's pooled metrics and statistics (plain data).
 
@@ -443,6 +468,8 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     draft_acceptance_rate, conditional (per position: {rate, n, low, high}, Wilson 95 %),
     tokens_per_s (tokens / decode time), e2e_tokens_per_s (tokens / wall time incl. prefill),
     speedup (measured, over method none at the same temperature in this comparison),
+    speedup_spread (:func:`specviz.speedup.spread` of :func:`run_ratios`: median, low, high, n, noisy; None
+    without a baseline),
     predicted_speedup (:func:`predicted_speedup`), ms_per_step {draft, verify, sample},
     step_cost (ms per step / method none's ms per step), lossless (:func:`losslessness`)."""
     cfg = comparison.configs[config]
@@ -460,6 +487,7 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     conditional = [{"rate": a / n if n else None, "n": n, "low": wilson_interval(a, n)[0], "high": wilson_interval(a, n)[1]}
                    for a, n in zip(m["accepted_per_position"], n_cond)]
     wall = sum(r.wall_s for r in runs)
+    ratios = run_ratios(comparison, runs, base)
     return {
         "label": cfg.label, "method": cfg.method, "k": cfg.num_speculative_tokens, "verify": cfg.verify,
         "temperature": cfg.temperature, "runs": len(runs), "tokens": tokens, "steps": m["num_steps"],
@@ -471,6 +499,7 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "draft_coverage": m["draft_coverage"], "draft_acceptance_rate": m["draft_acceptance_rate"] if m["num_draft_tokens"] else None,
         "conditional": conditional, "tokens_per_s": tps, "e2e_tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "speedup": tps / base_tps if base_tps > 0 and runs else None,
+        "speedup_spread": spread(ratios) if ratios else None,
         "predicted_speedup": predicted_speedup(m, base_ms) if cfg.method != "none" else None,
         "ms_per_step": split,
         "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
@@ -485,7 +514,8 @@ def table(comparison: Comparison) -> list[dict[str, Any]]:
 
 CSV_COLUMNS = ("label", "method", "k", "verify", "temperature", "runs", "tokens", "steps", "tokens_per_target_forward",
                "mean_acceptance_length", "draft_coverage", "draft_acceptance_rate", "conditional_acceptance",
-               "tokens_per_s", "e2e_tokens_per_s", "speedup", "predicted_speedup", "draft_ms_per_step",
+               "tokens_per_s", "e2e_tokens_per_s", "speedup", "speedup_low", "speedup_high", "speedup_n",
+               "predicted_speedup", "draft_ms_per_step",
                "verify_ms_per_step", "sample_ms_per_step", "lossless")
 
 
@@ -497,6 +527,9 @@ def _csv_cell(row: dict[str, Any], col: str) -> Any:
         return f"{row['ms_per_step'][col.split('_')[0]]:.3f}"
     if col == "lossless":
         return row["lossless"]["badge"]
+    if col in ("speedup_low", "speedup_high", "speedup_n"):  # the per-(prompt, seed) ratios' spread
+        value = (row.get("speedup_spread") or {}).get(col.split("_")[1])
+        return f"{value:.6g}" if isinstance(value, float) else ("" if value is None else value)
     value = row[col]
     return f"{value:.6g}" if isinstance(value, float) else ("" if value is None else value)
 

@@ -365,3 +365,26 @@ def test_ksweep_gives_every_method_its_own_colour_and_marker():
     two = ksweep_figure([_ksweep_row("ngram", 2), _ksweep_row("ngram", 2, "standard", 0.8)])
     a, b = [d for d in two.data if d.showlegend is not False]
     assert a.line.color == b.line.color and a.line.dash != b.line.dash
+
+
+def test_the_speedup_comes_with_its_per_run_spread():
+    """The new-user report: ngram and ngram_gpu (same drafts) read 0.74x and 1.44x from one run each, with nothing to
+    say that one run is not a measurement. Each row now carries the per-(prompt, seed) ratios' spread, shown in the
+    table ("low–high (n N)", "noisy" past half the median; one run: "no spread") and in the CSV."""
+    from specviz.compare import CSV_COLUMNS, _csv_cell
+    from specviz.viz.compare import TABLE_COLUMNS, table_rows
+
+    spec = [_none_trace([1, 2], ms=(0.0, 5.0, 0.0)), _none_trace([1, 2], ms=(0.0, 10.0, 0.0))]  # 400 and 200 tok/s
+    none = [_none_trace([1, 2], ms=(0.0, 10.0, 0.0)), _none_trace([1, 2], ms=(0.0, 10.0, 0.0))]  # 200 tok/s each
+    row = pooled_row(_comparison(spec, none), 1)
+    s = row["speedup_spread"]
+    assert (s["low"], s["high"], s["n"]) == (pytest.approx(1.0), pytest.approx(2.0), 2) and s["noisy"]
+    assert s["median"] == pytest.approx(1.5) and row["speedup"] == pytest.approx(4 / 0.030 / (4 / 0.040))
+    cells = dict(zip(TABLE_COLUMNS, table_rows([row])[0]))
+    assert cells["speedup range (n)"] == "1.00–2.00 (n 2) noisy"
+    assert [_csv_cell(row, c) for c in ("speedup_low", "speedup_high", "speedup_n")] == ["1", "2", 2]
+    assert "speedup_n" in CSV_COLUMNS
+    one = pooled_row(_comparison(spec[:1], none[:1]), 1)
+    assert dict(zip(TABLE_COLUMNS, table_rows([one])[0]))["speedup range (n)"] == "n 1: no spread"
+    calm = pooled_row(_comparison([spec[1], spec[1]], none), 1)
+    assert dict(zip(TABLE_COLUMNS, table_rows([calm])[0]))["speedup range (n)"] == "1.00–1.00 (n 2)"

@@ -21,10 +21,10 @@ from .stats import expected_tokens_per_step
 
 STRIP_FATES = ("accepted", "recovered", "bonus", "target")  # fates a committed token can have
 TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "coverage", "accept rate", "tokens/s",
-                 "speedup", "speedup (model)", "ms/step: draft / verify / sample", "c_i (Wilson 95%, n), i = 1..k",
-                 "lossless")
+                 "speedup", "speedup range (n)", "speedup (model)", "ms/step: draft / verify / sample",
+                 "c_i (Wilson 95%, n), i = 1..k", "lossless")
 AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the convention switch
-COLUMN_WIDTHS = ("12%", "5%", "7%", "6%", "7%", "6%", "6%", "7%", "7%", "10%", "19%", "8%")
+COLUMN_WIDTHS = ("11%", "4%", "6%", "6%", "6%", "6%", "6%", "6%", "7%", "6%", "10%", "18%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
 COLUMN_FORMULAS = {
     "configuration": "method k=num_speculative_tokens verification T=temperature",
@@ -36,6 +36,9 @@ COLUMN_FORMULAS = {
     "accept rate": "draft acceptance rate = accepted draft tokens / drafted tokens (vLLM, SGLang, AIPerf)",
     "tokens/s": "generated tokens / decode time (draft + verify + sample; prefill excluded), this machine",
     "speedup": "measured: tokens/s ÷ tokens/s of method none at the same temperature, run in this comparison",
+    "speedup range (n)": "per prompt and seed: tokens/s ÷ method none's on the same prompt and seed; the lowest–"
+                         "highest of those ratios and n. 'noisy': they spread by more than half the median, so the "
+                         "speedup is not readable on this machine now (one run: no spread at all)",
     "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
                        "g = coverage, a = accepted / verified positions",
     "ms/step: draft / verify / sample": "milliseconds per verification step: drafting (the proposer's propose and "
@@ -61,7 +64,9 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
 - **accept rate** (draft acceptance rate) = accepted / drafted tokens. **c_i** = P(draft i accepted | drafts 1..i-1 accepted):
   accepted at i / steps that verified position i, with the Wilson 95 % interval and n.
 - **tokens/s** = tokens / decode time (draft + verify + sample, prefill excluded), on this machine.
-  **speedup** (measured) = tokens/s / tokens/s of method none at the same temperature, run in this comparison.
+  **speedup** (measured) = tokens/s / tokens/s of method none at the same temperature, run in this comparison;
+  **speedup range (n)** = the lowest and highest of the per-(prompt, seed) ratios, and n: one run gives no spread, and
+  "noisy" marks ratios that spread by more than half their median (the machine was busy: not readable).
   **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
   ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
   costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
@@ -109,10 +114,19 @@ def table_rows(rows: list[dict[str, Any]], convention: str = "vllm") -> list[lis
         ms = row["ms_per_step"]
         out.append([row["label"], row["runs"], r(row["tokens_per_target_forward"]), r(row["acceptance_length"][convention]),
                     r(row["draft_coverage"]), r(row["draft_acceptance_rate"]), r(row["tokens_per_s"], 1),
-                    r(row["speedup"]), r(row["predicted_speedup"]),
+                    r(row["speedup"]), _spread(row.get("speedup_spread")), r(row["predicted_speedup"]),
                     f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample']:.1f}", _conditional(row),
                     row["lossless"]["badge"]])
     return out
+
+
+def _spread(s: dict[str, Any] | None) -> str | None:
+    """"0.92–1.61 (n 5)", with "noisy" when the ratios spread by more than half their median; "n 1: no spread"."""
+    if not s or not s.get("n"):
+        return None
+    if s["n"] == 1:
+        return "n 1: no spread"
+    return f"{s['low']:.2f}–{s['high']:.2f} (n {s['n']})" + (" noisy" if s["noisy"] else "")
 
 
 def table_html(rows: list[dict[str, Any]], convention: str = "vllm") -> str:
