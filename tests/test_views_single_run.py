@@ -152,3 +152,16 @@ def test_measured_label_has_room_above_the_star_when_every_draft_is_accepted():
     assert star.y[0] == 6.0 and star.text[0] == "measured: 6.00" and star.cliponaxis is False
     low, high = fig.layout[star.yaxis.replace("y", "yaxis")].range
     assert low < 1 and high >= 1.2 * 6.0  # the label above the star lies inside the plot area
+
+
+def test_every_bundled_compare_prompt_gives_the_target_something_to_continue(bundled):
+    """A comparison prompt that ends in EOS at once adds a row of nothing (the new-user report: "Projections repeated"
+    gave 1 token for every method). Each bundled prompt's greedy continuation is at least 16 tokens."""
+    import json
+
+    from specviz.compare_cli import PROMPT_SET
+
+    data = json.loads(PROMPT_SET.read_text())
+    for prompt in data if isinstance(data, list) else data["prompts"]:
+        out = bundled.generate(prompt["text"], method="none", max_new_tokens=16)
+        assert len(out.output_token_ids) == 16, (prompt["name"], out.stop_reason)
