@@ -106,6 +106,23 @@ def test_block_chapters_give_P_h_eta_and_tau(traces):
     assert f"= {b['tau']}, so the first {b['tau']} draft token(s) are accepted" in tau.text
 
 
+def test_block_chapter_compares_token_wise_only_where_token_wise_would_reach(traces):
+    """The new-user report: "Token-wise it would be η_4 <= min(1, p/q) = 1" at a position token-wise verification
+    never reaches (an earlier η failed its min(1, p/q)). Such a chapter now names the position token-wise stops at."""
+    import copy
+
+    trace = copy.deepcopy(traces["dm_block"])
+    st = next(s for s in trace.steps if s.block and len(s.draft_token_ids) >= 2)
+    st.block["eta"][0] = 0.9
+    st.positions[0].accept_prob = 0.1  # token-wise: η_1 = 0.9 > 0.1, it stops at position 1
+    chapters = [c for c in lesson_chapters(trace) if c.kind == "test" and c.step == st.index]
+    second = next(c for c in chapters if c.position == 2)
+    assert "would have stopped at position 1" in second.text and "never tested position 2" in second.text
+    assert "Token-wise it would be" not in second.text
+    first = next(c for c in chapters if c.position == 1)
+    assert "Token-wise it would be η_1 > min(1, p/q)" in first.text  # position 1 is always tested token-wise
+
+
 def test_method_specific_draft_texts(traces):
     ngram = traces["ngram_greedy"]
     st = next(s for s in ngram.steps if s.draft_token_ids)

@@ -258,10 +258,16 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
         b, j = st.block, i - 1
         eta, h = b["eta"][j], b["h"][j]
         ok = eta <= h
+        # token-wise verification with the same uniforms tests position i only if every earlier position passed
+        stop = next((m + 1 for m, earlier in enumerate(st.positions[:j])
+                     if earlier.accept_prob is not None and b["eta"][m] > earlier.accept_prob), None)
+        tokenwise = (f"Token-wise verification with the same uniforms would have stopped at position {stop} "
+                     f"(η_{stop} > min(1, p/q) there) and never tested position {i}." if stop is not None else
+                     f"Token-wise it would be η_{i} {'≤' if eta <= pos.accept_prob else '>'} min(1, p/q) = "
+                     f"{fmt_prob(pos.accept_prob)}.")
         return (f"Block test at position {i}: P_{i} = {fmt_prob(b['P'][j])} (how well the first {i} token(s) match), "
                 f"h_{i} = {fmt_prob(h)} (the probability to accept the block up to {i}); η_{i} = {fmt_prob(eta)} "
-                f"{'≤' if ok else '>'} h_{i}, so position {i} {'passes' if ok else 'fails'}. Token-wise it would be "
-                f"η_{i} {'≤' if eta <= pos.accept_prob else '>'} min(1, p/q) = {fmt_prob(pos.accept_prob)}.")
+                f"{'≤' if ok else '>'} h_{i}, so position {i} {'passes' if ok else 'fails'}. {tokenwise}")
     if verify == "typical":  # Medusa's rule: p(x) against an entropy-scaled threshold, no uniform draw
         eps = trace.config.get("typical_acceptance_sampler_posterior_threshold", "ε")
         delta = trace.config.get("typical_acceptance_sampler_posterior_alpha", "δ")
