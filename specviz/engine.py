@@ -451,8 +451,8 @@ class SpecDecoder:
         """Like :meth:`generate`, but yields the partial trace after every step (for streaming
         views); closing the iterator stops the request cleanly (stop_reason "stopped").
 
-        Events: a step's DraftProposed / StepVerified / TokensCommitted are published during the
-        next step, while its target forward runs (one step late), and before GenerationFinished;
+        Events: a step's DraftProposed / StepVerified / TokensCommitted are published two steps later,
+        while that step's target forward runs (see ``_step``), and always before GenerationFinished;
         here they are flushed before every yield, so each yielded trace holds every finished step.
 
         The same Trace object is yielded each time and grows in place (copy it to keep a
@@ -526,11 +526,12 @@ class SpecDecoder:
         generated: list[int] = []
         stop_reason = "stopped"
         step = 0
-        publish: _Once | None = None  # the previous step's events, published during the next step
+        pending: list[_Publication] = []  # steps whose events are not published yet (see _step)
         try:
             while True:
-                committed, hit_eos, last, publish = self._step(step, ids, last, len(generated), cfg, runner,
-                                                               verifier, proposer, ctx, bus, publish)
+                committed, hit_eos, last, publication = self._step(step, ids, last, len(generated), cfg, runner,
+                                                                   verifier, proposer, ctx, bus, pending)
+                pending.append(publication)
                 passes += 1
                 ids.extend(committed)
                 generated.extend(committed)
@@ -540,7 +541,7 @@ class SpecDecoder:
                     stop_reason = "eos" if hit_eos else "max_new_tokens"
                     break
                 if stream_texts:  # a streamed trace is whole at every yield
-                    publish()
+                    _publish_all(pending)
                     self._add_texts(recorder.trace, generated)
                 lock.__exit__(None, None, None)  # between steps other requests' steps may run
                 try:
@@ -548,8 +549,7 @@ class SpecDecoder:
                 finally:
                     lock.__enter__()
         finally:
-            if publish is not None:
-                publish()
+            _publish_all(pending)
             finish = methods.get(cfg.method).finish  # the method's clean-up (pooled runner, global cache)
             if finish is not None and proposer is not None:
                 finish(self, proposer, generated)
@@ -561,15 +561,19 @@ class SpecDecoder:
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,
               runner: ModelRunner, verifier: StepVerifier, proposer: Proposer | None, ctx: StepContext,
-              bus: ev.EventBus, previous: "_Once | None") -> tuple[list[int], bool, torch.Tensor, "_Once"]:
+              bus: ev.EventBus, pending: "list[_Publication]") -> tuple[list[int], bool, torch.Tensor, "_Publication"]:
         """One verification step. ``last``: the last committed token, int64 [1] on the device;
-        ``previous``: the previous step's event publication, run here while the GPU computes this
-        step's target forward. Returns (committed tokens, whether EOS was committed, the next step's
-        ``last``, this step's event publication).
+        ``pending``: the earlier steps' unpublished events (oldest first). While the GPU computes this
+        step's target forward, every one but the newest is published and the newest queues its detailed
+        record on the device (a tree step's top lists and residuals: :func:`specviz.record.tree_detail`);
+        it is published during the next step, when that record has long been copied (so steps are
+        published two steps late; the caller flushes the rest). Returns (committed tokens, whether EOS was
+        committed, the next step's ``last``, this step's :class:`_Publication`).
 
         Nothing here waits for the GPU except the verifier's one device-to-host copy of the
-        step's tokens (proposers that work on the host, such as ngram, read ``ids``); the step's
-        detailed record is copied behind it and read one step later."""
+        step's tokens (proposers that work on the host, such as ngram, read ``ids``). Nothing of the trace
+        is queued between that copy and the next step's draft, when the GPU would wait for it: a chain's
+        detail is queued with the verifier's graphs, a tree's in a later step's overlap window."""
         remaining = cfg.max_new_tokens - num_generated
         captured = functools.partial(_capture_s, runner, verifier, getattr(proposer, "runner", None))
         c0, t0 = captured(), time.perf_counter()
@@ -580,7 +584,7 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         is_tree = not draft.is_chain  # a tree: 1 + N rows, ancestor mask
-        tree_pending = None  # a tree step's detailed record, queued at verification
+        tree_pending: list = [None]  # a tree step's detailed record, queued by the publication's queue()
         t1, c1 = time.perf_counter(), captured()
         fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
         forward = runner.forward_features(fed, proposer.taps if proposer is not None else (),
@@ -588,8 +592,10 @@ class SpecDecoder:
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         tree = list(draft.parents) if is_tree else None  # (a device-drafted tree's host copy: read now)
         t2, c2 = time.perf_counter(), captured()
-        if previous is not None:
-            previous()
+        if pending:  # earlier steps' events, while the GPU computes this step's forward: every one but the newest
+            _publish_all(pending[:-1])  # is published (its detail ran behind the previous forward: no wait)
+            del pending[:-1]
+            pending[0].queue()  # the newest queues its detail now, behind this forward; published next step
         t2b = time.perf_counter()
         q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
         spec = VerifySpec(k=int(x.numel()), vocab=self.vocab_size, verify=cfg.verify, temperature=cfg.temperature,
@@ -608,8 +614,6 @@ class SpecDecoder:
         else:  # the tree verifier (reference), then the accepted path's K/V compacted into place
             tree_out, p_tree = verify_tree_step(spec, logits, q, x, tree, draft.tree_rule, ctx.generator)
             tree_q = q if tree_out.rule == "sampled" else None  # q's top lists are recorded for rule B only
-            tree_pending = tree_detail(tree_out, p_tree, tree_q, tree_out.token_ids, tree) if cfg.detailed_trace \
-                else None  # queued now, read when the record is built (one step later)
             emitted, acc = tree_out.output_token_ids, len(tree_out.path)
             draft_ids = emitted[:acc]  # the accepted path's tokens, in path order
             next_last = to_device(torch.tensor([emitted[-1]], dtype=torch.long), self.device)  # queued, no wait
@@ -629,13 +633,17 @@ class SpecDecoder:
         timings = dict(draft_ms=(t1 - t0 - (c1 - c0) + t4 - t3 - (c4 - c3)) * 1e3, verify_ms=(t2 - t1 - (c2 - c1)) * 1e3,
                        sample_ms=(t3 - t2b - (c3 - c2)) * 1e3, capture_ms=(c4 - c0) * 1e3)
 
+        def queue() -> None:  # a tree step's detailed record onto the device (p_tree, tree_out stay alive here)
+            if tree is not None and cfg.detailed_trace:
+                tree_pending[0] = tree_detail(tree_out, p_tree, tree_q, tree_out.token_ids, tree)
+
         def publish() -> None:
             bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none",
                                          token_ids=draft_ids if tree is None else tree_out.token_ids,
                                          details=draft.details, draft_ms=timings["draft_ms"]))
             if tree is not None:
                 record = tree_record(tree_out, tree_out.token_ids, tree, draft.scores, draft.tree_rule, cfg.verify,
-                                     tree_pending)
+                                     tree_pending[0])
             elif detail is not None:
                 record = host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend)
             else:
@@ -645,7 +653,7 @@ class SpecDecoder:
             bus.publish(ev.TokensCommitted(step=step, token_ids=committed,
                                            num_generated=num_generated + len(committed)))
 
-        return committed, hit_eos, next_last, _Once(publish)
+        return committed, hit_eos, next_last, _Publication(queue, publish)
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _describe(self, cfg: GenerationConfig, ids: list[int]) -> dict[str, Any]:
@@ -711,16 +719,32 @@ def _match_ids(obj: Any) -> Iterator[int]:
             yield from _match_ids(item)
 
 
-class _Once:
-    """A callable that runs ``fn`` on its first call only."""
+class _Publication:
+    """One step's events: :meth:`queue` queues its device-side detailed record (a no-op for chains, whose
+    detail the verifier queued), calling it publishes the events; each runs once, and publishing queues
+    first if that has not happened."""
 
-    def __init__(self, fn: Callable[[], None]):
-        self._fn: Callable[[], None] | None = fn
+    def __init__(self, queue: Callable[[], None], publish: Callable[[], None]):
+        self._queue: Callable[[], None] | None = queue
+        self._publish: Callable[[], None] | None = publish
 
-    def __call__(self) -> None:
-        fn, self._fn = self._fn, None
+    def queue(self) -> None:
+        fn, self._queue = self._queue, None
         if fn is not None:
             fn()
+
+    def __call__(self) -> None:
+        self.queue()
+        fn, self._publish = self._publish, None
+        if fn is not None:
+            fn()
+
+
+def _publish_all(pending: "list[_Publication]") -> None:
+    """Publish ``pending`` in order and empty it."""
+    for publication in pending:
+        publication()
+    pending.clear()
 
 
 def _load_heads(dirs: dict[str, Any], target_model: torch.nn.Module,

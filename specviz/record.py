@@ -170,9 +170,10 @@ def tree_row(out: "TreeVerifyOutput", parents: list[int]) -> list[int]:
 
 class PendingTreeDetail:
     """The detailed part of one tree step's record: every top-20 list, residual mass and the emitted
-    token's p, packed in one flat float64 tensor on the device right after the verifier and copied to
-    pinned host memory behind it (:func:`tree_detail`); :meth:`values` waits for that copy, which the
-    engine calls one step later, when building the record (so the GPU never idles for it)."""
+    token's p, packed in one flat float64 tensor on the device and copied to pinned host memory behind it
+    (:func:`tree_detail`); :meth:`values` waits for that copy. The engine queues it while a later step's target
+    forward computes and reads it one step after that, when it builds the record (so the GPU never idles for
+    it)."""
 
     def __init__(self, flat: torch.Tensor, n_top: int, has_q: bool):
         self.n_top, self.has_q = n_top, has_q  # top-n per list; whether q's top lists are packed too (rule B)
@@ -223,7 +224,7 @@ def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int
     """Plain-data step record of a tree step (the keys of :func:`host_record`, plus ``nodes``,
     ``accepted_path`` and ``tree_rule``), from :func:`specviz.sampling.tree.verify_tree`'s output.
 
-    ``detail`` (from :func:`tree_detail`, queued at verification) adds the positions and the top-20s;
+    ``detail`` (from :func:`tree_detail`, queued by the engine after verification) adds the positions and the top-20s;
     None records no positions or top-20s (the nodes' p, q, u are still recorded, from the verifier's own
     host copy: no device read here)."""
     N = len(parents)

@@ -7,7 +7,8 @@ of segments of the same request (the first ``segment_tokens`` new tokens): one w
 method, one with method "none", alternating the order (A B, B A, A B, ...) so that a drift of the
 machine's speed cancels. Each pair gives one ratio of decode tokens/s (tokens / (draft + verify +
 sample time), the engine's own per-step time, the proposer's observe counted in draft: no prefill, no
-time between steps, e.g. the trace's event publication); the headline
+time between steps, and not the trace's recording: its event publication and the queueing of a tree step's
+detailed record, which run in the next steps' overlap with the GPU); the headline
 is the median ratio, shown with its range over the pairs; a range wider than ``NOISY_SPREAD`` of the
 median is too noisy to read. Spec-Bench reports mean +- std over 3 runs; vLLM's
 ``benchmarks/sweep/tune_speculative_k.py`` uses the median and MAD of repeated runs.

@@ -15,8 +15,9 @@ themselves (1/temperature, top-p's cut, top-k's index) are device tensors the gr
 at most ``max_graphs`` pairs (least recently used evicted: synthetic rates stay in the key). On CUDA the core's packed tokens come back in one non-blocking copy
 into pinned memory followed by one event wait: the step's only synchronisation with the GPU. The
 detail graph and its own copy run on a side stream behind the core, overlapping the next step's
-drafting and target forward; the engine collects it (:meth:`PendingDetail.result`) one step later,
-while the GPU is busy, so tracing adds little to the step time.
+drafting and target forward; it is collected (:meth:`PendingDetail.result`) by the verifier before its
+next replay or by the engine when it publishes the step, while the GPU is busy, so tracing adds little to
+the step time.
 
 The noise (uniforms u and the exponential race's E) is drawn eagerly from the request's generator
 before the replay, exactly as :func:`~specviz.sampling.types.draw_noise` draws it, so the captured

@@ -285,3 +285,37 @@ def test_sampled_children_run_rule_b_end_to_end(self_decoders, monkeypatch):
             last = s.positions[-1]  # the last rejected child: its residual is the emitted distribution
             assert not last.accepted and last.residual_top == s.emitted.top
     Trace.from_json(tr.to_json())
+
+
+def test_a_tree_steps_detail_is_queued_behind_the_next_forward_not_after_its_own_wait(decoders, monkeypatch):
+    """Issue 13 (tracing costs): a tree step's detailed record (top-20 lists, residuals: record.tree_detail, ~30
+    device ops) was queued right after the verifier's host read, when the GPU had nothing else queued. It is now
+    queued during the next step, after that step's target forward is queued, and the record is built one step
+    later; generate() and iter_generate() give the same trace as before (every step detailed)."""
+    import specviz.engine as engine_mod
+
+    dec = decoders["llama"]
+    log: list[str] = []
+    runner_forward = EagerRunner.forward_features  # the decoders fixture runs the target eagerly
+    original_detail, original_verify = engine_mod.tree_detail, engine_mod.verify_tree_step
+
+    def forward(self, *a, **k):
+        if k.get("parents") is not None:
+            log.append("forward")
+        return runner_forward(self, *a, **k)
+
+    monkeypatch.setattr(EagerRunner, "forward_features", forward)
+    monkeypatch.setattr(engine_mod, "tree_detail", lambda *a, **k: (log.append("detail"), original_detail(*a, **k))[1])
+    monkeypatch.setattr(engine_mod, "verify_tree_step", lambda *a, **k: (log.append("verify"), original_verify(*a, **k))[1])
+    kw = dict(method="draft_model", num_speculative_tokens=3, max_new_tokens=24, speculative_token_tree=TREE)
+    trace = dec.generate(PROMPT, **kw)
+    steps = sum(1 for e in log if e == "verify")
+    assert steps >= 3 and log.count("detail") == steps  # every tree step detailed, once
+    # step s's detail comes after step s + 1's forward and before step s + 1's verification
+    verify_at = [i for i, e in enumerate(log) if e == "verify"]
+    detail_at = [i for i, e in enumerate(log) if e == "detail"]
+    for s in range(steps - 1):
+        assert verify_at[s] < detail_at[s] and log[detail_at[s] - 1] == "forward" and detail_at[s] < verify_at[s + 1]
+    assert all(st.positions for st in trace.steps if st.is_tree)  # the record still has the detail
+    streamed = list(dec.iter_generate(PROMPT, **kw))[-1]
+    assert [(s.positions, s.nodes) for s in streamed.steps] == [(s.positions, s.nodes) for s in trace.steps]
