@@ -249,3 +249,22 @@ def test_a_tree_step_is_taught_as_a_tree():
     assert "1 sibling(s)" in tests[1] and "sibling(s) tested" not in tests[0]  # node 3 after node 2; node 0 first
     assert "residual distribution of rule A" in plain(by_kind["outcome"][0].text)
     assert all(c.focus in FOCUS_VIEWS for c in chapters)
+
+
+def test_a_brief_lesson_tells_the_first_steps_in_full_then_one_chapter_a_step(traces):
+    """The new-user report: an 11-step run is a 91-chapter lesson. lesson_chapters(full_steps=2) keeps the first two
+    steps' chapters and gives every later step one chapter that says what was drafted and committed."""
+    from specviz.viz.lesson import lesson_chapters
+
+    trace = traces["dm_block"]
+    assert len(trace.steps) > 3
+    full, brief = lesson_chapters(trace), lesson_chapters(trace, full_steps=2)
+    head = [c for c in full if c.kind == "intro" or (c.step is not None and c.step < 2 and c.kind != "stats")]
+    assert brief[: len(head)] == head  # the first two steps as in the full lesson
+    later = brief[len(head):-1]
+    assert [c.step for c in later] == [st.index for st in trace.steps[2:]] and {c.kind for c in later} == {"step"}
+    for c, st in zip(later, trace.steps[2:]):
+        assert (f"{st.num_accepted} of {st.num_drafted} draft token(s) accepted" if st.num_drafted
+                else "nothing drafted, 1 target token") in c.title
+        assert f"commits {len(st.committed_token_ids)} token(s)" in c.text
+    assert brief[-1].kind == "stats" and len(brief) < len(full)

@@ -68,7 +68,7 @@ VERIFY_TEXT = {
 class Chapter:
     """One page of a lesson.
 
-    kind: intro | draft | forward | test | block | outcome | commit | stats.
+    kind: intro | draft | forward | test | block | outcome | commit | step (a whole step, brief lessons) | stats.
     title / text: HTML-safe strings (token texts escaped), written from the trace's numbers.
     step: the step index it talks about (None for intro / stats); position: the 1-based slot it
     selects in the views (None: the step's decision slot); focus: one of FOCUS_VIEWS.
@@ -418,15 +418,30 @@ def step_chapters(trace: Trace, st: Step) -> list[Chapter]:
             outcome_chapter(trace, st), commit_chapter(trace, st)]
 
 
-def lesson_chapters(trace: Trace | dict) -> list[Chapter]:
+def brief_chapter(trace: Trace, st: Step) -> Chapter:
+    """One chapter for a whole step (the brief lesson's later steps): what was drafted, and what was committed."""
+    draft, commit = draft_chapter(trace, st), commit_chapter(trace, st)
+    k = st.num_drafted
+    title = (f"Step {st.index}: {st.num_accepted} of {k} draft token(s) accepted, + 1 {st.emitted.kind} token"
+             if k else f"Step {st.index}: nothing drafted, 1 target token")
+    return Chapter("step", title, f"{draft.title.split(': ', 1)[-1].capitalize()}. {commit.text}", st.index, None,
+                   "grid")
+
+
+BRIEF_FULL_STEPS = 2  # a brief lesson tells this many steps in full, then one chapter a step
+
+
+def lesson_chapters(trace: Trace | dict, full_steps: int | None = None) -> list[Chapter]:
     """Every chapter of a lesson on ``trace`` (a Trace or its dict): intro, the chapters of each
-    step in order, then the statistics. A trace without steps gives the intro only.
+    step in order, then the statistics. A trace without steps gives the intro only. ``full_steps``: tell
+    only the first ``full_steps`` steps in full and every later one in one chapter (:func:`brief_chapter`);
+    None (default) tells every step in full (an 11-step run: about 90 chapters).
     Raises:
         specviz.trace.TraceFormatError: ``trace`` is a malformed dict."""
     trace = as_trace(trace)
     out = [intro_chapter(trace)]
-    for st in trace.steps:
-        out += step_chapters(trace, st)
+    for n, st in enumerate(trace.steps):
+        out += step_chapters(trace, st) if full_steps is None or n < full_steps else [brief_chapter(trace, st)]
     if trace.steps:
         out.append(stats_chapter(trace))
     return out
