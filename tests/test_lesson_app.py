@@ -45,6 +45,25 @@ def test_lesson_api_names_and_events(app_url):
     assert "data-step='2'" in tick[TEXT] and "one target forward" in tick[TEXT]
 
 
+def test_the_brief_box_shortens_the_lesson_and_restarts_it(app_url):
+    """The "brief" box (lesson_brief): a lesson being shown restarts in the short form, where steps after the first
+    two are one chapter each; the setting stays for the next Lesson, and unticking gives the full lesson back."""
+    import re
+
+    client = Client(app_url, verbose=False)
+    client.predict(*run_args(method="draft_model", verify="standard", temperature=1.0, max_new=16, compare=False),
+                   api_name="/run")
+    count = lambda out: int(re.search(r"data-count='(\d+)'", out[TEXT]).group(1))  # noqa: E731
+    full = count(client.predict(api_name="/lesson_start"))
+    brief = client.predict(True, api_name="/lesson_brief")
+    assert "data-index='0'" in brief[TEXT] and count(brief) < full
+    jump = client.predict(3, api_name="/lesson_goto")
+    assert "data-step='3'" in jump[TEXT] and "draft token(s) accepted" in jump[TEXT]  # one chapter for step 3
+    again = client.predict(api_name="/lesson_start")
+    assert count(again) == count(brief)
+    assert count(client.predict(False, api_name="/lesson_brief")) == full
+
+
 # ---- the browser -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):

@@ -5,7 +5,7 @@ existing views.
 
 Events (api names, besides ``lesson_reset`` when a run or upload ends the lesson): ``lesson_start``, ``lesson_next``, ``lesson_back``, ``lesson_goto`` (a step
 index), ``lesson_play`` (toggles Play), ``lesson_tick`` (Play's timer: the next chapter, pausing at
-the last). Keyboard while a lesson runs: right arrow = Next, left arrow = Back, space = Play/Pause
+the last), ``lesson_brief`` (the "brief" box: steps after the first two in one chapter each). Keyboard while a lesson runs: right arrow = Next, left arrow = Back, space = Play/Pause
 (ignored while typing in a field). The presentation layout (large type, Run and the chapter above
 the fold) is on with ``?present=1`` in the URL or ``build_app(present=True)`` (``app.py --present``).
 """
@@ -17,7 +17,7 @@ from typing import Any
 import gradio as gr
 
 from specviz.trace import Trace
-from specviz.viz.lesson import chapter_html, chapter_of_step, lesson_chapters
+from specviz.viz.lesson import BRIEF_FULL_STEPS, chapter_html, chapter_of_step, lesson_chapters
 
 from .handlers import _number, _sliders, _trace_of
 from .views import selection_views
@@ -199,9 +199,14 @@ if (!window.svLessonKeys) {
                                         "shrink": PRESENT_MAX_SHRINK})
 
 
-def new_lesson() -> dict[str, Any]:
-    """A lesson's session state: the chapter shown (-1: none) and whether Play is on."""
-    return {"index": -1, "playing": False}
+def new_lesson(full_steps: int | None = None) -> dict[str, Any]:
+    """A lesson's session state: the chapter shown (-1: none), whether Play is on, and how many steps are told
+    in full (None: all; the "brief" box sets :data:`~specviz.viz.lesson.BRIEF_FULL_STEPS`)."""
+    return {"index": -1, "playing": False, "full_steps": full_steps}
+
+
+def _chapters(trace: Trace, lesson: dict[str, Any] | None) -> list:
+    return lesson_chapters(trace, (lesson or {}).get("full_steps"))
 
 
 def lesson_panel(present: bool = False) -> dict[str, Any]:
@@ -215,6 +220,8 @@ def lesson_panel(present: bool = False) -> dict[str, Any]:
             c["next"] = gr.Button("Next ▶", elem_id="sv-lesson-next", scale=0, min_width=110)
             c["goto"] = gr.Number(None, label="jump to step", precision=0, minimum=0, elem_id="sv-lesson-goto", scale=0,
                                   min_width=120)
+            c["brief"] = gr.Checkbox(False, label=f"brief: after step {BRIEF_FULL_STEPS - 1}, one chapter a step",
+                                     elem_id="sv-lesson-brief", scale=0, min_width=180)
         c["text"] = gr.HTML(IDLE.format(present=" data-present='1'" if present else ""), elem_id="sv-lesson-text",
                             js_on_load=LESSON_JS)
     c["timer"] = gr.Timer(PLAY_SECONDS, active=False)
@@ -226,7 +233,7 @@ def _show(trace: Trace, lesson: dict[str, Any], index: int) -> tuple[Any, ...]:
     """(chapter html, lesson state, step slider, position slider, stream, grid, residual, match,
     trie) for chapter ``index`` (clamped). A chapter about the whole run (statistics) leaves the
     sliders and the selection views as they are."""
-    chapters = lesson_chapters(trace)
+    chapters = _chapters(trace, lesson)
     n = min(max(int(index), 0), len(chapters) - 1)
     ch = chapters[n]
     lesson = {**lesson, "index": n}
@@ -274,7 +281,7 @@ def lesson_goto(state: dict[str, Any] | None, lesson: dict[str, Any] | None, ste
     trace = _trace_of(state)
     if trace is None or not trace.steps:
         return _skip(NO_TRACE, lesson)
-    chapters = lesson_chapters(trace)
+    chapters = _chapters(trace, lesson)
     return _show(trace, lesson or new_lesson(), chapter_of_step(chapters, int(_number(step, 0))))
 
 
@@ -291,15 +298,27 @@ def lesson_tick(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
     trace = _trace_of(state)
     lesson = lesson or new_lesson()
     out = lesson_next(state, lesson)
-    count = len(lesson_chapters(trace)) if trace is not None and trace.steps else 0
+    count = len(_chapters(trace, lesson)) if trace is not None and trace.steps else 0
     if out[1]["index"] < 0 or out[1]["index"] >= count - 1:
         return (*out[:1], {**out[1], "playing": False}, *out[2:], gr.Timer(active=False), gr.Button("Play"))
     return (*out, gr.skip(), gr.skip())
 
 
+def lesson_brief(state: dict[str, Any] | None, lesson: dict[str, Any] | None, brief: Any) -> tuple[Any, ...]:
+    """The "brief" box: tell only the first BRIEF_FULL_STEPS steps in full, every later one in one chapter. A lesson
+    being shown restarts at its first chapter in the new form; otherwise only the setting is kept."""
+    lesson = {**new_lesson(), **(lesson or {}), "full_steps": BRIEF_FULL_STEPS if brief else None}
+    trace = _trace_of(state)
+    if lesson["index"] < 0 or trace is None or not trace.steps:
+        return (gr.skip(), lesson, *([gr.skip()] * 7))
+    return _show(trace, lesson, 0)
+
+
 def lesson_reset(lesson: dict[str, Any] | None) -> tuple[Any, ...]:
-    """A new run or upload ends the lesson: (idle panel, lesson state, timer off, Play button)."""
-    return (IDLE.format(present=""), new_lesson(), gr.Timer(active=False), gr.Button("Play"))
+    """A new run or upload ends the lesson: (idle panel, lesson state, timer off, Play button); the brief setting
+    stays."""
+    return (IDLE.format(present=""), new_lesson((lesson or {}).get("full_steps")), gr.Timer(active=False),
+            gr.Button("Play"))
 
 
 def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any], resets: list[Any] = ()) -> None:
@@ -313,6 +332,7 @@ def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any], reset
     c["next"].click(lesson_next, [state, c["state"]], outs, api_name="lesson_next", **common)
     c["back"].click(lesson_back, [state, c["state"]], outs, api_name="lesson_back", **common)
     c["goto"].submit(lesson_goto, [state, c["state"], c["goto"]], outs, api_name="lesson_goto", **common)
+    c["brief"].change(lesson_brief, [state, c["state"], c["brief"]], outs, api_name="lesson_brief", **common)
     c["play"].click(lesson_play, [c["state"]], [c["timer"], c["play"], c["state"]], api_name="lesson_play")
     if resets:
         gr.on(list(resets), lesson_reset, [c["state"]], [c["text"], c["state"], c["timer"], c["play"]],
