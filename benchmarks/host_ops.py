@@ -42,6 +42,18 @@ REGIONS = [
 ]
 
 
+# the chain and tree settings this tool and scripts/profile_tree_step.py compare (the demo prompt, bundled models)
+SETTINGS = {
+    "eagle3 chain k=5": dict(method="eagle3", num_speculative_tokens=5),
+    "eagle3 tree 4x5x24": dict(method="eagle3", num_speculative_tokens=6, eagle_tree_top_k=4, eagle_tree_depth=5,
+                               eagle_tree_total_tokens=24),
+    "eagle3 tree 4x3x12": dict(method="eagle3", num_speculative_tokens=4, eagle_tree_top_k=4, eagle_tree_depth=3,
+                               eagle_tree_total_tokens=12),
+    "draft_model static tree": dict(method="draft_model", num_speculative_tokens=4,
+                                    speculative_token_tree="[(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0)]"),
+}
+
+
 class Counter(TorchDispatchMode):
     """Counts aten ops by (phase, innermost specviz function); ops inside a region count once, at its entry."""
 
@@ -177,13 +189,7 @@ def main() -> None:
     from specviz import SpecDecoder
 
     dec = SpecDecoder.from_pretrained(device=a.device, runner="static")
-    settings = {
-        "eagle3 chain k=5": dict(method="eagle3", num_speculative_tokens=5),
-        "eagle3 tree 4x5x24": dict(method="eagle3", num_speculative_tokens=6, eagle_tree_top_k=4, eagle_tree_depth=5,
-                                   eagle_tree_total_tokens=24),
-        "draft_model static tree": dict(method="draft_model", num_speculative_tokens=4,
-                                        speculative_token_tree="[(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0)]"),
-    }
+    settings = SETTINGS
     traces = {"on": (True,), "off": (False,), "both": (True, False)}[a.trace]
     print(f"device {a.device}; eager ops per step (median over the warm request's steps after the first); "
           f"{'exact (graph replays are not ops)' if a.device == 'cuda' else 'graph regions count 1 each'}")

@@ -28,18 +28,11 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from bench_e2e import DEMO_PROMPT
+    from host_ops import SETTINGS
     from specviz import SpecDecoder
 
     dec = SpecDecoder.from_pretrained(device=a.device, runner="static")
-    settings = {
-        "chain k=5": dict(method="eagle3", num_speculative_tokens=5),
-        "tree 4x5x24": dict(method="eagle3", num_speculative_tokens=6, eagle_tree_top_k=4, eagle_tree_depth=5,
-                            eagle_tree_total_tokens=24),
-        "tree 4x3x12": dict(method="eagle3", num_speculative_tokens=4, eagle_tree_top_k=4, eagle_tree_depth=3,
-                            eagle_tree_total_tokens=12),
-        "draft_model static tree": dict(method="draft_model", num_speculative_tokens=4,
-                                        speculative_token_tree="[(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0)]"),
-    }
+    settings = {name.replace("eagle3 ", ""): kw for name, kw in SETTINGS.items()}
     for name, kw in settings.items():
         for detailed in (True, False):
             for _ in range(2):
