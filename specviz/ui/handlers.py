@@ -81,6 +81,11 @@ def _sliders(trace: Trace, step: int, position: int) -> tuple[Any, Any]:
 
 
 STALE_NOTE = "the views below are unchanged (from before this click)"
+# the progress line's first words after Run, before the first step is drawn (the page's script shows STARTING on
+# the click itself, while the request waits in Gradio's queue; the run handler's first update repeats it)
+STARTING = ("**starting** · queued, then the prompt's prefill; the run's views are drawn from step 1 on (the views "
+            "below are the previous run's until then)…")
+LOADING = "**loading** · the models load and warm up once (on a GPU: CUDA-graph capture, tens of seconds)…"
 
 
 def _message_outputs(message: str, state: dict[str, Any] | None = None, note: str = STALE_NOTE) -> tuple[Any, ...]:
@@ -251,9 +256,8 @@ def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict
                      state: dict[str, Any], flag: threading.Event) -> Generator[tuple[Any, ...], None, tuple[Any, dict]]:
     """Load the models (once; a progress line meanwhile), then stream the run into ``state``.
     Returns (the decoder, the extra ``generate`` keywords for the measurement)."""
-    if not cache.loaded():
-        yield ("**loading** · the models load and warm up once (on a GPU: CUDA-graph capture, tens of seconds)…",
-               *([gr.skip()] * 10), gr.skip())
+    # at once, before any model work: the previous run's "done · …" (or "Ready: …") must not stay on screen
+    yield (LOADING if not cache.loaded() else STARTING, *([gr.skip()] * 10), gr.skip())
     try:
         decoder = cache.get()
     except ValueError as exc:
