@@ -486,6 +486,23 @@ def test_run_says_starting_at_once(tmp_path):
     assert len(js) == 1 and json.dumps(handlers.STARTING) in js[0]["js"] and not js[0]["backend_fn"], js
 
 
+def test_suffix_cache_line_shows_only_for_method_suffix(tmp_path):
+    """newuser7 #18b: "Method suffix drafts from this request …" and its reset button sat under the method list
+    whatever the method; their row is now hidden unless method suffix is chosen (the method's change event)."""
+    from specviz.ui import handlers
+
+    assert handlers.suffix_row("suffix").visible is True
+    assert all(handlers.suffix_row(m).visible is False for m in ("ngram", "draft_model", "none"))
+    demo = build_app(str(tmp_path / "no-such-model"), None, "cpu")
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    row, method = by_id["sv-suffix-row"], next(b for b in demo.blocks.values() if getattr(b, "label", "") ==
+                                                 "Method (proposer)")
+    assert row.visible is False and method.value != "suffix"
+    assert {by_id["sv-suffix-info"]._id, by_id["sv-suffix-reset"]._id} <= {b._id for b in row.children}
+    dep = [d for d in demo.config["dependencies"] if d["outputs"] == [row._id]]
+    assert len(dep) == 1 and dep[0]["targets"] == [(method._id, "change")] and dep[0]["inputs"] == [method._id]
+
+
 def test_engine_settings_conversion():
     from specviz.ui.settings import engine_settings
 

@@ -605,6 +605,11 @@ def suffix_status(state: dict[str, Any] | None) -> str:
             f"earlier output{'s' if n != 1 else ''} (other browser sessions have their own).")
 
 
+def suffix_row(method: str) -> Any:
+    """The suffix cache's line and its reset button show only while method suffix is chosen (they are about it alone)."""
+    return gr.Row(visible=method == "suffix")
+
+
 def reset_suffix(state: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
     """The "Reset suffix cache" button: forget this session's earlier outputs (a known start for a comparison)."""
     state = dict(state or new_state())
