@@ -576,3 +576,33 @@ def test_stop_on_a_partial_snapshot_keeps_the_trace_consistent(app_url):
     stopped = Trace.from_dict(out[-1]["trace"])
     handlers.check_consistency(stopped)  # raises if output_token_ids disagrees with the steps
     assert stopped.output_token_ids == [t for s in stopped.steps for t in s.committed_token_ids]
+
+
+def test_wall_time_row_says_where_the_trace_came_from(decoders, tmp_path):
+    """newuser7 #14: a CLI trace uploaded into the app had its wall time labelled "incl. … the app's redraws",
+    though nothing redrew during it. The redraws are named only for a run just streamed into the app; an upload (the
+    CLI's or an export), a comparison's run and the HTML report say "as recorded"."""
+    from specviz.ui import handlers as h
+    from specviz.viz.stats import WALL_TIME_RECORDED, WALL_TIME_STREAMED, run_summary, speedup_html
+
+    trace = decoders["llama"].generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=4,
+                                       prompt_lookup_min=1)
+    assert "redraws" in WALL_TIME_STREAMED and "redraws" not in WALL_TIME_RECORDED
+    assert WALL_TIME_RECORDED in speedup_html(run_summary(trace), None) and "redraws" not in speedup_html(
+        run_summary(trace), None)
+    assert WALL_TIME_STREAMED in speedup_html(run_summary(trace), None, streamed=True)
+    path = tmp_path / "cli.trace.json"
+    path.write_text(trace.to_json())
+    out = h.replay(h.new_state(), str(path))
+    assert out[PROGRESS].startswith("**replay**") and WALL_TIME_RECORDED in out[SPEEDUP] and "redraws" not in out[SPEEDUP]
+    live = h._full_outputs("**done**", trace, {**h.new_state(), "trace": trace.to_dict(), "streamed": True})
+    assert WALL_TIME_STREAMED in live[SPEEDUP]
+    from specviz.ui.cache import StopSignals
+
+    class Cache(_FakeCache):
+        def get(self):
+            return decoders["llama"]
+
+    final = list(h.run(Cache(), StopSignals(), out[-1], *run_args(max_new=4, compare=False)))[-1]  # a live run after it
+    assert final[PROGRESS].startswith("**done**") and final[-1]["streamed"] is True
+    assert WALL_TIME_STREAMED in final[SPEEDUP]

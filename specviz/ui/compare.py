@@ -311,7 +311,8 @@ def open_run(state: dict[str, Any] | None, config: Any, prompt: Any, seed: Any, 
         return (gr.skip(),) * 13
     base = c.baseline_of(r.config)
     b = c.find(base, r.prompt, r.seed) if base is not None else None
-    main = dict(main_state or h.new_state(), trace=r.trace.to_dict(), baseline=run_summary(b.trace) if b else None)
+    main = dict(main_state or h.new_state(), trace=r.trace.to_dict(), baseline=run_summary(b.trace) if b else None,
+                streamed=False)  # a comparison's run: not streamed, no redraws in its wall time
     progress = (f"**from the comparison** · {c.configs[r.config].label}, {h.md_text(vc.prompt_label(c, r.prompt))}, "
                 f"seed {r.seed}")
     return (*h._full_outputs(progress, r.trace, main), gr.Tabs(selected="single"))

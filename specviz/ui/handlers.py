@@ -104,7 +104,8 @@ def md_text(message: str) -> str:
 
 def _full_outputs(progress: str, trace: Trace, state: dict[str, Any]) -> tuple[Any, ...]:
     s, i = default_selection(trace)
-    return (progress, *all_views(trace, s, i, state.get("baseline"), state.get("no_baseline")),
+    return (progress, *all_views(trace, s, i, state.get("baseline"), state.get("no_baseline"),
+                                 bool(state.get("streamed"))),
             *_sliders(trace, s, i), state)
 
 
@@ -267,7 +268,8 @@ def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict
         extra = {"suffix_cache": _suffix_cache(state).snapshot()}
         settings = dict(settings, suffix_cache=_suffix_cache(state))
     # what the speedup panel says if the run does not end normally (Stop)
-    state.update(baseline=None, no_baseline=IS_NONE if method == "none" else (STOPPED if compare else NO_COMPARE))
+    state.update(baseline=None, no_baseline=IS_NONE if method == "none" else (STOPPED if compare else NO_COMPARE),
+                 streamed=True)  # the trace in state is this live run's (its wall time includes the app's redraws)
     yield from _stream(decoder, text, settings, state, flag)
     return decoder, extra
 
@@ -447,7 +449,7 @@ def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
         baseline = check_baseline(trace.metrics.pop(BASELINE_KEY, None))
     except TraceFormatError as exc:
         return _message_outputs(f"this is not a specviz trace: {exc}")
-    state.update(trace=trace.to_dict(), baseline=baseline, replayed=True,
+    state.update(trace=trace.to_dict(), baseline=baseline, replayed=True, streamed=False,
                  no_baseline=IS_NONE if trace.config.get("method") == "none" else REPLAYED)
     cfg = trace.config
     return _full_outputs(f"**replay** · an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
