@@ -81,10 +81,11 @@ def _sliders(trace: Trace, step: int, position: int) -> tuple[Any, Any]:
 
 
 STALE_NOTE = "the views below are unchanged (from before this click)"
-# the progress line's first words after Run, before the first step is drawn (the page's script shows STARTING on
-# the click itself, while the request waits in Gradio's queue; the run handler's first update repeats it)
-STARTING = ("**starting** · queued, then the prompt's prefill; the run's views are drawn from step 1 on (the views "
-            "below are the previous run's until then)…")
+# the progress line's first words after Run, before the first step is drawn: the run handler's first update, before
+# any model work (not set by a js listener on the click: a click Gradio drops while the previous run's events finish
+# would leave "starting" on screen with no run behind it)
+STARTING = ("**starting** · the prompt's prefill and the first step; the run's views are drawn from step 1 on (the "
+            "views below are the previous run's until then)…")
 LOADING = "**loading** · the models load and warm up once (on a GPU: CUDA-graph capture, tens of seconds)…"
 
 

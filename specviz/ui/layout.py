@@ -5,7 +5,6 @@ Built at import of ``app.py`` without loading any model (:class:`DecoderCache` l
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from pathlib import Path
 
@@ -276,9 +275,6 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                   c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"],
                   c["eagle_tree"], c["tree_branches"], c["static_tree"], c["k_typed"]]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
-        # the click itself replaces the previous run's "done · …" line (no server trip: the request may wait in the
-        # queue for seconds under Gradio's "processing" timer); the handler's first update says the same
-        run_btn.click(None, None, [progress], js=f"() => {json.dumps(h.STARTING)}", queue=False, show_progress="hidden")
         source = [v["source_heading"], v["source_explain"]]
         run_event.then(h.suffix_status, [state], [c["suffix_info"]], api_name="suffix_status")
         run_event.then(h.source_texts, [state], source, api_name="source_texts")
