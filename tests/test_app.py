@@ -448,9 +448,53 @@ def test_gpu_out_of_memory_becomes_a_message():
     from specviz.ui.cache import StopSignals
 
     gen = handlers.run(_FakeCache(), StopSignals(), None, *run_args())
+    assert next(gen)[PROGRESS] == handlers.STARTING
     out = next(gen)  # the message in the progress line, every other output skipped
     assert out[PROGRESS].startswith("**error** · ") and "ran out of memory" in out[PROGRESS]
     assert all(isinstance(o, type(gr.skip())) for o in out[1:])
+
+
+class _CountingCache(_FakeCache):
+    """A loaded cache that counts the decoders asked for."""
+
+    def __init__(self):
+        self.gets = 0
+
+    def get(self):
+        self.gets += 1
+        return _OOMDecoder()
+
+
+def test_run_says_starting_at_once():
+    """newuser7 #12: the run's first update, before any model work, replaces the previous run's "done · …" line
+    with "starting · …" (every other output, the state included, left as it is)."""
+    import gradio as gr
+
+    from specviz.ui import handlers
+    from specviz.ui.cache import StopSignals
+
+    cache = _CountingCache()
+    gen = handlers.run(cache, StopSignals(), handlers.new_state(), *run_args())
+    out = next(gen)
+    assert cache.gets == 0 and out[PROGRESS].startswith("**starting** · ") and "done" not in out[PROGRESS]
+    assert len(out) == 12 and all(isinstance(o, type(gr.skip())) for o in out[1:])
+
+
+def test_suffix_cache_line_shows_only_for_method_suffix(tmp_path):
+    """newuser7 #18b: "Method suffix drafts from this request …" and its reset button sat under the method list
+    whatever the method; their row is now hidden unless method suffix is chosen (the method's change event)."""
+    from specviz.ui import handlers
+
+    assert handlers.suffix_row("suffix").visible is True
+    assert all(handlers.suffix_row(m).visible is False for m in ("ngram", "draft_model", "none"))
+    demo = build_app(str(tmp_path / "no-such-model"), None, "cpu")
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    row, method = by_id["sv-suffix-row"], next(b for b in demo.blocks.values() if getattr(b, "label", "") ==
+                                                 "Method (proposer)")
+    assert row.visible is False and method.value != "suffix"
+    assert {by_id["sv-suffix-info"]._id, by_id["sv-suffix-reset"]._id} <= {b._id for b in row.children}
+    dep = [d for d in demo.config["dependencies"] if d["outputs"] == [row._id]]
+    assert len(dep) == 1 and dep[0]["targets"] == [(method._id, "change")] and dep[0]["inputs"] == [method._id]
 
 
 def test_engine_settings_conversion():
@@ -526,3 +570,33 @@ def test_stop_on_a_partial_snapshot_keeps_the_trace_consistent(app_url):
     stopped = Trace.from_dict(out[-1]["trace"])
     handlers.check_consistency(stopped)  # raises if output_token_ids disagrees with the steps
     assert stopped.output_token_ids == [t for s in stopped.steps for t in s.committed_token_ids]
+
+
+def test_wall_time_row_says_where_the_trace_came_from(decoders, tmp_path):
+    """newuser7 #14: a CLI trace uploaded into the app had its wall time labelled "incl. … the app's redraws",
+    though nothing redrew during it. The redraws are named only for a run just streamed into the app; an upload (the
+    CLI's or an export), a comparison's run and the HTML report say "as recorded"."""
+    from specviz.ui import handlers as h
+    from specviz.viz.stats import WALL_TIME_RECORDED, WALL_TIME_STREAMED, run_summary, speedup_html
+
+    trace = decoders["llama"].generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=4,
+                                       prompt_lookup_min=1)
+    assert "redraws" in WALL_TIME_STREAMED and "redraws" not in WALL_TIME_RECORDED
+    assert WALL_TIME_RECORDED in speedup_html(run_summary(trace), None) and "redraws" not in speedup_html(
+        run_summary(trace), None)
+    assert WALL_TIME_STREAMED in speedup_html(run_summary(trace), None, streamed=True)
+    path = tmp_path / "cli.trace.json"
+    path.write_text(trace.to_json())
+    out = h.replay(h.new_state(), str(path))
+    assert out[PROGRESS].startswith("**replay**") and WALL_TIME_RECORDED in out[SPEEDUP] and "redraws" not in out[SPEEDUP]
+    live = h._full_outputs("**done**", trace, {**h.new_state(), "trace": trace.to_dict(), "streamed": True})
+    assert WALL_TIME_STREAMED in live[SPEEDUP]
+    from specviz.ui.cache import StopSignals
+
+    class Cache(_FakeCache):
+        def get(self):
+            return decoders["llama"]
+
+    final = list(h.run(Cache(), StopSignals(), out[-1], *run_args(max_new=4, compare=False)))[-1]  # a live run after it
+    assert final[PROGRESS].startswith("**done**") and final[-1]["streamed"] is True
+    assert WALL_TIME_STREAMED in final[SPEEDUP]

@@ -388,3 +388,23 @@ def test_the_speedup_comes_with_its_per_run_spread():
     assert dict(zip(TABLE_COLUMNS, table_rows([one])[0]))["speedup range (n)"] == "n 1: no spread"
     calm = pooled_row(_comparison([spec[1], spec[1]], none), 1)
     assert dict(zip(TABLE_COLUMNS, table_rows([calm])[0]))["speedup range (n)"] == "1.00–1.00 (n 2)"
+
+
+def test_strips_and_scrubber_name_the_prompt():
+    """newuser7 #18: the token strips' title and the scrubber's heading said "prompt 1" only; they now give the
+    prompt's name too (cut at a word, "…", when long; HTML escaped), and just "prompt N" for an unnamed prompt."""
+    from specviz.viz.compare import PROMPT_NAME_MAX, prompt_label, scrub_html, strips_figure
+
+    long = "MLP class repeated for a new model, n-gram lookup (greedy)"
+    c = Comparison([RunConfig("none", 1, "greedy", 0.0), RunConfig("ngram", 3, "greedy", 0.0)],
+                   [Prompt("Projections repeated", "x"), Prompt("prompt 2", "y"), Prompt(long, "z"),
+                    Prompt("a <b> & c", "w")], [0], 16)
+    for p in range(4):
+        c.runs += [RunResult(0, p, 0, _none_trace([5, 6, 7]), 1.0), RunResult(1, p, 0, trace_a(), 1.0)]
+    assert prompt_label(c, 0) == "prompt 1 “Projections repeated”"
+    assert prompt_label(c, 1) == "prompt 2"  # no name of its own
+    cut = prompt_label(c, 2)
+    assert cut == "prompt 3 “MLP class repeated for a new model…”" and len(cut) <= len("prompt 3 “”") + PROMPT_NAME_MAX
+    assert strips_figure(c, 0, 0).layout.title.text.startswith("prompt 1 “Projections repeated”, seed 0: ")
+    assert "prompt 1 “Projections repeated”, seed 0" in scrub_html(c, 0, 0, 1)
+    assert "a &lt;b&gt; &amp; c" in strips_figure(c, 3, 0).layout.title.text and "<b> &" not in scrub_html(c, 3, 0, 1)

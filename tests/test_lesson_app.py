@@ -160,6 +160,33 @@ def test_lesson_walks_a_greedy_ngram_run(browser, app_url, pages):
     assert not errors, errors
 
 
+def test_jump_to_step_gives_the_arrow_keys_back(browser, app_url, pages):
+    """newuser7 #10: after "jump to step" + Enter the number box lets go of the focus, so → / ← (sent to whatever
+    has the focus, as a user's key presses are) move the lesson again; arrows typed in the prompt stay its own."""
+    page, errors = _open(browser, app_url + "?present=1", pages=pages)
+    _run(page, "ngram", max_new=3)
+    page.click("#sv-lesson-start")
+    page.wait_for_selector(".sv-chapter")
+    page.fill("#sv-lesson-goto input", "1")
+    page.press("#sv-lesson-goto input", "Enter")
+    page.wait_for_function("document.querySelector('.sv-chapter').dataset.step === '1'", timeout=20_000)
+    index = int(_chapter(page)["index"])
+    page.wait_for_function("!document.activeElement || !document.activeElement.closest('#sv-lesson-goto')",
+                           timeout=5_000)
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{index + 1}'", timeout=20_000)
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{index}'", timeout=20_000)
+    page.screenshot(path=str(SHOTS / "lesson-present-jump-then-arrows.png"))
+    box = page.locator("#sv-prompt textarea")  # typing in the prompt: the arrows move its caret, not the lesson
+    box.focus()
+    page.keyboard.press("ArrowRight")
+    page.wait_for_timeout(600)
+    assert int(_chapter(page)["index"]) == index
+    assert page.evaluate("document.activeElement === document.querySelector('#sv-prompt textarea')")
+    assert not errors, errors
+
+
 def test_standard_draft_model_figures_fit_at_1024px(browser, app_url, pages):
     """(The lesson on a standard draft_model run is walked in the presentation layout's test below.)"""
     page, errors = _open(browser, app_url, 1024, 768, pages)

@@ -81,6 +81,12 @@ def _sliders(trace: Trace, step: int, position: int) -> tuple[Any, Any]:
 
 
 STALE_NOTE = "the views below are unchanged (from before this click)"
+# the progress line's first words after Run, before the first step is drawn: the run handler's first update, before
+# any model work (not set by a js listener on the click: a click Gradio drops while the previous run's events finish
+# would leave "starting" on screen with no run behind it)
+STARTING = ("**starting** · the prompt's prefill and the first step; the run's views are drawn from step 1 on (the "
+            "views below are the previous run's until then)…")
+LOADING = "**loading** · the models load and warm up once (on a GPU: CUDA-graph capture, tens of seconds)…"
 
 
 def _message_outputs(message: str, state: dict[str, Any] | None = None, note: str = STALE_NOTE) -> tuple[Any, ...]:
@@ -99,7 +105,8 @@ def md_text(message: str) -> str:
 
 def _full_outputs(progress: str, trace: Trace, state: dict[str, Any]) -> tuple[Any, ...]:
     s, i = default_selection(trace)
-    return (progress, *all_views(trace, s, i, state.get("baseline"), state.get("no_baseline")),
+    return (progress, *all_views(trace, s, i, state.get("baseline"), state.get("no_baseline"),
+                                 bool(state.get("streamed"))),
             *_sliders(trace, s, i), state)
 
 
@@ -251,9 +258,8 @@ def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict
                      state: dict[str, Any], flag: threading.Event) -> Generator[tuple[Any, ...], None, tuple[Any, dict]]:
     """Load the models (once; a progress line meanwhile), then stream the run into ``state``.
     Returns (the decoder, the extra ``generate`` keywords for the measurement)."""
-    if not cache.loaded():
-        yield ("**loading** · the models load and warm up once (on a GPU: CUDA-graph capture, tens of seconds)…",
-               *([gr.skip()] * 10), gr.skip())
+    # at once, before any model work: the previous run's "done · …" (or "Ready: …") must not stay on screen
+    yield (LOADING if not cache.loaded() else STARTING, *([gr.skip()] * 10), gr.skip())
     try:
         decoder = cache.get()
     except ValueError as exc:
@@ -263,7 +269,8 @@ def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict
         extra = {"suffix_cache": _suffix_cache(state).snapshot()}
         settings = dict(settings, suffix_cache=_suffix_cache(state))
     # what the speedup panel says if the run does not end normally (Stop)
-    state.update(baseline=None, no_baseline=IS_NONE if method == "none" else (STOPPED if compare else NO_COMPARE))
+    state.update(baseline=None, no_baseline=IS_NONE if method == "none" else (STOPPED if compare else NO_COMPARE),
+                 streamed=True)  # the trace in state is this live run's (its wall time includes the app's redraws)
     yield from _stream(decoder, text, settings, state, flag)
     return decoder, extra
 
@@ -443,7 +450,7 @@ def replay(state: dict[str, Any] | None, path: str | None) -> tuple[Any, ...]:
         baseline = check_baseline(trace.metrics.pop(BASELINE_KEY, None))
     except TraceFormatError as exc:
         return _message_outputs(f"this is not a specviz trace: {exc}")
-    state.update(trace=trace.to_dict(), baseline=baseline, replayed=True,
+    state.update(trace=trace.to_dict(), baseline=baseline, replayed=True, streamed=False,
                  no_baseline=IS_NONE if trace.config.get("method") == "none" else REPLAYED)
     cfg = trace.config
     return _full_outputs(f"**replay** · an uploaded trace: method {cfg.get('method')}, {len(trace.steps)} steps, "
@@ -599,6 +606,11 @@ def suffix_status(state: dict[str, Any] | None) -> str:
     n = len(state["suffix_cache"]) if isinstance((state or {}).get("suffix_cache"), GlobalSuffixCache) else 0
     return (f"Method suffix drafts from this request and from this session's earlier outputs: the tree holds **{n}** "
             f"earlier output{'s' if n != 1 else ''} (other browser sessions have their own).")
+
+
+def suffix_row(method: str) -> Any:
+    """The suffix cache's line and its reset button show only while method suffix is chosen (they are about it alone)."""
+    return gr.Row(visible=method == "suffix")
 
 
 def reset_suffix(state: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:

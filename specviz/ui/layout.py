@@ -125,7 +125,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                 "states; mtp = a Gemma-4-style MTP head reading the target's KV cache, trained by "
                                 "specviz (no public recipe); dflash = a block drafter, one forward drafts up to 7 "
                                 "tokens (heads need trained weights)")
-    with gr.Row(equal_height=True):
+    # the suffix cache's line and reset button: only while method suffix is chosen (h.suffix_row, on method change)
+    with gr.Row(equal_height=True, visible=c["method"].value == "suffix", elem_id="sv-suffix-row") as c["suffix_row"]:
         c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
         c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")
     c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)",
@@ -280,6 +281,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         stop_event = stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
         stop_event.then(h.suffix_status, [state], [c["suffix_info"]])
         stop_event.then(h.source_texts, [state], source)
+        c["method"].change(h.suffix_row, [c["method"]], [c["suffix_row"]], api_name="suffix_row", queue=False,
+                           show_progress="hidden")
         c["suffix_reset"].click(h.reset_suffix, [state], [c["suffix_info"], state], api_name="reset_suffix")
         demo.load(session.warm_up_status, None, [warm, warm_timer])
         warm_timer.tick(session.warm_up_status, None, [warm, warm_timer])

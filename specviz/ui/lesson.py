@@ -5,8 +5,10 @@ existing views.
 
 Events (api names, besides ``lesson_reset`` when a run or upload ends the lesson): ``lesson_start``, ``lesson_next``, ``lesson_back``, ``lesson_goto`` (a step
 index), ``lesson_play`` (toggles Play), ``lesson_tick`` (Play's timer: the next chapter, pausing at
-the last), ``lesson_brief`` (the "brief" box: steps after the first two in one chapter each). Keyboard while a lesson runs: right arrow = Next, left arrow = Back, space = Play/Pause
-(ignored while typing in a field). The presentation layout (large type, Run and the chapter above
+the last), ``lesson_brief`` (the "brief" box: steps after the first two in one chapter each). Keyboard while
+a lesson runs: right arrow = Next, left arrow = Back, space = Play/Pause (ignored while typing in a field;
+"jump to step" + Enter gives the focus back to the page, so the arrows move the lesson again). The
+presentation layout (large type, Run and the chapter above
 the fold) is on with ``?present=1`` in the URL or ``build_app(present=True)`` (``app.py --present``).
 """
 
@@ -186,6 +188,10 @@ svBindPlots();
 if (!window.svLessonKeys) {
   window.svLessonKeys = true;
   document.addEventListener('keydown', (ev) => {
+    // "jump to step" + Enter: once Gradio has read the number (its submit listens to this key), the box gives up the
+    // focus, so that → / ← move the lesson again instead of the box's caret (other fields keep their arrow keys)
+    const jump = ev.key === 'Enter' && ev.target && ev.target.closest && ev.target.closest('#sv-lesson-goto');
+    if (jump) setTimeout(() => { if (jump.contains(document.activeElement)) document.activeElement.blur(); }, 0);
     if (!document.body.classList.contains('sv-lesson-on') || ev.ctrlKey || ev.metaKey || ev.altKey) return;
     if (ev.target && ev.target.closest && ev.target.closest('input, textarea, select, [contenteditable="true"]')) return;
     const id = {ArrowRight: 'sv-lesson-next', ArrowLeft: 'sv-lesson-back', ' ': 'sv-lesson-play'}[ev.key];

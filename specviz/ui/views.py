@@ -114,13 +114,14 @@ def empty_views(message: str = "Press Run, or upload a trace JSON.") -> Views:
 
 
 def all_views(trace: Trace, step: int | None, position: int | None,
-              baseline: dict[str, Any] | None, no_baseline: str | None = None) -> Views:
+              baseline: dict[str, Any] | None, no_baseline: str | None = None, streamed: bool = False) -> Views:
     """Every view of ``trace`` at (step, position) (clamped). ``baseline``: the method-none comparison;
-    ``no_baseline``: without one, what the speedup panel says instead."""
+    ``no_baseline``: without one, what the speedup panel says instead; ``streamed``: the trace was just streamed
+    into the app (its wall time includes the redraws; :func:`~specviz.viz.stats.speedup_html`)."""
     if not trace.steps:
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)
-    speedup = (speedup_html(run_summary(trace), baseline, no_baseline)
+    speedup = (speedup_html(run_summary(trace), baseline, no_baseline, streamed=streamed)
                + capture_note(metrics_of(trace).get("capture_ms", 0.0)))
     return Views(stream=token_stream_html(trace, s), summary=summary_markdown(trace),
                  grid=step_grid_figure(trace, s, i), residual=residual_figure(trace, s, i),

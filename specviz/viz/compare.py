@@ -141,6 +141,23 @@ def table_html(rows: list[dict[str, Any]], convention: str = "vllm") -> str:
 
 
 # ---- aligned token strips ------------------------------------------------------------------
+PROMPT_NAME_MAX = 40  # a prompt's name in a title or a heading: longer ones are cut at a word, with "…"
+
+
+def prompt_label(comparison: Comparison, prompt: int, max_chars: int = PROMPT_NAME_MAX) -> str:
+    """How a title names prompt ``prompt`` (0-based): 'prompt 2 “Projections repeated”' (the number, as in the
+    prompt menu, then the name, cut to ``max_chars`` at a word with "…"); just "prompt 2" where the prompt has no
+    name of its own (an unnamed prompt is called "prompt N" already). Plain text, not escaped."""
+    number = f"prompt {prompt + 1}"
+    name = " ".join(str(comparison.prompts[prompt].name or "").split()) if 0 <= prompt < len(comparison.prompts) else ""
+    if not name or name.lower() == number:
+        return number
+    if len(name) > max_chars:
+        cut = name[:max_chars - 1]
+        name = (cut.rsplit(" ", 1)[0] if " " in cut[max_chars // 2:] else cut).rstrip(" ,;:·-") + "…"
+    return f"{number} “{name}”"
+
+
 def strip_cells(trace: Trace) -> list[dict[str, Any]]:
     """One cell per committed output token, in output order: token_id, fate (accepted / recovered /
     bonus / target), step, slot (1-based in the step), rejected (the rejected draft token a recovered
@@ -197,7 +214,7 @@ def strips_figure(comparison: Comparison, prompt: int, seed: int, position: int 
     fig.update_layout(height=110 + 40 * max(len(rows), 1), margin={"l": 10, "r": 10, "t": 30, "b": 40},
                       plot_bgcolor="#ffffff", legend={"orientation": "h", "y": -0.25 if len(rows) > 3 else -0.6,
                                                       "font": {"size": 11}},
-                      title={"text": f"prompt {prompt + 1}, seed {seed}: each cell is one output token; a dark tick "
+                      title={"text": f"{html.escape(prompt_label(comparison, prompt))}, seed {seed}: each cell is one output token; a dark tick "
                                      "starts a target forward" + ("" if n <= STRIP_TEXT_MAX else " (tokens on hover)"),
                              "font": {"size": 13}})
     fig.update_xaxes(title_text="output position", dtick=4 if n > 16 else 1, range=[0.5, n + 0.5])
@@ -239,7 +256,8 @@ def scrub_html(comparison: Comparison, prompt: int, seed: int, position: int) ->
                      f"{cell['step']}</td><td style='padding:2px 8px;background:{bg};color:{fg}'>{cell['fate']} "
                      f"{quoted(r.trace, cell['token_id'])}</td><td style='padding:2px 8px;font-size:12px'>drafted "
                      f"{drafted}; accepted {step.num_accepted}</td></tr>")
-    return (f"<div class='sv-scrub'><b>output position {position}</b><table style='font-size:13px;"
+    return (f"<div class='sv-scrub'><b>output position {position}</b> · {html.escape(prompt_label(comparison, prompt))}, "
+            f"seed {seed}<table style='font-size:13px;"
             f"border-collapse:collapse'>{''.join(items)}</table></div>")
 
 

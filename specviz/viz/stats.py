@@ -261,7 +261,10 @@ SPEEDUP_ROWS = (("generated tokens", "tokens", "{:d}"),
                 ("tokens per target forward = tokens / verification steps", "tokens_per_forward", "{:.2f}"),
                 ("decode time (s): draft + verify + sample", "decode_s", "{:.2f}"),
                 ("tokens / s over the decode time", "decode_tokens_per_second", "{:.1f}"),
-                ("wall time (s), incl. prefill and the app's redraws", "wall_time_s", "{:.2f}"))
+                ("wall time (s)", "wall_time_s", "{:.2f}"))
+# the wall-time row's label: what the engine's wall clock (the whole request) includes, by where the trace came from
+WALL_TIME_STREAMED = "wall time (s) of the whole request, incl. prefill and the app's redraws between steps"
+WALL_TIME_RECORDED = "wall time (s) of the whole request, as recorded (incl. prefill)"
 PAIR_RATIO_HELP = ("Each interleaved pair times one segment of this method and one of method none on the same "
                    "request; its ratio is (segment tokens / decode time of this method) ÷ (the same for method none). "
                    "The headline is the median of these ratios (one disturbed pair cannot move it); the pooled "
@@ -295,7 +298,8 @@ def _pair_row(meas: dict[str, Any]) -> str:
             f"<td style='{CELL_STYLE};color:#9ca3af'>–</td></tr>")
 
 
-def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: str | None = None) -> str:
+def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: str | None = None,
+                 streamed: bool = False) -> str:
     """HTML table comparing :func:`run_summary` of this run with the method "none" baseline.
 
     Tokens per target forward (tokens / verification steps) is the hardware-independent gain;
@@ -307,7 +311,9 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: 
     computed from: the timed segments of this method (``measurement["method_summary"]``) and of
     method none (``baseline``), a row of the per-pair tokens/s ratios with their median (the
     headline) and pooled ratio, and the whole run in a last column labelled as not timed against
-    none (:data:`PAIR_RATIO_HELP`, also the columns' hover)."""
+    none (:data:`PAIR_RATIO_HELP`, also the columns' hover). ``streamed``: the run was just streamed into the app
+    (which redrew its views between steps, inside the wall time: :data:`WALL_TIME_STREAMED`); else (an uploaded trace,
+    the CLI's, a comparison's run, a report) the wall time is labelled as recorded (:data:`WALL_TIME_RECORDED`)."""
     cols = _columns(run, baseline)
     head = "".join(f"<th style='{CELL_STYLE}'" + (f" title='{html.escape(tip)}'" if tip else "")
                    + f">{html.escape(n)}</th>" for n, tip, _ in cols)
@@ -315,6 +321,8 @@ def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: 
     for name, key, fmt in SPEEDUP_ROWS:
         cells = "".join(f"<td style='{CELL_STYLE}'>{fmt.format(c.get(key, 0))}</td>" for _, _, c in cols)
         hover = f" title='{html.escape(TOKENS_PER_FORWARD_FORMULA)}'" if key == "tokens_per_forward" else ""
+        if key == "wall_time_s":
+            name = WALL_TIME_STREAMED if streamed else WALL_TIME_RECORDED
         body += f"<tr{hover}><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
         if key == "decode_tokens_per_second" and (baseline or {}).get("measurement"):
             meas = dict(baseline["measurement"], none_decode_tokens_per_second=baseline.get("decode_tokens_per_second", 0.0))
