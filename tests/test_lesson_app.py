@@ -223,8 +223,8 @@ LEGEND_IN_VIEW = ("() => { const b = (%s)(); return b === null || (b.top >= 0 &&
 
 def _residual_legend_box(page, seen: list) -> None:
     """At a chapter that highlights the residual view: once the page has scrolled to it (the lesson's script
-    places the view below the chapter panel after 250 and 900 ms), its legend's bounding box (None: a figure
-    without a legend), appended to ``seen``."""
+    places the view below the chapter panel 250, 900, 1800 and 3000 ms after a chapter is shown), its legend's
+    bounding box (None: a figure without a legend), appended to ``seen``."""
     if page.evaluate("document.querySelector('.sv-chapter').dataset.focus") != "sv-residual":
         return
     try:
@@ -306,7 +306,7 @@ UNDER_PANEL_JS = """([sel, frame]) => {
 
 def under_panel(page, selector: str, frame: bool = False) -> list[str]:
     """The texts of ``selector``'s figure outside the viewport or under the chapter panel (after up to 4 s: the
-    lesson's script places and fits the view 250 and 900 ms after a chapter is shown)."""
+    lesson's script places and fits the view 250, 900, 1800 and 3000 ms after a chapter is shown)."""
     try:
         page.wait_for_function(f"(a) => ({UNDER_PANEL_JS})(a).length === 0", arg=[selector, frame], timeout=4_000)
     except Exception:  # noqa: BLE001  (not inside: the caller's assertion reports what is where)

@@ -54,16 +54,25 @@ const svFocus = () => {
   element.svShown = ch.dataset.index;
   const panel = document.getElementById('sv-lesson');
   document.body.style.paddingTop = `${panel ? panel.offsetHeight : 0}px`;  // the panel is fixed while a lesson runs
-  // after the views redraw (their heights settle), put the view's top just below the panel
+  // after the views redraw (their heights settle), put the view's top just below the panel; placed again while
+  // the views may still be arriving from a slow server (up to 3 s), unless another chapter is shown by then or the
+  // reader has scrolled (wheel or touch) since this chapter was shown
+  const shown = ch.dataset.index, shownAt = Date.now();
   const place = () => {
+    if (element.svShown !== shown || (window.svUserScrollAt || 0) > shownAt) return;
     svFit(target);
     const below = panel ? panel.offsetHeight : 0;
     const top = target.getBoundingClientRect().top + window.scrollY - below - 8;
     window.scrollTo({top: Math.max(top, 0), behavior: 'instant'});
   };
-  setTimeout(place, 250);
-  setTimeout(place, 900);
+  [250, 900, 1800, 3000].forEach((ms) => setTimeout(place, ms));
 };
+if (!window.svScrollWatch) {  // the reader's own scrolling ends the re-placing (once per page)
+  window.svScrollWatch = true;
+  const mark = () => { window.svUserScrollAt = Date.now(); };
+  window.addEventListener('wheel', mark, {passive: true});
+  window.addEventListener('touchmove', mark, {passive: true});
+}
 new MutationObserver(svFocus).observe(element, {childList: true, subtree: true, characterData: true});
 // presentation layout: every Plotly figure's text PRESENT_FONT_SCALE times larger (titles, captions, ticks,
 // legends, cell text; not the axis titles given their own small size, which are long sentences that fill the width), re-applied after each redraw (a new layout object) and laid out again by Plotly itself,
