@@ -584,7 +584,6 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         is_tree = not draft.is_chain  # a tree: 1 + N rows, ancestor mask
-        tree_pending: list = [None]  # a tree step's detailed record, queued by the publication's queue()
         t1, c1 = time.perf_counter(), captured()
         fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
         forward = runner.forward_features(fed, proposer.taps if proposer is not None else (),
@@ -592,9 +591,9 @@ class SpecDecoder:
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
         tree = list(draft.parents) if is_tree else None  # (a device-drafted tree's host copy: read now)
         t2, c2 = time.perf_counter(), captured()
-        if pending:  # earlier steps' events, while the GPU computes this step's forward: every one but the newest
-            _publish_all(pending[:-1])  # is published (its detail ran behind the previous forward: no wait)
-            del pending[:-1]
+        while len(pending) > 1:  # earlier steps' events, while the GPU computes this step's forward: all but the
+            pending.pop(0)()  # newest are published (their detail ran behind the previous forward: no wait)
+        if pending:
             pending[0].queue()  # the newest queues its detail now, behind this forward; published next step
         t2b = time.perf_counter()
         q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
@@ -633,9 +632,12 @@ class SpecDecoder:
         timings = dict(draft_ms=(t1 - t0 - (c1 - c0) + t4 - t3 - (c4 - c3)) * 1e3, verify_ms=(t2 - t1 - (c2 - c1)) * 1e3,
                        sample_ms=(t3 - t2b - (c3 - c2)) * 1e3, capture_ms=(c4 - c0) * 1e3)
 
+        tree_pending = None  # a tree step's detailed record, queued by queue()
+
         def queue() -> None:  # a tree step's detailed record onto the device (p_tree, tree_out stay alive here)
+            nonlocal tree_pending
             if tree is not None and cfg.detailed_trace:
-                tree_pending[0] = tree_detail(tree_out, p_tree, tree_q, tree_out.token_ids, tree)
+                tree_pending = tree_detail(tree_out, p_tree, tree_q, tree_out.token_ids, tree)
 
         def publish() -> None:
             bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none",
@@ -643,7 +645,7 @@ class SpecDecoder:
                                          details=draft.details, draft_ms=timings["draft_ms"]))
             if tree is not None:
                 record = tree_record(tree_out, tree_out.token_ids, tree, draft.scores, draft.tree_rule, cfg.verify,
-                                     tree_pending[0])
+                                     tree_pending)
             elif detail is not None:
                 record = host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend)
             else:

@@ -424,8 +424,8 @@ def brief_chapter(trace: Trace, st: Step) -> Chapter:
     k = st.num_drafted
     title = (f"Step {st.index}: {st.num_accepted} of {k} draft token(s) accepted, + 1 {st.emitted.kind} token"
              if k else f"Step {st.index}: nothing drafted, 1 target token")
-    return Chapter("step", title, f"{draft.title.split(': ', 1)[-1].capitalize()}. {commit.text}", st.index, None,
-                   "grid")
+    what = draft.title.split(": ", 1)[-1]  # e.g. "the proposer drafts 3 token(s)"
+    return Chapter("step", title, f"{what[:1].upper()}{what[1:]}. {commit.text}", st.index, None, "grid")
 
 
 BRIEF_FULL_STEPS = 2  # a brief lesson tells this many steps in full, then one chapter a step
