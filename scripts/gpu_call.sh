@@ -9,10 +9,11 @@
 #   profile  scripts/profile_tree_step.py: the tree step's phases beside the chain's
 #   bench    benchmarks/bench_e2e.py: chains beside trees, static runner, trace on and off
 #   hostops  benchmarks/host_ops.py --device cuda: eager ops the host issues per step, by phase (exact on CUDA)
+#   timeline benchmarks/gpu_timeline.py: GPU kernel time per step by phase, and the GPU's idle share (torch.profiler)
 #   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
 #            8 concurrent sessions and a soak of $SOAK runs (RSS, CUDA memory, graph captures, threads)
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP (timeouts, s), K (pytest -k for tests),
-#   METHODS (bench methods). Logs go to $OUT/logs.tgz; results under $OUT.
+#   METHODS (bench methods), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz; results under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 OUT=${OUT:-/tmp/out}; COMMIT=${1:-unknown}; shift; L=$OUT/logs; mkdir -p "$L"
@@ -40,6 +41,9 @@ for stage in "$@"; do
   hostops)
     timeout 120 python3 benchmarks/host_ops.py --device cuda --by phase --top 12 > "$L/host_ops.log" 2>&1
     echo "[hostops] exit $?"; grep -E "^## |^ +[0-9]" "$L/host_ops.log" | head -60 ;;
+  timeline)
+    timeout 150 python3 benchmarks/gpu_timeline.py ${SETTINGS:+--settings "$SETTINGS"} > "$L/timeline.log" 2>&1
+    echo "[timeline] exit $?"; grep -vE "^(STAGE|USDT|\[W)" "$L/timeline.log" | head -120 ;;
   app)
     timeout ${T_APP:-500} python3 scripts/gpu_app_check.py --out "$OUT/app/app_gpu.json" ${ONLY:+--only "$ONLY"} --compare \
       --soak ${SOAK:-200} > "$L/app.log" 2>&1

@@ -149,14 +149,7 @@ class StaticRunner:
         if entry is not None:  # None: no graphs here, or this width's capture failed (logged): eager
             graph, static_ids, static_logits, static_features = entry
             static_ids.copy_(ids)
-            if self.graph_events is not None:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                graph.replay()
-                end.record()
-                self.graph_events.append((start, end))
-            else:
-                graph.replay()
+            self._replay(graph)
             logits = static_logits[0].to(torch.float32, copy=True)  # [n, V]; the buffer is reused
             features = {tap: h.clone() for tap, h in static_features.items()}  # [n, d] each; reused too
         else:
@@ -172,6 +165,17 @@ class StaticRunner:
         return _layer_kv(self.cache, layer, self.seq_len, self.model)
 
     # ---- internals -----------------------------------------------------------------------------
+    def _replay(self, graph: torch.cuda.CUDAGraph) -> None:
+        """Replay a forward's graph, between CUDA events when ``graph_events`` is a list (benchmarks time replays)."""
+        if self.graph_events is None:
+            graph.replay()
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        self.graph_events.append((start, end))
+
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
                tree: tuple[torch.Tensor, torch.Tensor] | None = None,
                model_out=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -299,7 +303,7 @@ class StaticRunner:
             logits, features = logits[0, :n].float(), {t: h[:n] for t, h in features.items()}
         else:
             graph, _, s_logits, s_features = entry
-            graph.replay()
+            self._replay(graph)
             logits, features = s_logits[0, :n].to(torch.float32, copy=True), {t: h[:n].clone() for t, h in s_features.items()}
         self._set_position(self.seq_len + n)  # the padding rows' slots are not part of the cache
         return logits, features
