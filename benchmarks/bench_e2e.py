@@ -142,10 +142,12 @@ def _set_timers(dec, armed: bool) -> None:
 def parse_method(spec: str) -> tuple[str, int, dict, str]:
     """``--methods`` entry -> (method, k, extra settings, row label). ``eagle3`` is a chain of k = 5;
     ``eagle3+tree4x5x24`` an EAGLE-2 dynamic tree (top_k 4, depth 5, 24 nodes; k = depth + 1);
-    ``draft_model+choices`` a static ``speculative_token_tree`` (``STATIC_TREE``)."""
+    ``draft_model+choices`` a static ``speculative_token_tree`` (``STATIC_TREE``); ``eagle3+k7`` a chain of k = 7."""
     method, _, variant = spec.partition("+")
     if not variant:
         return method, 1 if method == "none" else 5, {}, method
+    if variant[:1] == "k" and variant[1:].isdigit():
+        return method, int(variant[1:]), {}, spec
     if variant.startswith("tree"):
         top_k, depth, total = (int(x) for x in variant[len("tree"):].split("x"))
         return method, depth + 1, {"eagle_tree_top_k": top_k, "eagle_tree_depth": depth,

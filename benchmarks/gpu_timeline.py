@@ -7,7 +7,9 @@ the wall time, the GPU's busy time (the union of kernel, memcpy and memset inter
 phase the kernel count and kernel time. Phases are the ``SpecDecoder._step`` callees: ``propose`` (the drafter, its
 graphs included), ``observe``, ``forward`` (the target's verify forward), ``verify`` (sampler and record: the chain's
 StepVerifier, the tree verifier), ``commit`` (the K/V compaction), ``publish`` (an earlier step's detail and events),
-and ``step`` for what ``_step`` launches itself. CUDA only.
+and ``step`` for what ``_step`` launches itself. Then the GPU's idle time per step by the host phase open meanwhile
+(the innermost one; ``walk`` is the tree verifier's host walk after its read, ``truncate`` the cache rollback,
+``between`` the engine's loop between steps): what the host does while the GPU waits for it. CUDA only.
 
     python benchmarks/gpu_timeline.py [--max-new 96] [--settings "eagle3 chain k=5,eagle3 tree 4x5x24"] [--top 8]
 """
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-PHASES = ("propose", "observe", "forward", "verify", "commit", "publish", "step")
+PHASES = ("propose", "observe", "forward", "verify", "walk", "commit", "truncate", "publish", "step")
 
 
 def _annotated(fn, label):
@@ -48,8 +50,12 @@ def annotate_phases(dec):
     """Wrap the engine's phase calls in ``record_function("phase:NAME")`` ranges for the duration (restored after)."""
     from specviz import engine, static_runner, verify_step
 
+    from specviz.sampling import tree as tree_sampling
+
     patches = [(static_runner.StaticRunner, "forward_features", "forward"),
                (static_runner.StaticRunner, "commit", "commit"),
+               (static_runner.StaticRunner, "truncate", "truncate"),
+               (tree_sampling, "_walk", "walk"),
                (verify_step.StepVerifier, "run", "verify"),
                (engine, "verify_tree_step", "verify"),
                (engine._Publication, "__call__", "publish"),
@@ -97,15 +103,31 @@ def timeline(events: list[dict]) -> dict:
         ms[phase] += e["dur"] / 1e3
         by_name[e["name"][:70]] += e["dur"] / 1e3
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in gpu)
-    busy, end = 0.0, None
+    busy, end, gaps = 0.0, None, []
     for a, b in spans:
+        if end is not None and a > end:
+            gaps.append((end, a))
         if end is None or a > end:
             busy += b - a
             end = b
         elif b > end:
             busy += b - end
             end = b
-    return {"count": count, "ms": ms, "busy_ms": busy / 1e3, "top": by_name.most_common()}
+    return {"count": count, "ms": ms, "busy_ms": busy / 1e3, "top": by_name.most_common(),
+            "idle": idle_by_phase(gaps, ranges)}
+
+
+def idle_by_phase(gaps: list[tuple[float, float]], ranges: list[tuple[float, float, str]]) -> collections.Counter:
+    """GPU idle time (ms) by the host phase open meanwhile: each idle interval's time goes to the INNERMOST phase
+    range open at each moment ("between" when none is: the engine's loop between steps)."""
+    out = collections.Counter()
+    for g0, g1 in gaps:
+        cuts = sorted({g0, g1, *(t for a, b, _ in ranges for t in (a, b) if g0 < t < g1)})
+        for a, b in zip(cuts, cuts[1:]):
+            mid = (a + b) / 2
+            open_ = [(r1 - r0, name) for r0, r1, name in ranges if r0 <= mid <= r1]
+            out[min(open_)[1] if open_ else "between"] += (b - a) / 1e3
+    return out
 
 
 def main() -> None:
@@ -152,6 +174,9 @@ def main() -> None:
         for phase in PHASES + ("outside",):
             if t["count"][phase]:
                 print(f"    {phase:8s} {t['count'][phase] / steps:6.1f} kernels {t['ms'][phase] / steps:7.3f} ms")
+        idle = t["idle"]
+        print(f"    GPU idle {sum(idle.values()) / steps:.3f} ms per step, by the host phase open meanwhile (innermost): "
+              + ", ".join(f"{k} {v / steps:.3f}" for k, v in idle.most_common()))
         for kname, kms in t["top"][: a.top]:
             print(f"      {kms / steps:7.3f} ms  {kname}")
 

