@@ -56,9 +56,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn, device, repeats):
-    """Median wall seconds of fn() over repeats (after one warm-up), and its last result."""
-    out = fn()
+def timed(fn, device, repeats, warm=True):
+    """Median wall seconds of fn() over repeats (after one warm-up unless ``warm`` is False), and its last result."""
+    out = fn() if warm else None
     times = []
     for _ in range(repeats):
         _sync(device)
@@ -163,30 +163,47 @@ STATIC_TREE = str([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0,
 
 
 def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
+    """Two rows per method (detailed trace on, off), timed INTERLEAVED: after one warm-up run of each, ``repeats``
+    pairs (on, off) back to back, so both see the same machine state. Each row's tok/s is from its median time;
+    the trace-on row also carries ``tracing_cost_paired`` = 1 - the median of the pairs' off/on time ratios."""
     rows = []
     for method, k, extra, name in methods:  # HF and specviz both stop at EOS: outputs are compared whole
+        kws = {}
         for detailed in (True, False):
             kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed, **extra)
             if method in ("ngram", "ngram_gpu"):
                 kw.update(prompt_lookup_min=2, prompt_lookup_max=4)
-            sec, trace = timed(lambda: dec.generate(prompt, **kw), dec.device, repeats)
+            kws[detailed] = kw
+            dec.generate(prompt, **kw)  # warm-up
+        times = {True: [], False: []}
+        traces = {}
+        for _ in range(repeats):
+            for detailed in (True, False):
+                sec, traces[detailed] = timed(lambda: dec.generate(prompt, **kws[detailed]), dec.device, 1, warm=False)
+                times[detailed].append(sec)
+        ratios = [off / on for on, off in zip(times[True], times[False])]
+        for detailed in (True, False):
+            trace, sec = traces[detailed], statistics.median(times[detailed])
             steps = len(trace.steps)
             gpu = None
             if dec.device.type == "cuda" and label.startswith("static"):
                 _set_timers(dec, True)
-                trace = dec.generate(prompt, **kw)  # one more run with CUDA events around the graphs
+                trace = dec.generate(prompt, **kws[detailed])  # one more run with CUDA events around the graphs
                 gpu = graph_gpu_ms(dec)
                 _set_timers(dec, False)
             rows.append({"name": f"specviz {label} {name} k={k} trace={'on' if detailed else 'off'}",
                          "runner": label, "method": name, "k": k, "trace": detailed,
                          "compiled": bool(getattr(dec.target_runner, "compiled", False)),
                          "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
+                         "times_s": [round(t, 5) for t in times[detailed]],
                          "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
                          "tokens": len(trace.output_token_ids),
                          "mean_acceptance_length": trace.metrics["mean_acceptance_length"],
                          "equal_to_hf_greedy": trace.output_token_ids == reference,
                          "first_difference": first_difference(dec.target_model, dec.encode(prompt),
                                                               trace.output_token_ids, reference)})
+            if detailed:
+                rows[-1]["tracing_cost_paired"] = 1 - statistics.median(ratios)
             print_row(rows[-1])
     return rows
 
@@ -311,11 +328,25 @@ def goals(rows: list[dict]) -> dict:
         out[key] = {
             "vs_hf_assistant_trace_on": None if not assisted else round(r["tok_s"] / assisted, 2),
             "tracing_cost": round(1 - r["tok_s"] / off["tok_s"], 3),
+            "tracing_cost_paired": None if "tracing_cost_paired" not in r else round(r["tracing_cost_paired"], 3),
             "wall_over_gpu_trace_on": None if not gpu_on else round(r["ms_per_step"] / gpu_on, 2),
             "wall_over_gpu_trace_off": None if not gpu_off else round(off["ms_per_step"] / gpu_off, 2),
             "equal_to_hf_greedy": r["equal_to_hf_greedy"] and off["equal_to_hf_greedy"],
             "compile_speedup_trace_on": None if "compile_speedup" not in r else round(r["compile_speedup"], 2),
         }
+        base = str(r["method"]).partition("+")[0]
+        if "+tree" in str(r["method"]):  # issue 15: a tree's tokens/s over its method's chains' (same runner)
+            for trace_row, which in ((r, "on"), (off, "off")):
+                chains = [c for c in rows if c.get("runner") == r["runner"] and c["trace"] == trace_row["trace"]
+                          and str(c["method"]).partition("+")[0] == base and "+tree" not in str(c["method"])
+                          and "+choices" not in str(c["method"])]
+                if chains:
+                    best = max(chains, key=lambda c: c["tok_s"])
+                    out[key][f"tree_over_best_chain_trace_{which}"] = round(trace_row["tok_s"] / best["tok_s"], 3)
+                    out[key][f"best_chain_trace_{which}"] = f"k={best['k']}"
+                    k5 = next((c for c in chains if c["k"] == 5), None)
+                    if k5 is not None:
+                        out[key][f"tree_over_chain_k5_trace_{which}"] = round(trace_row["tok_s"] / k5["tok_s"], 3)
     return out
 
 if __name__ == "__main__":

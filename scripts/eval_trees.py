@@ -20,8 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TREE_4_5_24 = {"eagle_tree_top_k": 4, "eagle_tree_depth": 5, "eagle_tree_total_tokens": 24}
-SETTINGS = [("eagle3", 5, {}), ("eagle3", 6, {}), ("eagle3", 6, TREE_4_5_24),
+SETTINGS = [("eagle3", 5, {}), ("eagle3", 6, {}), ("eagle3", 7, {}), ("eagle3", 6, TREE_4_5_24),
             ("eagle3", 6, {"eagle_tree_top_k": 8, "eagle_tree_depth": 5, "eagle_tree_total_tokens": 33}),
+            ("eagle3", 7, {"eagle_tree_top_k": 4, "eagle_tree_depth": 6, "eagle_tree_total_tokens": 32}),
             ("eagle", 6, {}), ("eagle", 6, TREE_4_5_24)]
 
 
