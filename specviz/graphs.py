@@ -39,3 +39,16 @@ def capture(fn: Callable[[], T], device: torch.device, pool: Any = None, warmup:
         reset()
     torch.cuda.synchronize(device)
     return graph, outputs
+
+
+def replay(graph: torch.cuda.CUDAGraph, events: list | None) -> None:
+    """Replay ``graph``; when ``events`` is a list (a benchmark timing replays), between two CUDA timing events
+    appended to it as (start, end)."""
+    if events is None:
+        graph.replay()
+        return
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    events.append((start, end))

@@ -60,7 +60,7 @@ from typing import Sequence
 import torch
 from transformers import StaticCache
 
-from .graphs import capture
+from .graphs import capture, replay
 from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, mask_for,
                      pick_features, tree_attention_device)
 from .transfer import to_device
@@ -173,15 +173,7 @@ class StaticRunner:
 
     # ---- internals -----------------------------------------------------------------------------
     def _replay(self, graph: torch.cuda.CUDAGraph) -> None:
-        """Replay a forward's graph, between CUDA events when ``graph_events`` is a list (benchmarks time replays)."""
-        if self.graph_events is None:
-            graph.replay()
-            return
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        self.graph_events.append((start, end))
+        replay(graph, self.graph_events)  # timed between CUDA events when graph_events is a list (benchmarks)
 
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
                tree: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from .graphs import replay
 from .record import Layout, gather_core, gather_detail, pack, unpack
 from .sampling import logits_to_probs, rejection_sample
 from .sampling.tree import TreeVerifyOutput, verify_tree
@@ -284,14 +285,7 @@ class StepVerifier:
         return g
 
     def _replay(self, graph: torch.cuda.CUDAGraph) -> None:
-        if self.graph_events is None:
-            graph.replay()
-            return
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        self.graph_events.append((start, end))
+        replay(graph, self.graph_events)  # timed between CUDA events when graph_events is a list (benchmarks)
 
     def _capture(self, key, spec, logits, q, x, noise) -> _Graphs:
         """Validate through the public sampler once (eagerly, with ``spec``'s values), warm up
