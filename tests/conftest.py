@@ -17,6 +17,14 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 from tiny_models import save_model  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that drives Chromium (it takes a ``browser`` fixture) ``browser``: scripts/test.sh runs them in
+    one process after the rest, so page timings are not stretched by a second worker's load."""
+    for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """{arch: (target_dir, draft_dir)} for arch in llama, qwen2 (draft: a smaller, different model)."""
