@@ -370,7 +370,7 @@ def test_ksweep_gives_every_method_its_own_colour_and_marker():
 def test_the_speedup_comes_with_its_per_run_spread():
     """The new-user report: ngram and ngram_gpu (same drafts) read 0.74x and 1.44x from one run each, with nothing to
     say that one run is not a measurement. Each row now carries the per-(prompt, seed) ratios' spread, shown in the
-    table ("low–high (n N)", "noisy" past half the median; one run: "no spread") and in the CSV."""
+    table ("low–high (n N)", "noisy" past half the median; one run: "one sample, unchecked") and in the CSV."""
     from specviz.compare import CSV_COLUMNS, _csv_cell
     from specviz.viz.compare import TABLE_COLUMNS, table_rows
 
@@ -385,7 +385,7 @@ def test_the_speedup_comes_with_its_per_run_spread():
     assert [_csv_cell(row, c) for c in ("speedup_low", "speedup_high", "speedup_n")] == ["1", "2", 2]
     assert "speedup_n" in CSV_COLUMNS
     one = pooled_row(_comparison(spec[:1], none[:1]), 1)
-    assert dict(zip(TABLE_COLUMNS, table_rows([one])[0]))["speedup range (n)"] == "n 1: no spread"
+    assert dict(zip(TABLE_COLUMNS, table_rows([one])[0]))["speedup range (n)"] == "n 1: one sample, unchecked"
     calm = pooled_row(_comparison([spec[1], spec[1]], none), 1)
     assert dict(zip(TABLE_COLUMNS, table_rows([calm])[0]))["speedup range (n)"] == "1.00–1.00 (n 2)"
 

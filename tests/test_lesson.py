@@ -184,7 +184,7 @@ def test_views_a_lecturer_found_unclear(traces):
     greedy, standard = traces["dm_greedy"], traces["dm_standard"]
     stream = html_lib.unescape(token_stream_html(greedy))
     assert "recovered token (from the residual)" not in stream
-    assert "replacement token (the target's argmax)" in stream
+    assert "recovered token (the target's argmax)" in stream
     names = {d.name for d in step_grid_figure(greedy).data}
     assert "recovered token (from the residual)" not in names
     st = next(s for s in greedy.steps if s.num_accepted < len(s.draft_token_ids))
@@ -268,3 +268,17 @@ def test_a_brief_lesson_tells_the_first_steps_in_full_then_one_chapter_a_step(tr
                 else "nothing drafted, 1 target token") in c.title
         assert f"commits {len(st.committed_token_ids)} token(s)" in c.text
     assert brief[-1].kind == "stats" and len(brief) < len(full)
+
+
+def test_forward_chapter_gives_the_runs_median_beside_one_steps_time(traces):
+    """One step's forward time is a single sample (on a busy machine many times the typical one): the chapter says
+    so and gives the run's median verify time beside it."""
+    import statistics
+
+    from specviz.viz.lesson import forward_chapter
+
+    tr = traces["dm_greedy"]
+    text = forward_chapter(tr, tr.steps[0]).text
+    times = [s.timings_ms["verify"] for s in tr.steps if s.timings_ms.get("verify")]
+    assert f"This forward took {tr.steps[0].timings_ms['verify']:.1f} ms" in text
+    assert f"the median over the run's {len(times)} steps is {statistics.median(times):.1f} ms" in text

@@ -154,7 +154,7 @@ def test_tree_view_names_q_and_confidence_and_fits(browser, app_url, pages):
         assert seen["rule"] == tv.RULE_CAPTION["topk"], seen["rule"]
         nodes = [h for h in seen["hovers"] if h.startswith("node ")]
         assert nodes and all("q (as verified) = 1, one-hot: deterministic top-k child" in h for h in nodes)
-        assert all("draft confidence (draft model softmax) = " in h for h in nodes), nodes
+        assert all("draft confidence at its parent (draft model softmax) = " in h for h in nodes), nodes
         assert "per-depth acceptance" in seen["summary"] and "per node drafted" in seen["summary"]
         page.locator("#sv-tree").scroll_into_view_if_needed()
         page.wait_for_timeout(400)

@@ -5,6 +5,7 @@ row, box text that fits its column, the off-path node panel, and chains from ver
 
 from __future__ import annotations
 
+import html
 import math
 
 import pytest
@@ -135,7 +136,8 @@ def test_node_figure_off_path():
     fig = tv.node_figure(tree_trace(), 0, 2)
     bars = {t.name: t.y[0] for t in fig.data if t.type == "bar"}
     # q as the verifier used it (one-hot) and the draft's confidence exp(log 0.35 - log 0.7) = 0.5
-    assert bars == {"target p": 0.05, "q (as verified)": 1.0, "draft confidence": pytest.approx(0.5)}
+    assert bars == {"target p": 0.05, "q (as verified)": 1.0, "conf. at parent": pytest.approx(0.5),
+                    "path conf. c": pytest.approx(0.35)}  # node 2 at depth 2: c = exp(log 0.35), the box's c
     caption = next(a.text for a in fig.layout.annotations if a.name == "caption")
     assert "rejected" in caption and "node 2" in caption
     with pytest.raises(IndexError):
@@ -263,9 +265,9 @@ def test_hover_names_q_as_verified_and_the_draft_confidence():
     parent: the hover names both, and the path confidence c = exp(score) = 0.3 the box shows."""
     hover = _hovers(tv.tree_figure(tree_trace(), 0))[3]
     assert "q (as verified) = 1, one-hot: deterministic top-k child" in hover
-    assert "draft confidence (head softmax) = 0.4286" in hover
+    assert "draft confidence at its parent (head softmax) = 0.4286" in hover
     assert "path confidence c = exp(score) = 0.3" in hover
-    assert "draft confidence (head softmax) = 0.7" in _hovers(tv.tree_figure(tree_trace(), 0))[0]  # a root child
+    assert "draft confidence at its parent (head softmax) = 0.7" in _hovers(tv.tree_figure(tree_trace(), 0))[0]  # root child
 
 
 def test_node_panel_names_both_and_says_why():
@@ -274,7 +276,8 @@ def test_node_panel_names_both_and_says_why():
     caption = next(a.text for a in tv.node_figure(tree_trace(), 0, 2).layout.annotations if a.name == "caption")
     caption = " ".join(re.sub(r"<[^>]+>", " ", caption).split())  # the wrapped lines as one text
     assert "q (as verified) = 1, one-hot: deterministic top-k child" in caption
-    assert "draft confidence (head softmax) = 0.5" in caption and "Both are right" in caption
+    assert "draft confidence at its parent (head softmax) = 0.5" in caption and "Both are right" in caption
+    assert "path confidence c = 0.35 (the product down the path, the tree's c)" in html.unescape(caption)  # box: c 0.35
 
 
 def _rule_line(tr):
@@ -363,11 +366,11 @@ def test_draft_model_panel_says_tree_children_are_ranked_not_sampled():
         assert "sampled x_i from the draft's q" in draft_candidates_html(chain, chain.steps[0])
 
 
-def test_greedy_tree_legend_names_the_replacement_token():
+def test_greedy_tree_legend_names_the_argmax_as_the_recovered_token():
     greedy = tree_trace()
     greedy.config["verify"], greedy.config["temperature"] = "greedy", 0.0
     names = [t.name for t in tv.tree_figure(greedy, 0).data]
-    assert "replacement token (the target's argmax)" in names and "recovered token (from the residual)" not in names
+    assert "recovered token (the target's argmax)" in names and "recovered token (from the residual)" not in names
     assert "recovered token (from the residual)" in [t.name for t in tv.tree_figure(tree_trace(), 0).data]
 
 

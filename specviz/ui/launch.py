@@ -21,7 +21,8 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     ap.add_argument("--target", default=None, help="target model directory (default: bundled demo target)")
-    ap.add_argument("--draft", default=None, help="draft model directory (default: bundled demo draft)")
+    ap.add_argument("--draft", default=None, help="draft model directory (default: the bundled demo draft with the "
+                    "bundled target; none with --target, so method draft_model is unavailable)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="load the models at the first Run instead of at launch")

@@ -45,7 +45,7 @@ def fate_label(fate: str, trace: Trace | None = None) -> str:
     """The legend label of ``fate``; under greedy verification (temperature 0) the token after a
     rejection is the target's argmax, not a draw from the residual, and is labelled so."""
     if fate == "recovered" and trace is not None and trace.config.get("verify") == "greedy":
-        return "replacement token (the target's argmax)"
+        return "recovered token (the target's argmax)"
     return FATE_STYLE[fate][2]
 
 

@@ -38,7 +38,7 @@ COLUMN_FORMULAS = {
     "speedup": "measured: tokens/s ÷ tokens/s of method none at the same temperature, run in this comparison",
     "speedup range (n)": "per prompt and seed: tokens/s ÷ method none's on the same prompt and seed; the lowest–"
                          "highest of those ratios and n. 'noisy': they spread by more than half the median, so the "
-                         "speedup is not readable on this machine now (one run: no spread at all)",
+                         "speedup is not readable on this machine now (n 1: one run each, no spread to check it by)",
     "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
                        "g = coverage, a = accepted / verified positions",
     "ms/step: draft / verify / sample": "milliseconds per verification step: drafting (the proposer's propose and "
@@ -64,9 +64,12 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
 - **accept rate** (draft acceptance rate) = accepted / drafted tokens. **c_i** = P(draft i accepted | drafts 1..i-1 accepted):
   accepted at i / steps that verified position i, with the Wilson 95 % interval and n.
 - **tokens/s** = tokens / decode time (draft + verify + sample, prefill excluded), on this machine.
-  **speedup** (measured) = tokens/s / tokens/s of method none at the same temperature, run in this comparison;
-  **speedup range (n)** = the lowest and highest of the per-(prompt, seed) ratios, and n: one run gives no spread, and
-  "noisy" marks ratios that spread by more than half their median (the machine was busy: not readable).
+  **speedup** (measured) = tokens/s / tokens/s of method none at the same temperature, run in this comparison:
+  for each prompt and seed method none runs once, then every configuration once, one after another (the Run tab's
+  panel instead times several short interleaved pairs with method none and takes their median);
+  **speedup range (n)** = the lowest and highest of the per-(prompt, seed) ratios, and n. With n = 1 the speedup is
+  one unchecked sample (add seeds or prompts before reading it), and "noisy" marks ratios that spread by more than
+  half their median (the machine was busy: not readable).
   **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
   ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
   costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
@@ -121,11 +124,12 @@ def table_rows(rows: list[dict[str, Any]], convention: str = "vllm") -> list[lis
 
 
 def _spread(s: dict[str, Any] | None) -> str | None:
-    """"0.92–1.61 (n 5)", with "noisy" when the ratios spread by more than half their median; "n 1: no spread"."""
+    """"0.92–1.61 (n 5)", with "noisy" when the ratios spread by more than half their median; "n 1: one sample,
+    unchecked"."""
     if not s or not s.get("n"):
         return None
     if s["n"] == 1:
-        return "n 1: no spread"
+        return "n 1: one sample, unchecked"
     return f"{s['low']:.2f}–{s['high']:.2f} (n {s['n']})" + (" noisy" if s["noisy"] else "")
 
 

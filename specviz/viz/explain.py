@@ -39,7 +39,7 @@ RESIDUAL = """\
 heading asks the question for the selected token). Bars compare the target's distribution **p** (blue), the proposer's
 **q** (orange) and the residual **max(p − q, 0)/Z** (green) over the most likely tokens. The draft token x
 is accepted when a uniform random number **u ≤ min(1, p(x)/q(x))** (the green region of the bar below):
-tokens the proposer over-rates (q > p) are sometimes rejected. After a rejection the replacement is drawn
+tokens the proposer over-rates (q > p) are sometimes rejected. After a rejection the recovered token is drawn
 from the residual, which puts mass only where the target wants *more* than the proposer offered; that is
 exactly what makes the output follow p. Deterministic proposers (n-gram, greedy draft) have a one-hot q,
 so x is accepted with probability p(x). With greedy verification (temperature 0) x is accepted only if it

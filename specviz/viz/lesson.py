@@ -29,6 +29,7 @@ existing views and the view it highlights (``focus``).
 from __future__ import annotations
 
 import html
+import statistics
 from dataclasses import dataclass
 
 from specviz.trace import Position, Step, Trace
@@ -218,23 +219,32 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
 
 
 # ---- 2. the target forward ------------------------------------------------------------------
+def _forward_ms(trace: Trace, st: Step) -> str:
+    """'This forward took X ms ...' with the run's median beside it: one step's time is a single sample (on a busy
+    machine it can be many times the median). '' when the step has no verify time."""
+    ms = st.timings_ms.get("verify")
+    if not ms:
+        return ""
+    all_ms = [s.timings_ms["verify"] for s in trace.steps if s.timings_ms.get("verify")]
+    return (f"This forward took {ms:.1f} ms on the machine that recorded the run (one measurement; the median over the "
+            f"run's {len(all_ms)} steps is {statistics.median(all_ms):.1f} ms).")
+
+
 def forward_chapter(trace: Trace, st: Step) -> Chapter:
     if is_tree(st):
-        ms = st.timings_ms.get("verify")
         text = (f"The target runs <b>one</b> forward over the context plus all {len(st.nodes)} nodes (tree attention: "
                 "each node sees the committed text and its own ancestors only, at position n + its depth). It "
                 "returns the target's p after every node at once, so every branch can be tested. "
-                + (f"This forward took {ms:.1f} ms on the machine that recorded the run." if ms else ""))
+                + _forward_ms(trace, st))
         return Chapter("forward", f"Step {st.index}: one target forward checks all {len(st.nodes)} nodes", text,
                        st.index, 1, "tree")
     k = len(st.draft_token_ids)
     ps = ", ".join(f"p(x{i}) = {fmt_prob(p.p)}" for i, p in enumerate(st.positions[:k], start=1))
-    ms = st.timings_ms.get("verify")
     text = (f"The target runs <b>one</b> forward over the context plus the {k} draft token(s). It returns all "
             f"{k + 1} next-token distributions p_1 … p_{k + 1} at once (p_{k + 1} is the bonus slot, used only if "
             "every draft token is accepted). "
             + (f"The target's probability of each draft token: {ps}. " if ps else "")
-            + (f"This forward took {ms:.1f} ms on the machine that recorded the run." if ms else ""))
+            + _forward_ms(trace, st))
     return Chapter("forward", f"Step {st.index}: one target forward checks all {k} draft tokens", text, st.index, 1,
                    "grid")
 

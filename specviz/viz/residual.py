@@ -201,14 +201,14 @@ def _title(trace: Trace, step: Step, i: int) -> str:
         text += " (★ by block verification; token-wise would have rejected it)"
     if i == step.num_accepted + 1:
         greedy = trace.config.get("verify") == "greedy"
-        kind = "replacement" if greedy and step.emitted.kind == "recovered" else step.emitted.kind
+        kind = step.emitted.kind
         text += f"; {kind} token {quoted(trace, step.emitted.token_id)} {'the target’s argmax (greedy)' if greedy else 'drawn here'}"
     return text
 
 
 def decision_heading(trace: Trace, step: Step, i: int) -> str:
     """The caption's heading for slot ``i`` of ``step``: one question per decision (accepted,
-    rejected, unused, recovered / replacement, bonus, plain target token)."""
+    rejected, unused, recovered, bonus, plain target token)."""
     k = len(step.draft_token_ids)
     own = quoted(trace, step.emitted.token_id)
     if k == 0:

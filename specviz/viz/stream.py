@@ -46,7 +46,7 @@ def _title(ev: TokenEvent, trace: Trace) -> str:
     }.get(ev.fate, ev.fate)
     greedy = trace.config.get("verify") == "greedy"
     if ev.fate == "recovered" and greedy:
-        what = "replacement token: the target's argmax after the rejection (greedy verification)"
+        what = "recovered token: the target's argmax after the rejection (greedy verification)"
     lines = [f"step {ev.step}, position {ev.slot}: {what}",
              f"token {token_text(trace, ev.token_id)!r} (id {ev.token_id})",
              f"p(x) = {fmt_prob(ev.p) if ev.p is not None else 'not recorded'}"]
@@ -71,7 +71,7 @@ def _piece_html(piece: str) -> str:
 
 def legend_html(fates: tuple[str, ...] = LEGEND_FATES, trace: Trace | None = None) -> str:
     """A one-line colour legend for the token fates (labels as :func:`~specviz.viz.common.fate_label`
-    gives them for ``trace``: at greedy verification the replacement token is the target's argmax)."""
+    gives them for ``trace``: at greedy verification the recovered token is the target's argmax)."""
     items = []
     for fate in fates:
         style = _span_style(fate, False, False) + "padding:1px 6px;"

@@ -230,13 +230,14 @@ def q_text(n: ViewNode, rule: str) -> str:
 
 
 def confidence_text(n: ViewNode, by_id: dict[int, ViewNode], st: Step) -> str | None:
-    """The named draft confidence of ``n``, e.g. 'draft confidence (head softmax) = 0.7'; for a top-k
-    child without scores (Medusa) that it was not recorded; else None."""
+    """The named draft confidence of ``n`` at its parent (its own step, not the path's product c), e.g. 'draft
+    confidence at its parent (head softmax) = 0.7'; for a top-k child without scores (Medusa) that it was not
+    recorded; else None."""
     conf = draft_confidence(n, by_id)
     if conf is None:
         return "draft confidence: not recorded (this proposer gives no draft scores)" if st.tree_rule == "topk" \
             else None
-    return f"draft confidence ({confidence_source(st)}) = {fmt_prob(conf)}"
+    return f"draft confidence at its parent ({confidence_source(st)}) = {fmt_prob(conf)}"
 
 
 def _hover(trace: Trace, st: Step, n: ViewNode, rule: str, by_id: dict[int, ViewNode]) -> str:
@@ -407,7 +408,9 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
     conf = draft_confidence(n, by_id)
     bars = [("target p", n.p, P_COLOUR), ("q (as verified)", 1.0 if rule == "topk" else n.q, Q_COLOUR)]
     if conf is not None:
-        bars.append(("draft confidence", conf, CONFIDENCE_COLOUR))
+        bars.append(("conf. at parent", conf, CONFIDENCE_COLOUR))
+        if n.depth > 1 and _confidence(n) is not None:  # the c the tree shows: the product down the path
+            bars.append(("path conf. c", _confidence(n), CONFIDENCE_COLOUR))
     for name, value, colour in bars:
         fig.add_trace(go.Bar(x=[name], y=[value or 0.0], marker_color=colour, name=name,
                              text=[_num(value)], textposition="outside", hoverinfo="skip"))
@@ -431,7 +434,10 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
     }.get(rule, "")
     if step_rule(trace, st) == "greedy":
         rule_text = "Greedy verification: at its parent the target's argmax is accepted (u and q are not used)."
-    named = "; ".join([q_text(n, rule), *filter(None, [confidence_text(n, by_id, st)])]) + "."
+    path_c = _confidence(n) if conf is not None and n.depth > 1 else None  # the c its box shows
+    named = "; ".join([q_text(n, rule), *filter(None, [confidence_text(n, by_id, st)]),
+                       *([f"path confidence c = {fmt_prob(path_c)} (the product down the path, the tree's c)"]
+                         if path_c is not None else [])]) + "."
     if step_rule(trace, st) == "greedy":
         named += " Greedy verification uses neither: the target's argmax decides."
     elif rule == "topk" and conf is not None:
