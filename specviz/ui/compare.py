@@ -226,7 +226,8 @@ class CompareHandlers:
         total = len(c.configs) * len(c.prompts) * len(c.seeds)
         try:
             for r in iter_comparison(decoder, c, flag):
-                label = f"{c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, seed {r.seed} ({r.wall_s:.1f} s)"
+                label = (f"{c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, seed {r.seed} "
+                         f"({r.wall_s:.1f} s)")
                 yield (*_views(c, _progress(c, total, label), convention=convention), c.to_dict())
         except ValueError as exc:
             yield _error(str(exc), f"the views below show the {len(c.runs)} runs before it" if c.runs else
@@ -313,7 +314,7 @@ def open_run(state: dict[str, Any] | None, config: Any, prompt: Any, seed: Any, 
     b = c.find(base, r.prompt, r.seed) if base is not None else None
     main = dict(main_state or h.new_state(), trace=r.trace.to_dict(), baseline=run_summary(b.trace) if b else None,
                 streamed=False)  # a comparison's run: not streamed, no redraws in its wall time
-    progress = (f"**from the comparison** · {c.configs[r.config].label}, {h.md_text(vc.prompt_label(c, r.prompt))}, "
+    progress = (f"**from the comparison** · {c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, "
                 f"seed {r.seed}")
     return (*h._full_outputs(progress, r.trace, main), gr.Tabs(selected="single"))
 

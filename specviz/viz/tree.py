@@ -406,11 +406,12 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
     tok = label(trace, n.token_id)
     by_id = {m.id: m for m in nodes}
     conf = draft_confidence(n, by_id)
+    path_c = _confidence(n) if conf is not None and n.depth > 1 else None  # the c its box shows: down the path
     bars = [("target p", n.p, P_COLOUR), ("q (as verified)", 1.0 if rule == "topk" else n.q, Q_COLOUR)]
     if conf is not None:
         bars.append(("conf. at parent", conf, CONFIDENCE_COLOUR))
-        if n.depth > 1 and _confidence(n) is not None:  # the c the tree shows: the product down the path
-            bars.append(("path conf. c", _confidence(n), CONFIDENCE_COLOUR))
+    if path_c is not None:
+        bars.append(("path conf. c", path_c, CONFIDENCE_COLOUR))
     for name, value, colour in bars:
         fig.add_trace(go.Bar(x=[name], y=[value or 0.0], marker_color=colour, name=name,
                              text=[_num(value)], textposition="outside", hoverinfo="skip"))
@@ -434,7 +435,6 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
     }.get(rule, "")
     if step_rule(trace, st) == "greedy":
         rule_text = "Greedy verification: at its parent the target's argmax is accepted (u and q are not used)."
-    path_c = _confidence(n) if conf is not None and n.depth > 1 else None  # the c its box shows
     named = "; ".join([q_text(n, rule), *filter(None, [confidence_text(n, by_id, st)]),
                        *([f"path confidence c = {fmt_prob(path_c)} (the product down the path, the tree's c)"]
                          if path_c is not None else [])]) + "."
