@@ -128,14 +128,17 @@ def _make_eagle(dec: "SpecDecoder", cfg: "GenerationConfig", extras: dict[str, A
 
 def acquire_head_runner(dec: "SpecDecoder", head):
     """The decoder's pooled runner for ``head`` (specviz/heads/runner.py): static cache + CUDA graphs
-    when the target runs on the static runner (its ``max_cache_len`` slots), else the eager reference."""
+    when the target runs on the static runner (its ``max_cache_len`` slots; compiled when the target's
+    runner is, same backend), else the eager reference."""
     from .heads.runner import make_head_runner
     from .static_runner import StaticRunner
 
     factory = dec.runner_factory
     static = getattr(factory, "func", factory) is StaticRunner
-    max_len = getattr(factory, "keywords", {}).get("max_cache_len", 4096) if static else None
-    return dec._acquire(("head", id(head)), lambda: make_head_runner(head, max_len))
+    keywords = getattr(factory, "keywords", {})
+    max_len = keywords.get("max_cache_len", 4096) if static else None
+    compile_args = {k: keywords[k] for k in ("compile", "compile_backend") if k in keywords}  # as the target's
+    return dec._acquire(("head", id(head)), lambda: make_head_runner(head, max_len, **compile_args))
 
 
 def warm_head_runner(dec: "SpecDecoder", head, max_width: int) -> int:

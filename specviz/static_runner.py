@@ -18,7 +18,9 @@ function (the mask and transformers' own modules: no re-implementation), in indu
 mode, and on CUDA that compiled forward is what the runner's own CUDA graph captures (inductor's
 ``reduce-overhead`` mode is not used: it keeps its own graphs, which HF's static cache on top of
 ours made fail with "accessing tensor output of CUDAGraphs that has been overwritten", issue 13).
-What is compiled is :meth:`StaticRunner._model_out` (mask + model call, hidden states on or off);
+What is compiled is :meth:`StaticRunner._model_out` (mask + model call, hidden states on or off)
+and, for tree forwards, :meth:`StaticRunner._tree_model_out` (the ancestor mask from the parents +
+model call; a failure there turns compile off for trees only);
 which taps are picked stays outside, so all tap sets share its graphs. Dynamo compiles n = 1
 statically and, at the next width, one graph with a dynamic n for every n >= 2 (its automatic
 dynamic shapes; seen on the CPU: 2 graphs for widths 1..5 without hidden states); the prefill never
@@ -104,10 +106,11 @@ class StaticRunner:
         self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
         self._kv: torch.Tensor | None = None  # [2 * layers, H, max_cache_len, D]: every layer's K and V (_stack_kv)
         self._kv_checked = False  # _stack_kv ran (after the first forward)
-        self._compiled = None
+        self._compiled = self._compiled_tree = None
         if COMPILE_DEFAULT if compile is None else bool(compile):
             _raise_recompile_limit()
             self._compiled = torch.compile(self._model_out, backend=compile_backend, dynamic=None)
+            self._compiled_tree = torch.compile(self._tree_model_out, backend=compile_backend, dynamic=None)
 
     @property
     def compiled(self) -> bool:
@@ -177,17 +180,20 @@ class StaticRunner:
 
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
                tree: tuple[torch.Tensor, torch.Tensor] | None = None,
-               model_out=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               model_out=None, raw: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype.
-        ``tree``: (ancestor mask bool [n, n], depth int64 [n]) of a tree forward's rows (device; never
-        compiled), else causal. ``model_out``: the compiled :meth:`_model_out` (default: the eager one)."""
+        ``tree``: (ancestor mask bool [n, n], depth int64 [n]) of a tree forward's rows (device), else
+        causal. ``model_out``: the compiled :meth:`_model_out` (default: the eager one). ``raw``: return
+        transformers' hidden_states tuple (or ()) in place of the picked taps."""
         if tree is not None:  # (mask [R, R] bool, depth [R] int64) on the device
             mask, position_ids = self._tree_mask(*tree)
             out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
                              output_hidden_states=bool(taps), position_ids=position_ids)
-            logits, hidden_states = out.logits, out.hidden_states
+            logits, hidden_states = out.logits, (tuple(out.hidden_states) if taps else ())
         else:
             logits, hidden_states = (model_out or self._model_out)(ids, bool(taps))
+        if raw:
+            return logits, hidden_states
         if not taps:
             return logits, {}
         return logits, pick_features(hidden_states, taps, self.model.config.num_hidden_layers)
@@ -210,8 +216,8 @@ class StaticRunner:
         try:
             return self._eager(ids, taps, model_out=self._compiled)
         except Exception as exc:  # noqa: BLE001 - compile problems must not fail the request
-            log.warning("specviz: torch.compile of %s's forward failed, running it eagerly: %s: %s",
-                        type(self.model).__name__, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            log.warning("specviz: torch.compile of %s's forward failed, running it eagerly: %s",
+                        type(self.model).__name__, compile_error_text(exc))
             self._compiled = None
             self._set_position(self.seq_len)
             return self._eager(ids, taps)
@@ -274,12 +280,32 @@ class StaticRunner:
             par.copy_(to_device(host, self.device))
 
     def _tree_body(self, inputs: dict[str, torch.Tensor], taps: tuple[str, ...]):
-        """The replayable tree forward: ancestor mask and depths from the parents by device ops
-        (:func:`specviz.runner.tree_attention_device`), then the model on every row. Returns (logits [1, rows, V]
-        in the model's dtype, {tap: [rows, d]})."""
-        mask, depth = tree_attention_device(inputs["parents"])
+        """The replayable tree forward: :meth:`_tree_model_out` (compiled when on; a compile or run failure is
+        logged once, the position restored and the forward rerun eagerly, compile off for this runner's trees),
+        then the taps picked. Returns (logits [1, rows, V] in the model's dtype, {tap: [rows, d]})."""
+        hidden = bool(taps)
+        if self._compiled_tree is not None:
+            try:
+                logits, states = self._compiled_tree(inputs["ids"], inputs["parents"], hidden)
+            except Exception as exc:  # noqa: BLE001 - compile problems must not fail the request
+                log.warning("specviz: torch.compile of %s's tree forward failed, running it eagerly: %s",
+                            type(self.model).__name__, compile_error_text(exc))
+                self._compiled_tree = None
+                self._set_position(self.seq_len)
+        if self._compiled_tree is None:
+            logits, states = self._tree_model_out(inputs["ids"], inputs["parents"], hidden)
+        if not taps:
+            return logits, {}
+        return logits, pick_features(states, taps, self.model.config.num_hidden_layers)
+
+    def _tree_model_out(self, ids: torch.Tensor, parents: torch.Tensor, hidden: bool):
+        """The tree forward's mask and model call (what ``compile=True`` compiles for trees): ancestor mask
+        and depths from ``parents`` int64 [rows - 1] by device ops (:func:`specviz.runner.tree_attention_device`),
+        then the model on ids [1, rows]. Returns (logits [1, rows, V], hidden_states tuple or ())."""
+        mask, depth = tree_attention_device(parents)
         depth = torch.cat([depth.new_zeros(1), depth])  # [rows]: the root row at depth 0
-        return self._eager(inputs["ids"], taps, (mask, depth))
+        logits, states = self._eager(ids, ("hidden",) if hidden else (), (mask, depth), raw=True)
+        return logits, states
 
     def _tree_forward(self, ids: torch.Tensor, taps: tuple[str, ...], tree):
         """(float32 logits [1 + N, V], {tap: [1 + N, d]}) of a tree forward; padded to a bucket (and
@@ -413,6 +439,14 @@ class StaticRunner:
         self._graphs[(n, taps)] = (graph, static_ids, static_logits, static_features)
         torch.cuda.synchronize(self.device)
         return self._graphs[(n, taps)]
+
+
+def compile_error_text(exc: BaseException) -> str:
+    """One line for a compile failure's log: the backend's own error (dynamo wraps it in
+    ``BackendCompilerFailed``, whose first line names only the backend), type and first line."""
+    inner = getattr(exc, "inner_exception", None) or exc
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[0] if text else ''}"
 
 
 def _raise_recompile_limit(at_least: int = 64) -> None:

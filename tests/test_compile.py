@@ -71,6 +71,11 @@ def test_engine_with_compiled_runners_equals_plain_greedy(tiny_dirs):
     assert dec.target_runner.compiled and dec.current_proposer.runner.compiled
     got = dec.generate("def add(a, b):", method="eagle3", num_speculative_tokens=3, max_new_tokens=12)
     assert got.output_token_ids == want and dec.target_runner.compiled
+    assert dec.current_proposer.runner.compiled  # the head runner compiles when the target's runner does
+    got = dec.generate("def add(a, b):", method="eagle3", eagle_tree_top_k=2, eagle_tree_depth=2,
+                       eagle_tree_total_tokens=6, max_new_tokens=12)  # tree draft + tree forward compiled
+    assert got.output_token_ids == want and any(len(s.nodes) > 1 for s in got.steps)
+    assert dec.current_proposer.runner.compiled and dec.target_runner._compiled_tree is not None
 
 
 def test_failed_compile_falls_back_with_a_log_line(caplog):
@@ -102,3 +107,46 @@ def test_inductor_graphs_equal_eager_on_gpu(taps):
     assert runner.compiled and runner._graphs and all(v is not None for v in runner._graphs.values())
     for g, w in zip(got + got_again, want + want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def _tree_forwards(runner: StaticRunner) -> list[torch.Tensor]:
+    """A prefill, then three tree forwards (a host tree and a device tree) each followed by a commit of one path."""
+    g = torch.Generator().manual_seed(1)
+    runner.reset()
+    out = [runner.forward(torch.randint(2, 300, (9,), generator=g)).clone()]
+    trees = ([-1, -1, 0, 1, 1, 3], torch.tensor([-1, 0, 0, 2, -1, 4, 5], device=runner.device), [-1, 0, 1, 2])
+    for parents, path in zip(trees, ([0, 2], [0, 2, 3], [0, 1, 2, 3])):
+        n = len(parents)
+        res = runner.forward_features(torch.randint(2, 300, (1 + n,), generator=g), TAPS, parents=parents)
+        out += [res.logits.clone(), *(f.float().clone() for f in res.features.values())]
+        runner.commit(path)
+    return out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_inductor_tree_graphs_equal_eager_on_gpu():
+    """fp32 on CUDA: the tree forward (ancestor mask from the parents + the model) compiled by inductor and
+    captured per tree-size bucket gives the eager tree forward's logits and taps, commits included, and compile
+    stayed on for trees."""
+    model = build_model("llama", seed=0, layers=2, hidden=64).cuda()
+    want = _tree_forwards(StaticRunner(model, max_cache_len=64, cuda_graphs=False))
+    runner = StaticRunner(model, max_cache_len=64, compile=True)
+    got = _tree_forwards(runner)
+    got_again = _tree_forwards(runner)  # replays
+    assert runner._compiled_tree is not None
+    assert any(k[0] == "tree" for k in runner._graphs) and all(v is not None for v in runner._graphs.values())
+    for g, w in zip(got + got_again, want + want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_tree_forwards_compiled_on_the_cpu_equal_uncompiled():
+    """The same tree forwards and commits with the tree forward compiled ("aot_eager", padded to buckets)."""
+    model = build_model("llama", seed=0, layers=2, hidden=64)
+    want = _tree_forwards(StaticRunner(model, max_cache_len=64, cuda_graphs=False))
+    torch._dynamo.reset()
+    runner = StaticRunner(model, max_cache_len=64, cuda_graphs=False, compile=True, compile_backend="aot_eager",
+                          tree_buckets=(8, 16))
+    got = _tree_forwards(runner)
+    assert runner._compiled_tree is not None
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

@@ -128,6 +128,53 @@ def test_failed_capture_falls_back_to_eager(caplog):
     assert all(entry is None for entry in runner._graphs.values())
 
 
+@pytest.mark.parametrize("backend", ("eager", "aot_eager"))
+@pytest.mark.parametrize("kind", ("eagle", "eagle3"))
+def test_compiled_static_head_runner_drafts_equal_eager(kind, backend):
+    """CPU, no graphs: with ``compile=True`` (dynamo's tracing of the head over the slot cache; "aot_eager" also
+    functionalizes the cache's index_copy_ writes) the drafts, q and confidences are the eager reference's, and
+    dynamo really compiled (no fallback)."""
+    _, head, ids, feats = _setup(kind, "cpu")
+    want = _drive(head, EagerHeadRunner(head), ids, feats, 0.9)
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    runner = StaticHeadRunner(head, max_len=96, cuda_graphs=False, compile=True, compile_backend=backend)
+    got = _drive(head, runner, ids, feats, 0.9)
+    _assert_same_drafts(want, got)
+    assert runner.compiled and torch._dynamo.utils.counters["stats"]["unique_graphs"] > frames
+
+
+def test_failed_head_compile_falls_back_with_a_log_line(caplog):
+    def broken(gm, example_inputs):
+        raise RuntimeError("this backend cannot compile")
+
+    _, head, ids, feats = _setup("eagle3", "cpu")
+    want = _drive(head, EagerHeadRunner(head), ids, feats, 0.0)
+    torch._dynamo.reset()
+    runner = StaticHeadRunner(head, max_len=96, cuda_graphs=False, compile=True, compile_backend=broken)
+    with caplog.at_level(logging.WARNING, logger="specviz.heads.runner"):
+        got = _drive(head, runner, ids, feats, 0.0)
+    _assert_same_drafts(want, got)
+    failed = [r for r in caplog.records if "torch.compile" in r.getMessage()]
+    assert len(failed) == 1 and "cannot compile" in failed[0].getMessage() and not runner.compiled
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kind", ("eagle", "eagle3"))
+def test_compiled_head_graphs_equal_eager_on_gpu(kind):
+    """fp32 on CUDA, inductor inside the runner's graphs: the greedy drafts equal the eager reference's (q and
+    confidences to fusion rounding), every capture succeeded and compile stayed on."""
+    _, head, ids, feats = _setup(kind, "cuda")
+    want = _drive(head, EagerHeadRunner(head), ids, feats, 0.0)
+    runner = StaticHeadRunner(head, max_len=96, compile=True)
+    got = _drive(head, runner, ids, feats, 0.0)
+    for step, ((w_ids, _, w_conf), (g_ids, _, g_conf)) in enumerate(zip(want, got)):
+        assert g_ids == w_ids, step
+        torch.testing.assert_close(g_conf, w_conf, rtol=1e-3, atol=1e-5)
+    assert len(got) == len(PLAN) and runner.compiled and runner.replays > 0
+    assert all(entry is not None for entry in runner._graphs.values()), runner._graphs.keys()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 @pytest.mark.parametrize("temperature", (0.0, 0.9), ids=("greedy", "sampled"))
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))

@@ -40,8 +40,11 @@ def test_tree_attention_equals_brute_force(parents):
 def _runners(model, kind):
     if kind == "eager":
         return EagerRunner(model)
-    # "static_padded": rows padded to a tree-size bucket, as under CUDA graphs (here eagerly)
-    return StaticRunner(model, max_cache_len=128, tree_buckets=(4, 16) if kind == "static_padded" else None)
+    # "static_padded": rows padded to a tree-size bucket, as under CUDA graphs (here eagerly); "_compiled": the
+    # tree forward through torch.compile ("aot_eager": dynamo's trace and the functionalized cache writes)
+    compiled = kind.endswith("_compiled")
+    return StaticRunner(model, max_cache_len=128, tree_buckets=(4, 16) if kind.startswith("static_padded") else None,
+                        compile=compiled, compile_backend="aot_eager")
 
 
 @pytest.fixture(scope="module", params=[("llama", "sdpa"), ("llama", "eager"), ("qwen2", "sdpa")])
@@ -56,10 +59,14 @@ PREFIX = torch.tensor([3, 17, 45, 9, 88, 120, 7, 64])  # committed tokens x_0..x
 ROOT = 55  # the last committed token x_n
 
 
-@pytest.mark.parametrize("kind", ["eager", "static", "static_padded", "static_padded_device_parents"])
+@pytest.mark.parametrize("kind", ["eager", "static", "static_padded", "static_padded_device_parents",
+                                  "static_padded_compiled"])
 def test_tree_logits_equal_each_path_as_a_chain(model, kind):
     """Each node's logits and features equal its root path run as a chain; "device_parents": the parents as an
-    int64 tensor (a tree drafted on the device, whose mask the static runner builds by device ops)."""
+    int64 tensor (a tree drafted on the device, whose mask the static runner builds by device ops); "compiled":
+    the tree forward compiled (and compile stayed on)."""
+    if kind.endswith("_compiled"):
+        torch._dynamo.reset()
     runner = _runners(model, kind.replace("_device_parents", ""))
     runner.reset()
     runner.forward(PREFIX)
@@ -78,6 +85,8 @@ def test_tree_logits_equal_each_path_as_a_chain(model, kind):
         torch.testing.assert_close(out.logits[node + 1], chain.logits[-1], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out.features["final_norm"][node + 1], chain.features["final_norm"][-1],
                                    rtol=1e-4, atol=1e-4)
+    if kind.endswith("_compiled"):
+        assert runner._compiled_tree is not None  # no fallback to the eager tree forward
 
 
 @pytest.mark.parametrize("kind", ["eager", "static", "static_padded"])

@@ -28,6 +28,16 @@ passes wider than the largest bucket (the prefill), or whose padding would run p
 run eagerly over the same cache. If a capture fails, the runner logs one warning and runs that
 call kind and width eagerly from then on (never a crash; outputs are the same).
 
+Compiled head (``compile=True``; issue 15's speed goal, issue 13 point 4): the head's forward
+(:meth:`StaticHeadRunner._forward`, first passes and draft steps), one tree level
+(:meth:`StaticHeadRunner._forward_tree`) and a whole draft tree (:meth:`StaticHeadRunner.tree_draft`:
+EAGLE-2's root expansion, every level and the rerank) run through ``torch.compile(backend)``
+(``dynamic=False``: every call kind has fixed shapes), and on CUDA that compiled code is what the
+runner's own CUDA graph captures (as :class:`specviz.static_runner.StaticRunner` does for the target:
+inductor fuses the ~55 small kernels a head layer launches per call, the graph removes the launches).
+A compile or compiled-run failure is logged once and that call reruns eagerly (the head's K/V writes
+are idempotent: the same slots are rewritten); compile then stays off for the runner.
+
 Equality: the static runner gives the eager runner's drafts (fp32; attention over the masked
 slots differs only in summation order): tests/test_head_runner.py on the CPU (eager path,
 padding included) and, on CUDA, with graphs.
@@ -35,6 +45,7 @@ padding included) and, on CUDA, with graphs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -42,6 +53,7 @@ import torch
 from transformers import DynamicCache
 
 from ..graphs import capture
+from ..static_runner import COMPILE_DEFAULT, _raise_recompile_limit, compile_error_text
 from .modules import _Head, crop_cache, position_mask
 
 log = logging.getLogger(__name__)
@@ -159,11 +171,16 @@ class StaticHeadRunner:
         head: an ``EagleHead`` / ``Eagle3Head`` attached to its target, in eval mode.
         max_len: slots of the cache (positions 0..max_len-1; the target runner's ``max_cache_len`` suffices).
         cuda_graphs: capture/replay graphs (default: on CUDA devices).
+        compile: run the head's calls through ``torch.compile`` (inside the graphs on CUDA; see the
+            module docstring; default :data:`specviz.static_runner.COMPILE_DEFAULT`). ``compile_backend``:
+            its backend ("inductor"; the CPU tests use "eager" / "aot_eager"). ``compiled`` says whether
+            it is (still) in use.
     Raises:
         ValueError: not a specviz head; a call whose rows would run past ``max_len``.
     """
 
-    def __init__(self, head: torch.nn.Module, max_len: int, cuda_graphs: bool | None = None):
+    def __init__(self, head: torch.nn.Module, max_len: int, cuda_graphs: bool | None = None,
+                 compile: bool | None = None, compile_backend: str = "inductor"):
         if not isinstance(head, _Head):
             raise ValueError(f"StaticHeadRunner needs a specviz.heads head (EagleHead / Eagle3Head), got "
                              f"{type(head).__name__}; use EagerHeadRunner for other modules")
@@ -183,6 +200,29 @@ class StaticHeadRunner:
         self._slot_ids = torch.arange(self.cache.max_len, device=self.device)  # every slot, for the tree masks
         self.capture_s = 0.0  # seconds spent capturing so far (the engine excludes it from step times)
         self.replays = 0  # graph replays so far (tests check that the graph path ran)
+        self._compiled: dict[str, object] | None = None  # name of the eager method -> its compiled version
+        self._draft_fns: dict[tuple, object] = {}  # tree_draft key -> the first fn given for it (stable for dynamo)
+        if COMPILE_DEFAULT if compile is None else bool(compile):
+            _raise_recompile_limit()
+            self._compiled = {name: torch.compile(getattr(self, name), backend=compile_backend, dynamic=False)
+                              for name in ("_forward", "_forward_tree", "_draft_body")}
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the head's calls run compiled (False when off, or after a compile failure)."""
+        return self._compiled is not None
+
+    def _call(self, name: str, *args):
+        """``getattr(self, name)(*args)``, compiled when on; a compile or run failure is logged once, compile
+        switched off for this runner and the call rerun eagerly (its K/V writes rewrite the same slots)."""
+        if self._compiled is not None:
+            try:
+                return self._compiled[name](*args)
+            except Exception as exc:  # noqa: BLE001 - compile problems must not fail the request
+                log.warning("specviz: torch.compile of the %s head's %s failed, running it eagerly: %s",
+                            self.head.config.kind, name, compile_error_text(exc))
+                self._compiled = None
+        return getattr(self, name)(*args)
 
     def reset(self) -> None:
         """Nothing to drop: every slot a request reads is written by that request first (its prefill's first pass)."""
@@ -235,9 +275,9 @@ class StaticHeadRunner:
         torch.add(self._scratch_rows[:R], self.max_len + first, out=inputs["slots"])  # no host-to-device copy
         inputs["mask"][0, 0].copy_(self._level_mask(R, committed, sees))
         if self.cuda_graphs and key not in self._graphs:
-            entry = self._remember(key, lambda: self._forward_tree(inputs), inputs, f"tree level ({R} rows)")
+            entry = self._remember(key, lambda: self._call("_forward_tree", inputs), inputs, f"tree level ({R} rows)")
         if entry is None:
-            out_hidden, logits = self._forward_tree(inputs)
+            out_hidden, logits = self._call("_forward_tree", inputs)
         else:
             entry[0].replay()
             self.replays += 1
@@ -300,7 +340,8 @@ class StaticHeadRunner:
         inputs["logits"].copy_(logits)
         inputs["pos"].fill_(position)
         inputs["committed"].fill_(committed)
-        run = lambda: fn(inputs["hidden"], inputs["logits"], lambda *a: self._level_tensors(inputs, *a))  # noqa: E731
+        fn = self._draft_fns.setdefault(key, fn)  # one fn object per key: what a compiled draft guards on
+        run = lambda: self._call("_draft_body", fn, inputs)  # noqa: E731
         if self.cuda_graphs and key not in self._graphs:
             entry = self._remember(key, run, inputs, f"draft tree {key}")
         if entry is None:
@@ -308,6 +349,10 @@ class StaticHeadRunner:
         entry[0].replay()
         self.replays += 1
         return entry[2].clone()
+
+    def _draft_body(self, fn, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What :meth:`tree_draft` runs (and compiles, and captures): ``fn`` over the static root inputs."""
+        return fn(inputs["hidden"], inputs["logits"], functools.partial(self._level_tensors, inputs))
 
     def _draft_inputs(self, hidden: torch.Tensor, logits: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"hidden": torch.zeros_like(hidden, dtype=self.head.dtype, device=self.device),
@@ -360,7 +405,7 @@ class StaticHeadRunner:
         if entry is None:
             inputs = self._inputs(width)
             self._fill(inputs, features, ids, start, c)
-            return self._forward(kind, inputs)
+            return self._call("_forward", kind, inputs)
         graph, inputs, outputs = entry
         self._fill(inputs, features, ids, start, c)
         graph.replay()
@@ -400,12 +445,14 @@ class StaticHeadRunner:
         kind, width = key
         inputs = self._inputs(width)
         self._fill(inputs, features, ids, start, c)
-        return self._remember(key, lambda: self._forward(kind, inputs), inputs, f"{kind} call (width {width})")
+        return self._remember(key, lambda: self._call("_forward", kind, inputs), inputs, f"{kind} call (width {width})")
 
 
-def make_head_runner(head: torch.nn.Module, max_len: int | None, cuda_graphs: bool | None = None):
+def make_head_runner(head: torch.nn.Module, max_len: int | None, cuda_graphs: bool | None = None,
+                     compile: bool | None = None, compile_backend: str = "inductor"):
     """The head runner for a request: :class:`StaticHeadRunner` when ``max_len`` is given (the target
-    runs on the static runner) and ``head`` is a specviz head; otherwise :class:`EagerHeadRunner`."""
+    runs on the static runner) and ``head`` is a specviz head (``compile``: as that class); otherwise
+    :class:`EagerHeadRunner`."""
     if max_len is not None and isinstance(head, _Head):
-        return StaticHeadRunner(head, max_len, cuda_graphs)
+        return StaticHeadRunner(head, max_len, cuda_graphs, compile=compile, compile_backend=compile_backend)
     return EagerHeadRunner(head)
