@@ -13,7 +13,7 @@
 #   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
 #            8 concurrent sessions and a soak of $SOAK runs (RSS, CUDA memory, graph captures, threads)
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP / T_BENCH (timeouts, s), K (pytest -k for tests),
-#   METHODS, REPEATS (bench methods, timed pairs), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz; results under $OUT.
+#   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz; results under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 OUT=${OUT:-/tmp/out}; COMMIT=${1:-unknown}; shift; L=$OUT/logs; mkdir -p "$L"
@@ -34,7 +34,7 @@ for stage in "$@"; do
     timeout 90 python3 scripts/profile_tree_step.py > "$L/profile.log" 2>&1
     echo "[profile] exit $?"; grep "ms/step" "$L/profile.log" ;;
   bench)
-    timeout ${T_BENCH:-150} python3 benchmarks/bench_e2e.py --out "$OUT/e2e" --repeats ${REPEATS:-5} --max-new 128 --no-big --runners static \
+    timeout ${T_BENCH:-150} python3 benchmarks/bench_e2e.py --out "$OUT/e2e" --repeats ${REPEATS:-5} --max-new 128 --no-big --runners ${RUNNERS:-static} \
       --methods "${METHODS:-none,eagle3,eagle3+tree4x5x24,eagle,eagle+tree4x5x24,draft_model+choices}" --commit "$COMMIT" \
       > "$L/bench_e2e.log" 2>&1
     echo "[bench] exit $?"; grep -E "tok/s" "$L/bench_e2e.log" | grep -v "^hf" | tail -14 ;;
