@@ -43,7 +43,7 @@ from .static_runner import StaticRunner
 from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
 from .transfer import to_device
-from .verify_step import StepVerifier, VerifySpec, graph_key, verify_tree_step
+from .verify_step import StepVerifier, VerifySpec, graph_key, queue_tree_step
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
 DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3",
@@ -573,7 +573,8 @@ class SpecDecoder:
         Nothing here waits for the GPU except the verifier's one device-to-host copy of the
         step's tokens (proposers that work on the host, such as ngram, read ``ids``). Nothing of the trace
         is queued between that copy and the next step's draft, when the GPU would wait for it: a chain's
-        detail is queued with the verifier's graphs, a tree's in a later step's overlap window."""
+        detail is queued with the verifier's graphs, a tree's in a later step's overlap window, behind that
+        step's verification (queued right behind its forward, so the walk's read waits for neither)."""
         remaining = cfg.max_new_tokens - num_generated
         captured = functools.partial(_capture_s, runner, verifier, getattr(proposer, "runner", None))
         c0, t0 = captured(), time.perf_counter()
@@ -589,19 +590,22 @@ class SpecDecoder:
         forward = runner.forward_features(fed, proposer.taps if proposer is not None else (),
                                           parents=draft.forward_parents if is_tree else None)
         logits = forward.logits  # [k'+1, V]: p_1..p_{k'+1} in one forward (+ the proposer's feature taps)
-        tree = list(draft.parents) if is_tree else None  # (a device-drafted tree's host copy: read now)
         t2, c2 = time.perf_counter(), captured()
-        while len(pending) > 1:  # earlier steps' events, while the GPU computes this step's forward: all but the
-            pending.pop(0)()  # newest are published (their detail ran behind the previous forward: no wait)
-        if pending:
-            pending[0].queue()  # the newest queues its detail now, behind this forward; published next step
-        t2b = time.perf_counter()
         q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
         spec = VerifySpec(k=int(x.numel()), vocab=self.vocab_size, verify=cfg.verify, temperature=cfg.temperature,
                           top_k=cfg.top_k, top_p=cfg.top_p, full_q=q is not None, detailed=cfg.detailed_trace,
                           synthetic_rates=cfg.synthetic_rates, backend=cfg.sampler_backend,
                           typical=(cfg.typical_acceptance_sampler_posterior_threshold,
                                    cfg.typical_acceptance_sampler_posterior_alpha) if cfg.verify == "typical" else None)
+        if is_tree:  # the tree verifier queued right behind its forward (device parents: before their host copy)
+            queued, p_tree = queue_tree_step(spec, logits, q, x, draft.forward_parents, draft.tree_rule, ctx.generator)
+        tree = list(draft.parents) if is_tree else None  # (a device-drafted tree's host copy: read now)
+        t2a = time.perf_counter()
+        while len(pending) > 1:  # earlier steps' events, while the GPU computes this step's forward: all but the
+            pending.pop(0)()  # newest are published (their detail ran behind the previous forward: no wait)
+        if pending:
+            pending[0].queue()  # the newest queues its detail now, behind this step's verification; published next step
+        t2b = time.perf_counter()
         if tree is None:
             core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
             draft_ids = [int(t) for t in core["draft"]]
@@ -610,8 +614,8 @@ class SpecDecoder:
             acc = int(core["num_accepted"][0])
             emitted = [int(t) for t in core["output"][: acc + 1]]
             rows = None  # the committed rows are the first ones
-        else:  # the tree verifier (reference), then the accepted path's K/V compacted into place
-            tree_out, p_tree = verify_tree_step(spec, logits, q, x, tree, draft.tree_rule, ctx.generator)
+        else:  # the tree verifier's walk (its one wait), then the accepted path's K/V compacted into place
+            tree_out = queued.finish(tree)
             tree_q = q if tree_out.rule == "sampled" else None  # q's top lists are recorded for rule B only
             emitted, acc = tree_out.output_token_ids, len(tree_out.path)
             draft_ids = emitted[:acc]  # the accepted path's tokens, in path order
@@ -630,7 +634,7 @@ class SpecDecoder:
         # proposer's observe (its bookkeeping of what was committed) is drafting work: counted in draft_ms, so
         # that method none, which has none, is not compared against a time that leaves it out.
         timings = dict(draft_ms=(t1 - t0 - (c1 - c0) + t4 - t3 - (c4 - c3)) * 1e3, verify_ms=(t2 - t1 - (c2 - c1)) * 1e3,
-                       sample_ms=(t3 - t2b - (c3 - c2)) * 1e3, capture_ms=(c4 - c0) * 1e3)
+                       sample_ms=(t2a - t2 + t3 - t2b - (c3 - c2)) * 1e3, capture_ms=(c4 - c0) * 1e3)
 
         tree_pending = None  # a tree step's detailed record, queued by queue()
 

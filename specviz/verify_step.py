@@ -37,7 +37,7 @@ import torch
 from .graphs import replay
 from .record import Layout, gather_core, gather_detail, pack, unpack
 from .sampling import logits_to_probs, rejection_sample
-from .sampling.tree import TreeVerifyOutput, verify_tree
+from .sampling.tree import QueuedTreeVerify, TreeVerifyOutput, queue_verify_tree
 from .sampling.types import RejectionOutput, SamplerNoise, draw_noise
 
 
@@ -357,9 +357,22 @@ def verify_tree_step(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | N
     """Verify a tree draft (eagerly, the PyTorch reference :func:`~specviz.sampling.tree.verify_tree`;
     no CUDA graph). logits: [1 + N, V] from the tree forward; q: [N, V] or None; x: int64 [N].
     Returns (the verifier's output, p float32 [1 + N, V]). Noise: ``draw_noise(1, N, V)`` from
-    ``generator`` (none for greedy). Raises ValueError as :func:`tree_rule_for`."""
+    ``generator`` (none for greedy). Raises ValueError as :func:`tree_rule_for`.
+    (:func:`queue_tree_step`, then the walk over ``parents``.)"""
+    queued, p = queue_tree_step(spec, logits, q, x, parents, tree_rule, generator)
+    return queued.finish(parents), p
+
+
+def queue_tree_step(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
+                    parents: list[int] | torch.Tensor, tree_rule: str,
+                    generator: torch.Generator | None) -> tuple[QueuedTreeVerify, torch.Tensor]:
+    """:func:`verify_tree_step`'s device work queued without a host wait (``parents``: a host list, or int64
+    [N] on the device for a tree drafted there): returns (the queued verification, whose ``finish(parents)``
+    reads its one host copy and walks; p float32 [1 + N, V]). The engine queues it right behind the tree's
+    target forward, before anything else (the previous step's trace detail) is queued. Raises ValueError as
+    :func:`verify_tree_step`."""
     rule = tree_rule_for(spec.verify, tree_rule)
     p = logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p)  # [1 + N, V] float32
     noise = None if rule == "greedy" else draw_noise(1, x.numel(), spec.vocab, generator=generator, device=p.device)
-    out = verify_tree(p, x, parents, q if rule == "sampled" else None, rule=rule, noise=noise)
-    return out, p
+    queued = queue_verify_tree(p, x, parents, q if rule == "sampled" else None, rule=rule, noise=noise)
+    return queued, p

@@ -290,32 +290,37 @@ def test_sampled_children_run_rule_b_end_to_end(self_decoders, monkeypatch):
 def test_a_tree_steps_detail_is_queued_behind_the_next_forward_not_after_its_own_wait(decoders, monkeypatch):
     """Issue 13 (tracing costs): a tree step's detailed record (top-20 lists, residuals: record.tree_detail, ~30
     device ops) was queued right after the verifier's host read, when the GPU had nothing else queued. It is now
-    queued during the next step, after that step's target forward is queued, and the record is built one step
+    queued during the next step, after that step's target forward and its verification are queued (so neither
+    step's walk waits for it) and before that step's walk reads the decisions; the record is built one step
     later; generate() and iter_generate() give the same trace as before (every step detailed)."""
     import specviz.engine as engine_mod
+    from specviz.sampling.tree import QueuedTreeVerify
 
     dec = decoders["llama"]
     log: list[str] = []
     runner_forward = EagerRunner.forward_features  # the decoders fixture runs the target eagerly
-    original_detail, original_verify = engine_mod.tree_detail, engine_mod.verify_tree_step
+    original_detail, original_queue = engine_mod.tree_detail, engine_mod.queue_tree_step
+    original_finish = QueuedTreeVerify.finish
 
     def forward(self, *a, **k):
-        if k.get("parents") is not None:
+        if k.get("parents") is not None and self is dec.target_runner:  # the target's tree forward (not the drafter's)
             log.append("forward")
         return runner_forward(self, *a, **k)
 
     monkeypatch.setattr(EagerRunner, "forward_features", forward)
     monkeypatch.setattr(engine_mod, "tree_detail", lambda *a, **k: (log.append("detail"), original_detail(*a, **k))[1])
-    monkeypatch.setattr(engine_mod, "verify_tree_step", lambda *a, **k: (log.append("verify"), original_verify(*a, **k))[1])
+    monkeypatch.setattr(engine_mod, "queue_tree_step", lambda *a, **k: (log.append("verify"), original_queue(*a, **k))[1])
+    monkeypatch.setattr(QueuedTreeVerify, "finish", lambda self, p: (log.append("walk"), original_finish(self, p))[1])
     kw = dict(method="draft_model", num_speculative_tokens=3, max_new_tokens=24, speculative_token_tree=TREE)
     trace = dec.generate(PROMPT, **kw)
     steps = sum(1 for e in log if e == "verify")
-    assert steps >= 3 and log.count("detail") == steps  # every tree step detailed, once
-    # step s's detail comes after step s + 1's forward and before step s + 1's verification
-    verify_at = [i for i, e in enumerate(log) if e == "verify"]
-    detail_at = [i for i, e in enumerate(log) if e == "detail"]
+    assert steps >= 3 and log.count("detail") == steps == log.count("walk")  # every tree step detailed, once
+    # each step: forward, verification queued, walk; step s's detail between step s + 1's verification and walk
+    at = {name: [i for i, e in enumerate(log) if e == name] for name in ("forward", "verify", "walk", "detail")}
+    for s in range(steps):
+        assert at["forward"][s] + 1 == at["verify"][s] < at["walk"][s]
     for s in range(steps - 1):
-        assert verify_at[s] < detail_at[s] and log[detail_at[s] - 1] == "forward" and detail_at[s] < verify_at[s + 1]
+        assert at["walk"][s] < at["verify"][s + 1] < at["detail"][s] < at["walk"][s + 1]
     assert all(st.positions for st in trace.steps if st.is_tree)  # the record still has the detail
     streamed = list(dec.iter_generate(PROMPT, **kw))[-1]
     assert [(s.positions, s.nodes) for s in streamed.steps] == [(s.positions, s.nodes) for s in trace.steps]

@@ -47,11 +47,12 @@ nodes (3 small ops each, no host sync). The one host sync is the walk's read of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from specviz.sampling.types import SamplerNoise, draw_noise
-from specviz.transfer import to_device
+from specviz.transfer import HostCopy, to_device
 from specviz.tree import children as tree_children
 from specviz.tree import validate_parents
 
@@ -119,13 +120,61 @@ def verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, parents: li
     noise:        SamplerNoise for (1, N, V), or None: drawn from ``generator`` (greedy draws none).
     Returns a :class:`TreeVerifyOutput`. Raises ValueError for an unknown rule, shapes that do
     not match, draft_probs missing for "sampled" (or given for another rule), a non-finite q row.
+    (:func:`queue_verify_tree` then :meth:`QueuedTreeVerify.finish`.)
     """
-    N, V = _check(target_probs, token_ids, parents, draft_probs, rule)
+    parents = validate_parents(parents)
+    return queue_verify_tree(target_probs, token_ids, parents, draft_probs, rule=rule, noise=noise,
+                             generator=generator).finish(parents)
+
+
+@dataclass
+class QueuedTreeVerify:
+    """:func:`verify_tree`'s device work, queued: every node's decision and every row's emitted token are
+    computed and their host copy is on its way (:class:`~specviz.transfer.HostCopy`); :meth:`finish` reads it
+    (the one wait) and walks the tree. Tensors as in :class:`TreeVerifyOutput` (device)."""
+
+    num_nodes: int
+    rule: str
+    weights: torch.Tensor  # float32 [1 + N, V]: each row's emit weights
+    p_x: torch.Tensor
+    q_x: torch.Tensor
+    u: torch.Tensor
+    acc: torch.Tensor
+    copy: HostCopy  # [passed N | emitted 1 + N | empty 1 + N | ids N | p_x, q_x, u, acc N each] float64
+
+    def finish(self, parents: Sequence[int]) -> TreeVerifyOutput:
+        """Walk the tree (``parents``: the N host parents; for a tree queued from device parents, their host
+        copy). Raises ValueError when ``parents`` is invalid or not N long."""
+        parents = validate_parents(parents)
+        if len(parents) != self.num_nodes:
+            raise ValueError(f"parents has {len(parents)} nodes; the queued verification has {self.num_nodes}")
+        return _walk(parents, self)
+
+
+def queue_verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, parents: list[int] | torch.Tensor,
+                      draft_probs: torch.Tensor | None = None, *, rule: str = "topk",
+                      noise: SamplerNoise | None = None,
+                      generator: torch.Generator | None = None) -> QueuedTreeVerify:
+    """:func:`verify_tree`'s device half, without a host wait: ``parents`` a host list or int64 [N] on the
+    device (a tree drafted there, EAGLE-2: the verification is queued before the tree's host copy is read;
+    rule "sampled" reads device parents to the host, its residual chain is built per node). Other arguments
+    and errors as :func:`verify_tree` (a host ``parents`` is validated here, device ones in ``finish``)."""
+    if isinstance(parents, torch.Tensor):
+        N = int(parents.numel())
+        if rule == "sampled":
+            parents = parents.tolist()  # rule B's residual chain follows the parents on the host
+    else:
+        parents = validate_parents(parents)
+        N = len(parents)
+    V = _check(target_probs, token_ids, N, draft_probs, rule)
     p = target_probs.float()
     ids = token_ids.long().to(p.device)
     ok_id = (ids >= 0) & (ids < V)  # [N]
     safe = torch.where(ok_id, ids, torch.zeros_like(ids))
-    rows = to_device(torch.tensor([u + 1 for u in parents], dtype=torch.long), p.device)  # parent row of node i
+    if isinstance(parents, torch.Tensor):  # parent row of node i, on the device
+        rows = parents.long().to(p.device) + 1
+    else:
+        rows = to_device(torch.tensor([u + 1 for u in parents], dtype=torch.long), p.device)
     p_x = torch.where(ok_id, p[rows, safe], 0.0) if N else p.new_zeros(0)  # [N]
     if rule != "greedy" and noise is None:
         noise = draw_tree_noise(N, V, generator, p.device)
@@ -138,21 +187,24 @@ def verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, parents: li
         weights, emit, empty = p, argmax, torch.zeros(N + 1, dtype=torch.bool, device=p.device)
     else:
         if rule == "topk":
-            acc, weights = _rule_a(p, safe, ok_id, rows, parents)
+            acc, weights = _rule_a(p, safe, ok_id, rows, N)
             q_x = torch.ones_like(p_x)
         else:
             acc, weights, q_x = _rule_b(p, draft_probs.float().to(p.device), safe, ok_id, parents)
         passed = u <= acc.double()
         weights, emit, empty = _race(weights, p, noise.exp[0])
-    return _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule)
+    # one device-to-host copy: [passed N | emitted 1 + N | empty 1 + N | ids N] (ids exact in float64)
+    # ... and the nodes' p, q, u, acceptance probability for the trace, in the same copy
+    copy = HostCopy(torch.cat([passed.double(), emit.double(), empty.double(), ids.double(), p_x.double(),
+                               q_x.double(), u.double(), acc.double()]))
+    return QueuedTreeVerify(N, rule, weights, p_x, q_x, u, acc, copy)
 
 
-def _check(target_probs, token_ids, parents, draft_probs, rule) -> tuple[int, int]:
+def _check(target_probs, token_ids, N: int, draft_probs, rule) -> int:
+    """Shapes and the rule; returns V."""
     if rule not in RULES:
         raise ValueError(f"unknown tree rule {rule!r}; choose one of {', '.join(RULES)} (block verification is "
                          "chain-only)")
-    parents = validate_parents(parents)
-    N = len(parents)
     if not isinstance(target_probs, torch.Tensor) or target_probs.dim() != 2 or target_probs.shape[0] != N + 1:
         raise ValueError(f"target_probs must be [1 + N, V] = [{N + 1}, V] (root + {N} nodes), got "
                          f"{list(getattr(target_probs, 'shape', []))}")
@@ -168,13 +220,12 @@ def _check(target_probs, token_ids, parents, draft_probs, rule) -> tuple[int, in
     elif draft_probs is not None:
         raise ValueError(f"rule {rule!r} treats q as one-hot (deterministic children); draft_probs must be None "
                          "(give them with rule 'sampled' for children drawn from q)")
-    return N, V
+    return V
 
 
-def _rule_a(p, ids, ok_id, rows, parents):
+def _rule_a(p, ids, ok_id, rows, N: int):
     """Rule A for every node at once: acc [N] = r(tok_c) given the earlier siblings rejected;
     weights [1 + N, V] = p at each row with every child's token removed (the residual)."""
-    N = len(parents)
     if N == 0:
         return p.new_zeros(0), p
     same_parent = rows[:, None] == rows[None, :]  # [N, N]
@@ -219,13 +270,10 @@ def _race(weights, p, exp):
     return w, score.argmax(dim=-1), zero[:, 0]
 
 
-def _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule) -> TreeVerifyOutput:
-    """Read the decisions once and walk from the root: the first passing child in node order."""
+def _walk(parents: list[int], queued: QueuedTreeVerify) -> TreeVerifyOutput:
+    """Read the decisions once (the queued host copy) and walk from the root: the first passing child in node order."""
     N = len(parents)
-    # one device-to-host copy: [passed N | emitted 1 + N | empty 1 + N | ids N] (ids exact in float64)
-    # ... and the nodes' p, q, u, acceptance probability for the trace, in the same copy
-    host = torch.cat([passed.double(), emit.double(), empty.double(), ids.double(), p_x.double(), q_x.double(),
-                      u.double(), acc.double()]).tolist()
+    host = queued.copy.tolist()
     ok = [v > 0 for v in host[:N]]
     emit_host, empty_host = host[N : 2 * N + 1], [v > 0 for v in host[2 * N + 1 : 3 * N + 2]]
     tokens = [int(v) for v in host[3 * N + 2 : 4 * N + 2]]
@@ -247,10 +295,10 @@ def _walk(parents, ids, passed, emit, weights, empty, p_x, q_x, u, acc, rule) ->
         path.append(nxt)
         node = nxt
     token = int(emit_host[node + 1])
-    w = weights[node + 1]
+    w = queued.weights[node + 1]
     fallback = bool(kids[node + 1]) and bool(empty_host[node + 1])
     return TreeVerifyOutput(path=path, token_id=token, kind="recovered" if kids[node + 1] else "bonus",
                             output_token_ids=[tokens[c] for c in path] + [token], fate=fate, tested=tested,
-                            emit_node=node, p=p_x, q=q_x, u=u, accept_prob=acc, emit_weights=w,
-                            emit_fallback=fallback, rule=rule, token_ids=tokens, host=node_host)
+                            emit_node=node, p=queued.p_x, q=queued.q_x, u=queued.u, accept_prob=queued.acc,
+                            emit_weights=w, emit_fallback=fallback, rule=queued.rule, token_ids=tokens, host=node_host)
 
