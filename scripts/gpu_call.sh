@@ -13,7 +13,7 @@
 #   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
 #            8 concurrent sessions and a soak of $SOAK runs (RSS, CUDA memory, graph captures, threads)
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP / T_BENCH (timeouts, s), K (pytest -k for tests),
-#   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz; results under $OUT.
+#   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz (logs-2.tgz, ... for later calls in one command); results under $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 OUT=${OUT:-/tmp/out}; COMMIT=${1:-unknown}; shift; L=$OUT/logs; mkdir -p "$L"
@@ -52,4 +52,6 @@ for stage in "$@"; do
   *) echo "unknown stage $stage" ;;
   esac
 done
-tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$L"
+# a second gpu_call.sh in the same device command must not overwrite the first one's logs
+T=$OUT/logs.tgz; i=2; while [ -e "$T" ]; do T=$OUT/logs-$i.tgz; i=$((i + 1)); done
+tar czf "$T" -C "$OUT" logs && rm -rf "$L"

@@ -668,7 +668,8 @@ class SpecDecoder:
         d.update(target=self.names.get("target", type(self.target_model).__name__),
                  draft=self.names.get("draft", ""), device=str(self.device),
                  dtype=self.names.get("dtype", str(next(self.target_model.parameters()).dtype).split(".")[-1]),
-                 runner=getattr(self.runner_factory, "func", self.runner_factory).__name__, prompt_length=len(ids),
+                 runner=getattr(self.runner_factory, "func", self.runner_factory).__name__,
+                 compile=bool(getattr(self.runner_factory, "keywords", {}).get("compile")), prompt_length=len(ids),
                  vocab_size=self.vocab_size)
         describe = methods.get(cfg.method).describe
         d.update(describe(cfg) if describe is not None else {})

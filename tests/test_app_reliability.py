@@ -226,6 +226,32 @@ def test_the_header_names_the_device_in_use():
     assert "auto" not in DecoderCache(None, None, None).describe()
 
 
+def test_the_compile_option_reaches_the_decoder_and_the_trace(tiny_dirs, monkeypatch):
+    """``--compile``: parsed, handed by the app's decoder cache to SpecDecoder.from_pretrained (so the static
+    runners and the head runners compile on CUDA), named in the header (no effect on the CPU, said so), and
+    recorded in each trace's config (False without it)."""
+    from specviz.ui.launch import parse_args
+
+    assert parse_args(["--compile"]).compile and not parse_args([]).compile
+    target, draft = tiny_dirs["llama"]
+    seen = {}
+    real = SpecDecoder.from_pretrained.__func__
+
+    def spy(cls, *a, **kw):
+        seen.update(kw)
+        return real(cls, *a, **{k: v for k, v in kw.items() if k != "compile"}, runner="static", compile=False)
+
+    monkeypatch.setattr(SpecDecoder, "from_pretrained", classmethod(spy))
+    cache = DecoderCache(str(target), str(draft), "cpu", compile=True)
+    assert "no effect on the CPU" in cache.describe()
+    dec = cache.get()
+    assert seen.get("compile") is True
+    trace = dec.generate(PROMPT, method="none", max_new_tokens=4)
+    assert trace.config["compile"] is False and trace.config["runner"] == "StaticRunner"
+    assert Trace.from_json(trace.to_json()).config["compile"] is False  # the schema takes it
+    assert "torch.compile" not in DecoderCache(str(target), str(draft), "cpu").describe()
+
+
 # ---- one-time capture: counted by the runners / verifier, excluded from the step times ---------
 CAPTURE_S, FORWARD_S = 0.5, 0.001
 CLOCK = [0.0]  # the engine's clock in the capture test: advanced only by the fake runner below

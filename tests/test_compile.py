@@ -67,7 +67,7 @@ def test_engine_with_compiled_runners_equals_plain_greedy(tiny_dirs):
     dec.heads["eagle3"] = build_head(head_config_from_target(dec.target_model.config, "eagle3"), dec.target_model).eval()
     torch._dynamo.reset()
     got = dec.generate("def add(a, b):", method="draft_model", num_speculative_tokens=3, max_new_tokens=12)
-    assert got.output_token_ids == want
+    assert got.output_token_ids == want and got.config["compile"] is True  # the trace says the forwards compiled
     assert dec.target_runner.compiled and dec.current_proposer.runner.compiled
     got = dec.generate("def add(a, b):", method="eagle3", num_speculative_tokens=3, max_new_tokens=12)
     assert got.output_token_ids == want and dec.target_runner.compiled

@@ -40,10 +40,13 @@ class DecoderCache:
         target / draft: model directories or hub ids; None -> the bundled demo models
             (``assets/models/specviz-target`` / ``specviz-draft``).
         device: "cpu", "cuda", ... or None (CUDA when available).
+        compile: ``SpecDecoder.from_pretrained(compile=...)``: torch.compile'd forwards inside the
+            static runners' CUDA graphs (the app's ``--compile``; default off).
     """
 
-    def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None):
-        self.target, self.draft, self.device = target, draft, device
+    def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None,
+                 compile: bool = False):
+        self.target, self.draft, self.device, self.compile = target, draft, device, bool(compile)
         self._lock = threading.Lock()
         self._decoders: dict[tuple[Any, ...], Any] = {}
         self.status = ""  # what the load / warm-up is doing now ("" before it starts and once it is done)
@@ -58,7 +61,11 @@ class DecoderCache:
         target = self.target or str(DEFAULT_TARGET)
         draft = self.draft or (str(DEFAULT_DRAFT) if self.target is None else None)
         draft = draft or "(none: method draft_model unavailable)"
-        line = f"target: `{target}` · draft: `{draft}` · device: `{device_in_use(self.device)}`"
+        device = device_in_use(self.device)
+        line = f"target: `{target}` · draft: `{draft}` · device: `{device}`"
+        if self.compile:
+            line += (" · torch.compile: on" if device.startswith("cuda") else
+                     " · torch.compile: asked for, no effect on the CPU (the eager runner)")
         if self.target is None and not DEFAULT_TARGET.exists():
             line += ("  \n**The bundled demo models are not in `assets/models/` yet** (train them with "
                      "`python -m specviz.train`, or start the app with `--target DIR --draft DIR`). "
@@ -85,7 +92,8 @@ class DecoderCache:
                         "Uploaded traces can still be viewed.")
                 self.status = "loading the models"
                 try:
-                    decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device)
+                    decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device,
+                                                          **({"compile": True} if self.compile else {}))
                     # no run's timings (or speedup) should carry one-time costs: on CUDA this captures
                     # every graph the UI's settings reach (tens of seconds), on the CPU it is quick
                     self.warm_up_report = decoder.warm_up(MAX_UI_SPECULATIVE_TOKENS, progress=self._say)

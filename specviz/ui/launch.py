@@ -1,7 +1,7 @@
 """Start the web app: ``specviz app`` (the console script) or ``python app.py``, same options.
 
 Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --device,
---no-warm-up. With no --target the bundled demo models in assets/models/ are used. At launch the
+--no-warm-up, --compile (torch.compile'd forwards inside the CUDA graphs; off by default), --present. With no --target the bundled demo models in assets/models/ are used. At launch the
 models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
 with a progress line in the page, so that no run pays one-time costs.
 """
@@ -26,6 +26,11 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="load the models at the first Run instead of at launch")
+    ap.add_argument("--compile", action="store_true",
+                    help="CUDA: run the target's, drafter's and EAGLE heads' forwards through torch.compile (inductor) "
+                    "inside their CUDA graphs: about 1.5-1.9x the tokens/s of the default on the H200 "
+                    "(results/gpu/2026-12-02/s9), after minutes of compilation during the warm-up and at the first "
+                    "run of each new setting (excluded from its timings)")
     ap.add_argument("--present", action="store_true",
                     help="presentation layout: large type, Run and the lesson chapter above the fold (or ?present=1)")
     return ap
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None, prog: str = "specviz app") -> int:
     from .layout import build_app, launch_options
 
     args = parse_args(argv, prog)
-    cache = DecoderCache(args.target, args.draft, args.device)
+    cache = DecoderCache(args.target, args.draft, args.device, compile=args.compile)
     if not args.no_warm_up:
         cache.start_warm_up()
     demo = build_app(args.target, args.draft, args.device, cache=cache, present=args.present)
