@@ -37,6 +37,11 @@ def test_compare_runs_every_configuration_and_exports_a_comparison_that_imports_
     rows = out[TABLE]["data"]
     assert [r[0] for r in rows] == ["none T=0", "ngram k=2 greedy T=0", "draft_model k=2 greedy T=0"]
     assert all(r[-1].startswith("✓ equal (2/2)") for r in rows[1:]), [r[-1] for r in rows]
+    # the cells stay numbers (the columns sort numerically) and show fixed decimals: 1.00, not 1
+    speedup = out[TABLE]["headers"].index("speedup")
+    shown = out[TABLE]["metadata"]["display_value"]
+    assert rows[0][speedup] == 1 and shown[0][speedup] == "1.00", (rows[0], shown[0])
+    assert all(isinstance(r[speedup], float) or isinstance(r[speedup], int) for r in rows)
     assert "output position" in out[SCRUB]
     files = client.predict(api_name="/compare_export")
     by_name = {f.rsplit("/", 1)[-1]: f for f in files}

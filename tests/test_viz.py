@@ -166,6 +166,18 @@ def test_handmade_residual_bars():
     assert "u = 0.9 > min(1, p/q) = 0.5: rejected" in title_text(fig)
 
 
+def test_probability_axis_has_no_ticks_past_the_tallest_bar():
+    """q one-hot (1.0) leaves headroom above the bars for the marks' labels, but the axis never reads 1.2 or 1.4."""
+    from specviz.viz.residual import prob_ticks
+
+    fig = residual_figure(handmade(), 0, 3)
+    ticks = list(fig.layout.yaxis.tickvals)
+    assert max(ticks) == pytest.approx(1.0) and fig.layout.yaxis.range[1] > 1.1  # headroom kept, no tick in it
+    for top in (0.05, 0.1, 0.33, 0.5, 0.8, 1.0):
+        t = prob_ticks(top)
+        assert t[0] == 0 and max(t) <= top + 1e-9 and 3 <= len(t) <= 6 and max(t) >= top / 2
+
+
 def test_grid_and_stream_match_real_traces(traces):
     for name, tr in traces.items():
         z, text, hover = grid_cells(tr)

@@ -156,9 +156,14 @@ def _convention(value: Any) -> str:
 
 
 def _table(rows: list[dict[str, Any]], convention: str):
+    """The table as a pandas Styler: the cells keep their numbers (the columns sort numerically) and show them
+    with a fixed number of decimals (1.50, not 1.5; tokens/s one decimal), empty where there is no value."""
     import pandas as pd
 
-    return pd.DataFrame(vc.table_rows(rows, convention), columns=vc.table_columns(convention))
+    frame = pd.DataFrame(vc.table_rows(rows, convention), columns=vc.table_columns(convention))
+    decimals = {c: "{:.1f}" if c == "tokens/s" else "{:.2f}" for c in frame.columns
+                if c not in ("configuration", "runs") and frame[c].dtype.kind == "f"}
+    return frame.style.format(na_rep="").format(decimals, na_rep="")
 
 
 def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = None, position: int = 1,

@@ -24,7 +24,8 @@ TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "cove
                  "speedup", "speedup range (n)", "speedup (model)", "ms/step: draft / verify / sample",
                  "c_i (Wilson 95%, n), i = 1..k", "lossless")
 AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the convention switch
-COLUMN_WIDTHS = ("11%", "4%", "6%", "6%", "6%", "6%", "6%", "6%", "7%", "6%", "10%", "18%", "8%")
+# each header word fits its column at 1280 px (12 px monospace, app.css): "runs", "coverage", "speedup" unbroken
+COLUMN_WIDTHS = ("11%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "13%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
 COLUMN_FORMULAS = {
     "configuration": "method k=num_speculative_tokens verification T=temperature",

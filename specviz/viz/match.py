@@ -88,10 +88,11 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
     ctx = context_before(trace, step)
     roles = _roles(st, len(ctx))
     shown = _shown_positions(roles, len(ctx))
-    parts, prev = [], -1
+    parts, prev, piece = [], -1, ""
     for j in shown:
-        if j != prev + 1:
-            parts.append('<span style="color:#9ca3af"> … </span>')
+        if j != prev + 1:  # elided context: the excerpt before ends with "…", the next starts on its own line
+            gap = "… " if prev < 0 or piece.endswith("\n") else " …\n… "
+            parts.append(f'<span style="color:#9ca3af">{gap}</span>')
         prev = j
         piece = html.escape(token_text(trace, ctx[j])).replace("\n", "↵\n")
         role = roles.get(j)

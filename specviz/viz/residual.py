@@ -83,7 +83,9 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
     ticks = [f"{s} #{t}" if ticks.count(s) > 1 else s for s, t in zip(ticks, toks)]  # tell equal-looking tokens apart
     fig.update_xaxes(tickmode="array", tickvals=x, ticktext=ticks, row=1, col=1)
     top = max([max(d.get(t, 0.0) for t in toks) for _, _, d in series] + [0.05])
-    fig.update_yaxes(title_text="probability", range=[0, top * (1.22 + 0.16 * len(marks))], row=1, col=1)
+    # headroom above the tallest bar for the marks' labels, but no probability ticks past it (never "1.4")
+    fig.update_yaxes(title_text="probability", range=[0, top * (1.22 + 0.16 * len(marks))], tickmode="array",
+                     tickvals=prob_ticks(top), tickformat=".2~f", row=1, col=1)
     for n, (tok, text, colour) in enumerate(marks):
         if tok in toks:
             j = toks.index(tok)
@@ -91,6 +93,12 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
             fig.add_annotation(x=j, y=max(d.get(tok, 0.0) for _, _, d in series), text=text, showarrow=True,
                                arrowhead=2, axref="x", ax=j, ayref="y", ay=top * (1.12 + 0.16 * n),
                                font={"color": colour, "size": 12}, bgcolor="rgba(255,255,255,0.85)", row=1, col=1)
+
+
+def prob_ticks(top: float) -> list[float]:
+    """Tick values 0, s, 2s, ... <= ``top`` (a probability in (0, 1]) with at most 6 ticks, s a round step."""
+    step = next(s for s in (0.01, 0.02, 0.05, 0.1, 0.2, 0.25) if top / s <= 5)
+    return [round(i * step, 2) for i in range(int(top / step + 1e-9) + 1)]
 
 
 TREE_TEST_NAME = {  # the acceptance probability a tree node is tested against (specviz/sampling/tree.py)

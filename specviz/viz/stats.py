@@ -212,7 +212,7 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
     for i, title in enumerate(fig.layout.annotations[:4]):  # make_subplots' titles, named for the fit
         title.name = f"subplot-title-{i}"
     fig.update_layout(height=620, plot_bgcolor="#ffffff", barmode="stack", margin={"l": 60, "r": 20, "t": 40, "b": 60},
-                      legend={"orientation": "h", "y": -0.12, "font": {"size": 11}}, meta={"stats_fit": PRESENT_FIT})
+                      legend={"orientation": "h", "y": -0.17, "font": {"size": 11}}, meta={"stats_fit": PRESENT_FIT})
     return fig
 
 
