@@ -187,3 +187,23 @@ def test_invalid_inputs_raise():
         verify_tree(p, torch.tensor([0]), [-1], rule="topk")
     out = verify_tree(p, torch.tensor([7, -3]), [-1, -1], rule="topk", generator=torch.Generator().manual_seed(0))
     assert out.path == [] and out.accept_prob.tolist() == [0.0, 0.0]  # ids outside [0, V): never accepted
+
+
+def test_a_tree_queued_from_device_parents_is_refused_at_the_walk_if_invalid():
+    """Device parents (an EAGLE-2 tree) are validated when the walk reads their host copy: an invalid tree gives a
+    ValueError there (its device indices are clamped, so nothing reads out of range first); valid ones give the
+    host-parents result."""
+    from specviz.sampling.tree import queue_verify_tree, verify_tree
+
+    torch.manual_seed(0)
+    p = torch.softmax(torch.randn(4, 11), dim=-1)
+    ids = torch.tensor([3, 5, 7])
+    parents = [-1, 0, 0]
+    want = verify_tree(p, ids, parents, rule="greedy")
+    got = queue_verify_tree(p, ids, torch.tensor(parents), rule="greedy").finish(parents)
+    assert (got.path, got.output_token_ids, got.fate) == (want.path, want.output_token_ids, want.fate)
+    bad = queue_verify_tree(p, ids, torch.tensor([-1, 5, 0]), rule="greedy")
+    with pytest.raises(ValueError):
+        bad.finish([-1, 5, 0])
+    with pytest.raises(ValueError, match="nodes"):
+        queue_verify_tree(p, ids, torch.tensor(parents), rule="greedy").finish([-1, 0])

@@ -171,8 +171,8 @@ def queue_verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, paren
     ids = token_ids.long().to(p.device)
     ok_id = (ids >= 0) & (ids < V)  # [N]
     safe = torch.where(ok_id, ids, torch.zeros_like(ids))
-    if isinstance(parents, torch.Tensor):  # parent row of node i, on the device
-        rows = parents.long().to(p.device) + 1
+    if isinstance(parents, torch.Tensor):  # parent row of node i, on the device (clamped: an invalid tree is refused
+        rows = (parents.long().to(p.device) + 1).clamp(0, N)  # by finish() with a ValueError, never an out-of-range read)
     else:
         rows = to_device(torch.tensor([u + 1 for u in parents], dtype=torch.long), p.device)
     p_x = torch.where(ok_id, p[rows, safe], 0.0) if N else p.new_zeros(0)  # [N]
