@@ -59,7 +59,7 @@ def annotate_phases(dec):
                (static_runner.StaticRunner, "truncate", "truncate"),
                (tree_sampling, "_walk", "walk"),
                (verify_step.StepVerifier, "run", "verify"),
-               (engine, "verify_tree_step", "verify"),
+               (engine, "queue_tree_step", "verify"),
                (engine._Publication, "__call__", "publish"),
                (engine._Publication, "queue", "publish"),
                (engine.SpecDecoder, "_step", "step")]

@@ -10,7 +10,7 @@ the two differ where a CUDA path skips or adds host work (e.g. the Triton sample
     python benchmarks/host_ops.py [--device cpu|cuda] [--max-new 48] [--by function|phase] [--top 25]
 
 Each op is charged to the innermost frame under ``specviz/`` that is not in a graph region; the phase is the
-``SpecDecoder._step`` callee it ran under (propose, forward_features, verify_tree_step, run, commit, observe, the
+``SpecDecoder._step`` callee it ran under (propose, forward_features, queue_tree_step, finish, run, commit, observe, the
 previous step's publish, ...; ``_step`` for torch calls written in ``_step`` itself).
 """
 

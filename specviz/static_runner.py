@@ -179,24 +179,21 @@ class StaticRunner:
         replay(graph, self.graph_events)  # timed between CUDA events when graph_events is a list (benchmarks)
 
     def _eager(self, ids: torch.Tensor, taps: tuple[str, ...] = (),
-               tree: tuple[torch.Tensor, torch.Tensor] | None = None,
-               model_out=None, raw: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """One forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype.
-        ``tree``: (ancestor mask bool [n, n], depth int64 [n]) of a tree forward's rows (device), else
-        causal. ``model_out``: the compiled :meth:`_model_out` (default: the eager one). ``raw``: return
-        transformers' hidden_states tuple (or ()) in place of the picked taps."""
-        if tree is not None:  # (mask [R, R] bool, depth [R] int64) on the device
-            mask, position_ids = self._tree_mask(*tree)
-            out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
-                             output_hidden_states=bool(taps), position_ids=position_ids)
-            logits, hidden_states = out.logits, (tuple(out.hidden_states) if taps else ())
-        else:
-            logits, hidden_states = (model_out or self._model_out)(ids, bool(taps))
-        if raw:
-            return logits, hidden_states
-        if not taps:
-            return logits, {}
-        return logits, pick_features(hidden_states, taps, self.model.config.num_hidden_layers)
+               model_out=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """One causal forward of ids [1, n]: (logits [1, n, V], {tap: [n, d]}) in the model's dtype.
+        ``model_out``: the compiled :meth:`_model_out` (default: the eager one)."""
+        logits, hidden_states = (model_out or self._model_out)(ids, bool(taps))
+        return logits, self._pick(hidden_states, taps)
+
+    def _pick(self, hidden_states: tuple, taps: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        return pick_features(hidden_states, taps, self.model.config.num_hidden_layers) if taps else {}
+
+    def _compile_failed(self, exc: Exception, what: str) -> None:
+        """A compiled forward raised: log it once and restore the write position (a failed compiled forward
+        may have advanced some layers); the caller switches that compiled function off and reruns eagerly."""
+        log.warning("specviz: torch.compile of %s's %s failed, running it eagerly: %s",
+                    type(self.model).__name__, what, compile_error_text(exc))
+        self._set_position(self.seq_len)
 
     def _model_out(self, ids: torch.Tensor, hidden: bool):
         """The mask and the model call: (logits [1, n, V], transformers' hidden_states tuple, or () when
@@ -216,10 +213,8 @@ class StaticRunner:
         try:
             return self._eager(ids, taps, model_out=self._compiled)
         except Exception as exc:  # noqa: BLE001 - compile problems must not fail the request
-            log.warning("specviz: torch.compile of %s's forward failed, running it eagerly: %s",
-                        type(self.model).__name__, compile_error_text(exc))
+            self._compile_failed(exc, "forward")
             self._compiled = None
-            self._set_position(self.seq_len)
             return self._eager(ids, taps)
 
     def _causal_mask(self, n: int) -> torch.Tensor:
@@ -283,29 +278,28 @@ class StaticRunner:
         """The replayable tree forward: :meth:`_tree_model_out` (compiled when on; a compile or run failure is
         logged once, the position restored and the forward rerun eagerly, compile off for this runner's trees),
         then the taps picked. Returns (logits [1, rows, V] in the model's dtype, {tap: [rows, d]})."""
-        hidden = bool(taps)
+        args = (inputs["ids"], inputs["parents"], bool(taps))
         if self._compiled_tree is not None:
             try:
-                logits, states = self._compiled_tree(inputs["ids"], inputs["parents"], hidden)
+                logits, states = self._compiled_tree(*args)
+                return logits, self._pick(states, taps)
             except Exception as exc:  # noqa: BLE001 - compile problems must not fail the request
-                log.warning("specviz: torch.compile of %s's tree forward failed, running it eagerly: %s",
-                            type(self.model).__name__, compile_error_text(exc))
+                self._compile_failed(exc, "tree forward")
                 self._compiled_tree = None
-                self._set_position(self.seq_len)
-        if self._compiled_tree is None:
-            logits, states = self._tree_model_out(inputs["ids"], inputs["parents"], hidden)
-        if not taps:
-            return logits, {}
-        return logits, pick_features(states, taps, self.model.config.num_hidden_layers)
+        logits, states = self._tree_model_out(*args)
+        return logits, self._pick(states, taps)
 
     def _tree_model_out(self, ids: torch.Tensor, parents: torch.Tensor, hidden: bool):
         """The tree forward's mask and model call (what ``compile=True`` compiles for trees): ancestor mask
         and depths from ``parents`` int64 [rows - 1] by device ops (:func:`specviz.runner.tree_attention_device`),
-        then the model on ids [1, rows]. Returns (logits [1, rows, V], hidden_states tuple or ())."""
-        mask, depth = tree_attention_device(parents)
+        the 4D mask and positions n + depth (:meth:`_tree_mask`), then the model on ids [1, rows]. Returns
+        (logits [1, rows, V], transformers' hidden_states tuple, or () when not ``hidden``)."""
+        tree_mask, depth = tree_attention_device(parents)
         depth = torch.cat([depth.new_zeros(1), depth])  # [rows]: the root row at depth 0
-        logits, states = self._eager(ids, ("hidden",) if hidden else (), (mask, depth), raw=True)
-        return logits, states
+        mask, position_ids = self._tree_mask(tree_mask, depth)
+        out = self.model(input_ids=ids, attention_mask=mask, past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=hidden, position_ids=position_ids)
+        return out.logits, (tuple(out.hidden_states) if hidden else ())
 
     def _tree_forward(self, ids: torch.Tensor, taps: tuple[str, ...], tree):
         """(float32 logits [1 + N, V], {tap: [1 + N, d]}) of a tree forward; padded to a bucket (and

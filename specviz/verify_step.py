@@ -360,7 +360,7 @@ def verify_tree_step(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | N
     ``generator`` (none for greedy). Raises ValueError as :func:`tree_rule_for`.
     (:func:`queue_tree_step`, then the walk over ``parents``.)"""
     queued, p = queue_tree_step(spec, logits, q, x, parents, tree_rule, generator)
-    return queued.finish(parents), p
+    return queued.finish(), p
 
 
 def queue_tree_step(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,

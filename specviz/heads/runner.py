@@ -34,7 +34,8 @@ Compiled head (``compile=True``; issue 15's speed goal, issue 13 point 4): the h
 EAGLE-2's root expansion, every level and the rerank) run through ``torch.compile(backend)``
 (``dynamic=False``: every call kind has fixed shapes), and on CUDA that compiled code is what the
 runner's own CUDA graph captures (as :class:`specviz.static_runner.StaticRunner` does for the target:
-inductor fuses the ~55 small kernels a head layer launches per call, the graph removes the launches).
+inductor fuses the many small kernels of a head layer, about 55 per tree level in session 8's timeline,
+and the graph removes the launches).
 A compile or compiled-run failure is logged once and that call reruns eagerly (the head's K/V writes
 are idempotent: the same slots are rewritten); compile then stays off for the runner.
 

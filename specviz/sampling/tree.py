@@ -122,9 +122,8 @@ def verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, parents: li
     not match, draft_probs missing for "sampled" (or given for another rule), a non-finite q row.
     (:func:`queue_verify_tree` then :meth:`QueuedTreeVerify.finish`.)
     """
-    parents = validate_parents(parents)
     return queue_verify_tree(target_probs, token_ids, parents, draft_probs, rule=rule, noise=noise,
-                             generator=generator).finish(parents)
+                             generator=generator).finish()
 
 
 @dataclass
@@ -141,14 +140,19 @@ class QueuedTreeVerify:
     u: torch.Tensor
     acc: torch.Tensor
     copy: HostCopy  # [passed N | emitted 1 + N | empty 1 + N | ids N | p_x, q_x, u, acc N each] float64
+    parents: list[int] | None  # the validated host parents it was queued with; None: queued from device parents
 
-    def finish(self, parents: Sequence[int]) -> TreeVerifyOutput:
-        """Walk the tree (``parents``: the N host parents; for a tree queued from device parents, their host
-        copy). Raises ValueError when ``parents`` is invalid or not N long."""
-        parents = validate_parents(parents)
-        if len(parents) != self.num_nodes:
-            raise ValueError(f"parents has {len(parents)} nodes; the queued verification has {self.num_nodes}")
-        return _walk(parents, self)
+    def finish(self, parents: Sequence[int] | None = None) -> TreeVerifyOutput:
+        """Walk the tree. ``parents``: for a tree queued from device parents, their host copy (validated here:
+        ValueError when invalid or not N long); a tree queued with host parents walks those (the argument, if
+        given, is the same tree)."""
+        if self.parents is None:
+            if parents is None:
+                raise ValueError("this tree was queued from device parents: finish() needs their host copy")
+            parents = validate_parents(parents)
+            if len(parents) != self.num_nodes:
+                raise ValueError(f"parents has {len(parents)} nodes; the queued verification has {self.num_nodes}")
+        return _walk(self.parents if self.parents is not None else parents, self)
 
 
 def queue_verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, parents: list[int] | torch.Tensor,
@@ -197,7 +201,8 @@ def queue_verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, paren
     # ... and the nodes' p, q, u, acceptance probability for the trace, in the same copy
     copy = HostCopy(torch.cat([passed.double(), emit.double(), empty.double(), ids.double(), p_x.double(),
                                q_x.double(), u.double(), acc.double()]))
-    return QueuedTreeVerify(N, rule, weights, p_x, q_x, u, acc, copy)
+    return QueuedTreeVerify(N, rule, weights, p_x, q_x, u, acc, copy, None if isinstance(parents, torch.Tensor)
+                            else parents)
 
 
 def _check(target_probs, token_ids, N: int, draft_probs, rule) -> int:

@@ -93,7 +93,7 @@ class DecoderCache:
                 self.status = "loading the models"
                 try:
                     decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device,
-                                                          **({"compile": True} if self.compile else {}))
+                                                          compile=self.compile or None)  # None: the default
                     # no run's timings (or speedup) should carry one-time costs: on CUDA this captures
                     # every graph the UI's settings reach (tens of seconds), on the CPU it is quick
                     self.warm_up_report = decoder.warm_up(MAX_UI_SPECULATIVE_TOKENS, progress=self._say)

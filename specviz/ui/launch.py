@@ -1,7 +1,8 @@
 """Start the web app: ``specviz app`` (the console script) or ``python app.py``, same options.
 
 Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --device,
---no-warm-up, --compile (torch.compile'd forwards inside the CUDA graphs; off by default), --present. With no --target the bundled demo models in assets/models/ are used. At launch the
+--no-warm-up, --compile (torch.compile'd forwards inside the CUDA graphs; off by default), --present.
+With no --target the bundled demo models in assets/models/ are used. At launch the
 models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
 with a progress line in the page, so that no run pays one-time costs.
 """
