@@ -6,7 +6,8 @@
 #   pip_b    install bundle b (carry [".gpu-wheels/b"]); later stages then see gradio and plotly
 #   tests    the GPU tests: in every test file that mentions cuda (the app's tests aside), each test whose name or id says
 #            gpu/cuda/graph/sync/concurrent/... (no view tests)
-#   profile  scripts/profile_tree_step.py: the tree step's phases beside the chain's
+#   profile  scripts/profile_tree_step.py: the tree step's phases and host profile beside the chain's, static runner
+#            without and with compile (PROFILE_SETTINGS: its --settings; T_PROFILE: timeout per run)
 #   bench    benchmarks/bench_e2e.py: chains beside trees, static runner, trace on and off
 #   hostops  benchmarks/host_ops.py --device cuda: eager ops the host issues per step, by phase (exact on CUDA)
 #   timeline benchmarks/gpu_timeline.py: GPU kernel time per step by phase, and the GPU's idle share (torch.profiler)
@@ -31,8 +32,12 @@ for stage in "$@"; do
     echo "[tests] exit $? $(grep -c ' PASSED' $L/tests.log) passed $(grep -cE ' FAILED| ERROR' $L/tests.log) failed"
     grep -E "^E  |FAILED|ERROR|host reads per step|passed|failed" "$L/tests.log" | cut -c1-600 | tail -24 ;;
   profile)
-    timeout 90 python3 scripts/profile_tree_step.py > "$L/profile.log" 2>&1
-    echo "[profile] exit $?"; grep "ms/step" "$L/profile.log" ;;
+    PS=${PROFILE_SETTINGS:-eagle3 chain k=5,eagle3 tree 4x5x24}
+    timeout ${T_PROFILE:-120} python3 scripts/profile_tree_step.py --cprofile 30 --settings "$PS" > "$L/profile.log" 2>&1
+    echo "[profile] exit $?"; grep "ms/step" "$L/profile.log"
+    timeout ${T_PROFILE:-120} python3 scripts/profile_tree_step.py --compile --cprofile 30 --settings "$PS" \
+      > "$L/profile_compiled.log" 2>&1
+    echo "[profile --compile] exit $?"; grep "ms/step" "$L/profile_compiled.log" ;;
   bench)
     timeout ${T_BENCH:-150} python3 benchmarks/bench_e2e.py --out "$OUT/e2e" --repeats ${REPEATS:-5} --max-new 128 --no-big --runners ${RUNNERS:-static} \
       --methods "${METHODS:-none,eagle3,eagle3+tree4x5x24,eagle,eagle+tree4x5x24,draft_model+choices}" --commit "$COMMIT" \
