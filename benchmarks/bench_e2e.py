@@ -164,38 +164,59 @@ STATIC_TREE = str([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0,
 
 def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     """Two rows per method (detailed trace on, off), timed INTERLEAVED: after one warm-up run of each, ``repeats``
-    pairs (on, off) back to back, so both see the same machine state. Each row's tok/s is from its median time;
-    the trace-on row also carries ``tracing_cost_paired`` = 1 - the median of the pairs' off/on time ratios."""
-    rows = []
+    rounds, each running every method's pair (on, off) back to back, so all rows see the same machine state (a
+    phase of a slower host hits every row of a round, not one row's runs). Each row's tok/s is from its median
+    time; the trace-on row also carries ``tracing_cost_paired`` = 1 - the median of the pairs' off/on time ratios.
+    ``gc_ms``: the garbage collector's time during the row's timed runs (``gc.callbacks``)."""
+    import gc
+
+    kws = {}
     for method, k, extra, name in methods:  # HF and specviz both stop at EOS: outputs are compared whole
-        kws = {}
         for detailed in (True, False):
             kw = dict(method=method, num_speculative_tokens=k, max_new_tokens=max_new, detailed_trace=detailed, **extra)
             if method in ("ngram", "ngram_gpu"):
                 kw.update(prompt_lookup_min=2, prompt_lookup_max=4)
-            kws[detailed] = kw
+            kws[name, detailed] = kw
             dec.generate(prompt, **kw)  # warm-up
-        times = {True: [], False: []}
-        traces = {}
+    times = {key: [] for key in kws}
+    gc_s = {key: 0.0 for key in kws}
+    traces = {}
+    current, started = [None], [0.0]
+
+    def on_gc(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        elif current[0] is not None:
+            gc_s[current[0]] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(on_gc)
+    try:
         for _ in range(repeats):
-            for detailed in (True, False):
-                sec, traces[detailed] = timed(lambda: dec.generate(prompt, **kws[detailed]), dec.device, 1, warm=False)
-                times[detailed].append(sec)
-        ratios = [off / on for on, off in zip(times[True], times[False])]
+            for key in kws:
+                current[0] = key
+                sec, traces[key] = timed(lambda: dec.generate(prompt, **kws[key]), dec.device, 1, warm=False)
+                current[0] = None
+                times[key].append(sec)
+    finally:
+        gc.callbacks.remove(on_gc)
+    rows = []
+    for method, k, extra, name in methods:
+        ratios = [off / on for on, off in zip(times[name, True], times[name, False])]
         for detailed in (True, False):
-            trace, sec = traces[detailed], statistics.median(times[detailed])
+            key = (name, detailed)
+            trace, sec = traces[key], statistics.median(times[key])
             steps = len(trace.steps)
             gpu = None
             if dec.device.type == "cuda" and label.startswith("static"):
                 _set_timers(dec, True)
-                trace = dec.generate(prompt, **kws[detailed])  # one more run with CUDA events around the graphs
+                trace = dec.generate(prompt, **kws[key])  # one more run with CUDA events around the graphs
                 gpu = graph_gpu_ms(dec)
                 _set_timers(dec, False)
             rows.append({"name": f"specviz {label} {name} k={k} trace={'on' if detailed else 'off'}",
                          "runner": label, "method": name, "k": k, "trace": detailed,
                          "compiled": bool(getattr(dec.target_runner, "compiled", False)),
                          "tok_s": len(trace.output_token_ids) / sec, "ms_per_step": 1e3 * sec / steps,
-                         "times_s": [round(t, 5) for t in times[detailed]],
+                         "times_s": [round(t, 5) for t in times[key]], "gc_ms": round(gc_s[key] * 1e3, 2),
                          "graph_gpu_ms_per_step": None if gpu is None else gpu / len(trace.steps),
                          "tokens": len(trace.output_token_ids),
                          "mean_acceptance_length": trace.metrics["mean_acceptance_length"],
@@ -344,10 +365,22 @@ def goals(rows: list[dict]) -> dict:
                     best = max(chains, key=lambda c: c["tok_s"])
                     out[key][f"tree_over_best_chain_trace_{which}"] = round(trace_row["tok_s"] / best["tok_s"], 3)
                     out[key][f"best_chain_trace_{which}"] = f"k={best['k']}"
+                    out[key][f"tree_over_best_chain_paired_trace_{which}"] = _paired(trace_row, best)
                     k5 = next((c for c in chains if c["k"] == 5), None)
                     if k5 is not None:
                         out[key][f"tree_over_chain_k5_trace_{which}"] = round(trace_row["tok_s"] / k5["tok_s"], 3)
+                        out[key][f"tree_over_chain_k5_paired_trace_{which}"] = _paired(trace_row, k5)
     return out
+
+
+def _paired(a: dict, b: dict) -> float | None:
+    """Median over the timing rounds of row a's tokens/s over row b's in the same round (specviz_rows times every
+    row once per round), or None without per-run times."""
+    ta, tb = a.get("times_s") or [], b.get("times_s") or []
+    if not ta or len(ta) != len(tb):
+        return None
+    return round(statistics.median((a["tokens"] / x) / (b["tokens"] / y) for x, y in zip(ta, tb)), 3)
+
 
 if __name__ == "__main__":
     main()

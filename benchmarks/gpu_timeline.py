@@ -51,7 +51,6 @@ def _annotated(fn, label):
 def annotate_phases(dec):
     """Wrap the engine's phase calls in ``record_function("phase:NAME")`` ranges for the duration (restored after)."""
     from specviz import engine, static_runner, verify_step
-
     from specviz.sampling import tree as tree_sampling
 
     patches = [(static_runner.StaticRunner, "forward_features", "forward"),
@@ -59,9 +58,8 @@ def annotate_phases(dec):
                (static_runner.StaticRunner, "truncate", "truncate"),
                (tree_sampling, "_walk", "walk"),
                (verify_step.StepVerifier, "run", "verify"),
-               (engine, "queue_tree_step", "verify"),
+               (verify_step.StepVerifier, "queue_tree", "verify"),
                (engine._Publication, "__call__", "publish"),
-               (engine._Publication, "queue", "publish"),
                (engine.SpecDecoder, "_step", "step")]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
     make = dec.make_proposer

@@ -10,7 +10,7 @@ the two differ where a CUDA path skips or adds host work (e.g. the Triton sample
     python benchmarks/host_ops.py [--device cpu|cuda] [--max-new 48] [--by function|phase] [--top 25]
 
 Each op is charged to the innermost frame under ``specviz/`` that is not in a graph region; the phase is the
-``SpecDecoder._step`` callee it ran under (propose, forward_features, queue_tree_step, finish, run, commit, observe, the
+``SpecDecoder._step`` callee it ran under (propose, forward_features, queue_tree, finish, run, commit, observe, the
 previous step's publish, ...; ``_step`` for torch calls written in ``_step`` itself).
 """
 
@@ -38,6 +38,8 @@ REGIONS = [
     ("specviz.heads.runner", "StaticHeadRunner", "_forward_tree"),  # one tree level's graph
     ("specviz.verify_step", None, "_core"),  # the verifier's core graph (Triton on CUDA)
     ("specviz.verify_step", None, "gather_detail"),  # its detail graph
+    ("specviz.verify_step", None, "tree_unit"),  # the tree verifier's core graph (greedy / rule A)
+    ("specviz.record", None, "tree_detail_rows"),  # its detail graph
 ]
 
 

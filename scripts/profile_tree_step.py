@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # cumulative host time per step of these functions (the engine's phases and the tree's own work)
-PHASES = ("propose", "forward_features", "queue_tree_step", "finish", "run", "commit", "observe", "tree_record",
-          "tree_detail", "_add_texts", "publish", "truncate", "_step")
+PHASES = ("propose", "forward_features", "queue_tree", "finish", "run", "commit", "observe", "tree_record",
+          "_add_texts", "publish", "truncate", "_step")
 
 
 class GcTimer:

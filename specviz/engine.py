@@ -37,13 +37,12 @@ from .proposers import StepContext
 from .proposers.base import Draft, Outcome, Proposer
 from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import GlobalSuffixCache
-from .record import host_record, tree_detail, tree_record
+from .record import host_record, tree_record
 from .runner import EagerRunner, ModelRunner
 from .static_runner import StaticRunner
 from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
-from .transfer import to_device
-from .verify_step import StepVerifier, VerifySpec, graph_key, queue_tree_step
+from .verify_step import StepVerifier, VerifySpec, graph_key
 
 METHODS = methods.names()  # the registry's names (specviz/methods.py), in registration order
 DEFAULT_HEADS = {"eagle": ASSETS_MODELS / "specviz-eagle", "eagle3": ASSETS_MODELS / "specviz-eagle3",
@@ -564,17 +563,17 @@ class SpecDecoder:
               bus: ev.EventBus, pending: "list[_Publication]") -> tuple[list[int], bool, torch.Tensor, "_Publication"]:
         """One verification step. ``last``: the last committed token, int64 [1] on the device;
         ``pending``: the earlier steps' unpublished events (oldest first). While the GPU computes this
-        step's target forward, every one but the newest is published and the newest queues its detailed
-        record on the device (a tree step's top lists and residuals: :func:`specviz.record.tree_detail`);
-        it is published during the next step, when that record has long been copied (so steps are
-        published two steps late; the caller flushes the rest). Returns (committed tokens, whether EOS was
-        committed, the next step's ``last``, this step's :class:`_Publication`).
+        step's target forward, every one but the newest is published (the newest is published during the
+        next step, when its detailed record has long been copied: steps are published two steps late; the
+        caller flushes the rest). Returns (committed tokens, whether EOS was committed, the next step's
+        ``last``, this step's :class:`_Publication`).
 
         Nothing here waits for the GPU except the verifier's one device-to-host copy of the
         step's tokens (proposers that work on the host, such as ngram, read ``ids``). Nothing of the trace
-        is queued between that copy and the next step's draft, when the GPU would wait for it: a chain's
-        detail is queued with the verifier's graphs, a tree's in a later step's overlap window, behind that
-        step's verification (queued right behind its forward, so the walk's read waits for neither)."""
+        is queued between that copy and the next step's draft, when the GPU would wait for it: a chain's and
+        a tree's detail are queued with the verifier's graphs, on a side stream behind them (a tree's
+        verification is queued right behind its forward; its walk's result, the next input and the kept rows,
+        also stays on the device, so the commit and the next step need no host-to-device copy)."""
         remaining = cfg.max_new_tokens - num_generated
         captured = functools.partial(_capture_s, runner, verifier, getattr(proposer, "runner", None))
         c0, t0 = captured(), time.perf_counter()
@@ -598,13 +597,11 @@ class SpecDecoder:
                           typical=(cfg.typical_acceptance_sampler_posterior_threshold,
                                    cfg.typical_acceptance_sampler_posterior_alpha) if cfg.verify == "typical" else None)
         if is_tree:  # the tree verifier queued right behind its forward (device parents: before their host copy)
-            queued, p_tree = queue_tree_step(spec, logits, q, x, draft.forward_parents, draft.tree_rule, ctx.generator)
+            queued = verifier.queue_tree(spec, logits, q, x, draft.forward_parents, draft.tree_rule, ctx.generator)
         tree = list(draft.parents) if is_tree else None  # (a device-drafted tree's host copy: read now)
         t2a = time.perf_counter()
         while len(pending) > 1:  # earlier steps' events, while the GPU computes this step's forward: all but the
-            pending.pop(0)()  # newest are published (their detail ran behind the previous forward: no wait)
-        if pending:
-            pending[0].queue()  # the newest queues its detail now, behind this step's verification; published next step
+            pending.pop(0)()  # newest are published (their detail ran behind an earlier verification: no wait)
         t2b = time.perf_counter()
         if tree is None:
             core, next_last, backend, detail = verifier.run(spec, logits, q, x, ctx.generator)  # the one wait
@@ -615,13 +612,12 @@ class SpecDecoder:
             emitted = [int(t) for t in core["output"][: acc + 1]]
             rows = None  # the committed rows are the first ones
         else:  # the tree verifier's walk (its one wait), then the accepted path's K/V compacted into place
-            tree_out = queued.finish(tree)
-            tree_q = q if tree_out.rule == "sampled" else None  # q's top lists are recorded for rule B only
+            tree_out = queued.verify.finish(tree)
             emitted, acc = tree_out.output_token_ids, len(tree_out.path)
             draft_ids = emitted[:acc]  # the accepted path's tokens, in path order
-            next_last = to_device(torch.tensor([emitted[-1]], dtype=torch.long), self.device)  # queued, no wait
-            rows = to_device(torch.tensor([0, *(1 + c for c in tree_out.path)], dtype=torch.long), self.device)
-            runner.commit(tree_out.path)
+            next_last = queued.next_input.clone()  # the walk's result on the device too: no host-to-device copy
+            rows = queued.kept_rows  # [1 + N]: the root, the path's rows, padding
+            runner.commit(tree_out.path, rows=rows[1:1 + acc])
         t3, c3 = time.perf_counter(), captured()
         committed, hit_eos = _truncate(emitted, remaining, self.eos_token_ids)
         if proposer is not None:  # the features at the committed positions (path rows), still on the device
@@ -636,20 +632,13 @@ class SpecDecoder:
         timings = dict(draft_ms=(t1 - t0 - (c1 - c0) + t4 - t3 - (c4 - c3)) * 1e3, verify_ms=(t2 - t1 - (c2 - c1)) * 1e3,
                        sample_ms=(t2a - t2 + t3 - t2b - (c3 - c2)) * 1e3, capture_ms=(c4 - c0) * 1e3)
 
-        tree_pending = None  # a tree step's detailed record, queued by queue()
-
-        def queue() -> None:  # a tree step's detailed record onto the device (p_tree, tree_out stay alive here)
-            nonlocal tree_pending
-            if tree is not None and cfg.detailed_trace:
-                tree_pending = tree_detail(tree_out, p_tree, tree_q, tree_out.token_ids, tree)
-
         def publish() -> None:
             bus.publish(ev.DraftProposed(step=step, proposer=proposer.name if proposer else "none",
                                          token_ids=draft_ids if tree is None else tree_out.token_ids,
                                          details=draft.details, draft_ms=timings["draft_ms"]))
             if tree is not None:
                 record = tree_record(tree_out, tree_out.token_ids, tree, draft.scores, draft.tree_rule, cfg.verify,
-                                     tree_pending)
+                                     queued.detail)
             elif detail is not None:
                 record = host_record({**core, **detail.result()}, draft_ids, cfg.verify, backend)
             else:
@@ -659,7 +648,7 @@ class SpecDecoder:
             bus.publish(ev.TokensCommitted(step=step, token_ids=committed,
                                            num_generated=num_generated + len(committed)))
 
-        return committed, hit_eos, next_last, _Publication(queue, publish)
+        return committed, hit_eos, next_last, _Publication(publish)
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _describe(self, cfg: GenerationConfig, ids: list[int]) -> dict[str, Any]:
@@ -727,21 +716,13 @@ def _match_ids(obj: Any) -> Iterator[int]:
 
 
 class _Publication:
-    """One step's events: :meth:`queue` queues its device-side detailed record (a no-op for chains, whose
-    detail the verifier queued), calling it publishes the events; each runs once, and publishing queues
-    first if that has not happened."""
+    """One step's events: calling it publishes them (once; later calls do nothing). Its detailed record (a
+    chain's or a tree's) was queued on the device with its verification, so publishing reads a finished copy."""
 
-    def __init__(self, queue: Callable[[], None], publish: Callable[[], None]):
-        self._queue: Callable[[], None] | None = queue
+    def __init__(self, publish: Callable[[], None]):
         self._publish: Callable[[], None] | None = publish
 
-    def queue(self) -> None:
-        fn, self._queue = self._queue, None
-        if fn is not None:
-            fn()
-
     def __call__(self) -> None:
-        self.queue()
         fn, self._publish = self._publish, None
         if fn is not None:
             fn()

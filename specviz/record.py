@@ -19,7 +19,6 @@ import torch
 
 from .sampling.reference import emitted_weights, residual_weights
 from .sampling.types import KIND_NAMES, RejectionOutput
-from .transfer import HostCopy, to_device
 
 if TYPE_CHECKING:
     from .sampling.tree import TreeVerifyOutput
@@ -169,54 +168,51 @@ def tree_row(out: "TreeVerifyOutput", parents: list[int]) -> list[int]:
 
 
 class PendingTreeDetail:
-    """The detailed part of one tree step's record: every top-20 list, residual mass and the emitted
-    token's p, packed in one flat float64 tensor on the device and copied to pinned host memory behind it
-    (:func:`tree_detail`); :meth:`values` waits for that copy. The engine queues it while a later step's target
-    forward computes and reads it one step after that, when it builds the record (so the GPU never idles for
-    it)."""
+    """The detailed part of one tree step's record (:func:`tree_detail_rows`: every row's and node's top-20
+    lists, residual masses, the emitted token's p), one flat float64 vector on its way to the host: ``copy`` a
+    :class:`~specviz.transfer.HostCopy` (or any object with ``tolist()``); :meth:`values` reads it once (waiting
+    for that copy only). N: the tree's nodes; has_q: q's top lists are packed too (rule "sampled")."""
 
-    def __init__(self, flat: torch.Tensor, n_top: int, has_q: bool):
-        self.n_top, self.has_q = n_top, has_q  # top-n per list; whether q's top lists are packed too (rule B)
-        self._copy = HostCopy(flat)
+    def __init__(self, copy: Any, num_nodes: int, n_top: int, has_q: bool):
+        self.num_nodes, self.n_top, self.has_q = int(num_nodes), int(n_top), bool(has_q)
+        self._copy = copy
+        self._values: list[float] | None = None
 
     def values(self) -> list[float]:
-        return self._copy.tolist()
+        if self._values is None:
+            self._values = self._copy.tolist()
+        return self._values
+
+    result = values  # the name the step verifier reads pending details by
 
 
-def tree_detail(out: "TreeVerifyOutput", p: torch.Tensor, q: torch.Tensor | None, token_ids: list[int],
-                parents: list[int]) -> PendingTreeDetail:
-    """Queue the detailed record of a tree step (see :func:`tree_record`) on p's device and start its one
-    device-to-host copy. p: float32 [1 + N, V] (row 0 = root); q: [N, V] (rule "sampled") or None (one-hot).
-    Positions are the row (:func:`tree_row`): an accepted node's residual is max(p - q, 0) at its parent
-    (one-hot q: p with its token removed, as a chain position's); the final rejected child's residual is what
-    the emitted token was drawn from (every rejected sibling removed)."""
-    row = tree_row(out, parents)
-    a, R = len(out.path), len(row)
-    rows = to_device(torch.tensor([parents[c] + 1 for c in row], dtype=torch.long), p.device)  # queued, no wait
-    parent_p = p.index_select(0, rows) if R else p[:0]  # [R, V]
-    row_ids = to_device(torch.tensor(row, dtype=torch.long), p.device) if R else None
-    q_row = q.index_select(0, row_ids).float() if q is not None and R else None  # [R, V]
-    if q_row is not None:
-        resid = (parent_p - q_row).clamp_min(0.0)  # an accepted node's residual at its parent
-    else:  # one-hot q: p at the parent with the node's token removed (device indices from one pinned copy)
-        resid = parent_p.clone()
-        hit = [(m, token_ids[c]) for m, c in enumerate(row) if m != a and 0 <= token_ids[c] < p.shape[1]]
-        if hit:
-            index = to_device(torch.tensor(hit, dtype=torch.long).T.contiguous(), p.device)  # [2, H]
-            resid.index_put_((index[0], index[1]), torch.zeros((), dtype=resid.dtype, device=p.device))
-    if a < R:  # the last rejected child: the residual the emitted token came from
-        if out.emit_fallback:
-            resid[a].zero_()
-        else:
-            resid[a].copy_(out.emit_weights)
-    groups = [parent_p, resid, out.emit_weights[None]]
-    if q_row is not None:
-        groups.append(q_row)
-    vals, ids = _top(torch.cat(groups), TOP_N)  # [rows, 20]
-    mass = groups[1].sum(dim=-1)  # [R]
-    emit_p = p[out.emit_node + 1, out.token_id].reshape(1)
-    flat = torch.cat([vals.double().reshape(-1), ids.double().reshape(-1), mass.double(), emit_p.double()])
-    return PendingTreeDetail(flat, int(vals.shape[1]), q_row is not None)
+def tree_detail_rows(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor, rows: torch.Tensor,
+                     weights: torch.Tensor, emit: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The detailed record of a tree step for EVERY row and node, by fixed-shape device ops (no host read, so
+    it is captured in the verifier's CUDA graph; the host picks the accepted path's rows later, in
+    :func:`tree_record`). p: float32 [1 + N, V] (row 0 = root); q: [N, V] (rule "sampled") or None (one-hot);
+    ids int64 [N]; rows int64 [N] the nodes' parent rows; weights float32 [1 + N, V] each row's emit weights
+    (after the sum-0 fallback); emit int64 [1 + N] each row's emitted token.
+
+    Lists (top-20 of the normalised rows, :func:`_top`): p at every row; every node's residual at its parent
+    (max(p - q, 0); one-hot q: p with the node's token removed, as a chain position's); every row's emit
+    weights (the emitted distribution, and a last rejected child's residual); q of every node (rule B). Then
+    the nodes' residual masses [N], the weights' sums [1 + N] and p of each row's emitted token [1 + N].
+    Returns (flat float64 [(3N + 2 (+ N)) * 2 * n_top + 3N + 2], n_top)."""
+    N, V = int(ids.numel()), int(p.shape[1])
+    parent_p = p.index_select(0, rows)  # [N, V]
+    if q is not None:
+        resid = (parent_p - q.float()).clamp_min(0.0)
+    else:
+        ok = ((ids >= 0) & (ids < V))[:, None]
+        safe = torch.where(ok[:, 0], ids, torch.zeros_like(ids))[:, None]
+        resid = parent_p.scatter(1, safe, torch.where(ok, 0.0, parent_p.gather(1, safe)))
+    groups = [p, resid, weights] + ([q.float()] if q is not None else [])
+    vals, top_ids = _top(torch.cat(groups), TOP_N)  # [rows, n_top]
+    emit_p = p.gather(1, emit.long()[:, None])[:, 0]  # [1 + N]
+    flat = torch.cat([vals.double().reshape(-1), top_ids.double().reshape(-1), resid.sum(dim=-1).double(),
+                      weights.sum(dim=-1).double(), emit_p.double()])
+    return flat, int(vals.shape[1])
 
 
 def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int], scores: list[float] | None,
@@ -224,7 +220,8 @@ def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int
     """Plain-data step record of a tree step (the keys of :func:`host_record`, plus ``nodes``,
     ``accepted_path`` and ``tree_rule``), from :func:`specviz.sampling.tree.verify_tree`'s output.
 
-    ``detail`` (from :func:`tree_detail`, queued by the engine after verification) adds the positions and the top-20s;
+    ``detail`` (:class:`PendingTreeDetail` of :func:`tree_detail_rows`, queued with the verification) adds the
+    positions and the top-20s;
     None records no positions or top-20s (the nodes' p, q, u are still recorded, from the verifier's own
     host copy: no device read here)."""
     N = len(parents)
@@ -248,19 +245,29 @@ def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int
     }
     if detail is None:
         return record
-    R, n_top, h, has_q = len(row), detail.n_top, detail.values(), detail.has_q
-    n_rows = 2 * R + 1 + (R if has_q else 0)
+    n_top, h, has_q = detail.n_top, detail.values(), detail.has_q
+    n_rows = 3 * N + 2 + (N if has_q else 0)  # p rows 0..N, node residuals, emit weights 0..N, q of nodes
     n_vals = n_rows * n_top
-    top = [_pairs(h[r * n_top:(r + 1) * n_top], h[n_vals + r * n_top:n_vals + (r + 1) * n_top])
-           for r in range(n_rows)]
-    record["emitted"]["p"], record["emitted"]["top"] = h[-1], top[2 * R]
+    mass, wsum, emit_p = h[2 * n_vals:2 * n_vals + N], h[2 * n_vals + N:2 * n_vals + 2 * N + 1], h[2 * n_vals + 2 * N + 1:]
+
+    def top(r: int) -> list[list[float]]:
+        return _pairs(h[r * n_top:(r + 1) * n_top], h[n_vals + r * n_top:n_vals + (r + 1) * n_top])
+
+    emit_row = 2 * N + 1 + out.emit_node + 1
+    record["emitted"]["p"], record["emitted"]["top"] = emit_p[out.emit_node + 1], top(emit_row)
     for m, c in enumerate(row):
+        if m < a:  # accepted: its residual at the parent
+            resid_top, resid_mass = top(N + 1 + c), mass[c]
+        elif out.emit_fallback:  # the last rejected child, its residual empty (the token was drawn from p)
+            resid_top, resid_mass = [], 0.0
+        else:  # the last rejected child: the residual the emitted token came from
+            resid_top, resid_mass = top(emit_row), wsum[out.emit_node + 1]
         record["positions"].append({
             "index": m + 1, "token_id": token_ids[c], "p": host["p"][c], "q": host["q"][c],
             "u": 0.0 if greedy else host["u"][c], "accept_prob": host["accept_prob"][c], "accepted": m < a,
-            "residual_mass": h[2 * n_vals + m] if not greedy else float(1.0 - host["p"][c]),
-            "p_top": top[m],
-            "q_top": top[2 * R + 1 + m] if has_q else [[token_ids[c], 1.0]],
-            "residual_top": top[R + m],
+            "residual_mass": resid_mass if not greedy else float(1.0 - host["p"][c]),
+            "p_top": top(parents[c] + 1),
+            "q_top": top(3 * N + 2 + c) if has_q else [[token_ids[c], 1.0]],
+            "residual_top": resid_top,
         })
     return record

@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from .transfer import to_device
-from .tree import depths, is_chain, validate_parents
+from .tree import ancestor_mask_device, depths, is_chain, validate_parents
 
 FINAL_NORM = "final_norm"  # f_t: output of the final RMSNorm (EAGLE-1, Medusa; methods.md section 0)
 
@@ -116,10 +116,12 @@ class ModelRunner(Protocol):
     def truncate(self, length: int) -> None:
         """Keep only the first ``length`` cached tokens (rollback after a rejection)."""
 
-    def commit(self, kept: Sequence[int]) -> None:
+    def commit(self, kept: Sequence[int], rows: torch.Tensor | None = None) -> None:
         """After a (tree) forward: keep its first row (the last committed token) and the nodes
         ``kept`` (the accepted path, root child first), compacted into place: node c_m's K/V
-        (slot start + 1 + c_m) -> slot start + 1 + m; length start + 1 + len(kept)."""
+        (slot start + 1 + c_m) -> slot start + 1 + m; length start + 1 + len(kept). ``rows``: the
+        same nodes' forward rows 1 + c_m, int64 [len(kept)] already on the device (the tree verifier's
+        kept rows), so no index is copied from the host; they must equal ``kept`` (not checked)."""
 
 
 def tree_attention(parents: Sequence[int]) -> torch.Tensor:
@@ -141,10 +143,7 @@ def tree_attention_device(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     (pointer doubling: ceil(log2 N) boolean matrix products), for a tree drafted on the device whose host
     copy has not been read yet. Returns (mask bool [1 + N, 1 + N], depth int64 [N], 1 = a root child)."""
     N = int(parents.numel())
-    idx = torch.arange(N, device=parents.device)
-    anc = (parents[:, None] == idx[None, :]) | (idx[:, None] == idx[None, :])  # [N, N]: parent or itself
-    for _ in range(max(1, (N - 1).bit_length())):
-        anc = anc | ((anc.float() @ anc.float()) > 0)
+    anc = ancestor_mask_device(parents)  # [N, N]: ancestors and itself
     mask = torch.ones(N + 1, N + 1, dtype=torch.bool, device=parents.device).tril()
     mask[1:, 1:] = anc
     mask[0, 1:] = False
@@ -182,16 +181,25 @@ def mask_for(allowed: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill_(~allowed, neg)[None, None]
 
 
-def compact_layers(layers: Sequence, start: int, kept: Sequence[int]) -> None:
+def compact_layers(layers: Sequence, start: int, kept: Sequence[int], rows: torch.Tensor | None = None) -> None:
     """Copy K/V of slots ``start + 1 + kept[m]`` to ``start + 1 + m`` in every cache layer
     (``keys`` / ``values`` [1, H, L, D]); sources are gathered first (src >= dst, overlaps safe).
     Node c_m of the accepted path has depth m, so it was rotated at position start + m already:
-    no re-rotation (EAGLE / Medusa ``update_inference_inputs``)."""
+    no re-rotation (EAGLE / Medusa ``update_inference_inputs``). ``rows``: 1 + kept on the device
+    (int64 [len(kept)]), else the indices are queued from the host."""
     if list(kept) == list(range(len(kept))):
         return  # already in place (a chain, or the first children)
     device = layers[0].keys.device
-    src = to_device(torch.tensor([start + 1 + int(c) for c in kept], dtype=torch.long), device)  # queued, no wait
-    copy_slots(layers, src, torch.arange(start + 1, start + 1 + len(kept), dtype=torch.long, device=device))
+    copy_slots(layers, kept_slots(start, kept, rows, device),
+               torch.arange(start + 1, start + 1 + len(kept), dtype=torch.long, device=device))
+
+
+def kept_slots(start: int, kept: Sequence[int], rows: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    """int64 [len(kept)] on ``device``: the cache slots start + 1 + kept[m] of a commit's nodes, from their forward
+    rows (``rows`` = 1 + kept, on the device: one add, no host copy) or queued from the host list."""
+    if rows is not None:
+        return rows.to(device) + start
+    return to_device(torch.tensor([start + 1 + int(c) for c in kept], dtype=torch.long), device)  # queued, no wait
 
 
 def copy_slots(layers: Sequence, src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -260,11 +268,11 @@ class EagerRunner:
         return _layer_kv(self.cache, layer, self.seq_len, self.model)
 
     @torch.inference_mode()
-    def commit(self, kept: Sequence[int]) -> None:
+    def commit(self, kept: Sequence[int], rows: torch.Tensor | None = None) -> None:
         length = self.last_start + 1 + len(kept)
         if length > self.seq_len:
             raise ValueError(f"commit keeps {len(kept)} nodes after a forward of {self.seq_len - self.last_start} tokens")
-        compact_layers(self.cache.layers, self.last_start, kept)
+        compact_layers(self.cache.layers, self.last_start, kept, rows)
         self.truncate(length)
 
     def cached_keys(self) -> list[torch.Tensor]:

@@ -63,7 +63,7 @@ import torch
 from transformers import StaticCache
 
 from .graphs import capture, replay
-from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, mask_for,
+from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, kept_slots, mask_for,
                      pick_features, tree_attention_device)
 from .transfer import to_device
 
@@ -346,7 +346,7 @@ class StaticRunner:
         return self._graphs[key]
 
     @torch.inference_mode()
-    def commit(self, kept: Sequence[int]) -> None:
+    def commit(self, kept: Sequence[int], rows: torch.Tensor | None = None) -> None:
         """See :class:`specviz.runner.ModelRunner`: compact the accepted path's K/V, then set the length."""
         length = self.last_start + 1 + len(kept)
         if length > self.seq_len:
@@ -355,11 +355,11 @@ class StaticRunner:
         if layers and list(kept) != list(range(len(kept))):  # else already in place (a chain, the first children)
             if self._kv is not None:  # every layer's K and V in one tensor: one gather, one scatter
                 start = self.last_start + 1
-                src = to_device(torch.tensor([start + int(c) for c in kept], dtype=torch.long), self.device)
+                src = kept_slots(self.last_start, kept, rows, self.device)
                 dst = torch.arange(start, start + len(kept), device=self.device)
                 self._kv.index_copy_(2, dst, self._kv.index_select(2, src))  # sources gathered first (src >= dst)
             else:
-                compact_layers(layers, self.last_start, kept)
+                compact_layers(layers, self.last_start, kept, rows)
         self.truncate(length)
 
     def _stack_kv(self) -> None:

@@ -44,6 +44,14 @@ class HostCopy:
             self._host, self._done = t, None
         self._list: list | None = None
 
+    @classmethod
+    def queued(cls, host: torch.Tensor, done: "torch.cuda.Event | None") -> "HostCopy":
+        """A copy someone already queued into ``host`` (pinned memory, e.g. a CUDA graph's output buffer),
+        complete when ``done`` has fired (None: ``host`` holds the values already)."""
+        obj = cls.__new__(cls)
+        obj._host, obj._done, obj._list = host, done, None
+        return obj
+
     def tolist(self) -> list:
         """The values as (nested) Python lists; the first call waits for the copy."""
         if self._list is None:

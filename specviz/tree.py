@@ -62,6 +62,17 @@ def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
     return m
 
 
+def ancestor_mask_device(parents: torch.Tensor) -> torch.Tensor:
+    """:func:`ancestor_mask` from parents int64 [N] on the device (each in -1..N-1), by device ops only: pointer
+    doubling, ceil(log2 N) boolean matrix products (no host read, so it runs inside a CUDA graph). bool [N, N]."""
+    N = int(parents.numel())
+    idx = torch.arange(N, device=parents.device)
+    anc = (parents[:, None] == idx[None, :]) | (idx[:, None] == idx[None, :])  # [N, N]: parent or itself
+    for _ in range(max(1, (N - 1).bit_length())):
+        anc = anc | ((anc.float() @ anc.float()) > 0)
+    return anc
+
+
 def path_to(parents: Sequence[int], node: int) -> list[int]:
     """Node indices from the root's child down to ``node`` (inclusive); [] for node -1 (the root)."""
     path = []

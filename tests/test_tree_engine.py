@@ -287,40 +287,55 @@ def test_sampled_children_run_rule_b_end_to_end(self_decoders, monkeypatch):
     Trace.from_json(tr.to_json())
 
 
-def test_a_tree_steps_detail_is_queued_behind_the_next_forward_not_after_its_own_wait(decoders, monkeypatch):
-    """Issue 13 (tracing costs): a tree step's detailed record (top-20 lists, residuals: record.tree_detail, ~30
-    device ops) was queued right after the verifier's host read, when the GPU had nothing else queued. It is now
-    queued during the next step, after that step's target forward and its verification are queued (so neither
-    step's walk waits for it) and before that step's walk reads the decisions; the record is built one step
-    later; generate() and iter_generate() give the same trace as before (every step detailed)."""
-    import specviz.engine as engine_mod
+def test_a_tree_steps_detail_is_queued_with_its_verification_and_picks_the_rows_of_every_row_detail(decoders,
+                                                                                                   monkeypatch):
+    """Issue 15 (host work of a tree step): the detailed record (top-20 lists, residuals) is computed for EVERY row
+    and node by fixed-shape device ops queued with the verification (record.tree_detail_rows, captured in the
+    verifier's graphs on CUDA), right behind the tree's forward and before the walk; the record picks the accepted
+    path's rows on the host. Each position's p_top is the top-20 of p at its node's parent, the emitted token's p
+    is p at the row it was emitted from; generate() and iter_generate() give the same trace."""
+    from specviz.sampling import logits_to_probs
     from specviz.sampling.tree import QueuedTreeVerify
+    from specviz.verify_step import StepVerifier
 
     dec = decoders["llama"]
     log: list[str] = []
     runner_forward = EagerRunner.forward_features  # the decoders fixture runs the target eagerly
-    original_detail, original_queue = engine_mod.tree_detail, engine_mod.queue_tree_step
-    original_finish = QueuedTreeVerify.finish
+    original_queue, original_finish = StepVerifier.queue_tree, QueuedTreeVerify.finish
+    probs: list[torch.Tensor] = []
 
     def forward(self, *a, **k):
         if k.get("parents") is not None and self is dec.target_runner:  # the target's tree forward (not the drafter's)
             log.append("forward")
         return runner_forward(self, *a, **k)
 
+    def queue(self, spec, logits, *a, **k):
+        log.append("verify")
+        probs.append(logits_to_probs(logits, spec.temperature, spec.top_k, spec.top_p))
+        out = original_queue(self, spec, logits, *a, **k)
+        assert out.detail is not None  # queued here, with the verification
+        return out
+
     monkeypatch.setattr(EagerRunner, "forward_features", forward)
-    monkeypatch.setattr(engine_mod, "tree_detail", lambda *a, **k: (log.append("detail"), original_detail(*a, **k))[1])
-    monkeypatch.setattr(engine_mod, "queue_tree_step", lambda *a, **k: (log.append("verify"), original_queue(*a, **k))[1])
+    monkeypatch.setattr(StepVerifier, "queue_tree", queue)
     monkeypatch.setattr(QueuedTreeVerify, "finish", lambda self, p: (log.append("walk"), original_finish(self, p))[1])
     kw = dict(method="draft_model", num_speculative_tokens=3, max_new_tokens=24, speculative_token_tree=TREE)
     trace = dec.generate(PROMPT, **kw)
     steps = sum(1 for e in log if e == "verify")
-    assert steps >= 3 and log.count("detail") == steps == log.count("walk")  # every tree step detailed, once
-    # each step: forward, verification queued, walk; step s's detail between step s + 1's verification and walk
-    at = {name: [i for i, e in enumerate(log) if e == name] for name in ("forward", "verify", "walk", "detail")}
-    for s in range(steps):
+    assert steps >= 3 and steps == log.count("walk") == log.count("forward")
+    at = {name: [i for i, e in enumerate(log) if e == name] for name in ("forward", "verify", "walk")}
+    for s in range(steps):  # each step: forward, verification (with its detail) queued, walk
         assert at["forward"][s] + 1 == at["verify"][s] < at["walk"][s]
-    for s in range(steps - 1):
-        assert at["walk"][s] < at["verify"][s + 1] < at["detail"][s] < at["walk"][s + 1]
-    assert all(st.positions for st in trace.steps if st.is_tree)  # the record still has the detail
+    tree_steps = [st for st in trace.steps if st.is_tree]
+    assert len(tree_steps) == steps and all(st.positions for st in tree_steps)
+    for st, p in zip(tree_steps, probs):
+        for m, pos in enumerate(st.positions):  # the row: the accepted path, then the last rejected child
+            parent_row = 0 if m == 0 else st.accepted_path[m - 1] + 1
+            vals, ids = torch.topk(p[parent_row] / p[parent_row].sum(), 20)
+            want = [[int(t), float(v)] for v, t in zip(vals, ids) if v > 0]
+            assert [t for t, _ in pos.p_top] == [t for t, _ in want]
+            assert [v for _, v in pos.p_top] == pytest.approx([v for _, v in want], rel=1e-6)
+        emit_row = 0 if not st.accepted_path else st.accepted_path[-1] + 1
+        assert st.emitted.p == pytest.approx(float(p[emit_row, st.emitted.token_id]), rel=1e-6)
     streamed = list(dec.iter_generate(PROMPT, **kw))[-1]
     assert [(s.positions, s.nodes) for s in streamed.steps] == [(s.positions, s.nodes) for s in trace.steps]

@@ -91,15 +91,18 @@ def test_tree_logits_equal_each_path_as_a_chain(model, kind):
 
 @pytest.mark.parametrize("kind", ["eager", "static", "static_padded"])
 @pytest.mark.parametrize("path_end", [-1, 0, 2, 4, 5, 7])
-def test_commit_compacts_kv_equal_to_a_recompute(model, kind, path_end):
+@pytest.mark.parametrize("rows", ["host", "device"])
+def test_commit_compacts_kv_equal_to_a_recompute(model, kind, path_end, rows):
     """After a tree forward and commit(path), the cache holds exactly the keys/values of the
-    committed text, and the next forward gives the logits of a fresh prefill."""
+    committed text, and the next forward gives the logits of a fresh prefill; likewise when the path's
+    forward rows come as a device tensor (the tree verifier's kept rows, padded past the path)."""
     path = T.path_to(PARENTS, path_end)
     runner = _runners(model, kind)
     runner.reset()
     runner.forward(PREFIX)
     runner.forward_features(torch.tensor([ROOT, *TOKENS]), parents=PARENTS)
-    runner.commit(path)
+    kept_rows = torch.tensor([0, *(1 + c for c in path)] + [len(PARENTS)] * (len(PARENTS) - len(path)))
+    runner.commit(path, **({"rows": kept_rows[1:1 + len(path)]} if rows == "device" else {}))
     committed = torch.cat([PREFIX, torch.tensor([ROOT, *(TOKENS[j] for j in path)])])
     assert runner.seq_len == len(committed)
     if kind != "eager":  # every layer's K/V is a view of one tensor: the compaction is one gather for all

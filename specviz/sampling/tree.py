@@ -53,8 +53,8 @@ import torch
 
 from specviz.sampling.types import SamplerNoise, draw_noise
 from specviz.transfer import HostCopy, to_device
+from specviz.tree import ancestor_mask_device, validate_parents
 from specviz.tree import children as tree_children
-from specviz.tree import validate_parents
 
 RULES = ("greedy", "topk", "sampled")
 FATES = ("accepted", "rejected", "unvisited")
@@ -139,8 +139,10 @@ class QueuedTreeVerify:
     q_x: torch.Tensor
     u: torch.Tensor
     acc: torch.Tensor
-    copy: HostCopy  # [passed N | emitted 1 + N | empty 1 + N | ids N | p_x, q_x, u, acc N each] float64
+    copy: HostCopy  # pack_decisions: [passed N | emitted 1 + N | empty 1 + N | ids N | p_x, q_x, u, acc N each]
     parents: list[int] | None  # the validated host parents it was queued with; None: queued from device parents
+    decisions: TreeDecisions | None = None  # the device tensors behind ``copy``
+    rows: torch.Tensor | None = None  # int64 [N] the nodes' parent rows (device)
 
     def finish(self, parents: Sequence[int] | None = None) -> TreeVerifyOutput:
         """Walk the tree. ``parents``: for a tree queued from device parents, their host copy (validated here:
@@ -173,36 +175,92 @@ def queue_verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, paren
     V = _check(target_probs, token_ids, N, draft_probs, rule)
     p = target_probs.float()
     ids = token_ids.long().to(p.device)
-    ok_id = (ids >= 0) & (ids < V)  # [N]
-    safe = torch.where(ok_id, ids, torch.zeros_like(ids))
-    if isinstance(parents, torch.Tensor):  # parent row of node i, on the device (clamped: an invalid tree is refused
-        rows = (parents.long().to(p.device) + 1).clamp(0, N)  # by finish() with a ValueError, never an out-of-range read)
-    else:
-        rows = to_device(torch.tensor([u + 1 for u in parents], dtype=torch.long), p.device)
-    p_x = torch.where(ok_id, p[rows, safe], 0.0) if N else p.new_zeros(0)  # [N]
+    rows = parent_rows(parents, N, p.device)
     if rule != "greedy" and noise is None:
         noise = draw_tree_noise(N, V, generator, p.device)
+    d = tree_decisions(p, ids, rows, rule, noise, None if draft_probs is None else draft_probs.float().to(p.device),
+                       parents if rule == "sampled" else None)
+    return QueuedTreeVerify(N, rule, d.weights, d.p_x, d.q_x, d.u, d.acc, HostCopy(pack_decisions(d, ids)),
+                            None if isinstance(parents, torch.Tensor) else parents, d, rows)
+
+
+def parent_rows(parents: Sequence[int] | torch.Tensor, N: int, device: torch.device) -> torch.Tensor:
+    """int64 [N] on ``device``: node i's parent row in the forward (parents[i] + 1; row 0 = the root). Device
+    parents are clamped to 0..N, so an invalid tree is refused by the walk (ValueError), never an out-of-range
+    read; a host list is queued in one pinned copy."""
+    if isinstance(parents, torch.Tensor):
+        return (parents.long().to(device) + 1).clamp(0, N)
+    return to_device(torch.tensor([u + 1 for u in parents], dtype=torch.long), device)
+
+
+@dataclass
+class TreeDecisions:
+    """Every node's test and every row's emitted token (device tensors; N nodes, V tokens).
+
+    passed: bool [N] the node's test passes (if reached); emit: int64 [1 + N] the token row r would emit;
+    empty: bool [1 + N] row r's residual summed to 0 (drawn from p); p_x / q_x / u / acc: [N] as
+    :class:`TreeVerifyOutput`'s p, q, u, accept_prob; weights: float32 [1 + N, V] each row's emit weights."""
+
+    passed: torch.Tensor
+    emit: torch.Tensor
+    empty: torch.Tensor
+    p_x: torch.Tensor
+    q_x: torch.Tensor
+    u: torch.Tensor
+    acc: torch.Tensor
+    weights: torch.Tensor
+
+
+def tree_decisions(p: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, rule: str, noise: SamplerNoise | None,
+                   q: torch.Tensor | None = None, parents: list[int] | None = None) -> TreeDecisions:
+    """The tree verifier's device work (module docstring): p float32 [1 + N, V]; ids int64 [N] (an id outside
+    [0, V) is never accepted); rows int64 [N] (:func:`parent_rows`); noise for (1, N, V) (None for greedy);
+    rule "sampled" also q [N, V] and the host ``parents``. Greedy and "topk" are fixed-shape device ops with no
+    host read (:class:`specviz.verify_step.StepVerifier` captures them in a CUDA graph); "sampled" loops over
+    the nodes on the host. Inputs are not checked here (:func:`queue_verify_tree` does)."""
+    N, V = int(ids.numel()), int(p.shape[1])
+    ok_id = (ids >= 0) & (ids < V)  # [N]
+    safe = torch.where(ok_id, ids, torch.zeros_like(ids))
+    p_x = torch.where(ok_id, p[rows, safe], 0.0) if N else p.new_zeros(0)  # [N]
     u = noise.u[0] if rule != "greedy" else torch.zeros(N, dtype=torch.float64, device=p.device)
     if rule == "greedy":
         argmax = p.argmax(dim=-1)  # [1 + N]
         acc = (ok_id & (ids == argmax[rows])).float() if N else p.new_zeros(0)
-        passed = acc > 0
+        return TreeDecisions(acc > 0, argmax, torch.zeros(N + 1, dtype=torch.bool, device=p.device), p_x,
+                             torch.ones_like(p_x), u, acc, p)
+    if rule == "topk":
+        acc, weights = _rule_a(p, safe, ok_id, rows, N)
         q_x = torch.ones_like(p_x)
-        weights, emit, empty = p, argmax, torch.zeros(N + 1, dtype=torch.bool, device=p.device)
     else:
-        if rule == "topk":
-            acc, weights = _rule_a(p, safe, ok_id, rows, N)
-            q_x = torch.ones_like(p_x)
-        else:
-            acc, weights, q_x = _rule_b(p, draft_probs.float().to(p.device), safe, ok_id, parents)
-        passed = u <= acc.double()
-        weights, emit, empty = _race(weights, p, noise.exp[0])
-    # one device-to-host copy: [passed N | emitted 1 + N | empty 1 + N | ids N] (ids exact in float64)
-    # ... and the nodes' p, q, u, acceptance probability for the trace, in the same copy
-    copy = HostCopy(torch.cat([passed.double(), emit.double(), empty.double(), ids.double(), p_x.double(),
-                               q_x.double(), u.double(), acc.double()]))
-    return QueuedTreeVerify(N, rule, weights, p_x, q_x, u, acc, copy, None if isinstance(parents, torch.Tensor)
-                            else parents)
+        acc, weights, q_x = _rule_b(p, q, safe, ok_id, parents)
+    weights, emit, empty = _race(weights, p, noise.exp[0])
+    return TreeDecisions(u <= acc.double(), emit, empty, p_x, q_x, u, acc, weights)
+
+
+def pack_decisions(d: TreeDecisions, ids: torch.Tensor) -> torch.Tensor:
+    """float64 [8N + 2], the one device-to-host copy the walk reads: [passed N | emitted 1 + N | empty 1 + N |
+    ids N | p_x, q_x, u, acc N each] (ids exact in float64)."""
+    return torch.cat([d.passed.double(), d.emit.double(), d.empty.double(), ids.double(), d.p_x.double(),
+                      d.q_x.double(), d.u.double(), d.acc.double()])
+
+
+def device_path(passed: torch.Tensor, rows: torch.Tensor, emit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The walk's result by device ops only (no host read; inside the verifier's CUDA graph), for the engine's
+    next step: (the emitted token int64 [1], the kept rows int64 [1 + N]: 0 (the root), then 1 + each accepted
+    node in path order, then N as padding). A node is on the path iff it and each of its ancestors is the first
+    passing child of its parent (children in node order), as :func:`_walk` finds it; the path is in node order
+    since parents precede children. passed bool [N], rows int64 [N] (:func:`parent_rows`), emit int64 [1 + N]."""
+    N = int(passed.numel())
+    if N == 0:
+        return emit[:1].clone(), torch.zeros(1, dtype=torch.long, device=emit.device)
+    idx = torch.arange(N, device=passed.device)
+    earlier = torch.ones(N, N, dtype=torch.bool, device=passed.device).tril(-1) & (rows[:, None] == rows[None, :])
+    first = passed & ~(earlier & passed[None, :]).any(dim=1)  # passes, and no earlier sibling does
+    on_path = ~(ancestor_mask_device(rows - 1) & ~first[None, :]).any(dim=1)  # [N]
+    last = torch.where(on_path, idx, -1).max()  # the deepest accepted node, -1: none
+    token = emit.gather(0, (last + 1).reshape(1))
+    kept = torch.where(on_path, idx + 1, N).sort().values  # path rows in node order, then padding N
+    return token, torch.cat([torch.zeros(1, dtype=torch.long, device=passed.device), kept])
 
 
 def _check(target_probs, token_ids, N: int, draft_probs, rule) -> int:
