@@ -250,7 +250,7 @@ class StepVerifier:
             self._pending = None
         if self._detail_done is not None:  # the graphs share one memory pool: never overlap two of them
             main.wait_event(self._detail_done)
-        g = self._lookup(graph_key(spec), lambda key: self._capture(key, spec, logits, q, x, noise))
+        g = self._lookup(spec, lambda key: self._capture(key, spec, logits, q, x, noise))
         g.settings.write(spec)
         g.logits.copy_(logits)
         g.x.copy_(x)
@@ -385,10 +385,11 @@ class StepVerifier:
         self.capture_s += time.perf_counter() - t0
         return g
 
-    def _lookup(self, key, capture):
-        """The graphs for ``key`` (a chain's :func:`graph_key`, or a tree's ``("tree", graph_key, rule)``),
-        captured by ``capture(key)`` on a miss; keeps at most ``max_graphs`` (drops the least recently used:
-        its memory returns to the shared pool)."""
+    def _lookup(self, spec_or_key, capture):
+        """The graphs for a chain's ``graph_key(spec)`` (given the spec) or a tree's key ``("tree", graph_key,
+        rule)``, captured by ``capture(key)`` on a miss; keeps at most ``max_graphs`` (drops the least recently
+        used: its memory returns to the shared pool)."""
+        key = graph_key(spec_or_key) if isinstance(spec_or_key, VerifySpec) else spec_or_key
         g = self._graphs.get(key)
         if g is None:
             g = self._graphs[key] = capture(key)
