@@ -248,6 +248,10 @@ def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, r
         for method, k, extra, _ in methods:  # not timed: the first request of each method compiles (and captures)
             static.generate(prompt, method=method, num_speculative_tokens=k, max_new_tokens=16, **extra)
         print(f"{label}: first requests (compilation, capture) took {time.perf_counter() - t0:.1f} s", flush=True)
+        import gc
+
+        gc.collect()
+        gc.freeze()  # as SpecDecoder.warm_up does: no full collection walks the compiled decoder's heap in a timed run
         rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, label)
         if save is not None:
             save({"title": title, "rows": rows, "partial": True})

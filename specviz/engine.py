@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import math
 import threading
 import time
@@ -300,7 +301,8 @@ class SpecDecoder:
         (:mod:`specviz.heads.runner`), the verifier's graph pair for every
         :func:`warm_up_specs` (k' = 0..max_speculative_tokens x verify method x one-hot / full q,
         at temperature 0 and each of ``temperatures``; ``synthetic_rates`` for verify
-        synthetic), and the n-gram matcher kernel (Triton compilation). Settings outside those
+        synthetic), and the n-gram matcher kernel (Triton compilation); then the heap so far is frozen
+        (``gc.freeze()``: no later full garbage collection walks it). Settings outside those
         (another temperature, top-k / top-p, other rates) still capture on first use; the engine
         then excludes the capture from that step's times (``timings_ms["capture"]``).
 
@@ -359,6 +361,11 @@ class SpecDecoder:
             self._release("verifier", verifier)
         if self.device.type == "cuda":  # the matcher kernel compiles on its first call
             NgramGPUProposer(2, 4, k_max, backend="triton", device=self.device).propose(prompt * 3, k_max)
+        # the warm-up's heap (modules, graphs, compiled code) moves to the collector's permanent generation: a full
+        # collection then skips it (after torch.compile one took 0.25-0.5 s inside a request on the H200, 2026-12-02;
+        # vLLM freezes its start-up heap the same way)
+        gc.collect()
+        gc.freeze()
         say("warm-up: done")
         return {"seconds": time.perf_counter() - t0, "capture_s": self._pooled_capture_s() - c0,
                 "graphs": float(captured)}
