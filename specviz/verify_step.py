@@ -244,12 +244,7 @@ class StepVerifier:
                 dflat, dlayout = pack(gather_detail(out, p, q, x))
                 detail = PendingDetail(dlayout, dflat.cpu().tolist())
             return core, next_input, out.backend, detail
-        main = torch.cuda.current_stream(self.device)
-        if self._pending is not None:  # read before its pinned buffer can be reused (no wait if collected)
-            self._pending.result()
-            self._pending = None
-        if self._detail_done is not None:  # the graphs share one memory pool: never overlap two of them
-            main.wait_event(self._detail_done)
+        main = self._before_replay()
         g = self._lookup(spec, lambda key: self._capture(key, spec, logits, q, x, noise))
         g.settings.write(spec)
         g.logits.copy_(logits)
@@ -259,18 +254,9 @@ class StepVerifier:
         if g.noise is not None:
             g.noise.u.copy_(noise.u)
             g.noise.exp.copy_(noise.exp)
-        self._replay(g.core)
-        g.host.copy_(g.flat, non_blocking=True)
-        g.core_done.record(main)
+        done = self._replay_units(g, main)
         detail = None
-        if g.detail is not None:  # behind the core, on the side stream; collected next step
-            with torch.cuda.stream(self._side):
-                self._side.wait_event(g.core_done)
-                self._replay(g.detail)
-                g.detail_host.copy_(g.detail_flat, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(self._side)
-            self._detail_done = done
+        if done is not None:  # collected next step
             detail = self._pending = PendingDetail(g.detail_layout, g.detail_host, done)
         g.core_done.synchronize()  # the step's one wait on the GPU
         return unpack(g.host.tolist(), g.layout), g.next_input.clone(), "triton", detail
@@ -309,12 +295,7 @@ class StepVerifier:
         if host_parents is not None and len(host_parents) != N:
             raise ValueError(f"parents has {len(host_parents)} nodes; the draft has {N}")
         _check(logits, x, N, None, rule)
-        main = torch.cuda.current_stream(self.device)
-        if self._pending is not None:  # read before its pinned buffer can be reused (no wait if collected)
-            self._pending.result()
-            self._pending = None
-        if self._detail_done is not None:  # the graphs share one memory pool: never overlap two of them
-            main.wait_event(self._detail_done)
+        main = self._before_replay()
         dev_parents = parents if host_parents is None else None
         if dev_parents is None:  # one pinned host-to-device copy of a static / n-gram tree's parents
             dev_parents = pinned(torch.tensor(host_parents, dtype=torch.long)).to(self.device, non_blocking=True)
@@ -327,18 +308,9 @@ class StepVerifier:
         if g.noise is not None:
             g.noise.u.copy_(noise.u)
             g.noise.exp.copy_(noise.exp)
-        self._replay(g.core)
-        g.host.copy_(g.flat, non_blocking=True)
-        g.core_done.record(main)
+        done = self._replay_units(g, main)
         detail = None
-        if g.detail is not None:  # behind the core, on the side stream; read when the step is published
-            with torch.cuda.stream(self._side):
-                self._side.wait_event(g.core_done)
-                self._replay(g.detail)
-                g.detail_host.copy_(g.detail_flat, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(self._side)
-            self._detail_done = done
+        if done is not None:  # read when the step is published
             detail = self._pending = PendingTreeDetail(HostCopy.queued(g.detail_host, done), N, g.n_top, False)
         d = g.decisions
         queued = QueuedTreeVerify(N, rule, d.weights, d.p_x, d.q_x, d.u, d.acc, HostCopy.queued(g.host, g.core_done),
@@ -384,6 +356,36 @@ class StepVerifier:
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - t0
         return g
+
+    def _before_replay(self) -> torch.cuda.Stream:
+        """Before any replay (returns the current stream): the previous step's detail is read out of its pinned
+        buffer (no wait once collected), and the main stream waits for the side stream's last detail (every
+        graph shares one memory pool: two of them never overlap)."""
+        main = torch.cuda.current_stream(self.device)
+        if self._pending is not None:
+            self._pending.result()
+            self._pending = None
+        if self._detail_done is not None:
+            main.wait_event(self._detail_done)
+        return main
+
+    def _replay_units(self, g, main: torch.cuda.Stream) -> "torch.cuda.Event | None":
+        """Replay ``g``'s core (a chain's :class:`_Graphs` or a tree's :class:`_TreeGraphs`) and queue its host
+        copy; then its detail graph and copy on the side stream, behind the core. Returns the detail's event
+        (None without a detail graph)."""
+        self._replay(g.core)
+        g.host.copy_(g.flat, non_blocking=True)
+        g.core_done.record(main)
+        if g.detail is None:
+            return None
+        with torch.cuda.stream(self._side):
+            self._side.wait_event(g.core_done)
+            self._replay(g.detail)
+            g.detail_host.copy_(g.detail_flat, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._side)
+        self._detail_done = done
+        return done
 
     def _lookup(self, spec_or_key, capture):
         """The graphs for a chain's ``graph_key(spec)`` (given the spec) or a tree's key ``("tree", graph_key,
