@@ -41,7 +41,9 @@ per chain position: both refused here with a ValueError.
 No Triton kernel: at batch 1 with N <= 64 nodes the work is a scatter and one race over [1 + N, V]
 (65 x 8192 for the bundled target), a few kernel launches; the chain kernels exist because of the
 batched [B, K, V] layout, which trees here do not have. Rule B's residual chain is a loop over the
-nodes (3 small ops each, no host sync). The one host sync is the walk's read of the decisions.
+nodes (3 small ops each, no host sync). The one host sync is the walk's read of the decisions. On CUDA the
+engine's :meth:`specviz.verify_step.StepVerifier.queue_tree` captures greedy and rule A (:func:`tree_decisions`,
+fixed shapes, no host read; the walk's result too, :func:`device_path`) as one CUDA graph per tree size.
 """
 
 from __future__ import annotations
