@@ -20,6 +20,7 @@ used with itself as draft (an all-accept upper bound) and with ngram on a repeti
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import subprocess
@@ -67,6 +68,29 @@ def timed(fn, device, repeats, warm=True):
         _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times), out
+
+
+class GcTimer:
+    """The garbage collector's collections (per generation) and their seconds while installed (``gc.callbacks``):
+    ``with GcTimer() as g: ...``."""
+
+    def __init__(self):
+        self.count, self.seconds, self._t0 = [0, 0, 0], 0.0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        elif self._t0 is not None:
+            self.seconds += time.perf_counter() - self._t0
+            self.count[info["generation"]] += 1
+            self._t0 = None
+
+    def __enter__(self) -> "GcTimer":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
 
 
 def hf_rows(dec, draft_model, prompt, max_new, repeats):
@@ -167,9 +191,7 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     rounds, each running every method's pair (on, off) back to back, so all rows see the same machine state (a
     phase of a slower host hits every row of a round, not one row's runs). Each row's tok/s is from its median
     time; the trace-on row also carries ``tracing_cost_paired`` = 1 - the median of the pairs' off/on time ratios.
-    ``gc_ms``: the garbage collector's time during the row's timed runs (``gc.callbacks``)."""
-    import gc
-
+    ``gc_ms``: the garbage collector's time during the row's timed runs (:class:`GcTimer`)."""
     kws = {}
     for method, k, extra, name in methods:  # HF and specviz both stop at EOS: outputs are compared whole
         for detailed in (True, False):
@@ -181,24 +203,12 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
     times = {key: [] for key in kws}
     gc_s = {key: 0.0 for key in kws}
     traces = {}
-    current, started = [None], [0.0]
-
-    def on_gc(phase, info):
-        if phase == "start":
-            started[0] = time.perf_counter()
-        elif current[0] is not None:
-            gc_s[current[0]] += time.perf_counter() - started[0]
-
-    gc.callbacks.append(on_gc)
-    try:
-        for _ in range(repeats):
-            for key in kws:
-                current[0] = key
+    for _ in range(repeats):
+        for key in kws:
+            with GcTimer() as collected:
                 sec, traces[key] = timed(lambda: dec.generate(prompt, **kws[key]), dec.device, 1, warm=False)
-                current[0] = None
-                times[key].append(sec)
-    finally:
-        gc.callbacks.remove(on_gc)
+            times[key].append(sec)
+            gc_s[key] += collected.seconds
     rows = []
     for method, k, extra, name in methods:
         ratios = [off / on for on, off in zip(times[name, True], times[name, False])]
@@ -248,8 +258,6 @@ def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, r
         for method, k, extra, _ in methods:  # not timed: the first request of each method compiles (and captures)
             static.generate(prompt, method=method, num_speculative_tokens=k, max_new_tokens=16, **extra)
         print(f"{label}: first requests (compilation, capture) took {time.perf_counter() - t0:.1f} s", flush=True)
-        import gc
-
         gc.collect()
         gc.freeze()  # as SpecDecoder.warm_up does: no full collection walks the compiled decoder's heap in a timed run
         rows += specviz_rows(static, prompt, max_new, repeats, reference, methods, label)

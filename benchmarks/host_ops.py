@@ -38,8 +38,11 @@ REGIONS = [
     ("specviz.heads.runner", "StaticHeadRunner", "_forward_tree"),  # one tree level's graph
     ("specviz.verify_step", None, "_core"),  # the verifier's core graph (Triton on CUDA)
     ("specviz.verify_step", None, "gather_detail"),  # its detail graph
-    ("specviz.verify_step", None, "tree_unit"),  # the tree verifier's core graph (greedy / rule A)
-    ("specviz.record", None, "tree_detail_rows"),  # its detail graph
+    # the tree verifier's core graph (greedy / rule A: StepVerifier.queue_tree's tree_unit on CUDA; on the CPU the
+    # same decisions and walk run eagerly through these two) and its detail graph
+    ("specviz.sampling.tree", None, "queue_verify_tree"),
+    ("specviz.sampling.tree", None, "device_path"),
+    ("specviz.record", None, "tree_detail_rows"),
 ]
 
 

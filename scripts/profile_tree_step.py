@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import pstats
 import statistics
 import sys
@@ -27,28 +26,6 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 # cumulative host time per step of these functions (the engine's phases and the tree's own work)
 PHASES = ("propose", "forward_features", "queue_tree", "finish", "run", "commit", "observe", "tree_record",
           "_add_texts", "publish", "truncate", "_step")
-
-
-class GcTimer:
-    """Counts the garbage collector's collections and their time while installed (``gc.callbacks``)."""
-
-    def __init__(self):
-        self.count, self.seconds, self._t0 = [0, 0, 0], 0.0, None
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t0 = time.perf_counter()
-        elif self._t0 is not None:
-            self.seconds += time.perf_counter() - self._t0
-            self.count[info["generation"]] += 1
-            self._t0 = None
-
-    def __enter__(self):
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        gc.callbacks.remove(self)
 
 
 def _cprofile(dec, prompt: str, kw: dict, max_new: int, detailed: bool, top: int) -> None:
@@ -89,7 +66,7 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from bench_e2e import DEMO_PROMPT
+    from bench_e2e import DEMO_PROMPT, GcTimer
     from host_ops import SETTINGS
     from specviz import SpecDecoder
 

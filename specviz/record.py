@@ -170,20 +170,19 @@ def tree_row(out: "TreeVerifyOutput", parents: list[int]) -> list[int]:
 class PendingTreeDetail:
     """The detailed part of one tree step's record (:func:`tree_detail_rows`: every row's and node's top-20
     lists, residual masses, the emitted token's p), one flat float64 vector on its way to the host: ``copy`` a
-    :class:`~specviz.transfer.HostCopy` (or any object with ``tolist()``); :meth:`values` reads it once (waiting
-    for that copy only). N: the tree's nodes; has_q: q's top lists are packed too (rule "sampled")."""
+    :class:`~specviz.transfer.HostCopy` (or any object with ``tolist()``); :meth:`result` reads it once (waiting
+    for that copy only; the step verifier reads a chain's :class:`~specviz.verify_step.PendingDetail` by the same
+    name). n_top: entries per top list; has_q: q's top lists are packed too (rule "sampled")."""
 
-    def __init__(self, copy: Any, num_nodes: int, n_top: int, has_q: bool):
-        self.num_nodes, self.n_top, self.has_q = int(num_nodes), int(n_top), bool(has_q)
+    def __init__(self, copy: Any, n_top: int, has_q: bool):
+        self.n_top, self.has_q = int(n_top), bool(has_q)
         self._copy = copy
         self._values: list[float] | None = None
 
-    def values(self) -> list[float]:
+    def result(self) -> list[float]:
         if self._values is None:
             self._values = self._copy.tolist()
         return self._values
-
-    result = values  # the name the step verifier reads pending details by
 
 
 def tree_detail_rows(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor, rows: torch.Tensor,
@@ -245,7 +244,7 @@ def tree_record(out: "TreeVerifyOutput", token_ids: list[int], parents: list[int
     }
     if detail is None:
         return record
-    n_top, h, has_q = detail.n_top, detail.values(), detail.has_q
+    n_top, h, has_q = detail.n_top, detail.result(), detail.has_q
     n_rows = 3 * N + 2 + (N if has_q else 0)  # p rows 0..N, node residuals, emit weights 0..N, q of nodes
     n_vals = n_rows * n_top
     mass, wsum, emit_p = h[2 * n_vals:2 * n_vals + N], h[2 * n_vals + N:2 * n_vals + 2 * N + 1], h[2 * n_vals + 2 * N + 1:]

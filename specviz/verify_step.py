@@ -289,7 +289,7 @@ class StepVerifier:
             detail = None
             if spec.detailed:
                 flat, n_top = tree_detail_rows(p, sampled_q, x.long(), queued.rows, d.weights, d.emit)
-                detail = PendingTreeDetail(HostCopy(flat), N, n_top, sampled_q is not None)
+                detail = PendingTreeDetail(HostCopy(flat), n_top, sampled_q is not None)
             return QueuedTreeStep(queued, next_input, kept, detail, "eager")
         host_parents = None if isinstance(parents, torch.Tensor) else validate_parents(parents)
         if host_parents is not None and len(host_parents) != N:
@@ -311,10 +311,8 @@ class StepVerifier:
         done = self._replay_units(g, main)
         detail = None
         if done is not None:  # read when the step is published
-            detail = self._pending = PendingTreeDetail(HostCopy.queued(g.detail_host, done), N, g.n_top, False)
-        d = g.decisions
-        queued = QueuedTreeVerify(N, rule, d.weights, d.p_x, d.q_x, d.u, d.acc, HostCopy.queued(g.host, g.core_done),
-                                  host_parents, d, g.rows)
+            detail = self._pending = PendingTreeDetail(HostCopy.queued(g.detail_host, done), g.n_top, False)
+        queued = QueuedTreeVerify(N, rule, g.decisions, HostCopy.queued(g.host, g.core_done), host_parents, g.rows)
         return QueuedTreeStep(queued, g.next_input, g.kept, detail, "graph")
 
     def _capture_tree(self, key, spec: VerifySpec, rule: str, logits: torch.Tensor, x: torch.Tensor,

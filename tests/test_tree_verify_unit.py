@@ -117,7 +117,7 @@ def test_tree_verifier_graphs_equal_eager_on_cuda(temperature, device_parents):
         assert qg.backend == "graph" and qe.backend == "eager"
         assert (og.path, og.token_id, og.fate) == (oe.path, oe.token_id, oe.fate) and tg == te == og.token_id
         assert kg == ke
-        results.append((qg.detail, qe.detail.values()))
+        results.append((qg.detail, qe.detail.result()))
     for pending, want in results:  # each graph detail was read before the next replay overwrote its buffer
-        torch.testing.assert_close(torch.tensor(pending.values()), torch.tensor(want), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(torch.tensor(pending.result()), torch.tensor(want), rtol=1e-5, atol=1e-6)
     assert len([k for k in graphs._graphs if k[0] == "tree"]) == 2

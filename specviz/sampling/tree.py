@@ -136,15 +136,10 @@ class QueuedTreeVerify:
 
     num_nodes: int
     rule: str
-    weights: torch.Tensor  # float32 [1 + N, V]: each row's emit weights
-    p_x: torch.Tensor
-    q_x: torch.Tensor
-    u: torch.Tensor
-    acc: torch.Tensor
+    decisions: TreeDecisions  # the device tensors behind ``copy``
     copy: HostCopy  # pack_decisions: [passed N | emitted 1 + N | empty 1 + N | ids N | p_x, q_x, u, acc N each]
     parents: list[int] | None  # the validated host parents it was queued with; None: queued from device parents
-    decisions: TreeDecisions | None = None  # the device tensors behind ``copy``
-    rows: torch.Tensor | None = None  # int64 [N] the nodes' parent rows (device)
+    rows: torch.Tensor  # int64 [N] the nodes' parent rows (device)
 
     def finish(self, parents: Sequence[int] | None = None) -> TreeVerifyOutput:
         """Walk the tree. ``parents``: for a tree queued from device parents, their host copy (validated here:
@@ -182,8 +177,8 @@ def queue_verify_tree(target_probs: torch.Tensor, token_ids: torch.Tensor, paren
         noise = draw_tree_noise(N, V, generator, p.device)
     d = tree_decisions(p, ids, rows, rule, noise, None if draft_probs is None else draft_probs.float().to(p.device),
                        parents if rule == "sampled" else None)
-    return QueuedTreeVerify(N, rule, d.weights, d.p_x, d.q_x, d.u, d.acc, HostCopy(pack_decisions(d, ids)),
-                            None if isinstance(parents, torch.Tensor) else parents, d, rows)
+    return QueuedTreeVerify(N, rule, d, HostCopy(pack_decisions(d, ids)),
+                            None if isinstance(parents, torch.Tensor) else parents, rows)
 
 
 def parent_rows(parents: Sequence[int] | torch.Tensor, N: int, device: torch.device) -> torch.Tensor:
@@ -360,10 +355,11 @@ def _walk(parents: list[int], queued: QueuedTreeVerify) -> TreeVerifyOutput:
         path.append(nxt)
         node = nxt
     token = int(emit_host[node + 1])
-    w = queued.weights[node + 1]
+    d = queued.decisions
+    w = d.weights[node + 1]
     fallback = bool(kids[node + 1]) and bool(empty_host[node + 1])
     return TreeVerifyOutput(path=path, token_id=token, kind="recovered" if kids[node + 1] else "bonus",
                             output_token_ids=[tokens[c] for c in path] + [token], fate=fate, tested=tested,
-                            emit_node=node, p=queued.p_x, q=queued.q_x, u=queued.u, accept_prob=queued.acc,
+                            emit_node=node, p=d.p_x, q=d.q_x, u=d.u, accept_prob=d.acc,
                             emit_weights=w, emit_fallback=fallback, rule=queued.rule, token_ids=tokens, host=node_host)
 
