@@ -9,6 +9,8 @@
 #   profile  scripts/profile_tree_step.py: the tree step's phases and host profile beside the chain's, static runner
 #            without and with compile (PROFILE_SETTINGS: its --settings; T_PROFILE: timeout per run)
 #   bench    benchmarks/bench_e2e.py: chains beside trees, static runner, trace on and off
+#   trees    benchmarks/bench_trees.py: trees against chains on held-out prompts (TREE_PROMPTS, TREE_ROUNDS, RUNNERS,
+#            T_TREES), JSON under $OUT/trees.json
 #   hostops  benchmarks/host_ops.py --device cuda: eager ops the host issues per step, by phase (exact on CUDA)
 #   timeline benchmarks/gpu_timeline.py: GPU kernel time per step by phase, and the GPU's idle share (torch.profiler)
 #   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
@@ -43,6 +45,11 @@ for stage in "$@"; do
       --methods "${METHODS:-none,eagle3,eagle3+tree4x5x24,eagle,eagle+tree4x5x24,draft_model+choices}" --commit "$COMMIT" \
       > "$L/bench_e2e.log" 2>&1
     echo "[bench] exit $?"; grep -E "tok/s" "$L/bench_e2e.log" | grep -v "^hf" | tail -14 ;;
+  trees)
+    timeout ${T_TREES:-400} python3 benchmarks/bench_trees.py --out "$OUT/trees.json" --prompts ${TREE_PROMPTS:-8} \
+      --rounds ${TREE_ROUNDS:-5} --runners ${RUNNERS:-static,static+compile} ${METHODS:+--methods "$METHODS"} \
+      --commit "$COMMIT" > "$L/bench_trees.log" 2>&1
+    echo "[trees] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/bench_trees.log" | tail -40 ;;
   hostops)
     timeout 120 python3 benchmarks/host_ops.py --device cuda --by phase --top 12 > "$L/host_ops.log" 2>&1
     echo "[hostops] exit $?"; grep -E "^## |^ +[0-9]" "$L/host_ops.log" | head -60 ;;
