@@ -14,7 +14,9 @@ then ``--rounds`` rounds; each round runs every (setting, trace on / off) over a
 phase of the host hits every row of that round. A row's tokens/s = its committed tokens / its median round time;
 "paired" ratios are the median over rounds of the within-round ratio. Greedy; every output is checked against
 method none's (plain greedy decoding through the same runner) token for token. MAL = committed tokens of drafting
-steps / drafting steps (trace.py). ``gc_ms``: the collector's time in the timed rounds (bench_e2e.GcTimer).
+steps / drafting steps (trace.py); in bf16 an output may leave plain greedy decoding at a near-tie (the wider
+verify forward sums in another order): the row gives, per such prompt, the first differing index and the target's
+top-2 logit gap there (bench_e2e.first_difference). ``gc_ms``: the collector's time in the timed rounds (bench_e2e.GcTimer).
 
 Settings (``--methods``, bench_e2e.parse_method's format): ``eagle3`` (chain, k = 5), ``eagle3+k7`` (chain, k = 7),
 ``eagle3+tree4x5x24`` (EAGLE-2 tree: top_k 4, depth 5, 24 total tokens; k = depth + 1).
@@ -37,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_e2e import GcTimer, parse_method  # noqa: E402
+from bench_e2e import GcTimer, first_difference, parse_method  # noqa: E402
 
 from specviz import SpecDecoder  # noqa: E402
 from specviz.train.evaluate import load_prompts  # noqa: E402
@@ -97,11 +99,17 @@ def run_runner(label: str, prompts: list[str], methods: list[tuple], a, device: 
                      "tok_s": tokens / sec, "ms_per_step": 1e3 * sec / steps, "tokens": tokens, "steps": steps,
                      "mean_acceptance_length": committed / max(len(drafting), 1),
                      "round_s": [round(t, 4) for t in times[name, detailed]], "gc_ms": round(gc_s[name, detailed] * 1e3, 2),
-                     "equal_to_greedy": all(equal), "unequal_prompts": [i for i, e in enumerate(equal) if not e]})
+                     "equal_to_greedy": all(equal),
+                     # bf16: where an output first leaves plain greedy decoding, and the target's top-2 logit gap there
+                     "first_differences": {i: first_difference(dec.target_model, dec.encode(prompts[i]),
+                                                               traces[i].output_token_ids, reference[i])
+                                           for i, e in enumerate(equal) if not e}})
         r = rows[-1]
         print(f"{label:<15} {name:<20} k={r['k']} trace={'on ' if detailed else 'off'} {r['tok_s']:8.1f} tok/s "
               f"{r['ms_per_step']:6.2f} ms/step  MAL {r['mean_acceptance_length']:.2f}  gc {r['gc_ms']:.1f} ms  "
-              f"equal={r['equal_to_greedy']}", flush=True)
+              f"equal={r['equal_to_greedy']}" + "".join(
+                  f" [prompt {i}: first at {d['index']}, gap {d['top2_logit_gap']:.3f}]"
+                  for i, d in r["first_differences"].items()), flush=True)
     ratios = {}
     chains = [m[3] for m in methods if "tree" not in m[3]]
     trees = [m[3] for m in methods if "tree" in m[3]]

@@ -36,6 +36,9 @@ REGIONS = [
     ("specviz.static_runner", "StaticRunner", "_tree_body"),  # a tree forward's graph (mask and model)
     ("specviz.heads.runner", "StaticHeadRunner", "_forward"),  # a head step / first pass graph
     ("specviz.heads.runner", "StaticHeadRunner", "_forward_tree"),  # one tree level's graph
+    # a whole draft tree's graph (tree_draft's body; a wrapper of tree_draft's fn would not do: the runner keeps the
+    # first fn given per key, so a later request's wrapper is never called)
+    ("specviz.heads.runner", "StaticHeadRunner", "_draft_body"),
     ("specviz.verify_step", None, "_core"),  # the verifier's core graph (Triton on CUDA)
     ("specviz.verify_step", None, "gather_detail"),  # its detail graph
     # the tree verifier's core graph (greedy / rule A: StepVerifier.queue_tree's tree_unit on CUDA; on the CPU the
@@ -123,29 +126,6 @@ def install_regions(counter: Counter, device: str) -> list:
     return undo
 
 
-def draft_graph_region(counter: Counter, device: str) -> list:
-    """The static head runner's whole-draft graph: ``tree_draft``'s ``fn`` runs inside one region."""
-    from specviz.heads.runner import StaticHeadRunner
-
-    if device == "cuda":
-        return []
-    original = StaticHeadRunner.tree_draft
-
-    def tree_draft(self, key, fn, *a, **k):
-        def region(*fa, **fk):
-            counter.charge("graph replay (tree_draft)")
-            counter.depth += 1
-            try:
-                return fn(*fa, **fk)
-            finally:
-                counter.depth -= 1
-
-        return original(self, key, region, *a, **k)
-
-    StaticHeadRunner.tree_draft = tree_draft
-    return [lambda: setattr(StaticHeadRunner, "tree_draft", original)]
-
-
 def count_steps(dec, prompt: str, max_new: int, **kw) -> tuple[list[collections.Counter], object]:
     """Per-step op counters of one warm request (the first step, with the drafter's prefill, left out)."""
     per_step: list[collections.Counter] = []
@@ -159,7 +139,7 @@ def count_steps(dec, prompt: str, max_new: int, **kw) -> tuple[list[collections.
         per_step.append(counter.ops)
         return out
 
-    undo = install_regions(counter, dec.device.type) + draft_graph_region(counter, dec.device.type)
+    undo = install_regions(counter, dec.device.type)
     dec.generate(prompt, max_new_tokens=max_new, **kw)  # warm (captures on CUDA)
     dec._step = step
     try:

@@ -11,6 +11,8 @@
 #   bench    benchmarks/bench_e2e.py: chains beside trees, static runner, trace on and off
 #   trees    benchmarks/bench_trees.py: trees against chains on held-out prompts (TREE_PROMPTS, TREE_ROUNDS, RUNNERS,
 #            T_TREES), JSON under $OUT/trees.json
+#   warmup   scripts/warm_up_time.py: SpecDecoder.warm_up's time (what the app runs at launch), progress timestamped
+#            (WARM_COMPILE=1: with --compile; T_WARM: timeout)
 #   hostops  benchmarks/host_ops.py --device cuda: eager ops the host issues per step, by phase (exact on CUDA)
 #   timeline benchmarks/gpu_timeline.py: GPU kernel time per step by phase, and the GPU's idle share (torch.profiler)
 #   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
@@ -50,6 +52,9 @@ for stage in "$@"; do
       --rounds ${TREE_ROUNDS:-5} --runners ${RUNNERS:-static,static+compile} ${METHODS:+--methods "$METHODS"} \
       --commit "$COMMIT" > "$L/bench_trees.log" 2>&1
     echo "[trees] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/bench_trees.log" | tail -40 ;;
+  warmup)
+    timeout ${T_WARM:-300} python3 scripts/warm_up_time.py ${WARM_COMPILE:+--compile} > "$L/warm_up.log" 2>&1
+    echo "[warmup] exit $?"; grep -E "^ *[0-9.]+ s |first eagle3" "$L/warm_up.log" | tail -30 ;;
   hostops)
     timeout 120 python3 benchmarks/host_ops.py --device cuda --by phase --top 12 > "$L/host_ops.log" 2>&1
     echo "[hostops] exit $?"; grep -E "^## |^ +[0-9]" "$L/host_ops.log" | head -60 ;;
