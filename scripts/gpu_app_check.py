@@ -36,6 +36,7 @@ EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do
     ("medusa typical T=1 (not distribution-preserving)", "medusa", "typical", 1.0, 4, ""),
     ("eagle3 chain k=6 (beside its tree)", "eagle3", "greedy", 0.0, 6, ""),
     ("eagle3 EAGLE-2 tree 4,5,24", "eagle3", "greedy", 0.0, 6, "", ("4, 5, 24", 0, "")),
+    ("eagle3 EAGLE-2 tree 4,6,32", "eagle3", "greedy", 0.0, 7, "", ("4, 6, 32", 0, "")),
     ("eagle3 EAGLE-2 tree 8,5,32 standard T=0.8", "eagle3", "standard", 0.8, 6, "", ("8, 5, 32", 0, "")),
     ("eagle EAGLE-2 tree 4,5,24", "eagle", "greedy", 0.0, 6, "", ("4, 5, 24", 0, "")),
     ("draft_model static tree", "draft_model", "greedy", 0.0, 5, "", ("", 0, STATIC_TREE)),
