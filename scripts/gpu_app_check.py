@@ -69,7 +69,7 @@ def compare_tab(client, own: str) -> dict:
     """The Compare tab as a lecturer uses it: preset "all methods, greedy, k=5" on their own prompt, 64 tokens, one
     click (the /compare_preset then /compare API calls), timed; the table's rows with their speedups."""
     t0 = time.perf_counter()
-    chosen, ks, verify, temps = client.predict("all methods, greedy, k=5", api_name="/compare_preset")
+    chosen, ks, verify, temps, _trees = client.predict("all methods, greedy, k=5", api_name="/compare_preset")
     out = client.predict(chosen, ks, verify, temps, [], own, "0", 64, "vllm", api_name="/compare")
     wall = time.perf_counter() - t0
     table = out[1] if isinstance(out[1], dict) else {}

@@ -1,9 +1,10 @@
 """Retake the README's overview screenshot: the app on the bundled demo models after the first
 example prompt (n-gram, greedy); with ``--compare``, the Compare tab's screenshot instead: the preset
-"all methods, greedy, k=5" on the bundled prompts the tab starts with, 64 new tokens. Needs Debian's
-/usr/bin/chromium; run from the repo root:
+"all methods, greedy, k=5" on the bundled prompts the tab starts with, 64 new tokens (``--preset NAME``: another
+preset; ``--shot PATH``: where the png goes; ``--element ID``: only that element, e.g. sv-compare-ksweep). Needs
+Debian's /usr/bin/chromium; run from the repo root:
 
-    .venv/bin/python scripts/readme_screenshot.py [--compare [--prompts N]]   # N of the tab's 3 default prompts
+    .venv/bin/python scripts/readme_screenshot.py [--compare [--prompts N] [--preset NAME] [--shot PATH] [--element ID]]
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run"]
 
 
+def _arg(name: str, default: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def compare(page) -> None:
-    """The Compare tab after the preset "all methods, greedy, k=5" (the table, strips and k sweep)."""
+    """The Compare tab after a preset ("all methods, greedy, k=5" unless --preset; the table, strips and k sweep)."""
     page.get_by_role("tab", name="Compare").click()
     page.wait_for_selector("#sv-compare-run")
     page.get_by_label("Presets").click()
-    page.get_by_role("option", name="all methods, greedy, k=5").click()
+    page.get_by_role("option", name=_arg("--preset", "all methods, greedy, k=5"), exact=True).click()
     page.wait_for_timeout(1000)
     keep = int(sys.argv[sys.argv.index("--prompts") + 1]) if "--prompts" in sys.argv else 3
     for _ in range(max(3 - keep, 0)):  # drop the last of the tab's 3 default prompts (a faster run on a busy CPU)
@@ -46,9 +51,10 @@ def compare(page) -> None:
         print(progress, flush=True)
         page.wait_for_timeout(5000)
     page.wait_for_timeout(2000)
-    page.locator("#sv-compare-tab").screenshot(path=str(COMPARE_OUT))
+    shot = _arg("--shot", str(COMPARE_OUT))
+    page.locator(f"#{_arg('--element', 'sv-compare-tab')}").screenshot(path=shot)
     print(page.locator("#sv-compare-progress").inner_text())
-    print(f"wrote {COMPARE_OUT}")
+    print(f"wrote {shot}")
 
 
 def main() -> None:

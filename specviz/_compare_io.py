@@ -70,8 +70,12 @@ def _config(data: Any, where: str) -> RunConfig:
         method = str(method)
     lookup = [obj.get(n) for n in ("prompt_lookup_min", "prompt_lookup_max")]
     lookup = [None if v is None else _int(v, f"{where}.prompt_lookup", 1, 64) for v in lookup]
+    tree = obj.get("tree", "")  # absent in comparisons saved before trees could be compared: a chain
+    tree = "" if tree is None else _str(tree, f"{where}.tree")
+    if len(tree) > 4000:
+        _fail(f"{where}.tree is {len(tree)} characters long; a tree spec is at most 4000")
     return RunConfig(method, _int(obj.get("num_speculative_tokens"), f"{where}.num_speculative_tokens", 1, 32),
-                     verify, _num(obj.get("temperature"), f"{where}.temperature"), *lookup)
+                     verify, _num(obj.get("temperature"), f"{where}.temperature"), *lookup, tree)
 
 
 def _run(data: Any, where: str, comparison: Comparison) -> RunResult:
@@ -90,6 +94,16 @@ def _run(data: Any, where: str, comparison: Comparison) -> RunResult:
     if got != (cfg.method, cfg.verify, cfg.temperature) or trace.config.get("seed") != seed:
         _fail(f"{where}.trace was run with method/verify/temperature/seed {got + (trace.config.get('seed'),)}, "
               f"not configuration {c} ({cfg.label}) at seed {seed}")
+    try:  # a tree configuration's runs record its tree settings (a chain's record none of them)
+        want = cfg.settings(seed, 1)
+    except ValueError:
+        want = {}
+    from .methods import TREE, TREE_SETTINGS
+
+    tree_keys = (TREE, *TREE_SETTINGS)
+    if {k: trace.config.get(k) for k in tree_keys if trace.config.get(k) is not None} != \
+            {k: v for k, v in want.items() if k in tree_keys}:
+        _fail(f"{where}.trace's draft-tree settings do not match configuration {c} ({cfg.label})")
     committed = [t for s in trace.steps for t in s.committed_token_ids]
     if committed != trace.output_token_ids:
         _fail(f"{where}.trace: output_token_ids disagree with the steps' committed tokens")

@@ -156,6 +156,10 @@ def _compare_parser(sub: Any) -> None:
     c.add_argument("--k-sweep", default=None, help="comma-separated k values for every method (overrides -k)")
     c.add_argument("--verify", default=None, help="greedy | standard | block | synthetic, or comma-separated")
     c.add_argument("--temperature", default="0", help="temperature, or comma-separated values")
+    c.add_argument("--trees", default=None,
+                   help="draft trees compared beside the chains, ';'-separated: '4,6,32' (EAGLE-2 top_k,depth,"
+                        "total_tokens; eagle, eagle3), '[(0,), (1,), (0, 0)]' (a static tree), '2' (branches per "
+                        "node; ngram, suffix). Each runs for the methods that take it, at k = its depth")
     c.add_argument("--seeds", default="0", help="comma-separated seeds, or a range like 0-4")
     c.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable)")
     c.add_argument("--prompt-set", default=None,

@@ -45,7 +45,9 @@ class RunConfig:
 
     method: a name in ``specviz.engine.METHODS``; num_speculative_tokens: k (1..32); verify: "greedy" |
     "standard" | "block" | "synthetic" (resolved: greedy at temperature 0, else standard, when None);
-    temperature: >= 0; prompt_lookup_min/max: methods ngram / ngram_gpu (None = vLLM's defaults)."""
+    temperature: >= 0; prompt_lookup_min/max: methods ngram / ngram_gpu (None = vLLM's defaults);
+    tree: the draft tree, "" for a chain, else one string in :func:`specviz.methods.draft_tree_settings`'s
+    forms ("4, 6, 32" EAGLE-2, "[(0,), (1,), (0, 0)]" a static tree, "2" branches per node)."""
 
     method: str
     num_speculative_tokens: int = 5
@@ -53,6 +55,7 @@ class RunConfig:
     temperature: float = 0.0
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
+    tree: str = ""
 
     def resolved(self) -> "RunConfig":
         """The same configuration with ``verify`` filled in (the engine's default) and method none's
@@ -60,22 +63,48 @@ class RunConfig:
         verify = self.verify or ("greedy" if self.temperature == 0 else "standard")
         k = 1 if self.method == "none" else int(self.num_speculative_tokens)
         lookup = self.method in ("ngram", "ngram_gpu")
+        tree = " ".join(str(self.tree or "").split()) if self.method != "none" else ""
         return RunConfig(self.method, k, verify, float(self.temperature),
-                         self.prompt_lookup_min if lookup else None, self.prompt_lookup_max if lookup else None)
+                         self.prompt_lookup_min if lookup else None, self.prompt_lookup_max if lookup else None, tree)
+
+    @property
+    def is_tree(self) -> bool:
+        return bool(str(self.tree or "").strip())
+
+    @property
+    def tree_label(self) -> str:
+        """"" for a chain; "tree 4,6,32" (EAGLE-2), "static tree (9 nodes)", "tree 2 branches"."""
+        spec = str(self.tree or "").strip()
+        if not spec:
+            return ""
+        if spec.startswith("["):
+            from .tree import parse_choices
+
+            try:
+                return f"static tree ({len(parse_choices(spec))} nodes)"
+            except ValueError:
+                return "static tree (invalid)"
+        if spec.isdigit():
+            return f"tree {spec} branches"
+        return "tree " + ",".join(x.strip() for x in spec.replace(";", ",").split(","))
 
     @property
     def label(self) -> str:
-        """Short name, e.g. ``ngram k=5 greedy T=0``."""
+        """Short name, e.g. ``ngram k=5 greedy T=0``, ``eagle3 tree 4,6,32 k=7 greedy T=0``."""
         if self.method == "none":
             return f"none T={self.temperature:g}"
-        return f"{self.method} k={self.num_speculative_tokens} {self.verify} T={self.temperature:g}"
+        tree = f" {self.tree_label}" if self.is_tree else ""
+        return f"{self.method}{tree} k={self.num_speculative_tokens} {self.verify} T={self.temperature:g}"
 
     def settings(self, seed: int, max_new_tokens: int) -> dict[str, Any]:
-        """Keywords for ``SpecDecoder.generate``."""
+        """Keywords for ``SpecDecoder.generate``. Raises ValueError for a tree the method does not take."""
+        from .methods import draft_tree_settings
+
         out = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens, "verify": self.verify,
                "temperature": self.temperature, "seed": int(seed), "max_new_tokens": int(max_new_tokens)}
         if self.method in ("ngram", "ngram_gpu"):
             out.update(prompt_lookup_min=self.prompt_lookup_min, prompt_lookup_max=self.prompt_lookup_max)
+        out.update(draft_tree_settings(self.method, self.tree))
         return out
 
 
@@ -161,6 +190,37 @@ def with_baselines(configs: Sequence[RunConfig]) -> list[RunConfig]:
     return out
 
 
+def expand_configs(methods: Sequence[str], ks: Sequence[int], verifies: Sequence[str | None],
+                   temperatures: Sequence[float], trees: Sequence[str] = (),
+                   lookup: tuple[int | None, int | None] = (None, None)) -> list[RunConfig]:
+    """The configurations of a comparison: methods x k x verification x temperature as chains, then for every
+    tree in ``trees`` (:func:`specviz.methods.draft_tree_settings`'s forms; "" and "chain" are skipped) each
+    chosen method that takes that form x verification x temperature, at k = the tree's depth (EAGLE-2: depth + 1;
+    a static tree: its longest path) or, for branches per node (ngram, suffix), x every k. Trees get no row for
+    block or synthetic verification (chain-only). ``lookup``: prompt_lookup_min / max for the n-gram methods.
+    Raises ValueError for a tree that none of the methods takes, or that is invalid."""
+    from .methods import draft_tree_depth, draft_tree_settings
+
+    out = [RunConfig(m, k, v, t, *lookup) for m in methods for k in ks for v in verifies for t in temperatures]
+    for spec in trees:
+        spec = str(spec or "").strip()
+        if spec.lower() in ("", "chain"):
+            continue
+        taken, why = [], []
+        for m in methods:
+            try:
+                depth = draft_tree_depth(draft_tree_settings(m, spec))
+            except ValueError as exc:
+                why.append(str(exc))
+                continue
+            taken.append(m)
+            out += [RunConfig(m, k, v, t, *lookup, spec) for k in ([depth] if depth else ks)
+                    for v in verifies if v not in ("block", "synthetic") for t in temperatures]
+        if not taken:
+            raise ValueError(f"no chosen method takes the tree {spec!r}: {why[0] if why else 'choose a method'}")
+    return out
+
+
 def new_comparison(configs: Sequence[RunConfig], prompts: Sequence[Prompt | str], seeds: Sequence[int],
                    max_new_tokens: int = 64) -> Comparison:
     """A comparison with nothing run yet. Raises ValueError on no configurations / prompts / seeds,
@@ -179,6 +239,11 @@ def new_comparison(configs: Sequence[RunConfig], prompts: Sequence[Prompt | str]
             raise ValueError(f"num_speculative_tokens must be in 1..{MAX_SPECULATIVE_TOKENS}, got {c.num_speculative_tokens}")
         if not (isinstance(c.temperature, (int, float)) and c.temperature >= 0 and math.isfinite(c.temperature)):
             raise ValueError(f"temperature must be a number >= 0, got {c.temperature!r}")
+        if c.is_tree:
+            c.settings(0, max_new_tokens)  # a tree the method does not take: ValueError now, not mid-run
+            if (c.verify or "") in ("block", "synthetic"):
+                raise ValueError(f"{c.label}: verify={c.verify!r} is chain-only; a draft tree is verified with "
+                                 "greedy (T = 0) or standard")
     if any(not p.text.strip() for p in prompts):
         raise ValueError("a prompt is empty: type some text or remove it")
     full = with_baselines(configs)
@@ -462,7 +527,7 @@ def _decode_rate(trace: Trace) -> float:
 def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     """One row of the table: the configuration's pooled metrics and statistics (plain data).
 
-    Keys: label, method, k, verify, temperature, runs, tokens, steps, tokens_per_target_forward,
+    Keys: label, method, k, tree (the draft tree's spec, "" for a chain), tree_label, verify, temperature, runs, tokens, steps, tokens_per_target_forward,
     mean_acceptance_length (vLLM: 1 + accepted / drafts), acceptance_length ({convention: value} for
     every key of trace.ACCEPTANCE_LENGTH_CONVENTIONS), draft_coverage (drafts / steps),
     draft_acceptance_rate, conditional (per position: {rate, n, low, high}, Wilson 95 %),
@@ -470,7 +535,7 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     speedup (measured, over method none at the same temperature in this comparison),
     speedup_spread (:func:`specviz.speedup.spread` of :func:`run_ratios`: median, low, high, n, noisy; None
     without a baseline),
-    predicted_speedup (:func:`predicted_speedup`), ms_per_step {draft, verify, sample},
+    predicted_speedup (:func:`predicted_speedup`; None for a tree: its model is a chain's), ms_per_step {draft, verify, sample},
     step_cost (ms per step / method none's ms per step), lossless (:func:`losslessness`)."""
     cfg = comparison.configs[config]
     runs = comparison.runs_of(config)
@@ -489,7 +554,9 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     wall = sum(r.wall_s for r in runs)
     ratios = run_ratios(comparison, runs, base)
     return {
-        "label": cfg.label, "method": cfg.method, "k": cfg.num_speculative_tokens, "verify": cfg.verify,
+        "label": cfg.label, "method": cfg.method, "k": cfg.num_speculative_tokens, "tree": cfg.tree,
+        "tree_label": cfg.tree_label,
+        "verify": cfg.verify,
         "temperature": cfg.temperature, "runs": len(runs), "tokens": tokens, "steps": m["num_steps"],
         "num_drafts": m["num_drafts"], "num_draft_tokens": m["num_draft_tokens"],
         "num_accepted_tokens": m["num_accepted_tokens"],
@@ -500,7 +567,8 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "conditional": conditional, "tokens_per_s": tps, "e2e_tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "speedup": tps / base_tps if base_tps > 0 and runs else None,
         "speedup_spread": spread(ratios) if ratios else None,
-        "predicted_speedup": predicted_speedup(m, base_ms) if cfg.method != "none" else None,
+        # the cost model is a chain's (one path of k drafts, i.i.d. acceptance): none for a tree's row
+        "predicted_speedup": predicted_speedup(m, base_ms) if cfg.method != "none" and not cfg.is_tree else None,
         "ms_per_step": split,
         "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
         "lossless": losslessness(comparison, config),
@@ -512,7 +580,7 @@ def table(comparison: Comparison) -> list[dict[str, Any]]:
     return [pooled_row(comparison, i) for i in range(len(comparison.configs)) if comparison.runs_of(i)]
 
 
-CSV_COLUMNS = ("label", "method", "k", "verify", "temperature", "runs", "tokens", "steps", "tokens_per_target_forward",
+CSV_COLUMNS = ("label", "method", "k", "tree", "verify", "temperature", "runs", "tokens", "steps", "tokens_per_target_forward",
                "mean_acceptance_length", "draft_coverage", "draft_acceptance_rate", "conditional_acceptance",
                "tokens_per_s", "e2e_tokens_per_s", "speedup", "speedup_low", "speedup_high", "speedup_n",
                "predicted_speedup", "draft_ms_per_step",

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .compare import Prompt, RunConfig, iter_comparison, new_comparison, table_csv
+from .compare import Prompt, RunConfig, expand_configs, iter_comparison, new_comparison, table_csv
 
 PROMPT_SET = Path(__file__).resolve().parents[1] / "assets" / "examples" / "compare_prompts.json"
 
@@ -54,13 +54,14 @@ def load_prompt_set(name: str, path: Path = PROMPT_SET) -> list[Prompt]:
 
 
 def configs_from_args(args: Any) -> list[RunConfig]:
-    """methods x k (or the k sweep) x verify x temperature."""
+    """methods x k (or the k sweep) x verify x temperature as chains, plus the ``--trees`` rows
+    (:func:`specviz.compare.expand_configs`)."""
     methods = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     ks = _list(args.k_sweep or args.num_speculative_tokens, int, "-k / --k-sweep")
     verifies = _list(args.verify, str, "--verify")
     temps = _list(args.temperature, float, "--temperature")
-    return [RunConfig(m, k, v, t, args.prompt_lookup_min, args.prompt_lookup_max)
-            for m in methods for k in ks for v in verifies for t in temps]
+    trees = [t.strip() for t in str(getattr(args, "trees", None) or "").split(";") if t.strip()]
+    return expand_configs(methods, ks, verifies, temps, trees, (args.prompt_lookup_min, args.prompt_lookup_max))
 
 
 def compare_main(args: Any) -> int:

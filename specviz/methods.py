@@ -274,3 +274,56 @@ def check_tree_settings(cfg: "GenerationConfig") -> None:
 
     check_branches(cfg.ngram_tree_branches, "ngram_tree_branches")
     check_branches(cfg.suffix_tree_branches, "suffix_tree_branches")
+
+
+def eagle_tree_settings(text: str) -> dict[str, int]:
+    """EAGLE-2's knobs written "top_k, depth, total_tokens" (e.g. "4, 6, 32"; ";" also separates) -> the
+    ``eagle_tree_*`` generate() settings. Raises ValueError for text that is not three integers (the
+    engine checks their ranges)."""
+    parts = [x.strip() for x in str(text).replace(";", ",").split(",")]
+    if len(parts) != 3 or not all(x.isdigit() for x in parts):
+        raise ValueError(f"EAGLE-2 tree: give top_k, depth, total_tokens as three integers like 4, 5, 24 "
+                         f"(or leave it empty for a chain), got {text!r}")
+    return dict(zip(EAGLE_TREE, map(int, parts)))
+
+
+def draft_tree_settings(method: str, spec: str) -> dict[str, Any]:
+    """A draft tree written as one string -> ``method``'s generate() settings (the comparison's tree
+    column, ``specviz compare --trees``): "" = a chain ({}); "4, 6, 32" = EAGLE-2's top_k, depth,
+    total_tokens (eagle, eagle3); "[(0,), (1,), (0, 0)]" = vLLM's ``speculative_token_tree`` (the methods
+    that take it); "2" = the continuations kept per node (ngram, suffix: ``*_tree_branches``).
+    Raises ValueError for text of none of these forms, or a form ``method`` does not take (the engine
+    checks the tree itself)."""
+    spec = str(spec or "").strip()
+    if not spec:
+        return {}
+    takes = get(method).settings if method in METHODS else ()
+    if spec.startswith("["):
+        if TREE not in takes:
+            raise ValueError(f"a static tree (speculative_token_tree) applies to "
+                             f"{', '.join(m.name for m in METHODS.values() if TREE in m.settings)}, not {method!r}")
+        return {TREE: spec}
+    if spec.isdigit():
+        name = f"{method}_tree_branches"
+        if name not in takes:
+            raise ValueError(f"a tree of {spec} branches per node applies to ngram and suffix, not {method!r}")
+        return {name: int(spec)}
+    if EAGLE_TREE[0] not in takes:
+        raise ValueError(f"an EAGLE-2 tree ({spec!r}) applies to eagle and eagle3, not {method!r}; other trees: "
+                         "\"[(0,), (1,), (0, 0)]\" (static) or a number of branches (ngram, suffix)")
+    return eagle_tree_settings(spec)
+
+
+def draft_tree_depth(settings: dict[str, Any]) -> int | None:
+    """The most drafts one path of the tree ``settings`` describes can hold (its k): EAGLE-2's depth + 1 (with
+    the engine's defaults for knobs left out), a static tree's longest path; None for a chain or a tree whose
+    depth is k (ngram / suffix branches). Raises ValueError for an invalid static tree."""
+    if TREE in settings:
+        from .tree import parse_choices
+
+        return max(len(p) for p in parse_choices(settings[TREE]))
+    if any(name in settings for name in EAGLE_TREE):
+        from .proposers.eagle_tree import DEFAULT_DEPTH
+
+        return int(settings.get("eagle_tree_depth", DEFAULT_DEPTH)) + 1
+    return None

@@ -408,3 +408,124 @@ def test_strips_and_scrubber_name_the_prompt():
     assert strips_figure(c, 0, 0).layout.title.text.startswith("prompt 1 “Projections repeated”, seed 0: ")
     assert "prompt 1 “Projections repeated”, seed 0" in scrub_html(c, 0, 0, 1)
     assert "a &lt;b&gt; &amp; c" in strips_figure(c, 3, 0).layout.title.text and "<b> &" not in scrub_html(c, 3, 0, 1)
+
+
+# ---- draft trees beside chains ---------------------------------------------------------------------------
+STATIC = "[(0,), (1,), (0, 0)]"
+
+
+def test_tree_specs_become_their_methods_settings_and_refuse_other_methods():
+    from specviz.methods import draft_tree_depth, draft_tree_settings
+
+    assert draft_tree_settings("eagle3", "4, 6, 32") == {"eagle_tree_top_k": 4, "eagle_tree_depth": 6,
+                                                         "eagle_tree_total_tokens": 32}
+    assert draft_tree_settings("draft_model", STATIC) == {"speculative_token_tree": STATIC}
+    assert draft_tree_settings("suffix", "2") == {"suffix_tree_branches": 2}
+    assert draft_tree_settings("ngram", "") == {}
+    assert draft_tree_depth(draft_tree_settings("eagle", "4,5,24")) == 6  # depth + 1 drafts on the deepest path
+    assert draft_tree_depth({"speculative_token_tree": STATIC}) == 2 and draft_tree_depth({"ngram_tree_branches": 2}) is None
+    with pytest.raises(ValueError, match="applies to eagle and eagle3, not 'ngram'"):
+        draft_tree_settings("ngram", "4,6,32")
+    with pytest.raises(ValueError, match="applies to ngram and suffix, not 'draft_model'"):
+        draft_tree_settings("draft_model", "2")
+    with pytest.raises(ValueError, match="static tree .* not 'ngram_gpu'"):
+        draft_tree_settings("ngram_gpu", STATIC)
+    with pytest.raises(ValueError, match="three integers"):
+        draft_tree_settings("eagle3", "4,6")
+
+
+def test_expand_configs_adds_each_tree_for_the_methods_that_take_it_at_its_depth():
+    from specviz.compare import expand_configs
+
+    cs = expand_configs(["eagle3", "ngram", "draft_model"], [3, 5], [None, "block"], [0.0],
+                        ["chain", "4,6,32", "2", STATIC], (2, 4))
+    labels = [c.resolved().label for c in cs]
+    assert labels[:12] == [f"{m} k={k} {v} T=0" for m in ("eagle3", "ngram", "draft_model") for k in (3, 5)
+                           for v in ("greedy", "block")]  # the chains: methods x k x verification
+    assert labels[12:] == ["eagle3 tree 4,6,32 k=7 greedy T=0",  # no tree row for block (chain-only)
+                           "ngram tree 2 branches k=3 greedy T=0", "ngram tree 2 branches k=5 greedy T=0",
+                           "eagle3 static tree (3 nodes) k=2 greedy T=0", "draft_model static tree (3 nodes) k=2 greedy T=0"]
+    assert cs[12].settings(0, 8)["eagle_tree_depth"] == 6 and "speculative_token_tree" not in cs[0].settings(0, 8)
+    with pytest.raises(ValueError, match="no chosen method takes the tree '4,6,32'"):
+        expand_configs(["ngram"], [3], [None], [0.0], ["4,6,32"])
+    with pytest.raises(ValueError, match="chain-only"):
+        new_comparison([RunConfig("draft_model", 2, "block", 0.0, tree=STATIC)], ["x"], [0])
+    with pytest.raises(ValueError, match="applies to ngram and suffix"):
+        new_comparison([RunConfig("draft_model", 2, None, 0.0, tree="2")], ["x"], [0])
+
+
+@pytest.fixture(scope="module")
+def tree_comparison(decoders):
+    c = new_comparison([RunConfig("ngram", 3, None, 0.0, 1, 3), RunConfig("ngram", 3, None, 0.0, 1, 3, tree="2"),
+                        RunConfig("draft_model", 2, None, 0.0, tree=STATIC)],
+                       [Prompt("p1", "def add(a, b):\n    return a + b\n\ndef add(a, c):\n    return a + c\n\ndef add(")],
+                       [0], 12)
+    return run_comparison(decoders["llama"], c)
+
+
+def test_tree_rows_run_as_trees_are_lossless_and_have_no_chain_cost_model(tree_comparison):
+    c = tree_comparison
+    assert [x.label for x in c.configs] == ["none T=0", "ngram k=3 greedy T=0", "ngram tree 2 branches k=3 greedy T=0",
+                                            "draft_model static tree (3 nodes) k=2 greedy T=0"]
+    by = {r.config: r.trace for r in c.runs}
+    assert by[3].config["speculative_token_tree"] == STATIC and by[2].config["ngram_tree_branches"] == 2
+    assert any(s.is_tree for s in by[3].steps), "the static tree must reach the engine as a tree"
+    rows = table(c)
+    assert all(r["lossless"]["ok"] for r in rows[1:]), [r["lossless"] for r in rows]
+    assert rows[3]["tree"] == STATIC and rows[3]["tree_label"] == "static tree (3 nodes)"
+    assert rows[3]["predicted_speedup"] is None and rows[1]["predicted_speedup"] is not None
+    assert rows[3]["num_draft_tokens"] == sum(len(s.nodes) for s in by[3].steps if s.nodes)  # every node drafted
+    csv_rows = list(csv.DictReader(io.StringIO(table_csv(c))))
+    assert csv_rows[3]["tree"] == STATIC and csv_rows[1]["tree"] == ""
+
+
+def test_tree_comparisons_round_trip_and_old_files_load_as_chains(tree_comparison):
+    c = tree_comparison
+    back = Comparison.from_json(c.to_json())
+    assert back.to_dict() == c.to_dict() and back.configs[3].tree == STATIC
+    old = c.to_dict()
+    old["configs"] = [{k: v for k, v in cfg.items() if k != "tree"} for cfg in old["configs"]]
+    old["runs"] = [r for r in old["runs"] if r["config"] in (0, 1)]
+    assert all(cfg.tree == "" for cfg in Comparison.from_dict(old).configs)
+    wrong = c.to_dict()
+    wrong["configs"][3]["tree"] = "[(0,), (0, 0)]"  # the runs were drafted with another tree
+    with pytest.raises(ComparisonFormatError, match=r"runs\[\d\].trace's draft-tree settings do not match"):
+        Comparison.from_dict(wrong)
+    wrong["configs"][3]["tree"] = 7
+    with pytest.raises(ComparisonFormatError, match=r"configs\[3\].tree must be a string"):
+        Comparison.from_dict(wrong)
+
+
+def test_ksweep_draws_a_tree_as_its_own_group_without_the_chain_theory(tree_comparison):
+    pytest.importorskip("plotly")
+    from specviz.viz.compare import ksweep_figure, rules_source
+
+    fig = ksweep_figure(table(tree_comparison))
+    names = [t.name for t in fig.data]
+    assert "draft_model static tree (3 nodes) greedy T=0" in names and "ngram greedy T=0" in names
+    tree = next(t for t in fig.data if t.name == "draft_model static tree (3 nodes) greedy T=0")
+    assert tree.mode == "markers" and tree.marker.symbol == "diamond-open"
+    # two trees of one method: two symbols (the legend tells them apart), the method's colour kept
+    two = ksweep_figure([{**r, "method": "draft_model", "tree_label": f"tree {i}"} for i, r in
+                         enumerate(table(tree_comparison)[2:])])
+    assert [t.marker.symbol for t in two.data if t.showlegend is not False] == ["diamond-open", "square-open"]
+    theory = [t.legendgroup for t in fig.data if str(t.name).startswith("theory")]
+    assert theory == ["ngram greedy T=0"]  # the chain's group only: neither tree gets the i.i.d. chain curve
+    assert rules_source(tree_comparison) is None  # greedy runs only, and trees are never replayed as a chain
+
+
+def test_cli_compare_runs_trees_beside_the_chains(tiny_dirs, tmp_path, capsys):
+    from specviz.cli import main
+
+    target, draft = tiny_dirs["llama"]
+    out = tmp_path / "cmp"
+    code = main(["compare", "--target", str(target), "--draft", str(draft), "--methods", "ngram,draft_model",
+                 "-k", "2", "--trees", f"2; {STATIC}", "--prompt", "def add(a, b):\n    return a + b\n\ndef add(",
+                 "--max-new-tokens", "6", "--device", "cpu", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert [(r["label"], r["tree"]) for r in rows[3:]] == [("ngram tree 2 branches k=2 greedy T=0", "2"),
+                                                           ("draft_model static tree (3 nodes) k=2 greedy T=0", STATIC)]
+    assert main(["compare", "--target", str(target), "--methods", "ngram", "--trees", "4,6,32", "--prompt", "x",
+                 "--out", str(out)]) == 2
+    assert "no chosen method takes the tree" in capsys.readouterr().err

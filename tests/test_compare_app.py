@@ -70,11 +70,31 @@ def test_compare_runs_every_configuration_and_exports_a_comparison_that_imports_
 
 def test_presets_fill_the_controls(app_url):
     client = Client(app_url, verbose=False)
-    methods, ks, verify, temps = client.predict("k sweep (k = 1, 2, 3, 5, 8; greedy)", api_name="/compare_preset")
-    assert ks == "1,2,3,5,8" and "draft_model" in methods and temps == "0"
-    methods, ks, verify, temps = client.predict("same draft, every rule (draft model, T = 0.8)",
-                                                api_name="/compare_preset")
+    methods, ks, verify, temps, trees = client.predict("k sweep (k = 1, 2, 3, 5, 8; greedy)", api_name="/compare_preset")
+    assert ks == "1,2,3,5,8" and "draft_model" in methods and temps == "0" and trees == ""
+    methods, ks, verify, temps, trees = client.predict("same draft, every rule (draft model, T = 0.8)",
+                                                       api_name="/compare_preset")
     assert methods == ["draft_model"] and set(verify) == {"standard", "block"} and temps == "0.8"
+    methods, ks, verify, temps, trees = client.predict("eagle3: chains (k = 5, 7) vs EAGLE-2 trees",
+                                                       api_name="/compare_preset")
+    assert methods == ["eagle3"] and ks == "5,7" and trees == "4,5,24; 4,6,32"
+
+
+def test_trees_run_beside_the_chains_and_open_in_the_single_run_views(app_url):
+    client = Client(app_url, verbose=False)
+    out = client.predict(["ngram", "draft_model"], "2", ["auto"], "0", [], "def add(a, b):\n    return a + b\n\ndef add(",
+                         "0", 8, "vllm", "2; [(0,), (1,), (0, 0)]", api_name="/compare")
+    assert out[PROGRESS].startswith("**done** · 5/5 runs"), out[PROGRESS]
+    rows = out[TABLE]["data"]
+    assert [r[0] for r in rows] == ["none T=0", "ngram k=2 greedy T=0", "draft_model k=2 greedy T=0",
+                                    "ngram tree 2 branches k=2 greedy T=0",
+                                    "draft_model static tree (3 nodes) k=2 greedy T=0"]
+    assert all(r[-1].startswith("✓ equal (1/1)") for r in rows[1:]), [r[-1] for r in rows]
+    assert "static tree (3 nodes)" in json.dumps(out[KSWEEP])
+    opened = client.predict(4, 0, 0, api_name="/compare_open")
+    assert "from the comparison" in opened[0] and "draft_model" in opened[0]
+    bad = client.predict(["ngram"], "2", ["auto"], "0", [], "x = 1", "0", 8, "vllm", "4,6,32", api_name="/compare")
+    assert "no chosen method takes the tree '4,6,32'" in bad[PROGRESS], bad[PROGRESS]
 
 
 def test_bad_input_says_what_to_change(app_url, tmp_path):

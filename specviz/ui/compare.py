@@ -25,6 +25,7 @@ from specviz.compare import (
     ComparisonFormatError,
     Prompt,
     RunConfig,
+    expand_configs,
     iter_comparison,
     new_comparison,
     table,
@@ -48,6 +49,9 @@ PRESETS = {
     # the engine runs greedy verification at T = 0 only; the same-draft view decides greedy on the recorded drafts
     "same draft, every rule (draft model, T = 0.8)": {"methods": ["draft_model"], "ks": "4",
                                                       "verify": ["standard", "block"], "temperatures": "0.8"},
+    # trees beside the chains of the same head: the EAGLE-2 trees' k is their depth + 1 (6 and 7)
+    "eagle3: chains (k = 5, 7) vs EAGLE-2 trees": {"methods": ["eagle3"], "ks": "5,7", "verify": ["auto"],
+                                                   "temperatures": "0", "trees": "4,5,24; 4,6,32"},
 }
 
 
@@ -116,8 +120,10 @@ def _numbers(text: Any, cast: type, what: str) -> list[Any]:
     return values
 
 
-def build_configs(chosen: list[str] | None, ks: Any, verifies: list[str] | None, temperatures: Any) -> list[RunConfig]:
-    """Checkbox and text values -> configurations (methods x k x verification x temperature; "auto"
+def build_configs(chosen: list[str] | None, ks: Any, verifies: list[str] | None, temperatures: Any,
+                  trees: Any = "") -> list[RunConfig]:
+    """Checkbox and text values -> configurations (methods x k x verification x temperature as chains, plus
+    the ';'-separated ``trees`` for the methods that take each, :func:`specviz.compare.expand_configs`; "auto"
     verification = greedy at T = 0, else standard). n-gram methods use lookup 2..4, as the examples.
     Raises ValueError with what to change."""
     if not chosen:
@@ -129,17 +135,17 @@ def build_configs(chosen: list[str] | None, ks: Any, verifies: list[str] | None,
     k_values = _numbers(ks, int, "k")
     temps = _numbers(temperatures, float, "temperatures")
     rules = [None if v == "auto" else v for v in (verifies or ["auto"])]
-    return [RunConfig(m, k, v, t, 2 if "ngram" in m else None, 4 if "ngram" in m else None)
-            for m in chosen for k in k_values for v in rules for t in temps]
+    specs = [t.strip() for t in str(trees or "").split(";") if t.strip()]
+    return expand_configs(chosen, k_values, rules, temps, specs, (2, 4))
 
 
 def apply_preset(name: str) -> tuple[Any, ...]:
-    """A preset's methods, k values, verifications and temperatures (gr.skip() for an unknown name)."""
+    """A preset's methods, k values, verifications, temperatures and draft trees (gr.skip() for an unknown name)."""
     p = PRESETS.get(name)
     if p is None:
-        return (gr.skip(),) * 4
+        return (gr.skip(),) * 5
     chosen = methods() if p["methods"] == "all" else [m for m in p["methods"] if m in methods()]
-    return chosen, p["ks"], p["verify"], p["temperatures"]
+    return chosen, p["ks"], p["verify"], p["temperatures"], p.get("trees", "")
 
 
 # ---- views ---------------------------------------------------------------------------------
@@ -209,11 +215,11 @@ class CompareHandlers:
         self.cache, self.signals = cache, signals or StopSignals()
 
     def run(self, chosen: list[str], ks: Any, verifies: list[str], temperatures: Any, prompt_keys: list[str],
-            own: str, seeds: Any, max_new_tokens: Any, convention: str = "vllm",
+            own: str, seeds: Any, max_new_tokens: Any, convention: str = "vllm", trees: Any = "",
             request: gr.Request = None) -> Iterator[tuple]:
         """Run the comparison, yielding every view after each finished run (the table and the k sweep
-        in the acceptance-length ``convention``). Bad input -> the message in the progress line, the
-        views unchanged."""
+        in the acceptance-length ``convention``; ``trees``: the ';'-separated draft trees run beside the
+        chains). Bad input -> the message in the progress line, the views unchanged."""
         convention = _convention(convention)
         try:
             n_new = int(float(max_new_tokens))
@@ -221,7 +227,7 @@ class CompareHandlers:
                 raise ValueError(f"max new tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
             decoder = self.cache.get()
             chosen, skipped = runnable(decoder, chosen)
-            c = new_comparison(build_configs(chosen, ks, verifies, temperatures), _prompts(prompt_keys, own),
+            c = new_comparison(build_configs(chosen, ks, verifies, temperatures, trees), _prompts(prompt_keys, own),
                                _numbers(seeds, int, "seeds"), n_new)
         except (ValueError, TypeError) as exc:
             yield _error(str(exc))
@@ -399,6 +405,11 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                     u["seeds"] = gr.Textbox("0", label="seeds (e.g. 0,1,2 or 0-4)")
                 u["verify"] = gr.CheckboxGroup(list(VERIFY_CHOICES), value=["auto"],
                                                label="verification (auto = greedy at T = 0, else standard)")
+                u["trees"] = gr.Textbox("", label="draft trees beside the chains (';'-separated, optional)",
+                                        placeholder="4,5,24; 4,6,32", elem_id="sv-compare-trees",
+                                        info="EAGLE-2 top_k,depth,total_tokens (eagle, eagle3) · a static tree "
+                                             "[(0,), (1,), (0, 0)] · branches per node, e.g. 2 (ngram, suffix); "
+                                             "each runs for the chosen methods that take it, at k = its depth")
                 choices = prompt_choices()
                 first = [k for k in ("set:0", "set:3", "set:6") if k in dict((k, n) for n, k in choices)]
                 u["prompts"] = gr.Dropdown(choices, value=first, multiselect=True,
@@ -449,10 +460,10 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
         state = gr.State(None)
     outputs = [u[n] for n in OUTPUT_NAMES] + [state]
     inputs = [u["methods"], u["ks"], u["verify"], u["temperatures"], u["prompts"], u["own"], u["seeds"], u["max_new"],
-              u["convention"]]
+              u["convention"], u["trees"]]
     event = run_btn.click(handlers.run, inputs, outputs, api_name="compare", concurrency_limit=2)
     stop_btn.click(handlers.stop, None, [u["progress"]], api_name="compare_stop")
-    u["preset"].input(apply_preset, [u["preset"]], [u["methods"], u["ks"], u["verify"], u["temperatures"]],
+    u["preset"].input(apply_preset, [u["preset"]], [u["methods"], u["ks"], u["verify"], u["temperatures"], u["trees"]],
                       api_name="compare_preset")
     for comp in (u["prompt"], u["seed"]):
         comp.input(view, [state, u["prompt"], u["seed"], u["position"]], [u["strips"], u["scrub"], u["position"]],

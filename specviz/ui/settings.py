@@ -148,11 +148,9 @@ def tree_settings(method: str, eagle_tree: Any, tree_branches: Any, static_tree:
     if str(static_tree or "").strip() and "speculative_token_tree" in _method_settings(method):
         return {"speculative_token_tree": str(static_tree).strip()}
     if method in ("eagle", "eagle3") and str(eagle_tree or "").strip():
-        parts = [x.strip() for x in str(eagle_tree).replace(";", ",").split(",")]
-        if len(parts) != 3 or not all(x.isdigit() for x in parts):
-            raise ValueError(f"EAGLE-2 tree: give top_k, depth, total_tokens as three integers like 4, 5, 24 "
-                             f"(or leave it empty for a chain), got {eagle_tree!r}")
-        return dict(zip(("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens"), map(int, parts)))
+        from specviz.methods import eagle_tree_settings
+
+        return eagle_tree_settings(eagle_tree)
     if method in ("ngram", "suffix"):
         branches = _int(tree_branches or 0, "tree branches", 0, 64)
         return {f"{method}_tree_branches": branches} if branches else {}

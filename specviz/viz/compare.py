@@ -28,7 +28,8 @@ AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the
 COLUMN_WIDTHS = ("11%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "13%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
 COLUMN_FORMULAS = {
-    "configuration": "method k=num_speculative_tokens verification T=temperature",
+    "configuration": "method [draft tree] k=num_speculative_tokens verification T=temperature (a tree's k is its "
+                     "depth: the most drafts one step can accept)",
     "runs": "runs pooled into the row = prompts × seeds",
     "tokens / forward": "tokens per target forward = generated tokens / verification steps (prefill not counted; "
                         "steps without a draft count). vllm#24344: seq-normalized AL",
@@ -317,6 +318,7 @@ METHOD_STYLE: dict[str, tuple[str, str]] = {
 EXTRA_STYLES = (("#111827", "x"), ("#0f766e", "star-square"), ("#a16207", "hourglass"), ("#4338ca", "bowtie"))
 _extra: dict[str, tuple[str, str]] = {}
 VARIANT_DASHES = ("solid", "dot", "dashdot", "longdashdot")  # a method's 2nd, 3rd ... verification / temperature
+TREE_SYMBOLS = ("diamond-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")  # a method's trees
 
 
 def method_style(method: str) -> tuple[str, str]:
@@ -345,37 +347,46 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS) vs k with the i.i.d. theory at the method's pooled a
     (accepted / verified positions over every k): E = (1 - a^(k+1)) / (1 - a) for vLLM's, E - 1 for
     drafts only, (1 - g) + g E for per forward (g = the method's pooled draft coverage); and the
-    measured speedup vs k. ValueError for an unknown convention."""
+    measured speedup vs k. A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of a
+    method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
+    describe a tree). ValueError for an unknown convention."""
     label = table_columns(convention)[AL_COLUMN]
     y_title, formula = KSWEEP_THEORY[convention]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
         f"{label} vs k (dashed: {formula})", "measured speedup over method none vs k"))
     groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:
+    for r in rows:  # a draft tree is its own group, drawn at k = its depth without the chain's i.i.d. theory
         if r["method"] != "none":
-            groups.setdefault(f"{r['method']} {r['verify']} T={r['temperature']:g}", []).append(r)
+            tree = f" {r['tree_label']}" if r.get("tree_label") else ""
+            groups.setdefault(f"{r['method']}{tree} {r['verify']} T={r['temperature']:g}", []).append(r)
     variants: dict[str, int] = {}  # method -> groups of it drawn so far (another verification / temperature)
+    trees: dict[str, int] = {}  # method -> tree groups of it drawn so far (each its own hollow symbol)
     for name, rs in groups.items():
         rs = sorted(rs, key=lambda r: r["k"])
         colour, symbol = method_style(rs[0]["method"])
-        v = variants[rs[0]["method"]] = variants.get(rs[0]["method"], -1) + 1
+        tree = bool(rs[0].get("tree_label"))
+        counter = trees if tree else variants
+        v = counter[rs[0]["method"]] = counter.get(rs[0]["method"], -1) + 1
         line = {"color": colour, "dash": VARIANT_DASHES[v % len(VARIANT_DASHES)]}
         marker = {"symbol": symbol, "size": 9, "color": colour}
         ks = [r["k"] for r in rs]
-        fig.add_trace(go.Scatter(x=ks, y=[r["acceptance_length"][convention] for r in rs], mode="lines+markers",
+        if tree:  # a tree: a hollow symbol per k (one per tree of the method), no line to the chain's
+            marker = {"symbol": TREE_SYMBOLS[v % len(TREE_SYMBOLS)], "size": 12, "color": colour, "line": {"width": 2}}
+        mode = "markers" if tree else "lines+markers"
+        fig.add_trace(go.Scatter(x=ks, y=[r["acceptance_length"][convention] for r in rs], mode=mode,
                                  name=name, line=line, marker=marker, legendgroup=name), row=1, col=1)
         offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
         a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
         steps = sum(r["steps"] for r in rs)
         g = sum(r["num_drafts"] for r in rs) / steps if steps else 0.0
-        if a is not None and len(ks) > 0:
+        if a is not None and len(ks) > 0 and not tree:
             grid = list(range(1, max(ks) + 1))
             extra = f", g = {g:.2f}" if convention == "per_forward" else ""
             fig.add_trace(go.Scatter(x=grid, y=[_theory(convention, a, k, g) for k in grid], mode="lines",
                                      line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
                                      legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
                                      "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=ks, y=[r["speedup"] for r in rs], mode="lines+markers", name=name,
+        fig.add_trace(go.Scatter(x=ks, y=[r["speedup"] for r in rs], mode=mode, name=name,
                                  line=line, marker=marker, legendgroup=name, showlegend=False), row=1, col=2)
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
     fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
@@ -392,13 +403,14 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
 def rules_source(comparison: Comparison) -> Trace | None:
     """The run "the same draft, every rule" replays: the first run at temperature > 0 verified with
     block (block's h is recorded), else standard, preferring a draft model; None when there is none
-    (greedy runs record no uniforms)."""
+    (greedy runs record no uniforms). Draft trees are left out: block verification and the replay are a chain's."""
     def rank(r) -> tuple:
         c = comparison.configs[r.config]
         return (c.temperature == 0 or c.verify not in ("block", "standard"), c.verify != "block",
                 c.method != "draft_model", r.prompt, r.seed)
 
     runs = [r for r in comparison.runs if comparison.configs[r.config].method != "none"
+            and not comparison.configs[r.config].is_tree  # the rules replayed here are a chain's
             and comparison.configs[r.config].temperature > 0 and comparison.configs[r.config].verify in ("block", "standard")]
     best = min(runs, key=rank, default=None)
     return best.trace if best is not None else None
