@@ -205,7 +205,7 @@ def test_invalid_choices_and_settings(head):
     with pytest.raises(ValueError, match="not both"):
         tree_settings(Cfg)
     Cfg.speculative_token_tree = None
-    assert tree_settings(Cfg) == (DynamicTree(4, 5, 24), None)
+    assert tree_settings(Cfg) == (DynamicTree(4, 6, 32), None)
 
 
 @pytest.mark.parametrize("settings,match", [

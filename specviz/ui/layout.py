@@ -151,7 +151,7 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
             c["lookup_max"] = gr.Slider(1, 8, value=4, step=1, label="prompt_lookup_max")
     with gr.Accordion("draft tree (instead of a chain)", open=False):
         with gr.Row():
-            c["eagle_tree"] = gr.Textbox("", label="EAGLE-2 tree: top_k, depth, total_tokens", placeholder="4, 5, 24",
+            c["eagle_tree"] = gr.Textbox("", label="EAGLE-2 tree: top_k, depth, total_tokens", placeholder="4, 6, 32",
                                          info="eagle / eagle3; empty = a chain of k", elem_id="sv-eagle-tree")
             c["tree_branches"] = gr.Number(0, label="tree branches per node", precision=0, minimum=0,
                                            info="ngram / suffix: continuations kept per node; 0 = a chain",
