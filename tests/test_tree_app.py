@@ -92,6 +92,16 @@ def test_tree_controls_to_settings():
         tree_settings("ngram", "", 100)
 
 
+def test_a_tree_deeper_than_k_is_noted_with_the_k_that_fits_it():
+    from specviz.ui.settings import tree_depth_note
+
+    note = tree_depth_note("eagle3", 5, "4, 6, 32")
+    assert "reaches depth 7, but k = 5 caps it" in note and "set k = 7" in note
+    assert tree_depth_note("eagle3", 7, "4,6,32") == "" and tree_depth_note("eagle", 12, "4, 6, 32") == ""
+    assert tree_depth_note("ngram", 2, "4,6,32") == "" and tree_depth_note("eagle3", 5, "") == ""
+    assert tree_depth_note("eagle3", 5, "4, 6") == ""  # bad text: the run reports it, not the note
+
+
 def test_static_tree_control():
     from specviz.ui.settings import tree_settings
 

@@ -166,6 +166,28 @@ def test_handmade_residual_bars():
     assert "u = 0.9 > min(1, p/q) = 0.5: rejected" in title_text(fig)
 
 
+def test_a_position_after_the_first_rejection_says_it_was_never_tested():
+    """Token-wise rules stop at the first rejection: a later position's u was drawn but never compared, so its
+    panel must not call it rejected (a u below min(1, p/q) = 1 once read "u = 0.5884 > min(1, p/q) = 1: rejected")."""
+    tr = handmade()
+    st = tr.steps[0]
+    st.draft_token_ids.append(13)  # a 4th draft after the rejected 3rd, whose test would have passed
+    st.positions.append(_pos(4, 13, False, p=0.4, q=0.2, u=0.59))
+    fig = residual_figure(tr, 0, 4)
+    text = title_text(fig)
+    assert "was unused" in text and "never tested: draft x3 before it was rejected" in text, text
+    assert "had it been tested: u = 0.59 ≤ min(1, p/q) = 1, it would have passed" in text, text
+    assert not re.search(r"min\(1, p/q\) = [0-9.]+: rejected", text), text  # no verdict for a test that never ran
+    u_marker = [d for d in fig.data if d.type == "scatter" and d.name == "u (the uniform drawn)"][0]
+    assert u_marker.marker.color == "#9ca3af" and "never compared" in u_marker.text[0]
+    residual = [b.name for b in fig.data if b.type == "bar" and b.orientation != "h" and "residual" in b.name]
+    assert residual == ["residual max(p−q,0)/Z (not drawn from here)"]
+    st.positions[3] = _pos(4, 13, False, p=0.1, q=0.5, u=0.59)  # a test that would have failed says so
+    assert "u = 0.59 > min(1, p/q) = 0.2, it would have failed" in title_text(residual_figure(tr, 0, 4))
+    tr.config["verify"] = "greedy"
+    assert "greedy: never tested: draft x3 before it was rejected" in title_text(residual_figure(tr, 0, 4))
+
+
 def test_probability_axis_has_no_ticks_past_the_tallest_bar():
     """q one-hot (1.0) leaves headroom above the bars for the marks' labels, but the axis never reads 1.2 or 1.4."""
     from specviz.viz.residual import prob_ticks

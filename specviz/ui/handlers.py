@@ -33,7 +33,6 @@ from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.viz import figure_png, figures, report_html, run_summary
 
 from .cache import DecoderCache, StopSignals, device_in_use
-from .settings import tree_settings
 from .settings import (
     MAX_UI_NEW_TOKENS,
     MAX_UI_PAIRS,
@@ -43,6 +42,8 @@ from .settings import (
     check_slider_bounds,
     clamped_k_note,
     engine_settings,
+    tree_depth_note,
+    tree_settings,
 )
 from .views import all_views, default_selection, empty_views, selection_views, streaming_views
 from .worker import BackgroundRun
@@ -199,7 +200,9 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
     error mid-run, e.g. the GPU out of memory) the session's previous trace is drawn again and
     stays in the state, so it can still be exported."""
     streamed = False
-    note = clamped_k_note(num_speculative_tokens, k_typed)
+    notes = [n for n in (clamped_k_note(num_speculative_tokens, k_typed),
+                         tree_depth_note(method, num_speculative_tokens, eagle_tree)) if n]
+    note = "; ".join(notes)
     if note:
         gr.Warning(note)
     try:

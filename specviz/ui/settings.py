@@ -72,6 +72,24 @@ def clamped_k_note(k: Any, typed: Any) -> str:
     return f"k = {typed} is outside 1-{MAX_UI_SPECULATIVE_TOKENS}: ran k = {int(sent)}"
 
 
+def tree_depth_note(method: str, k: Any, eagle_tree: Any) -> str:
+    """The note for an EAGLE-2 tree deeper than k: the engine drafts no deeper than num_speculative_tokens
+    (``EagleTreeProposer.propose``), so "4, 6, 32" (depth 7) at k = 5 runs a tree of depth 5. "" when the tree
+    fits, or there is none (a static tree deeper than k is refused by the engine with its own message)."""
+    if method not in ("eagle", "eagle3") or not str(eagle_tree or "").strip():
+        return ""
+    from specviz.methods import draft_tree_depth, eagle_tree_settings
+
+    try:
+        depth, k = draft_tree_depth(eagle_tree_settings(eagle_tree)), int(float(k))
+    except (TypeError, ValueError):
+        return ""  # the run itself reports the bad input
+    if depth is None or depth <= k:
+        return ""
+    return (f"the EAGLE-2 tree {str(eagle_tree).strip()} reaches depth {depth}, but k = {k} caps it: its nodes stop at "
+            f"depth {k} (set k = {depth} for the whole tree)")
+
+
 RATES_HELP = ("synthetic rates are acceptance rates per draft position, a_1, a_2, …: a_i is the chance that a "
               "step accepts at least i draft tokens (unconditional, as vLLM counts it), so each lies in [0, 1] and "
               "they are non-increasing (a_1 ≥ a_2 ≥ …); give one per draft position")

@@ -113,15 +113,25 @@ TREE_TEST_NOTE = {
 }
 
 
+def _never_tested(first: int) -> str:
+    return f"never tested: draft x{first} before it was rejected, so the step discarded this draft"
+
+
 def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | None, row: int | None,
-           tree_rule: str | None = None, typical: tuple[Any, Any] = ("ε", "δ")) -> str:
+           tree_rule: str | None = None, typical: tuple[Any, Any] = ("ε", "δ"), unused_after: int | None = None) -> str:
     """The accept test of one position as a bar [0, threshold] with a marker at u (in ``row``;
     greedy verification has no random test and draws nothing). ``tree_rule``: the step's tree rule
-    ("topk" / "sampled") when the position is a tree node. Returns a sentence."""
+    ("topk" / "sampled") when the position is a tree node. ``unused_after``: for a position after the step's
+    first rejection, that rejected position (token-wise rules stop there: this position's test never ran; its u,
+    drawn with the others, is shown grey with what the test would have said). Returns a sentence."""
     if verify == "greedy" or row is None:
+        if unused_after is not None:
+            return f"greedy: {_never_tested(unused_after)}"
         return ("greedy: x is accepted iff it is the target's argmax (p is one-hot at temperature 0): "
                 + ("x is the argmax, accepted" if pos.accepted else "x is not the argmax, rejected"))
     if verify == "typical":  # Medusa's rule: no uniform is compared (specviz/sampling/typical.py)
+        if unused_after is not None:
+            return f"typical acceptance (lossy, not distribution-preserving): {_never_tested(unused_after)}"
         return (f"typical acceptance (lossy, not distribution-preserving): x is accepted iff p(x) > min(ε, δ·exp(−H(p))) "
                 f"(ε = {typical[0]}, δ = {typical[1]}, H = the entropy of p); p(x) = {fmt_prob(pos.p)}: "
                 + ("above it, accepted" if pos.accepted else "not above it, rejected") + "; q is not read")
@@ -134,11 +144,17 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
     else:
         thr, u = pos.accept_prob, pos.u
         name = "a_i / a_(i-1)" if verify == "synthetic" else TREE_TEST_NAME.get(tree_rule or "", "min(1, p/q)")
-        sentence = (("synthetic (lossy, fixed rates): " if verify == "synthetic"
-                     else "") + f"u = {fmt_prob(u)} {'≤' if pos.accepted else '>'} {name} = {fmt_prob(thr)}: "
-                    + ("accepted" if pos.accepted else "rejected"))
-
-        verdict = "accepted" if pos.accepted else "rejected"
+        prefix = "synthetic (lossy, fixed rates): " if verify == "synthetic" else ""
+        if unused_after is not None:  # the test never ran: say what it would have said with the u drawn here
+            would = u <= thr
+            sentence = (f"{prefix}{_never_tested(unused_after)}; had it been tested: u = {fmt_prob(u)} "
+                        f"{'≤' if would else '>'} {name} = {fmt_prob(thr)}, it would have "
+                        + ("passed" if would else "failed"))
+            verdict = "unused"
+        else:
+            sentence = (prefix + f"u = {fmt_prob(u)} {'≤' if pos.accepted else '>'} {name} = {fmt_prob(thr)}: "
+                        + ("accepted" if pos.accepted else "rejected"))
+            verdict = "accepted" if pos.accepted else "rejected"
     sym = f"η_{pos.index}" if verify == "block" and block else "u"
     # both bars share an offsetgroup so they overlap (the figure's bars are otherwise grouped)
     fig.add_trace(go.Bar(x=[1.0], y=[""], orientation="h", marker_color="#fee2e2", showlegend=False,
@@ -147,9 +163,11 @@ def _gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | N
                          name=f"accept region: {sym} ≤ {name}", showlegend=False, hovertemplate=f"{name} = %{{x:.4f}}<extra></extra>"),
                   row=row, col=1)
     ok = verdict in ("accepted", "passes")
-    fig.add_trace(go.Scatter(x=[u], y=[""], mode="markers+text", text=[f"{sym} = {fmt_prob(u)}"],
+    colour = "#9ca3af" if verdict == "unused" else "#15803d" if ok else "#dc2626"
+    fig.add_trace(go.Scatter(x=[u], y=[""], mode="markers+text",
+                             text=[f"{sym} = {fmt_prob(u)}" + (" (never compared)" if verdict == "unused" else "")],
                              textposition="middle left" if u > 0.6 else "middle right", cliponaxis=False,
-                             marker={"symbol": "diamond", "size": 16, "color": "#15803d" if ok else "#dc2626",
+                             marker={"symbol": "diamond", "size": 16, "color": colour,
                                      "line": {"width": 1, "color": "#111827"}},
                              name=f"{sym} (the uniform drawn)", showlegend=False, hovertemplate=f"{sym} = %{{x:.4f}}<extra></extra>"),
                   row=row, col=1)
@@ -296,10 +314,12 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
         q.setdefault(pos.token_id, pos.q)
     tree_rule = st.tree_rule if st.nodes and st.tree_rule in TREE_TEST_NAME else None
     series = [("target p", P_COLOUR, p), ("q (one-hot: top-k child)" if tree_rule == "topk" else "draft q", Q_COLOUR, q)]
+    here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
     if verify not in ("greedy", "typical"):  # greedy: the target's argmax; typical: a draw from p, no residual
         series.append(("residual r/Z (tree rule)" if tree_rule else "residual max(p−q,0)/Z", R_COLOUR, r))
+        if not here:  # only the rejected position's residual is sampled
+            series[-1] = (series[-1][0] + " (not drawn from here)", R_COLOUR, r)
     marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
-    here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
     block_note = None
     if here:
         if verify == "block":
@@ -310,7 +330,9 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     _bars(fig, trace, series, [pos.token_id, st.emitted.token_id if here else None], marks)
     typical = (trace.config.get("typical_acceptance_sampler_posterior_threshold", "ε"),
                trace.config.get("typical_acceptance_sampler_posterior_alpha", "δ"))
-    test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row, tree_rule, typical)
+    unused = position_fate(st, i) == "unused" and not has_block  # block compares every η_i (τ = the last pass)
+    test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row, tree_rule, typical,
+                  unused_after=st.num_accepted + 1 if unused else None)
     z = "Z = the residual's mass" if tree_rule else "Z = Σ max(p−q, 0)"
     if verify not in ("greedy", "typical"):  # the rules with a residual
         test += f"  ·  {z} = {fmt_prob(pos.residual_mass)}"
