@@ -45,8 +45,9 @@ def test_lesson_api_names_and_events(app_url):
     assert "data-step='2'" in tick[TEXT] and "one target forward" in tick[TEXT]
 
 
-def test_the_brief_box_shortens_the_lesson_and_restarts_it(app_url):
-    """The "brief" box (lesson_brief): a lesson being shown restarts in the short form, where steps after the first
+def test_the_brief_box_shortens_the_lesson_where_it_is(app_url):
+    """The "brief" box (lesson_brief): a lesson being shown goes on in the short form at the step it was on (it
+    once restarted at chapter 1: a new user on chapter 15 of 150 landed on 1 of 33), where steps after the first
     two are one chapter each; the setting stays for the next Lesson, and unticking gives the full lesson back."""
     import re
 
@@ -56,7 +57,12 @@ def test_the_brief_box_shortens_the_lesson_and_restarts_it(app_url):
     count = lambda out: int(re.search(r"data-count='(\d+)'", out[TEXT]).group(1))  # noqa: E731
     full = count(client.predict(api_name="/lesson_start"))
     brief = client.predict(True, api_name="/lesson_brief")
-    assert "data-index='0'" in brief[TEXT] and count(brief) < full
+    assert "data-index='0'" in brief[TEXT] and count(brief) < full  # on the introduction: stays on it
+    client.predict(False, api_name="/lesson_brief")
+    on_step = client.predict(4, api_name="/lesson_goto")
+    assert "data-step='4'" in on_step[TEXT]
+    moved = client.predict(True, api_name="/lesson_brief")
+    assert "data-step='4'" in moved[TEXT] and count(moved) < full, moved[TEXT][:200]
     jump = client.predict(3, api_name="/lesson_goto")
     assert "data-step='3'" in jump[TEXT] and "draft token(s) accepted" in jump[TEXT]  # one chapter for step 3
     again = client.predict(api_name="/lesson_start")

@@ -102,6 +102,18 @@ def test_a_tree_deeper_than_k_is_noted_with_the_k_that_fits_it():
     assert tree_depth_note("eagle3", 5, "4, 6") == ""  # bad text: the run reports it, not the note
 
 
+def test_a_tree_control_the_method_does_not_read_is_noted():
+    from specviz.ui.settings import ignored_tree_note
+
+    tree = "[(0,), (1,), (0, 0)]"
+    assert ignored_tree_note("draft_model", "4, x", 0) == "draft_model ignores the EAGLE-2 tree (eagle, eagle3 only): it ran a chain"
+    assert ignored_tree_note("draft_model", "4,6,32", 0, tree) == "draft_model ignores the EAGLE-2 tree (eagle, eagle3 only)"
+    assert ignored_tree_note("eagle3", "4,6,32", 0, tree) == "eagle3 ignores the EAGLE-2 tree (the static tree replaces it)"
+    assert "ngram ignores the static tree (draft_model, eagle, eagle3, medusa only)" in ignored_tree_note("ngram", "", 2, tree)
+    assert "ignores the tree branches per node (ngram, suffix only): it ran a chain" in ignored_tree_note("eagle", "", 3)
+    assert ignored_tree_note("eagle3", "4,6,32", 0) == ignored_tree_note("suffix", "", 2) == ignored_tree_note("none", "", 0) == ""
+
+
 def test_static_tree_control():
     from specviz.ui.settings import tree_settings
 

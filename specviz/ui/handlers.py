@@ -42,6 +42,7 @@ from .settings import (
     check_slider_bounds,
     clamped_k_note,
     engine_settings,
+    ignored_tree_note,
     tree_depth_note,
     tree_settings,
 )
@@ -201,7 +202,8 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
     stays in the state, so it can still be exported."""
     streamed = False
     notes = [n for n in (clamped_k_note(num_speculative_tokens, k_typed),
-                         tree_depth_note(method, num_speculative_tokens, eagle_tree)) if n]
+                         tree_depth_note(method, num_speculative_tokens, eagle_tree),
+                         ignored_tree_note(method, eagle_tree, tree_branches, static_tree)) if n]
     note = "; ".join(notes)
     if note:
         gr.Warning(note)

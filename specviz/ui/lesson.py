@@ -321,12 +321,20 @@ def lesson_tick(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
 
 def lesson_brief(state: dict[str, Any] | None, lesson: dict[str, Any] | None, brief: Any) -> tuple[Any, ...]:
     """The "brief" box: tell only the first BRIEF_FULL_STEPS steps in full, every later one in one chapter. A lesson
-    being shown restarts at its first chapter in the new form; otherwise only the setting is kept."""
-    lesson = {**new_lesson(), **(lesson or {}), "full_steps": BRIEF_FULL_STEPS if brief else None}
+    being shown stays where it was in the new form (the first chapter of the step it was on; the introduction and
+    the closing statistics stay themselves); otherwise only the setting is kept."""
+    old = {**new_lesson(), **(lesson or {})}
+    lesson = {**old, "full_steps": BRIEF_FULL_STEPS if brief else None}
     trace = _trace_of(state)
     if lesson["index"] < 0 or trace is None or not trace.steps:
         return (gr.skip(), lesson, *([gr.skip()] * 7))
-    return _show(trace, lesson, 0)
+    before, after = _chapters(trace, old), _chapters(trace, lesson)
+    here = before[min(int(old["index"]), len(before) - 1)]
+    if here.step is not None and here.kind != "intro":
+        index = chapter_of_step(after, here.step)
+    else:  # the introduction (first) or the statistics (last)
+        index = 0 if int(old["index"]) == 0 else len(after) - 1
+    return _show(trace, lesson, index)
 
 
 def lesson_reset(lesson: dict[str, Any] | None) -> tuple[Any, ...]:

@@ -72,6 +72,45 @@ def clamped_k_note(k: Any, typed: Any) -> str:
     return f"k = {typed} is outside 1-{MAX_UI_SPECULATIVE_TOKENS}: ran k = {int(sent)}"
 
 
+def ignored_tree_note(method: str, eagle_tree: Any, tree_branches: Any, static_tree: Any = "") -> str:
+    """The note for a draft-tree control ``method`` does not read (the boxes keep their text when the method
+    changes, so this is a note, not an error): e.g. an EAGLE-2 tree typed while draft_model is chosen. ""
+    when every filled control applies."""
+    takes = _method_settings(method)
+    ignored = []
+    if str(eagle_tree or "").strip() and method not in ("eagle", "eagle3"):
+        ignored.append("the EAGLE-2 tree (eagle, eagle3 only)")
+    elif str(eagle_tree or "").strip() and str(static_tree or "").strip() and "speculative_token_tree" in takes:
+        ignored.append("the EAGLE-2 tree (the static tree replaces it)")
+    try:
+        branches = int(float(tree_branches or 0))
+    except (TypeError, ValueError):
+        branches = 0  # the run reports a bad number
+    if branches and method not in ("ngram", "suffix"):
+        ignored.append("the tree branches per node (ngram, suffix only)")
+    if str(static_tree or "").strip() and "speculative_token_tree" not in takes:
+        ignored.append("the static tree (" + ", ".join(_static_tree_methods()) + " only)")
+    if not ignored:
+        return ""
+    ran = "" if _reads_a_tree(method, eagle_tree, branches, static_tree) else ": it ran a chain"
+    return f"{method} ignores " + " and ".join(ignored) + ran
+
+
+def _static_tree_methods() -> list[str]:
+    from specviz.methods import METHODS
+
+    return [m.name for m in METHODS.values() if "speculative_token_tree" in m.settings]
+
+
+def _reads_a_tree(method: str, eagle_tree: Any, branches: int, static_tree: Any) -> bool:
+    """Whether the controls give ``method`` a tree it reads (so it ran a tree, not a chain)."""
+    if str(static_tree or "").strip() and "speculative_token_tree" in _method_settings(method):
+        return True
+    if str(eagle_tree or "").strip() and method in ("eagle", "eagle3"):
+        return True
+    return bool(branches) and method in ("ngram", "suffix")
+
+
 def tree_depth_note(method: str, k: Any, eagle_tree: Any) -> str:
     """The note for an EAGLE-2 tree deeper than k: the engine drafts no deeper than num_speculative_tokens
     (``EagleTreeProposer.propose``), so "4, 6, 32" (depth 7) at k = 5 runs a tree of depth 5. "" when the tree
