@@ -93,8 +93,9 @@ def test_grid_cell_text_fits_its_column_at_the_narrowest_page(bundled):
     size, chars = cell_font(len(text[0]))
     assert size < 11 and max(len(t.replace("&amp;", "&")) for row in text for t in row) <= chars
     tok = tr.output_token_ids[0]
-    tr.token_texts[str(tok)] = "        self"  # indentation: ␣8, not eight ␣ that fill the cell
-    assert cell_label(tr, tok, 6) == "␣8self" and cell_label(tr, tok, 4) == "␣8s…" and cell_label(tr, tok, 0) == ""
+    # indentation: ␣×8 (as every view writes it: visible()), not eight ␣ that fill the cell
+    tr.token_texts[str(tok)] = "        self"
+    assert cell_label(tr, tok, 7) == "␣×8self" and cell_label(tr, tok, 5) == "␣×8s…" and cell_label(tr, tok, 0) == ""
 
 
 def test_section_three_is_named_for_the_method_that_ran(medusa5):

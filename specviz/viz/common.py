@@ -80,7 +80,8 @@ def token_text(trace: Trace, token_id: int) -> str:
 
 def visible(piece: str) -> str:
     """A token piece with invisible characters made visible: newline -> ↵, tab -> →,
-    leading/trailing spaces -> ␣; an empty piece -> ∅."""
+    leading/trailing spaces -> ␣, runs of more than 3 of them as ␣×n (indentation: "↵␣×7"); an empty
+    piece -> ∅. Every view writes tokens this way (grid, stream, tree, residual, lesson, tables)."""
     if piece == "":
         return "∅"
     out = piece.replace("\n", "↵").replace("\t", "→").replace("\r", "␍")
@@ -89,7 +90,7 @@ def visible(piece: str) -> str:
         lead = len(out) - len(out.lstrip(" "))
         trail = len(out) - len(out.rstrip(" "))
         out = "␣" * lead + stripped + "␣" * trail if stripped else "␣" * len(out)
-    return out
+    return re.sub(r"␣{4,}", lambda m: f"␣×{len(m.group())}", out)
 
 
 def label(trace: Trace, token_id: int, width: int = 14) -> str:
@@ -102,8 +103,18 @@ def label(trace: Trace, token_id: int, width: int = 14) -> str:
 def quoted(trace: Trace, token_id: int) -> str:
     """A token's text in quotes for Plotly hover texts and titles, on one line: invisible
     characters made visible (:func:`visible`; runs of more than 3 spaces as ␣×n), HTML-escaped."""
-    text = re.sub(r"␣{4,}", lambda m: f"␣×{len(m.group())}", visible(token_text(trace, token_id)))
-    return html.escape(f"‘{text}’", quote=False)
+    return html.escape(f"‘{visible(token_text(trace, token_id))}’", quote=False)
+
+
+def token_code(trace: Trace, token_id: Any, style: str = "") -> str:
+    """A token for the HTML tables (``<code>``; "—" for None): :func:`visible`'s text, HTML-escaped (a Python
+    repr there showed "'\\n '" for a newline and 27 spaces, since HTML collapses the spaces), the raw piece's repr
+    on hover."""
+    if token_id is None:
+        return "—"
+    raw = html.escape(repr(token_text(trace, int(token_id))), quote=True)
+    css = f" style='{style}'" if style else ""
+    return f"<code title='{raw}'{css}>{html.escape(visible(token_text(trace, int(token_id))), quote=False)}</code>"
 
 
 def decision_slot(step: Step) -> int:

@@ -11,7 +11,6 @@ say what the target kept. Method: Chen, Liang, Liu 2026 (arXiv 2602.06036); meth
 from __future__ import annotations
 
 import html
-import re
 from typing import Any
 
 import plotly.graph_objects as go
@@ -36,8 +35,8 @@ def _style(fate: str) -> tuple[str, str, str]:
 
 
 def _short(trace: Trace, token_id: int) -> str:
-    """A token's visible text with runs of more than 3 spaces as ␣×n (indentation fits a card)."""
-    return re.sub(r"␣{4,}", lambda m: f"␣×{len(m.group())}", visible(token_text(trace, int(token_id))))
+    """A token's visible text (:func:`~specviz.viz.common.visible`: runs of more than 3 spaces as ␣×n)."""
+    return visible(token_text(trace, int(token_id)))
 
 
 def _tok(trace: Trace, token_id: Any) -> str:

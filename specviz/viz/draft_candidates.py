@@ -5,11 +5,9 @@ sampled from q = softmax(logits / T) (specviz/proposers/draft_model.py)."""
 
 from __future__ import annotations
 
-import html
-
 from specviz.trace import Step, Trace
 
-from .common import fmt_prob, token_text
+from .common import fmt_prob, token_code
 
 TOP = 5  # candidates listed per position
 
@@ -30,11 +28,10 @@ def draft_candidates_html(trace: Trace, step: Step) -> str:
     rows = []
     for pos in step.positions:
         cands = " ".join(
-            f"<code style='{'font-weight:bold;background:#fed7aa' if int(t) == pos.token_id else ''}'>"
-            f"{html.escape(repr(token_text(trace, int(t))))}</code>&nbsp;{fmt_prob(float(q))}"
-            for t, q in pos.q_top[:TOP])
+            token_code(trace, int(t), "font-weight:bold;background:#fed7aa" if int(t) == pos.token_id else "")
+            + f"&nbsp;{fmt_prob(float(q))}" for t, q in pos.q_top[:TOP])
         rows.append(f"<tr data-position='{pos.index}'><td>x{pos.index}</td>"
-                    f"<td><code>{html.escape(repr(token_text(trace, pos.token_id)))}</code></td>"
+                    f"<td>{token_code(trace, pos.token_id)}</td>"
                     f"<td>{fmt_prob(pos.q)}</td><td>{cands or '—'}</td><td>{fmt_prob(pos.p)}</td></tr>")
     head = ("<tr><th>i</th><th>drafted x_i</th><th>q(x_i)</th><th>the draft's top candidates (q)</th>"
             "<th>target p(x_i)</th></tr>")

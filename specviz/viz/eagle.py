@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from .common import as_trace, metrics_of, token_text
+from .common import as_trace, metrics_of, token_code
 from .residual import message_figure
 
 CELL = "style='padding:2px 6px;text-align:left'"  # compact cells (the panel is half the page wide)
@@ -41,9 +41,7 @@ def _feature_text(match: dict[str, Any], pos: dict[str, Any]) -> str:
 
 
 def _code(trace: Trace, token_id: Any) -> str:
-    if token_id is None:
-        return "—"
-    return f"<code>{html.escape(repr(token_text(trace, int(token_id))))}</code>"
+    return token_code(trace, token_id)
 
 
 def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = None) -> str:

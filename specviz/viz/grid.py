@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import math
-import re
 from typing import Any
 
 import plotly.graph_objects as go
@@ -59,11 +58,11 @@ def cell_font(ncol: int) -> tuple[int, int]:
 
 
 def cell_label(trace: Trace, token_id: int, width: int) -> str:
-    """A grid cell's text: :func:`~specviz.viz.common.label` with runs of 4+ spaces as ␣n
-    (indentation would fill the cell), cut to ``width`` characters."""
+    """A grid cell's text: :func:`~specviz.viz.common.visible` (runs of 4+ spaces as ␣×n, as every view writes
+    them), cut to ``width`` characters."""
     if width <= 0:
         return ""
-    s = re.sub(r"␣{4,}", lambda m: f"␣{len(m.group())}", visible(token_text(trace, token_id)))
+    s = visible(token_text(trace, token_id))
     return html.escape(s if len(s) <= width else s[: width - 1] + "…", quote=False)
 
 

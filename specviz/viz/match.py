@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from .common import as_trace, context_before, label, quoted, token_text
+from .common import as_trace, context_before, label, quoted, token_code, token_text
 from .residual import message_figure
 
 MAX_CHILDREN = 4  # trie branches shown per node (most frequent first); the rest are summed
@@ -126,7 +126,7 @@ def suffix_html(trace: Trace, st: Step) -> str:
     for c in st.match["candidates"]:
         if not c.get("draft"):
             continue
-        toks = " ".join(f"<code>{html.escape(repr(token_text(trace, t)))}</code>&nbsp;{p:.2f}"
+        toks = " ".join(f"{token_code(trace, t)}&nbsp;{p:.2f}"
                         for t, p in zip(c["draft"], c["probs"]))
         style = "font-weight:bold;background:#bae6fd" if c == chosen else ""
         rows.append(f"<tr style='{style}'><td>{c['source']}</td><td>{c['match_length']}</td><td>{toks}</td>"

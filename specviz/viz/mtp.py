@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from .common import as_trace, label, token_text
+from .common import as_trace, label, token_code
 from .eagle import CELL, FATE_COLOUR
 from .residual import message_figure
 
@@ -28,9 +28,7 @@ def _fate(step: Step, m: int) -> str:
 
 
 def _code(trace: Trace, token_id: Any) -> str:
-    if token_id is None:
-        return "—"
-    return f"<code>{html.escape(repr(token_text(trace, int(token_id))))}</code>"
+    return token_code(trace, token_id)
 
 
 def _num(x: Any) -> str:

@@ -13,7 +13,8 @@ from typing import Any
 
 from specviz.trace import Trace
 
-from .common import FATE_STYLE, TokenEvent, as_trace, fate_label, fmt_prob, residual_prob, token_events, token_text
+from .common import (FATE_STYLE, TokenEvent, as_trace, fate_label, fmt_prob, residual_prob, token_events, token_text,
+                     visible)
 
 PROMPT_CHARS = 240  # longer prompts show only their last PROMPT_CHARS characters (and at most PROMPT_LINES lines)
 PROMPT_LINES = 4
@@ -48,7 +49,7 @@ def _title(ev: TokenEvent, trace: Trace) -> str:
     if ev.fate == "recovered" and greedy:
         what = "recovered token: the target's argmax after the rejection (greedy verification)"
     lines = [f"step {ev.step}, position {ev.slot}: {what}",
-             f"token {token_text(trace, ev.token_id)!r} (id {ev.token_id})",
+             f"token ‘{visible(token_text(trace, ev.token_id))}’ (id {ev.token_id})",
              f"p(x) = {fmt_prob(ev.p) if ev.p is not None else 'not recorded'}"]
     if ev.fate == "recovered" and not greedy and 0 <= ev.step < len(trace.steps):
         lines[-1] += f"   r(x) = {fmt_prob(residual_prob(trace.steps[ev.step]))} (the residual it was drawn from)"
