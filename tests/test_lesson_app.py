@@ -222,7 +222,12 @@ def _chapter_on_screen(page) -> None:
 
 LEGEND_BOX_JS = """() => { const l = document.querySelector('#sv-residual .legend');
     if (!l) return null; const r = l.getBoundingClientRect();
-    return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, vw: innerWidth, vh: innerHeight}; }"""
+    const gd = document.querySelector('#sv-residual .js-plotly-plot'), bars = gd.querySelector('.draglayer .xy .nsewdrag');
+    const cap = [...gd.querySelectorAll('.annotation-text')].find((t) => t.closest('.annotation')
+                                                                   && t.textContent.startsWith('Why'));
+    return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, vw: innerWidth, vh: innerHeight,
+            bars: bars ? bars.getBoundingClientRect().height : 0, figure: gd.getBoundingClientRect().height,
+            caption: cap ? cap.textContent : null}; }"""
 LEGEND_IN_VIEW = ("() => { const b = (%s)(); return b === null || (b.top >= 0 && b.left >= 0 && b.bottom <= b.vh "
                   "&& b.right <= b.vw); }" % LEGEND_BOX_JS)
 
@@ -271,6 +276,10 @@ def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_
     assert boxes, legends
     for b in boxes:
         assert b["top"] >= 0 and b["left"] >= 0 and b["bottom"] <= b["vh"] and b["right"] <= b["vw"], b
+        # the caption is its question only while the chapter (which says the rest) is pinned above: the bars keep
+        # about 40 % of the figure (with the caption's four lines they had about 130 of 490 px)
+        assert b["caption"] and b["caption"].startswith("Why") and "Z = " not in b["caption"], b
+        assert b["bars"] >= 0.35 * b["figure"], b
     assert any("u = " in c["text"] and "min(1, p/q)" in c["text"] for c in seen)
     assert any(c["focus"] == "sv-match" and "its top candidates" in c["text"] for c in seen)
     assert any(c["focus"] == "sv-residual" for c in seen)

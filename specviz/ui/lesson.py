@@ -44,6 +44,7 @@ if (['1', 'true', 'yes'].includes(params.get('present')) || element.querySelecto
 const svFocus = () => {
   const ch = element.querySelector('.sv-chapter');
   document.body.classList.toggle('sv-lesson-on', !!ch);
+  if (typeof svCaptions === 'function') svCaptions();  // the residual caption: short with a lesson on, else full
   if (!ch) document.body.style.paddingTop = '';
   document.querySelectorAll('.sv-focus').forEach((e) => e.classList.remove('sv-focus'));
   if (!ch) return;
@@ -91,6 +92,7 @@ const svScale = (gd) => {
       up[`annotations[${i}].text`] = a.text.replace(/font-size:\s*([0-9.]+)px/g, (m, v) => `font-size:${Math.round(v * k)}px`);
   });
   if (L.margin && L.margin.t) up['margin.t'] = Math.round(L.margin.t * k);  // room for a caption written above the plot
+  Object.assign(up, svCaption(gd, up['margin.t']) || {});
   for (const key of Object.keys(L).filter((key) => /^[xy]axis[0-9]*$/.test(key))) {
     const ax = L[key];
     if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
@@ -107,6 +109,34 @@ const svScale = (gd) => {
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
   window.Plotly.relayout(gd, up);
+};
+// presentation layout with a lesson on: the residual view's caption is its bold question only (the figure's
+// meta.caption_head, in a top margin of meta.caption_head_px): the pinned chapter says the rest, and the caption's four
+// lines at this scale took half of the figure's height from the bars; with the lesson off the full caption comes
+// back. Returns the relayout to make (null: nothing to change); applied when the figure is drawn and when a chapter
+// is placed or the lesson ends (a lesson may start after the figure was drawn). top: the full caption's margin now.
+const svCaption = (gd, top) => {
+  const L = gd.layout, head = L && L.meta && L.meta.caption_head;
+  if (!head || !document.body.classList.contains('sv-present')) return null;
+  const i = (L.annotations || []).findIndex((a) => a.name === 'caption');
+  if (i < 0) return null;
+  const on = document.body.classList.contains('sv-lesson-on'), text = L.annotations[i].text;
+  if (on && text !== head) {
+    gd.svCaptionFull = {text, top: top || (L.margin && L.margin.t) || 0};
+    return {[`annotations[${i}].text`]: head, 'margin.t': Math.round(L.meta.caption_head_px * %(scale)s)};
+  }
+  if (!on && text === head && gd.svCaptionFull) {
+    const full = gd.svCaptionFull;
+    gd.svCaptionFull = null;
+    return {[`annotations[${i}].text`]: full.text, 'margin.t': full.top};
+  }
+  return null;
+};
+const svCaptions = () => {
+  for (const gd of document.querySelectorAll('#sv-residual .js-plotly-plot')) {
+    const c = gd.svScaled ? svCaption(gd) : null;  // a figure not yet scaled gets it in svScale
+    if (window.Plotly && c) window.Plotly.relayout(gd, c);
+  }
 };
 // presentation layout with a lesson on: a figure is at most the viewport below the fixed chapter panel tall
 // (its legend and captions included; Plotly lays the plot area out again inside), never under %(least)s px;
@@ -174,6 +204,7 @@ const svStatsFit = (L) => {
   return up;
 };
 const svFit = (view) => {
+  svCaptions();
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
     const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1) ||
                             svStatsFit(gd.layout));

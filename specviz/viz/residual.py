@@ -370,5 +370,8 @@ def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
         height=height, barmode="group", plot_bgcolor="#ffffff",
         margin={"l": 55, "r": 10, "t": top, "b": bottom},
         legend={"orientation": "h", "y": legend_y, "yanchor": "top", "font": {"size": 11}},
+        # the presentation layout, while a lesson's chapter (which says the rest) is pinned above: the caption's
+        # bold question only, in a top margin this tall (specviz/ui/lesson.py svScale), so the bars keep the room
+        meta={"caption_head": "<br>".join(f"<b>{w}</b>" for w in head), "caption_head_px": 26 + 19 * len(head)},
     )
     return fig
