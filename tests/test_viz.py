@@ -3,6 +3,7 @@ the drawn data must match the trace (cell counts, fates, histogram sums, the tes
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import math
@@ -508,3 +509,17 @@ def test_stats_figure_names_its_panel_titles_for_the_presentation_fit(traces):
     assert (area - f["axis_px"] - f["title_px"]) / 2 >= f["min_row_px"]
     (a0, a1), (b0, b1) = f["columns"]
     assert 0 <= a0 < a1 < b0 < b1 <= 1
+
+
+def test_a_grid_longer_than_its_rows_says_which_steps_it_shows():
+    """The grid shows VISIBLE_ROWS steps around the selected one; with more steps its title says which (a new user saw
+    22 of 26 rows and no hint that others exist)."""
+    from specviz.viz.grid import VISIBLE_ROWS, step_grid_figure
+
+    tr = handmade()
+    assert step_grid_figure(tr, 0, 1).layout.title.text == "3 verification steps × draft positions"
+    tr.steps = [dataclasses.replace(tr.steps[1], index=i) for i in range(VISIBLE_ROWS + 8)]  # 30 one-token steps
+    tr.output_token_ids = [t for s in tr.steps for t in s.committed_token_ids]
+    title = step_grid_figure(tr, 20, 1).layout.title.text
+    assert title == f"steps 8-29 of {VISIBLE_ROWS + 8} (drag to scroll) × draft positions", title  # the last 22
+    assert len(title) * 7.5 <= 480  # fits the grid's half of a 1024 px page at 14 px

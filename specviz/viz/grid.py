@@ -164,7 +164,9 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
     top = 0 if selected_step is None else max(0, min(selected_step - rows // 2, n - rows))
     fig.update_layout(
         height=max(150 + ROW_PX * rows, MIN_HEIGHT), margin={"l": 60, "r": 10, "t": 40, "b": 40},
-        title={"text": f"{n} verification steps × draft positions", "font": {"size": 14}},
+        # more steps than rows: which ones are shown (the view follows the selected step; dragging pans it)
+        title={"text": f"{n} verification steps × draft positions" if n <= rows else
+               f"steps {top}-{top + rows - 1} of {n} (drag to scroll) × draft positions", "font": {"size": 14}},
         xaxis={"tickmode": "array", "tickvals": list(range(ncol)), "ticktext": x_labels, "side": "top",
                "fixedrange": True},
         yaxis={"title": "step", "range": [top + rows - 0.5, top - 0.5], "dtick": 1 if rows <= 25 else 5},
