@@ -218,6 +218,9 @@ def expand_configs(methods: Sequence[str], ks: Sequence[int], verifies: Sequence
                     for v in verifies if v not in ("block", "synthetic") for t in temperatures]
         if not taken:
             raise ValueError(f"no chosen method takes the tree {spec!r}: {why[0] if why else 'choose a method'}")
+        if all(v in ("block", "synthetic") for v in verifies):
+            raise ValueError(f"the tree {spec!r} has no verification to run with: block and synthetic are chain-only; "
+                             "add auto, greedy or standard")
     return out
 
 

@@ -448,6 +448,8 @@ def test_expand_configs_adds_each_tree_for_the_methods_that_take_it_at_its_depth
     assert cs[12].settings(0, 8)["eagle_tree_depth"] == 6 and "speculative_token_tree" not in cs[0].settings(0, 8)
     with pytest.raises(ValueError, match="no chosen method takes the tree '4,6,32'"):
         expand_configs(["ngram"], [3], [None], [0.0], ["4,6,32"])
+    with pytest.raises(ValueError, match="block and synthetic are chain-only"):
+        expand_configs(["draft_model"], [3], ["block"], [0.0], [STATIC])
     with pytest.raises(ValueError, match="chain-only"):
         new_comparison([RunConfig("draft_model", 2, "block", 0.0, tree=STATIC)], ["x"], [0])
     with pytest.raises(ValueError, match="applies to ngram and suffix"):
