@@ -243,10 +243,28 @@ class Trace:
         _check(kw["config"], CONFIG_SCHEMA, "trace.config")
         _check(kw.get("metrics", {}), METRICS_SCHEMA, "trace.metrics")
         _check(kw.get("token_texts", {}), {str: str}, "trace.token_texts")
+        _check_vocab(kw)
         return cls(**kw)
 
 
 # ---- validation helpers (data only; nothing is ever executed) ----------------------------
+def _check_vocab(kw: dict) -> None:
+    """A trace whose config names its vocabulary (``vocab_size``, every trace the engine writes) holds only token ids
+    in [0, vocab_size): the prompt, the output, each step's committed and emitted tokens. Raises TraceFormatError."""
+    vocab = kw["config"].get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
+        return
+    seqs = [("trace.prompt_token_ids", kw["prompt_token_ids"]), ("trace.output_token_ids", kw["output_token_ids"])]
+    for i, st in enumerate(kw["steps"]):
+        seqs += [(f"trace.steps[{i}].committed_token_ids", st.committed_token_ids),
+                 (f"trace.steps[{i}].emitted.token_id", [st.emitted.token_id])]
+    for where, ids in seqs:
+        bad = next((t for t in ids if isinstance(t, int) and not 0 <= t < vocab), None)
+        if bad is not None:
+            raise TraceFormatError(f"{where} holds token id {bad}, outside the trace's vocabulary of {vocab} "
+                                   f"(config.vocab_size)")
+
+
 def load_json_capped(text: str | bytes, max_bytes: int, what: str, error: type[ValueError]) -> Any:
     """``json.loads(text)`` for an upload: raises ``error`` if ``text`` is over ``max_bytes`` or not JSON
     (the message names ``what``: "trace", "comparison"). Plain data only: nothing is executed."""

@@ -34,6 +34,11 @@ BAD = [
      r"positions\[0\].p must be"),
     ("missing emitted", lambda t: _mutate(t, lambda d: d["steps"][0].pop("emitted")), "emitted must be an object"),
     ("NaN", lambda t: t.replace('"wall_time_s": ', '"wall_time_s": NaN, "x": '), "must be finite"),
+    # a token the trace's own vocabulary does not have (it was drawn as <999999999>)
+    ("token outside the vocabulary", lambda t: _mutate(t, lambda d: d["steps"][0]["emitted"].update(token_id=999999999)),
+     r"steps\[0\].emitted.token_id holds token id 999999999, outside the trace's vocabulary"),
+    ("negative output id", lambda t: _mutate(t, lambda d: d["output_token_ids"].__setitem__(0, -5)),
+     "output_token_ids holds token id -5"),
 ]
 
 
