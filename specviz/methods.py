@@ -282,7 +282,7 @@ def eagle_tree_settings(text: str) -> dict[str, int]:
     engine checks their ranges)."""
     parts = [x.strip() for x in str(text).replace(";", ",").split(",")]
     if len(parts) != 3 or not all(x.isdigit() for x in parts):
-        raise ValueError(f"EAGLE-2 tree: give top_k, depth, total_tokens as three integers like 4, 5, 24 "
+        raise ValueError(f"EAGLE-2 tree: give top_k, depth, total_tokens as three integers like 4, 6, 32 "
                          f"(or leave it empty for a chain), got {text!r}")
     return dict(zip(EAGLE_TREE, map(int, parts)))
 

@@ -100,6 +100,7 @@ def test_a_tree_deeper_than_k_is_noted_with_the_k_that_fits_it():
     assert tree_depth_note("eagle3", 7, "4,6,32") == "" and tree_depth_note("eagle", 12, "4, 6, 32") == ""
     assert tree_depth_note("ngram", 2, "4,6,32") == "" and tree_depth_note("eagle3", 5, "") == ""
     assert tree_depth_note("eagle3", 5, "4, 6") == ""  # bad text: the run reports it, not the note
+    assert tree_depth_note("eagle3", 5, "4, 6, 32", "[(0,), (0, 0)]") == ""  # the static tree replaces it
 
 
 def test_a_tree_control_the_method_does_not_read_is_noted():

@@ -202,7 +202,7 @@ def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None,
     stays in the state, so it can still be exported."""
     streamed = False
     notes = [n for n in (clamped_k_note(num_speculative_tokens, k_typed),
-                         tree_depth_note(method, num_speculative_tokens, eagle_tree),
+                         tree_depth_note(method, num_speculative_tokens, eagle_tree, static_tree),
                          ignored_tree_note(method, eagle_tree, tree_branches, static_tree)) if n]
     note = "; ".join(notes)
     if note:

@@ -111,11 +111,12 @@ def _reads_a_tree(method: str, eagle_tree: Any, branches: int, static_tree: Any)
     return bool(branches) and method in ("ngram", "suffix")
 
 
-def tree_depth_note(method: str, k: Any, eagle_tree: Any) -> str:
+def tree_depth_note(method: str, k: Any, eagle_tree: Any, static_tree: Any = "") -> str:
     """The note for an EAGLE-2 tree deeper than k: the engine drafts no deeper than num_speculative_tokens
     (``EagleTreeProposer.propose``), so "4, 6, 32" (depth 7) at k = 5 runs a tree of depth 5. "" when the tree
-    fits, or there is none (a static tree deeper than k is refused by the engine with its own message)."""
-    if method not in ("eagle", "eagle3") or not str(eagle_tree or "").strip():
+    fits, or there is none, or a static tree replaces it (one deeper than k is refused by the engine with its own
+    message)."""
+    if method not in ("eagle", "eagle3") or not str(eagle_tree or "").strip() or str(static_tree or "").strip():
         return ""
     from specviz.methods import draft_tree_depth, eagle_tree_settings
 
