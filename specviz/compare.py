@@ -73,7 +73,7 @@ class RunConfig:
 
     @property
     def tree_label(self) -> str:
-        """"" for a chain; "tree 4,6,32" (EAGLE-2), "static tree (9 nodes)", "tree 2 branches"."""
+        """"" for a chain; "tree 4,6,32" (EAGLE-2), "static tree (9 nodes, depth 4)", "tree 2 branches"."""
         spec = str(self.tree or "").strip()
         if not spec:
             return ""
@@ -81,7 +81,8 @@ class RunConfig:
             from .tree import parse_choices
 
             try:
-                return f"static tree ({len(parse_choices(spec))} nodes)"
+                paths = parse_choices(spec)
+                return f"static tree ({len(paths)} nodes, depth {max(len(p) for p in paths)})"
             except ValueError:
                 return "static tree (invalid)"
         if spec.isdigit():
