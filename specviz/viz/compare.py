@@ -35,14 +35,15 @@ COLUMN_FORMULAS = {
                         "steps without a draft count). vllm#24344: seq-normalized AL",
     **{label: f"{label} = {formula}. {who}" for label, formula, who in ACCEPTANCE_LENGTH_CONVENTIONS.values()},
     "coverage": "draft coverage = drafts / verification steps (share of steps that had a draft)",
-    "accept rate": "draft acceptance rate = accepted draft tokens / drafted tokens (vLLM, SGLang, AIPerf)",
+    "accept rate": "draft acceptance rate = accepted draft tokens / drafted tokens (vLLM, SGLang, AIPerf); a tree "
+                   "drafts every node, so its rate is per node drafted (low by design: one path is kept)",
     "tokens/s": "generated tokens / decode time (draft + verify + sample; prefill excluded), this machine",
     "speedup": "measured: tokens/s ÷ tokens/s of method none at the same temperature, run in this comparison",
     "speedup range (n)": "per prompt and seed: tokens/s ÷ method none's on the same prompt and seed; the lowest–"
                          "highest of those ratios and n. 'noisy': they spread by more than half the median, so the "
                          "speedup is not readable on this machine now (n 1: one run each, no spread to check it by)",
     "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
-                       "g = coverage, a = accepted / verified positions",
+                       "g = coverage, a = accepted / verified positions; a chain's model: empty for a tree",
     "ms/step: draft / verify / sample": "milliseconds per verification step: drafting (the proposer's propose and "
                                         "observe), the target's verify forward, sampler + record",
     "c_i (Wilson 95%, n), i = 1..k": "c_i = accepted at position i / steps that verified position i "
