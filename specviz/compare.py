@@ -17,6 +17,7 @@ the losslessness check. Imports no gradio or plotly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -73,7 +74,9 @@ class RunConfig:
 
     @property
     def tree_label(self) -> str:
-        """"" for a chain; "tree 4,6,32" (EAGLE-2), "static tree (9 nodes, depth 4)", "tree 2 branches"."""
+        """"" for a chain; "tree 4,6,32" (EAGLE-2), "static tree [(0,),(1,),(0,0)]" (the tree itself when it is short,
+        else "static tree (9 nodes, depth 4, #1a2b)" with 4 hex digits of its spec's SHA-1: different trees get
+        different labels unless those digits collide), "tree 2 branches"."""
         spec = str(self.tree or "").strip()
         if not spec:
             return ""
@@ -82,9 +85,13 @@ class RunConfig:
 
             try:
                 paths = parse_choices(spec)
-                return f"static tree ({len(paths)} nodes, depth {max(len(p) for p in paths)})"
             except ValueError:
                 return "static tree (invalid)"
+            compact = "".join(spec.split())
+            if len(compact) <= 32:  # the tree itself: two trees of one size stay apart in every view
+                return f"static tree {compact}"
+            digest = hashlib.sha1(compact.encode()).hexdigest()[:4]
+            return f"static tree ({len(paths)} nodes, depth {max(len(p) for p in paths)}, #{digest})"
         if spec.isdigit():
             return f"tree {spec} branches"
         return "tree " + ",".join(x.strip() for x in spec.replace(";", ",").split(","))
@@ -218,6 +225,8 @@ def expand_configs(methods: Sequence[str], ks: Sequence[int], verifies: Sequence
             out += [RunConfig(m, k, v, t, *lookup, spec) for k in ([depth] if depth else ks)
                     for v in verifies if v not in ("block", "synthetic") for t in temperatures]
         if not taken:
+            # a method that takes this form but could not read it (e.g. "4,6" for eagle3) says so first
+            why.sort(key=lambda w: "applies to" in w)
             raise ValueError(f"no chosen method takes the tree {spec!r}: {why[0] if why else 'choose a method'}")
         if all(v in ("block", "synthetic") for v in verifies):
             raise ValueError(f"the tree {spec!r} has no verification to run with: block and synthetic are chain-only; "

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import math
+import re
 
 import pytest
 
@@ -444,10 +445,19 @@ def test_expand_configs_adds_each_tree_for_the_methods_that_take_it_at_its_depth
                            for v in ("greedy", "block")]  # the chains: methods x k x verification
     assert labels[12:] == ["eagle3 tree 4,6,32 k=7 greedy T=0",  # no tree row for block (chain-only)
                            "ngram tree 2 branches k=3 greedy T=0", "ngram tree 2 branches k=5 greedy T=0",
-                           "eagle3 static tree (3 nodes, depth 2) k=2 greedy T=0", "draft_model static tree (3 nodes, depth 2) k=2 greedy T=0"]
+                           "eagle3 static tree [(0,),(1,),(0,0)] k=2 greedy T=0", "draft_model static tree [(0,),(1,),(0,0)] k=2 greedy T=0"]
     assert cs[12].settings(0, 8)["eagle_tree_depth"] == 6 and "speculative_token_tree" not in cs[0].settings(0, 8)
     with pytest.raises(ValueError, match="no chosen method takes the tree '4,6,32'"):
         expand_configs(["ngram"], [3], [None], [0.0], ["4,6,32"])
+    with pytest.raises(ValueError, match="no chosen method takes the tree '4,6': EAGLE-2 tree: give top_k"):
+        expand_configs(["ngram", "eagle3"], [3], [None], [0.0], ["4,6"])  # eagle3's parse error, not ngram's
+    # every tree its own label: the tree itself when short, else its size and 4 hex digits of its hash
+    other = "[(0,), (0, 0), (0, 1)]"
+    assert RunConfig("draft_model", 2, tree=other).tree_label == "static tree [(0,),(0,0),(0,1)]"
+    big = str([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)])
+    label = RunConfig("draft_model", 3, tree=big).tree_label
+    assert re.fullmatch(r"static tree \(8 nodes, depth 3, #[0-9a-f]{4}\)", label), label
+    assert RunConfig("draft_model", 3, tree=big.replace("(1, 0), ", "(2,), ")).tree_label != label
     with pytest.raises(ValueError, match="block and synthetic are chain-only"):
         expand_configs(["draft_model"], [3], ["block"], [0.0], [STATIC])
     with pytest.raises(ValueError, match="chain-only"):
@@ -468,13 +478,13 @@ def tree_comparison(decoders):
 def test_tree_rows_run_as_trees_are_lossless_and_have_no_chain_cost_model(tree_comparison):
     c = tree_comparison
     assert [x.label for x in c.configs] == ["none T=0", "ngram k=3 greedy T=0", "ngram tree 2 branches k=3 greedy T=0",
-                                            "draft_model static tree (3 nodes, depth 2) k=2 greedy T=0"]
+                                            "draft_model static tree [(0,),(1,),(0,0)] k=2 greedy T=0"]
     by = {r.config: r.trace for r in c.runs}
     assert by[3].config["speculative_token_tree"] == STATIC and by[2].config["ngram_tree_branches"] == 2
     assert any(s.is_tree for s in by[3].steps), "the static tree must reach the engine as a tree"
     rows = table(c)
     assert all(r["lossless"]["ok"] for r in rows[1:]), [r["lossless"] for r in rows]
-    assert rows[3]["tree"] == STATIC and rows[3]["tree_label"] == "static tree (3 nodes, depth 2)"
+    assert rows[3]["tree"] == STATIC and rows[3]["tree_label"] == "static tree [(0,),(1,),(0,0)]"
     assert rows[3]["predicted_speedup"] is None and rows[1]["predicted_speedup"] is not None
     assert rows[3]["num_draft_tokens"] == sum(len(s.nodes) for s in by[3].steps if s.nodes)  # every node drafted
     csv_rows = list(csv.DictReader(io.StringIO(table_csv(c))))
@@ -504,8 +514,8 @@ def test_ksweep_draws_a_tree_as_its_own_group_without_the_chain_theory(tree_comp
 
     fig = ksweep_figure(table(tree_comparison))
     names = [t.name for t in fig.data]
-    assert "draft_model static tree (3 nodes, depth 2) greedy T=0" in names and "ngram greedy T=0" in names
-    tree = next(t for t in fig.data if t.name == "draft_model static tree (3 nodes, depth 2) greedy T=0")
+    assert "draft_model static tree [(0,),(1,),(0,0)] greedy T=0" in names and "ngram greedy T=0" in names
+    tree = next(t for t in fig.data if t.name == "draft_model static tree [(0,),(1,),(0,0)] greedy T=0")
     assert tree.mode == "markers" and tree.marker.symbol == "diamond-open"
     # two trees of one method: two symbols (the legend tells them apart), the method's colour kept
     two = ksweep_figure([{**r, "method": "draft_model", "tree_label": f"tree {i}"} for i, r in
@@ -527,7 +537,7 @@ def test_cli_compare_runs_trees_beside_the_chains(tiny_dirs, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert [(r["label"], r["tree"]) for r in rows[3:]] == [("ngram tree 2 branches k=2 greedy T=0", "2"),
-                                                           ("draft_model static tree (3 nodes, depth 2) k=2 greedy T=0", STATIC)]
+                                                           ("draft_model static tree [(0,),(1,),(0,0)] k=2 greedy T=0", STATIC)]
     assert main(["compare", "--target", str(target), "--methods", "ngram", "--trees", "4,6,32", "--prompt", "x",
                  "--out", str(out)]) == 2
     assert "no chosen method takes the tree" in capsys.readouterr().err

@@ -88,9 +88,9 @@ def test_trees_run_beside_the_chains_and_open_in_the_single_run_views(app_url):
     rows = out[TABLE]["data"]
     assert [r[0] for r in rows] == ["none T=0", "ngram k=2 greedy T=0", "draft_model k=2 greedy T=0",
                                     "ngram tree 2 branches k=2 greedy T=0",
-                                    "draft_model static tree (3 nodes, depth 2) k=2 greedy T=0"]
+                                    "draft_model static tree [(0,),(1,),(0,0)] k=2 greedy T=0"]
     assert all(r[-1].startswith("✓ equal (1/1)") for r in rows[1:]), [r[-1] for r in rows]
-    assert "static tree (3 nodes, depth 2)" in json.dumps(out[KSWEEP])
+    assert "static tree [(0,),(1,),(0,0)]" in json.dumps(out[KSWEEP])
     opened = client.predict(4, 0, 0, api_name="/compare_open")
     assert "from the comparison" in opened[0] and "draft_model" in opened[0]
     bad = client.predict(["ngram"], "2", ["auto"], "0", [], "x = 1", "0", 8, "vllm", "4,6,32", api_name="/compare")

@@ -28,8 +28,8 @@ AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the
 COLUMN_WIDTHS = ("11%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "13%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
 COLUMN_FORMULAS = {
-    "configuration": "method [draft tree] k=num_speculative_tokens verification T=temperature (a tree's k is its "
-                     "depth: the most drafts one step can accept)",
+    "configuration": "method [draft tree] k=num_speculative_tokens verification T=temperature (a tree's k: the most "
+                     "drafts one path holds, an EAGLE-2 tree's depth + 1, a static tree's longest path)",
     "runs": "runs pooled into the row = prompts × seeds",
     "tokens / forward": "tokens per target forward = generated tokens / verification steps (prefill not counted; "
                         "steps without a draft count). vllm#24344: seq-normalized AL",
