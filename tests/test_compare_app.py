@@ -93,6 +93,7 @@ def test_trees_run_beside_the_chains_and_open_in_the_single_run_views(app_url):
     assert "static tree [(0,),(1,),(0,0)]" in json.dumps(out[KSWEEP])
     opened = client.predict(4, 0, 0, api_name="/compare_open")
     assert "from the comparison" in opened[0] and "draft_model" in opened[0]
+    assert "Run runs those, not this configuration" in opened[0]  # the controls were not refilled: it says so
     bad = client.predict(["ngram"], "2", ["auto"], "0", [], "x = 1", "0", 8, "vllm", "4,6,32", api_name="/compare")
     assert "no chosen method takes the tree '4,6,32'" in bad[PROGRESS], bad[PROGRESS]
 

@@ -326,7 +326,7 @@ def open_run(state: dict[str, Any] | None, config: Any, prompt: Any, seed: Any, 
     main = dict(main_state or h.new_state(), trace=r.trace.to_dict(), baseline=run_summary(b.trace) if b else None,
                 streamed=False)  # a comparison's run: not streamed, no redraws in its wall time
     progress = (f"**from the comparison** · {c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, "
-                f"seed {r.seed}")
+                f"seed {r.seed} · _the controls above keep your own settings: Run runs those, not this configuration_")
     return (*h._full_outputs(progress, r.trace, main), gr.Tabs(selected="single"))
 
 
