@@ -39,17 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_e2e import GcTimer, first_difference, parse_method  # noqa: E402
+from bench_e2e import GcTimer, _sync, first_difference, parse_method  # noqa: E402
 
 from specviz import SpecDecoder  # noqa: E402
 from specviz.train.evaluate import load_prompts  # noqa: E402
 
 DEFAULT_METHODS = "eagle3,eagle3+k7,eagle3+tree4x5x24,eagle3+tree4x6x32"
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_runner(label: str, prompts: list[str], methods: list[tuple], a, device: str) -> dict:

@@ -94,7 +94,12 @@ class RunConfig:
             return f"static tree ({len(paths)} nodes, depth {max(len(p) for p in paths)}, #{digest})"
         if spec.isdigit():
             return f"tree {spec} branches"
-        return "tree " + ",".join(x.strip() for x in spec.replace(";", ",").split(","))
+        from .methods import eagle_tree_settings
+
+        try:
+            return "tree " + ",".join(str(v) for v in eagle_tree_settings(spec).values())
+        except ValueError:
+            return "tree (invalid)"
 
     @property
     def label(self) -> str:

@@ -195,6 +195,17 @@ class _Graphs:
     keep: tuple = ()  # the core's outputs the detail graph reads (sampler output, p)
 
 
+def _write_inputs(g, spec: VerifySpec, logits: torch.Tensor, x: torch.Tensor, noise) -> None:
+    """Copy a step's inputs into a captured chain or tree graph's static buffers (its settings, logits, draft
+    tokens and, when it has them, the noise); the caller copies what only one kind has (q, parents)."""
+    g.settings.write(spec)
+    g.logits.copy_(logits)
+    g.x.copy_(x)
+    if g.noise is not None:
+        g.noise.u.copy_(noise.u)
+        g.noise.exp.copy_(noise.exp)
+
+
 class StepVerifier:
     """Verifies the steps of one request at a time (the engine pools one per target runner).
 
@@ -246,14 +257,9 @@ class StepVerifier:
             return core, next_input, out.backend, detail
         main = self._before_replay()
         g = self._lookup(spec, lambda key: self._capture(key, spec, logits, q, x, noise))
-        g.settings.write(spec)
-        g.logits.copy_(logits)
-        g.x.copy_(x)
+        _write_inputs(g, spec, logits, x, noise)
         if g.q is not None:
             g.q.copy_(q)
-        if g.noise is not None:
-            g.noise.u.copy_(noise.u)
-            g.noise.exp.copy_(noise.exp)
         done = self._replay_units(g, main)
         detail = None
         if done is not None:  # collected next step
@@ -301,13 +307,8 @@ class StepVerifier:
             dev_parents = pinned(torch.tensor(host_parents, dtype=torch.long)).to(self.device, non_blocking=True)
         g = self._lookup(("tree", graph_key(spec), rule),
                          lambda key: self._capture_tree(key, spec, rule, logits, x, dev_parents, noise))
-        g.settings.write(spec)
-        g.logits.copy_(logits)
-        g.x.copy_(x)
+        _write_inputs(g, spec, logits, x, noise)
         g.parents.copy_(dev_parents)
-        if g.noise is not None:
-            g.noise.u.copy_(noise.u)
-            g.noise.exp.copy_(noise.exp)
         done = self._replay_units(g, main)
         detail = None
         if done is not None:  # read when the step is published

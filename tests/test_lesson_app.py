@@ -277,7 +277,7 @@ def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_
     for b in boxes:
         assert b["top"] >= 0 and b["left"] >= 0 and b["bottom"] <= b["vh"] and b["right"] <= b["vw"], b
         # the caption is its question only while the chapter (which says the rest) is pinned above: the bars keep
-        # about 40 % of the figure (with the caption's four lines they had about 130 of 490 px)
+        # about 40 % of the figure (with the caption's four lines a new user read about 130 of 490 px off a screenshot)
         assert b["caption"] and b["caption"].startswith("Why") and "Z = " not in b["caption"], b
         assert b["bars"] >= 0.35 * b["figure"], b
     assert any("u = " in c["text"] and "min(1, p/q)" in c["text"] for c in seen)

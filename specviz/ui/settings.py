@@ -103,12 +103,12 @@ def _static_tree_methods() -> list[str]:
 
 
 def _reads_a_tree(method: str, eagle_tree: Any, branches: int, static_tree: Any) -> bool:
-    """Whether the controls give ``method`` a tree it reads (so it ran a tree, not a chain)."""
-    if str(static_tree or "").strip() and "speculative_token_tree" in _method_settings(method):
+    """Whether the controls give ``method`` a tree it reads (:func:`tree_settings` is not empty), so it ran a tree,
+    not a chain; text the run refuses counts as read (the run's error is what the user sees)."""
+    try:
+        return bool(tree_settings(method, eagle_tree, branches, static_tree))
+    except ValueError:
         return True
-    if str(eagle_tree or "").strip() and method in ("eagle", "eagle3"):
-        return True
-    return bool(branches) and method in ("ngram", "suffix")
 
 
 def tree_depth_note(method: str, k: Any, eagle_tree: Any, static_tree: Any = "") -> str:
