@@ -282,7 +282,8 @@ def plan(comparison: Comparison) -> list[tuple[int, int, int]]:
 def iter_comparison(decoder: Any, comparison: Comparison, stop: threading.Event | None = None) -> Iterator[RunResult]:
     """Run every (config, prompt, seed) of :func:`plan` not yet in ``comparison.runs`` on ``decoder``
     (a loaded SpecDecoder), appending each result to ``comparison.runs`` and yielding it. A set
-    ``stop`` ends the comparison after the current run. Raises ValueError for settings or prompts the
+    ``stop`` ends the comparison after the current run. Each run starts from :func:`fresh_request_state`: no
+    figure depends on what ran before (suffix's tree of earlier outputs is empty). Raises ValueError for settings or prompts the
     engine refuses, naming the configuration, prompt and seed (the runs before it are kept)."""
     import torch
 
@@ -297,14 +298,25 @@ def iter_comparison(decoder: Any, comparison: Comparison, stop: threading.Event 
             return
         t0 = time.perf_counter()
         try:
-            trace = decoder.generate(comparison.prompts[p].text,
-                                     **comparison.configs[c].settings(s, comparison.max_new_tokens))
+            trace = decoder.generate(comparison.prompts[p].text, **comparison.configs[c].settings(s, comparison.max_new_tokens),
+                                     **fresh_request_state(comparison.configs[c].method))
         except ValueError as exc:
             raise ValueError(f"{comparison.configs[c].label} on prompt {p + 1} ({comparison.prompts[p].name!r}), "
                              f"seed {s}: {exc}") from None
         result = RunResult(c, p, s, trace, time.perf_counter() - t0)
         comparison.runs.append(result)
         yield result
+
+
+def fresh_request_state(method: str) -> dict[str, Any]:
+    """The per-request state a comparison run starts from: a method that drafts from earlier requests' outputs
+    (suffix's global tree) gets an empty one, so no row depends on what ran before it, in this comparison or on
+    this server (the decoder's own tree and a browser session's are never read)."""
+    if method == "suffix":
+        from .proposers.suffix import GlobalSuffixCache
+
+        return {"suffix_cache": GlobalSuffixCache()}
+    return {}
 
 
 def run_comparison(decoder: Any, comparison: Comparison) -> Comparison:

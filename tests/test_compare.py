@@ -541,3 +541,23 @@ def test_cli_compare_runs_trees_beside_the_chains(tiny_dirs, tmp_path, capsys):
     assert main(["compare", "--target", str(target), "--methods", "ngram", "--trees", "4,6,32", "--prompt", "x",
                  "--out", str(out)]) == 2
     assert "no chosen method takes the tree" in capsys.readouterr().err
+
+
+def test_a_comparison_does_not_depend_on_what_ran_before(decoders):
+    """Suffix rows start from an empty tree of earlier outputs at every run: the same comparison gives the same
+    acceptance figures on a fresh decoder, after another comparison, and after requests on the decoder's own tree
+    (which used to replay identical greedy outputs: 1.14 then 4.45 tokens per target forward)."""
+    dec = decoders["llama"]
+    prompts = [Prompt("p1", "def add(a, b):\n    return a + b\n\ndef mul(a, b):\n"), Prompt("p2", "x = 1\ny = 2\n")]
+
+    def figures():
+        c = run_comparison(dec, new_comparison([RunConfig("suffix", 3), RunConfig("suffix", 5)], prompts, [0], 16))
+        assert all(r.trace.steps[0].match["cached_requests"] == 0 for r in c.runs if r.trace.config["method"] == "suffix")
+        return [(r.trace.output_token_ids, [s.num_accepted for s in r.trace.steps]) for r in c.runs]
+
+    first = figures()
+    for p in prompts:  # the decoder's own tree now holds these outputs, and a second comparison runs in between
+        dec.generate(p.text, method="suffix", max_new_tokens=16)
+    run_comparison(dec, new_comparison([RunConfig("suffix", 8), RunConfig("ngram", 3)], prompts, [0], 16))
+    assert len(dec.suffix_cache) >= len(prompts)
+    assert figures() == first

@@ -394,7 +394,9 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
     with gr.Tab("Compare", id="compare", elem_id="sv-compare-tab"):
         gr.Markdown("## Compare methods on the same prompts\nEvery configuration runs on every prompt and seed, one "
                     "after another on the loaded models; method none runs in the same comparison at every "
-                    "temperature, so each speedup is measured side by side.", elem_classes="sv-explain")
+                    "temperature, so each speedup is measured side by side. Every run starts from the same state: suffix "
+                    "decoding's tree of earlier outputs is empty at each run (it drafts from the run's own prompt and "
+                    "output), whatever ran before.", elem_classes="sv-explain")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
                 u["preset"] = gr.Dropdown(list(PRESETS), value=None, label="Presets")
