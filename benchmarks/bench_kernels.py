@@ -32,8 +32,8 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kernels.ngram_matcher import ngram_match_triton  # noqa: E402
-from kernels.rejection_sampler import rejection_sample_triton  # noqa: E402
+from specviz.kernels.ngram_matcher import ngram_match_triton  # noqa: E402
+from specviz.kernels.rejection_sampler import rejection_sample_triton  # noqa: E402
 from specviz.proposers.ngram_gpu import ngram_match_reference  # noqa: E402
 from specviz.sampling import draw_noise, rejection_sample  # noqa: E402
 

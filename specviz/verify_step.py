@@ -145,7 +145,7 @@ def _core(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: tor
 
         out = typical_sample(p[None], x[None], *spec.typical, noise=noise)
     elif spec.backend == "triton":  # arguments were validated by an eager call first (see _capture)
-        from kernels.rejection_sampler import rejection_sample_triton
+        from specviz.kernels.rejection_sampler import rejection_sample_triton
 
         out = rejection_sample_triton(p[None], None if q is None else q[None], x[None], method=spec.verify,
                                       noise=noise, synthetic_rates=spec.synthetic_rates)

@@ -2,7 +2,7 @@
 one-pass kernel's result bit for bit, and the reference's (tests/test_kernels_sampler.py's rules),
 on odd shapes with -1 padding, invalid ids, non-finite q rows, ties and small vocabulary blocks.
 
-"cpu" runs under the Triton interpreter in a child pytest (kernels/testing.py); "cuda" in-process."""
+"cpu" runs under the Triton interpreter in a child pytest (tests/kernel_testing.py); "cuda" in-process."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from test_kernels_sampler import EXACT, _assert_same, _make, _to
 
-from kernels.testing import check_interpreted_run, interpreted, run_interpreted
+from kernel_testing import check_interpreted_run, interpreted, run_interpreted
 from specviz.sampling import rejection_sample
 
 HAS_CUDA = torch.cuda.is_available()
@@ -36,7 +36,7 @@ def test_interpreter_subprocess():
 ], ids=str)
 def test_two_pass_equals_one_pass_and_reference(device, dtype, scenario, shape, block_v):
     """The interpreter (slow: about 10 s a case on a busy 2-core machine) runs fp32 and one seed."""
-    from kernels.rejection_sampler import rejection_sample_triton
+    from specviz.kernels.rejection_sampler import rejection_sample_triton
 
     if device == "cpu" and dtype != torch.float32:
         pytest.skip("the interpreter runs fp32 only (the dtype changes only the loads)")

@@ -3,7 +3,7 @@
 The interpreter accepts code the real compiler rejects, so the kernels are also compiled with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", 90, 32))`` by ``kernels.compile_check``,
 run in a child process with TRITON_INTERPRET=0 (triton's mode is fixed per process; see
-kernels/testing.py). The sampler kernels must also compile to IEEE divisions and no fused
+tests/kernel_testing.py). The sampler kernels must also compile to IEEE divisions and no fused
 multiply-add, which their exactness against PyTorch relies on.
 """
 
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from kernels.testing import REPO_ROOT
+from kernel_testing import REPO_ROOT
 
 EXPECTED = {"_sampler_pass_kernel": 12, "_sampler_finalize_kernel": 12, "_ngram_first_end_kernel": 1, "_ngram_finalize_kernel": 1}
 
@@ -25,7 +25,7 @@ EXPECTED = {"_sampler_pass_kernel": 12, "_sampler_finalize_kernel": 12, "_ngram_
 def records() -> list[dict]:
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels.compile_check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "specviz.kernels.compile_check"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600
     )
     recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert recs, f"compile_check printed nothing (rc={proc.returncode}):\n{proc.stderr[-4000:]}"

@@ -1,5 +1,5 @@
 """Batched n-gram matcher: golden cases (docs/algorithms.md), reference == brute force, and
-Triton (kernels/ngram_matcher.py) == reference on random contexts; the proposer wrapper.
+Triton (specviz/kernels/ngram_matcher.py) == reference on random contexts; the proposer wrapper.
 
 Devices as in tests/test_kernels_sampler.py: "cpu" runs the Triton kernels under the interpreter
 in a child pytest (TRITON_INTERPRET=1), "cuda" runs them compiled when a GPU is present.
@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from kernels.testing import check_interpreted_run, interpreted, run_interpreted
+from kernel_testing import check_interpreted_run, interpreted, run_interpreted
 from specviz.proposers.base import Proposer
 from specviz.proposers.ngram_gpu import NgramGPUProposer, ngram_match_reference, resolve_lookup_bounds
 
@@ -100,7 +100,7 @@ def test_reference_equals_brute_force():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_triton_golden(device):
-    from kernels.ngram_matcher import ngram_match_triton
+    from specviz.kernels.ngram_matcher import ngram_match_triton
 
     for ctx, n_min, n_max, k, draft in GOLDEN:
         m = ngram_match_triton(
@@ -115,7 +115,7 @@ def test_triton_golden(device):
 def test_triton_equals_reference(device, dtype):
     """Random batches (ragged lengths incl. 0, padding that collides with real tokens, a context
     longer than one kernel chunk), several n ranges and k."""
-    from kernels.ngram_matcher import ngram_match_triton
+    from specviz.kernels.ngram_matcher import ngram_match_triton
 
     rng = random.Random(1)
     for n_min, n_max, k in [(1, 1, 3), (2, 4, 5), (3, 5, 2), (1, 6, 8), (5, 5, 0)]:

@@ -1,4 +1,4 @@
-"""Triton rejection sampler (kernels/rejection_sampler.py) == PyTorch reference, on the same noise.
+"""Triton rejection sampler (specviz/kernels/rejection_sampler.py) == PyTorch reference, on the same noise.
 
 Every method x q kind x dtype, on small odd shapes with -1 padding, invalid ids, non-finite q
 rows, q(x) == 0, exact ties and all-zero residuals. Token ids, counts, kinds, flags, p/q at the
@@ -6,7 +6,7 @@ draft and accept probabilities must be equal exactly; residual masses and the bl
 vocabulary sums taken in another order, so they are compared to float32 rounding of a sum.
 
 Devices: "cpu" runs the kernels under the Triton interpreter in a child pytest with
-TRITON_INTERPRET=1 (kernels/testing.py says why not in this process); "cuda" runs the compiled
+TRITON_INTERPRET=1 (tests/kernel_testing.py says why not in this process); "cuda" runs the compiled
 kernels in-process when a GPU is present.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.testing import check_interpreted_run, interpreted, run_interpreted
+from kernel_testing import check_interpreted_run, interpreted, run_interpreted
 from specviz.sampling import draw_noise, rejection_sample
 
 HAS_CUDA = torch.cuda.is_available()
@@ -38,7 +38,7 @@ def test_interpreter_subprocess():
 
 
 def _triton():
-    from kernels.rejection_sampler import rejection_sample_triton
+    from specviz.kernels.rejection_sampler import rejection_sample_triton
 
     return rejection_sample_triton
 

@@ -1,5 +1,6 @@
-"""specviz is a real package: pyproject.toml declares it (with kernels/) and the `specviz` command;
-once `pip install -e .` has run (scripts/setup.sh), imports work from any directory."""
+"""specviz is a real package: pyproject.toml declares it (its Triton kernels inside, as specviz.kernels) and the
+`specviz` command; once `pip install -e .` has run (scripts/setup.sh), imports work from any directory; reading a
+trace needs neither torch nor transformers."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def test_pyproject_declares_the_package_and_its_command():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["name"] == "specviz"
     assert meta["project"]["scripts"]["specviz"] == "specviz.cli:main"
-    assert set(meta["tool"]["setuptools"]["packages"]["find"]["include"]) == {"specviz*", "kernels*"}
+    assert set(meta["tool"]["setuptools"]["packages"]["find"]["include"]) == {"specviz*"}
+    assert not (ROOT / "kernels").exists(), "no top-level kernels package: it would shadow PyPI's 'kernels'"
     deps = " ".join(meta["project"]["dependencies"])
     assert "gradio" not in deps and "plotly" not in deps  # the engine installs without the UI stack
     assert "-e ." in (ROOT / "scripts" / "setup.sh").read_text()
@@ -33,7 +35,7 @@ def _installed() -> bool:
                                             "installs it)")
 def test_imports_and_the_command_work_outside_the_repository(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    code = ("from specviz import SpecDecoder, Trace; import specviz, kernels; "
+    code = ("from specviz import SpecDecoder, Trace; import specviz, specviz.kernels; "
             "print(SpecDecoder.__name__, Trace.__name__)")
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
@@ -41,3 +43,12 @@ def test_imports_and_the_command_work_outside_the_repository(tmp_path):
     command = Path(sys.executable).with_name("specviz")
     res = subprocess.run([str(command), "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and all(c in res.stdout for c in ("app", "generate", "train")), res.stderr
+
+
+def test_reading_a_trace_imports_neither_torch_nor_transformers():
+    """A trace viewer (an uploaded trace, the offline report) needs no model stack: the package's __init__ is lazy."""
+    code = ("import sys, specviz, specviz.trace; from specviz import Trace; "
+            "heavy = [m for m in ('torch', 'transformers', 'triton') if m in sys.modules]; "
+            "assert not heavy, heavy; print(Trace.__name__)")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "Trace" in res.stdout, res.stderr

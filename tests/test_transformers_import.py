@@ -1,10 +1,7 @@
-"""Our top-level ``kernels`` package must not confuse transformers.
-
-transformers probes for the PyPI package ``kernels`` (hub kernels) with importlib; with the repo
-root on sys.path it finds ours, imports it to read a version and, finding none, must report it
-unavailable. Checked in a fresh interpreter, so no earlier import in this pytest process hides
-the probe.
-"""
+"""transformers probes for the PyPI package ``kernels`` (hub kernels) with importlib. specviz's Triton kernels live
+inside the package (``specviz.kernels``), so nothing in the checkout answers that probe: with the repository root on
+sys.path, a fresh interpreter finds no top-level ``kernels``, transformers reports hub kernels unavailable, a model
+runs, and importing ``specviz.kernels`` imports no triton."""
 
 from __future__ import annotations
 
@@ -13,15 +10,15 @@ import os
 import subprocess
 import sys
 
-from kernels.testing import REPO_ROOT
+from kernel_testing import REPO_ROOT
 
 _PROBE = r"""
-import json, sys
+import importlib.util, json, sys
 sys.path.insert(0, sys.argv[1])
-import kernels
+import specviz.kernels
 triton_after_our_import = "triton" in sys.modules
+spec = importlib.util.find_spec("kernels")
 import torch
-import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import is_kernels_available
 cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -31,8 +28,7 @@ model = LlamaForCausalLM(cfg).eval()
 with torch.no_grad():
     logits = model(torch.tensor([[1, 5, 9, 3]])).logits
 print(json.dumps({
-    "kernels_file": kernels.__file__,
-    "has_version": hasattr(kernels, "__version__"),
+    "kernels_origin": None if spec is None else str(spec.origin),
     "triton_imported": triton_after_our_import,
     "is_kernels_available": is_kernels_available(),
     "logits_shape": list(logits.shape),
@@ -41,7 +37,7 @@ print(json.dumps({
 """
 
 
-def test_transformers_ignores_our_kernels_package():
+def test_transformers_finds_no_kernels_package_of_ours():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["HF_HUB_OFFLINE"] = "1"
     proc = subprocess.run(
@@ -49,8 +45,9 @@ def test_transformers_ignores_our_kernels_package():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert os.path.realpath(out["kernels_file"]) == os.path.realpath(REPO_ROOT / "kernels" / "__init__.py")
-    assert out["has_version"] is False
-    assert out["is_kernels_available"] is False
-    assert out["triton_imported"] is False, "importing our kernels package must not import triton"
+    origin = out["kernels_origin"] or ""
+    assert not origin.startswith(str(REPO_ROOT)), f"a top-level 'kernels' in the checkout: {origin}"
+    if out["kernels_origin"] is None:  # PyPI's package is not installed here either
+        assert out["is_kernels_available"] is False
+    assert out["triton_imported"] is False, "importing specviz.kernels must not import triton"
     assert out["logits_shape"] == [1, 4, 64] and out["logits_finite"]

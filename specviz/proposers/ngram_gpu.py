@@ -126,7 +126,7 @@ class NgramGPUProposer(NoFeedback):
         k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.num_speculative_tokens)
         fn = ngram_match_reference
         if self.backend == "triton":
-            from kernels.ngram_matcher import ngram_match_triton
+            from specviz.kernels.ngram_matcher import ngram_match_triton
 
             fn = ngram_match_triton
         return fn(

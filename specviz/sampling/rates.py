@@ -1,6 +1,6 @@
 """Synthetic verification's rates (vLLM ``rejection_sample_method="synthetic"``): the one helper the
 PyTorch reference (:mod:`specviz.sampling.reference`) and the Triton kernel
-(``kernels.rejection_sampler``) share; it imports neither of them.
+(``specviz.kernels.rejection_sampler``) share; it imports neither of them.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ def rejection_sample(
                      (sequence or 1-D tensor); position i is accepted iff u_i < a_i / a_{i-1} (a_0 = 1).
     noise:           SamplerNoise (u float64 [B, K], exp float32 [B, V]); drawn with
                      ``draw_noise(B, K, V, generator=generator)`` when None.
-    backend:         "reference" (this module) or "triton" (``kernels.rejection_sampler``, imported lazily).
+    backend:         "reference" (this module) or "triton" (``specviz.kernels.rejection_sampler``, imported lazily).
 
     Returns a RejectionOutput (every field filled; see specviz.sampling.types). Inputs are never modified.
     Raises ValueError for an unknown method/backend, wrong shapes/dtypes/devices, or missing/invalid
@@ -85,7 +85,7 @@ def rejection_sample(
     if noise is not None:
         _check_noise(noise, B, K, V, target_probs.device)
     if backend == "triton":
-        from kernels.rejection_sampler import rejection_sample_triton
+        from specviz.kernels.rejection_sampler import rejection_sample_triton
 
         return rejection_sample_triton(
             target_probs, draft_probs, draft_token_ids, method=method, noise=noise, synthetic_rates=synthetic_rates

@@ -1,5 +1,5 @@
 """Data passed into and out of the rejection sampler (the contract shared by the PyTorch
-reference in :mod:`specviz.sampling.reference` and the Triton kernels in ``kernels/``).
+reference in :mod:`specviz.sampling.reference` and the Triton kernels in ``specviz/kernels/``).
 
 Shapes use B = batch (rows), K = max draft length, V = vocabulary size. A row's actual draft
 length k' is the index of its first ``-1`` in ``draft_token_ids`` (K if none).

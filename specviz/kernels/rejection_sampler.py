@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sampler_helpers import (
+from specviz.kernels.sampler_helpers import (
     BLOCK,
     F_GREEDY,
     F_RACE,

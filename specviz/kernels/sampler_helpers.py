@@ -1,4 +1,4 @@
-"""@triton.jit helpers shared by the two rejection-sampler kernels (kernels/rejection_sampler.py).
+"""@triton.jit helpers shared by the two rejection-sampler kernels (specviz/kernels/rejection_sampler.py).
 
 Every helper mirrors one step of the PyTorch reference (specviz/sampling/reference.py); the
 comment on each names the reference function it copies. Vectors "over slots" have K_P2 lanes,

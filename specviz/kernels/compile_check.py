@@ -1,7 +1,7 @@
 """Compile every kernel configuration for sm_90 without a GPU (``triton.compile`` + ASTSource).
 
 The interpreter accepts code the real compiler rejects (non-constexpr globals, some type mixes),
-so CI also compiles each kernel for Hopper. Run ``python -m kernels.compile_check`` (with
+so CI also compiles each kernel for Hopper. Run ``python -m specviz.kernels.compile_check`` (with
 TRITON_INTERPRET unset or 0): prints one JSON object per line, {"kernel", "config", "ok",
 "error", "shared", "ptx_fma", "ptx_div_rn", "ptx_div_approx"} (counts of fused multiply-adds, IEEE
 and approximate fp32 divisions in the PTX: exactness against PyTorch needs no fma from ``a * b - c``
@@ -18,8 +18,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels import ngram_matcher, rejection_sampler
-from kernels.sampler_helpers import METHOD_CODES
+from specviz.kernels import ngram_matcher, rejection_sampler
+from specviz.kernels.sampler_helpers import METHOD_CODES
 
 TARGET = GPUTarget("cuda", 90, 32)
 
