@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz import SpecDecoder  # noqa: E402
-from specviz.engine import DEFAULT_HEADS  # noqa: E402
+from specviz.loading import bundled_heads  # noqa: E402
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 
 RUNNERS = ("eager", "static", "static+compile")
@@ -242,7 +242,7 @@ def specviz_rows(dec, prompt, max_new, repeats, reference, methods, label):
 def run_suite(title, target, draft, device, prompt, max_new, repeats, methods, runners=RUNNERS, save=None):
     """HF rows, then every runner's rows; ``save(partial suite)`` after each block (a timeout keeps them)."""
     print(f"\n## {title}", flush=True)
-    heads = ({k: str(v) for k, v in DEFAULT_HEADS.items() if v.exists()}
+    heads = ({k: str(v) for k, v in bundled_heads().items() if v.exists()}
              if Path(target).resolve() == DEFAULT_TARGET.resolve() else None)
     methods = [m for m in methods if m[0] in ("none", "ngram", "ngram_gpu", "suffix", "draft_model")
                or m[0] in (heads or {})]  # a method whose head is not bundled: no row

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from specviz.kernels.ngram_matcher import ngram_match_triton  # noqa: E402
 from specviz.kernels.rejection_sampler import rejection_sample_triton  # noqa: E402
-from specviz.proposers.ngram_gpu import ngram_match_reference  # noqa: E402
+from specviz.methods.ngram_gpu.proposer import ngram_match_reference  # noqa: E402
 from specviz.sampling import draw_noise, rejection_sample  # noqa: E402
 
 DEVICE = "cuda"  # a smoke test may point this at "cpu" under TRITON_INTERPRET=1

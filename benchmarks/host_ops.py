@@ -39,8 +39,8 @@ REGIONS = [
     # a whole draft tree's graph (tree_draft's body; a wrapper of tree_draft's fn would not do: the runner keeps the
     # first fn given per key, so a later request's wrapper is never called)
     ("specviz.heads.runner", "StaticHeadRunner", "_draft_body"),
-    ("specviz.verify_step", None, "_core"),  # the verifier's core graph (Triton on CUDA)
-    ("specviz.verify_step", None, "gather_detail"),  # its detail graph
+    ("specviz.verify", None, "_core"),  # the verifier's core graph (Triton on CUDA)
+    ("specviz.verify", None, "gather_detail"),  # its detail graph
     # the tree verifier's core graph (greedy / rule A: StepVerifier.queue_tree's tree_unit on CUDA; on the CPU the
     # same decisions and walk run eagerly through these two) and its detail graph
     ("specviz.sampling.tree", None, "queue_verify_tree"),

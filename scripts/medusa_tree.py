@@ -50,7 +50,7 @@ def main() -> None:
     from specviz import tree as tree_mod
     from specviz.heads.io import default_head_dir, load_head
     from specviz.models import DEFAULT_TARGET, load_model, load_tokenizer
-    from specviz.proposers.medusa import DEFAULT_MEDUSA_TREE
+    from specviz.methods.medusa.proposer import DEFAULT_MEDUSA_TREE
 
     torch.manual_seed(0)
     target = load_model(DEFAULT_TARGET, torch.device("cpu"), torch.float32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {"SpecDecoder": "engine", "GenerationConfig": "engine", "METHODS": "engine", "VERIFY_METHODS": "engine",
+_EXPORTS = {"SpecDecoder": "engine", "GenerationConfig": "config", "METHODS": "engine", "VERIFY_METHODS": "config",
             "EventBus": "events", "Trace": "trace", "TraceFormatError": "trace"}
 __all__ = sorted(_EXPORTS)
 

@@ -17,7 +17,9 @@ import argparse
 import sys
 from typing import Any
 
+from . import methods
 from .trace import Trace
+from .tree import DraftTree
 
 STYLE = {"accepted": "\033[32m", "rejected": "\033[9;31m", "recovered": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -74,34 +76,27 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
     g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
     g.add_argument("--method", default="ngram", choices=_method_names(),
-                   help=" | ".join(_method_names()) + " (eagle / eagle3 need a head: bundled, or --eagle-head / "
-                   "--eagle3-head)")
-    g.add_argument("--eagle-head", default=None, help="EAGLE-1 head dir (config.json + safetensors), method eagle")
-    g.add_argument("--eagle3-head", default=None, help="EAGLE-3 head dir (config.json + safetensors), method eagle3")
-    g.add_argument("--dflash-head", default=None, help="DFlash drafter dir (config.json + safetensors), method dflash")
-    g.add_argument("--medusa-head", default=None, help="Medusa heads dir (config.json + safetensors), method medusa")
-    g.add_argument("--mtp-head", default=None, help="Gemma-4-style MTP head dir (config.json + safetensors), method mtp")
+                   help=" | ".join(_method_names()) + " (a method with a head needs one: bundled with the demo target, or "
+                   "--head METHOD=DIR)")
+    add_head_arguments(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
     g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic | typical (typical: Medusa's "
                    "typical acceptance, lossy: not distribution-preserving)")
     g.add_argument("--speculative-token-tree", default=None,
-                   help="a static draft tree in vLLM's format, e.g. \"[(0,), (1,), (0, 0)]\" (method draft_model; "
-                        "-k must be >= its depth)")
+                   help="a static draft tree in vLLM's format, e.g. \"[(0,), (1,), (0, 0)]\" (-k must be >= its depth)")
     g.add_argument("--synthetic-rates", default=None, help="comma-separated a_1,a_2,... for --verify synthetic")
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-k", type=int, default=None)
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--max-new-tokens", type=int, default=64)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--prompt-lookup-min", type=int, default=None)
-    g.add_argument("--prompt-lookup-max", type=int, default=None)
-    for name, what in (("eagle-tree-top-k", "eagle/eagle3: EAGLE-2 dynamic tree, children per node (default 4)"),
-                       ("eagle-tree-depth", "eagle/eagle3: EAGLE-2 head forwards after the root (default 5)"),
-                       ("eagle-tree-total-tokens", "eagle/eagle3: EAGLE-2 tokens verified incl. the root (default 24)"),
-                       ("ngram-tree-branches", "ngram: draft a tree of up to this many continuations per node"),
-                       ("suffix-tree-branches", "suffix: draft a tree of up to this many children per node")):
-        g.add_argument(f"--{name}", type=int, default=None, help=what)
+    add_option_arguments(g)
+    g.add_argument("--tree", default=None,
+                   help="a draft tree in one string: '4,6,32' (EAGLE-2 top_k,depth,total_tokens; "
+                        f"{', '.join(methods.taking('dynamic'))}), '[(0,), (1,), (0, 0)]' (static; "
+                        f"{', '.join(methods.taking('static'))}), '2' (branches per node; "
+                        f"{', '.join(methods.taking('branches'))})")
     g.add_argument("--device", default=None)
     g.add_argument("--dtype", default=None)
     g.add_argument("--runner", default="auto", help="auto | eager | static (static = pre-allocated cache, CUDA graphs)")
@@ -113,17 +108,61 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _tree_args(args: Any) -> dict[str, int]:
-    """The draft-tree settings given on the command line (generate() keywords)."""
-    names = ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens", "ngram_tree_branches",
-             "suffix_tree_branches")
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+def add_head_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--head METHOD=DIR`` (repeatable) and ``--<method>-head DIR`` for every registered method with a head."""
+    parser.add_argument("--head", action="append", default=[], metavar="METHOD=DIR",
+                        help="a head directory for a method (repeatable), e.g. --head eagle3=DIR")
+    for m in methods.all_methods():
+        if m.head is not None:
+            parser.add_argument(f"--{m.name.replace('_', '-')}-head", dest=f"head_{m.name}", default=None,
+                                metavar="DIR", help=f"{m.head.what} directory (method {m.name})")
+
+
+def heads_from_args(args: Any) -> dict[str, str]:
+    """{method: directory} from ``--head METHOD=DIR`` and ``--<method>-head``. Raises ValueError for a malformed
+    --head or a method without a head."""
+    heads = {m.name: getattr(args, f"head_{m.name}") for m in methods.all_methods()
+             if m.head is not None and getattr(args, f"head_{m.name}", None)}
+    for item in getattr(args, "head", None) or []:
+        name, sep, directory = str(item).partition("=")
+        if not sep or not name.strip() or not directory.strip():
+            raise ValueError(f"--head takes METHOD=DIR, got {item!r}")
+        if name.strip() not in methods.names() or methods.get(name.strip()).head is None:
+            takers = ", ".join(m.name for m in methods.all_methods() if m.head is not None)
+            raise ValueError(f"--head {item!r}: {name.strip()!r} is not a method with a head; use one of {takers}")
+        heads[name.strip()] = directory.strip()
+    return heads
+
+
+def add_option_arguments(parser: argparse.ArgumentParser, app_defaults: bool = False) -> None:
+    """One flag per field of every registered method's options (``--prompt-lookup-min``, ...), shared by methods that
+    share a field; default None (the method's own default), or with ``app_defaults`` the app's starting values."""
+    seen = set()
+    for m in methods.all_methods():
+        for f in methods.option_fields(m.options):
+            if f.name not in seen:
+                seen.add(f.name)
+                parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=int,
+                                    default=f.metadata["ui"] if app_defaults else None,
+                                    help=f"{f.metadata['help']} (method {m.name})")
+
+
+def option_settings(args: Any) -> dict[str, Any]:
+    """The method-option flags given on the command line (generate() keywords)."""
+    return {f.name: getattr(args, f.name) for m in methods.all_methods() for f in methods.option_fields(m.options)
+            if getattr(args, f.name, None) is not None}
+
+
+def tree_settings(args: Any, method: str) -> dict[str, Any]:
+    """The generate() keywords of ``--tree`` / ``--speculative-token-tree``. Raises ValueError for an invalid tree."""
+    out = {"speculative_token_tree": args.speculative_token_tree} if args.speculative_token_tree else {}
+    if args.tree:
+        out.update(DraftTree.parse(args.tree).settings(method))
+    return out
 
 
 def _method_names() -> tuple[str, ...]:
-    from .methods import names
-
-    return names()
+    return methods.names()
 
 
 def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
@@ -150,8 +189,9 @@ def _compare_parser(sub: Any) -> None:
     c = sub.add_parser("compare", help="run several methods on the same prompts; write CSV, JSON and an HTML report")
     c.add_argument("--target", default=None, help="target model dir (default: bundled demo target)")
     c.add_argument("--draft", default=None, help="draft model dir (method draft_model)")
-    c.add_argument("--methods", default="ngram,suffix,draft_model",
-                   help="comma-separated methods (method none is always run as the baseline)")
+    c.add_argument("--methods", default=",".join(m.name for m in methods.all_methods() if m.name != "none" and m.head is None),
+                   help="comma-separated methods (default: every method that needs no head; method none is always run "
+                        "as the baseline)")
     c.add_argument("-k", "--num-speculative-tokens", default="5", help="k, or comma-separated values")
     c.add_argument("--k-sweep", default=None, help="comma-separated k values for every method (overrides -k)")
     c.add_argument("--verify", default=None, help="greedy | standard | block | synthetic, or comma-separated")
@@ -165,8 +205,7 @@ def _compare_parser(sub: Any) -> None:
     c.add_argument("--prompt-set", default=None,
                    help="bundled prompt category (or 'all') from assets/examples/compare_prompts.json, or a JSON file")
     c.add_argument("--max-new-tokens", type=int, default=64)
-    c.add_argument("--prompt-lookup-min", type=int, default=2)
-    c.add_argument("--prompt-lookup-max", type=int, default=4)
+    add_option_arguments(c, app_defaults=True)
     c.add_argument("--device", default=None)
     c.add_argument("--dtype", default=None)
     c.add_argument("--out", required=True, help="directory for compare.csv, compare.json, compare.html")
@@ -187,16 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = _parser().parse_args(argv)
     if args.command == "compare":
-        from .compare_cli import compare_main
+        from .compare.cli import compare_main
 
         return compare_main(args)
     from .engine import SpecDecoder
     from .events import DraftProposed, EventBus, StepVerified
 
     try:
-        given = (("eagle", args.eagle_head), ("eagle3", args.eagle3_head), ("dflash", args.dflash_head),
-                 ("medusa", args.medusa_head), ("mtp", args.mtp_head))
-        heads = {kind: d for kind, d in given if d}
+        heads = heads_from_args(args)
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
                                               runner=args.runner, heads=heads or None)
         bus = EventBus()
@@ -208,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         trace = decoder.generate(
             args.prompt, bus=bus, method=args.method, num_speculative_tokens=args.num_speculative_tokens,
             verify=args.verify, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens, seed=args.seed, prompt_lookup_min=args.prompt_lookup_min,
-            prompt_lookup_max=args.prompt_lookup_max, synthetic_rates=rates,
-            speculative_token_tree=args.speculative_token_tree, **_tree_args(args),
+            max_new_tokens=args.max_new_tokens, seed=args.seed, synthetic_rates=rates, **option_settings(args),
+            **tree_settings(args, args.method),
         )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

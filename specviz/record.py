@@ -7,7 +7,7 @@ record computes no sampling rule of its own (issue 10, point 8).
 :func:`gather_core` (the tokens the engine needs to go on) and :func:`gather_detail` (the
 sampler's per-position decisions, top-20 of p, q, the residuals and the emitted token's
 distribution) gather on the device; :func:`pack` puts each into one float64 vector, copied to the
-host once (see :mod:`specviz.verify_step`), where :func:`unpack` and :func:`host_record` turn it
+host once (see :mod:`specviz.verify.chain`), where :func:`unpack` and :func:`host_record` turn it
 into the trace's plain-data step record.
 """
 

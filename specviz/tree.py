@@ -16,11 +16,19 @@ use lists of lists. Sources: Medusa ``generate_medusa_buffers``, vLLM ``tree_att
 from __future__ import annotations
 
 import ast
-from typing import Sequence
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 import torch
 
 MAX_TREE_NODES = 64
+TREE_FORMS = ("static", "dynamic", "branches")  # the forms a method may draft (``Method.tree_forms``)
+STATIC_SETTING = "speculative_token_tree"  # vLLM's name
+DYNAMIC_SETTINGS = ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens")
+BRANCHES_SUFFIX = "_tree_branches"  # "<method>_tree_branches": the children kept per node
+# EAGLE-2's knobs by default: the measured best of the trees tried (results/tree/README.md)
+DEFAULT_TOP_K, DEFAULT_DEPTH, DEFAULT_TOTAL_TOKENS = 4, 6, 32
 
 
 def chain_parents(n: int) -> list[int]:
@@ -146,6 +154,158 @@ def choices_parents(paths: Sequence[tuple[int, ...]]) -> list[int]:
     return [index[p[:-1]] if len(p) > 1 else -1 for p in paths]
 
 
-def chain_choices(k: int) -> list[tuple[int, ...]]:
-    """vLLM's default tree for k drafts: ``[(0,), (0, 0), ...]`` (a chain)."""
-    return [(0,) * (i + 1) for i in range(k)]
+def check_branches(branches: Any, setting: str) -> int | None:
+    """None, or an int >= 1 (children kept per node). Raises ValueError naming ``setting``."""
+    if branches is None:
+        return None
+    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
+        raise ValueError(f"{setting} must be None (a chain) or an integer >= 1 (children kept per tree node), "
+                         f"got {branches!r}")
+    return branches
+
+
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's knobs (names as ``EaModel.from_pretrained``; SGLang: ``--speculative-eagle-topk`` = top_k,
+    ``--speculative-num-steps`` = depth + 1, ``--speculative-num-draft-tokens`` = total_tokens).
+
+    top_k: children expanded per node and frontier size K (>= 1). depth: D, head forwards after the
+    root's expansion (>= 0; the deepest node is at depth D + 1). total_tokens: N, tokens verified
+    INCLUDING the root, so N - 1 draft nodes (2 <= N, N - 1 <= min(MAX_TREE_NODES, K + D*K*K)).
+    Raises ValueError saying which bound is broken."""
+
+    top_k: int = DEFAULT_TOP_K
+    depth: int = DEFAULT_DEPTH
+    total_tokens: int = DEFAULT_TOTAL_TOKENS
+
+    def __post_init__(self):
+        k, d, n = self.top_k, self.depth, self.total_tokens
+        if not (isinstance(k, int) and not isinstance(k, bool) and k >= 1):
+            raise ValueError(f"eagle_tree_top_k must be an integer >= 1, got {k!r}")
+        if not (isinstance(d, int) and not isinstance(d, bool) and d >= 0):
+            raise ValueError(f"eagle_tree_depth must be an integer >= 0 (head forwards after the root's expansion), "
+                             f"got {d!r}")
+        if not (isinstance(n, int) and not isinstance(n, bool) and n >= 2):
+            raise ValueError(f"eagle_tree_total_tokens must be an integer >= 2 (the root plus at least one draft "
+                             f"node), got {n!r}")
+        if n - 1 > MAX_TREE_NODES:
+            raise ValueError(f"eagle_tree_total_tokens = {n} gives {n - 1} draft nodes; at most "
+                             f"{MAX_TREE_NODES} are supported (total_tokens <= {MAX_TREE_NODES + 1})")
+        if n - 1 > k + d * k * k:
+            raise ValueError(f"eagle_tree_total_tokens = {n} asks for {n - 1} draft nodes but top_k = {k}, depth = {d} "
+                             f"make only {k + d * k * k} candidates; lower total_tokens or raise top_k / depth")
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth + 1
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A request's draft tree (None everywhere means a chain of k), in one of :data:`TREE_FORMS`:
+
+    * "static": vLLM's ``speculative_token_tree``, paths of child ranks (``paths``, sorted as
+      :func:`parse_choices`); the methods that take it rank their draft's candidates;
+    * "dynamic": EAGLE-2's tree (``dynamic``: top_k, depth, total_tokens), grown by the head's confidence;
+    * "branches": up to ``branches`` ranked continuations per node (n-gram and suffix matches).
+
+    Written as one string (the Compare tab, ``specviz compare --trees``): "[(0,), (1,), (0, 0)]" static,
+    "4, 6, 32" dynamic, "2" branches; as generate() keywords: ``speculative_token_tree``, ``eagle_tree_top_k`` /
+    ``_depth`` / ``_total_tokens``, ``<method>_tree_branches``. Parsed here only."""
+
+    form: str
+    paths: tuple[tuple[int, ...], ...] = ()
+    dynamic: DynamicTree | None = None
+    branches: int | None = None
+
+    @classmethod
+    def parse(cls, text: Any) -> "DraftTree | None":
+        """One string -> a tree (None for "" or "chain"). Raises ValueError for text of none of the three forms, or
+        an invalid tree."""
+        spec = " ".join(str(text or "").split())
+        if spec.lower() in ("", "chain"):
+            return None
+        if spec.startswith("["):
+            return cls("static", paths=tuple(parse_choices(spec)))
+        if spec.isdigit():
+            return cls("branches", branches=check_branches(int(spec), "tree branches"))
+        parts = [x.strip() for x in spec.replace(";", ",").split(",")]
+        if len(parts) != 3 or not all(x.isdigit() for x in parts):
+            raise ValueError(f"a draft tree is \"[(0,), (1,), (0, 0)]\" (static), three integers top_k, depth, "
+                             f"total_tokens like 4, 6, 32 (EAGLE-2) or a number of branches per node like 2; "
+                             f"got {text!r}")
+        return cls("dynamic", dynamic=DynamicTree(*map(int, parts)))
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any], method: str, methods: Iterable[str] = ()) -> "DraftTree | None":
+        """The tree that generate() keywords ask for (they are removed from ``settings``): None for a chain.
+        ``methods``: every registered name (a ``<name>_tree_branches`` of another method is an error).
+        Raises ValueError for an invalid tree, a static and a dynamic tree given together, or branches named for
+        another method."""
+        static = settings.pop(STATIC_SETTING, None)
+        knobs = {name: settings.pop(name) for name in DYNAMIC_SETTINGS if settings.get(name) is not None}
+        for name in DYNAMIC_SETTINGS:
+            settings.pop(name, None)
+        branch_keys = [f"{m}{BRANCHES_SUFFIX}" for m in methods if f"{m}{BRANCHES_SUFFIX}" in settings]
+        given = {key[: -len(BRANCHES_SUFFIX)]: settings.pop(key) for key in branch_keys}
+        given = {m: b for m, b in given.items() if b is not None}
+        for other in given:
+            if other != method:
+                raise ValueError(f"{other}{BRANCHES_SUFFIX} applies to method {other}, not {method!r}; unset it or "
+                                 "change the method")
+        trees = []
+        if static is not None:
+            if not isinstance(static, str):
+                raise ValueError("speculative_token_tree must be a string like \"[(0,), (1,), (0, 0)]\" (vLLM's format)")
+            trees.append(cls("static", paths=tuple(parse_choices(static))))
+        if knobs:
+            short = {name.rsplit("_tree_", 1)[1]: value for name, value in knobs.items()}
+            trees.append(cls("dynamic", dynamic=DynamicTree(**short)))
+        if method in given:
+            trees.append(cls("branches", branches=check_branches(given[method], f"{method}{BRANCHES_SUFFIX}")))
+        if len(trees) > 1:
+            raise ValueError("set either speculative_token_tree (a static tree) or eagle_tree_top_k / eagle_tree_depth / "
+                             "eagle_tree_total_tokens (EAGLE-2's dynamic tree), not both")
+        return trees[0] if trees else None
+
+    def settings(self, method: str) -> dict[str, Any]:
+        """The generate() keywords of this tree for ``method`` (the inverse of :meth:`from_settings`)."""
+        if self.form == "static":
+            return {STATIC_SETTING: self.spec}
+        if self.form == "dynamic":
+            d = self.dynamic
+            return dict(zip(DYNAMIC_SETTINGS, (d.top_k, d.depth, d.total_tokens)))
+        return {f"{method}{BRANCHES_SUFFIX}": self.branches}
+
+    @property
+    def spec(self) -> str:
+        """The one-string form (:meth:`parse` reads it back)."""
+        if self.form == "static":
+            return str(list(self.paths))
+        if self.form == "dynamic":
+            return f"{self.dynamic.top_k}, {self.dynamic.depth}, {self.dynamic.total_tokens}"
+        return str(self.branches)
+
+    @property
+    def max_depth(self) -> int | None:
+        """The most drafts one path can hold (its k): a static tree's longest path, EAGLE-2's depth + 1; None for
+        branches (their depth is k)."""
+        if self.form == "static":
+            return max(len(p) for p in self.paths)
+        if self.form == "dynamic":
+            return self.dynamic.max_depth
+        return None
+
+    @property
+    def label(self) -> str:
+        """Short and distinct: "static tree [(0,),(1,),(0,0)]" (the tree itself when short, else "static tree
+        (9 nodes, depth 4, #1a2b)" with 4 hex digits of its SHA-1), "tree 4,6,32", "tree 2 branches"."""
+        if self.form == "static":
+            compact = "".join(self.spec.split())
+            if len(compact) <= 32:
+                return f"static tree {compact}"
+            digest = hashlib.sha1(compact.encode()).hexdigest()[:4]
+            return f"static tree ({len(self.paths)} nodes, depth {self.max_depth}, #{digest})"
+        if self.form == "dynamic":
+            return "tree " + self.spec.replace(" ", "")
+        return f"tree {self.branches} branches"

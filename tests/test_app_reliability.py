@@ -191,7 +191,7 @@ def test_suffix_cache_is_per_session_and_can_be_reset(app_url):
 def test_suffix_snapshot_is_frozen_and_deepcopy_gives_a_live_copy():
     import copy
 
-    from specviz.proposers.suffix import GlobalSuffixCache
+    from specviz.methods.suffix.proposer import GlobalSuffixCache
 
     cache = GlobalSuffixCache()
     cache.add_request([1, 2, 3])
@@ -330,7 +330,7 @@ class _RecordingVerifier:
     max_graphs = 4  # as StepVerifier's LRU bound (64 there): the warm-up must raise it to fit its plan
 
     def __init__(self):
-        from specviz.verify_step import StepVerifier
+        from specviz.verify import StepVerifier
 
         self.specs, self._real = [], StepVerifier(torch.device("cpu"))
 
@@ -362,7 +362,7 @@ def test_warm_up_reaches_every_width_and_verifier_spec(tiny_dirs):
     assert verifier.specs[-len(plan):] == plan  # after the two tiny requests, every spec of the plan once
     assert report["graphs"] == 5 + 2 + 2 + len(plan)
     # the verifier keeps every pair the warm-up captured (its LRU bound once dropped 42 of k <= 12's 106 keys)
-    from specviz.verify_step import graph_key
+    from specviz.verify import graph_key
 
     assert verifier.max_graphs >= len({graph_key(s) for s in plan}) + 1
 
@@ -372,7 +372,7 @@ def test_warm_up_specs_cover_what_the_ui_reaches(tiny_dirs, monkeypatch):
     example's 0.8 / 1.0; the default synthetic rates) is among those warm_up captures."""
     from dataclasses import replace
 
-    from specviz import verify_step
+    from specviz.verify import verifier as verify_step
     from specviz.engine import warm_up_specs
 
     target, draft = tiny_dirs["llama"]

@@ -28,7 +28,12 @@ from specviz.compare import (
     table_csv,
     wilson_interval,
 )
+from specviz import methods
+from specviz.compare import comparison_from_dict, load_comparison
 from specviz.trace import Emitted, Position, Step, Trace, acceptance_length
+from specviz.tree import DraftTree
+
+LOOKUP_1_3 = (("prompt_lookup_max", 3), ("prompt_lookup_min", 1))  # prompt lookup's bounds, a config's options
 
 
 def _step(i, draft, acc, committed, kind=None, ms=(1.0, 10.0, 1.0), positions=None):
@@ -185,7 +190,7 @@ def test_same_draft_replay_reproduces_the_engines_own_decisions(decoders, method
 
 
 def _tiny_comparison(decoders, temperature=0.0, seeds=(0,)):
-    c = new_comparison([RunConfig("ngram", 3, None, temperature, 1, 3), RunConfig("draft_model", 2, None, temperature)],
+    c = new_comparison([RunConfig("ngram", 3, None, temperature, LOOKUP_1_3), RunConfig("draft_model", 2, None, temperature)],
                        [Prompt("p1", "def add(a, b):\n    return a + b\n\ndef add(", "code completion"),
                         Prompt("p2", "x = 1\ny = 2\nx = 1\n")], list(seeds), 10)
     return run_comparison(decoders["llama"], c)
@@ -207,7 +212,7 @@ def test_runner_adds_method_none_and_greedy_runs_are_lossless(greedy_comparison)
 
 def test_export_import_replays_equal(decoders, tmp_path):
     c = _tiny_comparison(decoders, temperature=1.0, seeds=(0, 1))
-    back = Comparison.from_json(c.to_json())
+    back = load_comparison(c.to_json())
     assert back.to_dict() == c.to_dict()
     assert table(back) == table(c)
     assert table(c)[1]["lossless"]["badge"].startswith("not enough samples (2 seeds")  # 2 seeds: no T > 0 test
@@ -221,7 +226,7 @@ def test_import_refuses_malformed_data(greedy_comparison):
         data = json.loads(json.dumps(good))
         mutate(data)
         with pytest.raises(ComparisonFormatError, match=message):
-            Comparison.from_dict(data)
+            comparison_from_dict(data)
 
     refused(lambda d: d.update(format="specviz-trace"), "comparison.format")
     refused(lambda d: d["runs"][0].update(config=99), r"runs\[0\].config")
@@ -231,9 +236,9 @@ def test_import_refuses_malformed_data(greedy_comparison):
     refused(lambda d: d["configs"][1].update(verify="exec"), r"configs\[1\].verify")
     refused(lambda d: d["runs"][1]["trace"]["config"].update(method="suffix"), "not configuration")
     with pytest.raises(ComparisonFormatError, match="limit"):
-        Comparison.from_json(c.to_json(), max_bytes=100)
+        load_comparison(c.to_json(), max_bytes=100)
     with pytest.raises(ComparisonFormatError, match="not valid JSON"):
-        Comparison.from_json("{")
+        load_comparison("{")
 
 
 def test_bad_settings_raise_value_errors():
@@ -256,7 +261,7 @@ def test_cli_compare_writes_csv_json_and_html(tiny_dirs, tmp_path, capsys):
     assert code == 0, capsys.readouterr().err
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert [r["label"] for r in rows] == ["none T=0", "ngram k=3 greedy T=0", "draft_model k=3 greedy T=0"]
-    back = Comparison.from_json((out / "compare.json").read_text())
+    back = load_comparison((out / "compare.json").read_text())
     assert len(back.runs) == 3
     html = (out / "compare.html").read_text()
     assert "plotly" in html.lower() and "tokens / forward" in html and "AL (vLLM)" in html
@@ -349,9 +354,10 @@ def test_ksweep_gives_every_method_its_own_colour_and_marker():
     """newuser7: methods reused a 7-colour palette (ngram and medusa both blue, ...). Each method now has
     one colour and marker, distinct from every other method's, and the same whichever methods are swept."""
     from specviz.engine import METHODS
-    from specviz.viz.compare import METHOD_STYLE, ksweep_figure
+    from specviz.viz.compare import ksweep_figure, method_style
 
-    assert set(METHODS) <= set(METHOD_STYLE)
+    METHOD_STYLE = {m: method_style(m) for m in METHODS}  # each method's registry style
+    assert all(methods.get(m).style is not None for m in METHODS)
     assert len({c for c, _ in METHOD_STYLE.values()}) == len({m for _, m in METHOD_STYLE.values()}) == len(METHOD_STYLE)
     rows = [_ksweep_row(m, k) for m in METHODS for k in (1, 3, 5)]
     fig = ksweep_figure(rows)
@@ -372,7 +378,7 @@ def test_the_speedup_comes_with_its_per_run_spread():
     """The new-user report: ngram and ngram_gpu (same drafts) read 0.74x and 1.44x from one run each, with nothing to
     say that one run is not a measurement. Each row now carries the per-(prompt, seed) ratios' spread, shown in the
     table ("low–high (n N)", "noisy" past half the median; one run: "one sample, unchecked") and in the CSV."""
-    from specviz.compare import CSV_COLUMNS, _csv_cell
+    from specviz.compare.stats import CSV_COLUMNS, _csv_cell
     from specviz.viz.compare import TABLE_COLUMNS, table_rows
 
     spec = [_none_trace([1, 2], ms=(0.0, 5.0, 0.0)), _none_trace([1, 2], ms=(0.0, 10.0, 0.0))]  # 400 and 200 tok/s
@@ -415,9 +421,21 @@ def test_strips_and_scrubber_name_the_prompt():
 STATIC = "[(0,), (1,), (0, 0)]"
 
 
-def test_tree_specs_become_their_methods_settings_and_refuse_other_methods():
-    from specviz.methods import draft_tree_depth, draft_tree_settings
+def draft_tree_settings(method, spec):
+    """A tree string's generate() settings for ``method`` (its RunConfig's), {} for a chain."""
+    out = RunConfig(method, tree=spec).settings(0, 1)
+    return {k: v for k, v in out.items() if k.startswith(("speculative_token_tree", "eagle_tree_")) or k.endswith(
+        "_tree_branches")}
 
+
+def draft_tree_depth(settings):
+    """The most drafts one path of a tree (given as its generate() settings) holds: None for a chain or branches."""
+    tree = DraftTree.from_settings(dict(settings), next((k[:-len("_tree_branches")] for k in settings
+                                                         if k.endswith("_tree_branches")), "eagle"), methods.names())
+    return None if tree is None else tree.max_depth
+
+
+def test_tree_specs_become_their_methods_settings_and_refuse_other_methods():
     assert draft_tree_settings("eagle3", "4, 6, 32") == {"eagle_tree_top_k": 4, "eagle_tree_depth": 6,
                                                          "eagle_tree_total_tokens": 32}
     assert draft_tree_settings("draft_model", STATIC) == {"speculative_token_tree": STATIC}
@@ -425,11 +443,11 @@ def test_tree_specs_become_their_methods_settings_and_refuse_other_methods():
     assert draft_tree_settings("ngram", "") == {}
     assert draft_tree_depth(draft_tree_settings("eagle", "4,5,24")) == 6  # depth + 1 drafts on the deepest path
     assert draft_tree_depth({"speculative_token_tree": STATIC}) == 2 and draft_tree_depth({"ngram_tree_branches": 2}) is None
-    with pytest.raises(ValueError, match="applies to eagle and eagle3, not 'ngram'"):
+    with pytest.raises(ValueError, match=r"applies to method\(s\) eagle, eagle3, not 'ngram'"):
         draft_tree_settings("ngram", "4,6,32")
-    with pytest.raises(ValueError, match="applies to ngram and suffix, not 'draft_model'"):
+    with pytest.raises(ValueError, match=r"applies to method\(s\) ngram, suffix, not 'draft_model'"):
         draft_tree_settings("draft_model", "2")
-    with pytest.raises(ValueError, match="static tree .* not 'ngram_gpu'"):
+    with pytest.raises(ValueError, match="static tree.* not 'ngram_gpu'"):
         draft_tree_settings("ngram_gpu", STATIC)
     with pytest.raises(ValueError, match="three integers"):
         draft_tree_settings("eagle3", "4,6")
@@ -439,7 +457,7 @@ def test_expand_configs_adds_each_tree_for_the_methods_that_take_it_at_its_depth
     from specviz.compare import expand_configs
 
     cs = expand_configs(["eagle3", "ngram", "draft_model"], [3, 5], [None, "block"], [0.0],
-                        ["chain", "4,6,32", "2", STATIC], (2, 4))
+                        ["chain", "4,6,32", "2", STATIC], {"prompt_lookup_min": 2, "prompt_lookup_max": 4})
     labels = [c.resolved().label for c in cs]
     assert labels[:12] == [f"{m} k={k} {v} T=0" for m in ("eagle3", "ngram", "draft_model") for k in (3, 5)
                            for v in ("greedy", "block")]  # the chains: methods x k x verification
@@ -449,7 +467,7 @@ def test_expand_configs_adds_each_tree_for_the_methods_that_take_it_at_its_depth
     assert cs[12].settings(0, 8)["eagle_tree_depth"] == 6 and "speculative_token_tree" not in cs[0].settings(0, 8)
     with pytest.raises(ValueError, match="no chosen method takes the tree '4,6,32'"):
         expand_configs(["ngram"], [3], [None], [0.0], ["4,6,32"])
-    with pytest.raises(ValueError, match="no chosen method takes the tree '4,6': EAGLE-2 tree: give top_k"):
+    with pytest.raises(ValueError, match="the tree '4,6' is not a draft tree: .*three integers top_k, depth"):
         expand_configs(["ngram", "eagle3"], [3], [None], [0.0], ["4,6"])  # eagle3's parse error, not ngram's
     # every tree its own label: the tree itself when short, else its size and 4 hex digits of its hash
     other = "[(0,), (0, 0), (0, 1)]"
@@ -462,13 +480,13 @@ def test_expand_configs_adds_each_tree_for_the_methods_that_take_it_at_its_depth
         expand_configs(["draft_model"], [3], ["block"], [0.0], [STATIC])
     with pytest.raises(ValueError, match="chain-only"):
         new_comparison([RunConfig("draft_model", 2, "block", 0.0, tree=STATIC)], ["x"], [0])
-    with pytest.raises(ValueError, match="applies to ngram and suffix"):
+    with pytest.raises(ValueError, match=r"applies to method\(s\) ngram, suffix"):
         new_comparison([RunConfig("draft_model", 2, None, 0.0, tree="2")], ["x"], [0])
 
 
 @pytest.fixture(scope="module")
 def tree_comparison(decoders):
-    c = new_comparison([RunConfig("ngram", 3, None, 0.0, 1, 3), RunConfig("ngram", 3, None, 0.0, 1, 3, tree="2"),
+    c = new_comparison([RunConfig("ngram", 3, None, 0.0, LOOKUP_1_3), RunConfig("ngram", 3, None, 0.0, LOOKUP_1_3, tree="2"),
                         RunConfig("draft_model", 2, None, 0.0, tree=STATIC)],
                        [Prompt("p1", "def add(a, b):\n    return a + b\n\ndef add(a, c):\n    return a + c\n\ndef add(")],
                        [0], 12)
@@ -493,19 +511,19 @@ def test_tree_rows_run_as_trees_are_lossless_and_have_no_chain_cost_model(tree_c
 
 def test_tree_comparisons_round_trip_and_old_files_load_as_chains(tree_comparison):
     c = tree_comparison
-    back = Comparison.from_json(c.to_json())
+    back = load_comparison(c.to_json())
     assert back.to_dict() == c.to_dict() and back.configs[3].tree == STATIC
     old = c.to_dict()
     old["configs"] = [{k: v for k, v in cfg.items() if k != "tree"} for cfg in old["configs"]]
     old["runs"] = [r for r in old["runs"] if r["config"] in (0, 1)]
-    assert all(cfg.tree == "" for cfg in Comparison.from_dict(old).configs)
+    assert all(cfg.tree == "" for cfg in comparison_from_dict(old).configs)
     wrong = c.to_dict()
     wrong["configs"][3]["tree"] = "[(0,), (0, 0)]"  # the runs were drafted with another tree
     with pytest.raises(ComparisonFormatError, match=r"runs\[\d\].trace's draft-tree settings do not match"):
-        Comparison.from_dict(wrong)
+        comparison_from_dict(wrong)
     wrong["configs"][3]["tree"] = 7
     with pytest.raises(ComparisonFormatError, match=r"configs\[3\].tree must be a string"):
-        Comparison.from_dict(wrong)
+        comparison_from_dict(wrong)
 
 
 def test_ksweep_draws_a_tree_as_its_own_group_without_the_chain_theory(tree_comparison):
@@ -559,5 +577,5 @@ def test_a_comparison_does_not_depend_on_what_ran_before(decoders):
     for p in prompts:  # the decoder's own tree now holds these outputs, and a second comparison runs in between
         dec.generate(p.text, method="suffix", max_new_tokens=16)
     run_comparison(dec, new_comparison([RunConfig("suffix", 8), RunConfig("ngram", 3)], prompts, [0], 16))
-    assert len(dec.suffix_cache) >= len(prompts)
+    assert len(dec.request_state("suffix")) >= len(prompts)
     assert figures() == first

@@ -13,7 +13,7 @@ from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_wo
 
 from specviz import SpecDecoder
 from specviz.heads.dflash import DFlashCache, DFlashHead, dflash_config_from_target, save_dflash
-from specviz.proposers.dflash import DFlashProposer
+from specviz.methods.dflash.proposer import DFlashProposer
 
 D, BLOCK = 32, 8
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
@@ -193,7 +193,7 @@ def test_static_runner_equals_the_eager_one(decoders):
 def test_mask_token_is_never_drafted(decoders):
     """A head that ranks MASK (pad = 1) first everywhere still never drafts it: greedy takes the
     next token, and at T > 0 q(MASK) = 0."""
-    from specviz.proposers.base import Outcome, StepContext
+    from specviz.proposer import Outcome, StepContext
 
     dec = decoders["eager"]
     real = dec.heads["dflash"]
@@ -277,7 +277,7 @@ def test_sampling_is_lossless_per_position(small_decoder, verify, sampling):
 def test_sampled_q_is_the_processed_slot_distribution(small_decoder):
     """At T > 0 with top-k / top-p, Draft.probs[i] = logits_to_probs(slot i+1's logits with MASK at
     -inf) of the one block forward, and d_i lies in its support."""
-    from specviz.proposers.base import Outcome, StepContext
+    from specviz.proposer import Outcome, StepContext
     from specviz.sampling import logits_to_probs
 
     dec = small_decoder
@@ -408,7 +408,7 @@ def test_comparison_runs_dflash_beside_none(decoders):
     assert mine.trace.output_token_ids == plain.trace.output_token_ids
 
 
-BUNDLED = __import__("specviz.engine", fromlist=["DEFAULT_HEADS"]).DEFAULT_HEADS["dflash"]
+BUNDLED = __import__("specviz.loading", fromlist=["bundled_heads"]).bundled_heads()["dflash"]
 
 
 @pytest.mark.skipif(not (BUNDLED / "model.safetensors").exists(), reason="the bundled DFlash head is not trained yet")

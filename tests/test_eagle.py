@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from specviz import SpecDecoder
 from specviz.heads import build_head, head_config_from_target, save_head
-from specviz.proposers.eagle import EagleProposer, head_taps
+from specviz.methods.eagle.proposer import EagleProposer, head_taps
 from specviz.static_runner import StaticRunner
 
 D = 32  # the tiny target's hidden size
@@ -193,7 +193,7 @@ def test_sampling_is_lossless_per_position(small_decoder, kind, verify, sampling
 def test_sampled_q_is_the_processed_head_distribution(small_decoder):
     """At T > 0 with top-k / top-p, Draft.probs[i] is logits_to_probs(head logits of row i) and d_i lies
     in its support: the q handed to the sampler is the distribution the draft was drawn from."""
-    from specviz.proposers.base import Outcome, StepContext
+    from specviz.proposer import Outcome, StepContext
     from specviz.sampling import logits_to_probs
 
     dec = small_decoder
@@ -221,7 +221,7 @@ def test_eagle_views(eagle_decoders):
     """The app's 'where the draft came from' panel for eagle / eagle3 traces (looked up by method name):
     per draft position the feature and token that fed the head, its confidence and the target's
     decision; the figure shows acceptance by position, also beside a draft_model run."""
-    from specviz.viz.eagle import acceptance_by_position_figure
+    from specviz.methods.eagle.view import acceptance_by_position_figure
     from specviz.viz.source import source_figure, source_html
 
     dec = eagle_decoders["eager"]
@@ -248,7 +248,7 @@ def test_eagle_views(eagle_decoders):
     other = dec.generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=8, prompt_lookup_min=1)
     both = acceptance_by_position_figure([tr, other])
     assert [t.name for t in both.data][-1] == "ngram: accepted >= i"
-    from specviz.viz.match import match_context_html, trie_figure
+    from specviz.methods.ngram.view import match_context_html, trie_figure
 
     for st in other.steps[:3]:  # other methods keep their own view
         assert source_html(other, st.index) == match_context_html(other, st.index)

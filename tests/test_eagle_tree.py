@@ -14,9 +14,11 @@ from helpers import PROMPT, runner_decoders, save_eagle_heads, save_tiny_target
 
 from specviz import tree
 from specviz.heads import build_head, crop_cache, head_config_from_target
-from specviz.proposers.base import Outcome, StepContext
-from specviz.proposers.eagle import head_taps
-from specviz.proposers.eagle_tree import DynamicTree, EagleTreeProposer, tree_settings
+from specviz.proposer import Outcome, StepContext
+from specviz.methods.eagle.proposer import head_taps
+from specviz import methods
+from specviz.methods.eagle.tree import DynamicTree, EagleTreeProposer
+from specviz.tree import DraftTree
 from tiny_models import build_model
 
 D = 32
@@ -198,14 +200,10 @@ def test_invalid_choices_and_settings(head):
     with pytest.raises(ValueError, match="exactly one"):
         EagleTreeProposer(head)
 
-    class Cfg:
-        eagle_tree_top_k, eagle_tree_depth, eagle_tree_total_tokens = 4, None, None
-        speculative_token_tree = "[(0,)]"
-
     with pytest.raises(ValueError, match="not both"):
-        tree_settings(Cfg)
-    Cfg.speculative_token_tree = None
-    assert tree_settings(Cfg) == (DynamicTree(4, 6, 32), None)
+        DraftTree.from_settings({"eagle_tree_top_k": 4, "speculative_token_tree": "[(0,)]"}, "eagle", methods.names())
+    assert DraftTree.from_settings({"eagle_tree_top_k": 4}, "eagle", methods.names()) == DraftTree(
+        "dynamic", dynamic=DynamicTree(4, 6, 32))
 
 
 @pytest.mark.parametrize("settings,match", [
@@ -217,17 +215,17 @@ def test_invalid_choices_and_settings(head):
     ({"method": "suffix", "suffix_tree_branches": -2}, "suffix_tree_branches must be"),
 ])
 def test_generate_settings_refused_early(settings, match):
-    from specviz.engine import GenerationConfig, validate_config
+    from specviz.config import GenerationConfig
 
     with pytest.raises(ValueError, match=match):
-        validate_config(GenerationConfig(**settings))
+        GenerationConfig.from_settings(**settings)
 
 
 def test_block_verification_refused_for_trees():
-    from specviz.engine import GenerationConfig, validate_config
+    from specviz.config import GenerationConfig
 
     with pytest.raises(ValueError, match="chain-only"):
-        validate_config(GenerationConfig(method="ngram", ngram_tree_branches=2, verify="block", temperature=1.0))
+        GenerationConfig.from_settings(method="ngram", ngram_tree_branches=2, verify="block", temperature=1.0)
 
 
 # ---- end to end through the engine (tree forward, tree verifier, trace v2) ----------------------------

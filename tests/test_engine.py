@@ -188,7 +188,7 @@ def test_observe_time_is_counted_as_drafting(decoders, monkeypatch):
     speedup over method none (which observes nothing) is not measured on a time that leaves it out."""
     import time as _time
 
-    from specviz.proposers.ngram import NgramProposer
+    from specviz.methods.ngram.proposer import NgramProposer
 
     dec = decoders["llama"]
     base = dec.generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=8)

@@ -4,7 +4,8 @@ path itself runs in the GPU tests; this checks the wiring on any machine)."""
 
 from __future__ import annotations
 
-from specviz import static_runner, verify_step
+from specviz import static_runner
+from specviz.verify import verifier as verify_step
 from specviz.graphs import replay
 
 

@@ -13,8 +13,8 @@ from transformers import DynamicCache
 
 from specviz.heads import build_head, head_config_from_target
 from specviz.heads.runner import BUCKETS, EagerHeadRunner, StaticHeadRunner, make_head_runner
-from specviz.proposers.base import Outcome, StepContext
-from specviz.proposers.eagle import EagleProposer
+from specviz.proposer import Outcome, StepContext
+from specviz.methods.eagle.proposer import EagleProposer
 from specviz.runner import hidden_state_index
 from tiny_models import build_model
 

@@ -28,7 +28,7 @@ def test_kernels_import_only_specviz_modules_that_never_import_kernels():
     for path in sorted((ROOT / "specviz" / "kernels").glob("*.py")):
         shared |= {m for m in _imports(path, top_level_only=True)
                    if m.startswith("specviz") and not m.startswith("specviz.kernels")}
-    assert "specviz.sampling.rates" in shared and "specviz.proposers.ngram_match" in shared
+    assert "specviz.sampling.rates" in shared and "specviz.methods.ngram.match" in shared
     for module in sorted(shared):
         path = ROOT / (module.replace(".", "/") + ".py")
         assert path.exists(), module

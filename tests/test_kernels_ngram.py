@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from kernel_testing import check_interpreted_run, interpreted, run_interpreted
-from specviz.proposers.base import Proposer
-from specviz.proposers.ngram_gpu import NgramGPUProposer, ngram_match_reference, resolve_lookup_bounds
+from specviz.proposer import Proposer
+from specviz.methods.ngram_gpu.proposer import NgramGPUProposer, ngram_match_reference, resolve_lookup_bounds
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = [
@@ -159,7 +159,7 @@ def test_proposer_device_context_follows_the_committed_tokens():
     """The device buffer grows by the new tokens only, and is rewritten when the context is not a
     continuation (a new request without reset, or a shorter context); drafts always equal a
     fresh proposer's and the CPU NgramProposer's."""
-    from specviz.proposers.ngram import NgramProposer
+    from specviz.methods.ngram.proposer import NgramProposer
 
     rng = random.Random(3)
     p = NgramGPUProposer(prompt_lookup_min=1, prompt_lookup_max=3, num_speculative_tokens=4)

@@ -18,7 +18,7 @@ import torch
 
 import small_vocab
 from specviz import SpecDecoder
-from specviz.proposers.base import StepContext
+from specviz.proposer import StepContext
 from specviz.sampling import logits_to_probs
 from stats_helpers import chi_square, threshold
 

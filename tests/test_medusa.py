@@ -17,8 +17,8 @@ from stats_helpers import SMALL_VOCAB, chi2_pvalue, exact_marginals, first_two, 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
 from specviz.heads.medusa import MedusaHead, medusa_config_from_target, medusa_loss
-from specviz.proposers.base import Outcome
-from specviz.proposers.medusa import DEFAULT_MEDUSA_TREE, MedusaProposer
+from specviz.proposer import Outcome
+from specviz.methods.medusa.proposer import DEFAULT_MEDUSA_TREE, MedusaProposer
 from specviz.runner import FINAL_NORM, EagerRunner
 from specviz.tree import parse_choices
 
@@ -341,7 +341,7 @@ def test_static_graphs_equal_eager_on_gpu(medusa_dirs):
     assert_static_graphs_equal_eager(runner_decoders(target, {"medusa": head}, device="cuda"), "medusa", 4, "typical")
 
 
-@pytest.mark.skipif(not all((__import__("specviz.engine").engine.DEFAULT_HEADS[k] / "model.safetensors").exists()
+@pytest.mark.skipif(not all((__import__("specviz.loading").loading.bundled_heads()[k] / "model.safetensors").exists()
                             for k in ("medusa", "mtp")), reason="the bundled medusa / mtp heads are not there")
 @pytest.mark.parametrize("runner", ("eager", "static"))
 def test_bundled_heads_greedy_equals_plain_greedy(runner):

@@ -17,7 +17,7 @@ from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_wo
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
 from specviz.heads.mtp import MtpHead, mtp_config_from_target
-from specviz.proposers.mtp import MtpProposer
+from specviz.methods.mtp.proposer import MtpProposer
 from specviz.runner import EagerRunner
 from specviz.static_runner import StaticRunner
 
@@ -264,7 +264,7 @@ def test_whole_buffer_chain_equals_the_exact_length_chain(mtp_decoders):
     gives the eager chain's drafts (over exactly the n cached positions) at every step of a request. On the
     CPU the capture itself fails (no CUDA) and the same body runs eagerly, which is what is compared here;
     on CUDA tests/test_mtp.py::test_static_graphs_equal_eager_on_gpu runs the graphs."""
-    from specviz.proposers.mtp import MtpDraftGraphs
+    from specviz.methods.mtp.proposer import MtpDraftGraphs
 
     dec = mtp_decoders["static"]
     graphs = MtpDraftGraphs()

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from specviz import SpecDecoder
-from specviz.proposers.base import Outcome
-from specviz.proposers.ngram_gpu import NgramGPUProposer
+from specviz.proposer import Outcome
+from specviz.methods.ngram_gpu.proposer import NgramGPUProposer
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 LOOKUP = dict(prompt_lookup_min=1, prompt_lookup_max=3)

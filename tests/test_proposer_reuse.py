@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.proposers.ngram_gpu import NgramGPUProposer
+from specviz.methods.ngram_gpu.proposer import NgramGPUProposer
 
 REQUEST_A = [5, 20, 21, 22, 30, 31, 9]
 # B's 7th token equals A's last token (the old check compared only that one), and B's last token 5

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from specviz import tree
-from specviz.proposers.ngram import NgramProposer
-from specviz.proposers.ranked_tree import ranked_tree
-from specviz.proposers.suffix import SuffixConfig, SuffixProposer
+from specviz.methods.ngram.proposer import NgramProposer
+from specviz.ranked_tree import ranked_tree
+from specviz.methods.suffix.proposer import SuffixConfig, SuffixProposer
 
 
 def _shape(draft, max_depth):

@@ -95,7 +95,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a G
 def test_step_verifier_graph_equals_eager(verify):
     """The captured verification step (probs, Triton sampler, record, next input) returns exactly the
     eager unit's record, also on later replays with new inputs and noise."""
-    from specviz.verify_step import StepVerifier, VerifySpec
+    from specviz.verify import StepVerifier, VerifySpec
 
     dev, V = torch.device("cuda"), 1000
     graphed, eager = StepVerifier(dev), StepVerifier(dev, cuda_graphs=False)
@@ -124,7 +124,7 @@ def test_step_verifier_graph_equals_eager(verify):
 @needs_cuda
 def test_engine_sampling_with_verifier_graphs_equals_eager_verifier(tiny_dirs):
     """Seeded sampling runs give identical traces with and without the captured verification step."""
-    from specviz.verify_step import StepVerifier
+    from specviz.verify import StepVerifier
 
     target, draft = tiny_dirs["llama"]
     dec = SpecDecoder.from_pretrained(target, draft, device="cuda", dtype="float32", runner="static")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specviz.proposers import GlobalSuffixCache, SuffixConfig, SuffixProposer
-from specviz.proposers.suffix import SuffixTrie, _IncrementalTrie
+from specviz.methods.suffix.proposer import SuffixTrie, _IncrementalTrie
 
 
 def test_incremental_trie_equals_batch_trie():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specviz.proposers.draft_model import DraftModelProposer, _sample
+from specviz.methods.draft_model.proposer import DraftModelProposer, _sample
 from specviz.runner import EagerRunner
 from specviz.transfer import pinned, to_device
 

@@ -77,7 +77,7 @@ def test_draft_without_padding_rows_gets_zero_padded_q(dirs):
     assert dec.vocab_size == V + 4
     proposer = dec.make_proposer(__import__("specviz.engine", fromlist=["GenerationConfig"]).GenerationConfig(
         method="draft_model", num_speculative_tokens=2, temperature=1.0, verify="standard"))
-    from specviz.proposers.base import StepContext
+    from specviz.proposer import StepContext
 
     d = proposer.propose([3, 7, 1], 2, StepContext(temperature=1.0, generator=torch.Generator().manual_seed(0)))
     assert tuple(d.probs.shape) == (2, V + 4) and bool((d.probs[:, V:] == 0).all())

@@ -14,7 +14,7 @@ import torch
 
 from specviz import SpecDecoder
 from specviz import tree as T
-from specviz.proposers.base import Draft, NoFeedback
+from specviz.proposer import Draft, NoFeedback
 from specviz.runner import EagerRunner
 from specviz.trace import Trace, TraceFormatError
 
@@ -296,7 +296,7 @@ def test_a_tree_steps_detail_is_queued_with_its_verification_and_picks_the_rows_
     is p at the row it was emitted from; generate() and iter_generate() give the same trace."""
     from specviz.sampling import logits_to_probs
     from specviz.sampling.tree import QueuedTreeVerify
-    from specviz.verify_step import StepVerifier
+    from specviz.verify import StepVerifier
 
     dec = decoders["llama"]
     log: list[str] = []

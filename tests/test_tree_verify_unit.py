@@ -3,7 +3,7 @@ graphs equals the PyTorch reference.
 
 - :func:`specviz.sampling.tree.device_path` (the walk's result by device ops: the emitted token and the kept rows)
   equals the host walk of :meth:`QueuedTreeVerify.finish` on random trees, duplicate and out-of-range tokens included;
-- :func:`specviz.verify_step.tree_unit` (p from the sampling tensors, every node's decision, the packed decisions)
+- :func:`specviz.verify.tree.tree_unit` (p from the sampling tensors, every node's decision, the packed decisions)
   equals :func:`specviz.sampling.tree.queue_verify_tree` over :func:`logits_to_probs`, for greedy and rule A with
   temperature, top-k and top-p;
 - on CUDA, :meth:`StepVerifier.queue_tree` replayed from its graphs (device and host parents, detail included)
@@ -20,7 +20,8 @@ import torch
 from specviz import tree as T
 from specviz.sampling import logits_to_probs
 from specviz.sampling.tree import device_path, draw_tree_noise, queue_verify_tree
-from specviz.verify_step import SamplingTensors, StepVerifier, VerifySpec, graph_key, tree_unit
+from specviz.verify import SamplingTensors, StepVerifier, VerifySpec, graph_key
+from specviz.verify.tree import tree_unit
 
 V = 16
 

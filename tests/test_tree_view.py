@@ -173,7 +173,7 @@ def test_eagle_panel_draws_acceptance_by_depth_for_tree_runs():
     """An EAGLE-2 tree run fills the EAGLE panel of section 3 (acceptance by depth) instead of saying "no EAGLE
     drafts" (a fresh user found it empty, session 4); the empty head-confidence series is left out."""
     from specviz import SpecDecoder
-    from specviz.viz.eagle import eagle_figure
+    from specviz.methods.eagle.view import eagle_figure
 
     dec = SpecDecoder.from_pretrained(device="cpu")  # the bundled target and EAGLE-3 head
     tr = dec.generate("def add(a, b):\n    return", method="eagle3", num_speculative_tokens=5, eagle_tree_top_k=4,
@@ -358,7 +358,7 @@ def _chains():
 
 
 def test_draft_model_panel_says_tree_children_are_ranked_not_sampled():
-    from specviz.viz.draft_candidates import draft_candidates_html
+    from specviz.methods.draft_model.view import draft_candidates_html
 
     tree = tree_trace()
     page = draft_candidates_html(tree, tree.steps[0])

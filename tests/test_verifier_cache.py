@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specviz.sampling import logits_to_probs
-from specviz.verify_step import SamplingTensors, StepVerifier, VerifySpec, graph_key, probs_from_tensors
+from specviz.verify import SamplingTensors, StepVerifier, VerifySpec, graph_key, probs_from_tensors
 
 SPEC = VerifySpec(k=4, vocab=1000, verify="standard", temperature=0.8, top_k=None, top_p=None, full_q=True,
                   detailed=True, synthetic_rates=None, backend="triton")

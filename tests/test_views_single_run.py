@@ -15,7 +15,7 @@ from specviz.ui.handlers import source_texts
 from specviz.ui.settings import MAX_UI_SPECULATIVE_TOKENS, check_k, clamped_k_note
 from specviz.viz import explain
 from specviz.viz.grid import CHAR_EM, PLOT_PX, cell_font, cell_label, grid_cells, step_grid_figure
-from specviz.viz.medusa import medusa_html
+from specviz.methods.medusa.view import medusa_html
 from specviz.viz.source import draft_limit, draft_limit_note
 from specviz.viz.stats import run_summary, speedup_html
 from specviz.ui.views import summary_markdown

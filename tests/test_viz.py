@@ -11,16 +11,17 @@ import re
 
 import pytest
 
-from specviz.engine import DEFAULT_HEADS, METHODS
+from specviz.engine import METHODS
+from specviz.loading import bundled_heads
 from specviz.trace import Emitted, Position, Step, Trace, compute_metrics
 from specviz.viz.common import fmt_prob
+from specviz.methods.ngram.view import match_context_html, trie_figure, trie_placement
 from specviz.viz import (
     FATES,
     estimated_alpha,
     expected_tokens_per_step,
     figures,
     grid_cells,
-    match_context_html,
     report_html,
     residual_figure,
     run_summary,
@@ -30,14 +31,12 @@ from specviz.viz import (
     step_grid_figure,
     token_events,
     token_stream_html,
-    trie_figure,
-    trie_placement,
 )
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
 MAX_NEW = 20
 RUNS = {
-    **{f"{m}-greedy": {"method": m} for m in METHODS if m not in DEFAULT_HEADS},  # head methods: their own test files
+    **{f"{m}-greedy": {"method": m} for m in METHODS if m not in bundled_heads()},  # head methods: their own test files
     "draft_model-standard": {"method": "draft_model", "verify": "standard", "temperature": 1.0},
     "draft_model-block": {"method": "draft_model", "verify": "block", "temperature": 1.0},
     "ngram-standard": {"method": "ngram", "verify": "standard", "temperature": 0.9},
@@ -407,7 +406,7 @@ def test_the_four_rates_are_one_defined_set_with_a_headline(traces):
 
 def test_suffix_trie_panel_draws_the_candidates_as_a_tree(traces):
     from specviz.viz.common import label
-    from specviz.viz.suffix_tree import suffix_branches
+    from specviz.methods.suffix.view import suffix_branches
 
     tr = traces["suffix-greedy"]
     drafted = [s for s in tr.steps if s.draft_token_ids and s.match.get("chosen")]

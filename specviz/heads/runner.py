@@ -1,6 +1,6 @@
 """Runners for an EAGLE / EAGLE-3 head's chain drafting: the eager reference and a static one with CUDA graphs.
 
-The proposer (:class:`specviz.proposers.eagle.EagleProposer`) makes two kinds of call per engine step:
+The proposer (:class:`specviz.methods.eagle.proposer.EagleProposer`) makes two kinds of call per engine step:
 
     first_pass(features [c, F], ids int64 [c], start)  -> hidden [1, d], logits float32 [V]
         the committed pairs (g_j, x_{j+1}) at positions j = start..start+c-1 (from target features)

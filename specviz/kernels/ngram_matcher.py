@@ -1,6 +1,6 @@
 """Triton batched n-gram (prompt lookup) matcher.
 
-Same semantics and signature as :func:`specviz.proposers.ngram_match.ngram_match_reference`
+Same semantics and signature as :func:`specviz.methods.ngram.match.ngram_match_reference`
 (vLLM ``v1/spec_decode/ngram_proposer.py`` / ``ngram_proposer_gpu.py``): longest n in
 [prompt_lookup_min, prompt_lookup_max] whose earlier occurrence exists, earliest occurrence
 among those, draft = up to k following tokens.
@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specviz.proposers.ngram_match import NgramMatch, check_ngram_args
+from specviz.methods.ngram.match import NgramMatch, check_ngram_args
 
 _NO_MATCH = tl.constexpr(2**31 - 1)  # sentinel "no end position" (int32 max)
 

@@ -28,7 +28,7 @@ def _runs(heads: dict[str, str], draft: bool) -> list[tuple[str, str, dict]]:
 
     runs = [(kind, kind, {}) for kind in heads]
     if "medusa" in heads and "speculative_token_tree" in GenerationConfig.__dataclass_fields__:
-        from specviz.proposers.medusa import DEFAULT_MEDUSA_TREE
+        from specviz.methods.medusa.proposer import DEFAULT_MEDUSA_TREE
 
         runs.append(("medusa_tree", "medusa", {"speculative_token_tree": DEFAULT_MEDUSA_TREE}))
     if draft:

@@ -4,7 +4,7 @@ Session state (one ``gr.State`` per browser session) is a dict: ``trace`` (the l
 dict, or None), ``baseline`` (its method-none comparison, measured beside it by
 :func:`specviz.speedup.measure_speedup`, or None), ``no_baseline`` (why there is none, shown in
 the speedup panel) and ``suffix_cache`` (this session's
-:class:`~specviz.proposers.suffix.GlobalSuffixCache` of earlier outputs for method suffix).
+:class:`~specviz.methods.suffix.proposer.GlobalSuffixCache` of earlier outputs for method suffix).
 Nothing else is shared between sessions except the lazily loaded models
 (:class:`~specviz.ui.cache.DecoderCache`).
 User mistakes (bad settings, a bad upload) show a message in the progress line (and a
@@ -27,7 +27,7 @@ from typing import Any, Generator, Iterator
 
 import gradio as gr
 
-from specviz.proposers.suffix import GlobalSuffixCache
+from specviz.methods.suffix.proposer import GlobalSuffixCache
 from specviz.speedup import DEFAULT_BUDGET_S, DEFAULT_PAIRS, DEFAULT_SEGMENT_TOKENS, measure_speedup  # noqa: F401
 from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.viz import figure_png, figures, report_html, run_summary

@@ -224,3 +224,13 @@ def fmt_prob(x: float | None) -> str:
     if x is None:
         return "—"
     return f"{x:.4g}"
+
+
+def quoted_tokens(trace: Trace, ids: list[int]) -> str:
+    """Token ids as quoted texts separated by spaces ("(none)" for no ids), for sentences."""
+    return " ".join(quoted(trace, t) for t in ids) or "(none)"
+
+
+def top_pairs(trace: Trace, pairs: list[list[float]], n: int = 3) -> str:
+    """The first ``n`` [token id, probability] pairs as "'tok' 0.42, ..." ("—" for none), for sentences."""
+    return ", ".join(f"{quoted(trace, int(t))} {fmt_prob(float(v))}" for t, v in pairs[:n]) or "—"

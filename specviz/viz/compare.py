@@ -13,6 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from specviz import methods
 from specviz.compare import RULES, Comparison, same_draft_rules, table
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Trace
 
@@ -300,22 +301,10 @@ def rules_figure(trace: Trace) -> go.Figure:
 
 
 # ---- the k sweep ----------------------------------------------------------------------------
-# One colour and one marker per method (specviz.engine.METHODS): no two methods share either, and a
-# method keeps them whatever else is in the sweep (the k sweep is the only Compare figure coloured by
-# method; strips and rules are coloured by fate / count). Tableau 10 colours.
-METHOD_STYLE: dict[str, tuple[str, str]] = {
-    "none": ("#7f7f7f", "circle-open"),
-    "ngram": ("#1f77b4", "circle"),
-    "ngram_gpu": ("#17becf", "square"),
-    "suffix": ("#ff7f0e", "diamond"),
-    "draft_model": ("#9467bd", "triangle-up"),
-    "eagle": ("#d62728", "triangle-down"),
-    "eagle3": ("#8c564b", "pentagon"),
-    "dflash": ("#bcbd22", "hexagon"),
-    "medusa": ("#e377c2", "star"),
-    "mtp": ("#2ca02c", "cross"),
-}
-# methods missing above (a new one): colours and markers no listed method uses, in order of first use
+# One colour and one marker per method (its registry entry's ``style``): no two built-in methods share either, and a
+# method keeps them whatever else is in the sweep (the k sweep is the only Compare figure coloured by method; strips
+# and rules are coloured by fate / count). Tableau 10 colours.
+# methods without a style of their own: colours and markers no built-in method uses, in order of first use
 EXTRA_STYLES = (("#111827", "x"), ("#0f766e", "star-square"), ("#a16207", "hourglass"), ("#4338ca", "bowtie"))
 _extra: dict[str, tuple[str, str]] = {}
 VARIANT_DASHES = ("solid", "dot", "dashdot", "longdashdot")  # a method's 2nd, 3rd ... verification / temperature
@@ -323,9 +312,9 @@ TREE_SYMBOLS = ("diamond-open", "square-open", "triangle-up-open", "star-open", 
 
 
 def method_style(method: str) -> tuple[str, str]:
-    """(colour, marker symbol) of ``method``: METHOD_STYLE, else the next unused EXTRA_STYLES entry."""
-    if method in METHOD_STYLE:
-        return METHOD_STYLE[method]
+    """(colour, marker symbol) of ``method``: its registry style, else the next unused EXTRA_STYLES entry."""
+    if method in methods.names() and methods.get(method).style is not None:
+        return methods.get(method).style
     if method not in _extra:
         _extra[method] = EXTRA_STYLES[len(_extra) % len(EXTRA_STYLES)]
     return _extra[method]
@@ -401,14 +390,19 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     return fig
 
 
+def _sampled_q(trace: Trace) -> bool:
+    """The run drafted from a distribution (some q below 1): its rules differ more than a one-hot draft's."""
+    return any(p.q < 1.0 for s in trace.steps for p in s.positions)
+
+
 def rules_source(comparison: Comparison) -> Trace | None:
     """The run "the same draft, every rule" replays: the first run at temperature > 0 verified with
-    block (block's h is recorded), else standard, preferring a draft model; None when there is none
+    block (block's h is recorded), else standard, preferring a sampled draft (a draft model); None when there is none
     (greedy runs record no uniforms). Draft trees are left out: block verification and the replay are a chain's."""
     def rank(r) -> tuple:
         c = comparison.configs[r.config]
         return (c.temperature == 0 or c.verify not in ("block", "standard"), c.verify != "block",
-                c.method != "draft_model", r.prompt, r.seed)
+                not _sampled_q(r.trace), r.prompt, r.seed)
 
     runs = [r for r in comparison.runs if comparison.configs[r.config].method != "none"
             and not comparison.configs[r.config].is_tree  # the rules replayed here are a chain's

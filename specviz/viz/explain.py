@@ -1,5 +1,7 @@
-"""'What am I looking at' texts (Markdown), one per view, for a student who knows sampling
-but not speculative decoding. Terms follow docs/algorithms.md."""
+"""'What am I looking at' texts (Markdown), one per view, for a student who knows sampling but not speculative
+decoding; each method's own texts come from its registry entry (:class:`specviz.methods.base.Texts`)."""
+
+from specviz import methods
 
 INTRO = """\
 **Speculative decoding** makes a big *target* model (distribution **p**) generate several tokens per
@@ -48,43 +50,9 @@ how well the first i tokens match, h_i is the probability to accept the block up
 the *last* i whose uniform η_i ≤ h_i, so a later pass can rescue an earlier token-wise failure.
 """
 
-# "where the draft came from", per method: (what drafted, the section's question and paragraph)
-_LOOKUP = """\
-Prompt lookup needs no model: it takes the last n tokens of the context (purple), finds their earlier
-occurrences (yellow; the earliest one is used, outlined) and copies the tokens that followed it (blue,
-underlined) as the draft. It tries n from prompt_lookup_max down to prompt_lookup_min and uses the longest n
-that matches. The tree shows every continuation after all occurrences with how many occurrences continue that
-way; the blue path is the drafted continuation. Repetitive text (code, quoted passages) gives long matches and
-long accepted runs."""
-_EAGLE = """\
-The head is a small network that reads the target's own hidden states: the table lists, per draft token, the
-row that predicted it (the target's feature at the last committed position with the root token for draft 1,
-the head's own output with the previous draft after that), the head's confidence and what the target did; the
-plot compares acceptance by position with the head's confidence."""
-SOURCES = {
-    "none": ("nothing (method none)", "Method none drafts nothing: every step is one plain decoding step of the "
-             "target, the baseline the other methods are compared with."),
-    "draft_model": ("the draft model", "A small causal LM drafts k tokens one after another. For each drafted "
-                    "position the panel lists the draft's own top candidates and q, the token it drafted (its "
-                    "argmax at temperature 0, else a sample from q) and the target's p of that token."),
-    "ngram": ("n-gram lookup (prompt lookup)", _LOOKUP),
-    "ngram_gpu": ("n-gram lookup on the device (ngram_gpu)", _LOOKUP),
-    "suffix": ("the suffix tree (suffix decoding)", "Suffix decoding keeps a suffix tree of this request and of "
-               "this session's earlier outputs; the panel shows its candidate matches, and the longest-scoring "
-               "continuation becomes the draft."),
-    "eagle": ("the EAGLE head", _EAGLE),
-    "eagle3": ("the EAGLE-3 head", _EAGLE),
-    "medusa": ("the Medusa heads", "Every head reads the same target feature and head i guesses the token i + 1 "
-               "after the root, so a chain drafts min(k, number of heads) tokens. The table and the heatmap show "
-               "each head's top candidates, the drafted ones outlined in the colour of the target's decision."),
-    "mtp": ("the MTP head", "A Gemma-4-style MTP head (trained by specviz: no public recipe): every draft step runs "
-            "at the same position and reads the target's own cached keys and values; the table lists what each "
-            "step read, the token it drafted and its confidence."),
-    "dflash": ("the DFlash block", "DFlash drafts a whole block in one forward (at most block size − 1 tokens): the "
-               "cards show the root token and each MASK slot of the block (the token it predicts for its own "
-               "position, its confidence), coloured by what the target then did with it; slots past k were "
-               "computed but not handed to the target."),
-}
+def _texts(method: str):
+    """The method's :class:`~specviz.methods.base.Texts`, or None for a method this installation does not know."""
+    return methods.get(method).texts if method in methods.names() else None
 
 
 def source_heading(method: str | None) -> str:
@@ -92,8 +60,8 @@ def source_heading(method: str | None) -> str:
     -> the generic heading. An unknown method is named as it is."""
     if not method:
         return "## 3 · Where the draft came from"
-    what = SOURCES.get(method, (f"method {method}", ""))[0]
-    return f"## 3 · Where the draft came from: {what}"
+    texts = _texts(method)
+    return f"## 3 · Where the draft came from: {texts.source if texts else f'method {method}'}"
 
 
 def source_explain(method: str | None) -> str:
@@ -103,7 +71,8 @@ def source_explain(method: str | None) -> str:
         return ("**Where did the draft come from?** After a run this section shows how the method that ran made "
                 "its draft: the n-gram match, the suffix tree, the draft model's candidates, the EAGLE / Medusa / "
                 "MTP heads or the DFlash block.")
-    what, text = SOURCES.get(method, (f"method {method}", "This method records no view of its drafts."))
+    texts = _texts(method)
+    what, text = (texts.source, texts.how) if texts else (f"method {method}", "This method records no view of its drafts.")
     question = "Why was nothing drafted?" if method == "none" else f"How did {what} make this draft?"
     return f"**{question}** {text}"
 

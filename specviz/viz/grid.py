@@ -16,6 +16,8 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
+from .source import draft_limit
+
 from .common import (
     FATE_STYLE,
     FATES,
@@ -188,8 +190,6 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
 def _mark_unreachable(fig: go.Figure, trace: Trace, k: int) -> None:
     """Shade draft columns the proposer cannot fill by design (:func:`specviz.viz.source.draft_limit`,
     e.g. Medusa with fewer heads than k) and say why along them (hover: the full reason)."""
-    from .source import draft_limit
-
     limit = draft_limit(trace)
     if limit is None or limit[0] >= k:
         return

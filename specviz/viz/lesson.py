@@ -32,25 +32,16 @@ import html
 import statistics
 from dataclasses import dataclass
 
+from specviz import methods
 from specviz.trace import Position, Step, Trace
 
-from .common import as_trace, fmt_prob, metrics_of, quoted, tokenwise_accepted
+from .common import as_trace, fmt_prob, metrics_of, quoted, quoted_tokens, tokenwise_accepted, top_pairs
+from .source import hook, view_module
 from .stats import rate_set, rates_html
 
 FOCUS_VIEWS = ("stream", "grid", "residual", "match", "stats", "tree")
 TOP_CANDIDATES = 3  # draft candidates / residual entries named in a sentence
 
-METHOD_TEXT = {
-    "none": "method none (plain decoding: no proposer, one token per target forward)",
-    "ngram": "method ngram (prompt lookup: drafts are copied from earlier text, no model)",
-    "ngram_gpu": "method ngram_gpu (prompt lookup on the device: the same drafts as ngram)",
-    "suffix": "method suffix (suffix decoding: drafts follow a suffix tree of this request and of earlier outputs)",
-    "draft_model": "method draft_model (a small language model drafts token by token)",
-    "dflash": "method dflash (a block drafter: one forward over [root, MASK, ..., MASK] drafts the whole block)",
-    "eagle": "method eagle (EAGLE: a small head drafts from the target's own final hidden state)",
-    "eagle3": "method eagle3 (EAGLE-3: a small head drafts from the inputs of three of the target's layers)",
-    "medusa": "method medusa (Medusa heads: head i predicts the token i + 1 after the root from one target feature)",
-}
 VERIFY_TEXT = {
     "greedy": ("greedy verification: a draft token is accepted iff it is the target's argmax; the output equals "
                "plain greedy decoding token for token"),
@@ -84,11 +75,11 @@ class Chapter:
 
 
 def _toks(trace: Trace, ids: list[int]) -> str:
-    return " ".join(quoted(trace, t) for t in ids) or "(none)"
+    return quoted_tokens(trace, ids)
 
 
 def _top(trace: Trace, pairs: list[list[float]], n: int = TOP_CANDIDATES) -> str:
-    return ", ".join(f"{quoted(trace, int(t))} {fmt_prob(float(v))}" for t, v in pairs[:n]) or "—"
+    return top_pairs(trace, pairs, n)
 
 
 def _verify(trace: Trace) -> str:
@@ -137,7 +128,7 @@ def _tree_draft_why(trace: Trace, st: Step) -> str:
 def intro_chapter(trace: Trace) -> Chapter:
     cfg = trace.config
     method, verify = _method(trace), _verify(trace)
-    how = METHOD_TEXT.get(method, f"method {html.escape(method)} (a proposer this lesson has no special text for)")
+    how = method_text(method)
     rule = VERIFY_TEXT.get(verify, f"verification {html.escape(verify)}")
     n = len(trace.steps)
     text = (f"This run used <b>{how}</b>, k = {cfg.get('num_speculative_tokens')}, temperature "
@@ -153,57 +144,33 @@ def intro_chapter(trace: Trace) -> Chapter:
 
 
 # ---- 1. the draft ---------------------------------------------------------------------------
+def method_text(method: str) -> str:
+    """The lesson's one-line description of ``method`` (its registry texts)."""
+    if method in methods.names():
+        return methods.get(method).texts.lesson
+    return f"method {html.escape(method)} (a proposer this lesson has no special text for)"
+
+
 def _draft_why(trace: Trace, st: Step) -> str:
-    """Why the proposer drafted these tokens, per method (generic for unknown methods)."""
-    m, method, k = st.match or {}, _method(trace, st), len(st.draft_token_ids)
-    drafted = _toks(trace, st.draft_token_ids)
-    if m.get("kind") in ("ngram", "ngram_gpu") and m.get("n"):
-        occ = m.get("occurrences") or [m.get("match_position")]
-        return (f"The last n = {m['n']} token(s) of the context, {_toks(trace, m.get('suffix', []))}, occur earlier "
-                f"({len(occ)} occurrence(s); the earliest, at context position {m.get('match_position')}, is used). "
-                f"The {k} token(s) that followed it are copied as the draft: {drafted}. No model ran.")
-    if m.get("kind") == "suffix" and m.get("chosen"):
-        c = m["chosen"]
-        steps = ", ".join(f"{quoted(trace, t)} ({fmt_prob(p)})" for t, p in zip(c["draft"], c["probs"]))
-        n_cands = sum(1 for x in m.get("candidates", []) if x.get("draft"))
-        return (f"Suffix decoding matched the last m = {c['match_length']} token(s) in the {c['source']} suffix tree "
-                f"({'this request' if c['source'] == 'local' else 'earlier outputs'}) and followed its most frequent "
-                f"continuation (running probability in brackets): {steps}. Its score {fmt_prob(c['score'])} (the sum "
-                f"of those probabilities) was the best of {n_cands} candidate(s), so it became the draft.")
-    if method == "draft_model" or m.get("kind") == "draft_model":
-        how = "took its argmax (greedy drafting at temperature 0)" if m.get("greedy") else \
-            "sampled from q = softmax(logits / T)"
-        per = []
-        for i, pos in enumerate(st.positions[:k], start=1):
-            per.append(f"x{i} = {quoted(trace, pos.token_id)} with q = {fmt_prob(pos.q)} "
-                       f"(its top candidates: {_top(trace, pos.q_top)})")
-        return (f"The draft model ran {k} forward(s), one per token, and at each position {how}: "
-                + ("; ".join(per) or drafted) + ".")
-    if m.get("kind") == "dflash" and m.get("slots"):
-        slots = [s for s in m["slots"] if s.get("drafted") and s.get("top_prob") is not None]
-        per = "; ".join(f"slot {s['slot']} → {quoted(trace, s['token_id'])} (confidence {fmt_prob(s['top_prob'])})"
-                        for s in slots)
-        return (f"DFlash ran <b>one</b> forward over the block [{quoted(trace, m['root_token_id'])}, MASK × "
-                f"{m['block_size'] - 1}] at positions {m['root_position']}..{m['root_position'] + m['block_size'] - 1}: "
-                "every slot saw every other slot and the target's own features of the committed text, and each "
-                f"MASK slot predicted the token at its position. The first {k} became the draft: " + (per or drafted)
-                + ".")
+    """Why the proposer drafted these tokens: the method's view says (its ``draft_why``), else a generic sentence."""
+    why = hook(trace, "draft_why")
+    said = why(trace, st) if why is not None else None
+    if said:
+        return said
+    method, k = _method(trace, st), len(st.draft_token_ids)
     qs = ", ".join(f"q(x{i}) = {fmt_prob(p.q)}" for i, p in enumerate(st.positions[:k], start=1))
-    return (f"The proposer {html.escape(method)} drafted {k} token(s): {drafted}"
+    return (f"The proposer {html.escape(method)} drafted {k} token(s): {_toks(trace, st.draft_token_ids)}"
             + (f" ({qs})." if qs else "."))
 
 
 def _no_draft_why(trace: Trace, st: Step) -> str:
-    method, m = _method(trace, st), st.match or {}
+    method = _method(trace, st)
     if method == "none":
         return "Method none never drafts: this is one plain decoding step of the target."
-    tried = ", ".join(f"n = {t['n']}: {t['occurrences']}" for t in m.get("tried", []))
-    if method in ("ngram", "ngram_gpu"):
-        return ("No earlier occurrence of the context's last n tokens" + (f" (occurrences tried {tried})" if tried
-                                                                          else "") +
-                ", so nothing was drafted and the target decodes one token, as plain decoding would.")
-    return (f"The proposer {html.escape(method)} had nothing to suggest, so the target decodes one token, as plain "
-            "decoding would.")
+    why = hook(trace, "no_draft_why")
+    return (why(trace, st) if why is not None else None) or (
+        f"The proposer {html.escape(method)} had nothing to suggest, so the target decodes one token, as plain "
+        "decoding would.")
 
 
 def draft_chapter(trace: Trace, st: Step) -> Chapter:
@@ -213,9 +180,9 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
     if is_tree(st):
         return Chapter("draft", f"Step {st.index}: the proposer drafts a tree of {len(st.nodes)} nodes",
                        _tree_draft_why(trace, st), st.index, 1, "tree")
-    known = (st.match or {}).get("kind") in ("ngram", "ngram_gpu", "suffix", "draft_model")
+    focus = getattr(view_module(trace), "LESSON_FOCUS", "grid")  # the view that shows where this draft came from
     return Chapter("draft", f"Step {st.index}: the proposer drafts {k} token(s)", _draft_why(trace, st), st.index, 1,
-                   "match" if known else "grid")
+                   focus)
 
 
 # ---- 2. the target forward ------------------------------------------------------------------

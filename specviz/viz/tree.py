@@ -29,6 +29,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from specviz import methods
 from specviz.trace import Step, Trace
 
 from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fate_label, fmt_prob, label, quoted
@@ -174,10 +175,6 @@ def _second_line(n: ViewNode, rule: str) -> str:
     return f"p {_num(n.p)} · q {_num(n.q)}"
 
 
-# the draft's own probability of a node's token at its parent, named by where it came from
-CONFIDENCE_SOURCE = {"eagle": "head softmax", "eagle3": "head softmax", "medusa": "head softmax",
-                     "mtp": "head softmax", "draft_model": "draft model softmax", "ngram": "share of matches",
-                     "ngram_gpu": "share of matches", "suffix": "share of matches"}
 RULE_CAPTION = {  # one line under the tree: the rule this step was verified with (methods.md 1.4), <= 92 chars
     "greedy": "Verified greedily: at each depth the child equal to the target's argmax is accepted.",
     "topk": "Verified by rule A (top-k, q one-hot): accept c w.p. p(c) / (1 − p(its rejected siblings)).",
@@ -213,9 +210,9 @@ def draft_confidence(n: ViewNode, by_id: dict[int, ViewNode]) -> float | None:
 
 
 def confidence_source(st: Step) -> str:
-    """What the draft confidence of ``st``'s nodes is (e.g. "head softmax"), by the proposer."""
+    """What the draft confidence of ``st``'s nodes is (e.g. "head softmax"): the proposer's method's registry text."""
     kind = st.match.get("kind") if isinstance(st.match.get("kind"), str) else st.proposer
-    return CONFIDENCE_SOURCE.get(kind or "", "exp of the draft score's step")
+    return methods.get(kind).texts.confidence if kind in methods.names() else "exp of the draft score's step"
 
 
 def q_text(n: ViewNode, rule: str) -> str:
@@ -454,26 +451,3 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
                       margin={"l": 50, "r": 10, "t": 24 + 17 * len(lines), "b": 40},
                       yaxis={"range": [0, 1.12], "title": "probability"}, xaxis={"title": f"token {tok}"})
     return fig
-
-
-def tree_source_html(trace: Trace, step: int) -> str:
-    """A short note on how an EAGLE tree step was drafted (for the method's source panel)."""
-    st = trace.steps[step]
-    m = st.match
-    head = "EAGLE-3" if m.get("kind") == "eagle3" else "EAGLE"
-    if m.get("tree") == "dynamic":
-        how = (f"EAGLE-2's dynamic tree: from the root token at position {m.get('root_position')}, every frontier "
-               f"node took its top {m.get('top_k')} children by the head, scored by the path's cumulative "
-               f"log-confidence; {m.get('levels')} head forward(s) after the root's expansion made "
-               f"{m.get('num_candidates')} candidates, of which the best {len(st.nodes) or '…'} were kept "
-               f"(total_tokens = {m.get('total_tokens')} with the root).")
-    else:
-        how = (f"a static tree of {len(m.get('choices', []))} path(s) (speculative_token_tree): the child of rank r "
-               "of a node is the head's r-th most likely token there, one head forward per depth.")
-    return (f"<div class='sv-match sv-eagle-tree' style='font-size:13px;color:#374151;padding:6px'>{head} drafted "
-            f"{html.escape(how)} Every node of a depth ran at one position, seeing the committed prefix and its own "
-            "ancestors only; the head's tree K/V is dropped after the step (its cache keeps committed positions). "
-            "A node's draft confidence (the head's softmax of its token at its parent, as the chain's conf. column) "
-            "is not the q the verifier uses: top-k children are chosen by rank, not sampled, so the lossless test "
-            "(rule A) treats their q as one-hot, q = 1 (greedy verification uses no q). The tree itself is drawn in "
-            "the draft-tree view, with both numbers in each node's hover.</div>")

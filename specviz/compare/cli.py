@@ -1,0 +1,105 @@
+"""``python -m specviz compare``: the comparison runner from the command line.
+
+Writes ``DIR/compare.csv`` (one row per configuration), ``DIR/compare.json`` (every trace; loads with
+``specviz.compare.load_comparison``) and ``DIR/compare.html`` (offline report; needs plotly, skipped without it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from specviz import methods
+
+from .model import Prompt, RunConfig, expand_configs, new_comparison
+from .run import iter_comparison
+from .stats import table_csv
+
+PROMPT_SET = Path(__file__).resolve().parents[2] / "assets" / "examples" / "compare_prompts.json"
+
+
+def _list(text: str | None, cast: type, what: str) -> list[Any]:
+    """'1,2,4' -> [1, 2, 4]; '0-4' -> [0..4] (integers only). Raises ValueError naming ``what``."""
+    if text is None:
+        return [None]
+    try:
+        out: list[Any] = []
+        for part in str(text).split(","):
+            part = part.strip()
+            if cast is int and "-" in part[1:]:
+                lo, hi = part.split("-", 1)
+                out.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                out.append(cast(part))
+        if not out:
+            raise ValueError
+        return out
+    except ValueError:
+        raise ValueError(f"{what} must be comma-separated {cast.__name__}s (e.g. 1,2,4), got {text!r}") from None
+
+
+def load_prompt_set(name: str, path: Path = PROMPT_SET) -> list[Prompt]:
+    """Prompts of a bundled category ("code completion", "repetitive code", "docstrings / English",
+    or "all") or of a JSON file {"prompts": [{"name", "category", "text"}]}. Raises ValueError."""
+    source = Path(name) if name.endswith(".json") else path
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+        prompts = [Prompt(str(p["name"]), str(p["text"]), str(p.get("category", ""))) for p in data["prompts"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot read prompts from {source}: {exc}") from None
+    if source is path and name != "all":
+        prompts = [p for p in prompts if p.category == name]
+        if not prompts:
+            cats = sorted({p.category for p in json.loads(path.read_text())["prompts"]})
+            raise ValueError(f"no bundled prompt category {name!r}; choose 'all' or one of {cats}")
+    return prompts
+
+
+def configs_from_args(args: Any) -> list[RunConfig]:
+    """methods x k (or the k sweep) x verify x temperature as chains, plus the ``--trees`` rows
+    (:func:`specviz.compare.expand_configs`)."""
+    chosen = [m.strip() for m in str(args.methods).split(",") if m.strip()]
+    ks = _list(args.k_sweep or args.num_speculative_tokens, int, "-k / --k-sweep")
+    verifies = _list(args.verify, str, "--verify")
+    temps = _list(args.temperature, float, "--temperature")
+    trees = [t.strip() for t in str(getattr(args, "trees", None) or "").split(";") if t.strip()]
+    options = {f.name: getattr(args, f.name, None) for m in methods.all_methods() for f in methods.option_fields(m.options)}
+    return expand_configs(chosen, ks, verifies, temps, trees, options)
+
+
+def compare_main(args: Any) -> int:
+    from specviz.engine import SpecDecoder
+
+    try:
+        prompts = [Prompt(f"prompt {i + 1}", p) for i, p in enumerate(args.prompt or [])]
+        if args.prompt_set:
+            prompts += load_prompt_set(args.prompt_set)
+        comparison = new_comparison(configs_from_args(args), prompts, _list(args.seeds, int, "--seeds"),
+                                    args.max_new_tokens)
+        decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype)
+        decoder.warm_up()
+        total = len(comparison.configs) * len(comparison.prompts) * len(comparison.seeds)
+        for n, r in enumerate(iter_comparison(decoder, comparison), 1):
+            print(f"[{n}/{total}] {comparison.configs[r.config].label} · prompt {r.prompt + 1} · seed {r.seed}: "
+                  f"{len(r.trace.output_token_ids)} tokens in {r.wall_s:.2f} s", file=sys.stderr)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_text = table_csv(comparison)
+    (out / "compare.csv").write_text(csv_text, encoding="utf-8")
+    (out / "compare.json").write_text(comparison.to_json(), encoding="utf-8")
+    written = ["compare.csv", "compare.json"]
+    try:
+        from specviz.viz.compare import report_html
+    except ImportError:
+        print("plotly is not installed: compare.html skipped", file=sys.stderr)
+    else:
+        (out / "compare.html").write_text(report_html(comparison), encoding="utf-8")
+        written.append("compare.html")
+    print(csv_text, end="")
+    print(f"wrote {', '.join(str(out / w) for w in written)}")
+    return 0

@@ -1,0 +1,30 @@
+"""Method mtp: a Gemma-4-style multi-token-prediction head (trained by specviz: no public recipe) whose draft steps
+all run at the root's position and read the target's own cached keys and values."""
+
+from __future__ import annotations
+
+from specviz.methods.base import HeadSpec, Method, Texts
+from specviz.methods.eagle import load_kind
+
+
+def _make(build):
+    from .proposer import MtpDraftGraphs, MtpProposer
+
+    head = build.decoder.heads["mtp"]
+    graphs = build.lease(("mtp", id(head)), MtpDraftGraphs)
+    return MtpProposer(head, build.config.num_speculative_tokens, graphs=graphs)
+
+
+METHOD = Method(
+    "mtp", "Gemma-4-style MTP head, trained by specviz (no public recipe): queries over the target's KV", make=_make,
+    texts=Texts("the MTP head",
+                "A Gemma-4-style MTP head (trained by specviz: no public recipe): every draft step runs at the same "
+                "position and reads the target's own cached keys and values; the table lists what each step read, the "
+                "token it drafted and its confidence.",
+                "method mtp (a Gemma-4-style MTP head: every draft step reads the target's own keys and values at the "
+                "root's position)",
+                confidence="head softmax"),
+    style=("#2ca02c", "cross"),
+    head=HeadSpec(load_kind("mtp"), "a Gemma-4-style MTP head", bundled="specviz-mtp",
+                  trainer="specviz.train.heads:train_mtp"),
+    warm_up=lambda warm: warm.head_method("mtp", trees=False), view="specviz.methods.mtp.view")

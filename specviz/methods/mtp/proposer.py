@@ -1,0 +1,228 @@
+"""Gemma-4-style MTP (``mtp``): a head with Q-only attention over the target's own KV cache, drafting
+every step at the same position (methods.md 7; vLLM ``v1/spec_decode/gemma4.py``,
+``constant_draft_positions = True``: "All draft steps predict from the same position (the last
+target-model position)"). The head is :class:`specviz.heads.mtp.MtpHead`, trained by specviz (no
+public recipe).
+
+With committed tokens x_0..x_n (x_n = the root) the target runner's cache holds positions 0..n-1
+(:mod:`specviz.runner`'s convention), which is exactly what the draft may attend to; t = n-1::
+
+    step 1:      (f_t, x_n)        at position t -> logits of d_1, h_1
+    step m >= 2: (h_{m-1}, d_{m-1}) at position t -> logits of d_m, h_m
+
+Every step reads target layer ``kv_layer``'s K/V for positions 0..t through
+``context.target_runner.layer_kv`` (views: nothing is copied or written), so drafting writes no
+KV anywhere: the target cache length is unchanged and the head holds no cache, so nothing but the
+target's cache is ever rolled back. q: one-hot (argmax) at temperature 0, else
+``logits_to_probs(head logits, T, top_k, top_p)`` with d_m ~ q (``Draft.probs``), so standard and
+block verification stay lossless.
+
+Greedy drafting on the static runner with CUDA graphs (:class:`MtpDraftGraphs`): the k steps run as one
+captured graph per k, reading the static cache's whole layer (keys past t hidden by the mask
+``slot <= t``, built inside the graph from the position buffer), so a step's drafting is one replay and
+no host read. Sampled drafting (T > 0) and the eager runner run the loop eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+import torch
+
+from specviz.graphs import capture
+from specviz.runner import FINAL_NORM
+from specviz.sampling import logits_to_probs
+from specviz.transfer import to_device
+from specviz.proposer import Draft, Outcome, StepContext
+
+log = logging.getLogger(__name__)
+LABEL = "Gemma-4-style MTP head, trained by specviz (no public recipe)"
+
+
+class MtpProposer:
+    """Chain drafting with an MTP head at a constant position.
+
+    Args:
+        head: an :class:`~specviz.heads.mtp.MtpHead` attached to the target (same device / dtype).
+        num_speculative_tokens: k >= 1.
+    Raises:
+        ValueError: k < 1. RuntimeError from propose: no target runner in the step context, a cache
+            whose length is not the committed length, or a skipped outcome.
+    """
+
+    name = "mtp"
+    taps = (FINAL_NORM,)
+
+    def __init__(self, head: torch.nn.Module, num_speculative_tokens: int = 4,
+                 graphs: "MtpDraftGraphs | None" = None):
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+        self.head = head
+        self.runner = graphs  # the pooled graphs (the engine reads runner.capture_s to exclude capture time)
+        self.kv_layer = int(head.config.kv_layer)
+        self.num_speculative_tokens = int(num_speculative_tokens)
+        self.reset()
+
+    def reset(self) -> None:
+        self.known = 0  # committed positions whose feature was observed
+        self._feature: torch.Tensor | None = None  # f_{known-1} [d]
+        self._pending: tuple[dict[str, Any], torch.Tensor] | None = None
+
+    def observe(self, outcome: Outcome) -> None:
+        """Keep the target feature at the last committed position; fill the last chain's confidences."""
+        if outcome.start != self.known:
+            raise RuntimeError(f"mtp: an outcome starts at position {outcome.start}, but features are known up to "
+                               f"{self.known}; every target forward must be observed")
+        c = len(outcome.committed_token_ids)
+        if c:
+            self._feature = outcome.features[FINAL_NORM][c - 1]
+            self.known += c
+        if self._pending is not None:
+            details, conf = self._pending
+            fed = [details["root_token_id"], *outcome.draft_token_ids]
+            for step, (top, drafted) in zip(details["steps"], conf.tolist()):
+                step["head_top_prob"], step["draft_prob"] = float(top), float(drafted)
+                step["input_token_id"] = int(fed[step["step"] - 1])
+            self._pending = None
+
+    @torch.inference_mode()
+    def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
+                context: StepContext | None = None) -> Draft:
+        k = self.num_speculative_tokens if num_tokens is None else min(num_tokens, self.num_speculative_tokens)
+        ctx = context or StepContext()
+        n = len(token_ids) - 1
+        if self.known != n:
+            raise RuntimeError(f"mtp: the context has {n} committed positions but features of {self.known} were "
+                               "observed; call observe() after every target forward")
+        if k <= 0 or n == 0 or self._feature is None:
+            return Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": self.name})
+        keys, values = self._target_kv(ctx, n)  # [kv, n, hd] each: positions 0..n-1 = 0..t
+        dev = self._feature.device
+        tok = to_device(torch.tensor([[int(token_ids[n])]], dtype=torch.long), dev)  # the root x_n; no host wait
+        details = self._describe(n, int(token_ids[n]), k, ctx)
+        if self.runner is not None and ctx.temperature <= 0 and self.runner.usable(ctx.target_runner):
+            drafts, conf = self.runner.draft(self.head, ctx.target_runner, self.kv_layer, self._feature, tok, n, k)
+            self._pending = (details, conf)
+            return Draft(token_ids=drafts, probs=None, details=details)
+        t = torch.full((1, 1), n - 1, dtype=torch.long, device=dev)  # the constant draft position
+        h = self._feature.view(1, 1, -1)
+        drafts, probs, conf = [], [], []
+        for _ in range(k):
+            h, logits = self.head(h, tok, t, keys[None], values[None])  # [1, 1, d], [1, 1, V]
+            x, q = _draw(logits[0, 0], ctx)
+            dist = q if q is not None else torch.softmax(logits[0, 0], dim=-1)
+            conf.append(torch.stack([dist.max(), dist[x[0]]]))
+            drafts.append(x)
+            if q is not None:
+                probs.append(q)
+            tok = x.view(1, 1)
+        self._pending = (details, torch.stack(conf))
+        return Draft(token_ids=torch.cat(drafts), probs=torch.stack(probs) if probs else None, details=details)
+
+    def _target_kv(self, ctx: StepContext, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        runner = ctx.target_runner
+        if runner is None or not hasattr(runner, "layer_kv"):
+            raise RuntimeError("mtp reads the target's KV cache: the step context needs target_runner (a runner "
+                               "with layer_kv), which SpecDecoder sets")
+        if runner.seq_len != n:
+            raise RuntimeError(f"mtp: the target cache holds {runner.seq_len} positions, expected the {n} committed "
+                               "before the root")
+        return runner.layer_kv(self.kv_layer)
+
+    def _describe(self, n: int, root: int, k: int, ctx: StepContext) -> dict[str, Any]:
+        """Plain data for the trace and :mod:`specviz.methods.mtp.view`: per step (1-based) the position it ran at,
+        what it read (target layer ``kv_layer``'s K/V at positions 0..n-1, the fed hidden state, the input
+        token) and its confidence (q of the head's top token and of the drafted one; filled by observe)."""
+        steps = [{"step": m, "position": n - 1, "hidden": "target f_t" if m == 1 else f"head h_{m - 1}",
+                  "attended_positions": [0, n - 1]} for m in range(1, k + 1)]
+        return {"kind": self.name, "label": LABEL, "greedy": ctx.temperature <= 0, "root_position": n,
+                "root_token_id": root, "kv_layer": self.kv_layer, "taps": list(self.taps), "steps": steps}
+
+
+def _draw(logits: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits float32 [V] -> (token int64 [1], q float32 [V] or None for a one-hot argmax draft)."""
+    if ctx.temperature > 0:
+        q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)
+        return torch.multinomial(q, 1, generator=ctx.generator), q
+    return logits.argmax(dim=-1, keepdim=True), None
+
+
+class MtpDraftGraphs:
+    """Greedy MTP chains as CUDA graphs, one per (target cache, k): the static runner's layer ``kv_layer``
+    K/V buffers are read whole ([1, kv, max_cache_len, hd]; keys past the draft position t are masked
+    inside the graph), the inputs (f_t, the root token, t) are copied into static buffers, and one replay
+    drafts k tokens with their confidences. Pooled by the decoder (one per MTP head), like the EAGLE
+    head runner, so graphs survive requests. A failed capture is logged once and that k drafts eagerly.
+
+    Attributes: capture_s (seconds spent capturing; the engine excludes it from step times), replays.
+    """
+
+    def __init__(self):
+        self._graphs: dict[tuple, tuple | None] = {}
+        self.capture_s = 0.0
+        self.replays = 0
+
+    @staticmethod
+    def usable(runner: Any) -> bool:
+        """Graphs need the static runner's persistent cache, on CUDA with graphs on."""
+        return bool(getattr(runner, "cuda_graphs", False)) and hasattr(runner, "cache") \
+            and hasattr(runner, "max_cache_len") and runner.seq_len > 0
+
+    @torch.inference_mode()
+    def draft(self, head: torch.nn.Module, runner: Any, layer: int, feature: torch.Tensor, tok: torch.Tensor,
+              n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy drafts int64 [k] and confidences float32 [k, 2] (q of the top token, of the drafted one =
+        equal under argmax) for the root ``tok`` [1, 1] with feature f_{n-1} [d] at position t = n - 1."""
+        lay = runner.cache.layers[layer]
+        keys, values = lay.keys, lay.values  # [1, kv, L, hd]: the whole static buffers
+        key = (keys.data_ptr(), k)
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(head, keys, values, feature, k)
+        entry = self._graphs[key]
+        if entry is None:
+            return _eager_chain(head, keys, values, feature, tok, n - 1, k)
+        graph, (h_buf, tok_buf, t_buf), out = entry
+        h_buf.copy_(feature.view(1, 1, -1))
+        tok_buf.copy_(tok)
+        t_buf.fill_(n - 1)
+        graph.replay()
+        self.replays += 1
+        return out[0].clone(), out[1].clone()
+
+    def _capture(self, head, keys, values, feature, k):
+        t0 = time.perf_counter()
+        dev = keys.device
+        h_buf = torch.zeros(1, 1, feature.shape[-1], dtype=feature.dtype, device=dev)
+        tok_buf = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        t_buf = torch.zeros(1, 1, dtype=torch.long, device=dev)
+        try:
+            graph, out = capture(lambda: _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k), dev)
+            return graph, (h_buf, tok_buf, t_buf), out
+        except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
+            log.warning("specviz: CUDA graph capture of the MTP chain (k = %d) failed; it drafts eagerly: %s: %s",
+                        k, type(exc).__name__, exc)
+            return None
+        finally:
+            self.capture_s += time.perf_counter() - t0
+
+
+def _graph_body(head, keys, values, h_buf, tok_buf, t_buf, k):
+    """k greedy MTP steps from the static buffers (capturable: no host value): (drafts [k], conf [k, 2])."""
+    h, tok, drafts, conf = h_buf, tok_buf, [], []
+    for _ in range(k):
+        h, logits = head(h, tok, t_buf, keys, values)  # the mask slot <= t is built from t_buf inside
+        row = logits[0, 0]
+        x = row.argmax(dim=-1, keepdim=True)  # [1]
+        top = torch.softmax(row, dim=-1).max().reshape(1)
+        conf.append(torch.cat([top, top]))  # one-hot q: the drafted token is the top token
+        drafts.append(x)
+        tok = x.view(1, 1)
+    return torch.cat(drafts), torch.stack(conf)
+
+
+def _eager_chain(head, keys, values, feature, tok, t, k):
+    """The same chain without a graph (a failed capture), over the whole buffers with the same mask."""
+    t_buf = torch.full((1, 1), t, dtype=torch.long, device=keys.device)
+    return _graph_body(head, keys, values, feature.view(1, 1, -1), tok, t_buf, k)
