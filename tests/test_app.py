@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from specviz.trace.validate import check_consistency
+
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client, handle_file  # noqa: E402
 
@@ -77,9 +79,12 @@ def app_url(tiny_dirs):
 
 
 def run_args(prompt=PROMPT, method="ngram", k=4, verify="auto", temperature=0.0, max_new=16, compare=True,
-             top_k=0, top_p=1.0, seed=0, lookup=(1, 3), rates="", pairs=2):
-    return (prompt, method, k, verify, temperature, top_k, top_p, max_new, seed, lookup[0], lookup[1], rates, compare,
-            pairs)
+             top_k=0, top_p=1.0, seed=0, lookup=(1, 3), rates="", pairs=2, eagle_tree="", tree_branches=0, static_tree="",
+             k_typed=""):
+    """The Run event's inputs in RunRequest's order (specviz/ui/run.py), then the methods' own controls (prompt lookup's
+    bounds)."""
+    return (prompt, method, k, verify, temperature, top_k, top_p, max_new, seed, rates, compare, pairs, eagle_tree,
+            tree_branches, static_tree, k_typed, lookup[0], lookup[1])
 
 
 def plot(out) -> dict:
@@ -228,6 +233,7 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     assert settings[0] == trace.prompt_text and settings[1] == "ngram"
     assert settings[2:5] == (want["num_speculative_tokens"], want["verify"], want["temperature"])
     assert settings[7] == want["max_new_tokens"] and settings[9:11] == (want["prompt_lookup_min"], want["prompt_lookup_max"])
+    assert h.replay_fields()[9:11] == ("prompt_lookup_min", "prompt_lookup_max")
     assert settings[11] is None  # the example dropdown no longer names an example
     again = other.predict(*run_args(method="ngram"), api_name="/run")
     assert stream_tokens(again[STREAM]) == stream_tokens(out[STREAM])
@@ -240,7 +246,7 @@ def test_replay_settings_change_nothing_without_a_successful_replay():
 
     for state in (None, h.new_state(), {**h.new_state(), "replayed": False}):  # e.g. after a refused upload
         out = h.replay_settings(state)
-        assert len(out) == len(h.REPLAY_FIELDS) + 1 and all(v == gr.skip() for v in out)
+        assert len(out) == len(h.replay_fields()) + 1 and all(v == gr.skip() for v in out)
 
 
 def test_replay_refuses_what_is_not_a_trace(app_url, tmp_path):
@@ -482,32 +488,38 @@ def test_run_says_starting_at_once():
 
 def test_suffix_cache_line_shows_only_for_method_suffix(tmp_path):
     """newuser7 #18b: "Method suffix drafts from this request …" and its reset button sat under the method list
-    whatever the method; their row is now hidden unless method suffix is chosen (the method's change event)."""
+    whatever the method; their row is now hidden unless a method that keeps state across requests (suffix) is chosen
+    (the method's change event)."""
     from specviz.ui import handlers
 
-    assert handlers.suffix_row("suffix").visible is True
-    assert all(handlers.suffix_row(m).visible is False for m in ("ngram", "draft_model", "none"))
+    assert handlers.state_row("suffix").visible is True
+    assert all(handlers.state_row(m).visible is False for m in ("ngram", "draft_model", "none"))
+    assert "Method suffix drafts from this request" in handlers.state_status(None, "suffix")
+    assert handlers.state_status(None, "ngram") == ""
     demo = build_app(str(tmp_path / "no-such-model"), None, "cpu")
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
-    row, method = by_id["sv-suffix-row"], next(b for b in demo.blocks.values() if getattr(b, "label", "") ==
-                                                 "Method (proposer)")
+    row, method = by_id["sv-state-row"], next(b for b in demo.blocks.values() if getattr(b, "label", "") ==
+                                                "Method (proposer)")
     assert row.visible is False and method.value != "suffix"
-    assert {by_id["sv-suffix-info"]._id, by_id["sv-suffix-reset"]._id} <= {b._id for b in row.children}
+    assert {by_id["sv-state-info"]._id, by_id["sv-state-reset"]._id} <= {b._id for b in row.children}
     dep = [d for d in demo.config["dependencies"] if d["outputs"] == [row._id]]
     assert len(dep) == 1 and dep[0]["targets"] == [(method._id, "change")] and dep[0]["inputs"] == [method._id]
+
+
+LOOKUP_2_4 = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}  # prompt lookup's own controls
 
 
 def test_engine_settings_conversion():
     from specviz.ui.settings import engine_settings
 
-    s = engine_settings("ngram", 5.0, "auto", "0.7", 0, 1.0, 64.0, 3, 2, 4, "")
+    s = engine_settings("ngram", 5.0, "auto", "0.7", 0, 1.0, 64.0, 3, LOOKUP_2_4, "")
     assert s == {"method": "ngram", "num_speculative_tokens": 5, "verify": None, "temperature": 0.7, "top_k": None,
                  "top_p": None, "max_new_tokens": 64, "seed": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-    s2 = engine_settings("draft_model", 4, "synthetic", 1.0, 40, 0.9, 32, 0, 2, 4, "0.8, 0.5, 0.5, 0.1")
+    s2 = engine_settings("draft_model", 4, "synthetic", 1.0, 40, 0.9, 32, 0, LOOKUP_2_4, "0.8, 0.5, 0.5, 0.1")
     assert s2["synthetic_rates"] == (0.8, 0.5, 0.5, 0.1) and s2["top_k"] == 40 and s2["top_p"] == 0.9
     assert "prompt_lookup_min" not in s2
     with pytest.raises(ValueError, match="num_speculative_tokens must be a whole number between 1 and 12"):
-        engine_settings("ngram", 2.5, "auto", 0, 0, 1, 8, 0, 1, 1)
+        engine_settings("ngram", 2.5, "auto", 0, 0, 1, 8, 0, {"prompt_lookup_min": 1, "prompt_lookup_max": 1})
 
 
 @pytest.mark.parametrize("rates, problem", [
@@ -520,7 +532,7 @@ def test_the_ui_says_what_a_synthetic_rate_is(rates, problem):
     from specviz.ui.settings import engine_settings
 
     with pytest.raises(ValueError) as exc:
-        engine_settings("ngram", 5, "synthetic", 0.0, 0, 1.0, 16, 0, 2, 4, rates)
+        engine_settings("ngram", 5, "synthetic", 0.0, 0, 1.0, 16, 0, LOOKUP_2_4, rates)
     message = str(exc.value)
     assert problem in message
     # every message says what a rate is, its range, the order and how many are needed
@@ -551,7 +563,7 @@ def test_load_example_without_a_choice_is_a_no_op():
     examples = [{"name": "a", "prompt": "x = 1\n", "settings": {"method": "none"}}]
     for choice in (None, "", "no such example"):
         out = handlers.load_example(examples, choice)
-        assert len(out) == 1 + len(handlers.EXAMPLE_FIELDS)
+        assert len(out) == 1 + len(handlers.example_fields())
         assert all(isinstance(o, type(gr.skip())) for o in out)
     assert handlers.load_example(examples, "a")[:2] == ("x = 1\n", "none")
 
@@ -568,7 +580,7 @@ def test_stop_on_a_partial_snapshot_keeps_the_trace_consistent(app_url):
     out = handlers.stop(StopSignals(), {"trace": snapshot, "baselines": {}, "baseline": None})
     assert out[PROGRESS].startswith("**stopped**")
     stopped = Trace.from_dict(out[-1]["trace"])
-    handlers.check_consistency(stopped)  # raises if output_token_ids disagrees with the steps
+    check_consistency(stopped)  # raises if output_token_ids disagrees with the steps
     assert stopped.output_token_ids == [t for s in stopped.steps for t in s.committed_token_ids]
 
 

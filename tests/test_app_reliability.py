@@ -171,18 +171,18 @@ def test_suffix_cache_is_per_session_and_can_be_reset(app_url):
     first = a.predict(*run_args(prompt=prompt, method="suffix", max_new=16, compare=True), api_name="/run")
     assert first[PROGRESS].startswith("**done**")
     # one earlier output: the measurement's segments drafted from a frozen copy and added nothing
-    assert "holds **1** earlier output" in a.predict(api_name="/suffix_status")
+    assert "holds **1** earlier output" in a.predict("suffix", api_name="/method_state")
     metrics_first = _exported_trace(a).metrics
     a.predict(*run_args(prompt=prompt, method="suffix", max_new=16, compare=False), api_name="/run")
-    assert "holds **2** earlier outputs" in a.predict(api_name="/suffix_status")
+    assert "holds **2** earlier outputs" in a.predict("suffix", api_name="/method_state")
     # a new session starts from an empty tree: the same request drafts as a's first run did
-    assert "holds **0** earlier outputs" in b.predict(api_name="/suffix_status")
+    assert "holds **0** earlier outputs" in b.predict("suffix", api_name="/method_state")
     b.predict(*run_args(prompt=prompt, method="suffix", max_new=16, compare=False), api_name="/run")
     metrics_b = _exported_trace(b).metrics
     assert metrics_b["mean_acceptance_length"] == metrics_first["mean_acceptance_length"]
     assert metrics_b["num_draft_tokens"] == metrics_first["num_draft_tokens"]
     # reset: a known starting state again
-    shown = a.predict(api_name="/reset_suffix")
+    shown = a.predict("suffix", api_name="/reset_method_state")
     assert "holds **0** earlier outputs" in shown
     a.predict(*run_args(prompt=prompt, method="suffix", max_new=16, compare=False), api_name="/run")
     assert _exported_trace(a).metrics["num_draft_tokens"] == metrics_first["num_draft_tokens"]
@@ -456,7 +456,7 @@ def test_an_error_quoting_angle_brackets_is_shown_whole():
     and lost the rest of the message and the note that the views are stale (new-user report, session 7)."""
     import warnings
 
-    from specviz.ui.handlers import STALE_NOTE, _message_outputs
+    from specviz.ui.outputs import STALE_NOTE, message_outputs as _message_outputs
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # gr.Warning outside a request warns

@@ -27,7 +27,8 @@ def _run(dec, pad: bool, prompt=PROMPT, **kw):
     make = dec.make_proposer
 
     def padded(cfg, **extras):
-        return NgramGPUProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.num_speculative_tokens, pad=pad)
+        return NgramGPUProposer(cfg.options.prompt_lookup_min, cfg.options.prompt_lookup_max, cfg.num_speculative_tokens,
+                                pad=pad)
 
     dec.make_proposer = padded
     try:

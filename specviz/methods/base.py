@@ -94,6 +94,8 @@ class Method:
     describe:       (config) -> extra trace config (resolved option values), or None.
     warm_up:        (:class:`~specviz.warmup.WarmUp`) -> graphs captured; pays its one-time costs before requests.
     view:           the module of its views (see the module docstring), imported by the figures only.
+    details_schema: the keys its drafts record in ``Draft.details`` (the trace's ``step.match``) that its views
+                    read, in :mod:`specviz.trace.validate`'s schema notation: an uploaded trace is checked against it.
     """
 
     name: str
@@ -110,6 +112,7 @@ class Method:
     describe: Callable[[Any], dict[str, Any]] | None = None
     warm_up: Callable[[Any], int] | None = None
     view: str = ""
+    details_schema: dict[str, Any] = field(default_factory=dict)
 
     def missing(self, decoder: Any) -> str | None:
         """Why ``decoder`` cannot run this method (what to pass), or None."""

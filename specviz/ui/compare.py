@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any, Iterator
 
 import gradio as gr
 
+from specviz import methods as registry
 from specviz.compare import (
+    comparison_from_dict,
+    load_comparison,
     MAX_COMPARISON_BYTES,
     Comparison,
     ComparisonFormatError,
@@ -35,38 +37,35 @@ from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
 
 from .cache import DecoderCache, StopSignals
-from .handlers import md_text
+from .outputs import md_text
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPARE_PROMPTS = ROOT / "assets" / "examples" / "compare_prompts.json"
 EXAMPLES = ROOT / "assets" / "examples" / "prompts.json"
 VERIFY_CHOICES = ("auto", "greedy", "standard", "block")
 MAX_NEW_TOKENS = 256
-PRESETS = {
-    "all methods, greedy, k=5": {"methods": "all", "ks": "5", "verify": ["auto"], "temperatures": "0"},
-    "k sweep (k = 1, 2, 3, 5, 8; greedy)": {"methods": ["ngram", "suffix", "draft_model"], "ks": "1,2,3,5,8",
-                                             "verify": ["auto"], "temperatures": "0"},
-    # the engine runs greedy verification at T = 0 only; the same-draft view decides greedy on the recorded drafts
-    "same draft, every rule (draft model, T = 0.8)": {"methods": ["draft_model"], "ks": "4",
-                                                      "verify": ["standard", "block"], "temperatures": "0.8"},
-    # trees beside the chains of the same head: the EAGLE-2 trees' k is their depth + 1 (6 and 7)
-    "eagle3: chains (k = 5, 7) vs EAGLE-2 trees": {"methods": ["eagle3"], "ks": "5,7", "verify": ["auto"],
-                                                   "temperatures": "0", "trees": "4,5,24; 4,6,32"},
-}
+PRESETS_PATH = ROOT / "assets" / "examples" / "compare_presets.json"
+
+
+def load_presets(path: Path = PRESETS_PATH) -> dict[str, dict[str, Any]]:
+    """The Compare tab's presets ({name: {"methods", "ks", "verify", "temperatures", "trees"?}}; {} when unreadable)."""
+    try:
+        return dict(json.loads(path.read_text(encoding="utf-8"))["presets"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+PRESETS = load_presets()
 
 
 def methods() -> list[str]:
-    """Speculative methods the engine has (read from specviz.engine.METHODS, so new ones appear)."""
-    from specviz.engine import METHODS
-
-    return [m for m in METHODS if m != "none"]
+    """Speculative methods the registry has (so new ones appear), method none left out (it always runs)."""
+    return [m for m in registry.names() if m != "none"]
 
 
 def runnable(decoder: Any, chosen: list[str]) -> tuple[list[str], list[str]]:
     """(the chosen methods the loaded decoder can run, "method (why not)" for the others): e.g. eagle
     without a trained head for this target is left out and the progress line says so."""
-    from specviz import methods as registry
-
     keep, skipped = [], []
     for m in chosen:
         why = registry.get(m).missing(decoder) if m in registry.names() else None
@@ -112,7 +111,7 @@ def _prompts(keys: list[str] | None, own: str | None) -> list[Prompt]:
 
 
 def _numbers(text: Any, cast: type, what: str) -> list[Any]:
-    from specviz.compare_cli import _list
+    from specviz.compare.cli import _list
 
     values = _list(str(text or "").strip() or None, cast, what)
     if values == [None]:
@@ -124,7 +123,8 @@ def build_configs(chosen: list[str] | None, ks: Any, verifies: list[str] | None,
                   trees: Any = "") -> list[RunConfig]:
     """Checkbox and text values -> configurations (methods x k x verification x temperature as chains, plus
     the ';'-separated ``trees`` for the methods that take each, :func:`specviz.compare.expand_configs`; "auto"
-    verification = greedy at T = 0, else standard). n-gram methods use lookup 2..4, as the examples.
+    verification = greedy at T = 0, else standard). Methods with options of their own run them at the app's starting
+    values (prompt lookup 2..4, as the examples).
     Raises ValueError with what to change."""
     if not chosen:
         raise ValueError("choose at least one method")
@@ -136,7 +136,8 @@ def build_configs(chosen: list[str] | None, ks: Any, verifies: list[str] | None,
     temps = _numbers(temperatures, float, "temperatures")
     rules = [None if v == "auto" else v for v in (verifies or ["auto"])]
     specs = [t.strip() for t in str(trees or "").split(";") if t.strip()]
-    return expand_configs(chosen, k_values, rules, temps, specs, (2, 4))
+    options = {f.name: f.metadata["ui"] for m in registry.all_methods() for f in registry.option_fields(m.options)}
+    return expand_configs(chosen, k_values, rules, temps, specs, options)
 
 
 def apply_preset(name: str) -> tuple[Any, ...]:
@@ -257,7 +258,7 @@ class CompareHandlers:
 
 
 def _comparison(state: dict[str, Any] | None) -> Comparison | None:
-    return Comparison.from_dict(state) if state else None
+    return comparison_from_dict(state) if state else None
 
 
 def view(state: dict[str, Any] | None, prompt: Any, seed: Any, position: Any) -> tuple:
@@ -300,7 +301,7 @@ def import_comparison(path: str | None, convention: str = "vllm") -> tuple:
         return _error(f"the file is {size / 2**20:.1f} MB; comparisons up to {MAX_COMPARISON_BYTES // 2**20} MB "
                       "are accepted")
     try:
-        c = Comparison.from_json(Path(path).read_bytes())
+        c = load_comparison(Path(path).read_bytes())
     except ComparisonFormatError as exc:
         return _error(f"this is not a specviz comparison: {exc}")
     if not c.runs:
@@ -394,9 +395,9 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
     with gr.Tab("Compare", id="compare", elem_id="sv-compare-tab"):
         gr.Markdown("## Compare methods on the same prompts\nEvery configuration runs on every prompt and seed, one "
                     "after another on the loaded models; method none runs in the same comparison at every "
-                    "temperature, so each speedup is measured side by side. Every run starts from the same state: suffix "
-                    "decoding's tree of earlier outputs is empty at each run (it drafts from the run's own prompt and "
-                    "output), whatever ran before.", elem_classes="sv-explain")
+                    "temperature, so each speedup is measured side by side. Every run starts from the same state: a method's "
+                    "state across requests (suffix decoding's tree of earlier outputs) is empty at each run, whatever "
+                    "ran before.", elem_classes="sv-explain")
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
                 u["preset"] = gr.Dropdown(list(PRESETS), value=None, label="Presets")
@@ -409,8 +410,9 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                                label="verification (auto = greedy at T = 0, else standard)")
                 u["trees"] = gr.Textbox("", label="draft trees beside the chains (';'-separated, optional)",
                                         placeholder="4,5,24; 4,6,32", elem_id="sv-compare-trees",
-                                        info="EAGLE-2 top_k,depth,total_tokens (eagle, eagle3) · a static tree "
-                                             "[(0,), (1,), (0, 0)] · branches per node, e.g. 2 (ngram, suffix); "
+                                        info=f"EAGLE-2 top_k,depth,total_tokens ({', '.join(registry.taking('dynamic'))}) "
+                                             f"· a static tree [(0,), (1,), (0, 0)] ({', '.join(registry.taking('static'))}) "
+                                             f"· branches per node, e.g. 2 ({', '.join(registry.taking('branches'))}); "
                                              "each runs for the chosen methods that take it, at k = its depth")
                 choices = prompt_choices()
                 first = [k for k in ("set:0", "set:3", "set:6") if k in dict((k, n) for n, k in choices)]

@@ -5,11 +5,15 @@ Built at import of ``app.py`` without loading any model (:class:`DecoderCache` l
 
 from __future__ import annotations
 
+from dataclasses import fields
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 
+from specviz import methods
+from specviz.config import VERIFY_METHODS
 from specviz.trace import MAX_TRACE_BYTES
 from specviz.viz import explain
 from specviz.viz.residual import message_figure
@@ -19,6 +23,7 @@ from . import handlers as h
 from . import lesson as lesson_ui
 from . import tree as tree_ui
 from .cache import DecoderCache, StopSignals
+from .run import RunRequest, option_controls
 from .settings import AUTO_VERIFY, K_RANGE, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, MAX_UI_SPECULATIVE_TOKENS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,9 +111,27 @@ class LenientNumber(gr.Number):
         return None if payload is None else self.round_to_precision(payload, self.precision)
 
 
-def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
-    from specviz.engine import METHODS, VERIFY_METHODS
+def _method_info() -> str:
+    """The method radio's help: every registered method's one line."""
+    return "; ".join(f"{m.name} = {m.summary}" for m in methods.all_methods())
 
+
+def _tree_info(form: str, what: str) -> str:
+    return f"{what} ({', '.join(methods.taking(form)) or 'no method'})"
+
+
+def _option_groups() -> list[tuple[str, list[Any]]]:
+    """(accordion title, option fields) per distinct options class of the registered methods (a class shared by
+    several methods, e.g. prompt lookup's bounds, gets one group), in registration order."""
+    groups: dict[type, list[str]] = {}
+    for m in methods.all_methods():
+        if m.options is not None:
+            groups.setdefault(m.options, []).append(m.name)
+    return [(f"{(cls.__doc__ or cls.__name__).split(':')[0].strip()} ({', '.join(names)})", list(fields(cls)))
+            for cls, names in groups.items()]
+
+
+def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     VERIFY_LABELS = {"typical": "typical (Medusa; lossy: not distribution-preserving)",
                      "synthetic": "synthetic (fixed acceptance rates, benchmarking; lossy: not distribution-preserving)"}
 
@@ -118,17 +141,13 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                value=examples[0]["name"] if examples else None)
     c["prompt"] = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="sv-prompt",
                              value=examples[0]["prompt"] if examples else "")
-    c["method"] = gr.Radio(list(METHODS), value="ngram", label="Method (proposer)",
-                           info="none = plain decoding; ngram = prompt lookup (ngram_gpu: the same on the "
-                                "device, with the Triton matcher on CUDA); suffix = suffix decoding; "
-                                "draft_model = a small model; eagle / eagle3 / medusa = heads on the target's hidden "
-                                "states; mtp = a Gemma-4-style MTP head reading the target's KV cache, trained by "
-                                "specviz (no public recipe); dflash = a block drafter, one forward drafts up to 7 "
-                                "tokens (heads need trained weights)")
-    # the suffix cache's line and reset button: only while method suffix is chosen (h.suffix_row, on method change)
-    with gr.Row(equal_height=True, visible=c["method"].value == "suffix", elem_id="sv-suffix-row") as c["suffix_row"]:
-        c["suffix_info"] = gr.Markdown(h.suffix_status(None), elem_id="sv-suffix-info")
-        c["suffix_reset"] = gr.Button("Reset suffix cache", size="sm", scale=0, min_width=150, elem_id="sv-suffix-reset")
+    first = (examples[0].get("settings", {}) if examples else {}).get("method", methods.names()[1])
+    c["method"] = gr.Radio(list(methods.names()), value=first, label="Method (proposer)",
+                           info=_method_info() + " (head methods need trained weights)")
+    # the chosen method's session state (e.g. suffix's tree of earlier outputs) and its reset: only for such methods
+    with gr.Row(equal_height=True, visible=h.state_row(first).visible, elem_id="sv-state-row") as c["state_row"]:
+        c["state_info"] = gr.Markdown(h.state_status(None, first), elem_id="sv-state-info")
+        c["state_reset"] = gr.Button("Reset", size="sm", scale=0, min_width=110, elem_id="sv-state-reset")
     c["k"] = LenientSlider(1, MAX_UI_SPECULATIVE_TOKENS, value=5, step=1, label="num_speculative_tokens (k)",
                            elem_id="sv-k", info=f"draft tokens per step; {K_RANGE}. Typed outside "
                                                  f"1-{MAX_UI_SPECULATIVE_TOKENS}: runs the nearest, with a note. "
@@ -145,23 +164,27 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     with gr.Row():
         c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens")
         c["seed"] = LenientNumber(0, label="seed", precision=0, minimum=0)
-    with gr.Accordion("n-gram (prompt lookup) settings", open=False):
-        with gr.Row():
-            c["lookup_min"] = gr.Slider(1, 8, value=2, step=1, label="prompt_lookup_min")
-            c["lookup_max"] = gr.Slider(1, 8, value=4, step=1, label="prompt_lookup_max")
+    for title, group in _option_groups():  # each method's own settings, from its options dataclass
+        with gr.Accordion(title, open=False):
+            with gr.Row():
+                for f in group:
+                    c[f.name] = gr.Slider(f.metadata["lo"], f.metadata["hi"], value=f.metadata["ui"], step=1,
+                                          label=f.metadata["label"], info=f.metadata["help"], elem_id=f"sv-{f.name}")
     with gr.Accordion("draft tree (instead of a chain)", open=False):
         with gr.Row():
-            c["eagle_tree"] = gr.Textbox("", label="EAGLE-2 tree: top_k, depth, total_tokens", placeholder="4, 6, 32",
-                                         info="eagle / eagle3; empty = a chain of k", elem_id="sv-eagle-tree")
+            c["eagle_tree"] = gr.Textbox("", label="EAGLE-2 tree: top_k, depth, total_tokens",
+                                         info=_tree_info("dynamic", "e.g. 4, 6, 32; empty = a chain of k"),
+                                         elem_id="sv-eagle-tree")
             c["tree_branches"] = gr.Number(0, label="tree branches per node", precision=0, minimum=0,
-                                           info="ngram / suffix: continuations kept per node; 0 = a chain",
+                                           info=_tree_info("branches", "continuations kept per node; 0 = a chain"),
                                            elem_id="sv-tree-branches")
         c["static_tree"] = gr.Textbox("", label="static tree (speculative_token_tree)", elem_id="sv-static-tree",
                                       placeholder="[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]",
-                                      info="methods that take vLLM's static tree (rank paths of the draft's top "
-                                           "candidates; depth <= k); it replaces the EAGLE-2 tree")
+                                      info=_tree_info("static", "rank paths of the draft's top candidates; depth <= k; "
+                                                                "it replaces the EAGLE-2 tree"))
     with gr.Accordion("advanced", open=False):
-        c["rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2", label="synthetic rates a_1, a_2, … (verify = synthetic)")
+        c["synthetic_rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2",
+                                          label="synthetic rates a_1, a_2, … (verify = synthetic)")
         c["compare"] = gr.Checkbox(True, label='compare with method "none": measured beside every run '
                                                '(short segments of both methods, interleaved)')
         c["pairs"] = LenientSlider(1, MAX_UI_PAIRS, value=h.DEFAULT_PAIRS, step=1, label="comparison pairs",
@@ -271,19 +294,19 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                 views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
                 full = [progress, *views, v["step"], v["position"], state]
             compare_ui.compare_tab(session.cache, state, full, tabs)
-        inputs = [state, c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"], c["top_p"],
-                  c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"], c["rates"], c["compare"], c["pairs"],
-                  c["eagle_tree"], c["tree_branches"], c["static_tree"], c["k_typed"]]
+        controls = {**c, "num_speculative_tokens": c["k"]}  # RunRequest's field names
+        inputs = [state, *(controls[name] for name in RunRequest.fields()), *(c[name] for name in option_controls())]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
         source = [v["source_heading"], v["source_explain"]]
-        run_event.then(h.suffix_status, [state], [c["suffix_info"]], api_name="suffix_status")
+        run_event.then(h.state_status, [state, c["method"]], [c["state_info"]], api_name="method_state")
         run_event.then(h.source_texts, [state], source, api_name="source_texts")
         stop_event = stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")
-        stop_event.then(h.suffix_status, [state], [c["suffix_info"]])
+        stop_event.then(h.state_status, [state, c["method"]], [c["state_info"]])
         stop_event.then(h.source_texts, [state], source)
-        c["method"].change(h.suffix_row, [c["method"]], [c["suffix_row"]], api_name="suffix_row", queue=False,
+        c["method"].change(h.state_row, [c["method"]], [c["state_row"]], api_name="method_state_row", queue=False,
                            show_progress="hidden")
-        c["suffix_reset"].click(h.reset_suffix, [state], [c["suffix_info"], state], api_name="reset_suffix")
+        c["method"].change(h.state_status, [state, c["method"]], [c["state_info"]], queue=False, show_progress="hidden")
+        c["state_reset"].click(h.reset_state, [state, c["method"]], [c["state_info"], state], api_name="reset_method_state")
         demo.load(session.warm_up_status, None, [warm, warm_timer])
         warm_timer.tick(session.warm_up_status, None, [warm, warm_timer])
         sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
@@ -298,17 +321,13 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                             trigger_mode="always_last", concurrency_id="selection")
         replay_event = e["upload"].upload(h.replay, [state, e["upload"]], full, api_name="replay")
         replay_event.then(h.source_texts, [state], source)
-        replay_event.then(
-            h.replay_settings, [state], [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["top_k"],
-                                         c["top_p"], c["max_new_tokens"], c["seed"], c["lookup_min"], c["lookup_max"],
-                                         c["example"], state],
-            api_name="replay_settings")
+        replay_event.then(h.replay_settings, [state], [controls[name] for name in h.replay_fields()] + [state],
+                          api_name="replay_settings")
         lesson_ui.wire_lesson(lesson, state, v, resets=[run_btn.click, e["upload"].upload])
         tree_ui.wire_tree(v, state, [run_event, replay_event])
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],
-                           [c["prompt"], c["method"], c["k"], c["verify"], c["temperature"], c["max_new_tokens"],
-                            c["lookup_min"], c["lookup_max"]], api_name="load_example")
+                           [c["prompt"], *(controls[name] for name in h.example_fields())], api_name="load_example")
     return demo
 
 

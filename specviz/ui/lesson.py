@@ -21,7 +21,7 @@ import gradio as gr
 from specviz.trace import Trace
 from specviz.viz.lesson import BRIEF_FULL_STEPS, chapter_html, chapter_of_step, lesson_chapters
 
-from .handlers import _number, _sliders, _trace_of
+from .outputs import number as _number, sliders as _sliders, trace_of as _trace_of
 from .views import selection_views
 
 PLAY_SECONDS = 6.0  # Play shows the next chapter after this many seconds

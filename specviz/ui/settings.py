@@ -10,8 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from specviz import methods
+from specviz.tree import DraftTree
+
 MAX_UI_SPECULATIVE_TOKENS = 12  # the slider's cap (the engine allows up to 32: specviz.engine.MAX_SPECULATIVE_TOKENS)
-ENGINE_MAX_SPECULATIVE_TOKENS = 32  # specviz.engine.MAX_SPECULATIVE_TOKENS (not imported here: no torch at import)
+ENGINE_MAX_SPECULATIVE_TOKENS = 32  # specviz.config.MAX_SPECULATIVE_TOKENS (not imported here: no torch at import)
 K_RANGE = (f"this app: 1-{MAX_UI_SPECULATIVE_TOKENS}; the engine itself (Python API, CLI) takes "
            f"1-{ENGINE_MAX_SPECULATIVE_TOKENS}")
 MAX_UI_NEW_TOKENS = 512
@@ -72,37 +75,41 @@ def clamped_k_note(k: Any, typed: Any) -> str:
     return f"k = {typed} is outside 1-{MAX_UI_SPECULATIVE_TOKENS}: ran k = {int(sent)}"
 
 
-def ignored_tree_note(method: str, eagle_tree: Any, tree_branches: Any, static_tree: Any = "") -> str:
-    """The note for a draft-tree control ``method`` does not read (the boxes keep their text when the method
-    changes, so this is a note, not an error): e.g. an EAGLE-2 tree typed while draft_model is chosen. ""
-    when every filled control applies."""
-    takes = _method_settings(method)
-    ignored = []
-    if str(eagle_tree or "").strip() and method not in ("eagle", "eagle3"):
-        ignored.append("the EAGLE-2 tree (eagle, eagle3 only)")
-    elif str(eagle_tree or "").strip() and str(static_tree or "").strip() and "speculative_token_tree" in takes:
-        ignored.append("the EAGLE-2 tree (the static tree replaces it)")
+# the draft-tree controls: (form, what the note calls it)
+TREE_CONTROLS = (("dynamic", "the EAGLE-2 tree"), ("branches", "the tree branches per node"), ("static", "the static tree"))
+
+
+def _filled(eagle_tree: Any, tree_branches: Any, static_tree: Any) -> dict[str, Any]:
+    """The tree controls that hold something: {form: its text or number}."""
     try:
         branches = int(float(tree_branches or 0))
     except (TypeError, ValueError):
         branches = 0  # the run reports a bad number
-    if branches and method not in ("ngram", "suffix"):
-        ignored.append("the tree branches per node (ngram, suffix only)")
-    if str(static_tree or "").strip() and "speculative_token_tree" not in takes:
-        ignored.append("the static tree (" + ", ".join(_static_tree_methods()) + " only)")
+    out = {"dynamic": str(eagle_tree or "").strip(), "branches": branches, "static": str(static_tree or "").strip()}
+    return {form: value for form, value in out.items() if value}
+
+
+def ignored_tree_note(method: str, eagle_tree: Any, tree_branches: Any, static_tree: Any = "") -> str:
+    """The note for a draft-tree control ``method`` does not read (the boxes keep their text when the method
+    changes, so this is a note, not an error): e.g. an EAGLE-2 tree typed while draft_model is chosen. ""
+    when every filled control applies."""
+    takes = _tree_forms(method)
+    filled = _filled(eagle_tree, tree_branches, static_tree)
+    ignored = []
+    for form, name in TREE_CONTROLS:
+        if form not in filled:
+            continue
+        if form not in takes:
+            ignored.append(f"{name} ({', '.join(methods.taking(form))} only)")
+        elif form == "dynamic" and "static" in filled and "static" in takes:
+            ignored.append(f"{name} (the static tree replaces it)")
     if not ignored:
         return ""
-    ran = "" if _reads_a_tree(method, eagle_tree, branches, static_tree) else ": it ran a chain"
+    ran = "" if _reads_a_tree(method, eagle_tree, tree_branches, static_tree) else ": it ran a chain"
     return f"{method} ignores " + " and ".join(ignored) + ran
 
 
-def _static_tree_methods() -> list[str]:
-    from specviz.methods import METHODS
-
-    return [m.name for m in METHODS.values() if "speculative_token_tree" in m.settings]
-
-
-def _reads_a_tree(method: str, eagle_tree: Any, branches: int, static_tree: Any) -> bool:
+def _reads_a_tree(method: str, eagle_tree: Any, branches: Any, static_tree: Any) -> bool:
     """Whether the controls give ``method`` a tree it reads (:func:`tree_settings` is not empty), so it ran a tree,
     not a chain; text the run refuses counts as read (the run's error is what the user sees)."""
     try:
@@ -112,22 +119,19 @@ def _reads_a_tree(method: str, eagle_tree: Any, branches: int, static_tree: Any)
 
 
 def tree_depth_note(method: str, k: Any, eagle_tree: Any, static_tree: Any = "") -> str:
-    """The note for an EAGLE-2 tree deeper than k: the engine drafts no deeper than num_speculative_tokens
-    (``EagleTreeProposer.propose``), so "4, 6, 32" (depth 7) at k = 5 runs a tree of depth 5. "" when the tree
-    fits, or there is none, or a static tree replaces it (one deeper than k is refused by the engine with its own
-    message)."""
-    if method not in ("eagle", "eagle3") or not str(eagle_tree or "").strip() or str(static_tree or "").strip():
+    """The note for an EAGLE-2 tree deeper than k: the engine drafts no deeper than num_speculative_tokens,
+    so "4, 6, 32" (depth 7) at k = 5 runs a tree of depth 5. "" when the tree fits, or there is none, or a static
+    tree replaces it (one deeper than k is refused by the engine with its own message)."""
+    if "dynamic" not in _tree_forms(method) or not str(eagle_tree or "").strip() or str(static_tree or "").strip():
         return ""
-    from specviz.methods import draft_tree_depth, eagle_tree_settings
-
     try:
-        depth, k = draft_tree_depth(eagle_tree_settings(eagle_tree)), int(float(k))
+        tree, k = DraftTree.parse(eagle_tree), int(float(k))
     except (TypeError, ValueError):
         return ""  # the run itself reports the bad input
-    if depth is None or depth <= k:
+    if tree is None or tree.form != "dynamic" or tree.max_depth <= k:
         return ""
-    return (f"the EAGLE-2 tree {str(eagle_tree).strip()} reaches depth {depth}, but k = {k} caps it: its nodes stop at "
-            f"depth {k} (set k = {depth} for the whole tree)")
+    return (f"the EAGLE-2 tree {str(eagle_tree).strip()} reaches depth {tree.max_depth}, but k = {k} caps it: its "
+            f"nodes stop at depth {k} (set k = {tree.max_depth} for the whole tree)")
 
 
 RATES_HELP = ("synthetic rates are acceptance rates per draft position, a_1, a_2, …: a_i is the chance that a "
@@ -160,17 +164,16 @@ def parse_rates(text: str | None, k: int | None = None) -> tuple[float, ...] | N
 
 
 def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None, temperature: Any, top_k: Any,
-                    top_p: Any, max_new_tokens: Any, seed: Any, prompt_lookup_min: Any, prompt_lookup_max: Any,
+                    top_p: Any, max_new_tokens: Any, seed: Any, options: dict[str, Any] | None = None,
                     synthetic_rates: str | None = None) -> dict[str, Any]:
     """Keyword settings for ``SpecDecoder.iter_generate``.
 
-    verify "auto" (or None) -> the engine's default (greedy at temperature 0, else standard);
-    top_k 0 -> off; top_p 1 -> off; prompt lookup bounds only for the methods that take them
-    ("ngram", "ngram_gpu": their registry entry's ``settings``);
-    synthetic rates only for verify "synthetic".
+    verify "auto" (or None) -> the engine's default (greedy at temperature 0, else standard); top_k 0 -> off;
+    top_p 1 -> off; ``options``: the methods' own controls by field name, of which the method's own are passed
+    (whole numbers in the field's range); synthetic rates only for verify "synthetic".
     Raises:
-        ValueError: a value outside the UI's ranges (num_speculative_tokens 1..12,
-            max_new_tokens 1..512) or not a number.
+        ValueError: a value outside the UI's ranges (num_speculative_tokens 1..12, max_new_tokens 1..512, an
+            option outside its slider) or not a number.
     """
     try:
         temp = float(temperature)
@@ -189,38 +192,43 @@ def engine_settings(method: str, num_speculative_tokens: Any, verify: str | None
         "max_new_tokens": _int(max_new_tokens, "max_new_tokens", 1, MAX_UI_NEW_TOKENS),
         "seed": _int(seed, "seed", 0, 2**31 - 1),
     }
-    if "prompt_lookup_min" in _method_settings(settings["method"]):
-        settings["prompt_lookup_min"] = _int(prompt_lookup_min, "prompt_lookup_min", 1, 64)
-        settings["prompt_lookup_max"] = _int(prompt_lookup_max, "prompt_lookup_max", 1, 64)
+    for f in _option_fields(settings["method"]):
+        value = (options or {}).get(f.name, f.metadata["ui"])
+        settings[f.name] = _int(value, f.name, f.metadata["lo"] or 0, f.metadata["hi"] or 10**7)
     if settings["verify"] == "synthetic":
         settings["synthetic_rates"] = parse_rates(synthetic_rates, k)
     return settings
 
 
 def tree_settings(method: str, eagle_tree: Any, tree_branches: Any, static_tree: Any = "") -> dict[str, Any]:
-    """The draft-tree settings of the UI's "draft tree" controls for ``method``: a static tree
-    (vLLM's ``speculative_token_tree`` string) for the methods whose registry settings take it;
-    else eagle / eagle3 take "top_k, depth, total_tokens" (EAGLE-2's dynamic tree; empty = a
-    chain), ngram / suffix the children kept per node (0 = a chain); other methods ignore them.
-    Raises ValueError for text that is not three integers (the engine checks ranges and trees)."""
-    if str(static_tree or "").strip() and "speculative_token_tree" in _method_settings(method):
+    """The draft-tree settings of the UI's "draft tree" controls for ``method``: a static tree (vLLM's
+    ``speculative_token_tree`` string) for the methods that draft one; else EAGLE-2's "top_k, depth, total_tokens"
+    (empty = a chain) for the methods that draft those, or the children kept per node (0 = a chain) for the methods
+    that draft ranked continuations; controls the method does not read are ignored (:func:`ignored_tree_note`).
+    Raises ValueError for text that is not three integers or an invalid tree (the engine checks the rest)."""
+    takes = _tree_forms(method)
+    if str(static_tree or "").strip() and "static" in takes:
         return {"speculative_token_tree": str(static_tree).strip()}
-    if method in ("eagle", "eagle3") and str(eagle_tree or "").strip():
-        from specviz.methods import eagle_tree_settings
-
-        return eagle_tree_settings(eagle_tree)
-    if method in ("ngram", "suffix"):
+    if "dynamic" in takes and str(eagle_tree or "").strip():
+        tree = DraftTree.parse(eagle_tree)
+        if tree is None or tree.form != "dynamic":
+            raise ValueError(f"EAGLE-2 tree: give top_k, depth, total_tokens as three integers like 4, 6, 32 "
+                             f"(or leave it empty for a chain), got {eagle_tree!r}")
+        return tree.settings(method)
+    if "branches" in takes:
         branches = _int(tree_branches or 0, "tree branches", 0, 64)
-        return {f"{method}_tree_branches": branches} if branches else {}
+        return DraftTree("branches", branches=branches).settings(method) if branches else {}
     return {}
 
 
-def _method_settings(method: str) -> tuple[str, ...]:
-    """The generate() settings a method takes (:mod:`specviz.methods`); () for an unknown one (the
-    engine refuses it with its own message)."""
-    from specviz.methods import METHODS
+def _tree_forms(method: str) -> tuple[str, ...]:
+    """The tree forms a method drafts (() for an unknown one: the engine refuses it with its own message)."""
+    return methods.get(method).tree_forms if method in methods.names() else ()
 
-    return METHODS[method].settings if method in METHODS else ()
+
+def _option_fields(method: str) -> tuple[Any, ...]:
+    """The method's own controls (:func:`specviz.methods.option_fields`; () for an unknown method)."""
+    return methods.option_fields(methods.get(method).options) if method in methods.names() else ()
 
 
 def _top_p(top_p: Any) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specviz.methods.base import Method, Texts
 
-from .options import LookupOptions
+from .options import LOOKUP_DETAILS, LookupOptions
 
 LOOKUP_HOW = (
     "Prompt lookup needs no model: it takes the last n tokens of the context (purple), finds their earlier "
@@ -31,4 +31,4 @@ METHOD = Method(
                 "method ngram (prompt lookup: drafts are copied from earlier text, no model)",
                 confidence="share of matches"),
     style=("#1f77b4", "circle"), options=LookupOptions, tree_forms=("branches",),
-    describe=lambda cfg: cfg.options.resolved(), view="specviz.methods.ngram.view")
+    describe=lambda cfg: cfg.options.resolved(), details_schema=LOOKUP_DETAILS, view="specviz.methods.ngram.view")

@@ -6,6 +6,14 @@ from dataclasses import dataclass
 
 from specviz.methods.base import option
 
+PATTERN = "suffix"  # the details key (and the view's role) of the n-gram looked up: the context's last n tokens
+TRIE_NODE: dict = {"token_id": int, "count": int}
+TRIE_NODE["children"] = [TRIE_NODE]
+LOOKUP_DETAILS = {  # what the n-gram proposers record per step (the trace checks uploads against it)
+    "n": int, PATTERN: [int], "suffix_start": int, "occurrences": [int], "match_position": int,
+    "tried": [{"n": int, "occurrences": int}], "trie": [TRIE_NODE], "prompt_lookup_min": int, "prompt_lookup_max": int,
+}
+
 
 def resolve_lookup_bounds(prompt_lookup_min: int | None, prompt_lookup_max: int | None) -> tuple[int, int]:
     """vLLM's defaults: neither bound given -> both 5; one given -> the other copies it.

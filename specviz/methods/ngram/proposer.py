@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specviz.methods.ngram.options import resolve_lookup_bounds
+from specviz.methods.ngram.options import PATTERN, resolve_lookup_bounds
 from specviz.transfer import pinned
 from specviz.proposer import Draft, NoFeedback, StepContext
 from specviz.ranked_tree import check_branches, ranked_tree
@@ -99,7 +99,7 @@ class NgramProposer(NoFeedback):
                 details = {
                     "kind": "ngram",
                     "n": n,
-                    "suffix": ctx[-n:].tolist(),
+                    PATTERN: ctx[-n:].tolist(),
                     "suffix_start": int(ctx.size - n),
                     "occurrences": starts.tolist(),
                     "match_position": first,
@@ -112,7 +112,7 @@ class NgramProposer(NoFeedback):
                     return self._tree(details, int(starts.size), k)
                 ids = pinned(torch.as_tensor(draft, dtype=torch.long))  # pinned: the engine's copy does not wait
                 return Draft(token_ids=ids, probs=None, details=details)
-        details = {"kind": "ngram", "n": 0, "suffix": [], "suffix_start": int(ctx.size), "occurrences": [],
+        details = {"kind": "ngram", "n": 0, PATTERN: [], "suffix_start": int(ctx.size), "occurrences": [],
                    "match_position": -1, "tried": tried, "trie": [],
                    "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max}
         return Draft(token_ids=torch.empty(0, dtype=torch.long), probs=None, details=details)

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
+from specviz.methods.ngram.options import PATTERN
 from specviz.viz.common import as_trace, context_before, label, quoted, quoted_tokens, token_code, token_text
 from specviz.viz.residual import message_figure
 
@@ -22,7 +23,7 @@ MAX_CHILDREN = 4  # trie branches shown per node (most frequent first); the rest
 MAX_DEPTH = 6
 CONTEXT_AROUND = 24  # context tokens shown on each side of a highlighted token; the rest is elided (…)
 STYLE = {
-    "suffix": "background:#c4b5fd;color:#2e1065;outline:1px solid #7c3aed",
+    PATTERN: "background:#c4b5fd;color:#2e1065;outline:1px solid #7c3aed",
     "occurrence": "background:#fde68a;color:#78350f",
     "chosen": "background:#fbbf24;color:#451a03;outline:2px solid #b45309",
     "draft": "background:#bae6fd;color:#0c4a6e;text-decoration:underline",
@@ -49,7 +50,7 @@ def _roles(step: Step, ctx_len: int) -> dict[int, str]:
     for j in range(first + n, min(first + n + len(step.draft_token_ids), ctx_len)):
         roles.setdefault(j, "draft")
     for j in range(int(m.get("suffix_start", ctx_len)), ctx_len):
-        roles[j] = "suffix"
+        roles[j] = PATTERN
     return roles
 
 
@@ -86,7 +87,7 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
     m = st.match
     occurrences = (("occurrence", f"earlier occurrences ({len(m['occurrences'])})"),) if m.get("kind") != "ngram_gpu" else ()
     legend = " ".join(f'<span style="{STYLE[r]};padding:0 4px">{name}</span>' for r, name in (
-        ("suffix", f"last {m['n']} token(s): looked up"), *occurrences,
+        (PATTERN, f"last {m['n']} token(s): looked up"), *occurrences,
         ("chosen", "earliest occurrence (used)"), ("draft", f"copied as the draft ({len(st.draft_token_ids)})")))
     if m.get("kind") == "ngram_gpu":
         legend += ("<div style='font-size:12px;color:#4b5563;margin-top:4px'>ngram_gpu: the device matcher returns "
@@ -163,8 +164,8 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     if not st.match.get("n") or not st.match.get("trie"):
         return message_figure(f"step {st.index}: no n-gram match to draw", height=160)
     nodes = trie_placement(st)
-    suffix = label(trace, st.match["suffix"][-1], 12) if len(st.match["suffix"]) == 1 else "".join(
-        label(trace, t, 8) for t in st.match["suffix"][-3:])
+    suffix = label(trace, st.match[PATTERN][-1], 12) if len(st.match[PATTERN]) == 1 else "".join(
+        label(trace, t, 8) for t in st.match[PATTERN][-3:])
     ex, ey, px, py = [], [], [], []
     for nd in nodes:
         x0, y0 = (0, 0) if nd["parent"] < 0 else (nodes[nd["parent"]]["depth"], nodes[nd["parent"]]["row"])
@@ -229,7 +230,7 @@ def draft_why(trace: Trace, st: Step) -> str | None:
     if not m.get("n"):
         return None
     occ = m.get("occurrences") or [m.get("match_position")]
-    return (f"The last n = {m['n']} token(s) of the context, {quoted_tokens(trace, m.get('suffix', []))}, occur earlier "
+    return (f"The last n = {m['n']} token(s) of the context, {quoted_tokens(trace, m.get(PATTERN, []))}, occur earlier "
             f"({len(occ)} occurrence(s); the earliest, at context position {m.get('match_position')}, is used). "
             f"The {k} token(s) that followed it are copied as the draft: {quoted_tokens(trace, st.draft_token_ids)}. "
             "No model ran.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specviz.methods.base import Method, Texts
 from specviz.methods.ngram import LOOKUP_HOW
-from specviz.methods.ngram.options import LookupOptions
+from specviz.methods.ngram.options import LOOKUP_DETAILS, LookupOptions
 
 
 def _make(build):
@@ -34,4 +34,4 @@ METHOD = Method(
                 "method ngram_gpu (prompt lookup on the device: the same drafts as ngram)",
                 confidence="share of matches"),
     style=("#17becf", "square"), options=LookupOptions, describe=lambda cfg: cfg.options.resolved(),
-    warm_up=_warm_up, view="specviz.methods.ngram_gpu.view")
+    warm_up=_warm_up, details_schema=LOOKUP_DETAILS, view="specviz.methods.ngram_gpu.view")

@@ -25,7 +25,7 @@ import torch
 
 from specviz.proposer import Draft, NoFeedback, Outcome, StepContext
 from specviz.methods.ngram.match import NgramMatch, check_ngram_args, ngram_match_reference
-from specviz.methods.ngram.options import resolve_lookup_bounds
+from specviz.methods.ngram.options import PATTERN, resolve_lookup_bounds
 from specviz.transfer import pinned
 
 __all__ = ["BACKENDS", "NgramGPUProposer", "NgramMatch", "check_ngram_args", "ngram_match_reference",
@@ -174,7 +174,7 @@ class NgramGPUProposer(NoFeedback):
         L = len(token_ids)
         return {
             "kind": "ngram_gpu", "backend": self.backend, "n": n, "match_position": pos,
-            "suffix": [int(t) for t in token_ids[L - n :]] if n else [], "suffix_start": L - n if n else L,
+            PATTERN: [int(t) for t in token_ids[L - n :]] if n else [], "suffix_start": L - n if n else L,
             "occurrences": [pos] if n else [],
             "prompt_lookup_min": self.prompt_lookup_min, "prompt_lookup_max": self.prompt_lookup_max,
         }

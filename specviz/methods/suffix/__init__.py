@@ -7,6 +7,12 @@ from __future__ import annotations
 from specviz.methods.base import Method, Texts
 
 
+CANDIDATE = {"source": str, "match_length": int, "node_count": int, "draft": [int], "probs": [float], "counts": [int],
+             "score": float}
+DETAILS = {"candidates": [CANDIDATE], "chosen": (CANDIDATE, None), "cached_requests": int,
+           "config": {str: (float, bool, str, None)}}
+
+
 def _new_cache():
     from .proposer import GlobalSuffixCache
 
@@ -38,4 +44,4 @@ METHOD = Method(
                 "method suffix (suffix decoding: drafts follow a suffix tree of this request and of earlier outputs)",
                 confidence="share of matches"),
     style=("#ff7f0e", "diamond"), tree_forms=("branches",), request_state=_new_cache, state_note=_state_note,
-    view="specviz.methods.suffix.view")
+    view="specviz.methods.suffix.view", details_schema=DETAILS)

@@ -1,0 +1,275 @@
+"""The Run and Stop buttons: a :class:`RunRequest` in, :class:`~specviz.ui.outputs.RunOutputs` out, streamed.
+
+A run streams the request's views while it decodes (on a background thread), then, if asked, measures the speedup
+over method none beside it (:func:`specviz.speedup.measure_speedup`), then draws everything. Bad input, a load
+failure or a refused run ends with the message in the progress line (never raises gr.Error out of :func:`run`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Generator, Iterator, Sequence
+
+import gradio as gr
+
+from specviz import methods
+from specviz.speedup import DEFAULT_PAIRS, DEFAULT_SEGMENT_TOKENS, measure_speedup
+from specviz.trace import Trace
+
+from .cache import DecoderCache, StopSignals
+from .outputs import (IS_NONE, NO_COMPARE, STOPPED, RunOutputs, full_outputs, md_text, message_outputs, method_state,
+                      new_state, num_tokens, trace_of)
+from .settings import (AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, check_k, check_prompt, check_slider_bounds,
+                       clamped_k_note, engine_settings, ignored_tree_note, tree_depth_note, tree_settings)
+from .views import empty_views, streaming_views
+from .worker import BackgroundRun
+
+UPDATES_PER_SECOND = 4  # streaming redraws at most this often
+# the progress line's first words after Run, before the first step is drawn: the run handler's first update, before
+# any model work (not set by a js listener on the click: a click Gradio drops while the previous run's events finish
+# would leave "starting" on screen with no run behind it)
+STARTING = ("**starting** · the prompt's prefill and the first step; the run's views are drawn from step 1 on (the "
+            "views below are the previous run's until then)…")
+LOADING = "**loading** · the models load and warm up once (on a GPU: CUDA-graph capture, tens of seconds)…"
+
+
+def option_controls() -> tuple[str, ...]:
+    """The methods' own controls (their options' field names), each once, in registration order: the Run event's
+    inputs after :class:`RunRequest`'s fields."""
+    return tuple(dict.fromkeys(f.name for m in methods.all_methods() for f in methods.option_fields(m.options)))
+
+
+@dataclass
+class RunRequest:
+    """The Run button's inputs: the controls in this field order, then :func:`option_controls`' values (``options``).
+
+    eagle_tree / tree_branches / static_tree: the draft-tree controls (EAGLE-2's "top_k, depth, total_tokens",
+    branches per node, vLLM's static tree); k_typed: what was last typed into k's box ("" after a drag), so a k the
+    browser clamped is named in the progress line."""
+
+    prompt: Any = ""
+    method: str = "ngram"
+    num_speculative_tokens: Any = 5
+    verify: str = AUTO_VERIFY
+    temperature: Any = 0.0
+    top_k: Any = 0
+    top_p: Any = 1.0
+    max_new_tokens: Any = 96
+    seed: Any = 0
+    synthetic_rates: str = ""
+    compare: bool = True
+    pairs: Any = DEFAULT_PAIRS
+    eagle_tree: str = ""
+    tree_branches: Any = 0
+    static_tree: str = ""
+    k_typed: Any = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.name != "options")
+
+    @classmethod
+    def from_values(cls, values: Sequence[Any]) -> "RunRequest":
+        """The request from the Run event's values (its fields, then the option controls; missing ones default)."""
+        names = cls.fields()
+        return cls(**dict(zip(names, values)), options=dict(zip(option_controls(), values[len(names):])))
+
+    def notes(self) -> str:
+        """What the run changes or ignores of the controls (a clamped k, an EAGLE-2 tree deeper than k, a tree control
+        the method does not read), "; "-joined; "" for none."""
+        m = self.method
+        notes = (clamped_k_note(self.num_speculative_tokens, self.k_typed),
+                 tree_depth_note(m, self.num_speculative_tokens, self.eagle_tree, self.static_tree),
+                 ignored_tree_note(m, self.eagle_tree, self.tree_branches, self.static_tree))
+        return "; ".join(n for n in notes if n)
+
+    def settings(self) -> tuple[str, dict[str, Any]]:
+        """(the prompt, the engine's generate() keywords). Raises ValueError saying what to change."""
+        check_k(self.num_speculative_tokens)
+        check_slider_bounds(self.max_new_tokens, 1, MAX_UI_NEW_TOKENS)
+        check_slider_bounds(self.pairs, 1, MAX_UI_PAIRS)
+        text = check_prompt(self.prompt)
+        settings = engine_settings(self.method, self.num_speculative_tokens, self.verify, self.temperature,
+                                   self.top_k, self.top_p, self.max_new_tokens, self.seed, self.options,
+                                   self.synthetic_rates)
+        settings.update(tree_settings(self.method, self.eagle_tree, self.tree_branches, self.static_tree))
+        return text, settings
+
+
+def run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, *values: Any,
+        request: gr.Request = None) -> Iterator[RunOutputs]:
+    """The Run button (``values``: :meth:`RunRequest.from_values`). After an error mid-run (e.g. the GPU out of
+    memory) the session's previous trace is drawn again and stays in the state, so it can still be exported."""
+    req = RunRequest.from_values(values)
+    streamed, note = False, req.notes()
+    if note:
+        gr.Warning(note)
+    try:
+        for out in _run(cache, signals, state, req, request):
+            streamed = streamed or isinstance(out.state, dict)  # an update that changed the session's trace
+            yield out._replace(progress=f"{out.progress} · **{note}**") if note and isinstance(out.progress, str) else out
+    except gr.Error as exc:
+        previous = dict(state or new_state())
+        old = trace_of(previous)
+        if not streamed or old is None:
+            yield message_outputs(exc.message, previous if streamed else None)
+            return
+        gr.Warning(exc.message)
+        yield full_outputs(f"**error** · {md_text(exc.message)} · _the views below show your previous run (the session "
+                           "keeps it: Export still saves it)_", old, previous)
+
+
+def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None, req: RunRequest,
+         request: gr.Request | None) -> Iterator[RunOutputs]:
+    """:func:`run`'s body; raises gr.Error for the user's mistakes."""
+    state = dict(state or new_state())
+    try:
+        text, settings = req.settings()
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    session = _session(request)
+    flag = signals.start(session)  # Stop works from here on, also while the models load
+    try:
+        decoder, extra = yield from _load_and_stream(cache, text, req.method, settings, req.compare, state, flag)
+    finally:
+        signals.finish(session, flag)
+    trace = Trace.from_dict(state["trace"])
+    if trace.stop_reason == "stopped":
+        yield full_outputs(f"**stopped** · after {len(trace.steps)} steps, {num_tokens(trace)} tokens", trace, state)
+        return
+    state["no_baseline"] = IS_NONE if req.method == "none" else NO_COMPARE
+    if req.compare and req.method != "none":
+        yield from _measure(decoder, text, settings, extra, int(float(req.pairs)), state)
+    done = (f"**done** · {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
+            f"(stop: {trace.stop_reason})")
+    yield full_outputs(done, trace, state)
+
+
+def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict[str, Any], compare: bool,
+                     state: dict[str, Any], flag: threading.Event) -> Generator[RunOutputs, None, tuple[Any, dict]]:
+    """Load the models (once; a progress line meanwhile), then stream the run into ``state``.
+    Returns (the decoder, the extra ``generate`` keywords for the measurement)."""
+    # at once, before any model work: the previous run's "done · …" (or "Ready: …") must not stay on screen
+    yield RunOutputs.only(LOADING if not cache.loaded() else STARTING)
+    try:
+        decoder = cache.get()
+    except ValueError as exc:
+        raise gr.Error(str(exc)) from None
+    extra: dict[str, Any] = {}
+    own = method_state(state, method)
+    if own is not None:  # the session's own state; the measurement drafts from a frozen copy of it
+        extra = {"request_state": own.snapshot()}
+        settings = dict(settings, request_state=own)
+    # what the speedup panel says if the run does not end normally (Stop)
+    state.update(baseline=None, no_baseline=IS_NONE if method == "none" else (STOPPED if compare else NO_COMPARE),
+                 streamed=True)  # the trace in state is this live run's (its wall time includes the app's redraws)
+    yield from _stream(decoder, text, settings, state, flag)
+    return decoder, extra
+
+
+def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str, Any],
+            stop_flag: threading.Event) -> Iterator[RunOutputs]:
+    """Decode one request on a background thread, yielding views at most UPDATES_PER_SECOND times a second; leaves
+    the final trace in ``state``. ``stop_flag`` set -> the run ends after its current step (stop_reason "stopped");
+    so does abandoning this generator (a cancelled event). Raises gr.Error for settings the engine refuses and for
+    a GPU out of memory."""
+    t0, shown, first = time.perf_counter(), -1, True
+    run = BackgroundRun(decoder, prompt, settings, stop_flag)
+    try:
+        while not run.finished.wait(1.0 / UPDATES_PER_SECOND):
+            snap = run.snapshot()
+            if snap is None or len(snap.steps) == shown:
+                continue
+            shown = len(snap.steps)
+            state["trace"] = snap.to_dict()
+            yield _streaming_outputs(snap, _progress(snap, settings["max_new_tokens"], t0), state, first)
+            first = False
+    finally:
+        if not run.finished.is_set():  # the event was cancelled or closed: end the decode too
+            stop_flag.set()
+    _raise_for(run.error)
+    state["trace"] = run.result().to_dict()
+
+
+def _progress(trace: Trace, max_new: int, t0: float) -> str:
+    elapsed = time.perf_counter() - t0
+    return f"**running** · step {len(trace.steps)}, {num_tokens(trace)}/{max_new} tokens, {elapsed:.1f} s"
+
+
+def _streaming_outputs(trace: Trace, progress: str, state: dict[str, Any], clear: bool) -> RunOutputs:
+    """Views redrawn while a run streams (stream, summary, grid, stats). ``clear``: the first update also replaces
+    the detail views of the previous run by a placeholder."""
+    live = streaming_views(trace)
+    wait = empty_views("Running: this view is drawn when the run ends (or when you press Stop).")
+    skip = gr.skip()
+    return RunOutputs(progress, live.stream, live.summary, live.grid, wait.residual if clear else skip,
+                      wait.match if clear else skip, wait.trie if clear else skip, live.stats,
+                      wait.speedup if clear else skip, skip, skip, state)
+
+
+def _raise_for(error: BaseException | None) -> None:
+    """Turn a run's exception into a message for the user (or re-raise an unexpected one)."""
+    if error is None:
+        return
+    if isinstance(error, ValueError):  # settings / prompt the engine refuses
+        raise gr.Error(str(error)) from None
+    if _is_oom(error):
+        _free_gpu()
+        raise gr.Error("the GPU ran out of memory: lower max_new_tokens or num_speculative_tokens, "
+                       "or use a smaller model; the app is still running") from None
+    raise error
+
+
+def _measure(decoder: Any, text: str, settings: dict[str, Any], extra: dict[str, Any], pairs: int,
+             state: dict[str, Any]) -> Iterator[RunOutputs]:
+    """Measure the speedup beside the run into ``state["baseline"]`` (a progress line first); if the measurement
+    fails, ``state["no_baseline"]`` says why and the run's own views stay."""
+    seg = min(settings["max_new_tokens"], DEFAULT_SEGMENT_TOKENS)
+    yield RunOutputs.only(f"**comparing** · the run finished; now timing {pairs} pair(s) of {seg}-token segments "
+                          "against method none, interleaved…", state)
+    run_settings = {k: v for k, v in settings.items() if k != "request_state"}
+    try:
+        state["baseline"] = measure_speedup(decoder, text, run_settings, pairs=pairs, **extra)
+        state["no_baseline"] = None
+    except Exception as exc:  # the run itself succeeded: keep it, and say why there is no comparison
+        if _is_oom(exc):
+            _free_gpu()
+        state["no_baseline"] = f"The comparison with method none failed: {exc}"
+
+
+def _is_oom(exc: BaseException) -> bool:
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+def _free_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "default"
+
+
+def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request = None) -> RunOutputs:
+    """The Stop button: end this session's run after its current step (the browser also cancels the run event) and
+    draw the partial trace kept in state."""
+    running = signals.stop(_session(request))
+    trace = trace_of(state)
+    # a cancelled run may have unregistered already; its trace in state is then still partial
+    if trace is None and running:  # still loading, or before its first step
+        return RunOutputs.only("**stopping** · the run ends after its first step", state or new_state())
+    if trace is None or (not running and trace.stop_reason):
+        return RunOutputs.only("Nothing is running.", state or new_state())
+    if not trace.stop_reason:
+        trace.stop_reason = "stopped"
+        # a partial snapshot has no output list yet: the committed tokens so far (replay checks this)
+        trace.output_token_ids = [t for st in trace.steps for t in st.committed_token_ids]
+        state = dict(state, trace=trace.to_dict(), baseline=None)  # no_baseline: set by the run for this case
+    return full_outputs(f"**stopped** · after {len(trace.steps)} steps, {num_tokens(trace)} tokens", trace, state)
