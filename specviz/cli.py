@@ -2,7 +2,8 @@
 
 Commands: ``generate`` (one request, printed by token fate), ``app`` (the web app, options as
 ``app.py``: see :mod:`specviz.ui.launch`), ``train`` (the demo-model recipe, options as
-``python -m specviz.train``).
+``python -m specviz.train``), ``convert DIR`` (a head's pickled ``.bin`` / ``.pt`` weights to
+safetensors beside them: :mod:`specviz.heads.formats.convert`).
 
 ``generate`` prints the output with each token coloured by its fate (ANSI): accepted draft tokens
 green, rejected draft tokens red and struck through where they were proposed, recovered tokens
@@ -66,7 +67,7 @@ def format_metrics(trace: Trace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specviz", description="specviz: run speculative decoding and see what "
-                                 "happened inside (commands: app, generate, compare, train)")
+                                 "happened inside (commands: app, generate, compare, train, convert)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("app", help="serve the web app (specviz app --help for its options)", add_help=False)
     sub.add_parser("train", help="train the demo models (specviz train --help for its options)", add_help=False)
@@ -147,6 +148,10 @@ def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
     return on_draft, on_verified
 def _compare_parser(sub: Any) -> None:
     """``compare``: many configurations on the same prompts -> DIR/compare.csv, .json, .html."""
+    v = sub.add_parser("convert", help="write safetensors beside a head's .bin / .pt weights (read with "
+                       "torch.load(weights_only=True)), so that specviz can load it")
+    v.add_argument("directory", help="the head directory")
+    v.add_argument("--overwrite", action="store_true", help="replace existing .safetensors files")
     c = sub.add_parser("compare", help="run several methods on the same prompts; write CSV, JSON and an HTML report")
     c.add_argument("--target", default=None, help="target model dir (default: bundled demo target)")
     c.add_argument("--draft", default=None, help="draft model dir (method draft_model)")
@@ -190,6 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         from .compare_cli import compare_main
 
         return compare_main(args)
+    if args.command == "convert":
+        from .heads.formats.convert import convert_dir
+
+        try:
+            for out in convert_dir(args.directory, overwrite=args.overwrite):
+                print(f"wrote {out}")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     from .engine import SpecDecoder
     from .events import DraftProposed, EventBus, StepVerified
 

@@ -233,8 +233,9 @@ class SpecDecoder:
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
         draft, and the bundled EAGLE heads ``assets/models/specviz-eagle`` / ``specviz-eagle3``
-        when present; ``specviz-dflash`` likewise). heads: {"eagle" | "eagle3" | "dflash": head directory}
-        (:func:`specviz.heads.load_head`, :func:`specviz.heads.dflash.load_dflash`: config.json + safetensors),
+        when present; ``specviz-dflash`` likewise). heads: {method: head directory} in specviz's format or a
+        published layout (:func:`specviz.heads.formats.load_head_dir`: EAGLE, EAGLE-3, Medusa, DFlash as
+        SafeAILab, SpecForge, speculators, FasterDecoding, vLLM, z-lab write them; safetensors only),
         loaded onto the target; a method whose head is absent raises
         ValueError when asked for. device None -> CUDA if available else CPU; dtype None -> bf16
         on CUDA, fp32 on CPU.
@@ -677,6 +678,7 @@ class SpecDecoder:
             head_cfg = self.heads[cfg.method].config
             d["head"] = {"path": self.names.get(f"{cfg.method}_head", ""), "kind": head_cfg.kind,
                          "aux_layer_ids": list(getattr(head_cfg, "aux_layer_ids", ()))}
+            d["head"].update(getattr(self.heads[cfg.method], "source", None) or {})  # its layout (heads.formats)
             if head_cfg.kind == "dflash":
                 d["head"].update(target_layer_ids=list(head_cfg.target_layer_ids), block_size=head_cfg.block_size,
                                  num_layers=head_cfg.num_layers, mask_token_id=head_cfg.mask_token_id)
@@ -746,18 +748,14 @@ def _load_heads(dirs: dict[str, Any], target_model: torch.nn.Module,
                 explicit: set[str]) -> tuple[dict[str, torch.nn.Module], dict[str, str]]:
     """Load each head directory onto the target. A head asked for explicitly (``explicit``) that
     fails raises :class:`ModelLoadError`; a bundled one that fails is left out, its reason kept."""
-    from .heads import load_head
-    from .heads.dflash import load_dflash
+    from .heads.formats import load_head_dir  # specviz's own format and the published layouts
 
     loaded, errors = {}, {}
     for kind, directory in dirs.items():
         if kind not in DEFAULT_HEADS:
             raise ValueError(f"unknown head kind {kind!r} in heads=; use one of {', '.join(DEFAULT_HEADS)}")
         try:
-            head = (load_dflash if kind == "dflash" else load_head)(directory, target_model)
-            if head.config.kind != kind:
-                raise ValueError(f"the head in {directory} is an {head.config.kind!r} head, not {kind!r}")
-            loaded[kind] = head
+            loaded[kind] = load_head_dir(directory, target_model, kind)
         except ValueError as exc:
             if kind in explicit:
                 raise ModelLoadError(f"could not load the {kind} head {str(directory)!r}: {exc}") from exc
