@@ -65,6 +65,21 @@ def format_metrics(trace: Trace) -> str:
     return "\n".join(lines)
 
 
+def head_specs(values: list[str]) -> dict[str, str]:
+    """``--head METHOD=DIR`` values -> {method: directory}. Raises ValueError for a value without "=",
+    an empty side, or a method given twice."""
+    heads: dict[str, str] = {}
+    for value in values or ():
+        method, sep, directory = str(value).partition("=")
+        method, directory = method.strip(), directory.strip()
+        if not sep or not method or not directory:
+            raise ValueError(f"--head {value!r}: write METHOD=DIR, e.g. --head eagle3=/models/EAGLE3-LLaMA3.1-8B")
+        if method in heads:
+            raise ValueError(f"--head gives method {method!r} twice")
+        heads[method] = directory
+    return heads
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specviz", description="specviz: run speculative decoding and see what "
                                  "happened inside (commands: app, generate, compare, train, convert)")
@@ -82,6 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--dflash-head", default=None, help="DFlash drafter dir (config.json + safetensors), method dflash")
     g.add_argument("--medusa-head", default=None, help="Medusa heads dir (config.json + safetensors), method medusa")
     g.add_argument("--mtp-head", default=None, help="Gemma-4-style MTP head dir (config.json + safetensors), method mtp")
+    g.add_argument("--head", action="append", default=[], metavar="METHOD=DIR",
+                   help="a head for METHOD (eagle, eagle3, medusa, dflash, mtp), repeatable: specviz's format or a "
+                   "published layout (SafeAILab, SpecForge, speculators, FasterDecoding, vLLM, z-lab), detected from "
+                   "the files; .bin / .pt weights need `specviz convert DIR` first")
     g.add_argument("--prompt", required=True)
     g.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
     g.add_argument("--verify", default=None, help="greedy | standard | block | synthetic | typical (typical: Medusa's "
@@ -212,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         given = (("eagle", args.eagle_head), ("eagle3", args.eagle3_head), ("dflash", args.dflash_head),
                  ("medusa", args.medusa_head), ("mtp", args.mtp_head))
         heads = {kind: d for kind, d in given if d}
+        heads.update(head_specs(args.head))
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
                                               runner=args.runner, heads=heads or None)
         bus = EventBus()

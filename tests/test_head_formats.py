@@ -324,3 +324,21 @@ def test_planted_medusa_token_map_ignored_fails(layouts, dec, monkeypatch):
     head = load_head_dir(directory, dec.target_model, "medusa")
     with with_head(dec, "medusa", head):
         assert mismatches(dec, "medusa", reference)[1]
+
+
+def test_cli_and_app_take_head_method_dir(layouts, target_dir, capsys):
+    """``--head METHOD=DIR`` (repeatable) in ``specviz generate`` and the app's options; a bad value is refused."""
+    from helpers import cli_args
+
+    from specviz.cli import head_specs, main
+    from specviz.ui.launch import parse_args
+
+    e3, med = str(layouts["eagle3-specforge"][1]), str(layouts["medusa-vllm"][1])
+    assert main(cli_args(target_dir, 3, "--method", "eagle3", "--head", f"eagle3={e3}", "--head", f"medusa={med}")) == 0
+    assert "mean acceptance length" in capsys.readouterr().out
+    assert parse_args(["--head", f"eagle3={e3}"]).heads == {"eagle3": e3}
+    for bad in (["eagle3"], ["=x"], ["eagle3=a", "eagle3=b"]):
+        with pytest.raises(ValueError, match="--head"):
+            head_specs(bad)
+    assert main(cli_args(target_dir, 3, "--method", "eagle3", "--head", "eagle3")) == 2
+    assert "METHOD=DIR" in capsys.readouterr().err

@@ -22,7 +22,8 @@ def head_source_html(trace: Trace) -> str:
              + (f" from <code>{html.escape(str(rec['path']))}</code>" if rec.get("path") else "")]
     lines += _eagle1(rec) + _eagle3(rec) + _medusa(rec) + _dflash(rec)
     body = "<br>".join(lines)
-    return f"<p class='sv-head-source' style='font-size:12px;color:#4b5563;margin:4px 0'>Head: {body}</p>"
+    return (f"<p class='sv-head-source' style='font-size:12px;color:#4b5563;margin:4px 0;overflow-wrap:anywhere'>"
+            f"Head: {body}</p>")  # long paths wrap inside the half-page panel
 
 
 def _vocab(rec: dict[str, Any]) -> list[str]:

@@ -39,7 +39,7 @@ def load_head_dir(directory: str | os.PathLike, target, kind: str | None = None,
     ckpt = read_checkpoint(directory)
     layout = detect(ckpt)
     if layout in ("specviz-head-v1", "specviz-dflash-v1"):
-        head = _load_own(ckpt, layout, target, dtype)
+        head = _load_own(ckpt, layout, target, dtype, kind)
     else:
         if kind is not None and KIND_OF[layout] != kind:
             raise ValueError(f"{directory} holds a {KIND_OF[layout]!r} head ({layout} layout), not {kind!r}")
@@ -60,11 +60,13 @@ def load_head_dir(directory: str | os.PathLike, target, kind: str | None = None,
     return head
 
 
-def _load_own(ckpt: Checkpoint, layout: str, target, dtype):
-    """specviz's own formats, through their own loaders (strict, safetensors)."""
+def _load_own(ckpt: Checkpoint, layout: str, target, dtype, kind: str | None):
+    """specviz's own formats, through their own loaders (strict, safetensors), chosen by the method asked for
+    (their own errors say when the file is of the other format)."""
     from ..dflash import load_dflash
     from ..io import load_head
 
-    head = (load_dflash if layout == "specviz-dflash-v1" else load_head)(ckpt.directory, target, dtype)
+    dflash = kind == "dflash" if kind is not None else layout == "specviz-dflash-v1"
+    head = (load_dflash if dflash else load_head)(ckpt.directory, target, dtype)
     head.source = {"format": layout, "source": "specviz", "path": str(ckpt.directory)}
     return head
