@@ -342,3 +342,75 @@ def test_cli_and_app_take_head_method_dir(layouts, target_dir, capsys):
             head_specs(bad)
     assert main(cli_args(target_dir, 3, "--method", "eagle3", "--head", "eagle3")) == 2
     assert "METHOD=DIR" in capsys.readouterr().err
+
+
+# ---- specviz's own heads written in the published layouts ---------------------------------------------------
+def _random_specviz_head(kind, target, seed, **kw):
+    """A specviz head of ``kind`` on ``target`` with every parameter perturbed (norm weights away from 1,
+    Medusa's zero-initialised ResBlocks non-zero), so that a dropped or misplaced tensor changes the drafts."""
+    from specviz.heads import build_head, head_config_from_target
+    from specviz.heads.dflash import DFlashHead, dflash_config_from_target
+    from specviz.heads.medusa import MedusaHead, medusa_config_from_target
+
+    torch.manual_seed(seed)
+    if kind == "medusa":
+        head = MedusaHead(medusa_config_from_target(target.config, num_heads=3, **kw))
+    elif kind == "dflash":
+        head = DFlashHead(dflash_config_from_target(target.config, num_layers=2, block_size=4, **kw))
+    else:
+        head = build_head(head_config_from_target(target.config, kind, **kw))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return head.attach(target).eval()
+
+
+@pytest.mark.parametrize("kind,layout", [("eagle", "eagle-safeailab"), ("eagle3", "eagle3-speculators"),
+                                         ("medusa", "medusa2-fasterdecoding"), ("dflash", "dflash-zlab")])
+def test_specviz_heads_written_in_published_layouts_draft_the_same(dec, root, kind, layout):
+    """save_published writes the field's layout (detected as such on reading), and the head read back drafts
+    exactly what the original drafts at every step."""
+    from specviz.heads.formats.export import save_published
+
+    head = _random_specviz_head(kind, dec.target_model, seed=20)
+    out = save_published(head, root / f"export-{kind}", dtype=torch.float32)
+    assert out["layout"] == layout and formats.layout_of(root / f"export-{kind}") == layout
+    back = load_head_dir(root / f"export-{kind}", dec.target_model, kind)
+    runs = []
+    for h in (head, back):
+        with with_head(dec, kind, h):
+            runs.append(dec.generate(PROMPT, method=kind, num_speculative_tokens=3, max_new_tokens=NEW))
+    assert [s.draft_token_ids for s in runs[0].steps] == [s.draft_token_ids for s in runs[1].steps]
+    assert sum(len(s.draft_token_ids) for s in runs[0].steps) >= 8
+
+
+def test_exported_eagle3_matches_the_reference_and_merges_taps(dec, root):
+    """An EAGLE-3 head with taps out of layer order and repeated is written with sorted, distinct taps (fc's
+    blocks permuted and summed: exact); the file drafts what the public code's forward drafts."""
+    from safetensors.torch import load_file
+
+    from specviz.heads.formats.export import save_published
+
+    head = _random_specviz_head("eagle3", dec.target_model, seed=21, aux_layer_ids=(5, 2, 5))
+    save_published(head, root / "export-e3-taps", dtype=torch.float32)
+    W = load_file(str(root / "export-e3-taps" / "model.safetensors"))
+    assert W["fc.weight"].shape == (R.HIDDEN, 2 * R.HIDDEN)
+    ref = R.EagleReference(W, dec.target_model, eagle3=True, taps=[2, 5], prefix="layers.0.", eps=1e-6,
+                           base=R.TARGET_ROPE)  # specviz builds its heads with the target's RoPE
+    with with_head(dec, "eagle3", head):
+        assert not mismatches(dec, "eagle3", ref)[1]
+
+
+def test_unrepresentable_heads_are_refused(dec, root):
+    """FasterDecoding repeats one ResBlock per head: a head whose two ResBlocks differ is refused; MTP has no
+    published layout; the recipe's copy then records why instead of failing."""
+    from specviz.heads.formats.export import save_published, save_published_beside
+
+    medusa = _random_specviz_head("medusa", dec.target_model, seed=22, num_layers=2)
+    with pytest.raises(ValueError, match="ResBlocks differ"):
+        save_published(medusa, root / "export-medusa2")
+    assert "ResBlocks differ" in save_published_beside(medusa, root, "m2")["not_written"]
+    with torch.no_grad():
+        for block in medusa.blocks:
+            block[1].linear.load_state_dict(block[0].linear.state_dict())
+    assert save_published(medusa, root / "export-medusa2")["layout"] == "medusa2-fasterdecoding"
