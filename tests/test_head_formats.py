@@ -414,3 +414,18 @@ def test_unrepresentable_heads_are_refused(dec, root):
         for block in medusa.blocks:
             block[1].linear.load_state_dict(block[0].linear.state_dict())
     assert save_published(medusa, root / "export-medusa2")["layout"] == "medusa2-fasterdecoding"
+
+
+def test_recipe_writes_the_published_layout_beside(tmp_path, dec):
+    """The heads recipe saves specviz's format and, at OUT/published/NAME, the field's layout, which loads."""
+    import dataclasses
+
+    import specviz.train.heads as train_heads_mod
+
+    target = dec.target_model
+    w = torch.randint(0, target.config.vocab_size, (8, 17))
+    cfg = dataclasses.replace(train_heads_mod.SMOKE["eagle3"], steps=2, eval_windows=2)
+    log = train_heads_mod.train_eagle3(target, w, w[:2], "cpu", tmp_path, config=cfg)
+    pub = log["saved"]["published"]
+    assert pub["layout"] == "eagle3-speculators" and pub["dir"] == str(tmp_path / "published" / "specviz-eagle3")
+    assert load_head_dir(pub["dir"], target, "eagle3").source["format"] == "eagle3-speculators"
