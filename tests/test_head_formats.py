@@ -429,3 +429,21 @@ def test_recipe_writes_the_published_layout_beside(tmp_path, dec):
     pub = log["saved"]["published"]
     assert pub["layout"] == "eagle3-speculators" and pub["dir"] == str(tmp_path / "published" / "specviz-eagle3")
     assert load_head_dir(pub["dir"], target, "eagle3").source["format"] == "eagle3-speculators"
+
+
+def test_reduced_vocabulary_head_in_trees_and_sampling(layouts, dec, plain):
+    """An EAGLE-3 head with 64 draft tokens drives EAGLE-2 trees (greedy = plain greedy; every node a draft-vocabulary
+    id) and sampled chains (q is zero off the draft vocabulary, so every drafted token is in it)."""
+    _, directory, W, _ = layouts["eagle3-safeailab"]
+    allowed = {i + int(W["d2t"][i]) for i in range(64)}
+    head = load_head_dir(directory, dec.target_model, "eagle3")
+    with with_head(dec, "eagle3", head):
+        tree = dec.generate(PROMPT, method="eagle3", eagle_tree_top_k=3, eagle_tree_depth=2, eagle_tree_total_tokens=8,
+                            max_new_tokens=NEW)
+        sampled = dec.generate(PROMPT, method="eagle3", num_speculative_tokens=3, temperature=0.8, seed=1,
+                               verify="standard", max_new_tokens=NEW)
+    assert tree.output_token_ids == plain
+    assert all(n.token_id in allowed for st in tree.steps for n in st.nodes)
+    assert any(st.nodes for st in tree.steps)
+    assert all(t in allowed for st in sampled.steps for t in st.draft_token_ids)
+    assert len(sampled.output_token_ids) == NEW
