@@ -447,3 +447,17 @@ def test_reduced_vocabulary_head_in_trees_and_sampling(layouts, dec, plain):
     assert any(st.nodes for st in tree.steps)
     assert all(t in allowed for st in sampled.steps for t in st.draft_token_ids)
     assert len(sampled.output_token_ids) == NEW
+
+
+def test_static_runner_drafts_as_the_eager_one(layouts, target_dir, dec, plain):
+    """The static runner's head runners (slot cache, padded first passes) draft exactly as the eager ones with
+    published heads (an EAGLE-3 with a reduced vocabulary, DFlash, vLLM Medusa)."""
+    heads = {m: str(layouts[name][1]) for name, m in (("eagle3-speculators", "eagle3"), ("dflash-zlab", "dflash"),
+                                                       ("medusa-vllm", "medusa"))}
+    static = SpecDecoder.from_pretrained(target_dir, device="cpu", dtype="float32", runner="static", heads=heads)
+    for method in heads:
+        got = static.generate(PROMPT, method=method, num_speculative_tokens=3, max_new_tokens=NEW)
+        assert got.output_token_ids == plain, method
+        with with_head(dec, method, load_head_dir(heads[method], dec.target_model, method)):
+            want = dec.generate(PROMPT, method=method, num_speculative_tokens=3, max_new_tokens=NEW)
+        assert [s.draft_token_ids for s in got.steps] == [s.draft_token_ids for s in want.steps], method
