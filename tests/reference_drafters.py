@@ -324,14 +324,15 @@ def reduced_vocab(seed, size=64):
     return d2t, t2d
 
 
-def eagle1_safeailab(path, target, seed=0):
-    """SafeAILab EAGLE-1: ``fc`` [H, 2H] with bias, ``layers.0.*`` without input norm, the target's embedding
-    copied in, ``"bias": true``, no rope_theta (base 10000); shipped as pytorch_model.bin."""
+def eagle1_safeailab(path, target, seed=0, bias=True, pickle=True):
+    """SafeAILab EAGLE-1: ``fc`` [H, 2H] with a bias (``"bias": true``; LLaMA-3 heads: ``"bias": false`` and none),
+    ``layers.0.*`` without input norm, the target's embedding copied in, no rope_theta (base 10000); shipped as
+    pytorch_model.bin."""
     torch.manual_seed(seed)
     W = {"embed_tokens.weight": target.get_input_embeddings().weight.detach().clone(), "fc.weight": _w(HIDDEN, 2 * HIDDEN),
-         "fc.bias": _w(HIDDEN), **_attn("layers.0.self_attn.", HIDDEN), **_mlp("layers.0.mlp."),
+         **({"fc.bias": _w(HIDDEN)} if bias else {}), **_attn("layers.0.self_attn.", HIDDEN), **_mlp("layers.0.mlp."),
          "layers.0.post_attention_layernorm.weight": _norm(HIDDEN)}
-    return write(path, _llama_fields(bias=True), W, "pytorch_model.bin", pickle=True)
+    return write(path, _llama_fields(bias=bias), W, "pytorch_model.bin" if pickle else "model.safetensors", pickle=pickle)
 
 
 def _eagle3_core(prefix, seed, draft_vocab, taps=3):

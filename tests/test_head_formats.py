@@ -461,3 +461,18 @@ def test_static_runner_drafts_as_the_eager_one(layouts, target_dir, dec, plain):
         with with_head(dec, method, load_head_dir(heads[method], dec.target_model, method)):
             want = dec.generate(PROMPT, method=method, num_speculative_tokens=3, max_new_tokens=NEW)
         assert [s.draft_token_ids for s in got.steps] == [s.draft_token_ids for s in want.steps], method
+
+
+def test_eagle1_without_fc_bias(root, dec):
+    """A LLaMA-3-style SafeAILab head ("bias": false, no fc.bias) drafts as the reference; a config that says
+    bias=true over a file without fc.bias is refused (SafeAILab would leave a random bias)."""
+    tm = dec.target_model
+    W = R.eagle1_safeailab(root / "e1-nobias", tm, seed=13, bias=False, pickle=False)
+    head = load_head_dir(root / "e1-nobias", tm, "eagle")
+    assert not head.config.fc_bias and head.fc.bias is None
+    with with_head(dec, "eagle", head):
+        assert not mismatches(dec, "eagle", R.EagleReference(W, tm, eagle3=False, prefix="layers.0."))[1]
+    cfg = R._llama_fields(bias=True)
+    R.write(root / "e1-bad-bias", cfg, W)
+    with pytest.raises(ValueError, match="bias=True but the file has no fc.bias"):
+        load_head_dir(root / "e1-bad-bias", tm, "eagle")
