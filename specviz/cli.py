@@ -2,7 +2,8 @@
 
 Commands: ``generate`` (one request, printed by token fate), ``app`` (the web app, options as
 ``app.py``: see :mod:`specviz.ui.launch`), ``train`` (the demo-model recipe, options as
-``python -m specviz.train``).
+``python -m specviz.train``), ``convert DIR`` (a head's pickled ``.bin`` / ``.pt`` weights to
+safetensors beside them: :mod:`specviz.heads.formats.convert`).
 
 ``generate`` prints the output with each token coloured by its fate (ANSI): accepted draft tokens
 green, rejected draft tokens red and struck through where they were proposed, recovered tokens
@@ -18,6 +19,7 @@ import sys
 from typing import Any
 
 from . import methods
+from .cli_args import add_head_arguments, heads_from_args
 from .trace import Trace
 from .tree import DraftTree
 
@@ -68,7 +70,7 @@ def format_metrics(trace: Trace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specviz", description="specviz: run speculative decoding and see what "
-                                 "happened inside (commands: app, generate, compare, train)")
+                                 "happened inside (commands: app, generate, compare, train, convert)")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("app", help="serve the web app (specviz app --help for its options)", add_help=False)
     sub.add_parser("train", help="train the demo models (specviz train --help for its options)", add_help=False)
@@ -106,32 +108,6 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--color", action="store_true", help="ANSI colours even when stdout is not a terminal")
     _compare_parser(sub)
     return ap
-
-
-def add_head_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--head METHOD=DIR`` (repeatable) and ``--<method>-head DIR`` for every registered method with a head."""
-    parser.add_argument("--head", action="append", default=[], metavar="METHOD=DIR",
-                        help="a head directory for a method (repeatable), e.g. --head eagle3=DIR")
-    for m in methods.all_methods():
-        if m.head is not None:
-            parser.add_argument(f"--{m.name.replace('_', '-')}-head", dest=f"head_{m.name}", default=None,
-                                metavar="DIR", help=f"{m.head.what} directory (method {m.name})")
-
-
-def heads_from_args(args: Any) -> dict[str, str]:
-    """{method: directory} from ``--head METHOD=DIR`` and ``--<method>-head``. Raises ValueError for a malformed
-    --head or a method without a head."""
-    heads = {m.name: getattr(args, f"head_{m.name}") for m in methods.all_methods()
-             if m.head is not None and getattr(args, f"head_{m.name}", None)}
-    for item in getattr(args, "head", None) or []:
-        name, sep, directory = str(item).partition("=")
-        if not sep or not name.strip() or not directory.strip():
-            raise ValueError(f"--head takes METHOD=DIR, got {item!r}")
-        if name.strip() not in methods.names() or methods.get(name.strip()).head is None:
-            takers = ", ".join(m.name for m in methods.all_methods() if m.head is not None)
-            raise ValueError(f"--head {item!r}: {name.strip()!r} is not a method with a head; use one of {takers}")
-        heads[name.strip()] = directory.strip()
-    return heads
 
 
 def add_option_arguments(parser: argparse.ArgumentParser, app_defaults: bool = False) -> None:
@@ -186,6 +162,10 @@ def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
     return on_draft, on_verified
 def _compare_parser(sub: Any) -> None:
     """``compare``: many configurations on the same prompts -> DIR/compare.csv, .json, .html."""
+    v = sub.add_parser("convert", help="write safetensors beside a head's .bin / .pt weights (read with "
+                       "torch.load(weights_only=True)), so that specviz can load it")
+    v.add_argument("directory", help="the head directory")
+    v.add_argument("--overwrite", action="store_true", help="replace existing .safetensors files")
     c = sub.add_parser("compare", help="run several methods on the same prompts; write CSV, JSON and an HTML report")
     c.add_argument("--target", default=None, help="target model dir (default: bundled demo target)")
     c.add_argument("--draft", default=None, help="draft model dir (method draft_model)")
@@ -229,6 +209,16 @@ def main(argv: list[str] | None = None) -> int:
         from .compare.cli import compare_main
 
         return compare_main(args)
+    if args.command == "convert":
+        from .heads.formats.convert import convert_dir
+
+        try:
+            for out in convert_dir(args.directory, overwrite=args.overwrite):
+                print(f"wrote {out}")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     from .engine import SpecDecoder
     from .events import DraftProposed, EventBus, StepVerified
 

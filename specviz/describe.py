@@ -30,7 +30,7 @@ def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
     if method.head is not None and cfg.method in decoder.heads:
         head = decoder.heads[cfg.method]
         d["head"] = {"path": names.get(f"{cfg.method}_head", ""), "kind": getattr(head.config, "kind", cfg.method),
-                     **method.head.describe(head)}
+                     **method.head.describe(head), **(getattr(head, "source", None) or {})}  # its published layout
     return d
 
 

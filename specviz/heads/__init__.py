@@ -3,6 +3,8 @@
 No gradio / plotly here. Interface (shapes, dtypes, the step API): :mod:`specviz.heads.modules`.
 Features a head reads from a target forward: :mod:`specviz.heads.features`.
 Hidden-state dumps (vLLM ``extract_hidden_states`` counterpart): :mod:`specviz.heads.extract`.
+Heads in the layouts the field publishes (SafeAILab, SpecForge, speculators, FasterDecoding, vLLM, z-lab),
+recognised from their files and normalised at load, and written back out: :mod:`specviz.heads.formats`.
 """
 
 from specviz.heads.config import HEAD_DIRS, HeadConfig, check_matches_target, default_aux_layer_ids, head_config_from_target

@@ -42,6 +42,21 @@ class HeadConfig(JsonConfig):
     target_num_hidden_layers: L of the target the head was built for.
     aux_layer_ids:            EAGLE-3 taps (HF ``hidden_states`` indices, each in [0, L)); () for EAGLE-1.
     fc_bias:                  bias of the fusion fc (EAGLE-1 reference: True; EAGLE-3: False).
+
+    Published layouts (:mod:`specviz.heads.formats`) also set:
+
+    draft_vocab_size:         rows V_d of the head's OWN LM head (EAGLE-3 as published); None: the
+                              target's LM head (specviz's trained heads). V_d < V needs ``draft_to_target``
+                              (absolute target ids, a buffer of the head): logits outside it are -inf.
+    own_embedding:            the head keeps its own input embedding [V, d] (a published head whose copy
+                              differs from the target's); False: the target's, shared.
+    qkv_bias, o_bias:         biases of the attention projections (SafeAILab ``qkv_bias``).
+    norm_before_residual:     EAGLE-3: the residual is hidden_norm(h), not h (speculators / vLLM flag).
+    fc_norm:                  EAGLE-3: one RMSNorm per tap before fc (SpecForge / speculators ``fc_norm``).
+    norm_before_fc:           EAGLE-3: one RMSNorm over the concatenated taps before fc (speculators).
+    norm_logits:              EAGLE-3: ``norm`` before the LM head (SafeAILab always; SpecForge ``norm_output``).
+    feed_normed:              EAGLE-3: the fed-back hidden is norm(h), and the logits read it (speculators /
+                              vLLM ``norm_output``, "EAGLE 3.1"); False: the pre-norm h.
     """
 
     LABEL: ClassVar[str] = "head"
@@ -59,10 +74,29 @@ class HeadConfig(JsonConfig):
     aux_layer_ids: tuple[int, ...] = ()
     fc_bias: bool = True
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    draft_vocab_size: int | None = None
+    own_embedding: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    norm_before_residual: bool = False
+    fc_norm: bool = False
+    norm_before_fc: bool = False
+    norm_logits: bool = True
+    feed_normed: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"head kind {self.kind!r} is not one of {KINDS}")
+        if self.kind == "eagle":
+            eagle3_only = [name for name in ("draft_vocab_size", "norm_before_residual", "fc_norm", "norm_before_fc",
+                                             "feed_normed") if getattr(self, name)]
+            if eagle3_only or not self.norm_logits:
+                raise ValueError(f"an eagle (EAGLE-1) head has no own LM head or EAGLE-3 norms; got "
+                                 f"{eagle3_only or ['norm_logits=False']}")
+        if self.fc_norm and self.norm_before_fc:
+            raise ValueError("fc_norm (a norm per tap) and norm_before_fc (one norm over all taps) exclude each other")
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]")
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
         if self.kind == "eagle3" and len(self.aux_layer_ids) < 1:
             raise ValueError("an eagle3 head needs aux_layer_ids (e.g. (2, L//2, L-3))")

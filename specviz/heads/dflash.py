@@ -78,6 +78,7 @@ class DFlashConfig(JsonConfig):
     target_layer_ids: the target layers whose OUTPUTS are fused (each in [0, L_t - 2]).
     block_size:       B; a block is [root, MASK x (B - 1)], so num_speculative_tokens <= B - 1.
     mask_token_id:    MASK's token id (specviz: the target's pad id).
+    attention_bias:   q/k/v/o projections with biases (Qwen3's ``attention_bias``; z-lab layout).
     """
 
     LABEL: ClassVar[str] = "DFlash"
@@ -98,6 +99,7 @@ class DFlashConfig(JsonConfig):
     mask_token_id: int = 1
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     kind: str = KIND
+    attention_bias: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -188,10 +190,11 @@ class DFlashLayer(nn.Module):
         super().__init__()
         d, hd, H, Hkv = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads
         self.shape = (H, Hkv, hd)
-        self.q_proj = nn.Linear(d, H * hd, bias=False)
-        self.k_proj = nn.Linear(d, Hkv * hd, bias=False)
-        self.v_proj = nn.Linear(d, Hkv * hd, bias=False)
-        self.o_proj = nn.Linear(H * hd, d, bias=False)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(d, H * hd, bias=bias)
+        self.k_proj = nn.Linear(d, Hkv * hd, bias=bias)
+        self.v_proj = nn.Linear(d, Hkv * hd, bias=bias)
+        self.o_proj = nn.Linear(H * hd, d, bias=bias)
         self.q_norm = LlamaRMSNorm(hd, eps=cfg.rms_norm_eps)
         self.k_norm = LlamaRMSNorm(hd, eps=cfg.rms_norm_eps)
         self.input_layernorm = LlamaRMSNorm(d, eps=cfg.rms_norm_eps)
@@ -330,7 +333,8 @@ def save_dflash(head: DFlashHead, directory: str | os.PathLike, dtype: torch.dty
     """Write config.json and model.safetensors (the head's own parameters, cast to ``dtype``)."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()  # id maps stay int64
+             for k, v in head.state_dict().items()}
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt", "kind": KIND})
     (path / CONFIG_NAME).write_text(head.config.to_json())
     return [CONFIG_NAME, WEIGHTS_NAME]

@@ -31,7 +31,8 @@ def save_head(head, directory: str | os.PathLike, dtype: torch.dtype = torch.bfl
     into ``directory`` (created). Returns the file names written."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()  # id maps stay int64
+             for k, v in head.state_dict().items()}
     save_file(state, str(path / WEIGHTS_NAME), metadata={"format": "pt", "kind": head.config.kind})
     (path / CONFIG_NAME).write_text(head.config.to_json())
     return [CONFIG_NAME, WEIGHTS_NAME]

@@ -29,6 +29,7 @@ from specviz.heads.losses import soft_cross_entropy
 
 FORMAT = "specviz-head-v1"
 DEFAULT_NUM_HEADS = 4
+LM_HEADS = ("target", "per_head", "shared")
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class MedusaConfig(JsonConfig):
     kind: "medusa". hidden_size: d (the target's). vocab_size: V (the target's).
     num_heads: K, head i predicts x_{t+2+i}. num_layers: ResBlocks per head (Medusa's
     ``medusa_num_layers``, 1). target_num_hidden_layers: L of the target it was built for.
+
+    Published layouts (:mod:`specviz.heads.formats`) also set:
+    fc_bias:          the ResBlocks' linears have a bias (FasterDecoding: yes; vLLM: ``medusa_fc_bias``).
+    lm_heads:         "target" (the target's LM head: specviz, Medusa-2), "per_head" (one own LM head per
+                      head: Medusa-1, vLLM) or "shared" (one own LM head for all: vLLM ``original_lm_head``).
+    head_vocab_size:  rows of the own LM heads (vLLM ``truncated_vocab_size``); None = V. Fewer than V
+                      needs the buffer ``token_map`` (int64, row -> target id); logits elsewhere are -inf.
     """
 
     LABEL: ClassVar[str] = "medusa"
@@ -48,10 +56,19 @@ class MedusaConfig(JsonConfig):
     target_num_hidden_layers: int
     num_heads: int = DEFAULT_NUM_HEADS
     num_layers: int = 1
+    fc_bias: bool = True
+    lm_heads: str = "target"
+    head_vocab_size: int | None = None
 
     def __post_init__(self):
         if self.kind != "medusa":
             raise ValueError(f"a MedusaConfig has kind 'medusa', got {self.kind!r}")
+        if self.lm_heads not in LM_HEADS:
+            raise ValueError(f"lm_heads must be one of {LM_HEADS}, got {self.lm_heads!r}")
+        if self.head_vocab_size is not None and (self.lm_heads == "target"
+                                                 or not 1 <= self.head_vocab_size <= self.vocab_size):
+            raise ValueError(f"head_vocab_size {self.head_vocab_size} needs own LM heads and must be in "
+                             f"[1, {self.vocab_size}]")
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}")
 
@@ -87,11 +104,12 @@ def check_medusa_matches(cfg: MedusaConfig, target_config) -> None:
 class ResBlock(nn.Module):
     """Medusa's ``ResBlock``: x + SiLU(Linear(d, d)(x)), the linear zero-initialised (identity at start)."""
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, bias: bool = True):
         super().__init__()
-        self.linear = nn.Linear(d, d)
+        self.linear = nn.Linear(d, d, bias=bias)
         nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
+        if bias:
+            nn.init.zeros_(self.linear.bias)
 
     def forward(self, x):
         return x + F.silu(self.linear(x))
@@ -101,15 +119,23 @@ class MedusaHead(SharedTargetMixin, nn.Module):
     """K Medusa heads over the target's frozen LM head (not a submodule: never trained or saved).
 
     ``head(features)``: features float [..., d] = f_t (final-norm) -> logits float32 [K, ..., V];
-    ``logits[i]`` predicts x_{t+2+i}. Features are cast to the head's dtype.
+    ``logits[i]`` predicts x_{t+2+i}. Features are cast to the head's dtype. With own LM heads
+    (``config.lm_heads``) over a truncated vocabulary, logits outside ``token_map`` are -inf.
     """
 
     def __init__(self, config: MedusaConfig, target=None):
         super().__init__()
         self.config = config
         d = config.hidden_size
-        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(d) for _ in range(config.num_layers)])
+        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(d, config.fc_bias) for _ in range(config.num_layers)])
                                     for _ in range(config.num_heads))
+        rows = config.head_vocab_size or config.vocab_size
+        own = {"target": 0, "per_head": config.num_heads, "shared": 1}[config.lm_heads]
+        self.own_lm_heads = nn.ModuleList(nn.Linear(d, rows, bias=False) for _ in range(own)) if own else None
+        if rows < config.vocab_size:  # row -> target id; arange until a loader fills it (specviz.heads.formats)
+            self.register_buffer("token_map", torch.arange(rows))
+        else:
+            self.token_map = None
         self._shared = None  # (embedding, LM head) of the target: SharedTargetMixin.attach
         if target is not None:
             self.attach(target)
@@ -130,8 +156,15 @@ class MedusaHead(SharedTargetMixin, nn.Module):
         if features.shape[-1] != self.config.hidden_size:
             raise ValueError(f"medusa head: features must be [..., {self.config.hidden_size}] (the final-norm f_t), "
                              f"got {tuple(features.shape)}")
-        lm = self.lm_head
-        return lm(self.blocks[i](features.to(self.dtype)).to(lm.weight.dtype))
+        if self.own_lm_heads is None:
+            lm = self.lm_head
+        else:
+            lm = self.own_lm_heads[i if self.config.lm_heads == "per_head" else 0]
+        z = lm(self.blocks[i](features.to(self.dtype)).to(lm.weight.dtype))  # [..., V or V_trunc]
+        if self.token_map is None:
+            return z
+        full = z.new_full((*z.shape[:-1], self.config.vocab_size), float("-inf"))  # vLLM: -inf off the map
+        return full.index_copy(z.dim() - 1, self.token_map, z)
 
 
 def medusa_loss(head: MedusaHead, final: torch.Tensor, target_logits: torch.Tensor, decay: float = 0.8):

@@ -47,6 +47,13 @@ Step API (the proposer drives it; identical for both heads)::
     returns      hidden float [B, T, d] (the head's dtype; fed back as the next feature) and
                  logits float32 [B, T, V] (predicting x_{j+2}); the leading B is dropped for 2-D inputs.
 
+Published layouts (:mod:`specviz.heads.formats`) add options to both heads, set in the config
+(:class:`~specviz.heads.config.HeadConfig`): attention biases, an own input embedding, and for
+EAGLE-3 an own LM head over a reduced draft vocabulary (logits are scattered into the target's
+vocabulary, -inf outside it: the proposers always see [V] logits and target token ids, as vLLM's
+``compute_logits`` does), the norm flags ``fc_norm`` / ``norm_before_fc`` / ``norm_before_residual``
+/ ``norm_logits`` / ``feed_normed``.
+
 Dtypes: the head runs in its own parameter dtype (fp32 on CPU, bf16 on CUDA); features and the
 shared embedding output are cast to it; logits are returned in float32. Shape errors raise ValueError.
 No host syncs: the default mask is built with tensor ops from position_ids.
@@ -92,11 +99,18 @@ class _Head(SharedTargetMixin, Fp32RopeMixin, nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config.layer_config())
         self.keep_rope_fp32()  # a bf16 head keeps fp32 RoPE frequencies, as the target does
         self._shared: tuple[nn.Module, nn.Module] | None = None
+        if config.own_embedding:  # a published head's embedding that differs from the target's
+            self.own_embed = nn.Embedding(config.vocab_size, config.hidden_size)
         if target is not None:
             self.attach(target)
 
     def _check_target(self, target_config) -> None:
         check_matches_target(self.config, target_config)
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The input embedding: the head's own (``config.own_embedding``) or the target's, shared."""
+        return self.own_embed if self.config.own_embedding else self._require_shared()[0]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -116,7 +130,8 @@ class _Head(SharedTargetMixin, Fp32RopeMixin, nn.Module):
         # cache None and no mask: plain causal attention over the T rows (SDPA is_causal / flash)
         pos_emb = self.rotary_emb(h_in, position_ids)
         hidden = self._layer_out(emb, h_in, attention_mask, pos_emb, position_ids, cache)  # [B, T, d]
-        logits = self._logits(hidden).float()  # [B, T, V]
+        hidden, logits = self._outputs(hidden)  # fed-back hidden [B, T, d], logits [B, T, V]
+        logits = logits.float()
         return (hidden[0], logits[0]) if squeeze else (hidden, logits)
 
     def _check(self, features, input_ids, position_ids, from_target: bool) -> None:
@@ -134,6 +149,16 @@ class _Head(SharedTargetMixin, Fp32RopeMixin, nn.Module):
                     past_key_values=cache, use_cache=cache is not None)
 
 
+def _with_biases(attn: nn.Module, config: HeadConfig) -> None:
+    """Give ``attn``'s q/k/v (``config.qkv_bias``) and o (``config.o_bias``) projections biases, keeping
+    their shapes (transformers' LlamaAttention only calls them, so a replaced Linear is used as is)."""
+    for name, on in (("q_proj", config.qkv_bias), ("k_proj", config.qkv_bias), ("v_proj", config.qkv_bias),
+                     ("o_proj", config.o_bias)):
+        old = getattr(attn, name)
+        if on and old.bias is None:
+            setattr(attn, name, nn.Linear(old.in_features, old.out_features, bias=True))
+
+
 class EagleHead(_Head):
     """EAGLE-1 head: fc(cat(emb, f)) -> one LlamaDecoderLayer without input_layernorm -> the
     un-normed residual stream, fed to the target's LM head and back as the next feature.
@@ -147,6 +172,7 @@ class EagleHead(_Head):
         self.fc = nn.Linear(2 * d, d, bias=config.fc_bias)
         self.layer = LlamaDecoderLayer(config.layer_config(), layer_idx=0)
         self.layer.input_layernorm = nn.Identity()  # EAGLE cnets1.py: layer 0 has no input_layernorm
+        _with_biases(self.layer.self_attn, config)
 
     def _first_hidden(self, features, from_target):
         return features  # f_j from the target or the head's own output: both width d
@@ -155,22 +181,24 @@ class EagleHead(_Head):
         x = self.fc(torch.cat([emb, h_in], dim=-1))  # [B, T, 2d] -> [B, T, d], embedding first
         return self.layer(x, **self._attn_kwargs(mask, pos_emb, position_ids, cache))
 
-    def _logits(self, hidden):
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+    def _outputs(self, hidden):
+        return hidden, self.lm_head(hidden.to(self.lm_head.weight.dtype))  # the un-normed h, as cnets1.py
 
 
 class Eagle3Layer(nn.Module):
     """EAGLE-3's ``LlamaDecoderLayeremb`` (``midlayer``): q/k/v read cat(input_layernorm(emb),
-    hidden_norm(h)) [2d]; the residual is the un-normed h. Built from transformers' LlamaAttention
-    (its q/k/v projections widened to 2d inputs), LlamaMLP and LlamaRMSNorm."""
+    hidden_norm(h)) [2d]; the residual is the un-normed h (``norm_before_residual``: hidden_norm(h),
+    speculators' ``Eagle3FirstLayerMixin``). Built from transformers' LlamaAttention (its q/k/v
+    projections widened to 2d inputs), LlamaMLP and LlamaRMSNorm."""
 
-    def __init__(self, layer_config):
+    def __init__(self, layer_config, norm_before_residual: bool = False, qkv_bias: bool = False):
         super().__init__()
         d, hd = layer_config.hidden_size, layer_config.head_dim
+        self.norm_before_residual = norm_before_residual
         self.self_attn = LlamaAttention(layer_config, layer_idx=0)
-        self.self_attn.q_proj = nn.Linear(2 * d, layer_config.num_attention_heads * hd, bias=False)
-        self.self_attn.k_proj = nn.Linear(2 * d, layer_config.num_key_value_heads * hd, bias=False)
-        self.self_attn.v_proj = nn.Linear(2 * d, layer_config.num_key_value_heads * hd, bias=False)
+        self.self_attn.q_proj = nn.Linear(2 * d, layer_config.num_attention_heads * hd, bias=qkv_bias)
+        self.self_attn.k_proj = nn.Linear(2 * d, layer_config.num_key_value_heads * hd, bias=qkv_bias)
+        self.self_attn.v_proj = nn.Linear(2 * d, layer_config.num_key_value_heads * hd, bias=qkv_bias)
         self.mlp = LlamaMLP(layer_config)
         eps = layer_config.rms_norm_eps
         self.input_layernorm = LlamaRMSNorm(d, eps=eps)
@@ -178,35 +206,70 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(d, eps=eps)
 
     def forward(self, emb, h, **attn_kwargs):
-        x = torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)  # [B, T, 2d]
+        hn = self.hidden_norm(h)
+        x = torch.cat([self.input_layernorm(emb), hn], dim=-1)  # [B, T, 2d]
         attn_kwargs.pop("use_cache", None)
         a, _ = self.self_attn(hidden_states=x, **attn_kwargs)  # [B, T, d]
-        h = h + a
+        h = (hn if self.norm_before_residual else h) + a
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Eagle3Head(_Head):
     """EAGLE-3 head: fc(cat of the target's aux layer inputs) on the first pass, one fused decoder
-    layer, own final norm, the target's frozen LM head (not its own: see the module docstring).
+    layer, own final norm, the target's frozen LM head (specviz's trained heads: see the module
+    docstring) or its own over ``config.draft_vocab_size`` rows (published heads; ``draft_to_target``
+    int64 [V_d] maps a draft row to its target id when V_d < V).
     Parameters (d=256, SwiGLU 704): ~1.07 M. See the module docstring for the step API."""
 
     def __init__(self, config: HeadConfig, target=None):
         if config.kind != "eagle3":
             raise ValueError(f"Eagle3Head needs a config of kind 'eagle3', got {config.kind!r}")
         super().__init__(config, target)
-        d = config.hidden_size
+        d, taps = config.hidden_size, len(config.aux_layer_ids)
         self.fc = nn.Linear(config.feature_size, d, bias=config.fc_bias)
-        self.layer = Eagle3Layer(config.layer_config())
+        if config.fc_norm:
+            self.fc_norm = nn.ModuleList(LlamaRMSNorm(d, eps=config.rms_norm_eps) for _ in range(taps))
+        if config.norm_before_fc:
+            self.input_norm = LlamaRMSNorm(config.feature_size, eps=config.rms_norm_eps)
+        self.layer = Eagle3Layer(config.layer_config(), config.norm_before_residual, config.qkv_bias)
+        _with_biases(self.layer.self_attn, config)
         self.norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.own_lm_head = None if config.draft_vocab_size is None else nn.Linear(d, config.draft_vocab_size, bias=False)
+        if config.draft_vocab_size is not None and config.draft_vocab_size < config.vocab_size:
+            # draft row i -> target id; arange until a loader fills it (specviz.heads.formats)
+            self.register_buffer("draft_to_target", torch.arange(config.draft_vocab_size))
+        else:
+            self.draft_to_target = None
 
     def _first_hidden(self, features, from_target):
-        return self.fc(features) if from_target else features  # fc only on target features
+        if not from_target:
+            return features  # fc only on target features
+        if self.config.norm_before_fc:
+            features = self.input_norm(features)
+        if self.config.fc_norm:  # [B, T, taps * d]: one norm per tap
+            features = torch.cat([norm(c) for norm, c in zip(self.fc_norm, features.chunk(len(self.fc_norm), -1))], -1)
+        return self.fc(features)
 
     def _layer_out(self, emb, h_in, mask, pos_emb, position_ids, cache):
         return self.layer(emb, h_in, **self._attn_kwargs(mask, pos_emb, position_ids, cache))
 
-    def _logits(self, hidden):
-        return self.lm_head(self.norm(hidden).to(self.lm_head.weight.dtype))
+    def _outputs(self, hidden):
+        cfg = self.config
+        if cfg.feed_normed:  # speculators / vLLM norm_output: the normed h is fed back and read by the LM head
+            hidden = self.norm(hidden)
+            return hidden, self._lm(hidden)
+        return hidden, self._lm(self.norm(hidden) if cfg.norm_logits else hidden)
+
+    def _lm(self, x):
+        """x [B, T, d] -> logits [B, T, V]: the target's LM head, or the own one scattered into the target's
+        vocabulary (-inf outside the draft vocabulary; vLLM ``llama_eagle3.compute_logits``)."""
+        if self.own_lm_head is None:
+            return self.lm_head(x.to(self.lm_head.weight.dtype))
+        z = self.own_lm_head(x)  # [B, T, V_d]
+        if self.draft_to_target is None:
+            return z
+        full = z.new_full((*z.shape[:-1], self.config.vocab_size), float("-inf"))  # [B, T, V]
+        return full.index_copy(z.dim() - 1, self.draft_to_target, z)
 
 
 HEAD_CLASSES = {"eagle": EagleHead, "eagle3": Eagle3Head}

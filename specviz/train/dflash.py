@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from specviz.heads.dflash import HEAD_DIR, DFlashHead, dflash_config_from_target, save_dflash
+from specviz.heads.formats.export import save_published_beside
 from specviz.heads.losses import soft_cross_entropy
 from specviz.train.data import epoch_permutation
 from specviz.train.loop import autocast
@@ -261,12 +262,14 @@ def init_from_target(head: DFlashHead, target, which: str = "last") -> list[int]
 
 def train_dflash(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
     """DFlash block drafter (Chen et al. 2026, arXiv 2602.06036; SpecForge recipe, our choices in the
-    module docstring). Saves out_dir/specviz-dflash/ (config.json, model.safetensors bf16, train_log.json)."""
+    module docstring). Saves out_dir/specviz-dflash/ (config.json, model.safetensors bf16, train_log.json) and
+    z-lab's layout at out_dir/published/specviz-dflash/."""
     cfg = config or DFLASH_DEFAULT
     head, log = fit_dflash(target, train_windows, heldout_windows, device, cfg, time_budget_s)
     path = Path(out_dir) / HEAD_DIR
     log["saved"] = {"dir": str(path), "files": save_dflash(head, path)}
     log["saved"]["bytes"] = (path / "model.safetensors").stat().st_size
+    log["saved"]["published"] = save_published_beside(head, out_dir, HEAD_DIR)  # z-lab's layout too
     (path / "train_log.json").write_text(json.dumps(log, indent=1))
     log["saved"]["files"].append("train_log.json")
     return log

@@ -7,7 +7,8 @@ computes the target's features online per batch under ``no_grad`` (bf16 autocast
 CPU), trains the head (AdamW (0.9, 0.95), wd 0, linear warmup + cosine to 10%, grad clip, bf16
 autocast on CUDA), evaluates held-out agreement with the target's argmax per unrolled step, and
 saves ``out_dir/specviz-eagle/`` or ``out_dir/specviz-eagle3/`` (config.json + model.safetensors in
-bf16 + train_log.json). Losses and the label alignment: :mod:`specviz.heads.losses`.
+bf16 + train_log.json), and the same head in the layout the field loads at ``out_dir/published/<that name>/``
+(:mod:`specviz.heads.formats.export`: SafeAILab EAGLE-1, speculators EAGLE-3, FasterDecoding Medusa). Losses and the label alignment: :mod:`specviz.heads.losses`.
 
 Default sizes (how they were chosen; :func:`estimate_flops_per_token` recomputes them for any
 target): the v2 target (d=256, 20 layers, GQA 4/2, SwiGLU 704, V=8192, T=1024) costs ~44 MFLOP per
@@ -42,6 +43,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from specviz.heads import HEAD_DIRS, build_head, head_config_from_target, save_head, target_features
+from specviz.heads.formats.export import save_published_beside
 from specviz.heads.losses import agreement, eagle1_loss, eagle3_loss
 from specviz.train import head_kinds
 from specviz.train.data import BatchOrder, epoch_permutation
@@ -263,6 +265,7 @@ def _train(kind: str, target, train_windows, heldout_windows, device, out_dir, t
     path = Path(out_dir) / HEAD_DIRS[kind]
     log["saved"] = {"dir": str(path), "files": save_head(head, path)}
     log["saved"]["bytes"] = (path / "model.safetensors").stat().st_size
+    log["saved"]["published"] = save_published_beside(head, out_dir, HEAD_DIRS[kind])  # the field's layout too
     (path / "train_log.json").write_text(json.dumps(log, indent=1))
     log["saved"]["files"].append("train_log.json")
     return log

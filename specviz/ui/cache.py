@@ -42,11 +42,14 @@ class DecoderCache:
         device: "cpu", "cuda", ... or None (CUDA when available).
         compile: ``SpecDecoder.from_pretrained(compile=...)``: torch.compile'd forwards inside the
             static runners' CUDA graphs (the app's ``--compile``; default off).
+        heads: ``SpecDecoder.from_pretrained(heads=...)``: {method: head directory} (the app's ``--head``);
+            None: the bundled heads with the bundled target.
     """
 
     def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None,
-                 compile: bool = False):
+                 compile: bool = False, heads: dict[str, str] | None = None):
         self.target, self.draft, self.device, self.compile = target, draft, device, bool(compile)
+        self.heads = dict(heads) if heads else None
         self._lock = threading.Lock()
         self._decoders: dict[tuple[Any, ...], Any] = {}
         self.status = ""  # what the load / warm-up is doing now ("" before it starts and once it is done)
@@ -63,6 +66,8 @@ class DecoderCache:
         draft = draft or "(none: method draft_model unavailable)"
         device = device_in_use(self.device)
         line = f"target: `{target}` · draft: `{draft}` · device: `{device}`"
+        if self.heads:
+            line += " · heads: " + ", ".join(f"{method} `{d}`" for method, d in self.heads.items())
         if self.compile:
             line += (" · torch.compile: on" if device.startswith("cuda") else
                      " · torch.compile: asked for, no effect on the CPU (the eager runner)")
@@ -93,7 +98,8 @@ class DecoderCache:
                 self.status = "loading the models"
                 try:
                     decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device,
-                                                          compile=self.compile or None)  # None: the default
+                                                          compile=self.compile or None,  # None: the default
+                                                          heads=self.heads)
                     # no run's timings (or speedup) should carry one-time costs: on CUDA this captures
                     # every graph the UI's settings reach (tens of seconds), on the CPU it is quick
                     self.warm_up_report = decoder.warm_up(MAX_UI_SPECULATIVE_TOKENS, progress=self._say)

@@ -1,6 +1,6 @@
 """Start the web app: ``specviz app`` (the console script) or ``python app.py``, same options.
 
-Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --device,
+Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --head METHOD=DIR (or --<method>-head DIR), --device,
 --no-warm-up, --compile (torch.compile'd forwards inside the CUDA graphs; off by default), --present.
 With no --target the bundled demo models in assets/models/ are used. At launch the
 models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+
+from ..cli_args import add_head_arguments, heads_from_args
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -25,6 +27,7 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
     ap.add_argument("--draft", default=None, help="draft model directory (default: the bundled demo draft with the "
                     "bundled target; none with --target, so method draft_model is unavailable)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
+    add_head_arguments(ap)
     ap.add_argument("--no-warm-up", action="store_true",
                     help="load the models at the first Run instead of at launch")
     ap.add_argument("--compile", action="store_true",
@@ -41,6 +44,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "specviz app") -> argp
     """The app's options; exits (code 2) with a message for a model directory that does not exist."""
     ap = parser(prog)
     args = ap.parse_args(argv)
+    try:
+        args.heads = heads_from_args(args) or None
+    except ValueError as exc:
+        ap.error(str(exc))
     for flag in ("target", "draft"):
         value = getattr(args, flag)
         if value and _looks_local(value) and not Path(value).expanduser().is_dir():
@@ -60,7 +67,7 @@ def main(argv: list[str] | None = None, prog: str = "specviz app") -> int:
     from .layout import build_app, launch_options
 
     args = parse_args(argv, prog)
-    cache = DecoderCache(args.target, args.draft, args.device, compile=args.compile)
+    cache = DecoderCache(args.target, args.draft, args.device, compile=args.compile, heads=args.heads)
     if not args.no_warm_up:
         cache.start_warm_up()
     demo = build_app(args.target, args.draft, args.device, cache=cache, present=args.present)

@@ -4,6 +4,7 @@ MASK] with the target's fused features drafts up to block size - 1 tokens."""
 from __future__ import annotations
 
 from specviz.methods.base import HeadSpec, Method, Texts
+from specviz.methods.eagle import load_kind
 
 
 def _make(build):
@@ -20,10 +21,6 @@ def _make(build):
     return DFlashProposer(head, build.config.num_speculative_tokens, runner=runner)
 
 
-def _load(directory, target):
-    from specviz.heads.dflash import load_dflash
-
-    return load_dflash(directory, target)
 
 
 def _describe(head) -> dict:
@@ -42,6 +39,6 @@ METHOD = Method(
                 "method dflash (a block drafter: one forward over [root, MASK, ..., MASK] drafts the whole block)",
                 confidence="drafter softmax"),
     style=("#bcbd22", "hexagon"),
-    head=HeadSpec(_load, "a DFlash block drafter", bundled="specviz-dflash", describe=_describe,
+    head=HeadSpec(load_kind("dflash"), "a DFlash block drafter", bundled="specviz-dflash", describe=_describe,
                   trainer="specviz.train.dflash:train_dflash_head"),
     warm_up=lambda warm: warm.head_method("dflash", trees=False), view="specviz.methods.dflash.view")

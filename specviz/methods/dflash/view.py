@@ -19,6 +19,7 @@ from specviz.trace import Step, Trace
 
 from specviz.viz.common import (FATE_STYLE, as_trace, emitted_fate, fate_label, fmt_prob, metrics_of, position_fate,
                                 quoted, quoted_tokens, token_text, visible)
+from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
 NOT_DRAFTED = ("#ffffff", "#9ca3af", "not handed to the target (k' < B - 1)")
@@ -111,6 +112,7 @@ def dflash_html(trace: Trace | dict[str, Any], step: int, position: int | None =
             f"background:#dde3ea;font-size:12px'><div style='font-size:11px'>root · pos {m['root_position']}</div>"
             f"{_tok(trace, m.get('root_token_id'))}<div style='font-size:11px'>committed</div></div>")
     cells = [_slot_cell(trace, st, s, position == s["slot"], greedy) for s in m["slots"]]
+    note += head_source_html(trace)  # the loaded head's layout and source (heads.formats)
     return (f"<div class='sv-match sv-dflash'>{note}<div style='display:flex;flex-wrap:wrap;gap:4px'>{root}"
             f"{''.join(cells)}</div><p style='font-size:13px;color:#374151'>{_kept_text(trace, st)}</p></div>")
 

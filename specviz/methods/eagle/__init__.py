@@ -56,14 +56,12 @@ def warm_up_eagle(warm) -> int:
 
 
 def load_kind(kind: str):
-    """A HeadSpec loader for heads of ``kind`` in specviz's layout (config.json + model.safetensors)."""
+    """A HeadSpec loader for heads of ``kind``: specviz's format or a published layout, recognised from the files
+    (:func:`specviz.heads.formats.load_head_dir`); a head of another kind is refused."""
     def load(directory, target):
-        from specviz.heads import load_head
+        from specviz.heads.formats import load_head_dir
 
-        head = load_head(directory, target)
-        if head.config.kind != kind:
-            raise ValueError(f"the head in {directory} is an {head.config.kind!r} head, not {kind!r}")
-        return head
+        return load_head_dir(directory, target, kind)
     return load
 
 

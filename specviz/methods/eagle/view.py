@@ -18,6 +18,7 @@ from specviz import methods
 from specviz.trace import Step, Trace
 
 from specviz.viz.common import as_trace, metrics_of, token_code
+from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
 CELL = "style='padding:2px 6px;text-align:left'"  # compact cells (the panel is half the page wide)
@@ -78,6 +79,7 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
     head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("i", "drafted", "target", "conf.", "q(drafted)",
                                                               "feature fed @ position", "token fed")) + "</tr>"
     # wraps inside the half-page panel (at 1024 px it scrolled sideways, hiding the last columns)
+    note += head_source_html(trace)  # the loaded head's layout and source (heads.formats)
     return (f"<div class='sv-match sv-eagle'>{note}<table style='font-size:13px;border-collapse:collapse;"
             f"width:100%' cellpadding='3'>{head}{''.join(rows)}</table></div>")
 

@@ -16,8 +16,9 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, label, token_text
 from specviz.methods.eagle.view import CELL, FATE_COLOUR
+from specviz.viz.common import as_trace, label, token_text
+from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
 CHOSEN = "#2563eb"
@@ -83,6 +84,7 @@ def medusa_html(trace: Trace | dict[str, Any], step: int, position: int | None =
         note += (f"<p class='sv-draft-limit' style='font-size:13px;color:#374151'>k = {k}, but this head file has "
                  f"{n} heads: a chain drafts min(k, {n}) = {n} tokens, so draft "
                  + (f"position {k} stays" if n + 1 == k else f"positions {n + 1}–{k} stay") + " empty.</p>")
+    note += head_source_html(trace)  # the loaded head's layout and source (heads.formats)
     return (f"<div class='sv-match sv-medusa'>{note}<table style='font-size:13px;border-collapse:collapse;"
             f"width:100%;table-layout:fixed;overflow-wrap:anywhere' cellpadding='3'>{head_row}{''.join(rows)}"
             "</table></div>")

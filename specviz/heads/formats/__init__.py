@@ -1,0 +1,72 @@
+"""Heads in the layouts the field publishes, recognised from their files and normalised once at load.
+
+:func:`load_head_dir` is the one entry (``SpecDecoder.from_pretrained(target, heads={method: DIR})``,
+the CLI's ``--<method>-head DIR``): it reads config.json and the safetensors headers, names the layout
+(:func:`~specviz.heads.formats.detect.detect`: by tensor names and config fields, never by
+``architectures``), and builds specviz's own head module from it (tap ids in specviz's convention, norm
+flags read with each source's default, EAGLE-3's draft vocabulary as target ids), so every proposer
+sees one head shape. ``head.source`` records the layout for the trace and the views.
+
+Weights are read from safetensors only. A directory with only ``.bin`` / ``.pt`` files gets an error
+that says to run ``specviz convert DIR`` (:mod:`specviz.heads.formats.convert`, the only place that
+reads a pickle, with ``torch.load(weights_only=True)``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .detect import KIND_OF, LAYOUTS, Checkpoint, detect, read_checkpoint
+
+__all__ = ["load_head_dir", "detect", "read_checkpoint", "Checkpoint", "LAYOUTS", "KIND_OF", "layout_of"]
+
+
+def layout_of(directory: str | os.PathLike) -> str:
+    """The layout name of the head in ``directory`` (see :data:`LAYOUTS`). Raises ValueError as
+    :func:`~specviz.heads.formats.detect.detect`."""
+    return detect(read_checkpoint(directory))
+
+
+def load_head_dir(directory: str | os.PathLike, target, kind: str | None = None, dtype: torch.dtype | None = None):
+    """Load the head in ``directory`` onto ``target`` (sharing its embedding and LM head), on the target's
+    device, in ``dtype`` (default the target's), eval mode; ``head.source`` = {"format": layout, ...}.
+
+    kind: the method the head is for ("eagle", "eagle3", "medusa", "dflash", "mtp"); a head of another
+    kind raises. Raises ValueError: unknown layout (naming what was found and the known layouts), only
+    pickled weights (run ``specviz convert DIR``), inconsistent files, or a head that does not fit the target."""
+    ckpt = read_checkpoint(directory)
+    layout = detect(ckpt)
+    if layout in ("specviz-head-v1", "specviz-dflash-v1"):
+        head = _load_own(ckpt, layout, target, dtype, kind)
+    else:
+        if kind is not None and KIND_OF[layout] != kind:
+            raise ValueError(f"{directory} holds a {KIND_OF[layout]!r} head ({layout} layout), not {kind!r}")
+        if layout.startswith("eagle"):
+            from .eagle import load_eagle
+
+            head = load_eagle(ckpt, layout, target, dtype)
+        elif layout.startswith("medusa"):
+            from .medusa import load_medusa
+
+            head = load_medusa(ckpt, layout, target, dtype)
+        else:
+            from .dflash import load_dflash_zlab
+
+            head = load_dflash_zlab(ckpt, target, dtype)
+    if kind is not None and head.config.kind != kind:
+        raise ValueError(f"the head in {directory} is an {head.config.kind!r} head ({layout} layout), not {kind!r}")
+    return head
+
+
+def _load_own(ckpt: Checkpoint, layout: str, target, dtype, kind: str | None):
+    """specviz's own formats, through their own loaders (strict, safetensors), chosen by the method asked for
+    (their own errors say when the file is of the other format)."""
+    from ..dflash import load_dflash
+    from ..io import load_head
+
+    dflash = kind == "dflash" if kind is not None else layout == "specviz-dflash-v1"
+    head = (load_dflash if dflash else load_head)(ckpt.directory, target, dtype)
+    head.source = {"format": layout, "source": "specviz", "path": str(ckpt.directory)}
+    return head

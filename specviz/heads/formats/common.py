@@ -1,0 +1,102 @@
+"""What every published-layout loader shares: reading the tensors, renaming them into a specviz head,
+the head's own RoPE, the target's embedding when the file's copy equals it, and finishing the head
+(device, dtype, attach, its ``source`` record). Safetensors only: nothing is unpickled here."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from .detect import Checkpoint
+
+DEFAULT_ROPE_THETA = 10000.0  # SafeAILab's LlamaRotaryEmbedding base when config.json has no rope_theta
+
+
+def load_tensors(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint's safetensors files (CPU). Raises ValueError on a name that two files hold."""
+    state: dict[str, torch.Tensor] = {}
+    for f in ckpt.files:
+        part = load_file(str(f))
+        twice = sorted(set(part) & set(state))
+        if twice:
+            raise ValueError(f"{ckpt.directory}: tensors {twice[:4]} are in more than one safetensors file")
+        state.update(part)
+    return state
+
+
+def rope_parameters(cfg: dict, default_theta: float = DEFAULT_ROPE_THETA) -> dict:
+    """transformers' ``rope_parameters`` from a head's own config.json (never the target's: an EAGLE-3
+    head for Llama-3.1 runs RoPE at base 10000 while its target uses 500000).
+
+    ``rope_parameters`` (transformers 5) is taken as is; else ``rope_theta`` (absent: ``default_theta``)
+    with ``rope_scaling`` ({"type" or "rope_type": ..., "factor": ...}) when given."""
+    given = cfg.get("rope_parameters")
+    if isinstance(given, dict) and "rope_theta" in given:
+        return dict(given)
+    params = {"rope_type": "default", "rope_theta": float(cfg.get("rope_theta", default_theta))}
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict):
+        kind = scaling.get("rope_type", scaling.get("type"))
+        params.update({k: v for k, v in scaling.items() if k not in ("type", "rope_type")}, rope_type=kind)
+    return params
+
+
+def shared_embedding(state: dict[str, torch.Tensor], name: str, target) -> tuple[bool, str]:
+    """Whether the head needs its own embedding: the file's ``name`` tensor, if any, against the target's
+    input embedding (vLLM ``_should_share``: a copy equal to the target's is shared, not kept).
+    Returns (own, what) with ``what`` for the head's source record; pops ``name`` from ``state`` when shared.
+    Raises ValueError when the file's embedding has another shape than the target's."""
+    if name not in state:
+        return False, "the target's (not in the file)"
+    emb = target.get_input_embeddings().weight
+    mine = state[name]
+    if tuple(mine.shape) != tuple(emb.shape):
+        raise ValueError(f"the head's {name} is {tuple(mine.shape)}, the target's embedding {tuple(emb.shape)}: "
+                         "the head was made for another target")
+    theirs = emb.detach().to("cpu")
+    # equal in the lower of the two precisions (a bf16 copy of an fp32 target, or the reverse)
+    same = torch.equal(mine, theirs.to(mine.dtype)) or torch.equal(mine.to(theirs.dtype), theirs)
+    if same:
+        del state[name]
+        return False, "the target's (the file's copy equals it)"
+    return True, "the head's own (the file's copy differs from the target's)"
+
+
+def fill(module: nn.Module, state: dict[str, torch.Tensor], rename: Callable[[str], str | None],
+         where: str) -> None:
+    """Load ``state`` into ``module`` after renaming each key by ``rename`` (None: drop it). Every
+    parameter and buffer of the module must be filled, with its exact shape. Raises ValueError
+    naming the missing, unexpected and wrong-shaped keys (in the file's names where possible)."""
+    mapped, source = {}, {}
+    for key, value in state.items():
+        new = rename(key)
+        if new is None:
+            continue
+        mapped[new], source[new] = value, key
+    own = module.state_dict()
+    missing = sorted(set(own) - set(mapped))
+    extra = sorted(source[k] for k in set(mapped) - set(own))
+    bad = [f"{source[k]} {tuple(mapped[k].shape)} (want {tuple(own[k].shape)})" for k in own
+           if k in mapped and tuple(mapped[k].shape) != tuple(own[k].shape)]
+    if missing or extra or bad:
+        raise ValueError(f"{where}: the weights do not fit the layout: missing {missing}, unexpected {extra}, "
+                         f"wrong shapes {bad}")
+    module.load_state_dict({k: v.to(own[k].dtype) if own[k].is_floating_point() else v for k, v in mapped.items()})
+
+
+def finish(head: nn.Module, target, dtype: torch.dtype | None, source: dict) -> nn.Module:
+    """Move ``head`` to the target's device and ``dtype`` (default the target's), attach the target
+    (its embedding and LM head, shared), eval mode; record ``source`` as ``head.source``."""
+    param = next(target.parameters())
+    head.to(device=param.device, dtype=dtype or param.dtype)
+    head.source = dict(source)
+    return head.attach(target).eval()
+
+
+def require(cond: bool, where: str, message: str) -> None:
+    """Raise ValueError(f"{where}: {message}") unless ``cond``."""
+    if not cond:
+        raise ValueError(f"{where}: {message}")

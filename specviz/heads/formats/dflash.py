@@ -1,0 +1,95 @@
+"""DFlash drafters as z-lab publishes them, normalised into specviz's :class:`~specviz.heads.dflash.DFlashHead`.
+
+Source (read for the layout; the code here is specviz's own): z-lab/dflash ``dflash/model.py``
+(``DFlashDraftModel`` on ``Qwen3Config``: Qwen3 layers whose attention takes Q from the block and K/V
+from cat(context, block), q/k RMSNorms per head, non-causal; ``fc`` [H, len(ids) x H] without bias,
+``hidden_norm``, ``norm``; the target's embedding and LM head; ``dflash_config.target_layer_ids``
+name the OUTPUT of layer i, read as ``hidden_states[i + 1]`` (``extract_context_feature``), default
+``build_target_layer_ids(num_target_layers, num_hidden_layers)``; ``dflash_config.mask_token_id``;
+``block_size`` at the top level, or inside ``dflash_config`` in newer checkpoints (speculators'
+DFlash converter)). specviz's DFlash config uses the same "output of layer i" convention, so the ids
+carry over unchanged. Sliding-window and causal draft layers (other DFlash families) are refused.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..dflash import DFlashConfig, DFlashHead
+from .common import fill, finish, load_tensors, require
+from .detect import Checkpoint
+
+LAYER_ATTN = re.compile(r"^layers\.(\d+)\.self_attn\.(.+)$")
+
+
+def zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's ``build_target_layer_ids`` exactly (no clamping): [N // 2] for one draft layer, else
+    round(1 + i (N - 4) / (L_d - 1)) for i < L_d."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def target_layer_ids(raw: dict, num_draft_layers: int, num_target_layers: int) -> tuple[list[int], list[int] | None]:
+    """(ids in specviz's convention, the ids as the file gives them or None). z-lab's ids already name layer
+    outputs (read as ``hidden_states[i + 1]``), specviz's DFlash convention too: they carry over unchanged.
+    Absent: z-lab's default from ``num_target_layers`` (else the target's layer count)."""
+    given = (raw.get("dflash_config") or {}).get("target_layer_ids")
+    if given:
+        return list(given), list(given)
+    return zlab_target_layer_ids(int(raw.get("num_target_layers", num_target_layers)), num_draft_layers), None
+
+
+def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
+    """Load a ``dflash-zlab`` drafter onto ``target`` (its device, ``dtype`` default the target's, eval mode),
+    ``head.source`` saying where it came from. Raises ValueError for a missing ``mask_token_id`` or
+    ``block_size``, sliding / causal layers, unsupported activations, weights that do not fit, or a
+    drafter that does not fit the target (hidden size, vocabulary, taps)."""
+    from transformers import AutoConfig
+
+    raw, where, tc = ckpt.config, str(ckpt.directory), target.config
+    model_type = raw.get("model_type", "qwen3")
+    require(model_type in ("qwen3", "llama"), where, f"a z-lab DFlash drafter on {model_type!r} layers is not supported")
+    qc = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})  # Qwen3's defaults
+    dcfg = raw.get("dflash_config") or {}
+    layers = int(qc.num_hidden_layers)
+    state = load_tensors(ckpt)
+    found = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
+    require(found == set(range(layers)), where, f"num_hidden_layers {layers} but the file has layers {sorted(found)}")
+    require(all(t == "full_attention" for t in (getattr(qc, "layer_types", None) or ["full_attention"])), where,
+            "sliding-window draft layers are not supported")
+    require(not dcfg.get("causal", False) and not raw.get("is_causal", False), where,
+            "causal DFlash drafters are not supported (z-lab's are non-causal)")
+    require(getattr(qc, "hidden_act", "silu") == "silu", where, f"hidden_act {qc.hidden_act!r}: only silu")
+    ids, ids_in_file = target_layer_ids(raw, layers, tc.num_hidden_layers)
+    block_size = raw.get("block_size", dcfg.get("block_size"))
+    require(block_size is not None, where, "no block_size (at the top level or in dflash_config)")
+    mask = dcfg.get("mask_token_id", raw.get("mask_token_id"))
+    require(mask is not None, where, "no dflash_config.mask_token_id: the drafter's MASK token is target-specific")
+    H = int(qc.hidden_size)
+    require(state["fc.weight"].shape[1] == len(ids) * H if "fc.weight" in state else False, where,
+            f"fc must read {len(ids)} x {H} features (target_layer_ids {ids})")
+    head_dim = int(getattr(qc, "head_dim", None) or H // qc.num_attention_heads)
+    cfg = DFlashConfig(
+        hidden_size=H, vocab_size=int(qc.vocab_size), num_attention_heads=int(qc.num_attention_heads),
+        num_key_value_heads=int(qc.num_key_value_heads or qc.num_attention_heads), head_dim=head_dim,
+        intermediate_size=int(qc.intermediate_size), rms_norm_eps=float(qc.rms_norm_eps),
+        max_position_embeddings=int(qc.max_position_embeddings), target_num_hidden_layers=tc.num_hidden_layers,
+        target_layer_ids=tuple(ids), num_layers=layers, block_size=int(block_size), mask_token_id=int(mask),
+        rope_parameters=dict(qc.rope_parameters), attention_bias=bool(getattr(qc, "attention_bias", False)))
+
+    def rename(key: str) -> str | None:
+        if "rotary_emb" in key:
+            return None
+        m = LAYER_ATTN.match(key)
+        return f"layers.{m[1]}.{m[2]}" if m else key  # q/k/v/o and q/k norms sit on specviz's layer itself
+
+    head = DFlashHead(cfg)
+    fill(head, state, rename, where)
+    return finish(head, target, dtype, {
+        "format": "dflash-zlab", "source": "z-lab/dflash (DFlashDraftModel)", "path": where,
+        "target_layer_ids": ids, "target_layer_ids_in_file": ids_in_file,
+        "tap_convention": "output of layer i = HF hidden_states[i + 1] (z-lab's +1)",
+        "block_size": int(block_size), "block_size_in": "top level" if "block_size" in raw else "dflash_config",
+        "mask_token_id": int(mask), "rope_theta": cfg.rope_parameters.get("rope_theta"), "causal": False})

@@ -1,0 +1,255 @@
+"""EAGLE-1/2 and EAGLE-3 heads as the field publishes them, normalised into specviz's
+:class:`~specviz.heads.modules.EagleHead` / :class:`~specviz.heads.modules.Eagle3Head`.
+
+Sources (read for the layouts; the code here is specviz's own):
+
+* EAGLE-1/2, SafeAILab/EAGLE ``eagle/model/cnets1.py`` (``Model``, ``LlamaDecoderLayer`` with no
+  ``input_layernorm`` on layer 0), ``ea_model.py`` (``"bias"`` absent = an fc bias).
+* EAGLE-3, SafeAILab ``eagle/model/cnets.py`` (``midlayer``, ``fc`` [H, 3H], own ``norm`` and
+  ``lm_head`` over ``draft_vocab_size`` rows, ``d2t`` offsets: target id = i + d2t[i]; taps: the
+  inputs of layers {2, N//2, N-3} in layer order, ``modeling_llama_kv.py``); no ``rope_theta`` =
+  base 10000; head_dim = hidden_size // heads.
+* SpecForge ``specforge/modeling/draft/llama3_eagle.py`` (``LlamaForCausalLMEagle3``: optional
+  ``fc_norm`` per tap, ``norm_output`` = norm before the LM head, default True; ``head_dim`` honoured)
+  and ``algorithms/model_providers.py`` (``eagle_config.eagle_aux_hidden_state_layer_ids`` name the
+  OUTPUT of layer i, default [1, N//2-1, N-4]; SGLang adds 1 when capturing).
+* vllm-project/speculators ``models/eagle3/{config,core,model_definitions}.py``
+  (``transformer_layer_config``, ``layers.0.*``, ``norm_before_residual`` / ``norm_before_fc`` /
+  ``fc_norm`` / ``norm_output`` with pydantic defaults False; ``eagle_aux_hidden_state_layer_ids``
+  as vLLM reads them: the input of layer i, default [2, N//2, N-3]); d2t / t2d only when V_d < V.
+
+Taps are normalised to specviz's convention: id l = HF ``hidden_states[l]`` = the INPUT of target
+layer l (what vLLM and SafeAILab capture), sorted ascending (engines concatenate in layer order).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import HeadConfig
+from ..modules import build_head
+from .common import fill, finish, load_tensors, require, rope_parameters, shared_embedding
+from .detect import Checkpoint
+
+SOURCES = {"eagle-safeailab": "SafeAILab/EAGLE (cnets1.py)", "eagle3-safeailab": "SafeAILab/EAGLE (cnets.py)",
+           "eagle3-specforge": "sgl-project/SpecForge (LlamaForCausalLMEagle3)",
+           "eagle3-speculators": "vllm-project/speculators (Eagle3DraftModel)"}
+TAP_CONVENTIONS = {"eagle3-safeailab": "SafeAILab's fixed taps {2, N//2, N-3}",
+                   "eagle3-specforge": "eagle_config ids name layer outputs: output of layer i = input of layer i + 1",
+                   "eagle3-speculators": "eagle_aux_hidden_state_layer_ids name layer inputs, as vLLM reads them"}
+
+
+# ---- the conventions a planted-mistake test may replace ------------------------------------------------
+def default_taps(num_layers: int) -> list[int]:
+    """SafeAILab / vLLM / speculators default EAGLE-3 taps: inputs of layers {2, N//2, N-3}, each once, in
+    layer order (``modeling_llama_kv.py`` appends inside its layer loop)."""
+    return sorted({2, num_layers // 2, num_layers - 3})
+
+
+def eagle3_taps(layout: str, cfg: dict, num_layers: int) -> tuple[list[int], list[int] | None]:
+    """(taps in specviz's convention, the ids as the file gives them or None) for an EAGLE-3 config.
+    SpecForge's nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` name layer outputs (+1); the
+    speculators' top-level ids are layer inputs (as is); SafeAILab has none (the default)."""
+    if layout == "eagle3-specforge":
+        given = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        return (sorted(i + 1 for i in given), list(given)) if given else (default_taps(num_layers), None)
+    if layout == "eagle3-speculators":
+        given = cfg.get("eagle_aux_hidden_state_layer_ids")
+        return (sorted(given), list(given)) if given else (default_taps(num_layers), None)
+    return default_taps(num_layers), None
+
+
+def draft_to_target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """EAGLE-3's d2t holds OFFSETS (SafeAILab ``traineagle3/cnets.py``: d2t[i] = used_tokens[i] - i): draft
+    row i drafts target id i + d2t[i]. int64 [V_d] -> int64 [V_d]."""
+    return torch.arange(d2t.shape[0], dtype=torch.long) + d2t.long()
+
+
+def norm_flags(layout: str, cfg: dict) -> dict[str, bool]:
+    """EAGLE-3's norm flags, each read explicitly with its source's default: SafeAILab has none (norm before
+    the LM head, pre-norm h fed back); SpecForge ``fc_norm`` (False) and ``norm_output`` (True: ``norm``
+    before the LM head); speculators ``norm_before_residual``, ``norm_before_fc``, ``fc_norm``,
+    ``norm_output`` (all False; norm_output = feed the normed h back). vLLM's speculators bridge defaults
+    ``norm_before_residual`` to True when absent; the trainer that wrote the file used False."""
+    flags = dict(norm_before_residual=False, fc_norm=False, norm_before_fc=False, norm_logits=True, feed_normed=False)
+    if layout == "eagle3-specforge":
+        flags.update(fc_norm=bool(cfg.get("fc_norm", False)), norm_logits=bool(cfg.get("norm_output", True)))
+    elif layout == "eagle3-speculators":
+        flags.update(norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+                     norm_before_fc=bool(cfg.get("norm_before_fc", False)), fc_norm=bool(cfg.get("fc_norm", False)),
+                     feed_normed=bool(cfg.get("norm_output", False)))
+    return flags
+
+
+# ---- loaders -------------------------------------------------------------------------------------------
+def load_eagle(ckpt: Checkpoint, layout: str, target, dtype=None):
+    """Load an ``eagle-safeailab`` or ``eagle3-*`` head from ``ckpt`` onto ``target`` (on its device, in
+    ``dtype``, default the target's; eval mode), ``head.source`` saying where it came from.
+    Raises ValueError: the layout's fields or tensors are inconsistent, a feature specviz's heads lack
+    (several decoder layers, qwen3 q/k norms, a head narrower than the target), or the head does not
+    fit the target (hidden size, vocabulary, taps out of range)."""
+    state = load_tensors(ckpt)
+    build = _eagle1 if layout == "eagle-safeailab" else _eagle3
+    cfg, rename, source = build(ckpt, layout, target, state)
+    head = build_head(cfg)
+    fill(head, state, rename, str(ckpt.directory))
+    return finish(head, target, dtype, {"format": layout, "source": SOURCES[layout], "path": str(ckpt.directory),
+                                        **source})
+
+
+def _layers(keys, prefix: str = "layers.") -> set[int]:
+    return {int(k[len(prefix):].split(".", 1)[0]) for k in keys if k.startswith(prefix)}
+
+
+def _eagle1(ckpt: Checkpoint, layout: str, target, state: dict):
+    cfg, where, tc = ckpt.config, str(ckpt.directory), target.config
+    H = ckpt.shape("fc.weight")[0]
+    require(ckpt.shape("fc.weight")[1] == 2 * H, where, f"EAGLE-1's fc is [H, 2H], got {ckpt.shape('fc.weight')}")
+    require(_layers(state) == {0}, where, f"specviz runs one-layer EAGLE heads; this one has layers "
+                                          f"{sorted(_layers(state))}")
+    heads = int(cfg.get("num_attention_heads", tc.num_attention_heads))
+    head_dim = H // heads  # cnets1.py: head_dim is never read from the config
+    require(ckpt.shape("layers.0.self_attn.q_proj.weight")[0] == heads * head_dim, where,
+            f"q_proj rows {ckpt.shape('layers.0.self_attn.q_proj.weight')[0]} != heads {heads} x hidden/heads")
+    fc_bias = ckpt.has("fc.bias")
+    if "bias" in cfg:  # ea_model.py: config "bias" decides; absent = True
+        require(bool(cfg["bias"]) == fc_bias, where, f"config.json says bias={cfg['bias']} but the file "
+                                                     f"{'has' if fc_bias else 'has no'} fc.bias")
+    qkv_bias = bool(cfg.get("qkv_bias", False))
+    require(ckpt.has("layers.0.self_attn.q_proj.bias") == qkv_bias, where, "q/k/v biases disagree with qkv_bias")
+    own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
+    rope = rope_parameters(cfg)
+    require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
+            f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
+    head_cfg = HeadConfig(
+        kind="eagle", hidden_size=H, vocab_size=int(cfg.get("vocab_size", tc.vocab_size)), num_attention_heads=heads,
+        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
+        intermediate_size=ckpt.shape("layers.0.mlp.gate_proj.weight")[0],
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", tc.max_position_embeddings)),
+        target_num_hidden_layers=tc.num_hidden_layers, fc_bias=fc_bias, rope_parameters=rope,
+        own_embedding=own_embed, qkv_bias=qkv_bias)
+    _check_act(cfg, where)
+
+    def rename(key: str) -> str | None:
+        if key == "embed_tokens.weight":
+            return "own_embed.weight"
+        if key.startswith("fc."):
+            return key
+        if key == "layers.0.input_layernorm.weight" or "rotary_emb" in key:
+            return None  # cnets1.py never builds layer 0's input norm; RoPE is recomputed
+        return "layer." + key[len("layers.0."):] if key.startswith("layers.0.") else key
+
+    return head_cfg, rename, {"fc_bias": fc_bias, "embedding": embed_what, "rope_theta": rope["rope_theta"],
+                              "feature": "the target's final-norm hidden state"}
+
+
+def _eagle3(ckpt: Checkpoint, layout: str, target, state: dict):
+    cfg, where, tc = ckpt.config, str(ckpt.directory), target.config
+    N = tc.num_hidden_layers
+    speculators = layout == "eagle3-speculators"
+    if speculators:
+        tl = _layer_config(cfg.get("transformer_layer_config") or {}, where)
+        prefix = "layers.0."
+        require(_layers(state) == {0}, where, f"specviz runs one-layer EAGLE-3 heads; this one has layers "
+                                              f"{sorted(_layers(state))}")
+        H, heads, kv, head_dim = tl.hidden_size, tl.num_attention_heads, tl.num_key_value_heads, tl.head_dim
+        eps, rope, vocab = float(tl.rms_norm_eps), dict(tl.rope_parameters), int(tl.vocab_size)
+        max_pos = int(tl.max_position_embeddings)
+        require(not getattr(tl, "mlp_bias", False), where, "MLP biases are not supported")
+        qkv_bias = o_bias = bool(getattr(tl, "attention_bias", False))
+        draft_vocab = int(cfg.get("draft_vocab_size", 32000))
+    else:
+        prefix = "midlayer."
+        require(int(cfg.get("num_hidden_layers", 1)) == 1, where, "EAGLE-3's midlayer is one layer")
+        H = int(cfg["hidden_size"]) if "hidden_size" in cfg else ckpt.shape("fc.weight")[0]
+        heads = int(cfg.get("num_attention_heads", tc.num_attention_heads))
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        # cnets.py always uses hidden // heads; SpecForge honours config.head_dim
+        head_dim = int(cfg.get("head_dim") or H // heads) if layout == "eagle3-specforge" else H // heads
+        eps, rope = float(cfg.get("rms_norm_eps", 1e-6)), rope_parameters(cfg)
+        vocab, max_pos = int(cfg.get("vocab_size", tc.vocab_size)), int(cfg.get("max_position_embeddings", 2048))
+        qkv_bias = o_bias = False  # cnets.py / llama3_eagle.py: no attention biases
+        draft_vocab = int(cfg.get("draft_vocab_size") or ckpt.shape("lm_head.weight")[0])
+        if layout == "eagle3-safeailab":
+            require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
+                    f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
+    _check_act(cfg.get("transformer_layer_config", cfg) if speculators else cfg, where)
+    require(ckpt.shape(prefix + "self_attn.q_proj.weight") == (heads * head_dim, 2 * H), where,
+            f"{prefix}self_attn.q_proj is {ckpt.shape(prefix + 'self_attn.q_proj.weight')}, the config says "
+            f"[{heads} x {head_dim}, 2 x {H}]")
+    require(not ckpt.has(prefix + "self_attn.q_norm.weight"), where,
+            "q/k norms in the EAGLE-3 layer (qwen3 layers) are not supported yet")
+    target_hidden = cfg.get("target_hidden_size") or H
+    require(target_hidden == H == tc.hidden_size, where,
+            f"specviz's EAGLE-3 head works in the target's width: head {H}, target_hidden_size {target_hidden}, "
+            f"target {tc.hidden_size}")
+    taps, taps_in_file = eagle3_taps(layout, cfg, N)
+    require(len(set(taps)) == len(taps) and ckpt.shape("fc.weight")[1] == len(taps) * H, where,
+            f"fc reads {ckpt.shape('fc.weight')[1]} features but the taps {taps} give {len(taps)} x {H}")
+    require(all(0 <= t < N for t in taps), where,
+            f"taps {taps} (inputs of those layers) must lie in [0, {N}): the last layer's un-normed output "
+            f"(tap {N}) is not available (transformers ties hidden_states[{N}] to the final norm)")
+    require(ckpt.shape("lm_head.weight") == (draft_vocab, H), where,
+            f"lm_head is {ckpt.shape('lm_head.weight')}, want [draft_vocab_size={draft_vocab}, {H}]")
+    require(vocab == tc.vocab_size, where, f"the head's vocab_size {vocab} != the target's {tc.vocab_size}")
+    flags = norm_flags(layout, cfg)
+    vocab_note = _vocab_map(state, draft_vocab, vocab, where)
+    own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
+    head_cfg = HeadConfig(
+        kind="eagle3", hidden_size=H, vocab_size=vocab, num_attention_heads=heads, num_key_value_heads=kv,
+        head_dim=head_dim, intermediate_size=ckpt.shape(prefix + "mlp.gate_proj.weight")[0], rms_norm_eps=eps,
+        max_position_embeddings=max_pos, target_num_hidden_layers=N, aux_layer_ids=tuple(taps), fc_bias=False,
+        rope_parameters=rope, draft_vocab_size=draft_vocab, own_embedding=own_embed, qkv_bias=qkv_bias,
+        o_bias=o_bias, **flags)
+
+    def rename(key: str) -> str | None:
+        if key.startswith(prefix):
+            return None if "rotary_emb" in key else "layer." + key[len(prefix):]
+        if key in ("d2t", "t2d") or key.startswith("verifier_"):
+            return None  # d2t became draft_to_target; t2d is checked; verifier_* are training-only
+        return {"lm_head.weight": "own_lm_head.weight", "embed_tokens.weight": "own_embed.weight"}.get(key, key)
+
+    source = {"taps": taps, "taps_in_file": taps_in_file, "tap_convention": TAP_CONVENTIONS[layout],
+              "embedding": embed_what, "rope_theta": rope.get("rope_theta"), **flags, **vocab_note}
+    return head_cfg, rename, source
+
+
+def _vocab_map(state: dict, draft_vocab: int, vocab: int, where: str) -> dict:
+    """Turn the file's ``d2t`` offsets into the head's ``draft_to_target`` ids (in ``state``), checked against
+    ``t2d``; returns the vocabulary fields of the head's source record."""
+    d2t, t2d = state.get("d2t"), state.get("t2d")
+    note = {"vocab_size": vocab, "draft_vocab_size": draft_vocab}
+    if draft_vocab == vocab:  # SafeAILab deletes d2t / t2d then; vLLM builds no map
+        require(d2t is None or not d2t.any(), where, "a full-vocabulary head with a non-zero d2t: engines disagree "
+                                                     "on it (SafeAILab ignores it, SGLang applies it)")
+        note["draft_to_target"] = "identity (draft vocabulary = target vocabulary)"
+        return note
+    require(d2t is not None and tuple(d2t.shape) == (draft_vocab,), where,
+            f"a draft vocabulary of {draft_vocab} < {vocab} needs d2t [{draft_vocab}] (got "
+            f"{None if d2t is None else tuple(d2t.shape)}): without it draft ids would be read as target ids")
+    ids = draft_to_target_ids(d2t)
+    require(bool(((ids >= 0) & (ids < vocab)).all()), where, f"d2t maps draft ids outside [0, {vocab})")
+    require(ids.unique().numel() == draft_vocab, where, "d2t maps two draft ids to one target id")
+    if t2d is not None:
+        require(tuple(t2d.shape) == (vocab,) and int(t2d.sum()) == draft_vocab and bool(t2d.bool()[ids].all()), where,
+                "t2d does not mark exactly the target ids that d2t maps to")
+    state["draft_to_target"] = ids
+    note["draft_to_target"] = "target id = draft id + d2t[draft id] (offsets)"
+    note["d2t_examples"] = [[i, int(ids[i])] for i in range(min(6, draft_vocab))]
+    return note
+
+
+def _layer_config(tl: dict, where: str):
+    """speculators' ``transformer_layer_config`` with transformers' defaults filled in (it is saved as a
+    diff against them: ``to_diff_dict``). Only llama layers are supported."""
+    from transformers import AutoConfig
+
+    model_type = tl.get("model_type", "qwen3")  # speculators' default layer config is Qwen3Config
+    require(model_type == "llama", where, f"transformer_layer_config of model_type {model_type!r}: specviz runs "
+                                          "llama EAGLE-3 layers only (qwen3's q/k norms are not supported yet)")
+    return AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"})
+
+
+def _check_act(cfg: dict, where: str) -> None:
+    require(cfg.get("hidden_act", "silu") == "silu", where, f"hidden_act {cfg.get('hidden_act')!r}: only silu")

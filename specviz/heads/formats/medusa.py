@@ -1,0 +1,148 @@
+"""Medusa heads as published, normalised into specviz's :class:`~specviz.heads.medusa.MedusaHead`.
+
+Sources (read for the layouts; the code here is specviz's own):
+
+* FasterDecoding/Medusa ``medusa/model/medusa_model.py`` (Medusa-1: head h = ``Sequential(ResBlock x L,
+  Linear(H, V, bias=False))``, saved as ``{h}.{l}.linear.{weight,bias}`` and its own LM head
+  ``{h}.{L}.weight``; ``ResBlock`` = x + SiLU(Linear(x)), with bias). Its loader forces 5 heads ("TODO:
+  fix the uploaded config"), so the head count is read from the keys, not ``medusa_num_heads``.
+* FasterDecoding/Medusa after "Creating medusa2" (``medusa_model_legacy.py``, ``train_legacy.py``): the
+  heads are ResBlocks only, saved to ``medusa_lm_head.safetensors``; logits = the base model's LM head.
+* vLLM ``model_executor/models/medusa.py`` and ``transformers_utils/configs/medusa.py`` (removed in
+  vLLM 0.34): ``blocks.{h}.layers.{l}.weight`` (+ bias iff ``medusa_fc_bias``, default False),
+  ``lm_heads.{h}.weight`` or one ``lm_head`` (``original_lm_head``), ``token_map`` (absolute target ids
+  of a truncated vocabulary, used iff ``truncated_vocab_size < vocab_size``; LM head rows are cut to it
+  when the file holds the full vocabulary), prefix ``medusa_heads.`` stripped.
+
+Every layout reads the target's final-norm hidden state at the last committed position (specviz's
+Medusa feature).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..medusa import MedusaConfig, MedusaHead
+from .common import fill, finish, load_tensors, require
+from .detect import MEDUSA1_BLOCK, MEDUSA1_HEAD, VLLM_MEDUSA, Checkpoint
+
+SOURCES = {"medusa1-fasterdecoding": "FasterDecoding/Medusa (Medusa-1 heads, own LM heads)",
+           "medusa2-fasterdecoding": "FasterDecoding/Medusa (medusa2 heads, the target's LM head)",
+           "medusa-vllm": "vLLM (model_executor/models/medusa.py)"}
+VLLM_LM = re.compile(r"^lm_heads\.(\d+)\.weight$")
+
+
+def token_map_ids(token_map, truncated: int):
+    """vLLM's ``token_map`` holds ABSOLUTE target ids: row i of a truncated LM head scores target id
+    token_map[i] (``compute_logits``: ``logits[..., token_map] = truncated logits``). int64 [V_trunc]."""
+    return token_map.long()
+
+
+def load_medusa(ckpt: Checkpoint, layout: str, target, dtype=None) -> MedusaHead:
+    """Load a ``medusa1-fasterdecoding`` / ``medusa2-fasterdecoding`` / ``medusa-vllm`` head onto ``target``
+    (its device, ``dtype`` default the target's, eval mode), ``head.source`` saying where it came from.
+    Raises ValueError when the keys are inconsistent (a head without its blocks or LM head, a truncated
+    vocabulary without ``token_map``) or the heads do not fit the target."""
+    state = {k.removeprefix("medusa_heads."): v for k, v in load_tensors(ckpt).items()}
+    where, tc = str(ckpt.directory), target.config
+    if layout == "medusa-vllm":
+        cfg, rename, source = _vllm(ckpt.config, state, where, tc)
+    else:
+        cfg, rename, source = _fasterdecoding(ckpt.config, layout, state, where, tc)
+    head = MedusaHead(cfg)
+    fill(head, state, rename, where)
+    return finish(head, target, dtype, {"format": layout, "source": SOURCES[layout], "path": where,
+                                        "num_heads": cfg.num_heads, "num_layers": cfg.num_layers,
+                                        "lm_heads": cfg.lm_heads, "fc_bias": cfg.fc_bias, **source})
+
+
+def _count(matches, where: str, what: str) -> tuple[int, int]:
+    """(heads, layers) from (head, layer) index pairs, which must cover 0..K-1 x 0..L-1."""
+    pairs = {(int(h), int(l)) for h, l in matches}
+    heads, layers = {h for h, _ in pairs}, {l for _, l in pairs}
+    K, L = max(heads) + 1, max(layers) + 1
+    require(pairs == {(h, l) for h in range(K) for l in range(L)}, where,
+            f"{what}: blocks {sorted(pairs)} do not cover heads 0..{K - 1} x layers 0..{L - 1}")
+    return K, L
+
+
+def _fasterdecoding(cfg: dict, layout: str, state: dict, where: str, tc):
+    blocks = [MEDUSA1_BLOCK.match(k) for k in state]
+    K, L = _count([(m[1], m[2]) for m in blocks if m and m[3] == "weight"], where, "Medusa ResBlocks")
+    H = state["0.0.linear.weight"].shape[0]
+    require(all(f"{h}.{l}.linear.bias" in state for h in range(K) for l in range(L)), where,
+            "FasterDecoding's ResBlocks have biases: some are missing")
+    own = layout == "medusa1-fasterdecoding"
+    if own:
+        heads = {int(m[1]): int(m[2]) for m in map(MEDUSA1_HEAD.match, state) if m}
+        require(heads == {h: L for h in range(K)}, where,
+                f"Medusa-1 keeps head h's LM head at '{{h}}.{L}.weight' for every head 0..{K - 1}; found {heads}")
+    cfg_out = MedusaConfig(kind="medusa", hidden_size=H, vocab_size=tc.vocab_size,
+                           target_num_hidden_layers=tc.num_hidden_layers, num_heads=K, num_layers=L, fc_bias=True,
+                           lm_heads="per_head" if own else "target")
+
+    def rename(key: str) -> str | None:
+        m = MEDUSA1_BLOCK.match(key)
+        if m:
+            return f"blocks.{m[1]}.{m[2]}.linear.{m[3]}"
+        m = MEDUSA1_HEAD.match(key)
+        return f"own_lm_heads.{m[1]}.weight" if m else key
+
+    return cfg_out, rename, {"config_num_heads": cfg.get("medusa_num_heads"),
+                             "lm_head": "one per head (the file's)" if own else "the target's"}
+
+
+def _vllm(cfg: dict, state: dict, where: str, tc):
+    named = {_vllm_key(k): v for k, v in cfg.items()}  # vLLM's MedusaConfig.from_pretrained renames num*heads / num*layers
+    blocks = [VLLM_MEDUSA.match(k) for k in state]
+    K, L = _count([(m[1], m[2]) for m in blocks if m and m[3] == "weight"], where, "vLLM Medusa blocks")
+    H = state["blocks.0.layers.0.weight"].shape[0]
+    bias = bool(cfg.get("medusa_fc_bias", False))
+    has_bias = any(m and m[3] == "bias" for m in blocks)
+    require(has_bias == bias, where, f"medusa_fc_bias={bias} but the file {'has' if has_bias else 'has no'} "
+                                     "block biases")
+    vocab = int(cfg.get("vocab_size", tc.vocab_size))
+    truncated = int(cfg.get("truncated_vocab_size") or vocab)
+    token_map = state.pop("token_map", None)
+    note = {"vocab_size": vocab, "truncated_vocab_size": truncated}
+    if truncated < vocab:
+        require(token_map is not None and tuple(token_map.shape) == (truncated,), where,
+                f"truncated_vocab_size {truncated} < vocab_size {vocab} needs token_map [{truncated}]")
+        require(bool(((token_map >= 0) & (token_map < vocab)).all()) and token_map.unique().numel() == truncated,
+                where, f"token_map must hold {truncated} distinct target ids in [0, {vocab})")
+        state["token_map"] = token_map_ids(token_map, truncated)
+        note["token_map"] = "absolute target ids"
+        note["token_map_examples"] = [[i, int(token_map[i])] for i in range(min(6, truncated))]
+    if cfg.get("original_lm_head", False):
+        name = "lm_head.weight" if "lm_head.weight" in state else "lm_heads.0.weight"
+        require(name in state, where, "original_lm_head needs lm_head.weight (or lm_heads.0.weight)")
+        lms, mode = {0: state.pop(name)}, "shared"
+        for k in [k for k in state if VLLM_LM.match(k)]:
+            del state[k]  # vLLM reads only the first
+    else:
+        lms = {int(m[1]): state.pop(m[0]) for m in [VLLM_LM.match(k) for k in list(state)] if m}
+        require(set(lms) == set(range(K)), where, f"lm_heads.{{h}}.weight for heads 0..{K - 1}, found {sorted(lms)}")
+        mode = "per_head"
+    for h, w in lms.items():
+        if truncated < vocab and w.shape[0] > truncated:
+            w = w[state["token_map"]]  # vLLM cuts a full-vocabulary LM head to the token map's rows
+        state[f"own_lm_heads.{h}.weight"] = w
+    cfg_out = MedusaConfig(kind="medusa", hidden_size=H, vocab_size=vocab, target_num_hidden_layers=tc.num_hidden_layers,
+                           num_heads=K, num_layers=L, fc_bias=bias, lm_heads=mode,
+                           head_vocab_size=truncated if truncated < vocab else None)
+
+    def rename(key: str) -> str | None:
+        m = VLLM_MEDUSA.match(key)
+        return f"blocks.{m[1]}.{m[2]}.linear.{m[3]}" if m else key
+
+    return cfg_out, rename, {"config_num_heads": named.get("num_heads"),
+                             "lm_head": "one for all heads (the file's)" if mode == "shared" else
+                             "one per head (the file's)", **note}
+
+
+def _vllm_key(key: str) -> str:
+    if "num" in key and "heads" in key:
+        return "num_heads"
+    if "num" in key and "layers" in key:
+        return "num_hidden_layers"
+    return key

@@ -1,0 +1,478 @@
+"""Published head layouts (specviz.heads.formats): each loader against a reference forward written from the
+public code (tests/reference_drafters.py), on a tiny target whose RoPE base (50000) differs from every head's.
+
+For each layout a tiny checkpoint is written in the exact published layout (random weights; a reduced draft
+vocabulary where the format has one); every draft specviz makes with it equals the reference's draft from the
+same context, and greedy output equals plain greedy. Planted mistakes (the loader monkeypatched to read taps in
+the wrong convention, to miss a norm, to read d2t as ids) make the comparison fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import PROMPT
+
+import reference_drafters as R
+from specviz import SpecDecoder
+from specviz.heads import formats
+from specviz.heads.formats import eagle as eagle_formats
+from specviz.heads.formats import load_head_dir
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
+K, NEW = 3, 12
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("formats")
+
+
+@pytest.fixture(scope="module")
+def target_dir(root):
+    return R.save_target(root / "target")
+
+
+@pytest.fixture(scope="module")
+def dec(target_dir):
+    return SpecDecoder.from_pretrained(target_dir, device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def plain(dec):
+    return dec.generate(PROMPT, method="none", max_new_tokens=NEW).output_token_ids
+
+
+def mismatches(dec, method, reference, k=K):
+    """(trace, [(step, specviz's drafts, the reference's)] where they differ): greedy, chain of k."""
+    trace = dec.generate(PROMPT, method=method, num_speculative_tokens=k, max_new_tokens=NEW)
+    ctx, bad, compared = list(trace.prompt_token_ids), [], 0
+    for st in trace.steps:
+        if st.draft_token_ids:
+            want = reference.draft(ctx, len(st.draft_token_ids))
+            compared += 1
+            if want != list(st.draft_token_ids):
+                bad.append((st.index, list(st.draft_token_ids), want))
+        ctx += list(st.committed_token_ids)
+    assert compared >= 4, "too few drafting steps to compare"
+    return trace, bad
+
+
+def with_head(dec, method, head):
+    """A context manager: ``dec`` drafts ``method`` with ``head`` inside the block."""
+    class _Swap:
+        def __enter__(self):
+            self.old = dec.heads.get(method)
+            dec.heads[method] = head
+
+        def __exit__(self, *exc):
+            if self.old is None:
+                dec.heads.pop(method, None)
+            else:
+                dec.heads[method] = self.old
+    return _Swap()
+
+
+# ---- checkpoints in the published layouts ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def layouts(root, dec):
+    """{name: (method, dir, tensors as written, reference)} for every published layout."""
+    tm = dec.target_model
+    out = {}
+    W = R.eagle1_safeailab(root / "eagle1", tm)
+    from specviz.heads.formats.convert import convert_dir
+
+    convert_dir(root / "eagle1")  # the official EAGLE-1 heads ship only pytorch_model.bin
+    out["eagle-safeailab"] = ("eagle", root / "eagle1", W, R.EagleReference(W, tm, eagle3=False, prefix="layers.0."))
+    W = R.eagle3_safeailab(root / "e3-safeailab")
+    out["eagle3-safeailab"] = ("eagle3", root / "e3-safeailab", W,
+                               R.EagleReference(W, tm, eagle3=True, taps=[2, 4, 5], prefix="midlayer."))
+    W = R.eagle3_specforge(root / "e3-specforge", tm)
+    out["eagle3-specforge"] = ("eagle3", root / "e3-specforge", W,
+                               R.EagleReference(W, tm, eagle3=True, taps=[1, 3, 5], tap_outputs=True,
+                                                prefix="midlayer.", base=20000.0, fc_norm=True))
+    W = R.eagle3_speculators(root / "e3-speculators", tm)
+    out["eagle3-speculators"] = ("eagle3", root / "e3-speculators", W,
+                                 R.EagleReference(W, tm, eagle3=True, taps=[1, 3, 6], prefix="layers.0.",
+                                                  norm_before_residual=True))
+    W = R.medusa1(root / "medusa1")
+    convert_dir(root / "medusa1")  # Medusa-1 heads ship medusa_lm_head.pt
+    out["medusa1-fasterdecoding"] = ("medusa", root / "medusa1", W, R.MedusaReference(W, tm, "per_head", 3, 1))
+    W = R.medusa2(root / "medusa2")
+    out["medusa2-fasterdecoding"] = ("medusa", root / "medusa2", W, R.MedusaReference(W, tm, "target", 3, 2))
+    W = R.medusa_vllm(root / "medusa-vllm")
+    out["medusa-vllm"] = ("medusa", root / "medusa-vllm", W, R.MedusaReference(W, tm, "vllm", 3, 1))
+    W = R.dflash_zlab(root / "dflash")
+    out["dflash-zlab"] = ("dflash", root / "dflash", W,
+                          R.DFlashReference(W, tm, (1, 5), 2, 4, 2, base=1e6, eps=1e-6))
+    return out
+
+
+@pytest.mark.parametrize("layout", ["eagle-safeailab", "eagle3-safeailab", "eagle3-specforge", "eagle3-speculators",
+                                    "medusa1-fasterdecoding", "medusa2-fasterdecoding", "medusa-vllm", "dflash-zlab"])
+def test_every_draft_equals_the_reference_and_greedy_equals_plain(layouts, target_dir, plain, layout):
+    """Loaded through the one API (from_pretrained(target, heads={method: DIR})), detected from the files,
+    each head drafts exactly what the public code's forward drafts, at every step; output = plain greedy."""
+    method, directory, _, reference = layouts[layout]
+    dec = SpecDecoder.from_pretrained(target_dir, device="cpu", dtype="float32", heads={method: str(directory)})
+    assert dec.heads[method].source["format"] == layout
+    trace, bad = mismatches(dec, method, reference)
+    assert not bad, bad
+    assert trace.output_token_ids == plain
+    head = trace.config["head"]
+    assert head["format"] == layout and head["path"] == str(directory)
+
+
+def test_reduced_vocabulary_and_norm_variants(root, dec):
+    """speculators' ``norm_output`` (the normed h fed back) with ``norm_before_fc``; a SafeAILab EAGLE-3 head
+    without t2d (vLLM and SGLang never read it): drafts equal the reference's; EAGLE-3 drafts are target ids
+    from the draft vocabulary."""
+    tm = dec.target_model
+    W = R.eagle3_speculators(root / "e3-spec-v2", tm, seed=8, layer_ids=(6, 1, 3), norm_output=True,
+                             norm_before_fc=True)
+    ref = R.EagleReference(W, tm, eagle3=True, taps=[1, 3, 6], prefix="layers.0.", norm_before_residual=True,
+                           norm_before_fc=True, feed_normed=True)
+    head = load_head_dir(root / "e3-spec-v2", tm, "eagle3")
+    assert head.config.aux_layer_ids == (1, 3, 6)  # engines concatenate the taps in layer order
+    with with_head(dec, "eagle3", head):
+        assert not mismatches(dec, "eagle3", ref)[1]
+    W = R.eagle3_safeailab(root / "e3-no-t2d", seed=9, t2d=False)
+    head = load_head_dir(root / "e3-no-t2d", tm, "eagle3")
+    allowed = {i + int(W["d2t"][i]) for i in range(64)}
+    with with_head(dec, "eagle3", head):
+        trace, bad = mismatches(dec, "eagle3", R.EagleReference(W, tm, eagle3=True, taps=[2, 4, 5], prefix="midlayer."))
+    assert not bad
+    assert all(t in allowed for st in trace.steps for t in st.draft_token_ids)
+
+
+def test_dflash_block_size_nested_and_num_speculative_tokens(root, dec):
+    """block_size inside dflash_config (newer z-lab files) loads the same; k <= block_size - 1 is enforced."""
+    tm = dec.target_model
+    W = R.dflash_zlab(root / "dflash-nested", seed=11, layer_ids=(0, 3, 6), block_size=5, nested=True, layers=1)
+    head = load_head_dir(root / "dflash-nested", tm, "dflash")
+    assert head.config.block_size == 5 and head.source["block_size_in"] == "dflash_config"
+    ref = R.DFlashReference(W, tm, (0, 3, 6), 1, 5, 2, base=1e6, eps=1e-6)
+    with with_head(dec, "dflash", head):
+        assert not mismatches(dec, "dflash", ref, k=4)[1]
+        with pytest.raises(ValueError, match="block_size - 1"):
+            dec.generate(PROMPT, method="dflash", num_speculative_tokens=5, max_new_tokens=4)
+
+
+# ---- planted mistakes: each makes the comparison fail -----------------------------------------------------
+def test_planted_wrong_taps_fail(layouts, dec, monkeypatch):
+    """Taps read one layer off (the SpecForge +1 applied to SafeAILab's default) draft differently."""
+    _, directory, _, reference = layouts["eagle3-safeailab"]
+    real = eagle_formats.default_taps
+    monkeypatch.setattr(eagle_formats, "default_taps", lambda n: [t + 1 for t in real(n)])
+    head = load_head_dir(directory, dec.target_model, "eagle3")
+    assert head.config.aux_layer_ids == (3, 5, 6)
+    with with_head(dec, "eagle3", head):
+        assert mismatches(dec, "eagle3", reference)[1]
+
+
+def test_planted_missed_norm_fails(layouts, dec, monkeypatch):
+    """speculators' norm_before_residual dropped (vLLM's and SGLang's defaults disagree on it) drafts differently."""
+    _, directory, _, reference = layouts["eagle3-speculators"]
+    real = eagle_formats.norm_flags
+    monkeypatch.setattr(eagle_formats, "norm_flags", lambda layout, cfg: {**real(layout, cfg),
+                                                                          "norm_before_residual": False})
+    head = load_head_dir(directory, dec.target_model, "eagle3")
+    with with_head(dec, "eagle3", head):
+        assert mismatches(dec, "eagle3", reference)[1]
+
+
+def test_planted_d2t_read_as_ids_fails(root, dec, monkeypatch):
+    """d2t read as target ids instead of offsets: without t2d the drafts differ from the reference's; with
+    t2d the loader refuses it (t2d marks other ids)."""
+    monkeypatch.setattr(eagle_formats, "draft_to_target_ids", lambda d2t: d2t.long())
+    W = R.eagle3_safeailab(root / "e3-planted", seed=12, t2d=False)
+    head = load_head_dir(root / "e3-planted", dec.target_model, "eagle3")
+    with with_head(dec, "eagle3", head):
+        assert mismatches(dec, "eagle3", R.EagleReference(W, dec.target_model, eagle3=True, taps=[2, 4, 5],
+                                                          prefix="midlayer."))[1]
+    R.eagle3_safeailab(root / "e3-planted-t2d", seed=12)
+    with pytest.raises(ValueError, match="t2d"):
+        load_head_dir(root / "e3-planted-t2d", dec.target_model, "eagle3")
+
+
+def test_planted_inherited_rope_fails(layouts, dec, monkeypatch):
+    """A head run at the target's RoPE base (50000) instead of its own (10000, no rope_theta) drafts differently."""
+    _, directory, _, reference = layouts["eagle3-safeailab"]
+    from specviz.heads.formats import common
+
+    real = common.rope_parameters
+    monkeypatch.setattr(eagle_formats, "rope_parameters", lambda cfg, default_theta=10000.0: real(cfg, R.TARGET_ROPE))
+    head = load_head_dir(directory, dec.target_model, "eagle3")
+    with with_head(dec, "eagle3", head):
+        assert mismatches(dec, "eagle3", reference)[1]
+
+
+# ---- what each layout is normalised to -------------------------------------------------------------------
+def test_normalisation_recorded(layouts, dec):
+    """Taps in one convention (the input of layer l), norm flags with their source's default, the draft
+    vocabulary as target ids, head counts from the keys, z-lab ids kept as layer outputs."""
+    tm = dec.target_model
+    heads = {name: load_head_dir(d, tm, m) for name, (m, d, _, _) in layouts.items()}
+    e1 = heads["eagle-safeailab"]
+    assert e1.config.fc_bias and not e1.config.own_embedding and e1.source["rope_theta"] == 10000.0
+    sf = heads["eagle3-specforge"]
+    assert sf.config.aux_layer_ids == (2, 4, 6) and sf.source["taps_in_file"] == [1, 3, 5]
+    assert sf.config.fc_norm and sf.config.norm_logits and sf.config.rope_parameters["rope_theta"] == 20000.0
+    sp = heads["eagle3-speculators"]
+    assert sp.config.aux_layer_ids == (1, 3, 6) and sp.config.norm_before_residual and not sp.config.feed_normed
+    sa = heads["eagle3-safeailab"]
+    W = layouts["eagle3-safeailab"][2]
+    assert sa.config.draft_vocab_size == 64 and sa.source["draft_vocab_size"] == 64
+    assert torch.equal(sa.draft_to_target, torch.arange(64) + W["d2t"])
+    assert heads["medusa1-fasterdecoding"].config.num_heads == 3  # keys say 3; config.json says 2
+    assert heads["medusa1-fasterdecoding"].source["config_num_heads"] == 2
+    assert heads["medusa2-fasterdecoding"].config.lm_heads == "target"
+    mv = heads["medusa-vllm"]
+    assert mv.config.head_vocab_size == 100 and not mv.config.fc_bias
+    assert torch.equal(mv.token_map, layouts["medusa-vllm"][2]["token_map"])
+    df = heads["dflash-zlab"]
+    assert df.config.target_layer_ids == (1, 5) and df.config.mask_token_id == 2 and df.config.block_size == 4
+
+
+# ---- errors ------------------------------------------------------------------------------------------------
+def test_unknown_layout_names_what_was_found(root, dec):
+    R.write(root / "unknown", {"model_type": "mystery"}, {"foo.weight": torch.zeros(2, 2)})
+    with pytest.raises(ValueError, match=r"unknown head layout .*foo\.weight.*Known layouts: .*eagle3-safeailab"):
+        load_head_dir(root / "unknown", dec.target_model)
+
+
+def test_pickles_are_never_read_by_the_loader(root, dec, monkeypatch):
+    """A .bin-only head gets an error naming ``specviz convert``; the loader never calls torch.load."""
+    R.eagle1_safeailab(root / "bin-only", dec.target_model)
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the loader unpickled"))
+    with pytest.raises(ValueError, match="specviz convert"):
+        load_head_dir(root / "bin-only", dec.target_model, "eagle")
+
+
+def test_convert_command(root, dec, capsys):
+    """``specviz convert DIR`` writes safetensors beside the .bin (weights_only load), then the head loads;
+    a second run refuses to overwrite; a pickle holding a non-tensor object is refused."""
+    from specviz.cli import main
+
+    R.eagle1_safeailab(root / "to-convert", dec.target_model)
+    assert main(["convert", str(root / "to-convert")]) == 0
+    assert (root / "to-convert" / "pytorch_model.safetensors").is_file()
+    assert load_head_dir(root / "to-convert", dec.target_model, "eagle").source["format"] == "eagle-safeailab"
+    assert main(["convert", str(root / "to-convert")]) == 2
+    assert "exists already" in capsys.readouterr().err
+    bad = root / "bad-pickle"
+    bad.mkdir()
+    torch.save({"w": torch.zeros(1), "note": "not a tensor"}, bad / "pytorch_model.bin")
+    assert main(["convert", str(bad)]) == 2
+    assert "state dict" in capsys.readouterr().err
+
+
+def test_wrong_method_and_mismatched_target(layouts, dec, root):
+    _, directory, _, _ = layouts["eagle3-safeailab"]
+    with pytest.raises(ValueError, match="'eagle3' head .*not 'eagle'"):
+        load_head_dir(directory, dec.target_model, "eagle")
+    cfg = dict(R._llama_fields(draft_vocab_size=64))
+    W = R._eagle3_core("midlayer.", 0, 64)
+    W["d2t"], W["t2d"] = R.reduced_vocab(0)
+    W["fc.weight"] = torch.zeros(R.HIDDEN, 2 * R.HIDDEN)  # two taps' worth: not SafeAILab's three
+    R.write(root / "e3-two-taps", cfg, W)
+    with pytest.raises(ValueError, match="fc reads 64 features"):
+        load_head_dir(root / "e3-two-taps", dec.target_model, "eagle3")
+    R.dflash_zlab(root / "dflash-last", layer_ids=(1, 7))  # output of the last layer: post-norm in transformers
+    with pytest.raises(ValueError, match="out of range"):
+        load_head_dir(root / "dflash-last", dec.target_model, "dflash")
+
+
+def test_layout_shown_in_the_views(layouts, target_dir):
+    """The trace's head record names the layout; the eagle3 view shows the source and the draft vocabulary
+    mapping, the medusa and dflash views the source and layout."""
+    from specviz.viz.dflash import dflash_html
+    from specviz.viz.eagle import eagle_html
+    from specviz.viz.medusa import medusa_html
+
+    heads = {m: str(layouts[name][1]) for name, m in (("eagle3-safeailab", "eagle3"), ("medusa-vllm", "medusa"),
+                                                       ("dflash-zlab", "dflash"))}
+    dec = SpecDecoder.from_pretrained(target_dir, device="cpu", dtype="float32", heads=heads)
+    for method, view, words in (("eagle3", eagle_html, ("eagle3-safeailab", "64 of 320", "d2t")),
+                                ("medusa", medusa_html, ("medusa-vllm", "token_map")),
+                                ("dflash", dflash_html, ("dflash-zlab", "z-lab"))):
+        trace = dec.generate(PROMPT, method=method, num_speculative_tokens=3, max_new_tokens=6)
+        step = next(i for i, st in enumerate(trace.steps) if st.draft_token_ids)
+        html = view(trace.to_dict(), step)
+        for word in words:
+            assert word in html, (method, word)
+
+
+def test_planted_dflash_ids_without_the_plus_one_fail(layouts, dec, monkeypatch):
+    """z-lab's ids read as layer inputs (hidden_states[i], no + 1: the vLLM PR 40727 bug) draft differently."""
+    from specviz.heads.formats import dflash as dflash_formats
+
+    _, directory, _, reference = layouts["dflash-zlab"]
+    real = dflash_formats.target_layer_ids
+    monkeypatch.setattr(dflash_formats, "target_layer_ids",
+                        lambda raw, n_draft, n_target: ([i - 1 for i in real(raw, n_draft, n_target)[0]], None))
+    head = load_head_dir(directory, dec.target_model, "dflash")
+    with with_head(dec, "dflash", head):
+        assert mismatches(dec, "dflash", reference)[1]
+
+
+def test_planted_medusa_token_map_ignored_fails(layouts, dec, monkeypatch):
+    """vLLM's truncated LM heads read as the first V_trunc target ids (token_map ignored) draft differently."""
+    from specviz.heads.formats import medusa as medusa_formats
+
+    _, directory, _, reference = layouts["medusa-vllm"]
+    monkeypatch.setattr(medusa_formats, "token_map_ids", lambda token_map, truncated: torch.arange(truncated))
+    head = load_head_dir(directory, dec.target_model, "medusa")
+    with with_head(dec, "medusa", head):
+        assert mismatches(dec, "medusa", reference)[1]
+
+
+def test_cli_and_app_take_head_method_dir(layouts, target_dir, capsys):
+    """``--head METHOD=DIR`` (repeatable) in ``specviz generate`` and the app's options; a bad value is refused."""
+    from helpers import cli_args
+
+    from specviz.cli import head_specs, main
+    from specviz.ui.launch import parse_args
+
+    e3, med = str(layouts["eagle3-specforge"][1]), str(layouts["medusa-vllm"][1])
+    assert main(cli_args(target_dir, 3, "--method", "eagle3", "--head", f"eagle3={e3}", "--head", f"medusa={med}")) == 0
+    assert "mean acceptance length" in capsys.readouterr().out
+    assert parse_args(["--head", f"eagle3={e3}"]).heads == {"eagle3": e3}
+    for bad in (["eagle3"], ["=x"], ["eagle3=a", "eagle3=b"]):
+        with pytest.raises(ValueError, match="--head"):
+            head_specs(bad)
+    assert main(cli_args(target_dir, 3, "--method", "eagle3", "--head", "eagle3")) == 2
+    assert "METHOD=DIR" in capsys.readouterr().err
+
+
+# ---- specviz's own heads written in the published layouts ---------------------------------------------------
+def _random_specviz_head(kind, target, seed, **kw):
+    """A specviz head of ``kind`` on ``target`` with every parameter perturbed (norm weights away from 1,
+    Medusa's zero-initialised ResBlocks non-zero), so that a dropped or misplaced tensor changes the drafts."""
+    from specviz.heads import build_head, head_config_from_target
+    from specviz.heads.dflash import DFlashHead, dflash_config_from_target
+    from specviz.heads.medusa import MedusaHead, medusa_config_from_target
+
+    torch.manual_seed(seed)
+    if kind == "medusa":
+        head = MedusaHead(medusa_config_from_target(target.config, num_heads=3, **kw))
+    elif kind == "dflash":
+        head = DFlashHead(dflash_config_from_target(target.config, num_layers=2, block_size=4, **kw))
+    else:
+        head = build_head(head_config_from_target(target.config, kind, **kw))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return head.attach(target).eval()
+
+
+@pytest.mark.parametrize("kind,layout", [("eagle", "eagle-safeailab"), ("eagle3", "eagle3-speculators"),
+                                         ("medusa", "medusa2-fasterdecoding"), ("dflash", "dflash-zlab")])
+def test_specviz_heads_written_in_published_layouts_draft_the_same(dec, root, kind, layout):
+    """save_published writes the field's layout (detected as such on reading), and the head read back drafts
+    exactly what the original drafts at every step."""
+    from specviz.heads.formats.export import save_published
+
+    head = _random_specviz_head(kind, dec.target_model, seed=20)
+    out = save_published(head, root / f"export-{kind}", dtype=torch.float32)
+    assert out["layout"] == layout and formats.layout_of(root / f"export-{kind}") == layout
+    back = load_head_dir(root / f"export-{kind}", dec.target_model, kind)
+    runs = []
+    for h in (head, back):
+        with with_head(dec, kind, h):
+            runs.append(dec.generate(PROMPT, method=kind, num_speculative_tokens=3, max_new_tokens=NEW))
+    assert [s.draft_token_ids for s in runs[0].steps] == [s.draft_token_ids for s in runs[1].steps]
+    assert sum(len(s.draft_token_ids) for s in runs[0].steps) >= 8
+
+
+def test_exported_eagle3_matches_the_reference_and_merges_taps(dec, root):
+    """An EAGLE-3 head with taps out of layer order and repeated is written with sorted, distinct taps (fc's
+    blocks permuted and summed: exact); the file drafts what the public code's forward drafts."""
+    from safetensors.torch import load_file
+
+    from specviz.heads.formats.export import save_published
+
+    head = _random_specviz_head("eagle3", dec.target_model, seed=21, aux_layer_ids=(5, 2, 5))
+    save_published(head, root / "export-e3-taps", dtype=torch.float32)
+    W = load_file(str(root / "export-e3-taps" / "model.safetensors"))
+    assert W["fc.weight"].shape == (R.HIDDEN, 2 * R.HIDDEN)
+    ref = R.EagleReference(W, dec.target_model, eagle3=True, taps=[2, 5], prefix="layers.0.", eps=1e-6,
+                           base=R.TARGET_ROPE)  # specviz builds its heads with the target's RoPE
+    with with_head(dec, "eagle3", head):
+        assert not mismatches(dec, "eagle3", ref)[1]
+
+
+def test_unrepresentable_heads_are_refused(dec, root):
+    """FasterDecoding repeats one ResBlock per head: a head whose two ResBlocks differ is refused; MTP has no
+    published layout; the recipe's copy then records why instead of failing."""
+    from specviz.heads.formats.export import save_published, save_published_beside
+
+    medusa = _random_specviz_head("medusa", dec.target_model, seed=22, num_layers=2)
+    with pytest.raises(ValueError, match="ResBlocks differ"):
+        save_published(medusa, root / "export-medusa2")
+    assert "ResBlocks differ" in save_published_beside(medusa, root, "m2")["not_written"]
+    with torch.no_grad():
+        for block in medusa.blocks:
+            block[1].linear.load_state_dict(block[0].linear.state_dict())
+    assert save_published(medusa, root / "export-medusa2")["layout"] == "medusa2-fasterdecoding"
+
+
+def test_recipe_writes_the_published_layout_beside(tmp_path, dec):
+    """The heads recipe saves specviz's format and, at OUT/published/NAME, the field's layout, which loads."""
+    import dataclasses
+
+    import specviz.train.heads as train_heads_mod
+
+    target = dec.target_model
+    w = torch.randint(0, target.config.vocab_size, (8, 17))
+    cfg = dataclasses.replace(train_heads_mod.SMOKE["eagle3"], steps=2, eval_windows=2)
+    log = train_heads_mod.train_eagle3(target, w, w[:2], "cpu", tmp_path, config=cfg)
+    pub = log["saved"]["published"]
+    assert pub["layout"] == "eagle3-speculators" and pub["dir"] == str(tmp_path / "published" / "specviz-eagle3")
+    assert load_head_dir(pub["dir"], target, "eagle3").source["format"] == "eagle3-speculators"
+
+
+def test_reduced_vocabulary_head_in_trees_and_sampling(layouts, dec, plain):
+    """An EAGLE-3 head with 64 draft tokens drives EAGLE-2 trees (greedy = plain greedy; every node a draft-vocabulary
+    id) and sampled chains (q is zero off the draft vocabulary, so every drafted token is in it)."""
+    _, directory, W, _ = layouts["eagle3-safeailab"]
+    allowed = {i + int(W["d2t"][i]) for i in range(64)}
+    head = load_head_dir(directory, dec.target_model, "eagle3")
+    with with_head(dec, "eagle3", head):
+        tree = dec.generate(PROMPT, method="eagle3", eagle_tree_top_k=3, eagle_tree_depth=2, eagle_tree_total_tokens=8,
+                            max_new_tokens=NEW)
+        sampled = dec.generate(PROMPT, method="eagle3", num_speculative_tokens=3, temperature=0.8, seed=1,
+                               verify="standard", max_new_tokens=NEW)
+    assert tree.output_token_ids == plain
+    assert all(n.token_id in allowed for st in tree.steps for n in st.nodes)
+    assert any(st.nodes for st in tree.steps)
+    assert all(t in allowed for st in sampled.steps for t in st.draft_token_ids)
+    assert len(sampled.output_token_ids) == NEW
+
+
+def test_static_runner_drafts_as_the_eager_one(layouts, target_dir, dec, plain):
+    """The static runner's head runners (slot cache, padded first passes) draft exactly as the eager ones with
+    published heads (an EAGLE-3 with a reduced vocabulary, DFlash, vLLM Medusa)."""
+    heads = {m: str(layouts[name][1]) for name, m in (("eagle3-speculators", "eagle3"), ("dflash-zlab", "dflash"),
+                                                       ("medusa-vllm", "medusa"))}
+    static = SpecDecoder.from_pretrained(target_dir, device="cpu", dtype="float32", runner="static", heads=heads)
+    for method in heads:
+        got = static.generate(PROMPT, method=method, num_speculative_tokens=3, max_new_tokens=NEW)
+        assert got.output_token_ids == plain, method
+        with with_head(dec, method, load_head_dir(heads[method], dec.target_model, method)):
+            want = dec.generate(PROMPT, method=method, num_speculative_tokens=3, max_new_tokens=NEW)
+        assert [s.draft_token_ids for s in got.steps] == [s.draft_token_ids for s in want.steps], method
+
+
+def test_eagle1_without_fc_bias(root, dec):
+    """A LLaMA-3-style SafeAILab head ("bias": false, no fc.bias) drafts as the reference; a config that says
+    bias=true over a file without fc.bias is refused (SafeAILab would leave a random bias)."""
+    tm = dec.target_model
+    W = R.eagle1_safeailab(root / "e1-nobias", tm, seed=13, bias=False, pickle=False)
+    head = load_head_dir(root / "e1-nobias", tm, "eagle")
+    assert not head.config.fc_bias and head.fc.bias is None
+    with with_head(dec, "eagle", head):
+        assert not mismatches(dec, "eagle", R.EagleReference(W, tm, eagle3=False, prefix="layers.0."))[1]
+    cfg = R._llama_fields(bias=True)
+    R.write(root / "e1-bad-bias", cfg, W)
+    with pytest.raises(ValueError, match="bias=True but the file has no fc.bias"):
+        load_head_dir(root / "e1-bad-bias", tm, "eagle")
