@@ -48,7 +48,8 @@ def faulty_app(tiny_dirs):
     target, draft = tiny_dirs["llama"]
     cache = DecoderCache(str(target), str(draft), "cpu")
     decoder = cache.get()
-    decoder.runner_factory, decoder._free_runners = _FaultyRunner, {}  # every runner from now on can fail
+    decoder.runner_factory = _FaultyRunner  # every runner from now on can fail
+    decoder.pool.clear()
     demo = build_app(str(target), str(draft), "cpu", cache=cache)
     url = _launch(demo)
     yield url
@@ -351,13 +352,13 @@ def test_warm_up_reaches_every_width_and_verifier_spec(tiny_dirs):
     dec.runner_factory = _GraphRunner
     dec.generate(PROMPT, method="none", max_new_tokens=1)  # one target runner in the pool
     verifier = _RecordingVerifier()
-    dec._free_runners["verifier"] = [verifier]
+    dec.pool.replace("verifier", [verifier])
     report = dec.warm_up(max_speculative_tokens=4)
-    target_runner = dec._free_runners[id(dec.target_model)][0]
+    target_runner = dec.pool.free(id(dec.target_model))[0]
     assert set(range(1, 6)) <= set(target_runner.widths)  # verify widths 1..k+1
     assert target_runner.tree_widths == [8, 16]  # one tree forward per tree-size bucket (static trees)
-    assert {1, 2} <= set(dec._free_runners[id(dec.draft_model)][0].widths)  # the drafter's steps
-    assert not dec._free_runners[id(dec.draft_model)][0].tree_widths  # the drafter never runs trees
+    assert {1, 2} <= set(dec.pool.free(id(dec.draft_model))[0].widths)  # the drafter's steps
+    assert not dec.pool.free(id(dec.draft_model))[0].tree_widths  # the drafter never runs trees
     plan = warm_up_specs(dec.vocab_size, 4, backend="triton")
     assert verifier.specs[-len(plan):] == plan  # after the two tiny requests, every spec of the plan once
     assert report["graphs"] == 5 + 2 + 2 + len(plan)

@@ -267,7 +267,7 @@ def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
     # the taps were captured inside the graphs (the pooled runner also holds method none's tap-free graphs)
     assert any(key[1] for key in decs["static"].target_runner._graphs)
     # the head drafted through its static runner's graphs (specviz/heads/runner.py), none of which failed
-    head_runner, = decs["static"]._free_runners[("head", id(decs["static"].heads[kind]))]
+    head_runner, = decs["static"].pool.free(("head", id(decs["static"].heads[kind])))
     assert head_runner.replays > 0 and head_runner._graphs and all(g is not None for g in head_runner._graphs.values())
 
 
@@ -292,10 +292,10 @@ def test_tree_requests_leave_the_chain_head_runner_pool_alone(eagle_decoders, ki
     dec = eagle_decoders["static"]
     key = ("head", id(dec.heads[kind]))
     dec.generate(PROMPT, method=kind, num_speculative_tokens=3, max_new_tokens=6)
-    pooled = list(dec._free_runners[key])
+    pooled = dec.pool.free(key)
     assert pooled and all(isinstance(r, StaticHeadRunner) for r in pooled)
     dec.generate(PROMPT, method=kind, num_speculative_tokens=4, max_new_tokens=6, eagle_tree_top_k=2,
                  eagle_tree_depth=3, eagle_tree_total_tokens=6)
-    assert dec._free_runners[key] == pooled  # the same runners, nothing added
+    assert dec.pool.free(key) == pooled  # the same runners, nothing added
     dec.generate(PROMPT, method=kind, num_speculative_tokens=3, max_new_tokens=6)
     assert isinstance(dec.current_proposer.runner, StaticHeadRunner)  # the chain after the tree drafts statically

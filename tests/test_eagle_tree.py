@@ -299,7 +299,7 @@ def test_bundled_eagle3_tree_on_gpu_equals_plain_greedy(runner):
     assert any(len(st.nodes) > max(n.depth for n in st.nodes) for st in tree.steps if st.nodes)  # branching trees
     assert tree.metrics["num_accepted_tokens"] > 0
     if runner == "static":  # each tree was one CUDA graph of the pooled static head runner (K, levels, N), none failed
-        head_runner, = dec._free_runners[("head", id(dec.heads["eagle3"]))]
+        head_runner, = dec.pool.free(("head", id(dec.heads["eagle3"])))
         drafts = {key: g for key, g in head_runner._graphs.items() if key[0] == "eagle2"}
         assert ("eagle2", 4, 5, 24) in drafts and all(g is not None for g in drafts.values()), drafts
 

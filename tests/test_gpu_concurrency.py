@@ -55,6 +55,6 @@ def test_concurrent_requests_during_capture_equal_solo_runs(tiny_dirs):
     assert all(not t.is_alive() for t in threads), "a request did not finish"
     for i, kw in enumerate(REQUESTS):
         assert results[i] == solo[i], (i, kw)
-    failed = [key for pooled in dec._free_runners.values() for r in pooled
+    failed = [key for r in dec.pool.objects()
               for key, g in (getattr(r, "_graphs", None) or {}).items() if g is None]
     assert not failed, f"captures that failed under concurrency: {failed}"

@@ -110,11 +110,11 @@ Q_SETTINGS = [(1.0, None, None), (0.7, 6, 0.9)]
 
 def drafted(dec, method, settings, seeds):
     """Draft tokens [S, K] and reported q [S, K, V] of the proposer on PROMPT for each seed."""
-    from specviz.engine import GenerationConfig
+    from specviz.config import GenerationConfig
 
     T, top_k, top_p = settings
-    proposer = dec.make_proposer(GenerationConfig(method=method, num_speculative_tokens=K, temperature=T,
-                                                  top_k=top_k, top_p=top_p, verify="standard"))
+    proposer = dec.make_proposer(GenerationConfig.from_settings(method=method, num_speculative_tokens=K, temperature=T,
+                                                                top_k=top_k, top_p=top_p, verify="standard"))
     xs, qs = [], []
     for seed in seeds:
         proposer.reset()

@@ -6,6 +6,8 @@ the view. Heads have random weights on tiny random targets."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from types import SimpleNamespace
 
 import pytest
@@ -137,9 +139,8 @@ def test_drafting_writes_no_kv_at_a_constant_position(mtp_decoders, runner):
 
     from specviz import methods
 
-    saved = methods.METHODS["mtp"]
-    methods.register(methods.Method("mtp", saved.summary, make=lambda d, c, e: Spy(oracle, c.num_speculative_tokens),
-                                    missing=saved.missing, details="mtp"))
+    saved = methods.get("mtp")
+    methods.register(dataclasses.replace(saved, make=lambda b: Spy(oracle, b.config.num_speculative_tokens)))
     dec.heads["mtp"] = oracle
     try:
         got = dec.generate(PROMPT, method="mtp", num_speculative_tokens=3, max_new_tokens=14)
@@ -255,7 +256,7 @@ def test_static_graphs_equal_eager_on_gpu(mtp_dirs):
     assert decs["static"].runner_factory.func is StaticRunner
     assert_static_graphs_equal_eager(decs, "mtp", 4, "block")
     # the greedy chains drafted through captured graphs (MtpDraftGraphs), none of which failed
-    graphs, = decs["static"]._free_runners[("mtp", id(decs["static"].heads["mtp"]))]
+    graphs, = decs["static"].pool.free(("mtp", id(decs["static"].heads["mtp"])))
     assert graphs.replays > 0 and graphs._graphs and all(g is not None for g in graphs._graphs.values())
 
 
@@ -282,9 +283,8 @@ def test_whole_buffer_chain_equals_the_exact_length_chain(mtp_decoders):
 
     from specviz import methods
 
-    saved = methods.METHODS["mtp"]
-    methods.register(methods.Method("mtp", saved.summary, make=lambda d, cfg, ex: Both(d.heads["mtp"], 4),
-                                    missing=saved.missing, details="mtp"))
+    saved = methods.get("mtp")
+    methods.register(dataclasses.replace(saved, make=lambda b: Both(b.decoder.heads["mtp"], 4)))
     try:
         dec.generate(PROMPT, method="mtp", num_speculative_tokens=4, max_new_tokens=20)
     finally:

@@ -136,10 +136,10 @@ def test_engine_sampling_with_verifier_graphs_equals_eager_verifier(tiny_dirs):
         run = lambda: dec.generate(PROMPT, num_speculative_tokens=3, max_new_tokens=30, seed=7, **kw)  # noqa: E731
         graphed = run()
         assert dec.step_verifier.cuda_graphs and dec.step_verifier._graphs
-        dec._free_runners["verifier"] = [StepVerifier(dec.device, cuda_graphs=False)]
+        dec.pool.replace("verifier", [StepVerifier(dec.device, cuda_graphs=False)])
         plain = run()
         assert not dec.step_verifier.cuda_graphs
-        dec._free_runners["verifier"] = []
+        dec.pool.replace("verifier", [])
         assert graphed.output_token_ids == plain.output_token_ids, kw
         strip = lambda t: [{**asdict(s), "timings_ms": None} for s in t.steps]  # noqa: E731
         assert strip(graphed) == strip(plain), kw

@@ -75,7 +75,7 @@ def test_padded_identical_draft_is_greedy_equal(dirs):
 def test_draft_without_padding_rows_gets_zero_padded_q(dirs):
     dec = _load(dirs["padded_target"], dirs["target"])
     assert dec.vocab_size == V + 4
-    proposer = dec.make_proposer(__import__("specviz.engine", fromlist=["GenerationConfig"]).GenerationConfig(
+    proposer = dec.make_proposer(__import__("specviz.config", fromlist=["GenerationConfig"]).GenerationConfig.from_settings(
         method="draft_model", num_speculative_tokens=2, temperature=1.0, verify="standard"))
     from specviz.proposer import StepContext
 

@@ -120,9 +120,9 @@ def test_engine_ten_temperatures_capture_no_new_verifier_graphs(tiny_dirs):
     for T in TEMPERATURES[1:]:
         graphed = dec.generate(prompt, temperature=T, **kw)
         assert dec.step_verifier is verifier
-        dec._free_runners["verifier"] = [StepVerifier(dec.device, cuda_graphs=False)]
+        dec.pool.replace("verifier", [StepVerifier(dec.device, cuda_graphs=False)])
         plain = dec.generate(prompt, temperature=T, **kw)
-        dec._free_runners["verifier"] = [verifier]
+        dec.pool.replace("verifier", [verifier])
         assert strip(graphed) == strip(plain), T
     # k' in 0..3 (the last steps draft fewer), never one per temperature
     assert before > 0 and len(verifier._graphs) <= 4

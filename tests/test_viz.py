@@ -16,6 +16,7 @@ from specviz.loading import bundled_heads
 from specviz.trace import Emitted, Position, Step, Trace, compute_metrics
 from specviz.viz.common import fmt_prob
 from specviz.methods.ngram.view import match_context_html, trie_figure, trie_placement
+from specviz.viz.source import source_figure, source_html
 from specviz.viz import (
     FATES,
     estimated_alpha,
@@ -322,10 +323,10 @@ def test_ngram_match_and_trie(traces):
     assert len(fig.data[-1].x) == len(placed) + 1  # the suffix root + every node
     other = traces["draft_model-standard"]  # section 3 shows the draft model's own candidates (issue 17)
     st = next(s for s in other.steps if s.draft_token_ids)
-    table = html.unescape(match_context_html(other, st.index))
+    table = html.unescape(source_html(other, st.index))  # the draft model's own view, found by its method
     assert table.count("<tr data-position=") == len(st.draft_token_ids)
     assert f"<td>{fmt_prob(st.positions[0].q)}</td>" in table
-    assert "candidates and q for each drafted position" in trie_figure(other, st.index).layout.annotations[0].text.replace(
+    assert "candidates and q for each drafted position" in source_figure(other, st.index).layout.annotations[0].text.replace(
         "<br>", " ")
 
 
@@ -335,7 +336,7 @@ def test_suffix_candidates_table(traces):
     if not drafted:
         pytest.skip("the tiny model's suffix run drafted nothing")
     st = drafted[0]
-    page = match_context_html(tr, st.index)
+    page = source_html(tr, st.index)  # suffix decoding's own view, found by its method
     assert "sv-suffix" in page
     rows = re.findall(r"<tr style='([^']*)'>", page)
     assert rows.count("font-weight:bold;background:#bae6fd") == 1  # exactly the chosen candidate is bold
@@ -413,7 +414,7 @@ def test_suffix_trie_panel_draws_the_candidates_as_a_tree(traces):
     if not drafted:
         pytest.skip("the tiny model's suffix run drafted nothing")
     st = drafted[0]
-    fig = trie_figure(tr, st.index)
+    fig = source_figure(tr, st.index)
     assert fig.layout.title.text.startswith("suffix decoding:") and "no n-gram match" not in fig.layout.title.text
     nodes = [d for d in fig.data if d.mode == "markers+text"][0]
     branches = suffix_branches(st)
