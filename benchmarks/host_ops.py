@@ -34,11 +34,11 @@ SPECVIZ = str(ROOT / "specviz")
 REGIONS = [
     ("specviz.static_runner", "StaticRunner", "_small"),  # a chain forward (its graph)
     ("specviz.static_runner", "StaticRunner", "_tree_body"),  # a tree forward's graph (mask and model)
-    ("specviz.heads.runner", "StaticHeadRunner", "_forward"),  # a head step / first pass graph
-    ("specviz.heads.runner", "StaticHeadRunner", "_forward_tree"),  # one tree level's graph
+    ("specviz.methods.eagle.runner", "StaticHeadRunner", "_forward"),  # a head step / first pass graph
+    ("specviz.methods.eagle.runner", "StaticHeadRunner", "_forward_tree"),  # one tree level's graph
     # a whole draft tree's graph (tree_draft's body; a wrapper of tree_draft's fn would not do: the runner keeps the
     # first fn given per key, so a later request's wrapper is never called)
-    ("specviz.heads.runner", "StaticHeadRunner", "_draft_body"),
+    ("specviz.methods.eagle.runner", "StaticHeadRunner", "_draft_body"),
     ("specviz.verify", None, "_core"),  # the verifier's core graph (Triton on CUDA)
     ("specviz.verify", None, "gather_detail"),  # its detail graph
     # the tree verifier's core graph (greedy / rule A: StepVerifier.queue_tree's tree_unit on CUDA; on the CPU the

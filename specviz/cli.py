@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
     g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
     g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
-    g.add_argument("--method", default="ngram", choices=_method_names(),
+    g.add_argument("--method", default=methods.BUILTIN[0], choices=_method_names(),
                    help=" | ".join(_method_names()) + " (a method with a head needs one: bundled with the demo target, or "
                    "--head METHOD=DIR)")
     add_head_arguments(g)

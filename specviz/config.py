@@ -67,7 +67,7 @@ class GenerationConfig:
     tree: a :class:`~specviz.tree.DraftTree`, or None for a chain.
     """
 
-    method: str = "ngram"
+    method: str = methods.BUILTIN[0]  # generate()'s default method
     num_speculative_tokens: int = 5
     max_new_tokens: int = 64
     sampling: Sampling = Sampling()

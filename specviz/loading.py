@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import methods
+from .heads.formats import load_head_dir
 from .models import (ASSETS_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, ModelLoadError, load_model, load_tokenizer,
                      resolve_device, resolve_dtype)
 from .runner import EagerRunner
@@ -88,7 +89,8 @@ def load_heads(target_model: torch.nn.Module, heads: dict[str, str] | None,
     loaded, errors = {}, {}
     for name, directory in dirs.items():
         try:
-            loaded[name] = with_heads[name].load(directory, target_model)
+            load = with_heads[name].load or functools.partial(load_head_dir, kind=name)
+            loaded[name] = load(directory, target_model)
         except ValueError as exc:
             if name in (heads or {}):
                 raise ModelLoadError(f"could not load the {name} head {str(directory)!r}: {exc}") from exc

@@ -146,7 +146,7 @@ class NoFeedback:
 class Proposer(Protocol):
     """What the engine needs from a speculative method.
 
-    name: the method name as vLLM's ``v1/spec_decode`` names it ("ngram", "draft_model", ...).
+    name: the method name as vLLM's ``v1/spec_decode`` names it (ngram, draft_model, ...).
     num_speculative_tokens: k, the most tokens one step may draft.
     taps: the target feature taps it needs from every target forward (() for none).
     """

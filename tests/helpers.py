@@ -45,7 +45,9 @@ def save_eagle_heads(root: Path, model) -> dict[str, Path]:
     and saved (fp32) to ``root / kind``."""
     import torch
 
-    from specviz.heads import build_head, head_config_from_target, save_head
+    from specviz.methods.eagle.head import build_head
+    from specviz.methods.eagle.config import head_config_from_target
+    from specviz.heads import save_head
 
     heads = {}
     for i, kind in enumerate(("eagle", "eagle3")):

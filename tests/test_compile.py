@@ -56,7 +56,8 @@ def test_compiled_forwards_equal_uncompiled(backend):
 def test_engine_with_compiled_runners_equals_plain_greedy(tiny_dirs):
     """draft_model and eagle3 (target taps through the compiled forward) greedy with compiled target and
     drafter runners ("aot_eager") give method none's tokens of the uncompiled decoder."""
-    from specviz.heads import build_head, head_config_from_target
+    from specviz.methods.eagle.head import build_head
+    from specviz.methods.eagle.config import head_config_from_target
 
     target, draft = tiny_dirs["llama"]
     plain = SpecDecoder.from_pretrained(target, draft, device="cpu", dtype="float32", runner="static")

@@ -12,7 +12,7 @@ from helpers import runner_decoders, target_features, tiny_head_dirs
 from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_word_target
 
 from specviz import SpecDecoder
-from specviz.heads.dflash import DFlashCache, DFlashHead, dflash_config_from_target, save_dflash
+from specviz.methods.dflash.head import DFlashCache, DFlashHead, dflash_config_from_target, save_dflash
 from specviz.methods.dflash.proposer import DFlashProposer
 
 D, BLOCK = 32, 8
@@ -163,7 +163,7 @@ def test_static_runner_equals_the_eager_one(decoders):
     the eager runner's logits for a prompt longer than B and then c = 1 .. B new rows per step, and
     its buffers hold the eager cache's K/V at every committed position; the static decoder drafts
     through one pooled runner, reused by the next request."""
-    from specviz.heads.dflash_runner import EagerDFlashRunner, StaticDFlashRunner
+    from specviz.methods.dflash.runner import EagerDFlashRunner, StaticDFlashRunner
 
     dec = decoders["eager"]
     head = dec.heads["dflash"]
@@ -226,7 +226,9 @@ def test_bad_k_and_missing_head_are_clear_errors(dflash_dirs, decoders):
     with pytest.raises(ValueError, match="method 'dflash' needs a DFlash block drafter.*heads="):
         dec.generate(PROMPT, method="dflash")
     with pytest.raises(ValueError, match="not a specviz-dflash-v1"):
-        from specviz.heads import build_head, head_config_from_target, save_head
+        from specviz.methods.eagle.head import build_head
+        from specviz.methods.eagle.config import head_config_from_target
+        from specviz.heads import save_head
 
         eagle = head_dir.parent / "eagle"
         save_head(build_head(head_config_from_target(dec.target_model.config, "eagle")), eagle)
@@ -381,7 +383,7 @@ def test_lesson_tells_the_block(decoders):
 def test_rope_frequencies_stay_float32_in_bf16(dflash_dirs):
     """A head cast to bf16 (as load_dflash does for a bf16 target) keeps RoPE's inv_freq in fp32,
     like the target's, so the angles at large positions are the trained ones."""
-    from specviz.heads.dflash import load_dflash
+    from specviz.methods.dflash.head import load_dflash
     from specviz.models import load_model
 
     target_dir, head_dir = dflash_dirs

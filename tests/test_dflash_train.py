@@ -10,8 +10,8 @@ import pytest
 import torch
 from tiny_models import build_model, save_model
 
-from specviz.heads.dflash import DFlashCache, DFlashHead, dflash_config_from_target, load_dflash
-from specviz.train import dflash as tdf
+from specviz.methods.dflash.head import DFlashCache, DFlashHead, dflash_config_from_target, load_dflash
+from specviz.methods.dflash import train as tdf
 from specviz.train import heads as train_heads_mod
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
@@ -96,7 +96,7 @@ def test_loss_weights_slots_and_agreement():
     w = torch.tensor([math.exp(-k / 4.0) for k in range(7)])
     torch.testing.assert_close(loss, (w * st["ce"]).sum() / w.sum())
     anchors = tdf.sample_anchors(1, 40, 4, 8, torch.Generator().manual_seed(0), "cpu")[0]  # the same draw
-    from specviz.heads.losses import soft_cross_entropy
+    from specviz.heads.common import soft_cross_entropy
 
     for j in range(7):  # slot j+1 of anchor a: the stub's logits against z_{a+j}
         lab = labels[0, anchors + j]
@@ -142,7 +142,7 @@ def test_smoke_cli_trains_saves_and_reports_heldout_acceptance(tmp_path):
                                  "--device", "cpu", "--kinds", "dflash", "--mal-prompts", "2",
                                  "--mal-new-tokens", "12"])
     log = logs["dflash"]
-    cfg = train_heads_mod.SMOKE["dflash"]
+    cfg = train_heads_mod.default_config("dflash", smoke=True)
     assert log["steps"] == cfg.steps and not log["stopped_early"]
     assert log["train"][-1]["loss"] < 0.97 * log["train"][0]["loss"]
     assert len(log["heldout"][-1]["top1"]) == cfg.block_size - 1

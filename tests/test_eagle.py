@@ -14,7 +14,9 @@ from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_wo
 from transformers import DynamicCache
 
 from specviz import SpecDecoder
-from specviz.heads import build_head, head_config_from_target, save_head
+from specviz.methods.eagle.head import build_head
+from specviz.methods.eagle.config import head_config_from_target
+from specviz.heads import save_head
 from specviz.methods.eagle.proposer import EagleProposer, head_taps
 from specviz.static_runner import StaticRunner
 
@@ -266,7 +268,7 @@ def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
     assert_static_graphs_equal_eager(decs, kind, 4, "block")
     # the taps were captured inside the graphs (the pooled runner also holds method none's tap-free graphs)
     assert any(key[1] for key in decs["static"].target_runner._graphs)
-    # the head drafted through its static runner's graphs (specviz/heads/runner.py), none of which failed
+    # the head drafted through its static runner's graphs (specviz/methods/eagle/runner.py), none of which failed
     head_runner, = decs["static"].pool.free(("head", id(decs["static"].heads[kind])))
     assert head_runner.replays > 0 and head_runner._graphs and all(g is not None for g in head_runner._graphs.values())
 
@@ -287,7 +289,7 @@ def test_cli_eagle_methods(eagle_dirs, capsys):
 def test_tree_requests_leave_the_chain_head_runner_pool_alone(eagle_decoders, kind):
     """A tree request drafts with its own eager head runner; that runner must not join the pool the chain
     draws from (it did: later chain requests then drafted eagerly, 2.3x slower per step on the H200)."""
-    from specviz.heads.runner import StaticHeadRunner
+    from specviz.methods.eagle.runner import StaticHeadRunner
 
     dec = eagle_decoders["static"]
     key = ("head", id(dec.heads[kind]))

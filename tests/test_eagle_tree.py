@@ -13,7 +13,8 @@ import torch
 from helpers import PROMPT, runner_decoders, save_eagle_heads, save_tiny_target
 
 from specviz import tree
-from specviz.heads import build_head, crop_cache, head_config_from_target
+from specviz.methods.eagle.head import build_head, crop_cache
+from specviz.methods.eagle.config import head_config_from_target
 from specviz.proposer import Outcome, StepContext
 from specviz.methods.eagle.proposer import head_taps
 from specviz import methods
@@ -317,7 +318,7 @@ def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw, device, co
     (after a partial accept too): same tokens, parents, and scores. Compiled: the levels and the whole EAGLE-2
     draft through torch.compile ("aot_eager" on the CPU, inductor inside the graphs on CUDA; scores to
     inductor's fusion rounding there)."""
-    from specviz.heads.runner import StaticHeadRunner
+    from specviz.methods.eagle.runner import StaticHeadRunner
 
     if compiled and device == "cuda" and tree_kw.get("dynamic") == DynamicTree(3, 3, 12):
         pytest.skip("one dynamic tree is compiled on the GPU (inductor's compile time); 4-2-24 covers it")
@@ -357,7 +358,7 @@ def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw, device, co
 def test_a_tree_larger_than_the_static_head_runners_scratch_is_refused(head):
     """top_k x depth rows per step beyond the static head runner's scratch slots: a clear ValueError when the
     proposer is made (before, the levels past the scratch ran on the slot cache with stale slot indices)."""
-    from specviz.heads.runner import TREE_SCRATCH, StaticHeadRunner
+    from specviz.methods.eagle.runner import TREE_SCRATCH, StaticHeadRunner
 
     runner = StaticHeadRunner(head, 64, cuda_graphs=False)
     with pytest.raises(ValueError, match="static head runner holds"):

@@ -83,7 +83,8 @@ def count_waits(dec: SpecDecoder, monkeypatch, **kw) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def gpu_decoder(tiny_dirs):
-    from specviz.heads import build_head, head_config_from_target
+    from specviz.methods.eagle.head import build_head
+    from specviz.methods.eagle.config import head_config_from_target
 
     target, draft = tiny_dirs["llama"]
     dec = SpecDecoder.from_pretrained(target, draft, device="cuda", dtype="float32", runner="static")

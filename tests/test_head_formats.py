@@ -348,9 +348,10 @@ def test_cli_and_app_take_head_method_dir(layouts, target_dir, capsys):
 def _random_specviz_head(kind, target, seed, **kw):
     """A specviz head of ``kind`` on ``target`` with every parameter perturbed (norm weights away from 1,
     Medusa's zero-initialised ResBlocks non-zero), so that a dropped or misplaced tensor changes the drafts."""
-    from specviz.heads import build_head, head_config_from_target
-    from specviz.heads.dflash import DFlashHead, dflash_config_from_target
-    from specviz.heads.medusa import MedusaHead, medusa_config_from_target
+    from specviz.methods.eagle.head import build_head
+    from specviz.methods.eagle.config import head_config_from_target
+    from specviz.methods.dflash.head import DFlashHead, dflash_config_from_target
+    from specviz.methods.medusa.head import MedusaHead, medusa_config_from_target
 
     torch.manual_seed(seed)
     if kind == "medusa":
@@ -424,8 +425,8 @@ def test_recipe_writes_the_published_layout_beside(tmp_path, dec):
 
     target = dec.target_model
     w = torch.randint(0, target.config.vocab_size, (8, 17))
-    cfg = dataclasses.replace(train_heads_mod.SMOKE["eagle3"], steps=2, eval_windows=2)
-    log = train_heads_mod.train_eagle3(target, w, w[:2], "cpu", tmp_path, config=cfg)
+    cfg = dataclasses.replace(train_heads_mod.default_config("eagle3", smoke=True), steps=2, eval_windows=2)
+    log = __import__('specviz.methods.eagle.train', fromlist=['x']).train_eagle3(target, w, w[:2], "cpu", tmp_path, config=cfg)
     pub = log["saved"]["published"]
     assert pub["layout"] == "eagle3-speculators" and pub["dir"] == str(tmp_path / "published" / "specviz-eagle3")
     assert load_head_dir(pub["dir"], target, "eagle3").source["format"] == "eagle3-speculators"

@@ -1,4 +1,4 @@
-"""The EAGLE / EAGLE-3 head runners (specviz/heads/runner.py): the static runner (per-slot cache,
+"""The EAGLE / EAGLE-3 head runners (specviz/methods/eagle/runner.py): the static runner (per-slot cache,
 padded first-pass buckets, CUDA graphs on CUDA) drafts exactly what the eager reference
 (DynamicCache, the head's own forward) drafts, and its cache of committed positions equals a
 from-scratch recompute (methods.md 1.2). Tiny random Llama targets and random heads, fp32."""
@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from specviz.heads import build_head, head_config_from_target
-from specviz.heads.runner import BUCKETS, EagerHeadRunner, StaticHeadRunner, make_head_runner
+from specviz.methods.eagle.head import build_head
+from specviz.methods.eagle.config import head_config_from_target
+from specviz.methods.eagle.runner import BUCKETS, EagerHeadRunner, StaticHeadRunner, make_head_runner
 from specviz.proposer import Outcome, StepContext
 from specviz.methods.eagle.proposer import EagleProposer
 from specviz.runner import hidden_state_index
@@ -120,7 +121,7 @@ def test_failed_capture_falls_back_to_eager(caplog):
     _, head, ids, feats = _setup("eagle3", "cpu")
     want = _drive(head, EagerHeadRunner(head), ids, feats, 0.0)
     runner = StaticHeadRunner(head, max_len=96, cuda_graphs=True)
-    with caplog.at_level(logging.WARNING, logger="specviz.heads.runner"):
+    with caplog.at_level(logging.WARNING, logger="specviz.methods.eagle.runner"):
         got = _drive(head, runner, ids, feats, 0.0)
     _assert_same_drafts(want, got)
     failed = [r for r in caplog.records if "capture" in r.getMessage()]
@@ -152,7 +153,7 @@ def test_failed_head_compile_falls_back_with_a_log_line(caplog):
     want = _drive(head, EagerHeadRunner(head), ids, feats, 0.0)
     torch._dynamo.reset()
     runner = StaticHeadRunner(head, max_len=96, cuda_graphs=False, compile=True, compile_backend=broken)
-    with caplog.at_level(logging.WARNING, logger="specviz.heads.runner"):
+    with caplog.at_level(logging.WARNING, logger="specviz.methods.eagle.runner"):
         got = _drive(head, runner, ids, feats, 0.0)
     _assert_same_drafts(want, got)
     failed = [r for r in caplog.records if "torch.compile" in r.getMessage()]

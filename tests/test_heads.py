@@ -10,17 +10,12 @@ import torch
 from tiny_models import build_model
 from transformers import DynamicCache
 
-from specviz.heads import (
-    build_head,
-    crop_cache,
-    head_config_from_target,
-    load_head,
-    position_mask,
-    save_head,
-    target_features,
-)
-from specviz.heads.chain import chain_logits
-from specviz.heads.ttt import ttt_mask, unroll
+from specviz.methods.eagle.head import build_head, crop_cache, position_mask
+from specviz.methods.eagle.config import head_config_from_target
+from specviz.heads import load_head, save_head
+from specviz.methods.eagle.features import target_features
+from specviz.methods.eagle.chain import chain_logits
+from specviz.methods.eagle.ttt import ttt_mask, unroll
 from specviz.models import DEFAULT_TARGET, load_model
 
 KINDS = ("eagle", "eagle3")
@@ -248,7 +243,7 @@ def test_bundled_target(bundled, kind):
 
 
 def test_default_eagle3_taps():
-    from specviz.heads import default_aux_layer_ids
+    from specviz.methods.eagle.config import default_aux_layer_ids
 
     assert default_aux_layer_ids(20) == (2, 10, 17)  # model family v2
     assert default_aux_layer_ids(8) == (2, 4, 5)  # the old bundled target (methods.md 4.1)
@@ -263,7 +258,8 @@ def test_bf16_eagle_heads_keep_fp32_rope_frequencies():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specviz.heads import build_head, head_config_from_target
+    from specviz.methods.eagle.head import build_head
+    from specviz.methods.eagle.config import head_config_from_target
 
     torch.manual_seed(0)
     target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
@@ -273,7 +269,7 @@ def test_bf16_eagle_heads_keep_fp32_rope_frequencies():
         rot = head.rotary_emb
         assert rot.inv_freq.dtype == torch.float32
         torch.testing.assert_close(rot.inv_freq, target.model.rotary_emb.inv_freq.float())
-    from specviz.heads.mtp import MtpHead, mtp_config_from_target  # the MTP head has its own RoPE too
+    from specviz.methods.mtp.head import MtpHead, mtp_config_from_target  # the MTP head has its own RoPE too
 
     rot = MtpHead(mtp_config_from_target(target.config), target).to(torch.bfloat16).rotary_emb
     assert rot.inv_freq.dtype == torch.float32

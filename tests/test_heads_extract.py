@@ -8,8 +8,9 @@ import torch
 from safetensors import safe_open
 from tiny_models import save_model
 
-from specviz.heads import head_config_from_target, target_features
-from specviz.heads.extract import (
+from specviz.methods.eagle.config import head_config_from_target
+from specviz.methods.eagle.features import target_features
+from specviz.methods.eagle.extract import (
     extract_hidden_states,
     features_from_dump,
     load_hidden_states,

@@ -10,8 +10,8 @@ import torch
 from tiny_models import save_model
 
 from specviz.heads import load_head
-from specviz.heads.features import TargetFeatures
-from specviz.heads.losses import agreement, eagle1_loss, eagle3_loss
+from specviz.methods.eagle.features import TargetFeatures
+from specviz.methods.eagle.losses import agreement, eagle1_loss, eagle3_loss
 from specviz.train import heads as train_heads_mod
 
 B, T, D, V = 2, 12, 4, 160
@@ -127,7 +127,7 @@ def test_smoke_cli_trains_reduces_loss_and_saves(tmp_path, one_thread_per_test):
     target = load_model(target_dir, torch.device("cpu"), torch.float32)
     for name, sub in (("eagle", "specviz-eagle"), ("eagle3", "specviz-eagle3")):
         log = logs[name]
-        cfg = train_heads_mod.SMOKE[name]
+        cfg = train_heads_mod.default_config(name, smoke=True)
         assert log["steps"] == cfg.steps and not log["stopped_early"]
         first, last = log["train"][0]["loss"], log["train"][-1]["loss"]
         assert last < 0.97 * first, (name, first, last)
@@ -136,7 +136,7 @@ def test_smoke_cli_trains_reduces_loss_and_saves(tmp_path, one_thread_per_test):
         assert saved["steps"] == log["steps"]
         head = load_head(tmp_path / "out" / sub, target)
         ids = torch.randint(0, target.config.vocab_size, (1, 5))
-        from specviz.heads import target_features
+        from specviz.methods.eagle.features import target_features
 
         feats = target_features(target, ids, head.config).features
         _, logits = head(feats, ids, torch.arange(5)[None], from_target=True)
@@ -150,7 +150,7 @@ def test_time_budget_stops_early(tmp_path, one_thread_per_test):
     w = torch.randint(0, target.config.vocab_size, (16, 17))
     import dataclasses
 
-    cfg = dataclasses.replace(train_heads_mod.SMOKE["eagle"], steps=10_000, eval_windows=2)
+    cfg = dataclasses.replace(train_heads_mod.default_config("eagle", smoke=True), steps=10_000, eval_windows=2)
     head, log = train_heads_mod.fit_head("eagle", target, w, w[:2], "cpu", cfg, time_budget_s=1.0)
     assert log["stopped_early"] and log["steps"] < cfg.steps and log["heldout"]
 
@@ -160,7 +160,7 @@ def test_batch_indices_follow_the_lm_batch_order():
 
     from specviz.train.data import BatchOrder
 
-    cfg = dataclasses.replace(train_heads_mod.DEFAULTS["eagle"], steps=50, batch_size=7, seed=3)
+    cfg = dataclasses.replace(train_heads_mod.default_config("eagle"), steps=50, batch_size=7, seed=3)
     idx = train_heads_mod._batch_indices(23, cfg)  # 23 windows: batches straddle epochs
     order = BatchOrder(23, 7, 3)
     assert torch.equal(idx, torch.stack([order.indices(s) for s in range(50)]))
@@ -175,16 +175,18 @@ def test_cuda_training_steps_and_ttt_equals_chain(kind):
 
     from tiny_models import build_model
 
-    from specviz.heads import build_head, head_config_from_target, target_features
-    from specviz.heads.chain import chain_logits
-    from specviz.heads.ttt import unroll
+    from specviz.methods.eagle.head import build_head
+    from specviz.methods.eagle.config import head_config_from_target
+    from specviz.methods.eagle.features import target_features
+    from specviz.methods.eagle.chain import chain_logits
+    from specviz.methods.eagle.ttt import unroll
 
     dev = torch.device("cuda")
     target = build_model("llama", seed=0, layers=8, hidden=64).float().to(dev)
     for p in target.parameters():
         p.requires_grad_(False)
     w = torch.randint(0, target.config.vocab_size, (32, 65), device=dev)
-    cfg = dataclasses.replace(train_heads_mod.SMOKE[kind], steps=6, eval_every=3, log_every=3)
+    cfg = dataclasses.replace(train_heads_mod.default_config(kind, smoke=True), steps=6, eval_every=3, log_every=3)
     head, log = train_heads_mod.fit_head(kind, target, w, w[:8], dev, cfg)
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in log["train"])
     head = build_head(head_config_from_target(target.config, kind), target).to(dev).eval()

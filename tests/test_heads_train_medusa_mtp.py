@@ -13,7 +13,7 @@ import torch
 from tiny_models import save_model
 
 from specviz.heads import load_head
-from specviz.heads.mtp import mtp_agreement, mtp_loss
+from specviz.methods.mtp.head import mtp_agreement, mtp_loss
 from specviz.train import heads as train_heads_mod
 
 B, T, D, V = 2, 10, 4, 64
@@ -75,9 +75,9 @@ def test_smoke_cli_trains_medusa_and_mtp(tmp_path, one_thread_per_test):
     from specviz.models import load_model
 
     target = load_model(target_dir, torch.device("cpu"), torch.float32)
-    for name, n_terms in (("medusa", 4), ("mtp", train_heads_mod.SMOKE["mtp"].ttt_steps)):
+    for name, n_terms in (("medusa", 4), ("mtp", train_heads_mod.default_config("mtp", smoke=True).ttt_steps)):
         log = logs[name]
-        assert log["steps"] == train_heads_mod.SMOKE[name].steps and not log["stopped_early"]
+        assert log["steps"] == train_heads_mod.default_config(name, smoke=True).steps and not log["stopped_early"]
         first, last = log["train"][0]["loss"], log["train"][-1]["loss"]
         assert last < 0.97 * first, (name, first, last)
         assert len(log["heldout"][-1]["top1"]) == n_terms
@@ -104,7 +104,7 @@ def test_schedule_fits_the_time_budget():
     (never more than cfg.steps), so the cosine reaches its floor inside the budget."""
     import dataclasses
 
-    cfg = dataclasses.replace(train_heads_mod.DEFAULTS["medusa"], steps=6000, min_seconds_left=10.0)
+    cfg = dataclasses.replace(train_heads_mod.default_config("medusa"), steps=6000, min_seconds_left=10.0)
     assert train_heads_mod._fit_steps(cfg, 20, 2.0, 180.0) == 20 + int(((180 - 10) * 0.97 - 2.0) // 0.1)
     assert train_heads_mod._fit_steps(cfg, 20, 0.02, 180.0) == 6000
     assert train_heads_mod._fit_steps(cfg, 20, 200.0, 180.0) == 21
@@ -118,7 +118,7 @@ def test_fitted_run_ends_at_the_fitted_step(one_thread_per_test):
     for p in target.parameters():
         p.requires_grad_(False)
     w = torch.randint(0, target.config.vocab_size, (16, 17))
-    cfg = dataclasses.replace(train_heads_mod.SMOKE["medusa"], steps=100_000, eval_windows=2, eval_every=10**6,
+    cfg = dataclasses.replace(train_heads_mod.default_config("medusa", smoke=True), steps=100_000, eval_windows=2, eval_every=10**6,
                               fit_to_budget=True, min_seconds_left=0.0)
     head, log = train_heads_mod.fit_head("medusa", target, w, w[:2], "cpu", cfg, time_budget_s=6.0)
     assert 20 < log["fitted_steps"] < cfg.steps and log["steps"] <= log["fitted_steps"]
@@ -142,7 +142,7 @@ def test_medusa_head_layers_override_builds_deeper_heads_that_save_and_load(tmp_
     for p in target.parameters():
         p.requires_grad_(False)
     w = torch.randint(0, target.config.vocab_size, (8, 17))
-    cfg = dataclasses.replace(train_heads_mod.SMOKE["medusa"], steps=3, eval_windows=2, head_layers=2)
-    log = train_heads_mod.train_medusa(target, w, w[:2], "cpu", tmp_path, config=cfg)
+    cfg = dataclasses.replace(train_heads_mod.default_config("medusa", smoke=True), steps=3, eval_windows=2, head_layers=2)
+    log = __import__('specviz.methods.medusa.train', fromlist=['x']).train_medusa(target, w, w[:2], "cpu", tmp_path, config=cfg)
     head = load_head(log["saved"]["dir"], target)
     assert head.config.num_layers == 2 and all(len(b) == 2 for b in head.blocks)

@@ -16,7 +16,7 @@ from stats_helpers import SMALL_VOCAB, chi2_pvalue, exact_marginals, first_two, 
 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
-from specviz.heads.medusa import MedusaHead, medusa_config_from_target, medusa_loss
+from specviz.methods.medusa.head import MedusaHead, medusa_config_from_target, medusa_loss
 from specviz.proposer import Outcome
 from specviz.methods.medusa.proposer import DEFAULT_MEDUSA_TREE, MedusaProposer
 from specviz.runner import FINAL_NORM, EagerRunner

@@ -18,7 +18,7 @@ from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_wo
 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
-from specviz.heads.mtp import MtpHead, mtp_config_from_target
+from specviz.methods.mtp.head import MtpHead, mtp_config_from_target
 from specviz.methods.mtp.proposer import MtpProposer
 from specviz.runner import EagerRunner
 from specviz.static_runner import StaticRunner
@@ -70,7 +70,7 @@ class OracleMtp(torch.nn.Module):
 
 
 def _layer_kv_fresh(model, ids: list[int], layer: int):
-    from specviz.heads.mtp import target_layer_kv
+    from specviz.methods.mtp.head import target_layer_kv
 
     with torch.no_grad():
         _, _, k, v = target_layer_kv(model, torch.tensor([ids]), layer)

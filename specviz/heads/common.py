@@ -17,14 +17,17 @@ import json
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+FORMAT = "specviz-head-v1"  # the format tag of specviz's own head configs
 
 
 class JsonConfig:
     """Mixed into a head's ``@dataclass`` config: FORMAT (the ``format`` tag of its config.json) and
     LABEL (the head's name in error messages)."""
 
-    FORMAT: ClassVar[str] = "specviz-head-v1"
+    FORMAT: ClassVar[str] = FORMAT
     LABEL: ClassVar[str] = "head"
 
     def to_json(self) -> str:
@@ -100,3 +103,9 @@ class Fp32RopeMixin:
         self._inv_freq32 = self._inv_freq32.to(rot.inv_freq.device, torch.float32)
         rot.inv_freq = rot.original_inv_freq = self._inv_freq32
         return self
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """-sum_x softmax(target_logits)(x) * log_softmax(logits)(x). [..., V] each -> float32 [...]."""
+    p = torch.softmax(target_logits.float(), dim=-1)
+    return F.cross_entropy(logits.float().flatten(0, -2), p.flatten(0, -2), reduction="none").view(logits.shape[:-1])

@@ -1,29 +1,35 @@
-"""Saving and loading heads: ``DIR/config.json`` (:class:`HeadConfig`) + ``DIR/model.safetensors``
-(bf16 by default). The target's embedding and LM head are never in the file; ``load_head`` attaches
-the given target's. Safetensors only: nothing is unpickled."""
+"""Saving and loading heads in specviz's own format: ``DIR/config.json`` (the head's dataclass config, with its
+``kind``: the method) + ``DIR/model.safetensors`` (bf16 by default). The target's embedding and LM head are never in
+the file; ``load_head`` attaches the given target's. The method's head module (``HeadSpec.module``) gives its config
+class, builder and target check (``SPECVIZ_FORMAT``). Safetensors only: nothing is unpickled."""
 
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from specviz.heads.config import FORMAT, HEAD_DIRS, HeadConfig, check_matches_target
-from specviz.heads.modules import build_head
+import importlib
+
+from specviz import methods
+from specviz.heads.common import FORMAT
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 ASSETS_MODELS = Path(__file__).resolve().parent.parent.parent / "assets" / "models"
 
 
 def default_head_dir(kind: str) -> Path:
-    """Where the bundled head of ``kind`` lives: assets/models/specviz-eagle or specviz-eagle3
-    (it may not exist yet: the heads are trained by ``python -m specviz.train.heads``)."""
-    if kind not in HEAD_DIRS:
-        raise ValueError(f"unknown head kind {kind!r}; use one of {sorted(HEAD_DIRS)}")
-    return ASSETS_MODELS / HEAD_DIRS[kind]
+    """Where the bundled head of method ``kind`` lives (assets/models/specviz-<...>; it may not exist yet: the heads
+    are trained by ``specviz train heads``). Raises ValueError for a method without a bundled head."""
+    spec = methods.get(kind).head if kind in methods.names() else None
+    if spec is None or not spec.bundled:
+        takers = sorted(m.name for m in methods.all_methods() if m.head is not None and m.head.bundled)
+        raise ValueError(f"unknown head kind {kind!r}; use one of {takers}")
+    return ASSETS_MODELS / spec.bundled
 
 
 def save_head(head, directory: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> list[str]:
@@ -38,17 +44,20 @@ def save_head(head, directory: str | os.PathLike, dtype: torch.dtype = torch.bfl
     return [CONFIG_NAME, WEIGHTS_NAME]
 
 
-def _own_kinds() -> dict:
-    """Head kinds with their own config class: {kind: (config class, head class, target check)}."""
-    from specviz.heads.medusa import MedusaConfig, MedusaHead, check_medusa_matches
-    from specviz.heads.mtp import MtpConfig, MtpHead, check_mtp_matches
-
-    return {"medusa": (MedusaConfig, MedusaHead, check_medusa_matches), "mtp": (MtpConfig, MtpHead, check_mtp_matches)}
+def specviz_format(kind: Any) -> tuple[Any, Any, Any]:
+    """(config class, build(config) -> head, check(config, target config)) of method ``kind``'s head in specviz's own
+    format. Raises ValueError for a kind that is not a registered method with a head in that format."""
+    spec = methods.get(kind).head if isinstance(kind, str) and kind in methods.names() else None
+    module = importlib.import_module(spec.module) if spec is not None and spec.module else None
+    if module is None or not hasattr(module, "SPECVIZ_FORMAT"):
+        takers = sorted(m.name for m in methods.all_methods() if m.head is not None and m.head.module)
+        raise ValueError(f"config.json names head kind {kind!r}; specviz's format has heads of {', '.join(takers)}")
+    return module.SPECVIZ_FORMAT
 
 
 def load_config(directory: str | os.PathLike):
-    """The head config in ``directory`` (a :class:`HeadConfig`, or the medusa / mtp kinds' own).
-    Raises ValueError if config.json is missing or malformed."""
+    """The head config in ``directory`` (its method's config class). Raises ValueError if config.json is missing or
+    malformed, or names no known head kind."""
     f = Path(directory) / CONFIG_NAME
     if not f.is_file():
         raise ValueError(f"no head config at {f}; a head directory holds {CONFIG_NAME} and {WEIGHTS_NAME}")
@@ -57,12 +66,9 @@ def load_config(directory: str | os.PathLike):
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{f} is not valid JSON: {exc}") from None
-    own = _own_kinds().get(data.get("kind") if isinstance(data, dict) else None)
-    if own is None:
-        return HeadConfig.from_json(text)
-    if data.pop("format", None) != FORMAT:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"config.json is not a {FORMAT} head config")
-    return own[0].from_dict(data)
+    return specviz_format(data.get("kind"))[0].from_json(text)
 
 
 def load_head(directory: str | os.PathLike, target, dtype: torch.dtype | None = None):
@@ -71,12 +77,12 @@ def load_head(directory: str | os.PathLike, target, dtype: torch.dtype | None = 
     Raises ValueError if the config does not match the target (hidden size, vocab, layer count,
     aux layer ids out of range) or the weights do not match the config."""
     cfg = load_config(directory)
-    own = _own_kinds().get(cfg.kind)
-    (own[2] if own else check_matches_target)(cfg, target.config)
+    _, build, check = specviz_format(cfg.kind)
+    check(cfg, target.config)
     f = Path(directory) / WEIGHTS_NAME
     if not f.is_file():
         raise ValueError(f"no head weights at {f} (specviz loads safetensors only)")
-    head = own[1](cfg) if own else build_head(cfg)
+    head = build(cfg)
     state = load_file(str(f))
     own = head.state_dict()
     missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))

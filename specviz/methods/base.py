@@ -59,19 +59,31 @@ class Texts:
 class HeadSpec:
     """A drafter with its own trained weights, loaded onto the target.
 
-    load:     (directory, target model) -> the head on the target's device, attached to it; raises ValueError
-              (saying what is wrong) for a directory it cannot load.
     what:     "an EAGLE-3 head", for messages.
+    load:     (directory, target model) -> the head on the target's device, attached to it; raises ValueError
+              (saying what is wrong) for a directory it cannot load. None: :func:`specviz.heads.formats.load_head_dir`
+              (specviz's format or a published layout, recognised from the files).
     bundled:  its directory under assets/models ("" = none bundled).
     describe: (head) -> the trace config's ``head`` entry beyond path and kind (its layout, taps, sizes).
     trainer:  "module:function" of its trainer (:mod:`specviz.train.heads` calls it), "" if it has none.
+    module:   its head module, which defines ``SPECVIZ_FORMAT`` = (config class, build(config) -> head,
+              check(config, target config)) for specviz's own format (:mod:`specviz.heads.io`), or ``load_own(directory,
+              target, dtype)`` for a format of its own.
+    formats:  its published layouts' module (:mod:`specviz.heads.formats`: ``LAYOUTS``, ``KIND_OF``, ``detect``,
+              ``load``, ``write``), "" for none.
+    eval_k:   the k of its held-out acceptance run when its natural k is not the recipe's (DFlash: block size - 1).
+    eval_tree: a static tree its held-out acceptance run also tries ("" for none).
     """
 
-    load: Callable[[Any, Any], Any]
     what: str
+    load: Callable[[Any, Any], Any] | None = None
     bundled: str = ""
     describe: Callable[[Any], dict[str, Any]] = lambda head: {}
     trainer: str = ""
+    module: str = ""
+    formats: str = ""
+    eval_k: int | None = None
+    eval_tree: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,13 @@
-"""Held-out mean acceptance length of trained heads through the engine, next to draft_model's.
+"""Held-out mean acceptance length of trained heads through the engine, next to the draft model's.
 
 For each fixed held-out prompt (a recipe's ``heldout_prompts.json``, split "heldout";
 :func:`specviz.train.evaluate.load_prompts`), greedy speculative decoding with :class:`specviz.SpecDecoder`:
-every head method given, and ``draft_model`` when a draft is given, at the same k and number of new
+every head method given, and the draft model's method when a draft is given, at the same k and number of new
 tokens. Counters are summed over prompts (vLLM's pooled definition: mean acceptance length =
 1 + accepted / drafting steps, :func:`specviz.train.evaluate.pooled`). Greedy decoding is lossless,
 so every method must return method none's tokens: ``outputs_differ`` counts the prompts where one
 does not (expected 0 in fp32; bf16 on a GPU may flip near-ties, methods.md 11.1).
-Medusa is also run with its static tree (``DEFAULT_MEDUSA_TREE``) when the engine takes
-``speculative_token_tree``.
+A head whose method names a static tree to try (``HeadSpec.eval_tree``, e.g. Medusa's) is also run with it.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from specviz import methods
 from specviz.train.evaluate import COUNTERS, load_prompts, pooled
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "results" / "train" / "v2" / "heldout_prompts.json"
@@ -23,16 +23,16 @@ DEFAULT_DRAFT = Path(__file__).resolve().parents[2] / "assets" / "models" / "spe
 
 
 def _runs(heads: dict[str, str], draft: bool) -> list[tuple[str, str, dict]]:
-    """(row name, method, extra generate settings) for every run of a prompt."""
-    from specviz.engine import GenerationConfig
-
+    """(row name, method, extra generate settings) for every run of a prompt: each head's method, its static tree
+    too where it has one to try (``HeadSpec.eval_tree``), and every method that runs the draft model when there is
+    one."""
     runs = [(kind, kind, {}) for kind in heads]
-    if "medusa" in heads and "speculative_token_tree" in GenerationConfig.__dataclass_fields__:
-        from specviz.methods.medusa.proposer import DEFAULT_MEDUSA_TREE
-
-        runs.append(("medusa_tree", "medusa", {"speculative_token_tree": DEFAULT_MEDUSA_TREE}))
+    for kind in heads:
+        tree = methods.get(kind).head.eval_tree
+        if tree:
+            runs.append((f"{kind}_tree", kind, {"speculative_token_tree": tree}))
     if draft:
-        runs.append(("draft_model", "draft_model", {}))
+        runs += [(m.name, m.name, {}) for m in methods.all_methods() if m.needs_draft]
     return runs
 
 

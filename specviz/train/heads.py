@@ -1,39 +1,23 @@
-"""Training the EAGLE-1 (``eagle``) and EAGLE-3 (``eagle3``) heads on a frozen target.
+"""Training a method's head on a frozen target: the loop every head shares, and ``specviz train heads``.
 
-Registry: ``HEAD_TRAINERS[name](target, train_windows, heldout_windows, device, out_dir,
-time_budget_s) -> log dict``; windows are int64 [W, T+1] token windows on ``device`` (the LM's own
-training windows). Each trainer freezes nothing itself (:func:`train_heads` freezes the target),
-computes the target's features online per batch under ``no_grad`` (bf16 autocast on CUDA, fp32 on
-CPU), trains the head (AdamW (0.9, 0.95), wd 0, linear warmup + cosine to 10%, grad clip, bf16
-autocast on CUDA), evaluates held-out agreement with the target's argmax per unrolled step, and
-saves ``out_dir/specviz-eagle/`` or ``out_dir/specviz-eagle3/`` (config.json + model.safetensors in
-bf16 + train_log.json), and the same head in the layout the field loads at ``out_dir/published/<that name>/``
-(:mod:`specviz.heads.formats.export`: SafeAILab EAGLE-1, speculators EAGLE-3, FasterDecoding Medusa). Losses and the label alignment: :mod:`specviz.heads.losses`.
+Each method with a trainer (``HeadSpec.trainer``: EAGLE-1/3, Medusa and MTP here through :func:`train_kind` with their
+:class:`HeadKind`, DFlash with a loop of its own) trains from the LM's own token windows, int64 [W, T+1] on the
+device. :func:`train_kind` freezes nothing itself (:func:`train_heads` freezes the target), computes the target's
+features online per batch under ``no_grad`` (bf16 autocast on CUDA, fp32 on CPU), trains the head (AdamW (0.9, 0.95),
+wd 0, linear warmup + cosine to 10%, grad clip, bf16 autocast on CUDA), evaluates held-out agreement with the target's
+argmax per unrolled step, and saves ``out_dir/<the method's bundled directory>/`` (config.json + model.safetensors in
+bf16 + train_log.json) and the head in its field's layout (``out_dir/published/``). ``time_budget_s`` stops a run that
+would overrun (the log then says ``stopped_early``).
 
-Default sizes (how they were chosen; :func:`estimate_flops_per_token` recomputes them for any
-target): the v2 target (d=256, 20 layers, GQA 4/2, SwiGLU 704, V=8192, T=1024) costs ~44 MFLOP per
-token forward (weights incl. the LM head, causal attention). EAGLE-1's fwd+bwd (fc, one layer, the
-8192-way LM head; x3, the frozen LM head's weight gradient skipped) adds ~15 MFLOP -> ~59 MFLOP per
-token, 1.9 TFLOP per 32 x 1024-token step. EAGLE-3 with S=5 steps adds 5 x (layer with 2d-wide
-q/k/v + LM head) fwd+bwd plus dense masked attention over (s+1)T keys at step s -> ~160 MFLOP per
-token, 5.3 TFLOP per step. The project measured ~145 TFLOP/s effective for small-model training on
-the H200 (results/train/probe_compile.json, compiled); assuming ~100 TFLOP/s here (eager), a step
-takes ~19 ms (EAGLE-1) / ~53 ms (EAGLE-3), so 6000 / 2400 steps take ~117 / ~126 s plus evaluation
-(~196 M / ~79 M tokens). ``time_budget_s`` stops a run that would overrun (the log then says
-``stopped_early``). These are estimates: not yet measured on the H200.
-
-CLI: ``python -m specviz.train.heads --target DIR --out DIR [--heads eagle,eagle3]
-[--time-budget-s S] [--smoke] [--device cuda|cpu] [--preset NAME]``. Windows come from
-:func:`head_windows`, i.e. ``specviz.train.recipe.head_windows(tokenizer, preset)``.
-
-Also here (used by tests/test_train.py): :func:`target_hidden_states`, :func:`eagle_batch`,
-:func:`medusa_labels` (Medusa, Cai et al. 2024: head i (0-based) predicts x_{t+2+i}).
+CLI: ``specviz train heads --target DIR --out DIR [--heads eagle,eagle3] [--time-budget-s S] [--smoke] [--device
+cuda|cpu] [--preset NAME]``; windows come from :func:`head_windows`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import time
 from dataclasses import dataclass
@@ -42,10 +26,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from specviz.heads import HEAD_DIRS, build_head, head_config_from_target, save_head, target_features
+from specviz import methods
+from specviz.heads import save_head
 from specviz.heads.formats.export import save_published_beside
-from specviz.heads.losses import agreement, eagle1_loss, eagle3_loss
-from specviz.train import head_kinds
 from specviz.train.data import BatchOrder, epoch_permutation
 from specviz.train.loop import autocast, lr_lambda
 
@@ -93,56 +76,71 @@ class HeadTrainConfig:
     fit_to_budget: bool = False  # shorten the run (and its cosine) to what time_budget_s allows, timed at step 20
 
 
-DEFAULTS = {"eagle": HeadTrainConfig(), "eagle3": HeadTrainConfig(steps=2400, warmup_steps=100, eval_every=600),
-            # medusa: K = 4 heads (ttt_steps unused); mtp: S = 4 unrolled steps (methods.md 7.4). Not yet timed on the H200.
-            "medusa": HeadTrainConfig(steps=6000, warmup_steps=100, eval_every=750, fit_to_budget=True),
-            "mtp": HeadTrainConfig(steps=4000, warmup_steps=100, eval_every=500, ttt_steps=4, fit_to_budget=True)}
-SMOKE = {
-    name: dataclasses.replace(cfg, batch_size=8, steps=40, warmup_steps=4, ttt_steps=3, eval_every=20,
-                              eval_windows=8, eval_batch_size=8, log_every=10, lr=3e-3, min_seconds_left=0.0)
-    for name, cfg in DEFAULTS.items()
-}
+@dataclass
+class TargetOutputs:
+    """One frozen-target forward over a window: final [B, T, d] f_t, logits float32 [B, T, V] z_t (predicting
+    x_{t+1}), and, for a head that reads the target's cache, one layer's keys / values [B, kv, T, hd]."""
+
+    final: torch.Tensor
+    logits: torch.Tensor
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
 
 
-def estimate_flops_per_token(kind: str, target_config, cfg: HeadTrainConfig, seq_len: int) -> dict[str, float]:
-    """Rough training FLOPs per token (see the module docstring): the target forward and the head's
-    forward + backward (x3; the frozen LM head's weight gradient is skipped, counted x2)."""
+def smoke_config(cfg):
+    """A tiny CPU run of ``cfg`` (the ``--smoke`` preset: a few steps, small batches, < 60 s on a tiny target)."""
+    return dataclasses.replace(cfg, batch_size=8, steps=40, warmup_steps=4, ttt_steps=3, eval_every=20, eval_windows=8,
+                               eval_batch_size=8, log_every=10, lr=3e-3, min_seconds_left=0.0)
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """How :func:`fit_head` trains one method's head.
+
+    name:      the method. default: its :class:`HeadTrainConfig`. compile: torch.compile the head (a head whose
+               forward holds no Python state).
+    new_head:  (target, cfg) -> (its config, a freshly initialised head, not yet on the device).
+    features:  (target, inputs int64 [B, T], head config) -> the frozen target's features (called under no_grad).
+    loss:      (head, features, batch int64 [B, T+1], cfg, generator, train) -> (loss, {stat: tensor}).
+    agreement: (head, features, batch, cfg) -> {"top1", "chain", "ce"} per head / unrolled step (held out).
+    steps:     (head, cfg) -> the weighted CE terms of the held-out objective (decay^s * ce[s]), or None: the held-out
+               loss is ``loss(train=False)``.
+    flops:     (target config, cfg, seq_len) -> the head's forward + backward FLOPs per token (rough).
+    """
+
+    name: str
+    default: HeadTrainConfig
+    new_head: Callable[[Any, HeadTrainConfig], tuple[Any, Any]]
+    features: Callable[[Any, torch.Tensor, Any], Any]
+    loss: Callable[..., tuple[torch.Tensor, dict]]
+    agreement: Callable[..., dict[str, torch.Tensor]]
+    flops: Callable[[Any, HeadTrainConfig, int], float]
+    steps: Callable[[Any, HeadTrainConfig], int] | None = None
+    compile: bool = False
+
+
+def target_flops_per_token(target_config, seq_len: int) -> float:
+    """The frozen target's forward FLOPs per token (weights incl. the LM head, causal attention over ~T/2 keys)."""
     c = target_config
-    d, V, L, ff = c.hidden_size, c.vocab_size, c.num_hidden_layers, c.intermediate_size
-    hd = getattr(c, "head_dim", None) or d // c.num_attention_heads
-    kv = c.num_key_value_heads * hd
-    layer = 2 * (2 * d * d + 2 * d * kv + 3 * d * ff)  # q, o, k, v, SwiGLU
-    target = L * (layer + 2 * seq_len * d) + 2 * d * V  # causal attention ~ T/2 keys, 4 flops each
-    lm = 2 * d * V
-    if kind in head_kinds.KINDS:
-        head = head_kinds.flops_per_token(kind, target_config, cfg)
-    elif kind == "eagle":
-        head = 3 * (2 * 2 * d * d + layer + 2 * seq_len * d) + 2 * lm
-    else:
-        S = cfg.ttt_steps
-        layer3 = layer + 2 * (d * d + 2 * d * kv)  # q/k/v read 2d
-        head = 3 * 2 * 3 * d * d + S * (3 * layer3 + 2 * lm) + sum(3 * 4 * (s + 1) * seq_len * d for s in range(S))
-    return {"target_fwd": float(target), "head_fwd_bwd": float(head), "total": float(target + head)}
+    d, V, L = c.hidden_size, c.vocab_size, c.num_hidden_layers
+    return float(L * (layer_flops(c) + 2 * seq_len * d) + 2 * d * V)
+
+
+def layer_flops(c) -> float:
+    """One Llama-style decoder layer's forward FLOPs per token: q, o, k, v, SwiGLU."""
+    d, ff = c.hidden_size, c.intermediate_size
+    kv = c.num_key_value_heads * (getattr(c, "head_dim", None) or d // c.num_attention_heads)
+    return float(2 * (2 * d * d + 2 * d * kv + 3 * d * ff))
 
 
 # ---- the loop -----------------------------------------------------------------------------------
-def _loss(kind: str, head, tf, batch, cfg: HeadTrainConfig, gen, train: bool):
-    if kind in head_kinds.KINDS:
-        return head_kinds.loss(kind, head, tf, batch, cfg)
-    if kind == "eagle":
-        return eagle1_loss(head, tf, batch, cfg.reg_weight, cfg.cls_weight, cfg.noise if train else 0.0, gen)
-    return eagle3_loss(head, tf, batch, cfg.ttt_steps, cfg.decay)
-
-
-def _features(target, batch: torch.Tensor, head_cfg, device):
+def _features(kind: HeadKind, target, batch: torch.Tensor, head_cfg, device):
     with torch.no_grad(), autocast(device):
-        if head_cfg.kind in head_kinds.KINDS:
-            return head_kinds.features(target, batch[:, :-1], head_cfg)
-        return target_features(target, batch[:, :-1], head_cfg, with_logits=True)
+        return kind.features(target, batch[:, :-1], head_cfg)
 
 
 @torch.no_grad()
-def evaluate_head(kind: str, head, target, heldout: torch.Tensor, cfg: HeadTrainConfig, device) -> dict:
+def evaluate_head(kind: HeadKind, head, target, heldout: torch.Tensor, cfg: HeadTrainConfig, device) -> dict:
     """Held-out loss (the training objective without noise) and per-step agreement with the
     target's argmax over the first ``cfg.eval_windows`` windows. Returns plain floats / lists."""
     head.eval()
@@ -150,15 +148,13 @@ def evaluate_head(kind: str, head, target, heldout: torch.Tensor, cfg: HeadTrain
     sums: dict[str, torch.Tensor] = {}
     for i in range(0, windows.shape[0], cfg.eval_batch_size):
         batch = windows[i : i + cfg.eval_batch_size]
-        tf = _features(target, batch, head.config, device)
+        tf = _features(kind, target, batch, head.config, device)
         with autocast(device):
-            own = kind in head_kinds.KINDS  # medusa / mtp
-            agr = head_kinds.agreement(kind, head, tf, batch, cfg) if own else agreement(head, tf, batch, cfg.ttt_steps)
-            if kind == "eagle":
-                loss, _ = _loss(kind, head, tf, batch, cfg, None, train=False)
+            agr = kind.agreement(head, tf, batch, cfg)
+            if kind.steps is None:
+                loss, _ = kind.loss(head, tf, batch, cfg, None, False)
             else:  # the weighted objective from the same pass (TTT steps, Medusa heads, MTP steps)
-                n = head_kinds.decay_steps(kind, head, cfg) if own else cfg.ttt_steps
-                loss = sum(cfg.decay**s * agr["ce"][s] for s in range(n))
+                loss = sum(cfg.decay**s * agr["ce"][s] for s in range(kind.steps(head, cfg)))
         w = batch.shape[0]
         for k, v in {"loss": loss.detach().float(), **agr}.items():
             sums[k] = sums.get(k, 0) + v.float() * w
@@ -181,18 +177,27 @@ def _batch_indices(n_windows: int, cfg: HeadTrainConfig) -> torch.Tensor:
     return torch.cat(perms)[:total].view(cfg.steps, cfg.batch_size)
 
 
-def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: HeadTrainConfig,
+def head_kind(name: str) -> HeadKind:
+    """The :class:`HeadKind` of method ``name`` (its trainer module's ``KIND``, or ``KINDS[name]``). Raises ValueError
+    for a method whose head is not trained by :func:`train_kind`."""
+    spec = methods.get(name).head if name in methods.names() else None
+    module = importlib.import_module(spec.trainer.partition(":")[0]) if spec is not None and spec.trainer else None
+    kind = (getattr(module, "KINDS", {}).get(name) or getattr(module, "KIND", None)) if module is not None else None
+    if not isinstance(kind, HeadKind):
+        raise ValueError(f"method {name!r} has no head trained by the shared loop")
+    return kind
+
+
+def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, device, cfg: HeadTrainConfig,
              time_budget_s: float | None = None):
-    """Train one head from scratch. Returns (head fp32 on device, log dict)."""
+    """Train one head of ``kind`` (a :class:`HeadKind` or a method's name) from scratch. Returns (head fp32 on device,
+    log dict)."""
+    kind = head_kind(kind) if isinstance(kind, str) else kind
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
-    if kind in head_kinds.KINDS:
-        head_cfg, head = head_kinds.new_head(kind, target, cfg)
-    else:
-        head_cfg = head_config_from_target(target.config, kind, cfg.aux_layer_ids)
-        head = build_head(head_cfg)
+    head_cfg, head = kind.new_head(target, cfg)
     head = head.to(device).attach(target).train()
-    runner = torch.compile(head) if (cfg.compile and kind == "eagle") else head
+    runner = torch.compile(head) if (cfg.compile and kind.compile) else head
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                             fused=device.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
@@ -200,17 +205,19 @@ def fit_head(kind: str, target, train_windows, heldout_windows, device, cfg: Hea
     batch_idx = _batch_indices(train_windows.shape[0], cfg).to(device)  # [steps, B], moved once
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
     seq_len = train_windows.shape[1] - 1
-    log = {"head": kind, "config": dataclasses.asdict(cfg), "head_config": dataclasses.asdict(head_cfg),
+    target_flops, head_flops = target_flops_per_token(target.config, seq_len), kind.flops(target.config, cfg, seq_len)
+    log = {"head": kind.name, "config": dataclasses.asdict(cfg), "head_config": dataclasses.asdict(head_cfg),
            "params": sum(p.numel() for p in head.parameters()), "seq_len": seq_len,
-           "flops_per_token": estimate_flops_per_token(kind, target.config, cfg, seq_len),
+           "flops_per_token": {"target_fwd": target_flops, "head_fwd_bwd": head_flops,
+                               "total": target_flops + head_flops},
            "train": [], "heldout": [], "stopped_early": False}
     acc: dict[str, torch.Tensor] = {}
     t0, n_acc, step, total = time.time(), 0, 0, cfg.steps
     for step in range(1, cfg.steps + 1):
         batch = train_windows[batch_idx[step - 1]]  # [B, T+1]
-        tf = _features(target, batch, head_cfg, device)
+        tf = _features(kind, target, batch, head_cfg, device)
         with autocast(device):
-            loss, stats = _loss(kind, runner, tf, batch, cfg, gen, train=True)
+            loss, stats = kind.loss(runner, tf, batch, cfg, gen, True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
@@ -258,56 +265,37 @@ def _fit_steps(cfg: HeadTrainConfig, step: int, elapsed: float, budget: float) -
     return int(min(cfg.steps, max(step + 1, step + usable // per_step)))
 
 
-def _train(kind: str, target, train_windows, heldout_windows, device, out_dir, time_budget_s,
-           config: HeadTrainConfig | None = None) -> dict:
-    cfg = config or DEFAULTS[kind]
-    head, log = fit_head(kind, target, train_windows, heldout_windows, device, cfg, time_budget_s)
-    path = Path(out_dir) / HEAD_DIRS[kind]
+def train_kind(kind: HeadKind, target, train_windows, heldout_windows, device, out_dir, time_budget_s=None,
+               config: HeadTrainConfig | None = None) -> dict:
+    """Train a head of ``kind`` (:func:`fit_head`) and save it to ``out_dir/<its method's bundled directory>/`` with its
+    train_log.json, and in its field's layout beside (``out_dir/published/``). Returns the log."""
+    head, log = fit_head(kind, target, train_windows, heldout_windows, device, config or kind.default, time_budget_s)
+    name = methods.get(kind.name).head.bundled
+    path = Path(out_dir) / name
     log["saved"] = {"dir": str(path), "files": save_head(head, path)}
     log["saved"]["bytes"] = (path / "model.safetensors").stat().st_size
-    log["saved"]["published"] = save_published_beside(head, out_dir, HEAD_DIRS[kind])  # the field's layout too
+    log["saved"]["published"] = save_published_beside(head, out_dir, name)  # the field's layout too
     (path / "train_log.json").write_text(json.dumps(log, indent=1))
     log["saved"]["files"].append("train_log.json")
     return log
 
 
-def train_eagle(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
-    """EAGLE-1 head (Li et al. 2024, arXiv 2401.15077): SmoothL1(f_hat_{t+1}, f_{t+1}) + 0.1 soft CE
-    against softmax(W_lm f_{t+1}), uniform feature noise. Saves out_dir/specviz-eagle/."""
-    return _train("eagle", target, train_windows, heldout_windows, device, out_dir, time_budget_s, config)
+def trainers() -> dict[str, Any]:
+    """{method: its trainer module's function} for every registered method whose head has a trainer."""
+    out = {}
+    for m in methods.all_methods():
+        if m.head is not None and m.head.trainer:
+            module, _, fn = m.head.trainer.partition(":")
+            out[m.name] = getattr(importlib.import_module(module), fn)
+    return out
 
 
-def train_eagle3(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
-    """EAGLE-3 head (Li et al. 2025, arXiv 2503.01840): training-time test over ``ttt_steps`` unrolled
-    steps, soft labels from the target, weights 0.8^s. Saves out_dir/specviz-eagle3/."""
-    return _train("eagle3", target, train_windows, heldout_windows, device, out_dir, time_budget_s, config)
-
-
-def train_medusa(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
-    """Medusa heads (Cai et al. 2024, arXiv 2401.10774): K = 4 ResBlocks on f_t over the target's frozen LM
-    head, soft labels from the target, weights 0.8^i (:mod:`specviz.train.head_kinds`). Saves out_dir/specviz-medusa/."""
-    return _train("medusa", target, train_windows, heldout_windows, device, out_dir, time_budget_s, config)
-
-
-def train_mtp(target, train_windows, heldout_windows, device, out_dir, time_budget_s=None, config=None) -> dict:
-    """Gemma-4-style MTP head, trained by specviz (no public recipe; methods.md 7.4): S = 4 steps at the
-    constant position over the target's last-layer K/V, soft labels, weights 0.8^s. Saves out_dir/specviz-mtp/."""
-    return _train("mtp", target, train_windows, heldout_windows, device, out_dir, time_budget_s, config)
-
-
-HEAD_TRAINERS: dict[str, Callable[..., dict]] = {"eagle": train_eagle, "eagle3": train_eagle3, "medusa": train_medusa,
-                                                 "mtp": train_mtp}
-
-
-def _register_dflash() -> None:
-    """DFlash (specviz/train/dflash.py): its own config type, trainer and held-out acceptance run."""
-    from specviz.train.dflash import DFLASH_DEFAULT, DFLASH_SMOKE, train_dflash
-
-    HEAD_TRAINERS["dflash"], DEFAULTS["dflash"], SMOKE["dflash"] = train_dflash, DFLASH_DEFAULT, DFLASH_SMOKE
-
-
-_register_dflash()
-HEAD_KS = {"dflash": 7}  # greedy k of the held-out acceptance run (DFlash: B - 1 = 7, issue 16)
+def default_config(name: str, smoke: bool = False):
+    """The training config of method ``name``'s head: its trainer's ``DEFAULT`` (the trainer module's
+    ``CONFIGS[name]`` where one module trains several methods), or its smoke version."""
+    module = importlib.import_module(methods.get(name).head.trainer.partition(":")[0])
+    cfg = getattr(module, "CONFIGS", {}).get(name) or module.DEFAULT
+    return (getattr(module, "smoke_config", None) or smoke_config)(cfg) if smoke else cfg
 
 
 def train_heads(target, train_windows: torch.Tensor, heldout_windows: torch.Tensor, device, out_dir,
@@ -317,10 +305,11 @@ def train_heads(target, train_windows: torch.Tensor, heldout_windows: torch.Tens
     the other, each with ``time_budget_s``. windows: int64 [W, T+1] on device. smoke: the tiny
     CPU configs (:data:`SMOKE`). overrides: {name: {config field: value}} replacing fields of that head's
     config (the CLI's ``--set``). Returns {name: log}. Raises ValueError for an unknown name or field."""
-    names = list(HEAD_TRAINERS) if heads is None else list(heads)
-    unknown = [n for n in names if n not in HEAD_TRAINERS]
+    registered = trainers()
+    names = list(registered) if heads is None else list(heads)
+    unknown = [n for n in names if n not in registered]
     if unknown:
-        raise ValueError(f"unknown heads {unknown}; registered: {sorted(HEAD_TRAINERS)}")
+        raise ValueError(f"unknown heads {unknown}; registered: {sorted(registered)}")
     stray = sorted(set(overrides or {}) - set(names))
     if stray:
         raise ValueError(f"--set names heads {stray} that are not being trained ({names})")
@@ -330,10 +319,9 @@ def train_heads(target, train_windows: torch.Tensor, heldout_windows: torch.Tens
     for p in target.parameters():
         p.requires_grad_(False)
     try:
-        configs = {n: _with_overrides(SMOKE[n] if smoke else DEFAULTS[n], (overrides or {}).get(n, {}))
-                   for n in names}
-        return {n: HEAD_TRAINERS[n](target, train_windows, heldout_windows, device, out_dir, time_budget_s,
-                                    config=configs[n]) for n in names}
+        configs = {n: _with_overrides(default_config(n, smoke), (overrides or {}).get(n, {})) for n in names}
+        return {n: registered[n](target, train_windows, heldout_windows, device, out_dir, time_budget_s,
+                                 config=configs[n]) for n in names}
     finally:
         for p, f in zip(target.parameters(), flags):
             p.requires_grad_(f)
@@ -350,7 +338,7 @@ def _with_overrides(cfg, fields: dict[str, Any]):
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """``["dflash.num_layers=3", "medusa.head_layers=2"]`` -> {"dflash": {"num_layers": 3}, ...}. Values are
+    """``["METHOD.FIELD=VALUE", ...]`` (e.g. ``dflash.num_layers=3``) -> {method: {field: value}}. Values are
     JSON (numbers, true / false, null, lists -> tuples) or else plain strings. Raises ValueError for a
     malformed item."""
     out: dict[str, dict[str, Any]] = {}
@@ -380,15 +368,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m specviz.train.heads", description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", required=True, help="target model directory (safetensors)")
     ap.add_argument("--out", required=True, help="output directory; heads go to OUT/specviz-eagle*/")
-    ap.add_argument("--heads", "--kinds", dest="heads", default="eagle,eagle3",
-                    help="comma-separated: " + ", ".join(HEAD_TRAINERS))
+    ap.add_argument("--heads", "--kinds", dest="heads", default=None,
+                    help="comma-separated methods (default: every method with a head trainer: "
+                         + ", ".join(trainers()) + ")")
     ap.add_argument("--time-budget-s", type=float, default=None, help="per-head training time limit")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny run (smoke preset windows, SMOKE configs, one CPU thread); < 60 s on a tiny target")
     ap.add_argument("--preset", default=None, help="window preset (default: demo, or smoke with --smoke)")
     ap.add_argument("--device", default=None, choices=["cuda", "cpu"])
     ap.add_argument("--mal-prompts", type=int, default=20,
-                    help="held-out prompts for the greedy mean acceptance length of dflash vs draft_model (0 = skip)")
+                    help="held-out prompts for the greedy mean acceptance length of a head whose natural k is its own "
+                         "(HeadSpec.eval_k) against the draft model's (0 = skip)")
     ap.add_argument("--mal-prompts-file", default="results/train/v2/heldout_prompts.json")
     ap.add_argument("--mal-new-tokens", type=int, default=64)
     ap.add_argument("--no-eval", action="store_true", help="skip the held-out acceptance run through the engine")
@@ -413,13 +403,13 @@ def main(argv: list[str] | None = None) -> dict:
     target = load_model(args.target, device, torch.float32)  # fp32 master copy; bf16 autocast on CUDA
     tok = load_tokenizer(args.target)
     train_w, held_w = head_windows(tok, args.preset or ("smoke" if args.smoke else "demo"))
-    names = [n.strip() for n in args.heads.split(",") if n.strip()]
+    names = [n.strip() for n in (args.heads or ",".join(trainers())).split(",") if n.strip()]
     logs = train_heads(target, train_w.to(device), held_w.to(device), device, args.out, args.time_budget_s,
                        names, smoke=args.smoke, overrides=overrides)
     summary = {n: {"steps": g["steps"], "train_s": g["train_s"], "stopped_early": g["stopped_early"],
                    "heldout": g["heldout"][-1], "bytes": g["saved"]["bytes"]} for n, g in logs.items()}
     print(json.dumps(summary))
-    for name in (n for n in names if n in HEAD_KS and args.mal_prompts > 0):
+    for name in (n for n in names if methods.get(n).head.eval_k and args.mal_prompts > 0):
         logs[name]["heldout_acceptance"] = _heldout_acceptance(args, name, logs[name], device)
     if not args.no_eval:
         logs["acceptance"] = _acceptance(args, logs, device)
@@ -427,13 +417,14 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def _heldout_acceptance(args, name: str, log: dict, device) -> dict:
-    """Greedy held-out mean acceptance length of a head whose natural k is not the CLI's (``HEAD_KS``:
-    DFlash, B - 1 = 7) next to draft_model's at the same k (:mod:`specviz.train.head_eval`, fp32),
+    """Greedy held-out mean acceptance length of a head whose natural k is not the CLI's (``HeadSpec.eval_k``: DFlash,
+    B - 1 = 7) next to the draft model's at the same k (:mod:`specviz.train.head_eval`, fp32),
     printed and added to the head's train_log.json."""
     from specviz.train import head_eval
 
     res = head_eval.heldout_acceptance(args.target, {name: log["saved"]["dir"]}, _draft_for(args),
-                                       args.mal_prompts_file, k=HEAD_KS[name], max_new_tokens=args.mal_new_tokens,
+                                       args.mal_prompts_file, k=methods.get(name).head.eval_k,
+                                       max_new_tokens=args.mal_new_tokens,
                                        limit=args.mal_prompts, device=device.type, dtype=args.eval_dtype)
     print(head_eval.summary_line(res))
     path = Path(log["saved"]["dir"]) / "train_log.json"
@@ -461,11 +452,10 @@ def _acceptance(args, logs: dict, device) -> dict:
     draft = _draft_for(args)
     bundled = Path(args.target).resolve() == Path(DEFAULT_TARGET).resolve()
     heads = {n: g["saved"]["dir"] for n, g in logs.items()}
-    if bundled:  # the bundled EAGLE-3 head too, on the same prompts (the card's comparison column)
-        from specviz.heads import default_head_dir
+    if bundled:  # the other bundled heads too, on the same prompts (the card's comparison columns)
+        from specviz.loading import bundled_heads
 
-        if "eagle3" not in heads and default_head_dir("eagle3").exists():
-            heads["eagle3"] = str(default_head_dir("eagle3"))
+        heads.update({n: str(d) for n, d in bundled_heads().items() if n not in heads and (d / "config.json").exists()})
     res = head_eval.heldout_acceptance(args.target, heads, draft, args.eval_prompts, k=args.eval_k,
                                        max_new_tokens=args.eval_tokens or (8 if args.smoke else 64),
                                        limit=args.eval_limit or (2 if args.smoke else 40), device=device.type,
@@ -482,7 +472,7 @@ class HiddenStates:
 
     final:  [B, T, D] hidden state after the final norm (logits = final @ lm_head.weight.T).
     layers: {layer index: [B, T, D]} HF ``hidden_states`` entries (0 = the embeddings, l < L = the
-            input of decoder layer l, L = the final-norm output again; see specviz.heads.features).
+            input of decoder layer l, L = the final-norm output again; see specviz.methods.eagle.features).
     """
 
     final: torch.Tensor
@@ -495,30 +485,6 @@ def target_hidden_states(target, input_ids: torch.Tensor, layers: Sequence[int] 
     Returns float tensors in the model's compute dtype. Raises IndexError for a bad layer index."""
     out = target.model(input_ids=input_ids, output_hidden_states=True, use_cache=False)
     return HiddenStates(final=out.last_hidden_state, layers={i: out.hidden_states[i] for i in layers})
-
-
-def eagle_batch(final: torch.Tensor, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
-    """EAGLE training pairs. final: [B, T, D]; input_ids: int64 [B, T]. Returns (all length T-2):
-    features [B, T-2, D] = f_t; next_ids [B, T-2] = x_{t+1} (the token paired with f_t);
-    target_features [B, T-2, D] = f_{t+1}; target_ids [B, T-2] = x_{t+2}."""
-    return {
-        "features": final[:, :-2],
-        "next_ids": input_ids[:, 1:-1],
-        "target_features": final[:, 1:-1],
-        "target_ids": input_ids[:, 2:],
-    }
-
-
-def medusa_labels(input_ids: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Labels of Medusa heads. input_ids: int64 [B, T]. Returns int64 [num_heads, B, T] where
-    [i, b, t] = input_ids[b, t + 2 + i], or IGNORE_INDEX past the end."""
-    B, T = input_ids.shape
-    out = torch.full((num_heads, B, T), IGNORE_INDEX, dtype=input_ids.dtype, device=input_ids.device)
-    for i in range(num_heads):
-        shift = i + 2
-        if shift < T:
-            out[i, :, : T - shift] = input_ids[:, shift:]
-    return out
 
 
 if __name__ == "__main__":

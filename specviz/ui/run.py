@@ -50,7 +50,7 @@ class RunRequest:
     browser clamped is named in the progress line."""
 
     prompt: Any = ""
-    method: str = "ngram"
+    method: str = methods.BUILTIN[0]
     num_speculative_tokens: Any = 5
     verify: str = AUTO_VERIFY
     temperature: Any = 0.0

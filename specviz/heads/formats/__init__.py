@@ -18,13 +18,17 @@ import os
 
 import torch
 
-from .detect import KIND_OF, LAYOUTS, Checkpoint, detect, read_checkpoint
+import importlib
 
-__all__ = ["load_head_dir", "detect", "read_checkpoint", "Checkpoint", "LAYOUTS", "KIND_OF", "layout_of"]
+from specviz import methods
+
+from .detect import Checkpoint, detect, kind_of, layouts, read_checkpoint
+
+__all__ = ["load_head_dir", "detect", "read_checkpoint", "Checkpoint", "layouts", "kind_of", "layout_of"]
 
 
 def layout_of(directory: str | os.PathLike) -> str:
-    """The layout name of the head in ``directory`` (see :data:`LAYOUTS`). Raises ValueError as
+    """The layout name of the head in ``directory`` (see :func:`layouts`). Raises ValueError as
     :func:`~specviz.heads.formats.detect.detect`."""
     return detect(read_checkpoint(directory))
 
@@ -33,40 +37,31 @@ def load_head_dir(directory: str | os.PathLike, target, kind: str | None = None,
     """Load the head in ``directory`` onto ``target`` (sharing its embedding and LM head), on the target's
     device, in ``dtype`` (default the target's), eval mode; ``head.source`` = {"format": layout, ...}.
 
-    kind: the method the head is for ("eagle", "eagle3", "medusa", "dflash", "mtp"); a head of another
-    kind raises. Raises ValueError: unknown layout (naming what was found and the known layouts), only
-    pickled weights (run ``specviz convert DIR``), inconsistent files, or a head that does not fit the target."""
+    kind: the method the head is for (a registered method with a head); a head of another kind raises. Raises
+    ValueError: unknown layout (naming what was found and the known layouts), only pickled weights (run ``specviz
+    convert DIR``), inconsistent files, or a head that does not fit the target."""
     ckpt = read_checkpoint(directory)
     layout = detect(ckpt)
-    if layout in ("specviz-head-v1", "specviz-dflash-v1"):
+    if layout in layouts()[:2]:  # specviz's own formats: the method's own loader, by the kind asked for or written
         head = _load_own(ckpt, layout, target, dtype, kind)
     else:
-        if kind is not None and KIND_OF[layout] != kind:
-            raise ValueError(f"{directory} holds a {KIND_OF[layout]!r} head ({layout} layout), not {kind!r}")
-        if layout.startswith("eagle"):
-            from .eagle import load_eagle
-
-            head = load_eagle(ckpt, layout, target, dtype)
-        elif layout.startswith("medusa"):
-            from .medusa import load_medusa
-
-            head = load_medusa(ckpt, layout, target, dtype)
-        else:
-            from .dflash import load_dflash_zlab
-
-            head = load_dflash_zlab(ckpt, target, dtype)
+        owner = kind_of(layout)
+        if kind is not None and owner != kind:
+            raise ValueError(f"{directory} holds a {owner!r} head ({layout} layout), not {kind!r}")
+        head = importlib.import_module(methods.get(owner).head.formats).load(ckpt, layout, target, dtype)
     if kind is not None and head.config.kind != kind:
         raise ValueError(f"the head in {directory} is an {head.config.kind!r} head ({layout} layout), not {kind!r}")
     return head
 
 
 def _load_own(ckpt: Checkpoint, layout: str, target, dtype, kind: str | None):
-    """specviz's own formats, through their own loaders (strict, safetensors), chosen by the method asked for
-    (their own errors say when the file is of the other format)."""
-    from ..dflash import load_dflash
+    """specviz's own formats, through the method's head module (``load_own``) or the shared specviz-head-v1 loader
+    (:func:`specviz.heads.io.load_head`); their own errors say when the file is of another format."""
     from ..io import load_head
 
-    dflash = kind == "dflash" if kind is not None else layout == "specviz-dflash-v1"
-    head = (load_dflash if dflash else load_head)(ckpt.directory, target, dtype)
+    name = kind if kind is not None else ckpt.config.get("kind")
+    spec = methods.get(name).head if isinstance(name, str) and name in methods.names() else None
+    own = getattr(importlib.import_module(spec.module), "load_own", None) if spec is not None and spec.module else None
+    head = own(ckpt.directory, target, dtype) if own is not None else load_head(ckpt.directory, target, dtype)
     head.source = {"format": layout, "source": "specviz", "path": str(ckpt.directory)}
     return head

@@ -4,7 +4,6 @@ MASK] with the target's fused features drafts up to block size - 1 tokens."""
 from __future__ import annotations
 
 from specviz.methods.base import HeadSpec, Method, Texts
-from specviz.methods.eagle import load_kind
 
 
 def _make(build):
@@ -15,7 +14,7 @@ def _make(build):
     head = dec.heads["dflash"]
     runner = None
     if dec.runner_options["static"]:
-        from specviz.heads.dflash_runner import StaticDFlashRunner
+        from specviz.methods.dflash.runner import StaticDFlashRunner
 
         runner = build.lease(("dflash", id(head)), lambda: StaticDFlashRunner(head))
     return DFlashProposer(head, build.config.num_speculative_tokens, runner=runner)
@@ -39,6 +38,7 @@ METHOD = Method(
                 "method dflash (a block drafter: one forward over [root, MASK, ..., MASK] drafts the whole block)",
                 confidence="drafter softmax"),
     style=("#bcbd22", "hexagon"),
-    head=HeadSpec(load_kind("dflash"), "a DFlash block drafter", bundled="specviz-dflash", describe=_describe,
-                  trainer="specviz.train.dflash:train_dflash_head"),
+    head=HeadSpec("a DFlash block drafter", bundled="specviz-dflash", describe=_describe,
+                  trainer=f"{__name__}.train:train_dflash", module=f"{__name__}.head", formats=f"{__name__}.formats",
+                  eval_k=7),  # block size - 1 drafts: its held-out acceptance run's k
     warm_up=lambda warm: warm.head_method("dflash", trees=False), view="specviz.methods.dflash.view")

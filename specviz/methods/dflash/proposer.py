@@ -3,7 +3,7 @@
 Sources: Chen, Liang, Liu 2026 (DFlash, arXiv 2602.06036), z-lab/dflash ``dflash_generate``; vLLM
 mainline ``v1/spec_decode/dflash.py`` (``DFlashProposer``: query tokens ``[next_token, mask x k]``
 at positions ``seq_len .. seq_len + k``, ``causal=False``, argmax at the mask slots,
-``num_speculative_tokens = B - 1``). The head is :class:`specviz.heads.dflash.DFlashHead`.
+``num_speculative_tokens = B - 1``). The head is :class:`specviz.methods.dflash.head.DFlashHead`.
 
 Per step, with committed context x_0..x_n (x_n = the root, not yet run by the target; position n):
 
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specviz.heads.dflash_runner import EagerDFlashRunner
+from specviz.methods.dflash.runner import EagerDFlashRunner
 from specviz.sampling import logits_to_probs
 from specviz.proposer import Draft, Outcome, StepContext
 
@@ -41,10 +41,10 @@ class DFlashProposer:
     """Block drafting with a DFlash head.
 
     Args:
-        head: :class:`~specviz.heads.dflash.DFlashHead` attached to the target, on its device, eval mode.
+        head: :class:`~specviz.methods.dflash.head.DFlashHead` attached to the target, on its device, eval mode.
         num_speculative_tokens: k, 1 .. B-1 (default B-1, vLLM mainline).
         runner: runs the drafter's one forward per step and owns its context K/V
-            (:mod:`specviz.heads.dflash_runner`); default an ``EagerDFlashRunner`` (a growing cache).
+            (:mod:`specviz.methods.dflash.runner`); default an ``EagerDFlashRunner`` (a growing cache).
             The engine passes a pooled ``StaticDFlashRunner`` (static buffers, a CUDA graph on CUDA)
             when the target runs on the static runner.
     Raises:
@@ -140,7 +140,7 @@ class DFlashProposer:
 
     @property
     def cache(self):
-        """The eager runner's :class:`~specviz.heads.dflash.DFlashCache` (tests read it)."""
+        """The eager runner's :class:`~specviz.methods.dflash.head.DFlashCache` (tests read it)."""
         return self.runner.cache
 
     def _block_forward(self, n: int, root: int) -> tuple[torch.Tensor, dict[str, int]]:

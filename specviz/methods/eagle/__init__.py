@@ -12,9 +12,9 @@ HOW = ("The head is a small network that reads the target's own hidden states: t
 
 
 def head_runner(decoder, head):
-    """A runner for ``head`` (specviz/heads/runner.py): static cache + CUDA graphs when the target runs on the
+    """A runner for ``head`` (specviz/methods/eagle/runner.py): static cache + CUDA graphs when the target runs on the
     static runner (its ``max_cache_len`` slots; compiled when the target's runner is), else the eager reference."""
-    from specviz.heads.runner import make_head_runner
+    from specviz.methods.eagle.runner import make_head_runner
 
     opts = decoder.runner_options
     max_len = opts["max_cache_len"] if opts["static"] else None
@@ -55,16 +55,6 @@ def warm_up_eagle(warm) -> int:
     return captured
 
 
-def load_kind(kind: str):
-    """A HeadSpec loader for heads of ``kind``: specviz's format or a published layout, recognised from the files
-    (:func:`specviz.heads.formats.load_head_dir`); a head of another kind is refused."""
-    def load(directory, target):
-        from specviz.heads.formats import load_head_dir
-
-        return load_head_dir(directory, target, kind)
-    return load
-
-
 def describe_head(head) -> dict:
     return {"aux_layer_ids": list(getattr(head.config, "aux_layer_ids", ()))}
 
@@ -75,6 +65,6 @@ METHOD = Method(
                 "method eagle (EAGLE: a small head drafts from the target's own final hidden state)",
                 confidence="head softmax"),
     style=("#d62728", "triangle-down"), tree_forms=("static", "dynamic"),
-    head=HeadSpec(load_kind("eagle"), "an EAGLE head", bundled="specviz-eagle", describe=describe_head,
-                  trainer="specviz.train.heads:train_eagle"),
+    head=HeadSpec("an EAGLE head", bundled="specviz-eagle", describe=describe_head, trainer=f"{__name__}.train:train_eagle",
+                  module=f"{__name__}.head", formats=f"{__name__}.formats"),
     warm_up=warm_up_eagle, view="specviz.methods.eagle.view")

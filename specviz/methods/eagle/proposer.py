@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-from specviz.heads.runner import EagerHeadRunner
+from specviz.methods.eagle.runner import EagerHeadRunner
 from specviz.runner import FINAL_NORM, layer_input
 from specviz.sampling import logits_to_probs
 from specviz.transfer import to_device
@@ -54,8 +54,8 @@ class EagleProposer:
             on the target's device, in eval mode; called as
             ``hidden, logits = head(features, input_ids, position_ids, cache, from_target=...)``.
         num_speculative_tokens: k >= 1.
-        runner: a head runner (:mod:`specviz.heads.runner`) that runs the head's first passes and
-            draft steps and owns its KV cache; default :class:`~specviz.heads.runner.EagerHeadRunner`
+        runner: a head runner (:mod:`specviz.methods.eagle.runner`) that runs the head's first passes and
+            draft steps and owns its KV cache; default :class:`~specviz.methods.eagle.runner.EagerHeadRunner`
             (a DynamicCache). The engine gives a pooled ``StaticHeadRunner`` (static cache, CUDA
             graphs on CUDA) when the target runs on the static runner.
     Raises:
@@ -67,7 +67,7 @@ class EagleProposer:
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
         self.head = head
-        self.runner = runner if runner is not None else EagerHeadRunner(head)  # specviz.heads.runner
+        self.runner = runner if runner is not None else EagerHeadRunner(head)  # specviz.methods.eagle.runner
         self.name = str(head.config.kind)
         self.taps = head_taps(head.config)
         self.num_speculative_tokens = int(num_speculative_tokens)

@@ -186,7 +186,7 @@ def eagle2_tree(hidden: torch.Tensor, logits: torch.Tensor, level, *, top_k: int
 
     hidden [1, d], logits float32 [V]: the head's root row (position n-1). ``level(i, first, h, tokens,
     sees)``: one head forward of the frontier at position n + i writing scratch rows first..first+K-1
-    (:meth:`specviz.heads.runner.StaticHeadRunner.tree_draft`); ``sees`` bool [K, (i+1) K] marks the scratch
+    (:meth:`specviz.methods.eagle.runner.StaticHeadRunner.tree_draft`); ``sees`` bool [K, (i+1) K] marks the scratch
     rows of each row's ancestors and itself. Returns float64 [3, total_tokens - 1]: the kept nodes'
     tokens, parents (node index, -1 = the root) and cumulative log-confidences, in candidate order (a parent
     precedes its children)."""

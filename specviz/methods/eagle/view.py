@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import plotly.graph_objects as go
 
 from specviz import methods
+from specviz.methods.eagle.config import EAGLE3, KINDS
 from specviz.trace import Step, Trace
 
 from specviz.viz.common import as_trace, metrics_of, token_code
@@ -36,7 +37,7 @@ def _feature_text(match: dict[str, Any], pos: dict[str, Any]) -> str:
     """Short name of the feature that fed the head's row (the table's note explains the names)."""
     if pos["feature"] != "target":
         return f"head h @ {pos['feature_position']}"
-    if match.get("kind") == "eagle3":
+    if match.get("kind") == EAGLE3:
         layers = ",".join(str(x) for x in match.get("aux_layer_ids", []))
         return f"target layers {layers} @ {pos['feature_position']}"
     return f"target f @ {pos['feature_position']}"
@@ -72,7 +73,7 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
                  html.escape(_feature_text(m, pos)), _code(trace, pos.get("input_token_id")))
         rows.append(f"<tr data-draft-index='{i}' style='{style}'>" + "".join(f"<td {CELL}>{c}</td>" for c in cells)
                     + "</tr>")
-    note = (f"<p style='font-size:13px;color:#374151'>{'EAGLE-3' if m['kind'] == 'eagle3' else 'EAGLE'} drafts a "
+    note = (f"<p style='font-size:13px;color:#374151'>{'EAGLE-3' if m['kind'] == EAGLE3 else 'EAGLE'} drafts a "
             f"chain from the root token at position {m['root_position']}. Draft 1: the target's "
             f"{_feature_name(m)} at the last committed position with the root token; draft i > 1: the head's own "
             f"output h with draft i-1. Confidence = {q_name} of the head's top token. {_first_pass_text(m)}</p>")
@@ -85,7 +86,7 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
 
 
 def _feature_name(match: dict[str, Any]) -> str:
-    if match.get("kind") == "eagle3":
+    if match.get("kind") == EAGLE3:
         layers = ", ".join(str(x) for x in match.get("aux_layer_ids", []))
         return f"inputs of layers {layers} (fused by the head's fc)"
     return "final-norm hidden state f"
@@ -123,7 +124,7 @@ def acceptance_by_position_figure(traces: Sequence[Trace | dict[str, Any]], heig
         rates = metrics_of(tr).get("acceptance_rate_per_position", [])
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                  name=f"{method}: accepted >= i"))
-        if method in ("eagle", "eagle3"):
+        if method in KINDS:
             conf = _confidence_by_position(tr)
             fig.add_trace(go.Scatter(x=list(range(1, len(conf) + 1)), y=conf, mode="lines+markers",
                                      line={"dash": "dot"}, name=f"{method}: mean head confidence"))

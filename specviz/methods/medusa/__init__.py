@@ -5,7 +5,10 @@ candidates (``speculative_token_tree``)."""
 from __future__ import annotations
 
 from specviz.methods.base import HeadSpec, Method, Texts
-from specviz.methods.eagle import load_kind
+
+
+# the held-out evaluation's static tree: wide, not deep (results/train/heads-s6/medusa_trees_cpu_fp32.json)
+DEFAULT_TREE = "[(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
 
 
 def _make(build):
@@ -26,6 +29,6 @@ METHOD = Method(
                 "method medusa (Medusa heads: head i predicts the token i + 1 after the root from one target feature)",
                 confidence="head softmax"),
     style=("#e377c2", "star"), tree_forms=("static",),
-    head=HeadSpec(load_kind("medusa"), "a Medusa head", bundled="specviz-medusa",
-                  trainer="specviz.train.heads:train_medusa"),
+    head=HeadSpec("a Medusa head", bundled="specviz-medusa", trainer=f"{__name__}.train:train_medusa",
+                  module=f"{__name__}.head", formats=f"{__name__}.formats", eval_tree=DEFAULT_TREE),
     warm_up=lambda warm: warm.head_method("medusa", trees=True), view="specviz.methods.medusa.view")

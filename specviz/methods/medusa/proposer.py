@@ -28,23 +28,15 @@ import torch
 from specviz.runner import FINAL_NORM
 from specviz.transfer import to_device
 from specviz.tree import choices_parents, depths, parse_choices
+from specviz.methods.medusa import DEFAULT_TREE as DEFAULT_MEDUSA_TREE  # noqa: F401 (the held-out tree)
 from specviz.proposer import Draft, Outcome, StepContext
 
 MEDUSA_TOP_K = 10  # candidates per head a tree path may rank into (Medusa's TOPK placeholder)
 SHOWN_CANDIDATES = 5  # top candidates per head recorded for the view (more if a tree ranks deeper)
-# a 16-node static tree for K = 4 heads (ours; Medusa's mc_sim_7b_63 is for 7B targets and 63 nodes)
-# 31 nodes chosen from measured acceptance of the bundled heads (scripts/medusa_tree.py: the most likely accepted
-# rank paths on Python standard-library text, Medusa section 3.3.2); 32 rows with the root, the static runner's 32
-# bucket as the earlier 16-node tree's 17 rows. Held-out greedy mean acceptance length 1.83 against 1.67 for that tree
-# (40 prompts, k = 4, fp32 CPU, 2026-12-01; results/train/heads-s6/medusa_trees_cpu_fp32.json). Wide, not deep: the
-# bundled heads' later candidates are rarely right (head 0's top 1 agrees 21% of the time, its ranks 1-9 still add up).
-DEFAULT_MEDUSA_TREE = ("[(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,), (9,), (0, 0), (0, 1), (0, 2), (0, 3), "
-                       "(0, 4), (0, 5), (0, 6), (0, 7), (0, 8), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (2, 0), (2, 1), "
-                       "(2, 2), (3, 0), (3, 1), (4, 0), (0, 0, 0)]")
 
 
 class MedusaProposer:
-    """Chain or static-tree drafting with a :class:`~specviz.heads.medusa.MedusaHead`.
+    """Chain or static-tree drafting with a :class:`~specviz.methods.medusa.head.MedusaHead`.
 
     Args:
         head: Medusa heads attached to the target, on its device, eval mode; ``head(f)`` maps

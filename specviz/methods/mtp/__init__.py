@@ -4,7 +4,6 @@ all run at the root's position and read the target's own cached keys and values.
 from __future__ import annotations
 
 from specviz.methods.base import HeadSpec, Method, Texts
-from specviz.methods.eagle import load_kind
 
 
 def _make(build):
@@ -25,6 +24,6 @@ METHOD = Method(
                 "root's position)",
                 confidence="head softmax"),
     style=("#2ca02c", "cross"),
-    head=HeadSpec(load_kind("mtp"), "a Gemma-4-style MTP head", bundled="specviz-mtp",
-                  trainer="specviz.train.heads:train_mtp"),
+    head=HeadSpec("a Gemma-4-style MTP head", bundled="specviz-mtp", trainer=f"{__name__}.train:train_mtp",
+                  module=f"{__name__}.head"),
     warm_up=lambda warm: warm.head_method("mtp", trees=False), view="specviz.methods.mtp.view")

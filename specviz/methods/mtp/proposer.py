@@ -1,7 +1,7 @@
 """Gemma-4-style MTP (``mtp``): a head with Q-only attention over the target's own KV cache, drafting
 every step at the same position (methods.md 7; vLLM ``v1/spec_decode/gemma4.py``,
 ``constant_draft_positions = True``: "All draft steps predict from the same position (the last
-target-model position)"). The head is :class:`specviz.heads.mtp.MtpHead`, trained by specviz (no
+target-model position)"). The head is :class:`specviz.methods.mtp.head.MtpHead`, trained by specviz (no
 public recipe).
 
 With committed tokens x_0..x_n (x_n = the root) the target runner's cache holds positions 0..n-1
@@ -45,7 +45,7 @@ class MtpProposer:
     """Chain drafting with an MTP head at a constant position.
 
     Args:
-        head: an :class:`~specviz.heads.mtp.MtpHead` attached to the target (same device / dtype).
+        head: an :class:`~specviz.methods.mtp.head.MtpHead` attached to the target (same device / dtype).
         num_speculative_tokens: k >= 1.
     Raises:
         ValueError: k < 1. RuntimeError from propose: no target runner in the step context, a cache

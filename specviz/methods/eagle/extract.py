@@ -10,7 +10,7 @@ File layout (``save_hidden_states``; the same tensor names as vLLM's connector o
                                                the first two swapped; this is the order its code writes)
     metadata       {"layers": "final,2,10,17", "dim_order": "token,tap,hidden", "dtype": ..., "target": ...}
 
-Taps (transformers 5.17, :mod:`specviz.heads.features`): ``final`` = f_t, the output of the final
+Taps (transformers 5.17, :mod:`specviz.methods.eagle.features`): ``final`` = f_t, the output of the final
 RMSNorm (what the LM head multiplies; EAGLE-1's feature); an integer l in [0, L) = HF
 ``hidden_states[l]``, the INPUT of decoder layer l (0 = embeddings; EAGLE-3's taps, vLLM's
 ``aux_hidden_states``). Texts longer than the target's context are cut into consecutive windows of
@@ -19,7 +19,7 @@ RMSNorm (what the LM head multiplies; EAGLE-1's feature); an integer l in [0, L)
 :func:`features_from_dump` turns a dump into exactly the first-pass features a head reads
 (tests/test_heads_extract.py checks it against :func:`specviz.heads.target_features`).
 
-CLI: ``python -m specviz.heads.extract --target DIR (--text-file F | --trace run.json)
+CLI: ``python -m specviz.methods.eagle.extract --target DIR (--text-file F | --trace run.json)
 --layers final,2,10,17 --out file.safetensors [--device cpu|cuda] [--dtype float32|bfloat16]``.
 """
 
@@ -34,7 +34,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from specviz.heads.config import HeadConfig
+from specviz.methods.eagle.config import EAGLE1, HeadConfig
 
 Tap = Union[str, int]
 DIM_ORDER = "token,tap,hidden"
@@ -109,7 +109,7 @@ def features_from_dump(hidden_states: torch.Tensor, layers: Sequence[Tap], confi
     """The head's first-pass features [T, F] from a dump [T, n_taps, d]: the ``final`` tap for
     eagle, the aux taps concatenated in ``config.aux_layer_ids`` order for eagle3.
     Raises ValueError if the dump lacks a tap the head needs."""
-    need: list[Tap] = ["final"] if config.kind == "eagle" else list(config.aux_layer_ids)
+    need: list[Tap] = ["final"] if config.kind == EAGLE1 else list(config.aux_layer_ids)
     missing = [t for t in need if t not in layers]
     if missing:
         raise ValueError(f"the dump has taps {list(layers)}; a {config.kind} head needs {need} "
@@ -132,7 +132,7 @@ def _token_ids(args, tokenizer) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m specviz.heads.extract",
+    ap = argparse.ArgumentParser(prog="python -m specviz.methods.eagle.extract",
                                  description="Dump a target's hidden states (token, tap, hidden) to safetensors.")
     ap.add_argument("--target", required=True, help="target model directory (safetensors)")
     src = ap.add_mutually_exclusive_group(required=True)

@@ -9,7 +9,7 @@ and the soft label softmax(z_{t+1}) (soft cross-entropy, weight 0.1). Noise: uni
 U(-a, a) with a = noise * rms(f) of the batch (the paper's U(-0.1, 0.1) is for features of RMS ~1;
 methods.md 12 scales it to our feature RMS).
 
-EAGLE-3 (methods.md 4.3; EAGLE ``traineagle3/cnets.py``): S unrolled steps (:mod:`specviz.heads.ttt`);
+EAGLE-3 (methods.md 4.3; EAGLE ``traineagle3/cnets.py``): S unrolled steps (:mod:`specviz.methods.eagle.ttt`);
 row t of step s reads x_{t+1+s} at position t+s and is supervised by softmax(z_{t+1+s}) (the LABEL
 position t+1+s; rows whose label position is >= T are dropped, SpecForge#885's rule "mask by the
 label position"). Loss = sum_s decay^s * mean soft-CE_s, decay 0.8, no feature regression.
@@ -25,14 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specviz.heads.features import TargetFeatures
-from specviz.heads.ttt import iter_unroll
-
-
-def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """-sum_x softmax(target_logits)(x) * log_softmax(logits)(x). [..., V] each -> float32 [...]."""
-    p = torch.softmax(target_logits.float(), dim=-1)
-    return F.cross_entropy(logits.float().flatten(0, -2), p.flatten(0, -2), reduction="none").view(logits.shape[:-1])
+from specviz.heads.common import soft_cross_entropy  # noqa: F401 (re-exported)
+from specviz.methods.eagle.features import TargetFeatures
+from specviz.methods.eagle.ttt import iter_unroll
 
 
 def uniform_noise(f: torch.Tensor, scale: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specviz.heads.config import HeadConfig
+from specviz.methods.eagle.config import EAGLE3, HeadConfig
 
 
 @dataclass
@@ -38,7 +38,7 @@ def target_features(target, input_ids: torch.Tensor, config: HeadConfig, with_lo
                     attention_mask: torch.Tensor | None = None) -> TargetFeatures:
     """Run ``target.model`` once on input_ids int64 [B, T] and return the head's features.
     Call under ``torch.no_grad()`` (and autocast) as the caller wishes; nothing is synced to host."""
-    need_taps = config.kind == "eagle3"
+    need_taps = config.kind == EAGLE3
     out = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=need_taps,
                        use_cache=False)
     final = out.last_hidden_state

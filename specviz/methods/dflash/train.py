@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
-from specviz.heads.dflash import HEAD_DIR, DFlashHead, dflash_config_from_target, save_dflash
+from specviz.methods.dflash.head import HEAD_DIR, DFlashHead, dflash_config_from_target, save_dflash
 from specviz.heads.formats.export import save_published_beside
-from specviz.heads.losses import soft_cross_entropy
+from specviz.heads.common import soft_cross_entropy
 from specviz.train.data import epoch_permutation
 from specviz.train.loop import autocast
 
@@ -68,7 +68,7 @@ class DFlashTrainConfig:
     min_seconds_left: float = 10.0
 
 
-DFLASH_DEFAULT = DFlashTrainConfig()
+DFLASH_DEFAULT = DEFAULT = DFlashTrainConfig()
 DFLASH_SMOKE = dataclasses.replace(DFLASH_DEFAULT, batch_size=8, steps=40, warmup_steps=4, num_anchors=8,
                                    eval_every=20, eval_windows=8, log_every=10, lr=3e-3, min_seconds_left=0.0)
 
@@ -273,3 +273,8 @@ def train_dflash(target, train_windows, heldout_windows, device, out_dir, time_b
     (path / "train_log.json").write_text(json.dumps(log, indent=1))
     log["saved"]["files"].append("train_log.json")
     return log
+
+
+def smoke_config(cfg: DFlashTrainConfig) -> DFlashTrainConfig:
+    """The ``--smoke`` run (:data:`DFLASH_SMOKE`'s sizes)."""
+    return DFLASH_SMOKE

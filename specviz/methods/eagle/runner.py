@@ -53,9 +53,9 @@ import time
 import torch
 from transformers import DynamicCache
 
-from ..graphs import capture
-from ..static_runner import COMPILE_DEFAULT, _raise_recompile_limit, compile_error_text
-from .modules import _Head, crop_cache, position_mask
+from specviz.graphs import capture
+from specviz.static_runner import COMPILE_DEFAULT, _raise_recompile_limit, compile_error_text
+from .head import _Head, crop_cache, position_mask
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class EagerHeadRunner:
 
     Args:
         head: an EAGLE / EAGLE-3 head (or any module with the heads' step API, see
-            :mod:`specviz.heads.modules`), on its device, in eval mode.
+            :mod:`specviz.methods.eagle.head`), on its device, in eval mode.
     """
 
     cuda_graphs = False

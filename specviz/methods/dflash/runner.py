@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from ..transfer import to_device
-from .dflash import DFlashCache, DFlashHead
+from specviz.transfer import to_device
+from .head import DFlashCache, DFlashHead
 
 log = logging.getLogger(__name__)
 

@@ -373,3 +373,6 @@ def load_dflash(directory: str | os.PathLike, target, dtype: torch.dtype | None 
     param = next(target.parameters())
     head.to(device=param.device, dtype=dtype or param.dtype)
     return head.attach(target).eval()
+
+
+load_own = load_dflash  # specviz-dflash-v1 (specviz.heads.formats)

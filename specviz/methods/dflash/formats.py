@@ -1,4 +1,4 @@
-"""DFlash drafters as z-lab publishes them, normalised into specviz's :class:`~specviz.heads.dflash.DFlashHead`.
+"""DFlash drafters as z-lab publishes them, normalised into specviz's :class:`~specviz.methods.dflash.head.DFlashHead`.
 
 Source (read for the layout; the code here is specviz's own): z-lab/dflash ``dflash/model.py``
 (``DFlashDraftModel`` on ``Qwen3Config``: Qwen3 layers whose attention takes Q from the block and K/V
@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import re
 
-from ..dflash import DFlashConfig, DFlashHead
-from .common import fill, finish, load_tensors, require
-from .detect import Checkpoint
+from .head import DFlashConfig, DFlashHead
+from specviz.heads.formats.common import fill, finish, load_tensors, require
+from specviz.heads.formats.detect import Checkpoint
+from specviz.heads.formats.export import rope_fields
 
 LAYER_ATTN = re.compile(r"^layers\.(\d+)\.self_attn\.(.+)$")
 
@@ -93,3 +94,40 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
         "tap_convention": "output of layer i = HF hidden_states[i + 1] (z-lab's +1)",
         "block_size": int(block_size), "block_size_in": "top level" if "block_size" in raw else "dflash_config",
         "mask_token_id": int(mask), "rope_theta": cfg.rope_parameters.get("rope_theta"), "causal": False})
+
+
+# ---- the formats contract (specviz.heads.formats) ---------------------------------------------------------------
+LAYOUTS = ("dflash-zlab",)
+KIND_OF = {"dflash-zlab": "dflash"}
+
+
+def detect(ckpt: Checkpoint) -> str | None:
+    """"dflash-zlab" for z-lab's DFlashDraftModel (Qwen3 layers with q/k norms, ``fc``, ``hidden_norm``), else None."""
+    keys = set(ckpt.shapes)
+    if "fc.weight" in keys and "hidden_norm.weight" in keys and any(".self_attn.k_norm." in k for k in keys):
+        return "dflash-zlab"
+    return None
+
+
+def load(ckpt: Checkpoint, layout: str, target, dtype=None):
+    return load_dflash_zlab(ckpt, target, dtype)
+
+
+def write(head, verifier):
+    """(layout, config, tensors, file name) of ``head`` as z-lab's DFlashDraftModel."""
+    c = head.config
+    tensors = {"fc.weight": head.fc.weight, "hidden_norm.weight": head.hidden_norm.weight, "norm.weight": head.norm.weight}
+    for i, layer in enumerate(head.layers):
+        for k, v in layer.state_dict().items():
+            attn = k.split(".")[0] in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+            tensors[f"layers.{i}.{'self_attn.' if attn else ''}{k}"] = v
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": c.hidden_size,
+              "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+              "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim, "num_hidden_layers": c.num_layers,
+              "rms_norm_eps": c.rms_norm_eps, "hidden_act": "silu", "max_position_embeddings": c.max_position_embeddings,
+              "vocab_size": c.vocab_size, "attention_bias": c.attention_bias, "tie_word_embeddings": False,
+              "use_sliding_window": False, "layer_types": ["full_attention"] * c.num_layers,
+              "num_target_layers": c.target_num_hidden_layers, "block_size": c.block_size,
+              "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)},
+              **rope_fields(c.rope_parameters)}
+    return "dflash-zlab", config, tensors, "model.safetensors"

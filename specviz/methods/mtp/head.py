@@ -38,10 +38,8 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from specviz.heads.common import Fp32RopeMixin, JsonConfig, SharedTargetMixin
-from specviz.heads.losses import soft_cross_entropy
+from specviz.heads.common import FORMAT, Fp32RopeMixin, JsonConfig, SharedTargetMixin, soft_cross_entropy
 
-FORMAT = "specviz-head-v1"
 
 
 @dataclass(frozen=True)
@@ -254,3 +252,6 @@ def mtp_agreement(head: MtpHead, final, target_logits, keys, values, ids, steps:
         chain.append(agree_all.float().mean())
         ces.append(soft_cross_entropy(lg, lab).mean())
     return {"top1": torch.stack(top1), "chain": torch.stack(chain), "ce": torch.stack(ces)}
+
+
+SPECVIZ_FORMAT = (MtpConfig, MtpHead, check_mtp_matches)  # specviz-head-v1 (specviz.heads.io)

@@ -48,7 +48,7 @@ Step API (the proposer drives it; identical for both heads)::
                  logits float32 [B, T, V] (predicting x_{j+2}); the leading B is dropped for 2-D inputs.
 
 Published layouts (:mod:`specviz.heads.formats`) add options to both heads, set in the config
-(:class:`~specviz.heads.config.HeadConfig`): attention biases, an own input embedding, and for
+(:class:`~specviz.methods.eagle.config.HeadConfig`): attention biases, an own input embedding, and for
 EAGLE-3 an own LM head over a reduced draft vocabulary (logits are scattered into the target's
 vocabulary, -inf outside it: the proposers always see [V] logits and target token ids, as vLLM's
 ``compute_logits`` does), the norm flags ``fc_norm`` / ``norm_before_fc`` / ``norm_before_residual``
@@ -71,7 +71,7 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from specviz.heads.config import HeadConfig, check_matches_target
+from specviz.methods.eagle.config import EAGLE1, EAGLE3, HeadConfig, check_matches_target
 from specviz.heads.common import Fp32RopeMixin, SharedTargetMixin
 
 
@@ -165,7 +165,7 @@ class EagleHead(_Head):
     Parameters (d=256, SwiGLU 704): ~0.87 M. See the module docstring for the step API."""
 
     def __init__(self, config: HeadConfig, target=None):
-        if config.kind != "eagle":
+        if config.kind != EAGLE1:
             raise ValueError(f"EagleHead needs a config of kind 'eagle', got {config.kind!r}")
         super().__init__(config, target)
         d = config.hidden_size
@@ -222,8 +222,8 @@ class Eagle3Head(_Head):
     Parameters (d=256, SwiGLU 704): ~1.07 M. See the module docstring for the step API."""
 
     def __init__(self, config: HeadConfig, target=None):
-        if config.kind != "eagle3":
-            raise ValueError(f"Eagle3Head needs a config of kind 'eagle3', got {config.kind!r}")
+        if config.kind != EAGLE3:
+            raise ValueError(f"Eagle3Head needs a config of kind {EAGLE3!r}, got {config.kind!r}")
         super().__init__(config, target)
         d, taps = config.hidden_size, len(config.aux_layer_ids)
         self.fc = nn.Linear(config.feature_size, d, bias=config.fc_bias)
@@ -272,10 +272,13 @@ class Eagle3Head(_Head):
         return full.index_copy(z.dim() - 1, self.draft_to_target, z)
 
 
-HEAD_CLASSES = {"eagle": EagleHead, "eagle3": Eagle3Head}
+HEAD_CLASSES = {EAGLE1: EagleHead, EAGLE3: Eagle3Head}
 
 
 def build_head(config: HeadConfig, target=None) -> _Head:
     """A freshly initialised head of ``config.kind`` (torch's default nn.Linear init, RMSNorm
     weights 1). Attaches ``target`` (shares its embedding and LM head) if given."""
     return HEAD_CLASSES[config.kind](config, target)
+
+
+SPECVIZ_FORMAT = (HeadConfig, build_head, check_matches_target)  # specviz-head-v1 (specviz.heads.io)

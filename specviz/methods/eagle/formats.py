@@ -1,5 +1,5 @@
 """EAGLE-1/2 and EAGLE-3 heads as the field publishes them, normalised into specviz's
-:class:`~specviz.heads.modules.EagleHead` / :class:`~specviz.heads.modules.Eagle3Head`.
+:class:`~specviz.methods.eagle.head.EagleHead` / :class:`~specviz.methods.eagle.head.Eagle3Head`.
 
 Sources (read for the layouts; the code here is specviz's own):
 
@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import torch
 
-from ..config import HeadConfig
-from ..modules import build_head
-from .common import fill, finish, load_tensors, require, rope_parameters, shared_embedding
-from .detect import Checkpoint
+from .config import EAGLE1, EAGLE3, HeadConfig
+from .head import build_head
+from specviz.heads.formats.common import fill, finish, load_tensors, require, rope_parameters, shared_embedding
+from specviz.heads.formats.detect import Checkpoint
+from specviz.heads.formats.export import rope_fields
 
 SOURCES = {"eagle-safeailab": "SafeAILab/EAGLE (cnets1.py)", "eagle3-safeailab": "SafeAILab/EAGLE (cnets.py)",
            "eagle3-specforge": "sgl-project/SpecForge (LlamaForCausalLMEagle3)",
@@ -122,7 +123,7 @@ def _eagle1(ckpt: Checkpoint, layout: str, target, state: dict):
     require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
             f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
     head_cfg = HeadConfig(
-        kind="eagle", hidden_size=H, vocab_size=int(cfg.get("vocab_size", tc.vocab_size)), num_attention_heads=heads,
+        kind=EAGLE1, hidden_size=H, vocab_size=int(cfg.get("vocab_size", tc.vocab_size)), num_attention_heads=heads,
         num_key_value_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
         intermediate_size=ckpt.shape("layers.0.mlp.gate_proj.weight")[0],
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
@@ -197,7 +198,7 @@ def _eagle3(ckpt: Checkpoint, layout: str, target, state: dict):
     vocab_note = _vocab_map(state, draft_vocab, vocab, where)
     own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
     head_cfg = HeadConfig(
-        kind="eagle3", hidden_size=H, vocab_size=vocab, num_attention_heads=heads, num_key_value_heads=kv,
+        kind=EAGLE3, hidden_size=H, vocab_size=vocab, num_attention_heads=heads, num_key_value_heads=kv,
         head_dim=head_dim, intermediate_size=ckpt.shape(prefix + "mlp.gate_proj.weight")[0], rms_norm_eps=eps,
         max_position_embeddings=max_pos, target_num_hidden_layers=N, aux_layer_ids=tuple(taps), fc_bias=False,
         rope_parameters=rope, draft_vocab_size=draft_vocab, own_embedding=own_embed, qkv_bias=qkv_bias,
@@ -253,3 +254,116 @@ def _layer_config(tl: dict, where: str):
 
 def _check_act(cfg: dict, where: str) -> None:
     require(cfg.get("hidden_act", "silu") == "silu", where, f"hidden_act {cfg.get('hidden_act')!r}: only silu")
+
+
+# ---- the formats contract (specviz.heads.formats) ---------------------------------------------------------------
+LAYOUTS = ("eagle-safeailab", "eagle3-safeailab", "eagle3-specforge", "eagle3-speculators")
+KIND_OF = {"eagle-safeailab": EAGLE1, **{layout: EAGLE3 for layout in LAYOUTS[1:]}}
+
+
+def detect(ckpt: Checkpoint) -> str | None:
+    """The EAGLE layout of ``ckpt``, None when it is none of them. Raises ValueError for a speculators checkpoint of
+    another algorithm."""
+    cfg, keys = ckpt.config, set(ckpt.shapes)
+    if "speculators_model_type" in cfg:
+        if cfg["speculators_model_type"] == EAGLE3:
+            return "eagle3-speculators"
+        raise ValueError(f"{ckpt.directory}: a speculators checkpoint of type {cfg['speculators_model_type']!r}; "
+                         "specviz loads the speculators layout for EAGLE-3 only")
+    if any(k.startswith("midlayer.") for k in keys):
+        specforge = ("eagle_config" in cfg or "fc_norm" in cfg or "norm_output" in cfg
+                     or any(k.startswith("fc_norm.") for k in keys))
+        return "eagle3-specforge" if specforge else "eagle3-safeailab"
+    if "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys) and not any("hidden_norm" in k for k in keys):
+        return "eagle-safeailab"
+    return None
+
+
+load = load_eagle
+
+
+def write(head, verifier):
+    """(layout, config, tensors, file name) of an EAGLE-1 head as SafeAILab's, an EAGLE-3 head as speculators'."""
+    return (_write_eagle3 if head.config.kind == EAGLE3 else _write_eagle1)(head, verifier)
+
+
+def _write_eagle1(head, verifier):
+    c = head.config
+    if c.head_dim * c.num_attention_heads != c.hidden_size or c.o_bias:
+        raise ValueError("SafeAILab's EAGLE-1 layout computes head_dim = hidden_size // heads and has no o_proj bias; "
+                         f"this head has head_dim {c.head_dim} x {c.num_attention_heads} heads, o_bias {c.o_bias}")
+    layer = head.layer.state_dict()
+    tensors = {"fc.weight": head.fc.weight, **({"fc.bias": head.fc.bias} if c.fc_bias else {}),
+               **{f"layers.0.{k}": v for k, v in layer.items() if not k.startswith("input_layernorm")}}
+    if c.own_embedding:
+        tensors["embed_tokens.weight"] = head.own_embed.weight
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
+              "intermediate_size": c.intermediate_size, "num_attention_heads": c.num_attention_heads,
+              "num_key_value_heads": c.num_key_value_heads, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
+              "hidden_act": "silu", "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
+              "tie_word_embeddings": False, "bias": c.fc_bias, **({"qkv_bias": True} if c.qkv_bias else {}),
+              **rope_fields(c.rope_parameters)}
+    return "eagle-safeailab", config, tensors, "model.safetensors"
+
+
+def _write_eagle3(head, verifier):
+    c = head.config
+    if not c.norm_logits:
+        raise ValueError("the speculators layout always applies norm before the LM head (norm_logits=False cannot "
+                         "be written)")
+    if c.qkv_bias != c.o_bias:
+        raise ValueError("the speculators layout has one attention_bias for q/k/v/o; this head has "
+                         f"qkv_bias={c.qkv_bias}, o_bias={c.o_bias}")
+    taps, fc = _sorted_taps(head)
+    tensors = {"fc.weight": fc, "norm.weight": head.norm.weight,
+               **{f"layers.0.{k}": v for k, v in head.layer.state_dict().items()}}
+    if c.fc_norm:
+        tensors.update({f"fc_norm.{i}.weight": n.weight for i, n in enumerate(head.fc_norm)})
+    if c.norm_before_fc:
+        tensors["input_norm.weight"] = head.input_norm.weight
+    if c.own_embedding:
+        tensors["embed_tokens.weight"] = head.own_embed.weight
+    if head.own_lm_head is not None:
+        tensors["lm_head.weight"] = head.own_lm_head.weight
+        draft_vocab = c.draft_vocab_size
+        if head.draft_to_target is not None:  # back to SafeAILab's offsets, plus the target-side mask
+            ids = head.draft_to_target.detach().cpu()
+            tensors["d2t"] = ids - torch.arange(ids.shape[0])
+            t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+            t2d[ids] = True
+            tensors["t2d"] = t2d
+    else:  # specviz's trained heads read the target's LM head: the layout needs the head's own copy
+        tensors["lm_head.weight"] = head.lm_head.weight
+        draft_vocab = c.vocab_size
+    layer_cfg = {"model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+                 "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+                 "head_dim": c.head_dim, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps, "hidden_act": "silu",
+                 "vocab_size": c.vocab_size, "max_position_embeddings": c.max_position_embeddings,
+                 "attention_bias": c.qkv_bias, **rope_fields(c.rope_parameters)}
+    config = {"architectures": ["Eagle3DraftModel"], "speculators_model_type": EAGLE3,
+              "speculators_config": {"algorithm": EAGLE3, "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+                                     "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}},
+              "transformer_layer_config": layer_cfg, "draft_vocab_size": draft_vocab,
+              # every flag written, so no reader falls back to a default (vLLM's bridge defaults one to True)
+              "norm_before_residual": c.norm_before_residual, "norm_before_fc": c.norm_before_fc,
+              "fc_norm": c.fc_norm, "norm_output": c.feed_normed, "target_hidden_size": None,
+              "eagle_aux_hidden_state_layer_ids": taps}
+    return "eagle3-speculators", config, tensors, "model.safetensors"
+
+
+def _sorted_taps(head) -> tuple[list[int], torch.Tensor]:
+    """(taps sorted and each once, fc weight with its input blocks to match). Engines concatenate the taps in
+    layer order and read each once (vLLM sorts and deduplicates them); fc's column blocks are permuted, and the
+    blocks of a repeated tap summed (W_a x + W_b x = (W_a + W_b) x), which is exact unless norms sit between."""
+    c, w = head.config, head.fc.weight.detach()
+    taps, d = list(c.aux_layer_ids), c.hidden_size
+    unique = sorted(set(taps))
+    if unique == taps:
+        return taps, w
+    if c.fc_norm or c.norm_before_fc:
+        raise ValueError(f"taps {taps} are not in layer order or repeat, and per-tap norms forbid merging fc's blocks")
+    blocks = {t: torch.zeros_like(w[:, :d]) for t in unique}
+    for i, t in enumerate(taps):
+        blocks[t] = blocks[t] + w[:, i * d:(i + 1) * d]
+    return unique, torch.cat([blocks[t] for t in unique], dim=1)

@@ -1,4 +1,4 @@
-"""Medusa heads as published, normalised into specviz's :class:`~specviz.heads.medusa.MedusaHead`.
+"""Medusa heads as published, normalised into specviz's :class:`~specviz.methods.medusa.head.MedusaHead`.
 
 Sources (read for the layouts; the code here is specviz's own):
 
@@ -22,10 +22,15 @@ from __future__ import annotations
 
 import re
 
-from ..medusa import MedusaConfig, MedusaHead
-from .common import fill, finish, load_tensors, require
-from .detect import MEDUSA1_BLOCK, MEDUSA1_HEAD, VLLM_MEDUSA, Checkpoint
+import torch
 
+from specviz.methods.medusa.head import MedusaConfig, MedusaHead
+from specviz.heads.formats.common import fill, finish, load_tensors, require
+from specviz.heads.formats.detect import Checkpoint
+
+MEDUSA1_BLOCK = re.compile(r"^(\d+)\.(\d+)\.linear\.(weight|bias)$")
+MEDUSA1_HEAD = re.compile(r"^(\d+)\.(\d+)\.weight$")
+VLLM_MEDUSA = re.compile(r"^(?:medusa_heads\.)?blocks\.(\d+)\.layers\.(\d+)\.(weight|bias)$")
 SOURCES = {"medusa1-fasterdecoding": "FasterDecoding/Medusa (Medusa-1 heads, own LM heads)",
            "medusa2-fasterdecoding": "FasterDecoding/Medusa (medusa2 heads, the target's LM head)",
            "medusa-vllm": "vLLM (model_executor/models/medusa.py)"}
@@ -146,3 +151,44 @@ def _vllm_key(key: str) -> str:
     if "num" in key and "layers" in key:
         return "num_hidden_layers"
     return key
+
+
+# ---- the formats contract (specviz.heads.formats) ---------------------------------------------------------------
+LAYOUTS = ("medusa1-fasterdecoding", "medusa2-fasterdecoding", "medusa-vllm")
+KIND_OF = {layout: "medusa" for layout in LAYOUTS}
+
+
+def detect(ckpt: Checkpoint) -> str | None:
+    """The Medusa layout of ``ckpt``, None when it is none of them."""
+    keys = set(ckpt.shapes)
+    if any(VLLM_MEDUSA.match(k) for k in keys):
+        return "medusa-vllm"
+    if any(MEDUSA1_BLOCK.match(k) for k in keys):
+        return "medusa1-fasterdecoding" if any(MEDUSA1_HEAD.match(k) for k in keys) else "medusa2-fasterdecoding"
+    return None
+
+
+load = load_medusa
+
+
+def write(head, verifier):
+    """(layout, config, tensors, file name) of ``head`` as FasterDecoding writes Medusa heads."""
+    c = head.config
+    if not c.fc_bias or c.lm_heads == "shared" or c.head_vocab_size is not None:
+        raise ValueError("FasterDecoding's Medusa layout has biased ResBlocks and either the target's LM head or one "
+                         f"full-vocabulary LM head per head; this head has fc_bias={c.fc_bias}, lm_heads={c.lm_heads!r}, "
+                         f"head_vocab_size={c.head_vocab_size}")
+    tensors = {}
+    for h, block in enumerate(head.blocks):
+        first = block[0].linear
+        for l, res in enumerate(block):
+            if not (torch.equal(res.linear.weight, first.weight) and torch.equal(res.linear.bias, first.bias)):
+                raise ValueError(f"head {h}'s ResBlocks differ, but FasterDecoding repeats ONE ResBlock "
+                                 f"medusa_num_layers times ([ResBlock(H)] * L): the layout cannot express this head")
+            tensors[f"{h}.{l}.linear.weight"], tensors[f"{h}.{l}.linear.bias"] = res.linear.weight, res.linear.bias
+        if c.lm_heads == "per_head":
+            tensors[f"{h}.{c.num_layers}.weight"] = head.own_lm_heads[h].weight
+    config = {"medusa_num_heads": c.num_heads, "medusa_num_layers": c.num_layers, "base_model_name_or_path": verifier,
+              **({"version": "2"} if c.lm_heads == "target" else {})}
+    layout = "medusa2-fasterdecoding" if c.lm_heads == "target" else "medusa1-fasterdecoding"
+    return layout, config, tensors, "medusa_lm_head.safetensors"

@@ -23,10 +23,8 @@ from transformers import LlamaConfig
 
 from specviz.heads.common import JsonConfig
 
-KINDS = ("eagle", "eagle3")
-HEAD_DIRS = {"eagle": "specviz-eagle", "eagle3": "specviz-eagle3"}  # directory names under assets/models/
-HEAD_DIRS.update({"medusa": "specviz-medusa", "mtp": "specviz-mtp"})  # own configs: heads/medusa.py, heads/mtp.py
-FORMAT = "specviz-head-v1"
+EAGLE1, EAGLE3 = "eagle", "eagle3"  # the two methods' names, the kinds of their heads (the only place named)
+KINDS = (EAGLE1, EAGLE3)
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ class HeadConfig(JsonConfig):
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"head kind {self.kind!r} is not one of {KINDS}")
-        if self.kind == "eagle":
+        if self.kind == EAGLE1:
             eagle3_only = [name for name in ("draft_vocab_size", "norm_before_residual", "fc_norm", "norm_before_fc",
                                              "feed_normed") if getattr(self, name)]
             if eagle3_only or not self.norm_logits:
@@ -98,9 +96,9 @@ class HeadConfig(JsonConfig):
         if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in [1, vocab_size={self.vocab_size}]")
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
-        if self.kind == "eagle3" and len(self.aux_layer_ids) < 1:
+        if self.kind == EAGLE3 and len(self.aux_layer_ids) < 1:
             raise ValueError("an eagle3 head needs aux_layer_ids (e.g. (2, L//2, L-3))")
-        if self.kind == "eagle" and self.aux_layer_ids:
+        if self.kind == EAGLE1 and self.aux_layer_ids:
             raise ValueError("an eagle (EAGLE-1) head reads the final-norm feature; give aux_layer_ids=()")
 
     @property
@@ -111,9 +109,9 @@ class HeadConfig(JsonConfig):
     @property
     def taps(self) -> tuple:
         """The target features a runner must return for this head, named as in
-        :mod:`specviz.heads.extract`: ("final",) for eagle (the final-norm output f_t), the aux layer
+        :mod:`specviz.methods.eagle.extract`: ("final",) for eagle (the final-norm output f_t), the aux layer
         ids for eagle3 (HF ``hidden_states[l]`` = the input of decoder layer l), concatenated in order."""
-        return ("final",) if self.kind == "eagle" else self.aux_layer_ids
+        return ("final",) if self.kind == EAGLE1 else self.aux_layer_ids
 
     def layer_config(self) -> LlamaConfig:
         """The one-layer LlamaConfig the head's transformers modules are built from (SDPA attention)."""
@@ -145,7 +143,7 @@ def head_config_from_target(target_config, kind: str, aux_layer_ids: tuple[int, 
     Raises ValueError for an unknown kind or taps out of range."""
     c = target_config
     L = c.num_hidden_layers
-    if kind == "eagle3":
+    if kind == EAGLE3:
         aux = tuple(aux_layer_ids) if aux_layer_ids is not None else default_aux_layer_ids(L)
     else:
         aux = ()
@@ -157,7 +155,7 @@ def head_config_from_target(target_config, kind: str, aux_layer_ids: tuple[int, 
         num_key_value_heads=getattr(c, "num_key_value_heads", None) or c.num_attention_heads,
         head_dim=head_dim, intermediate_size=intermediate_size or c.intermediate_size,
         rms_norm_eps=c.rms_norm_eps, max_position_embeddings=c.max_position_embeddings,
-        target_num_hidden_layers=L, aux_layer_ids=aux, fc_bias=(kind == "eagle"), rope_parameters=rope,
+        target_num_hidden_layers=L, aux_layer_ids=aux, fc_bias=(kind == EAGLE1), rope_parameters=rope,
     )
     check_matches_target(cfg, target_config)
     return cfg

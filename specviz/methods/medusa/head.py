@@ -24,10 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specviz.heads.common import JsonConfig, SharedTargetMixin
-from specviz.heads.losses import soft_cross_entropy
+from specviz.heads.common import FORMAT, JsonConfig, SharedTargetMixin, soft_cross_entropy
 
-FORMAT = "specviz-head-v1"
 DEFAULT_NUM_HEADS = 4
 LM_HEADS = ("target", "per_head", "shared")
 
@@ -79,7 +77,7 @@ class MedusaConfig(JsonConfig):
 
     @property
     def taps(self) -> tuple[str, ...]:
-        """The features a first pass reads, named as in :mod:`specviz.heads.extract`: the final-norm f_t."""
+        """The features a first pass reads, named as in :mod:`specviz.methods.eagle.extract`: the final-norm f_t."""
         return ("final",)
 
 def medusa_config_from_target(target_config, num_heads: int = DEFAULT_NUM_HEADS, num_layers: int = 1) -> MedusaConfig:
@@ -204,3 +202,6 @@ def medusa_agreement(head: MedusaHead, final: torch.Tensor, target_logits: torch
         chain.append(agree_all.float().mean())
         ces.append(soft_cross_entropy(lg, lab).mean())
     return {"top1": torch.stack(top1), "chain": torch.stack(chain), "ce": torch.stack(ces)}
+
+
+SPECVIZ_FORMAT = (MedusaConfig, MedusaHead, check_medusa_matches)  # specviz-head-v1 (specviz.heads.io)
