@@ -13,6 +13,7 @@ from tiny_models import build_model, save_model
 from specviz.methods.dflash.head import DFlashCache, DFlashHead, dflash_config_from_target, load_dflash
 from specviz.methods.dflash import train as tdf
 from specviz.train import heads as train_heads_mod
+from specviz.train import heads_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
@@ -138,7 +139,7 @@ def test_smoke_cli_trains_saves_and_reports_heldout_acceptance(tmp_path):
     agreement is logged, the saved head loads and drafts, and the held-out greedy mean acceptance
     length is computed by real decoding (outputs equal method none's)."""
     target_dir = save_model("llama", tmp_path / "target", seed=0, layers=8, hidden=64)
-    logs = train_heads_mod.main(["--target", str(target_dir), "--out", str(tmp_path / "out"), "--smoke",
+    logs = heads_cli.main(["--target", str(target_dir), "--out", str(tmp_path / "out"), "--smoke",
                                  "--device", "cpu", "--kinds", "dflash", "--mal-prompts", "2",
                                  "--mal-new-tokens", "12"])
     log = logs["dflash"]

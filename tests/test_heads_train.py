@@ -13,6 +13,7 @@ from specviz.heads import load_head
 from specviz.methods.eagle.features import TargetFeatures
 from specviz.methods.eagle.losses import agreement, eagle1_loss, eagle3_loss
 from specviz.train import heads as train_heads_mod
+from specviz.train import heads_cli
 
 B, T, D, V = 2, 12, 4, 160
 TOK0, LAB0 = 10, 100  # x_i = TOK0 + i; the target's argmax at position p is LAB0 + p + 1 (predicts x_{p+1})
@@ -120,7 +121,7 @@ def test_smoke_cli_trains_reduces_loss_and_saves(tmp_path, one_thread_per_test):
     """``python -m specviz.train.heads --smoke`` on a tiny 8-layer target: both heads' training loss
     falls, held-out agreement is logged per unrolled step, and the saved heads load and run."""
     target_dir = save_model("llama", tmp_path / "target", seed=0, layers=8, hidden=64)
-    logs = train_heads_mod.main(["--target", str(target_dir), "--out", str(tmp_path / "out"), "--smoke",
+    logs = heads_cli.main(["--target", str(target_dir), "--out", str(tmp_path / "out"), "--smoke",
                                  "--device", "cpu"])
     from specviz.models import load_model
 

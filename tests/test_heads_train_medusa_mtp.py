@@ -15,6 +15,7 @@ from tiny_models import save_model
 from specviz.heads import load_head
 from specviz.methods.mtp.head import mtp_agreement, mtp_loss
 from specviz.train import heads as train_heads_mod
+from specviz.train import heads_cli
 
 B, T, D, V = 2, 10, 4, 64
 TOK0, LAB0 = 3, 30  # x_i = TOK0 + i; the target's argmax at position p is LAB0 + p + 1
@@ -69,7 +70,7 @@ def test_smoke_cli_trains_medusa_and_mtp(tmp_path, one_thread_per_test):
     held-out acceptance run reports every method with the outputs of method none."""
     target_dir = save_model("llama", tmp_path / "target", seed=0, layers=8, hidden=64)
     out = tmp_path / "out"
-    logs = train_heads_mod.main(["--target", str(target_dir), "--out", str(out), "--smoke", "--device", "cpu",
+    logs = heads_cli.main(["--target", str(target_dir), "--out", str(out), "--smoke", "--device", "cpu",
                                  "--kinds", "medusa,mtp"])
     from specviz import SpecDecoder
     from specviz.models import load_model

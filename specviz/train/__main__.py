@@ -1,5 +1,6 @@
-"""``python -m specviz.train --out DIR [--preset demo|smoke] [--seed N] [--device cuda|cpu]
-[--time-budget-s S] [--compile] [--steps N] [--draft-steps N] [--no-heads]``: run the training recipe (see :mod:`specviz.train.recipe`)."""
+"""``specviz train --out DIR [--preset demo|smoke] [--seed N] [--device cuda|cpu] [--time-budget-s S] [--compile]
+[--steps N] [--draft-steps N] [--no-heads]``: run the training recipe (see :mod:`specviz.train.recipe`);
+``specviz train heads ...``: train heads for a target of your own (:mod:`specviz.train.heads_cli`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from specviz.train.configs import PRESETS
 
 
 def main(argv: list[str] | None = None) -> dict:
+    if argv and argv[0] == "heads":
+        from specviz.train.heads_cli import main as heads_main
+
+        return heads_main(argv[1:])
     ap = argparse.ArgumentParser(prog="python -m specviz.train", description=__doc__)
     ap.add_argument("--out", required=True, help="output directory (created)")
     ap.add_argument("--preset", default="demo", choices=sorted(PRESETS))

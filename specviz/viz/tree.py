@@ -24,7 +24,6 @@ import html
 import math
 import re
 import textwrap
-from dataclasses import dataclass
 from typing import Any
 
 import plotly.graph_objects as go
@@ -34,6 +33,8 @@ from specviz.trace import Step, Trace
 
 from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fate_label, fmt_prob, label, quoted
 from .residual import P_COLOUR, Q_COLOUR, WRAP, message_figure
+from .tree_layout import (EMITTED, ROOT, ViewNode, _children, node_for_position, position_for_node,  # noqa: F401
+                          row_rejected, step_tree, tree_layout)
 
 CONFIDENCE_COLOUR = "#a78bfa"  # the draft's confidence bar of the node panel (not a q the verifier used)
 
@@ -52,110 +53,11 @@ NODE_LEGEND = {
 EDGE_STYLE = {"accepted": ("#15803d", 3.0, "solid"), "rejected": ("#9ca3af", 1.5, "solid"),
               "unvisited": ("#d1d5db", 1.0, "dot")}
 SELECTED_BORDER = "#2563eb"
-EMITTED = -2  # customdata id of the step's own token
-ROOT = -1
 TOKEN_CHARS = 9  # token text per box (then …)
 COLUMN_PX = 104  # horizontal room per depth column the box text is sized for
 MIN_WIDTH = 860  # px: the rule's one-line caption fits, also at the presentation layout's 1.45x text
 LEGEND_PX = 60  # px under the plot area for the two legend rows (the presentation layout's 1.45x text included)
 RULE_LINE_PX = 24  # px above the plot area for the rule's line (room for the presentation layout's 1.45x text)
-
-
-@dataclass(frozen=True)
-class ViewNode:
-    """A node as the view draws it (draft nodes plus the root and the step's own token)."""
-
-    id: int
-    parent: int
-    depth: int
-    token_id: int
-    fate: str
-    p: float | None = None
-    q: float | None = None
-    u: float | None = None
-    score: float | None = None
-    accept_prob: float | None = None
-
-
-def step_tree(step: Step) -> tuple[list[ViewNode], list[int], str]:
-    """(draft nodes, accepted path, tree rule) of ``step``: its trace-v2 ``nodes`` or, for a step
-    without them, the chain its positions describe (fates from num_accepted)."""
-    nodes = getattr(step, "nodes", None)
-    if nodes:
-        out = [ViewNode(int(n.id), int(n.parent), int(n.depth), int(n.token_id), str(n.fate), n.p, n.q, n.u,
-                        getattr(n, "score", None), getattr(n, "accept_prob", None)) for n in nodes]
-        return out, [int(i) for i in getattr(step, "accepted_path", [])], str(getattr(step, "tree_rule", "chain"))
-    out = []
-    for i, tok in enumerate(step.draft_token_ids):
-        pos = step.positions[i] if i < len(step.positions) else None
-        fate = "accepted" if i < step.num_accepted else ("rejected" if i == step.num_accepted else "unvisited")
-        out.append(ViewNode(i, i - 1, i + 1, int(tok), fate, *((pos.p, pos.q, pos.u) if pos else (None,) * 3)))
-    return out, list(range(step.num_accepted)), "chain"
-
-
-def _children(nodes: list[ViewNode]) -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {ROOT: []}
-    for n in nodes:
-        kids.setdefault(n.id, [])
-        kids.setdefault(n.parent, []).append(n.id)
-    return kids
-
-
-def tree_layout(nodes: list[ViewNode], path: list[int]) -> dict[int, tuple[int, float]]:
-    """{node id: (depth, row)}: leaves on consecutive rows in depth-first order (children in node
-    order), a parent on the middle of its children; includes ROOT and EMITTED (the step's own
-    token, the last child of the last accepted node)."""
-    kids = _children(nodes)
-    kids.setdefault(path[-1] if path else ROOT, []).append(EMITTED)
-    depth = {ROOT: 0, **{n.id: n.depth for n in nodes}, EMITTED: len(path) + 1}
-    place: dict[int, tuple[int, float]] = {}
-    row = 0
-
-    def visit(u: int) -> float:
-        nonlocal row
-        if not kids.get(u):
-            place[u] = (depth[u], float(row))
-            row += 1
-            return place[u][1]
-        ys = [visit(c) for c in kids[u]]
-        place[u] = (depth[u], (ys[0] + ys[-1]) / 2)
-        return place[u][1]
-
-    visit(ROOT)
-    return place
-
-
-def node_for_position(step: Step, position: int | None) -> int | None:
-    """The node a (1-based) position of the accepted-path row stands for: path[position - 1],
-    EMITTED for the step's own slot, None if out of range."""
-    _, path, _ = step_tree(step)
-    if position is None:
-        return None
-    if 1 <= position <= len(path):
-        return path[position - 1]
-    return EMITTED if position == len(path) + 1 else None
-
-
-def row_rejected(step: Step) -> int | None:
-    """The tree node at the end of the step's row (trace v2: the accepted path, then the last child
-    tested at the node where the step stopped, rejected): that child's id, or None."""
-    nodes, path, _ = step_tree(step)
-    stop = path[-1] if path else ROOT
-    tested = [n.id for n in nodes if n.parent == stop and n.fate == "rejected"]
-    return tested[-1] if tested and len(step.draft_token_ids) > len(path) else None
-
-
-def position_for_node(step: Step, node: int) -> int | None:
-    """The (1-based) position of ``node`` on the step's row (the grid's row, whose positions have
-    the p / q / residual panel): a node of the accepted path; the step's own token and the row's
-    last rejected child (:func:`row_rejected`), both the slot after the path; in a chain every node
-    i is position i + 1 (unused drafts too). None for other tree nodes and the root."""
-    nodes, path, rule = step_tree(step)
-    if node == EMITTED or (node >= 0 and node == row_rejected(step)):
-        return len(path) + 1
-    if rule == "chain" and 0 <= node < len(nodes):
-        return node + 1
-    return path.index(node) + 1 if node in path else None
 
 
 def _num(x: float | None) -> str:

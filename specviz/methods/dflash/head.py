@@ -175,7 +175,7 @@ def check_dflash_matches_target(cfg: DFlashConfig, target_config) -> None:
         problems.append(f"target layer ids {bad} out of range [0, {c.num_hidden_layers - 2}]")
     if problems:
         raise ValueError("dflash head does not match the target: " + "; ".join(problems)
-                         + ". Use a head trained for this target (python -m specviz.train.heads --kinds dflash).")
+                         + ". Use a head trained for this target (specviz train heads --target DIR --heads dflash).")
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -178,4 +178,4 @@ def check_matches_target(cfg: HeadConfig, target_config) -> None:
         problems.append(f"aux layer ids {bad} out of range [0, {c.num_hidden_layers})")
     if problems:
         raise ValueError(f"{cfg.kind} head does not match the target: " + "; ".join(problems)
-                         + ". Use a head trained for this target (python -m specviz.train.heads --target DIR).")
+                         + ". Use a head trained for this target (specviz train heads --target DIR).")

@@ -96,7 +96,7 @@ def check_medusa_matches(cfg: MedusaConfig, target_config) -> None:
         ("layer count", cfg.target_num_hidden_layers, c.num_hidden_layers)) if mine != theirs]
     if problems:
         raise ValueError("medusa head does not match the target: " + "; ".join(problems)
-                         + ". Use a head trained for this target (python -m specviz.train.heads --target DIR).")
+                         + ". Use a head trained for this target (specviz train heads --target DIR).")
 
 
 class ResBlock(nn.Module):

@@ -118,7 +118,7 @@ def check_mtp_matches(cfg: MtpConfig, target_config) -> None:
         ("head_dim", cfg.head_dim, head_dim)) if mine != theirs]
     if problems:
         raise ValueError("mtp head does not match the target: " + "; ".join(problems)
-                         + ". Use a head trained for this target (python -m specviz.train.heads --target DIR).")
+                         + ". Use a head trained for this target (specviz train heads --target DIR).")
 
 
 class MtpHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
