@@ -44,6 +44,14 @@ def save_head(head, directory: str | os.PathLike, dtype: torch.dtype = torch.bfl
     return [CONFIG_NAME, WEIGHTS_NAME]
 
 
+def save_any(head, directory: str | os.PathLike, dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """Save ``head`` in specviz's own format for its method: the method's head module's ``save_own`` (a format of its
+    own), else :func:`save_head`. Returns the file names written."""
+    spec = methods.get(head.config.kind).head if head.config.kind in methods.names() else None
+    module = importlib.import_module(spec.module) if spec is not None and spec.module else None
+    return getattr(module, "save_own", save_head)(head, directory, dtype=dtype)
+
+
 def specviz_format(kind: Any) -> tuple[Any, Any, Any]:
     """(config class, build(config) -> head, check(config, target config)) of method ``kind``'s head in specviz's own
     format. Raises ValueError for a kind that is not a registered method with a head in that format."""

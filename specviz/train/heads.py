@@ -186,6 +186,17 @@ def head_kind(name: str) -> HeadKind:
     return kind
 
 
+def new_head(name: str, target) -> Any:
+    """A freshly initialised head of method ``name`` for ``target`` (its trainer's default shape), not yet attached:
+    its :class:`HeadKind`'s, or the trainer module's own ``new_head(target, DEFAULT)`` (DFlash)."""
+    try:
+        kind = head_kind(name)
+    except ValueError:
+        module = importlib.import_module(methods.get(name).head.trainer.partition(":")[0])
+        return module.new_head(target, module.DEFAULT)[1]
+    return kind.new_head(target, kind.default)[1]
+
+
 def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, device, cfg: HeadTrainConfig,
              time_budget_s: float | None = None):
     """Train one head of ``kind`` (a :class:`HeadKind` or a method's name) from scratch. Returns (head fp32 on device,

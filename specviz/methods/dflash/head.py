@@ -375,4 +375,4 @@ def load_dflash(directory: str | os.PathLike, target, dtype: torch.dtype | None 
     return head.attach(target).eval()
 
 
-load_own = load_dflash  # specviz-dflash-v1 (specviz.heads.formats)
+load_own, save_own = load_dflash, save_dflash  # specviz-dflash-v1 (specviz.heads.formats, specviz.heads.io)

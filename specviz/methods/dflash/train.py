@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from specviz.methods.dflash.head import HEAD_DIR, DFlashHead, dflash_config_from_target, save_dflash
+from specviz.methods.dflash.head import HEAD_DIR, DFlashConfig, DFlashHead, dflash_config_from_target, save_dflash
 from specviz.heads.formats.export import save_published_beside
 from specviz.heads.common import soft_cross_entropy
 from specviz.train.data import epoch_permutation
@@ -175,14 +175,20 @@ def _lr_scale(cfg: DFlashTrainConfig, step: int, elapsed: float, budget: float |
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
 
 
+def new_head(target, cfg: DFlashTrainConfig = DFLASH_DEFAULT) -> tuple[DFlashConfig, DFlashHead]:
+    """(config, a freshly initialised drafter, not attached) for ``target`` with ``cfg``'s shape. Raises ValueError as
+    :func:`~specviz.methods.dflash.head.dflash_config_from_target` (e.g. a target without a pad token for MASK)."""
+    hc = dflash_config_from_target(target.config, cfg.num_layers, cfg.block_size, cfg.target_layer_ids)
+    return hc, DFlashHead(hc)
+
+
 def fit_dflash(target, train_windows, heldout_windows, device, cfg: DFlashTrainConfig = DFLASH_DEFAULT,
                time_budget_s: float | None = None):
     """Train a DFlash head from scratch on the frozen ``target``. windows int64 [W, T+1] on device.
     Returns (head fp32, log dict)."""
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
-    hc = dflash_config_from_target(target.config, cfg.num_layers, cfg.block_size, cfg.target_layer_ids)
-    head = DFlashHead(hc)
+    hc, head = new_head(target, cfg)
     if cfg.init_from_target:
         init_from_target(head, target, cfg.init_from_target)
     head = head.to(device).attach(target).train()
