@@ -51,7 +51,7 @@ class Recorder:
                 emitted=Emitted(**rec["emitted"]),
                 positions=[Position(**p) for p in rec["positions"]],
                 committed_token_ids=list(e.token_ids),
-                match=draft.details,
+                match={"kind": self.trace.config.get("method"), **draft.details},  # kind picks the details' schema
                 block=rec.get("block"),
                 timings_ms={"draft": draft.draft_ms, "verify": verified.verify_ms, "sample": verified.sample_ms,
                             **({"capture": verified.capture_ms} if verified.capture_ms else {})},

@@ -150,6 +150,9 @@ def _matches(value: Any, schema: Any) -> bool:
         return bool(schema.test(value))
     if isinstance(schema, tuple):
         return any(_matches(value, s) for s in schema)
+    if not isinstance(schema, (list, dict)):
+        raise TypeError(f"{schema!r} is not a trace schema: use int, float, str, bool, None, a tuple of choices, "
+                        "[item schema] or {key: schema}")
     try:
         check(value, schema, "")
     except TraceFormatError:
