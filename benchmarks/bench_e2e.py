@@ -42,8 +42,8 @@ RUNNERS = ("eager", "static", "static+compile")
 # The demo models' greedy continuation of this prompt runs 256+ tokens before any EOS (checked on
 # CPU); the first H200 run used "import os\nimport sys\n\ndef main():\n", whose greedy
 # continuation is EOS at once, so with EOS disabled it measured text past the end of a document.
-# The v1 prompt ended with a bare newline; the v2 family's greedy continuation of it is EOS at once (2026-12-01
-# H200 run at e62b76d: every row 1 token), so the prompt now ends at a token boundary as the app's examples do.
+# The v1 prompt ended with a bare newline; the v2 family's greedy continuation of it is EOS at once (an H200
+# run gave every row 1 token), so the prompt now ends at a token boundary as the app's examples do.
 DEMO_PROMPT = ("class LlamaDecoderLayer(nn.Module):\n    def __init__(self, config, layer_idx):\n"
                "        super().__init__()\n        self.hidden_size = config.hidden_size\n"
                "        self.self_attn = LlamaAttention(config=config, layer_idx=layer_idx)\n"
@@ -368,7 +368,7 @@ def goals(rows: list[dict]) -> dict:
             "compile_speedup_trace_on": None if "compile_speedup" not in r else round(r["compile_speedup"], 2),
         }
         base = str(r["method"]).partition("+")[0]
-        if "+tree" in str(r["method"]):  # issue 15: a tree's tokens/s over its method's chains' (same runner)
+        if "+tree" in str(r["method"]):  # a tree's tokens/s over its method's chains' (same runner)
             for trace_row, which in ((r, "on"), (off, "off")):
                 chains = [c for c in rows if c.get("runner") == r["runner"] and c["trace"] == trace_row["trace"]
                           and str(c["method"]).partition("+")[0] == base and "+tree" not in str(c["method"])

@@ -1,4 +1,4 @@
-"""Llama-shaped targets on the GPU, side by side in one process (issue 13, point 5).
+"""Llama-shaped targets on the GPU, side by side in one process.
 
 For random bf16 targets shaped like Llama-3.2-1B and Llama-3.1-8B (built from a LlamaConfig, random
 weights, no download) with a random 68M-class draft (2 layers x 512, tied embeddings, the target's

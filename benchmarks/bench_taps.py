@@ -1,4 +1,4 @@
-"""What the hidden-state taps cost (issue 12 goal: <= 3% of a plain step's time on the H200).
+"""What the hidden-state taps cost (goal: <= 3% of a plain step's time on the H200).
 
 One process, the bundled target in the static runner (CUDA graphs on CUDA), batch 1: the median time of
 a forward of ``width`` tokens (1 = a decode step of method none; 6 = a k = 5 verification) without taps,

@@ -1,6 +1,6 @@
 """Draft trees against chains on held-out prompts: tokens/s and mean acceptance length, side by side in one run.
 
-Issue 15's speed goal is "H200, warm: tree eagle3 >= 1.2x the tokens/s of chain eagle3". bench_e2e.py measures
+The tree speed goal is "H200, warm: tree eagle3 >= 1.2x the tokens/s of chain eagle3". bench_e2e.py measures
 it on one demo prompt; this script measures it on the held-out prompts the bundled models were not trained on
 (``results/train/v2/heldout_prompts.json``, split ``heldout``), so the acceptance lengths behind the ratio are the
 ones a user's code gets rather than one prompt's.

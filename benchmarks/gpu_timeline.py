@@ -1,4 +1,4 @@
-"""Where a step's GPU time goes (issue 15: why a tree step costs more than a chain step on the H200): one warm
+"""Where a step's GPU time goes (why a tree step costs more than a chain step on the H200): one warm
 request per setting under ``torch.profiler`` (CPU + CUDA), each kernel charged to the engine phase whose host call
 launched it (graph replays included: CUPTI reports a replay's kernels with the launch's correlation id).
 
@@ -10,7 +10,7 @@ StepVerifier, the tree verifier), ``commit`` (the K/V compaction), ``publish`` (
 and ``step`` for what ``_step`` launches itself. Then the GPU's idle time per step by the host phase open meanwhile
 (the innermost one; ``walk`` is the tree verifier's host walk after its read, ``truncate`` the cache rollback,
 ``between`` the engine's loop between steps): what the host does while the GPU waits for it. The profiler slows the
-host (on the H200 a 4 ms chain step took 7-10 ms under it, 2026-12-02) but not the kernels, so these idle figures are
+host (on the H200 a 4 ms chain step took 7-10 ms under it) but not the kernels, so these idle figures are
 upper bounds that overstate the host's share; the kernel counts and kernel times are not affected. CUDA only.
 
     python benchmarks/gpu_timeline.py [--max-new 96] [--settings "eagle3 chain k=5,eagle3 tree 4x5x24"] [--top 8]

@@ -1,4 +1,4 @@
-"""Eager device ops the host issues per engine step, by where they come from (issue 15: why a tree step costs more
+"""Eager device ops the host issues per engine step, by where they come from (why a tree step costs more
 host time than a chain step). Prints medians per step over a warm request; no timing, so it runs on the CPU too.
 
 On CUDA with the static runner the count is exact: a CUDA graph replay is not an aten op, so what is counted is what

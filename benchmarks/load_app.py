@@ -1,6 +1,6 @@
 """The app under load, driven through gradio_client against a launched app bound to 127.0.0.1.
 
-Two checks (issue 10, point 5):
+Two checks:
 
 * concurrent sessions: N sessions (8 by default), each with its own method / verification / prompt /
   seed, submit at once. Every session's exported trace must belong to it (its prompt, method,

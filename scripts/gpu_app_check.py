@@ -1,4 +1,4 @@
-"""The app on a GPU (issue 13, point 6): launch app.py's Blocks on CUDA with the bundled models, drive every
+"""The app on a GPU: launch app.py's Blocks on CUDA with the bundled models, drive every
 bundled example and every method / verification mode twice through gradio_client (first and second run of each
 setting in one fresh app process), and record what the speedup panel reports (the side-by-side measurement in
 the exported trace's ``metrics.baseline_none``) plus tokens per target forward and capture time.
@@ -46,7 +46,7 @@ EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do
 
 
 def compare_timing(dec) -> dict:
-    """Issue 14's goal on this app's warm decoder: results/compare/measure.py's 6 configurations x 5 prompts x 64
+    """The comparison's speed goal on this app's warm decoder: results/compare/measure.py's 6 configurations x 5 prompts x 64
     new tokens, wall time (the decoder is loaded and warmed up already)."""
     import importlib.util
 

@@ -1,4 +1,4 @@
-"""Where an EAGLE tree step's host time goes on the GPU, beside the chain's (issue 15): the engine's own per-phase
+"""Where an EAGLE tree step's host time goes on the GPU, beside the chain's: the engine's own per-phase
 times (draft, verify forward, sampler and record; medians over a warm request's steps), the garbage collector's
 collections and time during the timed requests, and (``--cprofile``) one request under cProfile: the functions with
 the most host time per step (their own time, and the cumulative time of the engine's phases). cProfile slows Python

@@ -1,10 +1,10 @@
-"""Where the app's host memory grows on CUDA (issue 10): the same requests as benchmarks/load_app.py's soak, run
+"""Where the app's host memory grows on CUDA: the same requests as benchmarks/load_app.py's soak, run
 on the engine (no web server, no handlers), RSS and the pinned-memory allocator's stats every 20 runs.
 
     python scripts/rss_probe.py [--runs 240] [--device cuda] [--via direct|thread|pool]
 
 --via: where each request runs: ``direct`` on the main thread; ``thread`` on a new thread per request (what the
-app's Run handler did until session 6); ``pool`` through :class:`specviz.ui.worker.BackgroundRun` (the app's
+app's Run handler did before it ran on a worker thread); ``pool`` through :class:`specviz.ui.worker.BackgroundRun` (the app's
 long-lived run threads now).
 """
 

@@ -2,7 +2,7 @@
 
 The emitted token's distribution and the per-position residuals come from the sampler's own
 definitions (:func:`specviz.sampling.reference.emitted_weights`, ``residual_weights``): the
-record computes no sampling rule of its own (issue 10, point 8).
+record computes no sampling rule of its own.
 
 :func:`gather_core` (the tokens the engine needs to go on) and :func:`gather_detail` (the
 sampler's per-position decisions, top-20 of p, q, the residuals and the emitted token's

@@ -472,7 +472,7 @@ class _CountingCache(_FakeCache):
 
 
 def test_run_says_starting_at_once():
-    """newuser7 #12: the run's first update, before any model work, replaces the previous run's "done · …" line
+    """The run's first update, before any model work, replaces the previous run's "done · …" line
     with "starting · …" (every other output, the state included, left as it is)."""
     import gradio as gr
 
@@ -487,7 +487,7 @@ def test_run_says_starting_at_once():
 
 
 def test_suffix_cache_line_shows_only_for_method_suffix(tmp_path):
-    """newuser7 #18b: "Method suffix drafts from this request …" and its reset button sat under the method list
+    """The line "Method suffix drafts from this request …" and its reset button sat under the method list
     whatever the method; their row is now hidden unless a method that keeps state across requests (suffix) is chosen
     (the method's change event)."""
     from specviz.ui import handlers
@@ -585,7 +585,7 @@ def test_stop_on_a_partial_snapshot_keeps_the_trace_consistent(app_url):
 
 
 def test_wall_time_row_says_where_the_trace_came_from(decoders, tmp_path):
-    """newuser7 #14: a CLI trace uploaded into the app had its wall time labelled "incl. … the app's redraws",
+    """A CLI trace uploaded into the app had its wall time labelled "incl. … the app's redraws",
     though nothing redrew during it. The redraws are named only for a run just streamed into the app; an upload (the
     CLI's or an export), a comparison's run and the HTML report say "as recorded"."""
     from specviz.ui import handlers as h

@@ -1,4 +1,4 @@
-"""Issue 10 points 5-6 and issue 13 points 1-2, app side: a GPU out-of-memory mid-run, the
+"""The app's reliability: a GPU out-of-memory mid-run, the
 speedup measured beside each run, Stop's comparison note, the per-session suffix cache, export
 names, and one-time capture kept out of a run's timings (CPU: a mocked capture)."""
 
@@ -454,7 +454,7 @@ def test_no_capture_note_when_nothing_was_captured(app_url):
 
 def test_an_error_quoting_angle_brackets_is_shown_whole():
     """Python's SyntaxError text ends "(<unknown>, line 1)": the Markdown progress line took "<unknown>" for a tag
-    and lost the rest of the message and the note that the views are stale (new-user report, session 7)."""
+    and lost the rest of the message and the note that the views are stale (new-user report)."""
     import warnings
 
     from specviz.ui.outputs import STALE_NOTE, message_outputs as _message_outputs

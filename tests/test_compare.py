@@ -351,7 +351,7 @@ def _ksweep_row(method: str, k: int, verify: str = "greedy", temperature: float 
 
 
 def test_ksweep_gives_every_method_its_own_colour_and_marker():
-    """newuser7: methods reused a 7-colour palette (ngram and medusa both blue, ...). Each method now has
+    """Methods reused a 7-colour palette (ngram and medusa both blue, ...). Each method now has
     one colour and marker, distinct from every other method's, and the same whichever methods are swept."""
     from specviz.engine import METHODS
     from specviz.viz.compare import ksweep_figure, method_style
@@ -398,7 +398,7 @@ def test_the_speedup_comes_with_its_per_run_spread():
 
 
 def test_strips_and_scrubber_name_the_prompt():
-    """newuser7 #18: the token strips' title and the scrubber's heading said "prompt 1" only; they now give the
+    """The token strips' title and the scrubber's heading said "prompt 1" only; they now give the
     prompt's name too (cut at a word, "…", when long; HTML escaped), and just "prompt N" for an unnamed prompt."""
     from specviz.viz.compare import PROMPT_NAME_MAX, prompt_label, scrub_html, strips_figure
 

@@ -1,4 +1,4 @@
-"""Compiled forwards in the static runner (issue 13 point 4): the code path on the CPU.
+"""Compiled forwards in the static runner: the code path on the CPU.
 
 On the CPU machine the compiled path runs with torch.compile's "eager" backend (dynamo's tracing of
 transformers' modules over the static cache, our mask and taps) and "aot_eager" (also AOTAutograd's

@@ -1,4 +1,4 @@
-"""Method dflash (issue 16): greedy output equals plain greedy decoding (fp32, eager and static), one
+"""Method dflash: greedy output equals plain greedy decoding (fp32, eager and static), one
 drafter forward per step, the features / block / positions of methods.md 1.1 and 6.1, the context
 cache after partial accepts, MASK never drafted, lossless sampling (chi-square per position),
 missing heads and bad k. Heads have random weights (built from a config) on tiny random targets."""
@@ -348,7 +348,7 @@ def test_dflash_views(decoders):
 @pytest.mark.parametrize("settings", (dict(), dict(verify="standard", temperature=0.8, top_p=0.9)),
                          ids=("greedy", "standard"))
 def test_at_most_one_wait_per_step_on_gpu(dflash_dirs, monkeypatch, settings):
-    """Issue 13's rule for dflash too (counted as in tests/test_gpu_syncs.py): no host sync in a warm
+    """The one-host-wait rule for dflash too (counted as in tests/test_gpu_syncs.py): no host sync in a warm
     step beyond the verifier's one wait (sampled drafts by the exponential race, the per-slot numbers
     by a queued pinned copy read in observe)."""
     from test_gpu_syncs import PROMPT as SYNC_PROMPT

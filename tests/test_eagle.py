@@ -1,4 +1,4 @@
-"""Methods eagle / eagle3 (issue 12): greedy output equals plain greedy decoding, the (feature, token,
+"""Methods eagle / eagle3: greedy output equals plain greedy decoding, the (feature, token,
 position) triples of methods.md 1.1, the draft cache after partial accepts (1.2), lossless sampling,
 missing heads. Heads have random weights (built from a config) on tiny random targets."""
 

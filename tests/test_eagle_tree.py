@@ -1,4 +1,4 @@
-"""EAGLE tree drafting (issue 15 point 4): EAGLE-2's dynamic tree against a brute-force reference
+"""EAGLE tree drafting: EAGLE-2's dynamic tree against a brute-force reference
 that runs every candidate's root-to-node path through the head as a plain chain (so a tree mask
 letting a node see its cousins, or a wrong per-depth position, changes the logits and fails), the
 static tree's child ranks, the tree's shape rules, the head cache keeping committed positions only,

@@ -1,4 +1,4 @@
-"""Metrics after a stop inside a step (issue 10, point 1): the trace keeps the sampler's decision
+"""Metrics after a stop inside a step: the trace keeps the sampler's decision
 (``num_accepted``) and what was committed; every metric counts only committed tokens.
 
 An identical-copy draft (draft = target) accepts every greedy draft, so choosing which token

@@ -1,6 +1,6 @@
-"""Concurrent requests on one CUDA device while graphs are still being captured (issue 10, point 5).
+"""Concurrent requests on one CUDA device while graphs are still being captured.
 
-On the H200 (2026-12-01), 8 concurrent app sessions on a fresh app broke a CUDA-graph capture ("operation
+On the H200, 8 concurrent app sessions on a fresh app broke a CUDA-graph capture ("operation
 failed due to a previous error during capture") and a session never finished: another thread's CUDA work ran
 during the capture. :func:`specviz.engine.device_lock` now serialises GPU work step by step. Here, threads
 run different methods at once on a fresh static-runner decoder (nothing captured yet, so captures happen

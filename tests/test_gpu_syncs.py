@@ -1,4 +1,4 @@
-"""At most one host wait per engine step, for every method (issue 13, point 3), counted on a GPU.
+"""At most one host wait per engine step, for every method, counted on a GPU.
 
 Counted per call of ``SpecDecoder._step`` in a warm request (a first request captured the graphs):
 * host syncs that PyTorch's sync-debug mode reports (``torch.cuda.set_sync_debug_mode("warn")``:

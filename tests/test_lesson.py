@@ -206,7 +206,7 @@ def test_views_a_lecturer_found_unclear(traces):
 
 def test_typical_acceptance_is_taught_as_its_own_lossy_rule(traces):
     """verify="typical" (Medusa): the acceptance text gives p(x) against min(eps, delta exp(-H)), says lossy, and
-    never quotes the standard test's u <= min(1, p/q) (a fresh user found the standard text there, session 4)."""
+    never quotes the standard test's u <= min(1, p/q) (a fresh user found the standard text there)."""
     from specviz.viz.lesson import test_sentence
 
     tr = traces["typical"]

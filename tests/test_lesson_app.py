@@ -167,7 +167,7 @@ def test_lesson_walks_a_greedy_ngram_run(browser, app_url, pages):
 
 
 def test_jump_to_step_gives_the_arrow_keys_back(browser, app_url, pages):
-    """newuser7 #10: after "jump to step" + Enter the number box lets go of the focus, so → / ← (sent to whatever
+    """After "jump to step" + Enter the number box lets go of the focus, so → / ← (sent to whatever
     has the focus, as a user's key presses are) move the lesson again; arrows typed in the prompt stay its own."""
     page, errors = _open(browser, app_url + "?present=1", pages=pages)
     _run(page, "ngram", max_new=3)

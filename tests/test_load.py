@@ -1,4 +1,4 @@
-"""The app under load (issue 10, point 5), short versions of benchmarks/load_app.py: 8 concurrent
+"""The app under load, short versions of benchmarks/load_app.py: 8 concurrent
 sessions with 8 different methods / verification modes never mix traces, never change each
 other's output and finish within the stated bound; consecutive runs do not grow the process's
 memory. The 200-run figures are in results/load/README.md."""

@@ -1,4 +1,4 @@
-"""Engine-level losslessness of every proposer that samples (issue 10, points 4 and 7).
+"""Engine-level losslessness of every proposer that samples.
 
 Tiny random models over V = 16 tokens: the exact distribution of the first generated tokens
 under plain sampling from the target (temperature, top-k, top-p applied) is enumerated from the
@@ -7,7 +7,7 @@ positions 1..3 over many seeds. A second test checks, per proposer, that the q i
 the distribution its draft tokens were drawn from. Add a proposer by one ``PROPOSERS`` entry:
 a function (target dir, draft dir) -> (SpecDecoder, method name).
 
-Planted bug these tests catch (checked by hand, see the report of issue 10): drafting from
+Planted bug these tests catch (checked by hand): drafting from
 softmax(logits / T) while reporting q = softmax(logits / 2T)."""
 
 from __future__ import annotations

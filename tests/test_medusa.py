@@ -1,4 +1,4 @@
-"""Method medusa (issue 16): the heads read the final-norm feature (methods.md Q8), the chain is the
+"""Method medusa: the heads read the final-norm feature (methods.md Q8), the chain is the
 heads' argmax from f at the last committed position (vLLM medusa.py), greedy output equals plain
 greedy decoding (eager and static runners), T > 0 stays lossless (chi-square per position), typical
 acceptance equals greedy at T = 0 and is detected as lossy at T > 0, the static tree's nodes, the view.

@@ -1,4 +1,4 @@
-"""Method mtp (issue 16): a Gemma-4-style head whose queries read the target's own KV cache. The runners'
+"""Method mtp: a Gemma-4-style head whose queries read the target's own KV cache. The runners'
 ``layer_kv`` is the cache itself; drafting writes no KV (the target cache is unchanged and the head
 holds none); every step runs at the constant position n-1 with the previous step's token and hidden
 state; greedy output equals plain greedy decoding (eager and static); T > 0 is lossless (chi-square);

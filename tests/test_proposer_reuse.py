@@ -1,4 +1,4 @@
-"""Proposers used directly, without reset() between requests (issue 10, point 3): a new context
+"""Proposers used directly, without reset() between requests: a new context
 that happens to share a token with the previous one is not its continuation."""
 
 from __future__ import annotations

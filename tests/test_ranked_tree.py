@@ -1,4 +1,4 @@
-"""Multi-candidate n-gram and suffix trees (issue 15 point 4): the tree holds the continuations
+"""Multi-candidate n-gram and suffix trees: the tree holds the continuations
 with their counts, parents before children, distinct siblings, depth <= k, node cap, and the
 chain is unchanged without the setting."""
 

@@ -1,4 +1,4 @@
-"""The emitted token's weights are defined once, by the sampler (issue 10, point 8, second bullet).
+"""The emitted token's weights are defined once, by the sampler.
 
 The reference sampler returns the weights it raced the emitted token over (``emit_weights``,
 ``emit_fallback``); the trace record reads those (or, for the Triton kernels, recomputes them

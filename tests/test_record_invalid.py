@@ -1,4 +1,4 @@
-"""The step record follows the sampler's rule for invalid drafts (issue 10, point 8): a draft id
+"""The step record follows the sampler's rule for invalid drafts: a draft id
 outside [0, V) (or a non-finite q row) is never accepted and its residual is p_i; building the
 record used to raise "index out of bounds" in its own scatter."""
 

@@ -1,4 +1,4 @@
-"""verify="synthetic" through the engine (issue 10, point 6): the rates' message, and what a
+"""verify="synthetic" through the engine: the rates' message, and what a
 forced rejection with an empty residual (Z = 0) records."""
 
 from __future__ import annotations

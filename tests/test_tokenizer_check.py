@@ -1,4 +1,4 @@
-"""The draft's tokenizer must be the target's (issue 10, point 2); vocabulary rows may differ by
+"""The draft's tokenizer must be the target's; vocabulary rows may differ by
 padding beyond the tokenizer (q is cut or zero-padded to the target's V)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tokens per target forward (issue 10, point 6): one definition (trace.py), the same number in
+"""Tokens per target forward: one definition (trace.py), the same number in
 the metrics, the run summary, the speedup table (with the formula in its hover) and the summary."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Uploaded traces are validated as data, every nested field included (issue 10, point 8), and a
+"""Uploaded traces are validated as data, every nested field included, and a
 brief (detailed_trace=False) trace says the emitted token's p was not recorded."""
 
 from __future__ import annotations

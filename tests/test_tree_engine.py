@@ -218,7 +218,7 @@ def test_cli_speculative_token_tree(tiny_dirs, tmp_path, capsys):
 
 def test_eos_inside_the_accepted_path_counts_only_what_was_committed(self_decoders, monkeypatch):
     """EOS as the second accepted node: 2 tokens committed, the rest of the tree discarded, and the
-    metrics count the committed tokens (issue 10, point 1, for trees)."""
+    metrics count the committed tokens."""
     dec = self_decoders["llama"]
     ids = dec.encode(PROMPT)
     a, b, c = dec.generate(ids, method="none", max_new_tokens=3).output_token_ids
@@ -289,7 +289,7 @@ def test_sampled_children_run_rule_b_end_to_end(self_decoders, monkeypatch):
 
 def test_a_tree_steps_detail_is_queued_with_its_verification_and_picks_the_rows_of_every_row_detail(decoders,
                                                                                                    monkeypatch):
-    """Issue 15 (host work of a tree step): the detailed record (top-20 lists, residuals) is computed for EVERY row
+    """The host work of a tree step: the detailed record (top-20 lists, residuals) is computed for EVERY row
     and node by fixed-shape device ops queued with the verification (record.tree_detail_rows, captured in the
     verifier's graphs on CUDA), right behind the tree's forward and before the walk; the record picks the accepted
     path's rows on the host. Each position's p_top is the top-20 of p at its node's parent, the emitted token's p

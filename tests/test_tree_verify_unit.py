@@ -1,4 +1,4 @@
-"""The tree verifier's fixed-shape unit (issue 15: a tree step's host work): what the step verifier captures as CUDA
+"""The tree verifier's fixed-shape unit (a tree step's host work): what the step verifier captures as CUDA
 graphs equals the PyTorch reference.
 
 - :func:`specviz.sampling.tree.device_path` (the walk's result by device ops: the emitted token and the kept rows)

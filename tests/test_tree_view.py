@@ -1,4 +1,4 @@
-"""The draft-tree view (issue 15 point 5) on hand-built trace-v2 steps: one box per node (plus the
+"""The draft-tree view on hand-built trace-v2 steps: one box per node (plus the
 root and the step's own token), colours per fate, the layout (a parent between its children, the
 emitted token after the last accepted node), the position <-> node mapping of the accepted-path
 row, box text that fits its column, the off-path node panel, and chains from version-1 steps."""
@@ -171,7 +171,7 @@ def test_chain_from_version1_trace():
 
 def test_eagle_panel_draws_acceptance_by_depth_for_tree_runs():
     """An EAGLE-2 tree run fills the EAGLE panel of section 3 (acceptance by depth) instead of saying "no EAGLE
-    drafts" (a fresh user found it empty, session 4); the empty head-confidence series is left out."""
+    drafts" (a fresh user found it empty); the empty head-confidence series is left out."""
     from specviz import SpecDecoder
     from specviz.methods.eagle.view import eagle_figure
 
@@ -254,7 +254,7 @@ def test_run_summary_says_what_the_rate_means_for_trees():
     assert "per node" not in chain_rates["draft_acceptance_rate"].note
 
 
-# ---- q as verified vs the draft's confidence, and the step's rule (issue 15 view, lead's item 1) ---------------
+# ---- q as verified vs the draft's confidence, and the step's rule ---------------
 def _hovers(fig):
     marks = next(t for t in fig.data if t.name == "nodes")
     return {c[0]: h for c, h in zip(marks.customdata, marks.hovertext)}

@@ -266,23 +266,23 @@ def test_block_panel_shows_P_h_eta(traces):
     assert list(by_name["P_i"].y) == pytest.approx(st.block["P"][:k])
     assert list(by_name["h_i"].y) == pytest.approx(st.block["h"][:k])
     assert list(by_name["η_i"].y) == pytest.approx(st.block["eta"][:k])
-    # readable at a glance (issue 17): the block series are named where drawn, the legend keeps <= 4 entries
+    # readable at a glance: the block series are named where drawn, the legend keeps <= 4 entries
     assert sum(1 for d in fig.data if d.name and d.showlegend is not False) <= 4
     assert not any(by_name[n].showlegend is not False for n in ("P_i", "h_i", "η_i", "min(1, p/q)"))
     if st.num_accepted < k:  # the recovered token's block residual is defined in the caption
         assert "the block residual the recovered token was drawn from" in title_text(fig)
     assert f"τ = last i with η_i ≤ h_i = {st.num_accepted} → {st.num_accepted} token(s) accepted" in title_text(fig)
-    # newuser7: the caption's colour word is the colour the dashes are drawn in (open symbols stroke in
+    # the caption's colour word is the colour the dashes are drawn in (open symbols stroke in
     # marker.color, so an unset one took plotly's pink default)
     from specviz.viz.residual import RATIO_COLOUR
 
     ratio = by_name["min(1, p/q)"].marker
     assert ratio.color == ratio.line.color == RATIO_COLOUR == {"grey": "#6b7280"}[title_word(fig)]
-    # newuser7: h_i is in the tick labels under the bars, not inside the bars under the η diamonds
+    # h_i is in the tick labels under the bars, not inside the bars under the η diamonds
     block_axis = fig.layout[f"xaxis{by_name['h_i'].xaxis[1:]}"]
     assert list(block_axis.ticktext) == [f"x{i}<br>h={fmt_prob(h)}" for i, h in enumerate(st.block["h"][:k], 1)]
     assert not by_name["h_i"].text
-    # newuser7: the legend's top sits below the block panel's two-line tick labels and caption (~55 px)
+    # the legend's top sits below the block panel's two-line tick labels and caption (~55 px)
     plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
     assert -fig.layout.legend.y * plot_px >= 55 and fig.layout.margin.b >= -fig.layout.legend.y * plot_px + 30
 
@@ -321,7 +321,7 @@ def test_ngram_match_and_trie(traces):
     assert path == st.draft_token_ids[: len(path)] and len(path) == min(len(st.draft_token_ids), 6)
     fig = trie_figure(tr, st.index)
     assert len(fig.data[-1].x) == len(placed) + 1  # the suffix root + every node
-    other = traces["draft_model-standard"]  # section 3 shows the draft model's own candidates (issue 17)
+    other = traces["draft_model-standard"]  # section 3 shows the draft model's own candidates
     st = next(s for s in other.steps if s.draft_token_ids)
     table = html.unescape(source_html(other, st.index))  # the draft model's own view, found by its method
     assert table.count("<tr data-position=") == len(st.draft_token_ids)

@@ -251,7 +251,7 @@ def emission_weights(p_all, q_all, ids, j, is_bonus, valid, scale, method):
     q_j, 0) (scale = P_tau for block, else 1; q_j zeroed where the slot is invalid); recovered,
     one-hot: p_j with x_j zeroed (valid slots). valid: bool [B, K] (usable draft slots: id in
     [0, V), finite q row). No host sync (the trace's record gathers it inside a CUDA graph). The
-    sampler's race and the trace's emitted distribution both come from here (issue 10, point 8).
+    sampler's race and the trace's emitted distribution both come from here.
     """
     B, K1, V = p_all.shape
     rows = torch.arange(B, device=p_all.device)

@@ -1,4 +1,4 @@
-"""specviz.train: the recipe that trains the bundled demo models (issue 3).
+"""specviz.train: the recipe that trains the bundled demo models.
 
 Modules, in pipeline order: ``corpus`` (transformers 5.17.0 source, fixed held-out rule, list
 hashes), ``tokenizer`` (byte-level BPE via `tokenizers`, saved as an HF fast tokenizer),

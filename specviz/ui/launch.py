@@ -32,9 +32,8 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
                     help="load the models at the first Run instead of at launch")
     ap.add_argument("--compile", action="store_true",
                     help="CUDA: run the target's, drafter's and EAGLE heads' forwards through torch.compile (inductor) "
-                    "inside their CUDA graphs: about 1.5-1.9x the tokens/s of the default on the H200 "
-                    "(results/gpu/2026-12-02/s9), after minutes of compilation during the warm-up and at the first "
-                    "run of each new setting (excluded from its timings)")
+                    "inside their CUDA graphs: faster steps (measured in results/gpu), after minutes of compilation "
+                    "during the warm-up and at the first run of each new setting (excluded from its timings)")
     ap.add_argument("--present", action="store_true",
                     help="presentation layout: large type, Run and the lesson chapter above the fold (or ?present=1)")
     return ap

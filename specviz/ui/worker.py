@@ -5,8 +5,8 @@ engine meanwhile keeps stepping (its tensor work releases the GIL). A set ``stop
 the run after its current step: the engine then finishes the trace with stop_reason "stopped".
 
 Runs go to one long-lived pool of threads (:data:`MAX_CONCURRENT_RUNS`), not a new thread each. With a thread
-per run the app's host memory grew by about 2.7 MB per run over 200 runs on the H200 (16 cores; session 5 call F,
-session 6 call E) while the same requests on the engine alone stayed flat; a new thread that runs CUDA work gets
+per run the app's host memory grew by megabytes per run over hundreds of runs on the H200 (results/gpu) while the
+same requests on the engine alone stayed flat; a new thread that runs CUDA work gets
 its own per-thread state and, from glibc, possibly its own malloc arena (up to 8 per core).
 ``scripts/rss_probe.py --via thread|pool`` measures the two side by side.
 """

@@ -1,4 +1,4 @@
-"""The draft-tree view: one step's draft tree drawn as a tree (issue 15 point 5).
+"""The draft-tree view: one step's draft tree drawn as a tree.
 
 Reads the trace only (version 2, ``specviz.trace``): a step's ``nodes`` (id, parent, depth,
 token_id, p, q, u, fate, score), ``accepted_path`` (node ids from the root's child down) and

@@ -8,7 +8,7 @@ otherwise q_i = ``logits_to_probs(draft_logits_i, T, top_k, top_p)``, the reques
 processing (as vLLM's draft-model proposer applies the request's sampling metadata), x_i ~ q_i,
 and ``Draft.probs`` holds q_i exactly. With top-k / top-p on the target side only, the draft
 would keep proposing tokens outside p's support and an identical draft would lose most of its
-acceptance (issue 10, point 4).
+acceptance.
 
 KV cache: the drafter's runner follows the committed tokens exactly. Each call compares the
 tokens in its cache with ``token_ids`` and truncates to their common prefix (rollback after a
