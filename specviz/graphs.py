@@ -9,6 +9,7 @@ no host reads, no shapes that depend on data.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -52,3 +53,15 @@ def replay(graph: torch.cuda.CUDAGraph, events: list | None) -> None:
     graph.replay()
     end.record()
     events.append((start, end))
+
+
+class CapturedGraphs:
+    """What a runner that keeps CUDA graphs by shape key (``self._graphs``) shows of them: :attr:`graphs`."""
+
+    _graphs: dict
+
+    @property
+    def graphs(self) -> "MappingProxyType[Any, Any]":
+        """Read-only {shape key: captured graph and buffers}; a value None is a capture that failed (that shape then
+        runs eagerly). Keys are each runner's own (e.g. ``("tree", n)`` for a tree forward of n nodes)."""
+        return MappingProxyType(self._graphs)

@@ -62,7 +62,7 @@ from typing import Sequence
 import torch
 from transformers import StaticCache
 
-from .graphs import capture, replay
+from .graphs import CapturedGraphs, capture, replay
 from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, kept_slots, mask_for,
                      pick_features, tree_attention_device)
 from .transfer import to_device
@@ -72,7 +72,7 @@ log = logging.getLogger(__name__)
 COMPILE_DEFAULT = False  # compile=None means this (see the module docstring: off until measured on the H200)
 
 
-class StaticRunner:
+class StaticRunner(CapturedGraphs):
     """Args:
         model: a transformers ``*ForCausalLM`` in eval mode (full-attention layers).
         max_cache_len: tokens the cache holds (prompt + generated + k); forwards past it raise.

@@ -19,10 +19,16 @@ from tiny_models import save_model  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     """Mark every test that drives Chromium (it takes a ``browser`` fixture) ``browser``: scripts/test.sh runs them in
-    one process after the rest, so page timings are not stretched by a second worker's load."""
+    one process after the rest, so page timings are not stretched by a second worker's load. Skip the tests marked
+    ``gpu`` where there is no CUDA device (CI); on the H200 they run (``pytest -m gpu``)."""
+    import torch
+
+    no_cuda = pytest.mark.skip(reason="needs a CUDA GPU (pytest -m gpu on the device)")
     for item in items:
         if "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.browser)
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+            item.add_marker(no_cuda)
 
 
 @pytest.fixture(scope="session")

@@ -95,7 +95,7 @@ def test_failed_compile_falls_back_with_a_log_line(caplog):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("taps", ((), TAPS), ids=("logits", "taps"))
 def test_inductor_graphs_equal_eager_on_gpu(taps):
     """fp32 on CUDA: inductor-compiled forwards captured in the runner's CUDA graphs give the eager
@@ -105,7 +105,7 @@ def test_inductor_graphs_equal_eager_on_gpu(taps):
     runner = StaticRunner(model, max_cache_len=64, compile=True)
     got = _forwards(runner)
     got_again = _forwards(runner)  # replays of the captured graphs
-    assert runner.compiled and runner._graphs and all(v is not None for v in runner._graphs.values())
+    assert runner.compiled and runner.graphs and all(v is not None for v in runner.graphs.values())
     for g, w in zip(got + got_again, want + want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
@@ -124,7 +124,7 @@ def _tree_forwards(runner: StaticRunner) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_inductor_tree_graphs_equal_eager_on_gpu():
     """fp32 on CUDA: the tree forward (ancestor mask from the parents + the model) compiled by inductor and
     captured per tree-size bucket gives the eager tree forward's logits and taps, commits included, and compile
@@ -135,7 +135,7 @@ def test_inductor_tree_graphs_equal_eager_on_gpu():
     got = _tree_forwards(runner)
     got_again = _tree_forwards(runner)  # replays
     assert runner._compiled_tree is not None
-    assert any(k[0] == "tree" for k in runner._graphs) and all(v is not None for v in runner._graphs.values())
+    assert any(k[0] == "tree" for k in runner.graphs) and all(v is not None for v in runner.graphs.values())
     for g, w in zip(got + got_again, want + want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 

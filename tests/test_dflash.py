@@ -298,7 +298,7 @@ def test_sampled_q_is_the_processed_slot_distribution(small_decoder):
     assert all(want[i, int(t)] > 0 for i, t in enumerate(draft.token_ids))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_static_graphs_equal_eager_on_gpu(dflash_dirs):
     """fp32 on CUDA: the static runner with CUDA graphs gives the eager runner's tokens and per-step
     acceptances, greedy and seeded sampling, and method none's tokens."""
@@ -344,7 +344,7 @@ def test_dflash_views(decoders):
     assert "no DFlash block" in source_figure(tr, 0).layout.annotations[0].text
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("settings", (dict(), dict(verify="standard", temperature=0.8, top_p=0.9)),
                          ids=("greedy", "standard"))
 def test_at_most_one_wait_per_step_on_gpu(dflash_dirs, monkeypatch, settings):
@@ -361,7 +361,7 @@ def test_at_most_one_wait_per_step_on_gpu(dflash_dirs, monkeypatch, settings):
     for _ in range(2):
         dec.generate(SYNC_PROMPT, **kw)
     steps = count_waits(dec, monkeypatch, **kw)[1:]
-    core = {id(g.core_done) for g in dec.step_verifier._graphs.values()}
+    core = {id(g.core_done) for g in dec.step_verifier.graphs.values()}
     for i, s in enumerate(steps, start=1):
         assert not s["syncs"], f"step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
         assert sum(id(e) in core for e in s["waits"]) == 1, f"step {i}: waits {s['waits']}"

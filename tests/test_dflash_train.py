@@ -224,7 +224,7 @@ def test_time_budget_stops_early(monkeypatch):
     assert log["train"][-1]["lr"] < 0.2 * cfg.lr  # the time-aware cosine annealed anyway
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)")
+@pytest.mark.gpu
 def test_cuda_training_steps():
     """bf16 autocast on CUDA: a few steps (fused AdamW, device generator, masked SDPA) stay finite."""
     import dataclasses

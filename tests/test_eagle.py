@@ -257,7 +257,7 @@ def test_eagle_views(eagle_decoders):
         assert source_figure(other, st.index) == trie_figure(other, st.index)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))
 def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
     """fp32 on CUDA: the static runner with CUDA graphs (taps captured in the graphs) gives the eager
@@ -267,10 +267,10 @@ def test_static_graphs_equal_eager_on_gpu(eagle_dirs, kind):
     assert decs["static"].runner_factory.func is StaticRunner
     assert_static_graphs_equal_eager(decs, kind, 4, "block")
     # the taps were captured inside the graphs (the pooled runner also holds method none's tap-free graphs)
-    assert any(key[1] for key in decs["static"].target_runner._graphs)
+    assert any(key[1] for key in decs["static"].target_runner.graphs)
     # the head drafted through its static runner's graphs (specviz/methods/eagle/runner.py), none of which failed
     head_runner, = decs["static"].pool.free(("head", id(decs["static"].heads[kind])))
-    assert head_runner.replays > 0 and head_runner._graphs and all(g is not None for g in head_runner._graphs.values())
+    assert head_runner.replays > 0 and head_runner.graphs and all(g is not None for g in head_runner.graphs.values())
 
 
 def test_cli_eagle_methods(eagle_dirs, capsys):

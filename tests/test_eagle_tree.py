@@ -283,7 +283,7 @@ def test_every_tree_node_has_its_text(decoders):
     assert not missing
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("runner", ["eager", "static"])
 def test_bundled_eagle3_tree_on_gpu_equals_plain_greedy(runner):
     """The bundled target and EAGLE-3 head on CUDA (fp32): the EAGLE-2 tree's output equals plain
@@ -301,15 +301,14 @@ def test_bundled_eagle3_tree_on_gpu_equals_plain_greedy(runner):
     assert tree.metrics["num_accepted_tokens"] > 0
     if runner == "static":  # each tree was one CUDA graph of the pooled static head runner (K, levels, N), none failed
         head_runner, = dec.pool.free(("head", id(dec.heads["eagle3"])))
-        drafts = {key: g for key, g in head_runner._graphs.items() if key[0] == "eagle2"}
+        drafts = {key: g for key, g in head_runner.graphs.items() if key[0] == "eagle2"}
         assert ("eagle2", 4, 5, 24) in drafts and all(g is not None for g in drafts.values()), drafts
 
 
 @pytest.mark.parametrize("tree_kw", [dict(dynamic=DynamicTree(3, 3, 12)), dict(dynamic=DynamicTree(4, 2, 24)),
                                      dict(choices="[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 3)]")],
                          ids=["dynamic-3-3-12", "dynamic-4-2-24", "static"])
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a GPU"))])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
 def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw, device, compiled):
     """The static head runner's tree levels (scratch slots past max_len, the visibility mask over every slot;
@@ -351,7 +350,7 @@ def test_static_head_runner_trees_equal_the_eager_ones(head, tree_kw, device, co
                                  {t: f[n: n + len(committed)] for t, f in feats.items()}))
         context += committed
     if device == "cuda":  # the graphs ran (the dynamic tree as one graph, a static tree's levels one graph each)
-        assert static.replays > 0 and static._graphs and all(g is not None for g in static._graphs.values())
+        assert static.replays > 0 and static.graphs and all(g is not None for g in static.graphs.values())
     assert static.compiled == compiled  # no compile fallback
 
 

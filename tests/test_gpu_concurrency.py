@@ -17,7 +17,7 @@ import torch
 
 from specviz import SpecDecoder
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+pytestmark = pytest.mark.gpu
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 REQUESTS = [

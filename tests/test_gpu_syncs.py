@@ -24,7 +24,7 @@ import torch
 
 from specviz import SpecDecoder
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+pytestmark = pytest.mark.gpu
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
@@ -103,7 +103,7 @@ def test_at_most_one_wait_per_step(gpu_decoder, monkeypatch, name, settings, det
     for _ in range(2):  # warm-up: Triton compilation, graph capture, pinned buffers, suffix global tree
         dec.generate(PROMPT, **kw)
     steps = count_waits(dec, monkeypatch, **kw)[1:]
-    core = {id(g.core_done) for g in dec.step_verifier._graphs.values()}
+    core = {id(g.core_done) for g in dec.step_verifier.graphs.values()}
     summary = []
     for i, s in enumerate(steps, start=1):
         main = [e for e in s["waits"] if id(e) in core]

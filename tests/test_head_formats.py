@@ -15,7 +15,7 @@ from helpers import PROMPT
 import reference_drafters as R
 from specviz import SpecDecoder
 from specviz.heads import formats
-from specviz.heads.formats import eagle as eagle_formats
+from specviz.methods.eagle import formats as eagle_formats
 from specviz.heads.formats import load_head_dir
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
@@ -285,9 +285,9 @@ def test_wrong_method_and_mismatched_target(layouts, dec, root):
 def test_layout_shown_in_the_views(layouts, target_dir):
     """The trace's head record names the layout; the eagle3 view shows the source and the draft vocabulary
     mapping, the medusa and dflash views the source and layout."""
-    from specviz.viz.dflash import dflash_html
-    from specviz.viz.eagle import eagle_html
-    from specviz.viz.medusa import medusa_html
+    from specviz.methods.dflash.view import dflash_html
+    from specviz.methods.eagle.view import eagle_html
+    from specviz.methods.medusa.view import medusa_html
 
     heads = {m: str(layouts[name][1]) for name, m in (("eagle3-safeailab", "eagle3"), ("medusa-vllm", "medusa"),
                                                        ("dflash-zlab", "dflash"))}
@@ -304,7 +304,7 @@ def test_layout_shown_in_the_views(layouts, target_dir):
 
 def test_planted_dflash_ids_without_the_plus_one_fail(layouts, dec, monkeypatch):
     """z-lab's ids read as layer inputs (hidden_states[i], no + 1: the vLLM PR 40727 bug) draft differently."""
-    from specviz.heads.formats import dflash as dflash_formats
+    from specviz.methods.dflash import formats as dflash_formats
 
     _, directory, _, reference = layouts["dflash-zlab"]
     real = dflash_formats.target_layer_ids
@@ -317,7 +317,7 @@ def test_planted_dflash_ids_without_the_plus_one_fail(layouts, dec, monkeypatch)
 
 def test_planted_medusa_token_map_ignored_fails(layouts, dec, monkeypatch):
     """vLLM's truncated LM heads read as the first V_trunc target ids (token_map ignored) draft differently."""
-    from specviz.heads.formats import medusa as medusa_formats
+    from specviz.methods.medusa import formats as medusa_formats
 
     _, directory, _, reference = layouts["medusa-vllm"]
     monkeypatch.setattr(medusa_formats, "token_map_ids", lambda token_map, truncated: torch.arange(truncated))
@@ -330,7 +330,8 @@ def test_cli_and_app_take_head_method_dir(layouts, target_dir, capsys):
     """``--head METHOD=DIR`` (repeatable) in ``specviz generate`` and the app's options; a bad value is refused."""
     from helpers import cli_args
 
-    from specviz.cli import head_specs, main
+    from specviz.cli import main
+    from specviz.cli_args import head_specs
     from specviz.ui.launch import parse_args
 
     e3, med = str(layouts["eagle3-specforge"][1]), str(layouts["medusa-vllm"][1])

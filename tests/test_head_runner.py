@@ -104,9 +104,12 @@ def test_static_head_cache_equals_a_recompute(kind):
 
 
 def test_make_head_runner_and_bad_input():
-    _, head, _, _ = _setup("eagle", "cpu")
-    assert isinstance(make_head_runner(head, 64), StaticHeadRunner)
-    assert isinstance(make_head_runner(head, None), EagerHeadRunner)
+    """make_head_runner picks the static runner when given a length (its slot cache sized to it) and the eager one
+    without; both draft the same."""
+    _, head, ids, feats = _setup("eagle", "cpu")
+    static, eager = make_head_runner(head, 96), make_head_runner(head, None)
+    assert isinstance(static, StaticHeadRunner) and static.max_len == 96 and isinstance(eager, EagerHeadRunner)
+    _assert_same_drafts(_drive(head, eager, ids, feats, 0.0), _drive(head, static, ids, feats, 0.0))
     assert isinstance(make_head_runner(torch.nn.Identity(), 64), EagerHeadRunner)  # a stub: the eager path
     with pytest.raises(ValueError, match="needs a specviz.heads head"):
         StaticHeadRunner(torch.nn.Identity(), 64)
@@ -125,8 +128,8 @@ def test_failed_capture_falls_back_to_eager(caplog):
         got = _drive(head, runner, ids, feats, 0.0)
     _assert_same_drafts(want, got)
     failed = [r for r in caplog.records if "capture" in r.getMessage()]
-    assert failed and len(failed) == len(runner._graphs) and runner.replays == 0
-    assert all(entry is None for entry in runner._graphs.values())
+    assert failed and len(failed) == len(runner.graphs) and runner.replays == 0
+    assert all(entry is None for entry in runner.graphs.values())
 
 
 @pytest.mark.parametrize("backend", ("eager", "aot_eager"))
@@ -160,7 +163,7 @@ def test_failed_head_compile_falls_back_with_a_log_line(caplog):
     assert len(failed) == 1 and "cannot compile" in failed[0].getMessage() and not runner.compiled
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))
 def test_compiled_head_graphs_equal_eager_on_gpu(kind):
     """fp32 on CUDA, inductor inside the runner's graphs: the greedy drafts equal the eager reference's (q and
@@ -173,10 +176,10 @@ def test_compiled_head_graphs_equal_eager_on_gpu(kind):
         assert g_ids == w_ids, step
         torch.testing.assert_close(g_conf, w_conf, rtol=1e-3, atol=1e-5)
     assert len(got) == len(PLAN) and runner.compiled and runner.replays > 0
-    assert all(entry is not None for entry in runner._graphs.values()), runner._graphs.keys()
+    assert all(entry is not None for entry in runner.graphs.values()), runner.graphs.keys()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("temperature", (0.0, 0.9), ids=("greedy", "sampled"))
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))
 def test_head_graphs_equal_eager_on_gpu(kind, temperature):
@@ -188,16 +191,16 @@ def test_head_graphs_equal_eager_on_gpu(kind, temperature):
     assert runner.cuda_graphs
     got = _drive(head, runner, ids, feats, temperature)
     _assert_same_drafts(want, got)
-    assert all(entry is not None for entry in runner._graphs.values()), runner._graphs.keys()
-    assert ("step", 1) in runner._graphs and {("first", b) for b in (1, 2, 4, 8)} <= set(runner._graphs)
+    assert all(entry is not None for entry in runner.graphs.values()), runner.graphs.keys()
+    assert ("step", 1) in runner.graphs and {("first", b) for b in (1, 2, 4, 8)} <= set(runner.graphs)
     assert runner.replays >= len(PLAN) * K - 2  # every draft step and first pass but the prefill's
     got_again = _drive(head, runner, ids, feats, temperature)  # a second request on the same graphs
     _assert_same_drafts(want, got_again)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_warm_up_captures_every_bucket_on_gpu():
     _, head, _, _ = _setup("eagle3", "cuda")
     runner = StaticHeadRunner(head, max_len=96)
     n = runner.warm_up(K + 1)
-    assert n == 1 + sum(b <= K + 1 for b in BUCKETS) == len(runner._graphs)
+    assert n == 1 + sum(b <= K + 1 for b in BUCKETS) == len(runner.graphs)

@@ -167,7 +167,7 @@ def test_batch_indices_follow_the_lm_batch_order():
     assert torch.equal(idx, torch.stack([order.indices(s) for s in range(50)]))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200)")
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_cuda_training_steps_and_ttt_equals_chain(kind):
     """On CUDA: a few bf16-autocast training steps run (fused AdamW, device generator, masked SDPA)

@@ -19,7 +19,7 @@ from specviz.methods.ngram_gpu.proposer import NgramGPUProposer, ngram_match_ref
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not interpreted(), reason="runs in test_interpreter_subprocess")),
-    pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA or interpreted(), reason="needs a GPU")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(interpreted(), reason="the interpreter runs on the CPU")]),
 ]
 GOLDEN = [  # (context, min, max, k) -> draft
     ([2, 3, 4, 5, 1, 2, 3, 4, 1, 2, 3, 4], 3, 4, 2, [1, 2]),

@@ -21,7 +21,7 @@ from specviz.sampling import draw_noise, rejection_sample
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = [
     pytest.param("cpu", marks=pytest.mark.skipif(not interpreted(), reason="runs in test_interpreter_subprocess")),
-    pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA or interpreted(), reason="needs a GPU")),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(interpreted(), reason="the interpreter runs on the CPU")]),
 ]
 METHODS = ("greedy", "standard", "block", "synthetic")
 RATES = [0.95, 0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2]

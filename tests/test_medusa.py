@@ -332,7 +332,7 @@ def test_medusa_view(medusa_decoders):
             assert cand["candidates"][0][0] == st.draft_token_ids[h]
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_static_graphs_equal_eager_on_gpu(medusa_dirs):
     """fp32 on CUDA: the static runner with CUDA graphs gives the eager runner's tokens and per-step
     acceptances (greedy, seeded standard sampling, typical on the reference sampler), and greedy

@@ -247,7 +247,7 @@ def test_mtp_view(mtp_decoders):
     assert len(fig.data[0].x) == len(st.draft_token_ids)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_static_graphs_equal_eager_on_gpu(mtp_dirs):
     """fp32 on CUDA: with CUDA graphs the static runner's cache (read by layer_kv) gives the eager
     runner's tokens and acceptances, greedy and seeded sampling; greedy equals method none."""
@@ -257,7 +257,7 @@ def test_static_graphs_equal_eager_on_gpu(mtp_dirs):
     assert_static_graphs_equal_eager(decs, "mtp", 4, "block")
     # the greedy chains drafted through captured graphs (MtpDraftGraphs), none of which failed
     graphs, = decs["static"].pool.free(("mtp", id(decs["static"].heads["mtp"])))
-    assert graphs.replays > 0 and graphs._graphs and all(g is not None for g in graphs._graphs.values())
+    assert graphs.replays > 0 and graphs.graphs and all(g is not None for g in graphs.graphs.values())
 
 
 def test_whole_buffer_chain_equals_the_exact_length_chain(mtp_decoders):
@@ -289,7 +289,7 @@ def test_whole_buffer_chain_equals_the_exact_length_chain(mtp_decoders):
         dec.generate(PROMPT, method="mtp", num_speculative_tokens=4, max_new_tokens=20)
     finally:
         methods.register(saved)
-    assert len(pairs) > 3 and graphs._graphs and all(g is None for g in graphs._graphs.values())  # no CUDA here
+    assert len(pairs) > 3 and graphs.graphs and all(g is None for g in graphs.graphs.values())  # no CUDA here
     for eager, whole, conf_eager, conf_whole in pairs:
         assert whole == eager
         torch.testing.assert_close(conf_whole, conf_eager, rtol=1e-5, atol=1e-6)

@@ -77,7 +77,7 @@ def test_a_planted_change_of_the_samplers_weights_reaches_the_record(monkeypatch
     assert rec["emitted"]["top"] == [[7, 1.0]] and rec["emitted"]["token_id"] == 7
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels need CUDA here (CPU: interpreter tests)")
+@pytest.mark.gpu
 @pytest.mark.parametrize("method, full_q", CASES)
 def test_triton_record_equals_reference_record(method, full_q):
     for seed in range(4):

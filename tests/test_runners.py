@@ -87,7 +87,7 @@ def test_engine_with_triton_backend_equals_reference(tiny_dirs):
     assert "ENGINE-TRITON-OK" in res.stdout, res.stdout[-2000:] + res.stderr[-4000:]
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+needs_cuda = pytest.mark.gpu
 
 
 @needs_cuda
@@ -118,7 +118,7 @@ def test_step_verifier_graph_equals_eager(verify):
                     want = eager.run(spec, logits, q, x, gen_b)
                     assert got[0] == want[0], (spec, "record")
                     assert got[1].tolist() == want[1].tolist(), (spec, "next input")
-    assert len(graphed._graphs) > 0 and not eager._graphs
+    assert len(graphed.graphs) > 0 and not eager.graphs
 
 
 @needs_cuda
@@ -135,7 +135,7 @@ def test_engine_sampling_with_verifier_graphs_equals_eager_verifier(tiny_dirs):
                dict(method="ngram", verify="greedy", prompt_lookup_min=1)):
         run = lambda: dec.generate(PROMPT, num_speculative_tokens=3, max_new_tokens=30, seed=7, **kw)  # noqa: E731
         graphed = run()
-        assert dec.step_verifier.cuda_graphs and dec.step_verifier._graphs
+        assert dec.step_verifier.cuda_graphs and dec.step_verifier.graphs
         dec.pool.replace("verifier", [StepVerifier(dec.device, cuda_graphs=False)])
         plain = run()
         assert not dec.step_verifier.cuda_graphs

@@ -62,8 +62,12 @@ def test_global_cache_drafts_from_earlier_outputs_and_evicts():
     assert SuffixProposer(3, global_cache=cache).propose([7, 40, 41]).token_ids.tolist() == []
 
 
-def test_new_request_resets_local_tree():
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "no-reset"])
+def test_a_new_request_drafts_from_its_own_tokens_only(reset):
+    """The local tree holds the current request's tokens: after [1, 2, 3, 1, 2], a request [5, 1, 2] (not an
+    extension of it, with or without reset()) finds no earlier "1, 2" to continue; a stale tree would draft 3."""
     prop = SuffixProposer(3)
-    prop.propose([1, 2, 3, 1, 2])
-    prop.reset()
-    assert prop.propose([9, 8]).token_ids.tolist() == []
+    assert prop.propose([1, 2, 3, 1, 2]).token_ids.tolist()[:1] == [3]  # the tree is used within a request
+    if reset:
+        prop.reset()
+    assert prop.propose([5, 1, 2]).token_ids.tolist() == []

@@ -88,7 +88,7 @@ def test_runner_taps_equal_a_plain_forward_across_steps_and_rollback(model, runn
             torch.testing.assert_close(out.features[tap], want[tap][span.start:span.stop], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.gpu
 def test_static_graph_taps_equal_eager_taps_on_gpu(tiny_dirs):
     """Under CUDA graphs the taps are static buffers captured in the graph; replays (also for a second
     set of taps, another graph) return the eager runner's features, and a later replay does not
@@ -107,7 +107,7 @@ def test_static_graph_taps_equal_eager_taps_on_gpu(tiny_dirs):
         torch.testing.assert_close(b.logits, a.logits, rtol=1e-4, atol=1e-4)
         for tap in taps:
             torch.testing.assert_close(b.features[tap], a.features[tap], rtol=1e-4, atol=1e-4)
-    assert graphed._graphs and all(key[1] for key in graphed._graphs)
+    assert graphed.graphs and all(key[1] for key in graphed.graphs)
     a, b = kept[0]  # the first replay's features survived three later replays
     for tap in TAPS:
         torch.testing.assert_close(b.features[tap], a.features[tap], rtol=1e-4, atol=1e-4)

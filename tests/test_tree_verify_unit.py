@@ -92,7 +92,7 @@ def _spec(n: int, temperature: float, detailed: bool = True) -> VerifySpec:
                       top_k=None, top_p=None, full_q=False, detailed=detailed, synthetic_rates=None, backend="triton")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
+@pytest.mark.gpu
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("device_parents", [False, True])
 def test_tree_verifier_graphs_equal_eager_on_cuda(temperature, device_parents):
@@ -121,4 +121,4 @@ def test_tree_verifier_graphs_equal_eager_on_cuda(temperature, device_parents):
         results.append((qg.detail, qe.detail.result()))
     for pending, want in results:  # each graph detail was read before the next replay overwrote its buffer
         torch.testing.assert_close(torch.tensor(pending.result()), torch.tensor(want), rtol=1e-5, atol=1e-6)
-    assert len([k for k in graphs._graphs if k[0] == "tree"]) == 2
+    assert len([k for k in graphs.graphs if k[0] == "tree"]) == 2

@@ -41,7 +41,7 @@ def test_one_graph_serves_every_temperature_top_p_and_top_k():
             for top_k in (None, 0, 5, 50):
                 ver._lookup(replace(SPEC, temperature=T, top_p=top_p, top_k=top_k), capture)
     # processors on/off: top_p in {off, on} x top_k in {off, on}
-    assert len(captured) == len(ver._graphs) == 4
+    assert len(captured) == len(ver.graphs) == 4
     assert {(c.top_k, c.top_p) for c in captured} == {(None, None), (1, None), (None, 0.5), (1, 0.5)}
     ver._lookup(replace(SPEC, temperature=0.0, verify="greedy"), capture)  # argmax: another computation
     ver._lookup(replace(SPEC, k=2), capture)  # another draft length: another graph
@@ -55,9 +55,9 @@ def test_cache_is_bounded_least_recently_used_dropped():
         ver._lookup(s, capture)
     ver._lookup(specs[0], capture)  # k=0 is now the most recent
     ver._lookup(specs[3], capture)  # evicts k=1, the least recently used
-    assert [key.k for key in ver._graphs] == [2, 0, 3]
+    assert [key.k for key in ver.graphs] == [2, 0, 3]
     ver._lookup(specs[1], capture)  # captured again
-    assert len(captured) == 5 and len(ver._graphs) == 3
+    assert len(captured) == 5 and len(ver.graphs) == 3
 
 
 def test_graph_key_keeps_what_fixes_the_computation():
@@ -96,7 +96,7 @@ def test_sampling_tensors_skip_unchanged_writes():
     assert s.inv_temperature.item() == -1.0
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+needs_cuda = pytest.mark.gpu
 
 
 @needs_cuda
@@ -115,7 +115,7 @@ def test_engine_ten_temperatures_capture_no_new_verifier_graphs(tiny_dirs):
               top_p=0.9)
     dec.generate(prompt, temperature=TEMPERATURES[0], **kw)
     verifier = dec.step_verifier
-    before = len(verifier._graphs)  # captured by the first request
+    before = len(verifier.graphs)  # captured by the first request
     strip = lambda t: [{**asdict(s), "timings_ms": None} for s in t.steps]  # noqa: E731
     for T in TEMPERATURES[1:]:
         graphed = dec.generate(prompt, temperature=T, **kw)
@@ -125,6 +125,6 @@ def test_engine_ten_temperatures_capture_no_new_verifier_graphs(tiny_dirs):
         dec.pool.replace("verifier", [verifier])
         assert strip(graphed) == strip(plain), T
     # k' in 0..3 (the last steps draft fewer), never one per temperature
-    assert before > 0 and len(verifier._graphs) <= 4
-    assert len({key.k for key in verifier._graphs}) == len(verifier._graphs)
-    assert {(key.temperature, key.top_p) for key in verifier._graphs} == {(1.0, 0.5)}
+    assert before > 0 and len(verifier.graphs) <= 4
+    assert len({key.k for key in verifier.graphs}) == len(verifier.graphs)
+    assert {(key.temperature, key.top_p) for key in verifier.graphs} == {(1.0, 0.5)}

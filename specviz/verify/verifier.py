@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-from specviz.graphs import replay
+from specviz.graphs import CapturedGraphs, replay
 from specviz.proposer import Draft
 from specviz.record import host_record, tree_record
 
@@ -98,7 +98,7 @@ def brief_record(emitted: list[int], acc: int, k: int) -> dict[str, Any]:
             "emitted": {"position": acc + 1, "token_id": emitted[-1], "kind": kind, "p": None, "top": []}}
 
 
-class StepVerifier(ChainVerification, TreeVerification):
+class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
     """Verifies the steps of one request at a time (the engine pools one per target runner).
 
     Args:

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from specviz.graphs import capture
+from specviz.graphs import CapturedGraphs, capture
 from specviz.static_runner import COMPILE_DEFAULT, _raise_recompile_limit, compile_error_text
 
 from .head import _Head, position_mask
@@ -54,7 +54,7 @@ class SlotCache:
         return self.max_len
 
 
-class StaticHeadRunner:
+class StaticHeadRunner(CapturedGraphs):
     """Static per-slot KV cache for a :mod:`specviz.heads` head, with CUDA graphs on CUDA (see the module docstring).
 
     Args:

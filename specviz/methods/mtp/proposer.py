@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
-from specviz.graphs import capture
+from specviz.graphs import CapturedGraphs, capture
 from specviz.runner import FINAL_NORM
 from specviz.sampling import logits_to_probs
 from specviz.transfer import to_device
@@ -149,7 +149,7 @@ def _draw(logits: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.T
     return logits.argmax(dim=-1, keepdim=True), None
 
 
-class MtpDraftGraphs:
+class MtpDraftGraphs(CapturedGraphs):
     """Greedy MTP chains as CUDA graphs, one per (target cache, k): the static runner's layer ``kv_layer``
     K/V buffers are read whole ([1, kv, max_cache_len, hd]; keys past the draft position t are masked
     inside the graph), the inputs (f_t, the root token, t) are copied into static buffers, and one replay

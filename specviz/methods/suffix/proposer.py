@@ -226,11 +226,8 @@ class SuffixProposer(NoFeedback):
 
     def reset(self) -> None:
         self.local = _IncrementalTrie(self.config.max_depth)
-        self.prompt_length: int | None = None
 
     def _sync(self, token_ids: Sequence[int]) -> None:
-        if self.prompt_length is None:
-            self.prompt_length = len(token_ids)
         if token_ids[: len(self.local.tokens)] != self.local.tokens:  # a different request: start over
             self.local = _IncrementalTrie(self.config.max_depth)
         for tok in token_ids[len(self.local.tokens):]:
