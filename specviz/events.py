@@ -88,6 +88,3 @@ class EventBus:
     def publish(self, event: Any) -> None:
         for handler in (*self._handlers.get(type(event), ()), *self._handlers.get(None, ())):
             handler(event)
-
-    def has_subscribers(self, event_type: type) -> bool:
-        return bool(self._handlers.get(event_type) or self._handlers.get(None))

@@ -198,7 +198,7 @@ def tree_detail_rows(p: torch.Tensor, q: torch.Tensor | None, ids: torch.Tensor,
     weights (the emitted distribution, and a last rejected child's residual); q of every node (rule B). Then
     the nodes' residual masses [N], the weights' sums [1 + N] and p of each row's emitted token [1 + N].
     Returns (flat float64 [(3N + 2 (+ N)) * 2 * n_top + 3N + 2], n_top)."""
-    N, V = int(ids.numel()), int(p.shape[1])
+    V = int(p.shape[1])
     parent_p = p.index_select(0, rows)  # [N, V]
     if q is not None:
         resid = (parent_p - q.float()).clamp_min(0.0)

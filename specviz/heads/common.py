@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import ClassVar
+from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 FORMAT = "specviz-head-v1"  # the format tag of specviz's own head configs
@@ -109,3 +111,21 @@ def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> tor
     """-sum_x softmax(target_logits)(x) * log_softmax(logits)(x). [..., V] each -> float32 [...]."""
     p = torch.softmax(target_logits.float(), dim=-1)
     return F.cross_entropy(logits.float().flatten(0, -2), p.flatten(0, -2), reduction="none").view(logits.shape[:-1])
+
+
+def load_weights(head: torch.nn.Module, f: Path, target: Any, dtype: torch.dtype | None) -> Any:
+    """Load the safetensors file ``f`` into ``head`` (every tensor its state dict has, of its shape, nothing else),
+    move it to the target's device in ``dtype`` (default the target's), attach it to ``target`` and return it in eval
+    mode. Raises ValueError naming the missing, unexpected and wrongly shaped tensors."""
+    if not f.is_file():
+        raise ValueError(f"no head weights at {f} (specviz loads safetensors only)")
+    state = load_file(str(f))
+    own = head.state_dict()
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or extra or bad:
+        raise ValueError(f"{f} does not match its config: missing {missing}, unexpected {extra}, wrong shapes {bad}")
+    head.load_state_dict(state)
+    param = next(target.parameters())
+    head.to(device=param.device, dtype=dtype or param.dtype)
+    return head.attach(target).eval()

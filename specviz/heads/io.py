@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 import importlib
 
 from specviz import methods
-from specviz.heads.common import FORMAT
+from specviz.heads.common import FORMAT, load_weights
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 ASSETS_MODELS = Path(__file__).resolve().parent.parent.parent / "assets" / "models"
@@ -87,18 +87,4 @@ def load_head(directory: str | os.PathLike, target, dtype: torch.dtype | None = 
     cfg = load_config(directory)
     _, build, check = specviz_format(cfg.kind)
     check(cfg, target.config)
-    f = Path(directory) / WEIGHTS_NAME
-    if not f.is_file():
-        raise ValueError(f"no head weights at {f} (specviz loads safetensors only)")
-    head = build(cfg)
-    state = load_file(str(f))
-    own = head.state_dict()
-    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or extra or bad:
-        raise ValueError(f"{f} does not match its config: missing {missing}, unexpected {extra}, "
-                         f"wrong shapes {bad}")
-    head.load_state_dict(state)
-    param = next(target.parameters())
-    head.to(device=param.device, dtype=dtype or param.dtype)
-    return head.attach(target).eval()
+    return load_weights(build(cfg), Path(directory) / WEIGHTS_NAME, target, dtype)

@@ -39,7 +39,6 @@ def _sampler_configs():
                 }  # fmt: skip
                 scalars = {"B": "i32", "V": "i32", "NB": "i32"}
                 label = f"{method}/{'full' if full else 'onehot'}/{dtype}"
-                sig = {**common, **scalars, **{k: "constexpr" for k in const}}
                 two = method == "block" and full
                 const_p = const | {"TWO_PASS": two}
                 sig_p = {**common, **scalars, **{k: "constexpr" for k in const_p}}

@@ -32,6 +32,22 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class OptimizerConfig:
+    """The optimizer of a head's training run: AdamW (``betas``, ``weight_decay``) at peak ``lr`` after
+    ``warmup_steps`` of linear warm-up, cosine to ``min_lr_ratio * lr`` at ``steps``; gradients clipped to
+    ``grad_clip``; ``batch_size`` windows per step. The head trainers extend it."""
+
+    batch_size: int = 32
+    steps: int = 6000
+    lr: float = 1e-3
+    warmup_steps: int = 150
+    min_lr_ratio: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything a recipe run depends on besides the seed and the device.
 

@@ -33,7 +33,6 @@ import torch.nn.functional as F
 
 from specviz.train.corpus import build_corpus
 from specviz.train.data import pack, windows
-from specviz.train.loop import heldout_loss
 from specviz.train.prompts import DEFAULT_NUM_PROMPTS, Prompt, select_prompts
 from specviz.train.statements import first_statement
 

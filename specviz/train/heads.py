@@ -28,6 +28,7 @@ from specviz import methods
 from specviz.heads import save_head
 from specviz.heads.formats.export import save_published_beside
 from specviz.train.data import BatchOrder, epoch_permutation
+from specviz.train.configs import OptimizerConfig
 from specviz.train.loop import autocast, lr_lambda
 
 IGNORE_INDEX = -100
@@ -35,7 +36,7 @@ IGNORE_INDEX = -100
 
 # ---- configuration ----------------------------------------------------------------------------
 @dataclass(frozen=True)
-class HeadTrainConfig:
+class HeadTrainConfig(OptimizerConfig):
     """Hyper-parameters of one head's training run.
 
     batch_size: windows per step; steps: optimizer steps (the run is defined by its step count;
@@ -49,14 +50,6 @@ class HeadTrainConfig:
     (reserved for the final evaluation and saving). head_layers: Medusa's ResBlocks per head (None = 1).
     """
 
-    batch_size: int = 32
-    steps: int = 6000
-    lr: float = 1e-3
-    warmup_steps: int = 150
-    min_lr_ratio: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     ttt_steps: int = 5
     decay: float = 0.8
     reg_weight: float = 1.0

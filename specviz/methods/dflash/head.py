@@ -32,20 +32,19 @@ with the bundled target (d = 256, SwiGLU 704, GQA 4/2 x 64) and L_d = 2 layers, 
 from __future__ import annotations
 
 from typing import ClassVar
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from specviz.runner import layer_output
-from specviz.heads.common import Fp32RopeMixin, JsonConfig, SharedTargetMixin
+from specviz.heads.common import Fp32RopeMixin, JsonConfig, SharedTargetMixin, load_weights
 
 KIND = "dflash"
 FORMAT = "specviz-dflash-v1"
@@ -340,15 +339,6 @@ def save_dflash(head: DFlashHead, directory: str | os.PathLike, dtype: torch.dty
     return [CONFIG_NAME, WEIGHTS_NAME]
 
 
-def is_dflash_dir(directory: str | os.PathLike) -> bool:
-    """True when ``directory/config.json`` is a DFlash config (cheap check for loaders)."""
-    f = Path(directory) / CONFIG_NAME
-    try:
-        return f.is_file() and json.loads(f.read_text()).get("format") == FORMAT
-    except ValueError:
-        return False
-
-
 def load_dflash(directory: str | os.PathLike, target, dtype: torch.dtype | None = None) -> DFlashHead:
     """Load a DFlash head onto ``target`` (sharing its embedding and LM head), on the target's
     device, in ``dtype`` (default the target's), eval mode. Safetensors only. Raises ValueError
@@ -359,20 +349,7 @@ def load_dflash(directory: str | os.PathLike, target, dtype: torch.dtype | None 
         raise ValueError(f"no DFlash config at {path / CONFIG_NAME}")
     cfg = DFlashConfig.from_json((path / CONFIG_NAME).read_text())
     check_dflash_matches_target(cfg, target.config)
-    if not (path / WEIGHTS_NAME).is_file():
-        raise ValueError(f"no DFlash weights at {path / WEIGHTS_NAME} (specviz loads safetensors only)")
-    head = DFlashHead(cfg)
-    state = load_file(str(path / WEIGHTS_NAME))
-    own = head.state_dict()
-    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or extra or bad:
-        raise ValueError(f"{path / WEIGHTS_NAME} does not match its config: missing {missing}, unexpected {extra}, "
-                         f"wrong shapes {bad}")
-    head.load_state_dict(state)
-    param = next(target.parameters())
-    head.to(device=param.device, dtype=dtype or param.dtype)
-    return head.attach(target).eval()
+    return load_weights(DFlashHead(cfg), path / WEIGHTS_NAME, target, dtype)
 
 
 load_own, save_own = load_dflash, save_dflash  # specviz-dflash-v1 (specviz.heads.formats, specviz.heads.io)

@@ -39,21 +39,16 @@ from specviz.methods.dflash.head import HEAD_DIR, DFlashConfig, DFlashHead, dfla
 from specviz.heads.formats.export import save_published_beside
 from specviz.heads.common import soft_cross_entropy
 from specviz.train.data import epoch_permutation
+from specviz.train.configs import OptimizerConfig
 from specviz.train.loop import autocast
 
 
 @dataclass(frozen=True)
-class DFlashTrainConfig:
+class DFlashTrainConfig(OptimizerConfig):
     """Hyper-parameters (see the module docstring for which are ours). eval_* : held-out windows."""
 
-    batch_size: int = 32
-    steps: int = 8000  # with a time budget (180 s on the H200) the budget ends the run and the cosine
+    steps: int = 8000  # with a time budget set, the budget ends the run before these steps do
     lr: float = 1.5e-3
-    warmup_steps: int = 150
-    min_lr_ratio: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
     block_size: int = 8
     num_anchors: int = 96  # x B = 768 block queries per 1024-token window (methods.md 12: 48-96)
     gamma: float = 4.0

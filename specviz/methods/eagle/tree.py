@@ -41,13 +41,12 @@ holds each node's cumulative log-confidence (natural log).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from specviz import tree as tree_mod
-from specviz.tree import DEFAULT_DEPTH, DEFAULT_TOP_K, DEFAULT_TOTAL_TOKENS, DynamicTree  # noqa: F401 (re-exported)
+from specviz.tree import DynamicTree  # noqa: F401 (re-exported)
 from specviz.transfer import HostCopy, LazyHostList, to_device
 from specviz.proposer import Draft, StepContext
 from .proposer import EagleProposer

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specviz.heads.common import FORMAT, JsonConfig, SharedTargetMixin, soft_cross_entropy
+from specviz.heads.common import JsonConfig, SharedTargetMixin, soft_cross_entropy
 
 DEFAULT_NUM_HEADS = 4
 LM_HEADS = ("target", "per_head", "shared")

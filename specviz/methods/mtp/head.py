@@ -38,7 +38,7 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from specviz.heads.common import FORMAT, Fp32RopeMixin, JsonConfig, SharedTargetMixin, soft_cross_entropy
+from specviz.heads.common import Fp32RopeMixin, JsonConfig, SharedTargetMixin, soft_cross_entropy
 
 
 

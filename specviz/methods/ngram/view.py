@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from specviz.trace import Step, Trace
 
 from specviz.methods.ngram.options import PATTERN
-from specviz.viz.common import as_trace, context_before, label, quoted, quoted_tokens, token_code, token_text
+from specviz.viz.common import as_trace, context_before, label, quoted, quoted_tokens, token_text
 from specviz.viz.residual import message_figure
 
 MAX_CHILDREN = 4  # trie branches shown per node (most frequent first); the rest are summed
