@@ -117,7 +117,7 @@ def first_difference(model, prompt_ids, tokens: list[int], reference: list[int])
     """Where ``tokens`` first differs from the HF greedy ``reference``, and the margin there: the
     gap between the two largest target logits after the common prefix, from one eager forward in
     the model's dtype (a gap of a few bf16 ulps is a near-tie that batched verification may break
-    the other way; algorithms.md). None if equal."""
+    the other way; docs/design/algorithms.md). None if equal."""
     if tokens == reference:
         return None
     i = next((j for j, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))

@@ -55,7 +55,7 @@ class Draft:
                tree, node i's token (k' = N nodes). A chain may come padded with -1 after its k'
                tokens (a device-side proposer whose k' is not known on the host: ngram_gpu on
                CUDA); the engine feeds the padding to the target as token 0 and the sampler takes
-               k' = the index of the first -1 (docs/algorithms.md layout).
+               k' = the index of the first -1 (docs/design/algorithms.md layout).
     probs:     float32 [k', V] q_i, the exact distributions x_i was drawn from, or None when the
                proposer is deterministic (q is one-hot at x_i).
     details:   plain-data (JSON-able) description of how the draft was made, e.g. the n-gram match
@@ -64,7 +64,7 @@ class Draft:
                list of N ints, ``-1 <= parents[i] < i`` (-1 = the root, the last committed token).
     scores:    None, or N floats: each node's draft score (EAGLE-2: cumulative log-confidence),
                shown in the tree view.
-    tree_rule: how a tree's children were made, which decides the lossless rule (methods.md 1.4):
+    tree_rule: how a tree's children were made, which decides the lossless rule (docs/design/methods.md 1.4):
                "topk" (deterministic children, q one-hot: rule A) or "sampled" (i.i.d. draws
                from the parent's q, ``probs[i]`` = that q: SpecInfer's rule B).
     device_parents: None, or the same parents as int64 [N] on the device, for a tree drafted there
@@ -109,7 +109,7 @@ class Outcome:
 
     Row i of every feature is the target's hidden state at position ``start + i``, and
     ``committed_token_ids[i]`` is the token at position ``start + i + 1``: exactly the
-    (feature at j, token at j + 1) pairs EAGLE's head consumes (methods.md 1.1).
+    (feature at j, token at j + 1) pairs EAGLE's head consumes (docs/design/methods.md 1.1).
 
     start:               int, position of the first feature row (the forward's first input).
     draft_token_ids:     list[int] x_1..x_k' verified by this forward ([] after the prefill).

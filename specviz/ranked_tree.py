@@ -8,7 +8,7 @@ count; natural log, as EAGLE-2's cumulative log-confidence in ``Draft.scores``),
 are taken best score first (a priority queue) until ``max_nodes``. A child never scores above its
 parent and is queued only once its parent is taken, so parents come before children
 (``parents[i] < i``, :mod:`specviz.tree`). Children are deterministic: q is one-hot and the tree's
-rule is "topk" (methods.md 1.4 rule A). Same idea as the suffix-decoding paper's speculation tree
+rule is "topk" (docs/design/methods.md 1.4 rule A). Same idea as the suffix-decoding paper's speculation tree
 (Oliaro et al., arXiv 2411.04975, section 4.2), with its per-node count ratios.
 """
 

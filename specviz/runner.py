@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from .transfer import to_device
 from .tree import ancestor_mask_device, depths, is_chain, validate_parents
 
-FINAL_NORM = "final_norm"  # f_t: output of the final RMSNorm (EAGLE-1, Medusa; methods.md section 0)
+FINAL_NORM = "final_norm"  # f_t: output of the final RMSNorm (EAGLE-1, Medusa; docs/design/methods.md section 0)
 
 
 def layer_input(layer: int) -> str:
@@ -127,7 +127,7 @@ class ModelRunner(Protocol):
 def tree_attention(parents: Sequence[int]) -> torch.Tensor:
     """bool [1 + N, 1 + N] attention among a tree forward's rows (row 0 = the root, the last
     committed token; row 1 + i = node i): ``M[a, b]`` iff b is a or an ancestor of a, so
-    column 0 is all True (methods.md 1.3; Medusa ``generate_medusa_buffers``, vLLM
+    column 0 is all True (docs/design/methods.md 1.3; Medusa ``generate_medusa_buffers``, vLLM
     ``tree_attn._prepare_tree_attn_bias``). Built from the parents in one pass."""
     parents = validate_parents(parents)
     n = len(parents)

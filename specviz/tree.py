@@ -1,6 +1,6 @@
 """Draft trees: the one draft shape every proposer returns (a chain is the tree whose parents are i - 1).
 
-Convention (methods.md 1.3, with the root left implicit): the root is the last committed token
+Convention (docs/design/methods.md 1.3, with the root left implicit): the root is the last committed token
 x_n (already a target sample, always kept); draft nodes are 0..N-1 with ``parents[i] < i`` and
 ``parents[i] == -1`` for a child of the root; ``depth[i] = depth[parents[i]] + 1`` (depth 1 for a
 root child). Node i is verified at position ``n + depth[i]`` and attends to every committed

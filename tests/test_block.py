@@ -1,5 +1,5 @@
 """Block verification (Sun et al., ICLR 2025, arXiv 2403.10444): hand-computed P / rho / h / tau,
-the toy example of docs/algorithms.md by Monte Carlo, and E[accepted] >= standard."""
+the toy example of docs/design/algorithms.md by Monte Carlo, and E[accepted] >= standard."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _toy(n: int):
 
 
 def test_toy_example_expected_accepted():
-    """docs/algorithms.md: E[accepted] standard = 10/9, block = 11/9 (Monte Carlo, 10^6 steps:
+    """docs/design/algorithms.md: E[accepted] standard = 10/9, block = 11/9 (Monte Carlo, 10^6 steps:
     standard error about 0.001)."""
     p, q, ids, noise = _toy(1_000_000)
     standard = rejection_sample(p, q, ids, method="standard", noise=noise).num_accepted.double().mean().item()

@@ -1,5 +1,5 @@
 """Method dflash: greedy output equals plain greedy decoding (fp32, eager and static), one
-drafter forward per step, the features / block / positions of methods.md 1.1 and 6.1, the context
+drafter forward per step, the features / block / positions of docs/design/methods.md 1.1 and 6.1, the context
 cache after partial accepts, MASK never drafted, lossless sampling (chi-square per position),
 missing heads and bad k. Heads have random weights (built from a config) on tiny random targets."""
 
@@ -100,7 +100,7 @@ def test_one_drafter_forward_per_step(decoders):
 
 
 def test_block_and_context_follow_the_alignment(decoders):
-    """methods.md 6.1: the first forward reads the prompt's target features at positions 0..n-1
+    """docs/design/methods.md 6.1: the first forward reads the prompt's target features at positions 0..n-1
     (outputs of target_layer_ids); each later forward reads exactly the positions committed by the
     last step; the block is [x_n, MASK x (B-1)] at positions n..n+B-1 (B = the trained size, also
     when k < B-1), and slot i's draft is the token at position n+i."""
@@ -135,7 +135,7 @@ def test_block_and_context_follow_the_alignment(decoders):
 
 
 def test_context_cache_equals_a_recompute_after_every_step(decoders):
-    """methods.md 11.3: after every step (partial accepts included) the drafter's context K/V of
+    """docs/design/methods.md 11.3: after every step (partial accepts included) the drafter's context K/V of
     the committed positions equal a fresh computation from the target's features."""
     dec = decoders["eager"]
     checked = partial = 0

@@ -1,4 +1,4 @@
-"""DFlash training (methods.md 6.2): anchors, the strict < anchor context mask, the label alignment and
+"""DFlash training (docs/design/methods.md 6.2): anchors, the strict < anchor context mask, the label alignment and
 weights, training forward == inference forward per block, and a smoke run through the CLI."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Methods eagle / eagle3: greedy output equals plain greedy decoding, the (feature, token,
-position) triples of methods.md 1.1, the draft cache after partial accepts (1.2), lossless sampling,
+position) triples of docs/design/methods.md 1.1, the draft cache after partial accepts (1.2), lossless sampling,
 missing heads. Heads have random weights (built from a config) on tiny random targets."""
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def test_greedy_equals_plain_greedy(eagle_decoders, runner):
 
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))
 def test_head_inputs_follow_the_pairing(eagle_decoders, kind):
-    """methods.md 1.1: after the prefill the head reads (f_j, x_{j+1}) at position j for j < n; after
+    """docs/design/methods.md 1.1: after the prefill the head reads (f_j, x_{j+1}) at position j for j < n; after
     a full accept the next first pass reads the k + 1 newly committed pairs, after a partial accept
     a + 1 of them; draft step m reads (its own previous output, d_{m-1}) at position n + m - 2."""
     dec = eagle_decoders["eager"]
@@ -126,7 +126,7 @@ def test_head_inputs_follow_the_pairing(eagle_decoders, kind):
 
 @pytest.mark.parametrize("kind", ("eagle", "eagle3"))
 def test_draft_cache_equals_a_recompute_after_every_step(eagle_decoders, kind):
-    """methods.md 1.2 / vllm#14649: after every step (partial accepts included) the head's K/V of the
+    """docs/design/methods.md 1.2 / vllm#14649: after every step (partial accepts included) the head's K/V of the
     committed positions equal a fresh first pass over (f_j, x_{j+1}) from the target's features."""
     dec = eagle_decoders["eager"]
     checked = partial = 0

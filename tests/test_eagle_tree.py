@@ -58,7 +58,7 @@ def _chain_logp(head, cache0, root_hidden, path_tokens, n):
 
 
 def _reference_dynamic(head, cache0, root_hidden, root_logits, n, K, depth, total):
-    """EAGLE-2's topK_genrate (methods.md 3.1) in plain Python over candidates, with each node's
+    """EAGLE-2's topK_genrate (docs/design/methods.md 3.1) in plain Python over candidates, with each node's
     distribution from its path run as a chain. Ties: candidate order (the proposer's rule)."""
     cands = []  # dicts: token, score, parent (candidate id or -1), path (tokens)
     lp = torch.log_softmax(root_logits.float(), dim=-1)
@@ -155,7 +155,7 @@ def test_depth_capped_by_num_tokens(head):
 
 def test_head_cache_keeps_committed_positions_only(head):
     """After a tree step and a partial accept, the head's K/V at every committed position equals a
-    fresh first pass over the committed (feature, token) pairs (methods.md 1.2, 11.3)."""
+    fresh first pass over the committed (feature, token) pairs (docs/design/methods.md 1.2, 11.3)."""
     ids = [5, 17, 33, 9, 41, 2, 77, 12]
     g = torch.Generator().manual_seed(4)
     feats = {tap: torch.randn(len(ids) + 12, D, generator=g) for tap in head_taps(head.config)}

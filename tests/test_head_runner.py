@@ -1,7 +1,7 @@
 """The EAGLE / EAGLE-3 head runners (specviz/methods/eagle/runner.py): the static runner (per-slot cache,
 padded first-pass buckets, CUDA graphs on CUDA) drafts exactly what the eager reference
 (DynamicCache, the head's own forward) drafts, and its cache of committed positions equals a
-from-scratch recompute (methods.md 1.2). Tiny random Llama targets and random heads, fp32."""
+from-scratch recompute (docs/design/methods.md 1.2). Tiny random Llama targets and random heads, fp32."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def _head(target, kind, seed=0):
 
 
 def test_hidden_states_semantics(target):
-    """Q8 (methods.md 13): in transformers 5.17, hidden_states has L + 1 entries; [0] is the embedding
+    """Q8 (docs/design/methods.md 13): in transformers 5.17, hidden_states has L + 1 entries; [0] is the embedding
     output, [l] the input of layer l, and [L] IS the final-norm output (== last_hidden_state), not
     the last layer's pre-norm output."""
     ids = torch.randint(0, target.config.vocab_size, (2, 9))
@@ -126,7 +126,7 @@ def test_eagle3_fc_only_on_target_features(target):
 def test_cache_incremental_and_rollback(target, kind):
     """A first pass in two chunks through a DynamicCache equals one pass; after drafting and
     crop_cache back to the committed length, recomputing from target features gives the same K/V
-    as a fresh first pass (methods.md 1.2 / 11.3)."""
+    as a fresh first pass (docs/design/methods.md 1.2 / 11.3)."""
     head = _head(target, kind)
     T = 10
     ids = torch.randint(0, head.config.vocab_size, (1, T + 1))
@@ -246,7 +246,7 @@ def test_default_eagle3_taps():
     from specviz.methods.eagle.config import default_aux_layer_ids
 
     assert default_aux_layer_ids(20) == (2, 10, 17)  # model family v2
-    assert default_aux_layer_ids(8) == (2, 4, 5)  # the old bundled target (methods.md 4.1)
+    assert default_aux_layer_ids(8) == (2, 4, 5)  # the old bundled target (docs/design/methods.md 4.1)
     assert default_aux_layer_ids(2) == (1, 1, 0)  # tiny targets: clamped into [0, L)
     with pytest.raises(ValueError):
         default_aux_layer_ids(0)

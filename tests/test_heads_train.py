@@ -1,4 +1,4 @@
-"""Head trainers: the (feature index, token, position, label position) pairing of methods.md 1.1 /
+"""Head trainers: the (feature index, token, position, label position) pairing of docs/design/methods.md 1.1 /
 2.3 / 4.3 proven with a recording stub head, and a smoke training run through the CLI."""
 
 from __future__ import annotations

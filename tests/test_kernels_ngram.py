@@ -1,4 +1,4 @@
-"""Batched n-gram matcher: golden cases (docs/algorithms.md), reference == brute force, and
+"""Batched n-gram matcher: golden cases (docs/design/algorithms.md), reference == brute force, and
 Triton (specviz/kernels/ngram_matcher.py) == reference on random contexts; the proposer wrapper.
 
 Devices as in tests/test_kernels_sampler.py: "cpu" runs the Triton kernels under the interpreter

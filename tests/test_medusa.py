@@ -1,4 +1,4 @@
-"""Method medusa: the heads read the final-norm feature (methods.md Q8), the chain is the
+"""Method medusa: the heads read the final-norm feature (docs/design/methods.md Q8), the chain is the
 heads' argmax from f at the last committed position (vLLM medusa.py), greedy output equals plain
 greedy decoding (eager and static runners), T > 0 stays lossless (chi-square per position), typical
 acceptance equals greedy at T = 0 and is detected as lossy at T > 0, the static tree's nodes, the view.
@@ -79,7 +79,7 @@ class OracleMedusa(torch.nn.Module):
 
 
 def test_heads_read_the_final_norm_feature(medusa_decoders):
-    """methods.md Q8: the runner's ``final_norm`` tap is the final RMSNorm's output (what the LM head
+    """docs/design/methods.md Q8: the runner's ``final_norm`` tap is the final RMSNorm's output (what the LM head
     multiplies), not the last decoder layer's un-normed output; zero-initialised ResBlocks are the
     identity, so every head then reproduces the target's own next-token logits from it."""
     dec = medusa_decoders["eager"]
@@ -261,7 +261,7 @@ def test_typical_equals_greedy_at_temperature_zero(small_decoder, medusa_decoder
 
 
 def test_typical_acceptance_is_detected_as_lossy(small_decoder):
-    """The negative control of methods.md 11.4/11.5: at T = 1 with heads that always propose the
+    """The negative control of docs/design/methods.md 11.4/11.5: at T = 1 with heads that always propose the
     target's argmax (whose probability exceeds min(epsilon, delta e^-H) since it is >= 1/V > epsilon),
     typical acceptance keeps it every time, so the first generated token is the argmax in 100% of the
     runs instead of p(argmax): chi-square against p rejects (p < 1e-6). Standard verification of the

@@ -1,4 +1,4 @@
-"""N-gram proposer: algorithms.md's golden cases, vLLM's defaults, and the trie-view details."""
+"""N-gram proposer: docs/design/algorithms.md's golden cases, vLLM's defaults, and the trie-view details."""
 
 from __future__ import annotations
 

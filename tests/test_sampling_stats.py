@@ -1,6 +1,6 @@
 """Statistical tests of losslessness: every emitted position is distributed as the target p.
 
-vLLM's check (tests/v1/spec_decode/test_rejection_sampler_utils.py, docs/algorithms.md "Correctness
+vLLM's check (tests/v1/spec_decode/test_rejection_sampler_utils.py, docs/design/algorithms.md "Correctness
 tests"): fixed p_i and q_i per position, many trials, a chi-square test of the tokens emitted at
 each output position (among the rows that emitted it) against p_i, bins with expected count < 5
 merged. A position passes when its chi-square p-value (scipy.stats) exceeds ALPHA / m, m = the

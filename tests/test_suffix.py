@@ -1,4 +1,4 @@
-"""Suffix decoding proposer (algorithms.md; Arctic Inference / vLLM suffix_decoding.py)."""
+"""Suffix decoding proposer (docs/design/algorithms.md; Arctic Inference / vLLM suffix_decoding.py)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ def model(tiny_dirs):
 
 
 def test_hidden_states_entries_are_layer_inputs_and_the_final_norm(model):
-    """Q8 of methods.md: entry l < L is the input of decoder layer l (0 = embeddings) and the last entry
+    """Q8 of docs/design/methods.md: entry l < L is the input of decoder layer l (0 = embeddings) and the last entry
     is the final norm's output (what the LM head multiplies), not the last layer's un-normed output."""
     ids = torch.arange(3, 15)[None]  # [1, 12]
     inputs, outputs = {}, {}

@@ -1,5 +1,5 @@
 """Tree forwards in both runners: the logits of every tree node equal those of its root-to-node
-path run as a plain chain (methods.md 11.2, vLLM ``test_tree_attn_correctness``), the built mask
+path run as a plain chain (docs/design/methods.md 11.2, vLLM ``test_tree_attn_correctness``), the built mask
 equals a brute-force ancestor mask, and KV compaction after a commit equals a recompute."""
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The reference tree verifier (specviz/sampling/tree.py) is lossless: chi-square per output position.
 
-methods.md 11.4: a synthetic target p(. | prefix) over a small vocabulary, a deterministic function
+docs/design/methods.md 11.4: a synthetic target p(. | prefix) over a small vocabulary, a deterministic function
 of the prefix, and a synthetic draft q likewise. For rule A (top-k children, q one-hot) and rule B
 (children drawn i.i.d. from q) one verification step runs TRIALS times with fresh noise; each
 output stream is continued by plain sampling from p to 3 tokens (so every trial has 3), and
 position j's token, conditioned on the tokens before it, must follow p(. | those tokens):
 position 1 against p(. | root), position 2 for the most frequent first tokens, position 3 for the
 most frequent pairs. p-values from scipy.stats, Bonferroni over the family (tests/stats_helpers.py).
-The negative control (the classic bug, methods.md 1.4): top-k children verified with rule B using
+The negative control (the classic bug, docs/design/methods.md 1.4): top-k children verified with rule B using
 the draft softmax as q must fail the same test.
 """
 

@@ -13,7 +13,7 @@ RULES = ("greedy", "standard", "block")  # verification rules of the "same draft
 def same_draft_rules(trace: Trace) -> dict[str, list[int | None]]:
     """How many draft tokens of each recorded step greedy, standard and block verification accept
     on the SAME drafts and the SAME uniforms (the trace's u_i; block's eta_i = u_i), computed from the
-    recorded p_i(x_i), q_i(x_i) and argmax p_i (algorithms.md; the rules of
+    recorded p_i(x_i), q_i(x_i) and argmax p_i (docs/design/algorithms.md; the rules of
     ``specviz/sampling/reference.py``):
 
     * greedy: the longest prefix with x_i = argmax p_i;

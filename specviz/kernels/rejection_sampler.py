@@ -1,7 +1,7 @@
 """Triton batched rejection sampler: greedy, standard, block and synthetic verification.
 
 Same contract and results as the PyTorch reference :mod:`specviz.sampling.reference` (read its
-docstring and docs/algorithms.md "Verification methods"): token ids, counts, kinds and flags are
+docstring and docs/design/algorithms.md "Verification methods"): token ids, counts, kinds and flags are
 equal exactly; residual_mass and the block rho / h are sums over the vocabulary taken in another
 order, so they agree to float32 rounding of a sum. Sources: Leviathan et al. 2023 Alg. 1 and
 Chen et al. 2023 (standard), Sun et al. 2024 arXiv 2403.10444 / vLLM PR 46781 (block), vLLM

@@ -1,7 +1,7 @@
 """Logits -> probabilities, exactly as plain sampling would see them.
 
 The same processing must be applied to the target logits (p) and, for a sampling draft model,
-to the draft logits (q) before any acceptance ratio is formed (docs/algorithms.md, "Processing
+to the draft logits (q) before any acceptance ratio is formed (docs/design/algorithms.md, "Processing
 before any ratio"). The order and the tie rules follow Hugging Face transformers'
 ``generation/logits_process.py``: ``TemperatureLogitsWarper`` -> ``TopKLogitsWarper`` ->
 ``TopPLogitsWarper``, then a softmax (here always in float32).

@@ -5,7 +5,7 @@ Speculative Decoding", Alg. 1; Chen et al. 2023, "Accelerating LLM decoding with
 sampling"; batched layout and noise handling as vLLM ``v1/sample/rejection_sampler.py``.
 block: Sun et al., "Block Verification Accelerates Speculative Decoding", ICLR 2025
 (arXiv 2403.10444), as in vLLM PR 46781. synthetic: vLLM's ``rejection_sample_method="synthetic"``.
-docs/algorithms.md fixes every rule used here.
+docs/design/algorithms.md fixes every rule used here.
 
 Shapes: B rows, K draft slots, V vocabulary; k' = a row's draft length (index of its first -1).
 Positions are 1-based in the comments (x_1..x_k', p_1..p_{k'+1}) and 0-based in the code.
@@ -64,7 +64,7 @@ def rejection_sample(
     target_probs:    float32/bf16/fp16 [B, K+1, V] p_1..p_{K+1} (computed in float32).
     draft_probs:     float [B, K, V] q_i, or None: q one-hot at the draft ids (deterministic proposer).
     draft_token_ids: int [B, K] x_i, padded with -1 (a row's k' = index of its first -1).
-    method:          "greedy" | "standard" | "block" | "synthetic" (docs/algorithms.md, Verification methods).
+    method:          "greedy" | "standard" | "block" | "synthetic" (docs/design/algorithms.md, Verification methods).
     generator:       seeds the noise when ``noise`` is None (greedy draws no noise).
     synthetic_rates: method "synthetic" only: unconditional rates a_1 >= a_2 >= ... in [0, 1], length >= K
                      (sequence or 1-D tensor); position i is accepted iff u_i < a_i / a_{i-1} (a_0 = 1).

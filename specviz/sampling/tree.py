@@ -4,9 +4,9 @@ A draft tree (:mod:`specviz.tree`): N nodes, ``parents[i] < i`` (-1 = the root, 
 token x_n, already a target sample and always kept). One target forward gave p at the root and
 at every node: row 0 = p at the root, row 1 + i = p after node i (both after the request's
 processing). Children of a node are visited in node order, fixed before any target randomness
-is drawn (methods.md 1.4, 3.4: EAGLE-2 sorts ``retrieve_indices``; static trees by child rank).
+is drawn (docs/design/methods.md 1.4, 3.4: EAGLE-2 sorts ``retrieve_indices``; static trees by child rank).
 
-Rules (methods.md 1.4; docs/algorithms.md for the names):
+Rules (docs/design/methods.md 1.4; docs/design/algorithms.md for the names):
 
 * ``"greedy"`` (T = 0): at node u, y = argmax p_u; go to the child holding y, else emit y and
   stop (SpecInfer ``VerifyGreedy``; EAGLE / Medusa ``evaluate_posterior``; SGLang

@@ -3,7 +3,7 @@
 Source: Cai et al. 2024 (Medusa, arXiv 2401.10774) section 2.3.1; FasterDecoding/Medusa
 ``medusa/model/utils.py::evaluate_posterior(sampling="typical", fast=True)``; vLLM V0's
 ``TypicalAcceptanceSampler`` (``--spec-decoding-acceptance-method typical_acceptance_sampler``).
-methods.md 5.3. The paper: "we do not insist on an exact correspondence between the output and
+docs/design/methods.md 5.3. The paper: "we do not insist on an exact correspondence between the output and
 language model distribution". vLLM V1 dropped it; specviz ships it as ``verify="typical"``,
 labelled "not distribution-preserving" wherever it is offered, like verify="synthetic".
 

@@ -68,7 +68,7 @@ def compute_metrics(steps: list[Step], num_speculative_tokens: int) -> dict[str,
     }
 
 
-# Mean acceptance length as engines report it (dashboard.md section 6; vllm#24344, EAGLE#146): key ->
+# Mean acceptance length as engines report it (docs/design/dashboard.md section 6; vllm#24344, EAGLE#146): key ->
 # (short label, formula, who uses it). Every view that offers a convention switch reads this table.
 ACCEPTANCE_LENGTH_CONVENTIONS = {
     "vllm": ("AL (vLLM)", "1 + accepted / drafts",

@@ -5,7 +5,7 @@ the totals. It round-trips through JSON (:meth:`Trace.to_json` / :meth:`Trace.fr
 loading validates the data's shape and types and never executes anything, so an uploaded
 trace is safe to view.
 
-Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and algorithms.md, counted
+Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and docs/design/algorithms.md, counted
 from what was **committed**, not from what the sampler decided: when the request stops (EOS or
 max_new_tokens) inside a step, the sampler's later accepted drafts and its emitted token are
 dropped (:attr:`Step.num_accepted` keeps the sampler's decision; :attr:`Step.committed_token_ids`
@@ -92,7 +92,7 @@ class Emitted:
     not recorded, a ``detailed_trace=False`` run); top: up to 20 [token_id, prob] of the distribution it was drawn from.
 
     residual_empty: a recovered token whose residual max(p_j - q_j, 0) was empty (Z_j = 0), so
-    the sampler drew it from p_j instead (algorithms.md: "If Z == 0 numerically, fall back to
+    the sampler drew it from p_j instead (docs/design/algorithms.md: "If Z == 0 numerically, fall back to
     p_i"); it may then equal the rejected draft. Z_j = 0 means p_j <= q_j everywhere, i.e.
     p_j = q_j (one-hot q: p_j one-hot at the draft), where standard and block verification accept
     with probability 1 up to rounding; only verify="synthetic", whose rejections are forced

@@ -6,7 +6,7 @@ every head method given, and the draft model's method when a draft is given, at 
 tokens. Counters are summed over prompts (vLLM's pooled definition: mean acceptance length =
 1 + accepted / drafting steps, :func:`specviz.train.evaluate.pooled`). Greedy decoding is lossless,
 so every method must return method none's tokens: ``outputs_differ`` counts the prompts where one
-does not (expected 0 in fp32; bf16 on a GPU may flip near-ties, methods.md 11.1).
+does not (expected 0 in fp32; bf16 on a GPU may flip near-ties, docs/design/methods.md 11.1).
 A head whose method names a static tree to try (``HeadSpec.eval_tree``, e.g. Medusa's) is also run with it.
 """
 

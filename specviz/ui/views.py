@@ -74,7 +74,7 @@ def default_selection(trace: Trace) -> tuple[int, int]:
     return pick.index, pick.num_accepted + 1
 
 
-LOSSY_NOTES = {  # verification modes whose output is NOT distributed as the target's (algorithms.md 4; Medusa)
+LOSSY_NOTES = {  # modes whose output is NOT distributed as the target's (docs/design/algorithms.md 4; Medusa)
     "synthetic": ("**Lossy:** verify = synthetic accepts drafts at the fixed rates a_i given (vLLM's synthetic "
                   "acceptance, for benchmarking), not by comparing p and q: the output is not distributed as the "
                   "target's, and the rates above measure the setting, not the draft."),

@@ -5,7 +5,7 @@ Every view is a pure function of a :class:`~specviz.trace.Trace` (or its dict, s
 (``draft_token_ids``, ``num_accepted``, ``committed_token_ids``, ``emitted``), never re-derived
 from decoded text.
 
-Fates (one per drafted position or emitted token), names as in algorithms.md:
+Fates (one per drafted position or emitted token), names as in docs/design/algorithms.md:
 
 * ``accepted``: a draft token the target accepted (committed to the output).
 * ``rejected``: the first draft token the target rejected (not in the output).
@@ -140,7 +140,7 @@ def emitted_fate(step: Step) -> str:
 def tokenwise_accepted(step: Step) -> int | None:
     """For a block-verification step: how many draft tokens token-wise (standard) verification
     would have accepted with the same uniforms (eta_i <= min(1, p_i/q_i), stopping at the first
-    failure; algorithms.md). None for other steps."""
+    failure; docs/design/algorithms.md). None for other steps."""
     if not step.block or not step.positions:
         return None
     eta = step.block.get("eta", [])

@@ -1,7 +1,7 @@
 """Lesson mode: a real run told as a sequence of chapters, each written from the trace's numbers.
 
 Pure functions of a :class:`~specviz.trace.Trace`; no gradio, no model. Per verification step
-the chapters are (algorithms.md's terms, vLLM's method names):
+the chapters are (docs/design/algorithms.md's terms, vLLM's method names):
 
 1. ``draft``: what the proposer drafted and why (the n-gram match, the suffix-tree candidate,
    the draft model's own top candidates q, or a generic line for a method this module does not

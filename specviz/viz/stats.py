@@ -1,7 +1,7 @@
 """Run statistics: acceptance-length histogram, per-position acceptance, tokens per target
 forward against the i.i.d. theory, the time split, and the speedup over method "none".
 
-Definitions (algorithms.md, vLLM): mean acceptance length = 1 + accepted / drafting steps;
+Definitions (docs/design/algorithms.md, vLLM): mean acceptance length = 1 + accepted / drafting steps;
 per-position rate i = #steps that accepted >= i / drafting steps; the expected tokens per step
 for i.i.d. acceptance a and k drafts is (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023). The
 measured a is estimated as accepted / verified draft positions (a position is verified when every

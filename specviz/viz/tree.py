@@ -11,7 +11,7 @@ parent), ``q`` (the draft's, 1 for deterministic children) or, for top-k childre
 ``c`` = exp(score), the draft's confidence in the path (EAGLE-2: the product of the head's
 probabilities along it; n-gram / suffix trees: the share of matches that continue so). Two numbers
 for one top-k child are both right and are both named in its hover and detail panel: the q the
-verifier used, 1 (one-hot: the child was chosen deterministically, rule A of methods.md 1.4), and
+verifier used, 1 (one-hot: the child was chosen deterministically, rule A of docs/design/methods.md 1.4), and
 the draft's confidence in it, its softmax at the parent (exp(score - parent's score)), the number
 the EAGLE panel shows. A line under the tree names the rule this step was verified with. Colours:
 the accepted path green, rejected nodes grey, unvisited nodes dimmed, the step's own token
@@ -77,7 +77,7 @@ def _second_line(n: ViewNode, rule: str) -> str:
     return f"p {_num(n.p)} · q {_num(n.q)}"
 
 
-RULE_CAPTION = {  # one line under the tree: the rule this step was verified with (methods.md 1.4), <= 92 chars
+RULE_CAPTION = {  # one line under the tree: the step's rule (docs/design/methods.md 1.4), <= 92 chars
     "greedy": "Verified greedily: at each depth the child equal to the target's argmax is accepted.",
     "topk": "Verified by rule A (top-k, q one-hot): accept c w.p. p(c) / (1 − p(its rejected siblings)).",
     "sampled": "Verified by rule B (children sampled from q; SpecInfer): accept c iff u ≤ r(c)/q(c).",
@@ -327,9 +327,9 @@ def node_figure(trace: Trace | dict[str, Any], step: int, node: int) -> go.Figur
     }.get(n.fate, n.fate)
     rule_text = {
         "topk": "Top-k children (q one-hot): at its parent the target accepts child c with probability r(c), "
-                "r = p with the earlier rejected siblings zeroed and renormalised (EAGLE / SGLang; methods.md 1.4 A).",
+                "r = p with the earlier rejected siblings zeroed and renormalised (EAGLE / SGLang).",
         "sampled": "Children drawn i.i.d. from q: accept iff u ≤ p/q, else p := norm(max(p − q, 0)) and the next "
-                   "sibling is tried (SpecInfer, methods.md 1.4 B).",
+                   "sibling is tried (SpecInfer, docs/design/methods.md 1.4 B).",
         "chain": "A chain: accept iff u ≤ min(1, p/q) (standard verification).",
     }.get(rule, "")
     if step_rule(trace, st) == "greedy":

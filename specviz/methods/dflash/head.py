@@ -3,7 +3,7 @@ one bidirectional forward over ``[root, MASK x (B-1)]`` drafts B - 1 tokens.
 
 Source: Chen, Liang, Liu, "DFlash" (arXiv 2602.06036, 2026), z-lab/dflash ``dflash/model.py``
 (``Qwen3DFlashAttention``, ``build_target_layer_ids``, ``extract_context_feature``, ``dflash_generate``);
-vLLM mainline ``v1/spec_decode/dflash.py`` (``num_speculative_tokens = B - 1``); methods.md 6.1.
+vLLM mainline ``v1/spec_decode/dflash.py`` (``num_speculative_tokens = B - 1``); docs/design/methods.md 6.1.
 
 Architecture (per draft layer; d, heads, KV heads, head_dim and SwiGLU width are the target's)::
 
@@ -18,10 +18,10 @@ Architecture (per draft layer; d, heads, KV heads, head_dim and SwiGLU width are
 
 The same fused context c feeds K/V of every layer (each layer has its own k_proj / v_proj), so the
 context K/V of a committed position never change: the proposer computes them once, from target
-features, and keeps them (:class:`DFlashCache`); block K/V are never kept (methods.md 6.1 step 4).
+features, and keeps them (:class:`DFlashCache`); block K/V are never kept (docs/design/methods.md 6.1 step 4).
 
 Mask token (a specviz choice): the bundled vocabulary has only bos = eos = 0 and pad = 1
-(methods.md 12), so MASK reuses the target's pad id 1 (``mask_token_id``). The proposer sets its
+(docs/design/methods.md 12), so MASK reuses the target's pad id 1 (``mask_token_id``). The proposer sets its
 logit to -inf before drawing, so MASK is never drafted (asserted in tests/test_dflash.py).
 
 Weights: the head's own parameters only (the embedding and LM head are the target's, not saved);
@@ -256,7 +256,7 @@ class DFlashHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
                       the block attends to all cached context + every block slot (no mask).
     attention_mask    bool [B or 1, 1, Q, S + Q] (training: several blocks with strict < anchor context).
     returns           logits float32 [B, Q, V] (or [Q, V]); slot i of a block predicts the token at
-                      its own position (methods.md 1.1, "same-position"); slot 0 is the root's.
+                      its own position (docs/design/methods.md 1.1, "same-position"); slot 0 is the root's.
 
     Dtypes: runs in its parameter dtype; features / embeddings are cast to it. Raises ValueError
     for inconsistent shapes, or when no target is attached.

@@ -1,6 +1,6 @@
 """Training the DFlash block drafter (``dflash``) on a frozen target.
 
-Recipe: the SpecForge port (``specforge/core/dflash.py::OnlineDFlashModel``; paper Eq. 4; methods.md
+Recipe: the SpecForge port (``specforge/core/dflash.py::OnlineDFlashModel``; paper Eq. 4; docs/design/methods.md
 6.2), since the official one is unreleased. Per token window x_0..x_T (the LM's own windows):
 
 * the frozen target runs once on x_0..x_{T-1}: taps c_j (outputs of ``target_layer_ids``) and the
@@ -13,7 +13,7 @@ Recipe: the SpecForge port (``specforge/core/dflash.py::OnlineDFlashModel``; pap
 * slot k = 1..B-1 predicts x_{a+k}; loss = sum_k w_k CE_k / sum_k w_k with w_k = exp(-(k-1)/gamma).
 
 Our choices (say so in the card): soft labels, the target's own distribution softmax(z_{a+k-1})
-with MASK's (pad's) probability removed, instead of SpecForge's data tokens (methods.md 13, Q4);
+with MASK's (pad's) probability removed, instead of SpecForge's data tokens (docs/design/methods.md 13, Q4);
 B = 8 and gamma = 4 (SpecForge's block-8 advice); L_d = 2 layers with z-lab's tap rule; lr 1.5e-3
 (SpecForge's 6e-4 is for 8 B targets); 96 anchors per 1024-token window; the cosine schedule runs
 over whichever ends first, ``steps`` or the time budget (so a budget-stopped run still anneals).
@@ -50,7 +50,7 @@ class DFlashTrainConfig(OptimizerConfig):
     steps: int = 8000  # with a time budget set, the budget ends the run before these steps do
     lr: float = 1.5e-3
     block_size: int = 8
-    num_anchors: int = 96  # x B = 768 block queries per 1024-token window (methods.md 12: 48-96)
+    num_anchors: int = 96  # x B = 768 block queries per 1024-token window (docs/design/methods.md 12: 48-96)
     gamma: float = 4.0
     num_layers: int = 2
     target_layer_ids: tuple[int, ...] | None = None

@@ -5,7 +5,7 @@ Reads only the trace: a step's ``match`` holds the block details that
 the MASK id, the target layers fused, the context positions added this step, and per mask slot
 i = 1..B-1 its position, the slot's top token and its probability ("confidence"), the token it
 drew, whether it was handed to the target); ``num_accepted`` / ``emitted`` / ``committed_token_ids``
-say what the target kept. Method: Chen, Liang, Liu 2026 (arXiv 2602.06036); methods.md 6.1.
+say what the target kept. Method: Chen, Liang, Liu 2026 (arXiv 2602.06036); docs/design/methods.md 6.1.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A plain reference of chain drafting with a head on one sequence (methods.md 1.1 and 2.1).
+"""A plain reference of chain drafting with a head on one sequence (docs/design/methods.md 1.1 and 2.1).
 
 Not the engine's proposer (that is ``specviz.proposers``); this is the few-line definition the
 tests and the trainer's held-out evaluation compare against. With committed tokens x_0..x_n

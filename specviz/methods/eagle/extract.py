@@ -1,6 +1,6 @@
 """Dump a target's hidden states to safetensors: specviz's counterpart of vLLM's
 ``extract_hidden_states`` (vllm PR #33736, ``vllm/v1/spec_decode/extract_hidden_states.py``;
-methods.md 8). vLLM runs it as a pseudo-speculator that accepts everything; here it is a plain
+docs/design/methods.md 8). vLLM runs it as a pseudo-speculator that accepts everything; here it is a plain
 function and CLI, since it drafts nothing.
 
 File layout (``save_hidden_states``; the same tensor names as vLLM's connector output)::

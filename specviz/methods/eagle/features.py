@@ -7,7 +7,7 @@ entry L is tied to ``last_hidden_state``, i.e. the output of the final RMSNorm (
 
 * f_t (EAGLE-1's feature, what the LM head multiplies) = ``last_hidden_state`` = ``hidden_states[L]``;
 * EAGLE-3 tap l = ``hidden_states[l]`` with 0 <= l < L (vLLM's ``aux_hidden_states`` captured before
-  running layer l; methods.md 0 and 4.1). The pre-norm output of the last layer is not in the tuple.
+  running layer l; docs/design/methods.md 0 and 4.1). The pre-norm output of the last layer is not in the tuple.
 """
 
 from __future__ import annotations

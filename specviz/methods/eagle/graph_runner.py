@@ -145,8 +145,8 @@ class StaticHeadRunner(CapturedGraphs):
     @torch.inference_mode()
     def tree_level(self, hidden: torch.Tensor, tokens: torch.Tensor, position: int, committed: int, first: int,
                    sees: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One level of a draft tree (EAGLE-2, methods.md 1.3): R rows at the same ``position``, row r writing its
-        K/V to scratch row ``first + r`` (slot ``max_len + first + r``) and attending the ``committed`` positions
+        """One level of a draft tree (EAGLE-2, docs/design/methods.md 1.3): R rows at the same ``position``, row r
+        writing its K/V to scratch row ``first + r`` (slot ``max_len + first + r``) and attending the ``committed`` positions
         and the scratch rows that ``sees`` marks (bool [R, S], S <= TREE_SCRATCH: its ancestors and itself; on
         the head's device it is never read by the host). hidden [R, d] (each row's parent output), tokens int64
         [R] -> (hidden [R, d], logits float32 [R, V]), new tensors. One CUDA graph per R on CUDA (inputs copied

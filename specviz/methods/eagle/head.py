@@ -4,14 +4,14 @@ Both heads are one decoder layer that reads (feature, token) pairs and share the
 embedding and LM head, **frozen and not saved** in the head file (``head.embed_tokens`` /
 ``head.lm_head`` are the target's own modules, kept outside the head's parameters and state_dict).
 
-EAGLE-1 (``EagleHead``; methods.md 2.2, EAGLE ``cnets1.py::Model``, vLLM ``llama_eagle.py``)::
+EAGLE-1 (``EagleHead``; docs/design/methods.md 2.2, EAGLE ``cnets1.py::Model``, vLLM ``llama_eagle.py``)::
 
     x   = fc(cat(emb(x_{j+1}), f_j))                 fc: Linear(2d, d, bias=True), embedding first
     h   = LlamaDecoderLayer(x) without input_layernorm (post_attention_layernorm kept), no final norm
     logits = W_lm(h)                                 the target's LM head on the UN-normed output
     h is fed back as the next feature.
 
-EAGLE-3 (``Eagle3Head``; methods.md 4.1, EAGLE ``cnets.py``, vLLM ``llama_eagle3.py``)::
+EAGLE-3 (``Eagle3Head``; docs/design/methods.md 4.1, EAGLE ``cnets.py``, vLLM ``llama_eagle3.py``)::
 
     first pass (target features): h_in = fc(cat(a^(l1)_j, a^(l2)_j, a^(l3)_j))   fc: Linear(3d, d, bias=False)
     later steps (own output):     h_in = the previous step's pre-norm output (no fc)
@@ -30,7 +30,7 @@ Step API (the proposer drives it; identical for both heads)::
                  positions j (F = head.config.feature_size: d for eagle = final-norm f_j, 3d for
                  eagle3 = taps concatenated in aux_layer_ids order). from_target=False: the head's
                  own fed-back ``hidden`` (F = d). EAGLE-3 applies fc only when from_target=True.
-    input_ids    int64 [B, T] or [T]: the token AFTER each feature, x_{j+1} (methods.md 1.1).
+    input_ids    int64 [B, T] or [T]: the token AFTER each feature, x_{j+1} (docs/design/methods.md 1.1).
     position_ids int64 [B, T] or [T]: the feature's position j (draft step m >= 2 of a chain from
                  committed length n runs at position n+m-2).
     cache        a transformers ``DynamicCache``, or None: no cache, plain causal attention over the

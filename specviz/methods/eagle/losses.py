@@ -3,14 +3,14 @@
 A batch is a token window ``ids`` int64 [B, T+1] = x_0..x_T; the frozen target runs on x_0..x_{T-1}
 and gives f_t / the EAGLE-3 taps g_t and its logits z_t (predicting x_{t+1}), t < T.
 
-EAGLE-1 (methods.md 2.3; EAGLE ``eagle/train/main.py``): row t = 0..T-2 reads (f_t + noise, x_{t+1})
+EAGLE-1 (docs/design/methods.md 2.3; EAGLE ``eagle/train/main.py``): row t = 0..T-2 reads (f_t + noise, x_{t+1})
 at position t; its labels sit at position t+1: the regression target f_{t+1} (SmoothL1, mean over d)
 and the soft label softmax(z_{t+1}) (soft cross-entropy, weight 0.1). Noise: uniform
 U(-a, a) with a = noise * rms(f) of the batch (the paper's U(-0.1, 0.1) is for features of RMS ~1;
-methods.md 12 scales it to our feature RMS).
+docs/design/methods.md 12 scales it to our feature RMS).
 
-EAGLE-3 (methods.md 4.3; EAGLE ``traineagle3/cnets.py``): S unrolled steps (:mod:`specviz.methods.eagle.ttt`);
-row t of step s reads x_{t+1+s} at position t+s and is supervised by softmax(z_{t+1+s}) (the LABEL
+EAGLE-3 (docs/design/methods.md 4.3; EAGLE ``traineagle3/cnets.py``): S unrolled steps
+(:mod:`specviz.methods.eagle.ttt`); row t of step s reads x_{t+1+s} at position t+s and is supervised by softmax(z_{t+1+s}) (the LABEL
 position t+1+s; rows whose label position is >= T are dropped, SpecForge#885's rule "mask by the
 label position"). Loss = sum_s decay^s * mean soft-CE_s, decay 0.8, no feature regression.
 

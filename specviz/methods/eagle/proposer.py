@@ -4,7 +4,7 @@ Sources: Li et al. 2024 (EAGLE, arXiv 2401.15077), Li et al. 2025 (EAGLE-3, arXi
 vLLM ``v1/spec_decode/eagle.py`` / ``llm_base_proposer.py`` (chain drafting, method names);
 the heads are :mod:`specviz.heads` (one decoder layer over (feature, token) pairs).
 
-Pairing and positions (methods.md 1.1). The context is x_0..x_n; x_n, the root, is the token the
+Pairing and positions (docs/design/methods.md 1.1). The context is x_0..x_n; x_n, the root, is the token the
 target emitted last and has not run yet. The head's cache holds, for every committed position
 j < n, K/V computed from the pair (target feature g_j, token x_{j+1}) at position j, where g_j is
 the final-norm output f_j (EAGLE-1) or the inputs of the head's aux layers, concatenated
@@ -13,7 +13,7 @@ the final-norm output f_j (EAGLE-1) or the inputs of the head's aux layers, conc
     first pass  rows (g_j, x_{j+1}) at positions j = Lc..n-1  -> logits of d_1, hidden h
     step m >= 2 (h, d_{m-1}) at position n+m-2                -> logits of d_m, hidden h
 
-Draft KV after a partial accept (methods.md 1.2, vllm#14649): the K/V that draft steps wrote
+Draft KV after a partial accept (docs/design/methods.md 1.2, vllm#14649): the K/V that draft steps wrote
 (positions >= n, computed from the head's own features) are provisional. After verification the
 engine's :meth:`EagleProposer.observe` hands over the target features of the positions just
 committed; the next :meth:`EagleProposer.propose` crops the head's cache back to the committed

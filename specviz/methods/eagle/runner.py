@@ -11,7 +11,7 @@ Both return the LAST row only (the one the chain continues from), as new tensors
 device (hidden in the head's dtype). Slot i of the head's KV cache holds position i.
 
 :class:`EagerHeadRunner` is the reference: a transformers ``DynamicCache`` cropped back to
-``start`` before each first pass (the provisional draft K/V is dropped, methods.md 1.2), and the
+``start`` before each first pass (the provisional draft K/V is dropped, docs/design/methods.md 1.2), and the
 head's own forward with its default mask. It accepts any object with the heads' step API (test stubs).
 
 :class:`StaticHeadRunner` is the fast path, in :class:`specviz.static_runner.StaticRunner`'s style
@@ -72,7 +72,7 @@ class EagerHeadRunner:
         self.cache = DynamicCache()
 
     def truncate(self, length: int) -> None:
-        """Drop the K/V of positions >= ``length`` (the provisional draft K/V, methods.md 1.2)."""
+        """Drop the K/V of positions >= ``length`` (the provisional draft K/V, docs/design/methods.md 1.2)."""
         crop_cache(self.cache, length)
 
     tree_scratch = None  # tree levels append to the DynamicCache: no bound

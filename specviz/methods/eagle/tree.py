@@ -2,18 +2,18 @@
 
 Sources: Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees"
 (EMNLP 2024, arXiv 2406.16858); ``topK_genrate`` in SafeAILab/EAGLE ``eagle/model/cnets1.py`` /
-``cnets.py`` (methods.md 3.1); static trees as EAGLE-1's ``choices`` / vLLM's
-``speculative_token_tree`` (``EagleProposer.propose_tree``; methods.md 1.3, 9).
+``cnets.py`` (docs/design/methods.md 3.1); static trees as EAGLE-1's ``choices`` / vLLM's
+``speculative_token_tree`` (``EagleProposer.propose_tree``; docs/design/methods.md 1.3, 9).
 
 Both trees come from the same head as the chain (:class:`~specviz.methods.eagle.proposer.EagleProposer`,
 whose first pass, observe and committed-cache rule are reused unchanged): after the first pass
 over the newly committed (target feature, token) pairs the head's last row (position n-1, the
 root x_n) gives log-probabilities of the depth-1 candidates. A level of the tree is then one head
 forward over the frontier nodes (depth d) at the ONE position ``n + d - 1`` (every sibling shares
-it, methods.md 3.4), each row fed its parent's output hidden state with its own token, attending
+it, docs/design/methods.md 3.4), each row fed its parent's output hidden state with its own token, attending
 to the committed prefix plus its own ancestors and itself (never its cousins). Those rows'
 K/V go to scratch slots (after the committed length Lc on the eager head runner, past its
-max_len on the static one) and are never read by a later step (methods.md 1.2): the head's cache
+max_len on the static one) and are never read by a later step (docs/design/methods.md 1.2): the head's cache
 keeps committed positions only.
 
 Dynamic (EAGLE-2, exactly ``topK_genrate``): with K = top_k, D = depth, N = total_tokens
@@ -34,7 +34,7 @@ its r-th most likely token under the head, one forward per depth over the nodes 
 (one host read per depth for the children's tokens).
 
 Every child is the deterministic top-k of its parent's head distribution: ``Draft.probs`` is None
-(q one-hot) and ``tree_rule`` "topk" (methods.md 1.4 rule A), at any temperature. ``Draft.scores``
+(q one-hot) and ``tree_rule`` "topk" (docs/design/methods.md 1.4 rule A), at any temperature. ``Draft.scores``
 holds each node's cumulative log-confidence (natural log).
 """
 

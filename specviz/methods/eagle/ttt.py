@@ -1,7 +1,7 @@
 """EAGLE-3's training-time test (TTT): the head unrolled over S draft steps on a whole window at once.
 
 Source: EAGLE ``eagle/traineagle3/cnets.py::Model.forward`` (``cache_hidden``, length 7) and
-methods.md 4.3. Row t of step s stands for draft step s of a chain whose last committed feature is
+docs/design/methods.md 4.3. Row t of step s stands for draft step s of a chain whose last committed feature is
 at position t: its input is (step s-1's pre-norm output at row t, x_{t+1+s}), at RoPE position t+s,
 and it predicts x_{t+2+s}. Step 0 reads the target features (EAGLE-3: through fc).
 

@@ -4,7 +4,7 @@ Reads only the trace: a step's ``match`` holds the chain details that
 :class:`specviz.methods.eagle.proposer.EagleProposer` records (for draft i: the position its row ran at,
 the feature (the target's at position n-1 for i = 1, else the head's own output), the token fed
 (the root for i = 1, else d_{i-1}), the head's q of its top token and of d_i), and
-``num_accepted`` says how far the target accepted. Pairing as methods.md 1.1.
+``num_accepted`` says how far the target accepted. Pairing as docs/design/methods.md 1.1.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ vLLM ``model_executor/models/medusa.py`` with ``original_lm_head: true``).
 
 K heads read the same feature f_t, the target's final hidden state **after** the final RMSNorm at
 the last committed position t (what the LM head multiplies; HF ``last_hidden_state``, the runner
-tap ``final_norm``; methods.md 0 and 1.1). Head i (0-based) predicts x_{t+2+i}::
+tap ``final_norm``; docs/design/methods.md 0 and 1.1). Head i (0-based) predicts x_{t+2+i}::
 
     h_i      = f_t + SiLU(W_i f_t + b_i)        ResBlock, W_i zero-initialised (the block starts as the identity)
     logits_i = W_lm h_i                          the target's frozen LM head, shared by every head (vLLM
                                                  ``original_lm_head``): only the K ResBlocks are trained and saved
 
-The LM head itself gives x_{t+1} (the root). Training (methods.md 12, decision Q4): soft labels, the
+The LM head itself gives x_{t+1} (the root). Training (docs/design/methods.md 12, decision Q4): soft labels, the
 target's own distribution softmax(z_{t+1+i}) at the future position, loss sum_i 0.8^i CE_i
 (:func:`medusa_loss`). Parameters for d = 256, K = 4: 4 x (256^2 + 256) = 263 k (0.5 MB in bf16).
 No gradio / plotly here.
@@ -166,7 +166,7 @@ class MedusaHead(SharedTargetMixin, nn.Module):
 
 
 def medusa_loss(head: MedusaHead, final: torch.Tensor, target_logits: torch.Tensor, decay: float = 0.8):
-    """Soft-label Medusa loss on one batch (methods.md 5.4 / 12; soft labels: decision Q4).
+    """Soft-label Medusa loss on one batch (docs/design/methods.md 5.4 / 12; soft labels: decision Q4).
 
     final: [B, T, d] f_t of a window; target_logits: float [B, T, V] z_t (predicting x_{t+1}).
     Head i at row t is scored against softmax(z_{t+1+i}) (the target's distribution of x_{t+2+i});

@@ -14,7 +14,7 @@ i predicts x_{n+1+i}::
                       paths from ``speculative_token_tree`` (vLLM's format) or Medusa choices
 
 q is one-hot at every node (deterministic drafts, ``Draft.probs`` None), so standard / block
-verification stay lossless at any temperature (a tree: rule A, ``tree_rule="topk"``, methods.md 1.4).
+verification stay lossless at any temperature (a tree: rule A, ``tree_rule="topk"``, docs/design/methods.md 1.4).
 ``Draft.details`` records each head's top candidates and which ones formed the draft (the view:
 :mod:`specviz.methods.medusa.view`).
 """

@@ -1,7 +1,7 @@
 """Training Medusa heads on a frozen target (:func:`specviz.train.heads.train_kind` runs the loop).
 
-Cai et al. 2024 (arXiv 2401.10774; methods.md 5.4): K = 4 ResBlocks on the final-norm f_t over the target's frozen LM
-head, loss sum_i 0.8^i soft CE of head i at row t against the target's distribution at t+1+i (soft labels, our choice:
+Cai et al. 2024 (arXiv 2401.10774; docs/design/methods.md 5.4): K = 4 ResBlocks on the final-norm f_t over the
+target's frozen LM head, loss sum_i 0.8^i soft CE of head i at row t against the target's distribution at t+1+i (soft labels, our choice:
 :func:`specviz.methods.medusa.head.medusa_loss`). Features are computed online per batch from the frozen target.
 """
 

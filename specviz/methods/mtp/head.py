@@ -1,4 +1,4 @@
-"""A Gemma-4-style MTP ("assistant") head, trained by specviz (no public recipe): methods.md 7.
+"""A Gemma-4-style MTP ("assistant") head, trained by specviz (no public recipe): docs/design/methods.md 7.
 
 Sources: vLLM ``v1/spec_decode/gemma4.py`` (``Gemma4Proposer``, ``constant_draft_positions = True``)
 and ``model_executor/models/gemma4_mtp.py``; HF ``gemma4_assistant``. What is kept from Gemma 4:
@@ -21,7 +21,7 @@ One step (all rows in parallel)::
     logits  = W_lm h_out                                               the target's frozen LM head
 
 Step 1 reads (f_t, x_{t+1}) (f_t = the target's final-norm feature at t, x_{t+1} = the root); step
-m >= 2 reads (h_out of step m-1, d_{m-1}); step m predicts x_{t+1+m}. Training (methods.md 7.4):
+m >= 2 reads (h_out of step m-1, d_{m-1}); step m predicts x_{t+1+m}. Training (docs/design/methods.md 7.4):
 S steps unrolled at the constant position t with the data tokens, loss sum_s 0.8^s soft CE against
 the target's distribution of x_{t+2+s} (:func:`mtp_loss`). No gradio / plotly here.
 """
@@ -224,7 +224,7 @@ def mtp_unroll(head: MtpHead, final, keys, values, ids: torch.Tensor, steps: int
 
 
 def mtp_loss(head: MtpHead, final, target_logits, keys, values, ids, steps: int, decay: float = 0.8):
-    """methods.md 7.4: sum_s decay^s * mean soft CE of step s's rows t <= T-2-s against softmax(z_{t+1+s}).
+    """docs/design/methods.md 7.4: sum_s decay^s * mean soft CE of step s's rows t <= T-2-s against softmax(z_{t+1+s}).
     Returns (loss fp32 scalar, {"ce": [steps], "top1": [steps]} detached)."""
     T = final.shape[1]
     if steps > T - 1:

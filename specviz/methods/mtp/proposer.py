@@ -1,5 +1,5 @@
 """Gemma-4-style MTP (``mtp``): a head with Q-only attention over the target's own KV cache, drafting
-every step at the same position (methods.md 7; vLLM ``v1/spec_decode/gemma4.py``,
+every step at the same position (docs/design/methods.md 7; vLLM ``v1/spec_decode/gemma4.py``,
 ``constant_draft_positions = True``: "All draft steps predict from the same position (the last
 target-model position)"). The head is :class:`specviz.methods.mtp.head.MtpHead`, trained by specviz (no
 public recipe).

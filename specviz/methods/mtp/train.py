@@ -1,7 +1,7 @@
 """Training the Gemma-4-style MTP head on a frozen target (:func:`specviz.train.heads.train_kind` runs the loop).
 
-No public recipe (methods.md 7.4; the design is specviz's): S = ``ttt_steps`` steps unrolled at the constant position
-t, queries over the frozen target's layer ``kv_layer`` K/V (default the last), data tokens fed, loss sum_s 0.8^s soft
+No public recipe (docs/design/methods.md 7.4; the design is specviz's): S = ``ttt_steps`` steps unrolled at the
+constant position t, queries over the frozen target's layer ``kv_layer`` K/V (default the last), data tokens fed, loss sum_s 0.8^s soft
 CE against the target's distribution of x_{t+2+s} (:func:`specviz.methods.mtp.head.mtp_loss`).
 """
 

@@ -1,7 +1,7 @@
 """N-gram proposer (prompt lookup decoding).
 
 Source: vLLM ``v1/spec_decode/ngram_proposer.py``; A. Saxena, "Prompt Lookup Decoding" (2023).
-Semantics (algorithms.md): search the context (prompt + generated) for an earlier occurrence of
+Semantics (docs/design/algorithms.md): search the context (prompt + generated) for an earlier occurrence of
 its own last n tokens, n from ``prompt_lookup_max`` down to ``prompt_lookup_min``. The longest n
 that matches wins; among equal n the earliest occurrence wins; the draft is the tokens that
 follow it, at most k, possibly fewer (the continuation may run into the final suffix itself).

@@ -46,7 +46,7 @@ class NgramGPUProposer(NoFeedback):
     ``pad=True`` (what the engine uses on CUDA): the draft length k' is never read on the host. The
     draft is the matcher's row of min(num_tokens, k) slots, -1 past k' (the sampler's padding:
     k' = the index of the first -1, slots past it never accepted, the recovered / bonus token drawn
-    from p_{k'+1}; docs/algorithms.md layout), the target verifies all k + 1 positions (the padding
+    from p_{k'+1}; docs/design/algorithms.md layout), the target verifies all k + 1 positions (the padding
     fed as token 0, its logits unused), and the match details (n, match_position, suffix, ...) are
     copied to pinned host memory behind the step's work and filled into ``Draft.details`` by
     :meth:`observe`, after the verifier's wait. So the step waits for the GPU once. ``pad=False``

@@ -2,7 +2,7 @@
 
 Sources: Oliaro et al., "SuffixDecoding: Extreme Speculative Decoding for Emerging AI
 Applications" (arXiv 2411.04975); Snowflake Arctic Inference's suffix tree; vLLM
-``v1/spec_decode/suffix_decoding.py``. Semantics as algorithms.md:
+``v1/spec_decode/suffix_decoding.py``. Semantics as docs/design/algorithms.md:
 
 * a suffix tree of the request's own tokens (prompt + output so far) and a global tree of the
   outputs of earlier requests (at most ``max_cached_requests``, oldest evicted first);
