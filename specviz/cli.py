@@ -71,8 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("app", help="serve the web app (specviz app --help for its options)", add_help=False)
     sub.add_parser("train", help="train the demo models (specviz train --help for its options)", add_help=False)
     g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
-    g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
-    g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
+    g.add_argument("--target", default=None, help="target model: a dir (safetensors), a .gguf file, a preset (smollm2) "
+                   "or a hub id (default: bundled demo target)")
+    g.add_argument("--draft", default=None, help="draft model, like --target (method draft_model)")
     g.add_argument("--method", default="ngram", choices=_method_names(),
                    help=" | ".join(_method_names()) + " (eagle / eagle3 need a head: bundled, or --eagle-head / "
                    "--eagle3-head)")
@@ -148,8 +149,9 @@ def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
 def _compare_parser(sub: Any) -> None:
     """``compare``: many configurations on the same prompts -> DIR/compare.csv, .json, .html."""
     c = sub.add_parser("compare", help="run several methods on the same prompts; write CSV, JSON and an HTML report")
-    c.add_argument("--target", default=None, help="target model dir (default: bundled demo target)")
-    c.add_argument("--draft", default=None, help="draft model dir (method draft_model)")
+    c.add_argument("--target", default=None, help="target model: a dir, a .gguf file or a preset (smollm2; default: "
+                   "bundled demo target)")
+    c.add_argument("--draft", default=None, help="draft model, like --target (method draft_model)")
     c.add_argument("--methods", default="ngram,suffix,draft_model",
                    help="comma-separated methods (method none is always run as the baseline)")
     c.add_argument("-k", "--num-speculative-tokens", default="5", help="k, or comma-separated values")

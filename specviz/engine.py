@@ -33,14 +33,14 @@ from . import events as ev
 from . import methods
 from . import tree as tree_mod
 from .models import (ASSETS_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, ModelLoadError, check_vocab_rows, load_model,
-                     load_tokenizer, resolve_device, resolve_dtype, tokenizer_mismatch)
+                     load_tokenizer, resolve_device, resolve_dtype, source_info, tokenizer_mismatch)
 from .proposers import StepContext
 from .proposers.base import Draft, Outcome, Proposer
 from .proposers.ngram_gpu import NgramGPUProposer
 from .proposers.suffix import GlobalSuffixCache
 from .record import host_record, tree_record
 from .runner import EagerRunner, ModelRunner
-from .static_runner import StaticRunner
+from .static_runner import StaticRunner, capture_notes
 from .sampling import validate_sampling_params
 from .trace import Recorder, Trace
 from .verify_step import StepVerifier, VerifySpec, graph_key
@@ -229,7 +229,10 @@ class SpecDecoder:
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                         runner: str = "auto", max_cache_len: int = 4096,
                         heads: dict[str, str] | None = None, compile: bool | None = None) -> "SpecDecoder":
-        """Load target (and optional draft) from a local directory or hub id, safetensors only.
+        """Load target (and optional draft) from a local directory, a ``.gguf`` file (or a directory holding
+        one), a preset ("smollm2") or a hub id: safetensors or GGUF through transformers, never remote code
+        (:func:`specviz.models.load_model`); the trace's config records each model's source file and, for GGUF,
+        its quantisation type (``model_sources``).
 
         target None -> the bundled demo target (and, if ``draft`` is None too, the bundled
         draft, and the bundled EAGLE heads ``assets/models/specviz-eagle`` / ``specviz-eagle3``
@@ -243,7 +246,9 @@ class SpecDecoder:
         :class:`~specviz.static_runner.StaticRunner`) or "auto" (static on CUDA, eager on CPU).
         compile: the static runners' ``torch.compile`` of small forwards (None: the runner's
         default, ``specviz.static_runner.COMPILE_DEFAULT``); ignored by the eager runner.
-        Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model cannot be loaded."""
+        Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model cannot be loaded, and
+        :class:`specviz.attention.UnsupportedModelError` (a ValueError naming the family and the reason) for a
+        family the runners cannot decode exactly, before any decoding."""
         if runner not in RUNNERS:
             raise ValueError(f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}")
         if target is None:
@@ -255,7 +260,9 @@ class SpecDecoder:
         tokenizer = load_tokenizer(target)
         draft_model = load_model(draft, dev, dt) if draft is not None else None
         draft_tokenizer = load_tokenizer(draft) if draft is not None else None
-        names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
+        names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1],
+                 "model_sources": {"target": source_info(target),
+                                   **({"draft": source_info(draft)} if draft is not None else {})}}
         bundled = {k: d for k, d in DEFAULT_HEADS.items() if target == DEFAULT_TARGET and heads is None and d.exists()}
         loaded, head_errors = _load_heads({**bundled, **(heads or {})}, target_model, explicit=set(heads or ()))
         for kind, d in DEFAULT_HEADS.items():
@@ -667,6 +674,11 @@ class SpecDecoder:
                  runner=getattr(self.runner_factory, "func", self.runner_factory).__name__,
                  compile=bool(getattr(self.runner_factory, "keywords", {}).get("compile")), prompt_length=len(ids),
                  vocab_size=self.vocab_size)
+        if "model_sources" in self.names:  # file format, GGUF file and quantisation type (from_pretrained)
+            d["model_sources"] = self.names["model_sources"]
+        notes = [n for m in (self.target_model, self.draft_model) if m is not None for n in capture_notes(m)]
+        if notes:  # CUDA-graph captures that failed in this process (those forwards run eagerly): the speedup panel
+            d["graph_notes"] = notes
         describe = methods.get(cfg.method).describe
         d.update(describe(cfg) if describe is not None else {})
         if cfg.verify == "typical":

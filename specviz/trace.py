@@ -435,6 +435,7 @@ CONFIG_SCHEMA = {
     "prompt_lookup_max": _OPT_INT, "synthetic_rates": ([float], None), "sampler_backend": str,
     "detailed_trace": bool, "target": _OPT_STR, "draft": _OPT_STR, "device": _OPT_STR, "dtype": _OPT_STR,
     "runner": _OPT_STR, "compile": (bool, None), "prompt_length": int, "vocab_size": int, "speculative_token_tree": _OPT_STR,
+    "graph_notes": [str],
 }
 METRICS_SCHEMA = {
     **{key: int for key in ("num_steps", "num_drafts", "num_draft_tokens", "num_discarded_draft_tokens",
