@@ -185,12 +185,21 @@ def graph_experts_implementation(model: torch.nn.Module) -> str | None:
     computes the same function. It gathers n x top_k expert matrices per layer, so it is used only inside
     captures (n <= the runner's ``max_graph_tokens``); the eager prefill keeps the model's own choice."""
     impl = getattr(model.config, "_experts_implementation", None)
-    if impl is None or impl == "batched_mm" or not type(model)._can_set_experts_implementation():
+    if impl is None or not type(model)._can_set_experts_implementation():
         return None
     device = next(model.parameters()).device
-    if device.type != "cuda":
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    return experts_for_graphs(impl, model.dtype, device.type, capability)
+
+
+def experts_for_graphs(impl: str, dtype: torch.dtype, device_type: str,
+                       capability: tuple[int, int] | None) -> str | None:
+    """The rule of :func:`graph_experts_implementation`: "batched_mm" for a CUDA capture unless ``impl`` is
+    already capturable ("batched_mm", or "grouped_mm" on its bfloat16 sm90 / sm100 CUTLASS path); None on
+    other devices (no capture)."""
+    if device_type != "cuda" or impl == "batched_mm":
         return None
-    if impl == "grouped_mm" and model.dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] in (9, 10):
+    if impl == "grouped_mm" and dtype == torch.bfloat16 and capability is not None and capability[0] in (9, 10):
         return None  # the CUTLASS grouped GEMM: offsets read on the device
     return "batched_mm"
 
