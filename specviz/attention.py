@@ -103,7 +103,8 @@ def attention_layout(config) -> AttentionLayout:
             reason = REFUSED_LAYER_TYPES.get(kind, f"its {kind!r} layers are not supported by specviz's runners")
             raise UnsupportedModelError(
                 f"model family {family!r} cannot be decoded by specviz: {reason}. Supported: decoder-only models "
-                f"whose layers are {' or '.join(SUPPORTED_LAYER_TYPES)} (Llama, Qwen, Mistral, Gemma 2/3/4, GPT-OSS, ...)")
+                f"whose layers are {' or '.join(SUPPORTED_LAYER_TYPES)} (Llama, Qwen, Mistral, Gemma 2/3/4, GPT-OSS, "
+                "...)")
     window = getattr(text, "sliding_window", None) if SLIDING in types else None
     if SLIDING in types and (not isinstance(window, int) or window < 1):
         raise UnsupportedModelError(f"model family {family!r} has sliding-window layers but sliding_window = "

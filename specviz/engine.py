@@ -260,8 +260,8 @@ class SpecDecoder:
         tokenizer = load_tokenizer(target)
         draft_model = load_model(draft, dev, dt) if draft is not None else None
         draft_tokenizer = load_tokenizer(draft) if draft is not None else None
-        names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1],
-                 "model_sources": {"target": source_info(target),
+        names = {"target": str(target), "draft": str(draft) if draft is not None else "",
+                 "dtype": str(dt).split(".")[-1], "model_sources": {"target": source_info(target),
                                    **({"draft": source_info(draft)} if draft is not None else {})}}
         bundled = {k: d for k, d in DEFAULT_HEADS.items() if target == DEFAULT_TARGET and heads is None and d.exists()}
         loaded, head_errors = _load_heads({**bundled, **(heads or {})}, target_model, explicit=set(heads or ()))

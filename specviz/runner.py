@@ -18,8 +18,9 @@ tests/test_taps.py). Tap names and their entries are in :func:`hidden_state_inde
 :class:`EagerRunner` uses transformers' :class:`~transformers.DynamicCache` and plain eager
 forwards. Sliding-window layers (Gemma 2/3/4, GPT-OSS, Mistral with a window, ...) get full-length
 cache layers and their window through the mask (:mod:`specviz.attention` says why), so a rollback is
-exact across the window boundary; unsupported layouts raise at construction. A static-cache / CUDA-graph runner (the fast GPU path) implements the same three
-methods, so proposers, sampler and trace never change.
+exact across the window boundary; unsupported layouts raise at construction. A static-cache /
+CUDA-graph runner (the fast GPU path) implements the same three methods, so proposers, sampler and
+trace never change.
 """
 
 from __future__ import annotations

@@ -133,8 +133,8 @@ def test_tree_forward_respects_each_layers_window(sliding_model, kind):
     deepest = T.path_to(PARENTS, 6)
     runner.commit(deepest)
     text = prefix + [TOKENS[j] for j in deepest]
-    torch.testing.assert_close(runner.forward(torch.tensor([7, 8])), _full_forward_logits(sliding_model, text + [7, 8])[-2:],
-                               rtol=1e-4, atol=1e-4)
+    want = _full_forward_logits(sliding_model, text + [7, 8])[-2:]
+    torch.testing.assert_close(runner.forward(torch.tensor([7, 8])), want, rtol=1e-4, atol=1e-4)
 
 
 def test_unsupported_families_are_refused_when_loading(tmp_path):

@@ -65,3 +65,38 @@ def test_batched_experts_read_nothing_on_the_host_and_equal_the_default(family):
     seen_loop, looped = _decode_forward_host_reads(model, "eager")  # the original per-expert loop
     assert seen_loop, family  # the check can fail: nonzero() and `if expert_idx == ...` read device values
     torch.testing.assert_close(looped, grouped, rtol=1e-4, atol=1e-4)
+
+
+def test_a_failed_capture_is_noted_once_and_reaches_the_speedup_panel(caplog):
+    """On the CPU a capture fails (no CUDA stream): each width then runs eagerly with the same tokens, the failure is
+    logged once per model and cause, and the next request's trace carries it to the speedup panel's notes."""
+    import functools
+    import logging
+
+    from specviz import SpecDecoder
+    from specviz.static_runner import capture_notes
+    from specviz.viz.speed import graph_notes_html
+    from tiny_models import build_tokenizer
+
+    model = build_family("llama")
+    graphed = SpecDecoder(model, build_tokenizer(),
+                          runner_factory=functools.partial(StaticRunner, max_cache_len=96, cuda_graphs=True))
+    plain = SpecDecoder(model, build_tokenizer(), runner_factory=functools.partial(StaticRunner, max_cache_len=96))
+    kw = dict(method="ngram", num_speculative_tokens=3, prompt_lookup_min=1, max_new_tokens=12)
+    prompt = list(range(5, 16)) * 2
+    with caplog.at_level(logging.WARNING, logger="specviz.static_runner"):
+        first = graphed.generate(prompt, **kw)
+    assert first.output_token_ids == plain.generate(prompt, **kw).output_token_ids
+    warned = [r for r in caplog.records if "CUDA-graph capture" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in caplog.records]  # several widths failed, one line
+    notes = capture_notes(model)
+    assert len(notes) == 1 and "LlamaForCausalLM" in notes[0] and "run eagerly" in notes[0]
+    assert "graph_notes" not in first.config  # known only after this request's captures
+    second = graphed.generate(prompt, **kw)
+    assert second.config["graph_notes"] == notes
+    from specviz.trace import Trace
+
+    assert Trace.from_json(second.to_json()).config["graph_notes"] == notes  # an exported trace keeps them
+    html = graph_notes_html(second.config["graph_notes"])
+    assert "Not every forward ran from a CUDA graph" in html and "LlamaForCausalLM" in html
+    assert graph_notes_html(None) == "" and capture_notes(build_family("llama")) == []
