@@ -29,7 +29,8 @@ Refused (:class:`UnsupportedModelError`, a ValueError naming the family and the 
 model is loaded): layer types whose cache is not positional K/V (``linear_attention``, ``conv``,
 ``hybrid``, ``hybrid_sliding``, ``moe``/``mlp`` placeholders: recurrent states such as Qwen3-Next's,
 LFM2's or Mamba hybrids' cannot be rolled back by moving a position), ``chunked_attention`` (Llama 4:
-block-local masks are not implemented here), and sparse-indexer layers (DeepSeek V3.2's).
+block-local masks are not implemented here), sparse-indexer layers (DeepSeek V3.2's), and bidirectional
+configurations (``use_bidirectional_attention``: embedding models, not causal LMs).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def attention_layout(config) -> AttentionLayout:
                 f"model family {family!r} cannot be decoded by specviz: {reason}. Supported: decoder-only models "
                 f"whose layers are {' or '.join(SUPPORTED_LAYER_TYPES)} (Llama, Qwen, Mistral, Gemma 2/3/4, GPT-OSS, "
                 "...)")
+    if getattr(text, "use_bidirectional_attention", None) in (True, "all"):  # EmbeddingGemma-style encoders
+        raise UnsupportedModelError(f"model family {family!r} is configured with bidirectional attention "
+                                    "(use_bidirectional_attention): it is not a causal LM that can be decoded")
     window = getattr(text, "sliding_window", None) if SLIDING in types else None
     if SLIDING in types and (not isinstance(window, int) or window < 1):
         raise UnsupportedModelError(f"model family {family!r} has sliding-window layers but sliding_window = "

@@ -149,6 +149,8 @@ def test_unsupported_families_are_refused_when_loading(tmp_path):
         with pytest.raises(UnsupportedModelError, match=f"'{family}'.*{why}") as info:
             SpecDecoder.from_pretrained(path, device="cpu")
         assert isinstance(info.value, ValueError)
+    with pytest.raises(UnsupportedModelError, match="'gemma3_text'.*bidirectional"):
+        attention_layout(transformers.Gemma3TextConfig(use_bidirectional_attention=True))
 
 
 def test_the_window_checks_can_fail(sliding_model):

