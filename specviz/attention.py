@@ -15,9 +15,9 @@ ring of window + k slots): with full-length layers a rollback is what it is for 
 or moving the static write position), a tree forward's ancestor mask and the window combine into one
 mask per layer type, the static mask stays a pure function of the device write position (so CUDA graphs
 capture it), and the K/V compaction after a tree commit is the same copy for every layer. The cost is
-memory: sliding layers hold the whole context instead of the window (for Gemma-style 1:5 full/sliding
-models about 6x the KV of the windowed cache at long contexts; at the app's contexts, a few thousand
-tokens, it is the same as a full-attention model of that size).
+memory: sliding layers hold the whole context instead of the window (for Gemma 3's five sliding layers per
+full one, up to 6x the KV of the windowed cache once the context is much longer than the window; the same
+KV as a full-attention model of that size).
 
 How the mask reaches each layer (:class:`AttentionLayout`): models whose config lists ``layer_types``
 (Gemma 2/3/4, GPT-OSS, Cohere2, Qwen2/3 and SmolLM3 with a window) take ``{layer_type: 4D mask}`` and
@@ -114,11 +114,6 @@ def attention_layout(config) -> AttentionLayout:
         raise UnsupportedModelError(f"model family {family!r} has sliding-window layers but sliding_window = "
                                     f"{window!r}; set it to a positive integer in config.json")
     return AttentionLayout(family=family, layer_types=types, window=window, per_type=explicit is not None)
-
-
-def check_supported(model: torch.nn.Module) -> AttentionLayout:
-    """:func:`attention_layout` of a loaded model (raises :class:`UnsupportedModelError` before any decoding)."""
-    return attention_layout(model.config)
 
 
 def dynamic_cache(model: torch.nn.Module):
