@@ -28,7 +28,8 @@ neither keeps the plain causal mask.
 Refused (:class:`UnsupportedModelError`, a ValueError naming the family and the reason, raised when the
 model is loaded): layer types whose cache is not positional K/V (``linear_attention``, ``conv``,
 ``hybrid``, ``hybrid_sliding``, ``moe``/``mlp`` placeholders: recurrent states such as Qwen3-Next's,
-LFM2's or Mamba hybrids' cannot be rolled back by moving a position), ``chunked_attention`` (Llama 4:
+LFM2's or Mamba's cannot be rolled back by moving a position; likewise :data:`RECURRENT_FAMILIES` and
+configs without attention heads), ``chunked_attention`` (Llama 4:
 block-local masks are not implemented here), sparse-indexer layers (DeepSeek V3.2's), and bidirectional
 configurations (``use_bidirectional_attention``: embedding models, not causal LMs).
 """
@@ -55,6 +56,10 @@ REFUSED_LAYER_TYPES = {
     "deepseek_sparse_attention": "its sparse-indexer attention layers are not supported by specviz's runners",
     "qwen_sparse_attention": "its sparse-indexer attention layers are not supported by specviz's runners",
 }
+
+
+# families whose recurrent blocks their config does not list as layer types (transformers 5.17)
+RECURRENT_FAMILIES = {"rwkv": "RWKV", "recurrent_gemma": "RecurrentGemma (Griffin)", "xlstm": "xLSTM"}
 
 
 class UnsupportedModelError(ValueError):
@@ -99,6 +104,10 @@ def attention_layout(config) -> AttentionLayout:
         types = (FULL,) * int(text.num_hidden_layers)
     else:
         types = tuple(explicit) if explicit is not None else tuple(get_layer_types_and_kwargs(text)[0])
+    if family in RECURRENT_FAMILIES or not hasattr(text, "num_attention_heads"):
+        raise UnsupportedModelError(
+            f"model family {family!r} cannot be decoded by specviz: its recurrent blocks keep a state, which cannot "
+            "be rolled back to an earlier position after a rejected draft")
     for kind in dict.fromkeys(types):
         if kind not in SUPPORTED_LAYER_TYPES:
             reason = REFUSED_LAYER_TYPES.get(kind, f"its {kind!r} layers are not supported by specviz's runners")

@@ -149,6 +149,10 @@ def test_unsupported_families_are_refused_when_loading(tmp_path):
         with pytest.raises(UnsupportedModelError, match=f"'{family}'.*{why}") as info:
             SpecDecoder.from_pretrained(path, device="cpu")
         assert isinstance(info.value, ValueError)
+    for config, family in ((transformers.RwkvConfig(), "rwkv"), (transformers.RecurrentGemmaConfig(), "recurrent_gemma"),
+                           (transformers.MambaConfig(), "mamba")):
+        with pytest.raises(UnsupportedModelError, match=f"'{family}'.*state"):
+            attention_layout(config)
     with pytest.raises(UnsupportedModelError, match="'gemma3_text'.*bidirectional"):
         attention_layout(transformers.Gemma3TextConfig(use_bidirectional_attention=True))
 
