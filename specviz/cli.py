@@ -75,8 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("app", help="serve the web app (specviz app --help for its options)", add_help=False)
     sub.add_parser("train", help="train the demo models (specviz train --help for its options)", add_help=False)
     g = sub.add_parser("generate", help="run one request and print it coloured by token fate")
-    g.add_argument("--target", default=None, help="target model dir or hub id (default: bundled demo target)")
-    g.add_argument("--draft", default=None, help="draft model dir or hub id (method draft_model)")
+    g.add_argument("--target", default=None, help="target model: a dir (safetensors), a .gguf file, a preset (smollm2) "
+                   "or a hub id (default: bundled demo target)")
+    g.add_argument("--draft", default=None, help="draft model, like --target (method draft_model)")
     g.add_argument("--method", default=methods.BUILTIN[0], choices=_method_names(),
                    help=" | ".join(_method_names()) + " (a method with a head needs one: bundled with the demo target, or "
                    "--head METHOD=DIR)")
@@ -167,8 +168,9 @@ def _compare_parser(sub: Any) -> None:
     v.add_argument("directory", help="the head directory")
     v.add_argument("--overwrite", action="store_true", help="replace existing .safetensors files")
     c = sub.add_parser("compare", help="run several methods on the same prompts; write CSV, JSON and an HTML report")
-    c.add_argument("--target", default=None, help="target model dir (default: bundled demo target)")
-    c.add_argument("--draft", default=None, help="draft model dir (method draft_model)")
+    c.add_argument("--target", default=None, help="target model: a dir, a .gguf file or a preset (smollm2; default: "
+                   "bundled demo target)")
+    c.add_argument("--draft", default=None, help="draft model, like --target (method draft_model)")
     c.add_argument("--methods", default=",".join(m.name for m in methods.all_methods() if m.name != "none" and m.head is None),
                    help="comma-separated methods (default: every method that needs no head; method none is always run "
                         "as the baseline)")

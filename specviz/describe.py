@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 from . import methods
 from .loading import runner_options
+from .static_runner import capture_notes
 
 
 def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
@@ -20,6 +21,11 @@ def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
              dtype=names.get("dtype", str(next(decoder.target_model.parameters()).dtype).split(".")[-1]),
              runner=opts["runner"], compile=bool(opts.get("compile")), prompt_length=len(ids),
              vocab_size=decoder.vocab_size)
+    if "model_sources" in names:  # file format, GGUF file and quantisation type
+        d["model_sources"] = names["model_sources"]
+    notes = [n for m in (decoder.target_model, decoder.draft_model) if m is not None for n in capture_notes(m)]
+    if notes:  # CUDA-graph captures that failed in this process (those forwards run eagerly): the speedup panel
+        d["graph_notes"] = notes
     method = methods.get(cfg.method)
     if method.describe is not None:
         d.update(method.describe(cfg))

@@ -79,7 +79,9 @@ class SpecDecoder:
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                         runner: str = "auto", max_cache_len: int = 4096,
                         heads: dict[str, str] | None = None, compile: bool | None = None) -> "SpecDecoder":
-        """Load target (and optional draft) from a local directory, safetensors only.
+        """Load target (and optional draft) from a local directory, a ``.gguf`` file (or a directory holding one), a
+        preset ("smollm2") or a hub id: safetensors or GGUF through transformers, never remote code
+        (:func:`specviz.models.load_model`); the trace's config records each model's source (``model_sources``).
 
         target None -> the bundled demo target, with the bundled draft (if ``draft`` is None too) and the bundled
         heads of every method that has one (``assets/models``). heads: {method: head directory}, each loaded by its
@@ -87,7 +89,9 @@ class SpecDecoder:
         -> CUDA if available else CPU; dtype None -> bf16 on CUDA, fp32 on CPU. runner: "eager" (DynamicCache),
         "static" (a pre-allocated cache of ``max_cache_len`` tokens, CUDA graphs on CUDA) or "auto" (static on
         CUDA). compile: the static runners' ``torch.compile`` of small forwards (None: the runner's default).
-        Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model or a given head cannot be loaded."""
+        Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model or a given head cannot be loaded, and
+        :class:`specviz.attention.UnsupportedModelError` (a ValueError naming the family and why) for a family the
+        runners cannot decode exactly."""
         return cls(**load_parts(target, draft, device, dtype, runner, max_cache_len, heads, compile))
 
     @property

@@ -16,7 +16,7 @@ import torch
 from . import methods
 from .heads.formats import load_head_dir
 from .models import (ASSETS_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, ModelLoadError, load_model, load_tokenizer,
-                     resolve_device, resolve_dtype)
+                     resolve_device, resolve_dtype, source_info)
 from .runner import EagerRunner
 from .static_runner import StaticRunner
 
@@ -39,7 +39,8 @@ def load_parts(target: str | None, draft: str | None, device: Any, dtype: Any, r
     dt = resolve_dtype(dtype, dev)
     target_model = load_model(target, dev, dt)
     draft_model = load_model(draft, dev, dt) if draft is not None else None
-    names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1]}
+    names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1],
+             "model_sources": {"target": source_info(target), **({"draft": source_info(draft)} if draft else {})}}
     loaded, errors, dirs = load_heads(target_model, heads, bundled=bundled_target and heads is None)
     names.update({f"{name}_head": str(dirs[name]) for name in loaded})
     return dict(target_model=target_model, tokenizer=load_tokenizer(target), draft_model=draft_model,

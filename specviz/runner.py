@@ -16,8 +16,11 @@ what the LM head multiplies), not the last layer's un-normed output (checked by
 tests/test_taps.py). Tap names and their entries are in :func:`hidden_state_index`.
 
 :class:`EagerRunner` uses transformers' :class:`~transformers.DynamicCache` and plain eager
-forwards. A static-cache / CUDA-graph runner (the fast GPU path) implements the same three
-methods, so proposers, sampler and trace never change.
+forwards. Sliding-window layers (Gemma 2/3/4, GPT-OSS, Mistral with a window, ...) get full-length
+cache layers and their window through the mask (:mod:`specviz.attention` says why), so a rollback is
+exact across the window boundary; unsupported layouts raise at construction. A static-cache /
+CUDA-graph runner (the fast GPU path) implements the same three methods, so proposers, sampler and
+trace never change.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Protocol, Sequence
 import torch
 from transformers import DynamicCache
 
+from .attention import attention_layout, dynamic_cache, layer_masks, mask_for  # noqa: F401 - mask_for re-exported
 from .transfer import to_device
 from .tree import ancestor_mask_device, depths, is_chain, validate_parents
 
@@ -172,15 +176,6 @@ def as_tree(parents: Sequence[int] | None, n_rows: int) -> list[int] | None:
     return None if is_chain(parents) else parents
 
 
-def mask_for(allowed: torch.Tensor, model: torch.nn.Module) -> torch.Tensor:
-    """bool allowed [n, kv] -> the 4D mask [1, 1, n, kv] transformers takes as given: bool for
-    sdpa, additive (0 / dtype min) for eager attention."""
-    if model.config._attn_implementation == "sdpa":
-        return allowed[None, None]
-    neg = torch.finfo(model.dtype).min
-    return torch.zeros(allowed.shape, dtype=model.dtype, device=allowed.device).masked_fill_(~allowed, neg)[None, None]
-
-
 def compact_layers(layers: Sequence, start: int, kept: Sequence[int], rows: torch.Tensor | None = None) -> None:
     """Copy K/V of slots ``start + 1 + kept[m]`` to ``start + 1 + m`` in every cache layer
     (``keys`` / ``values`` [1, H, L, D]); sources are gathered first (src >= dst, overlaps safe).
@@ -214,18 +209,21 @@ class EagerRunner:
     """An HF causal LM with a DynamicCache, one eager forward per call.
 
     model: a transformers ``*ForCausalLM`` in eval mode. The cache is cropped with
-    ``DynamicCache.crop(-n_removed)``, which works on transformers 5.17 and later.
+    ``DynamicCache.crop(-n_removed)``, which works on transformers 5.17 and later; its sliding-window
+    layers are full-length (:func:`specviz.attention.dynamic_cache`), so crop never meets a discarded entry.
+    Raises :class:`specviz.attention.UnsupportedModelError` (a ValueError) for a layout it cannot roll back.
     """
 
     def __init__(self, model: torch.nn.Module):
         self.model = model
+        self.layout = attention_layout(model.config)
         self.device = next(model.parameters()).device
         self.cache: DynamicCache | None = None
         self.seq_len = 0
         self.last_start = 0  # seq_len before the last forward (commit's reference)
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = dynamic_cache(self.model)
         self.seq_len = 0
         self.last_start = 0
 
@@ -243,11 +241,14 @@ class EagerRunner:
             parents = [int(v) for v in parents.tolist()]
         tree = as_tree(parents, ids.shape[1])
         kw = {}
-        if tree is not None:  # all cached keys + the ancestor mask; positions start + depth
+        if tree is not None:  # all cached keys + the ancestor mask (and each layer's window); positions start + depth
             n = self.seq_len
             allowed = torch.cat([torch.ones(len(tree) + 1, n, dtype=torch.bool), tree_attention(tree)], dim=1)
-            kw = dict(attention_mask=mask_for(allowed.to(self.device), self.model),
-                      position_ids=tree_positions(tree, n).to(self.device)[None])
+            q_pos = tree_positions(tree, n)  # [1 + N]
+            k_pos = torch.cat([torch.arange(n), q_pos])  # [n + 1 + N]: cached keys, then the tree's rows
+            allowed, q_pos, k_pos = (t.to(self.device) for t in (allowed, q_pos, k_pos))
+            kw = dict(attention_mask=layer_masks(allowed, q_pos, k_pos, self.layout, self.model),
+                      position_ids=q_pos[None])
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, output_hidden_states=bool(taps),
                          **kw)
         self.last_start = self.seq_len

@@ -57,14 +57,16 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Sequence
 
 import torch
-from transformers import StaticCache
 
+from .attention import (attention_layout, experts_implementation, graph_experts_implementation, layer_masks,
+                        static_cache)
 from .graphs import CapturedGraphs, capture, replay
-from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, kept_slots, mask_for,
-                     pick_features, tree_attention_device)
+from .runner import (ForwardOutput, _layer_kv, as_tree, check_taps, compact_layers, kept_slots, pick_features,
+                     tree_attention_device)
 from .transfer import to_device
 
 TREE_BUCKETS = (8, 16, 32, 65)  # tree forwards (1 + N rows) are padded to one of these under CUDA graphs
@@ -74,7 +76,9 @@ COMPILE_DEFAULT = False  # compile=None means this (see the module docstring: of
 
 class StaticRunner(CapturedGraphs):
     """Args:
-        model: a transformers ``*ForCausalLM`` in eval mode (full-attention layers).
+        model: a transformers ``*ForCausalLM`` in eval mode: full-attention and sliding-window layers (each
+            cache layer full-length, the window applied by the mask: :mod:`specviz.attention`). MoE experts
+            are captured with :func:`specviz.attention.graph_experts_implementation`'s choice.
         max_cache_len: tokens the cache holds (prompt + generated + k); forwards past it raise.
         cuda_graphs: capture/replay CUDA graphs for small forwards (default: on CUDA devices).
         max_graph_tokens: largest n captured (default 33 = MAX_SPECULATIVE_TOKENS + 1).
@@ -85,18 +89,23 @@ class StaticRunner(CapturedGraphs):
             graphs, None = no padding, eager); padding is exact on any device (tests use it on the CPU).
     Raises:
         ValueError: a forward would overflow the cache; truncate to an invalid length.
+        specviz.attention.UnsupportedModelError: (a ValueError) a layout that cannot be rolled back or masked.
     """
 
     def __init__(self, model: torch.nn.Module, max_cache_len: int, cuda_graphs: bool | None = None,
                  max_graph_tokens: int = 33, compile: bool | None = None, compile_backend: str = "inductor",
                  tree_buckets: Sequence[int] | None | str = "auto"):
         self.model = model
+        self.layout = attention_layout(model.config)  # UnsupportedModelError (a ValueError) before any forward
         self.device = next(model.parameters()).device
         self.max_cache_len = int(max_cache_len)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self.max_graph_tokens = max_graph_tokens
         self.tree_buckets = (TREE_BUCKETS if self.cuda_graphs else None) if tree_buckets == "auto" else tree_buckets
-        self.cache = StaticCache(config=model.config, max_cache_len=self.max_cache_len)
+        self.cache = static_cache(model, self.max_cache_len)  # sliding layers full-length: the mask applies the window
+        # MoE experts inside captures: an implementation without host reads (None: the model's own is capturable)
+        self.graph_experts = graph_experts_implementation(model) if self.cuda_graphs else None
+        self.capture_failures: list[str] = []  # one line per distinct failure cause (capture_notes() collects them)
         self.seq_len = 0
         self.last_start = 0  # seq_len before the last forward (commit's reference)
         # (n, taps) -> (graph, static ids [1, n], static logits [1, n, V], static features {tap: [n, d]}); None: failed
@@ -217,9 +226,10 @@ class StaticRunner(CapturedGraphs):
             self._compiled = None
             return self._eager(ids, taps)
 
-    def _causal_mask(self, n: int) -> torch.Tensor:
+    def _causal_mask(self, n: int):
         """4D mask [1, 1, n, max_cache_len] built on the device from the cache's write position:
-        query i (at position pos + i) sees keys 0..pos + i, never the stale entries past them.
+        query i (at position pos + i) sees keys 0..pos + i, never the stale entries past them; with
+        sliding-window layers, {layer_type: mask} or the windowed mask (:func:`specviz.attention.layer_masks`).
         Passing it ready-made keeps transformers from deciding on the host (a sync, which a CUDA
         graph capture forbids) whether the mask can be skipped."""
         layer = self.cache.layers[0]
@@ -227,23 +237,22 @@ class StaticRunner(CapturedGraphs):
         # is used then too: the model's own causal mask picks another attention kernel, whose
         # rounding would make a runner's first request differ (in the last bits) from later ones.
         pos = layer.cumulative_length if getattr(layer, "is_initialized", False) else 0
-        kv = torch.arange(self.max_cache_len, device=self.device)  # [max_cache_len]
+        kv = torch.arange(self.max_cache_len, device=self.device)  # [max_cache_len]: slot = position
         q_pos = pos + torch.arange(n, device=self.device)  # [n]
         allowed = kv[None, :] <= q_pos[:, None]  # [n, max_cache_len]
-        if self.model.config._attn_implementation == "sdpa":
-            return allowed[None, None]
-        neg = torch.finfo(self.model.dtype).min  # additive mask for eager attention
-        return torch.zeros(allowed.shape, dtype=self.model.dtype, device=self.device).masked_fill_(~allowed, neg)[None, None]
+        return layer_masks(allowed, q_pos, kv, self.layout, self.model)  # sliding layers: also q - k < window
 
     def _position(self):
         """The write position: layer 0's device counter, or 0 before the first forward."""
         layer = self.cache.layers[0]
         return layer.cumulative_length if getattr(layer, "is_initialized", False) else 0
 
-    def _tree_mask(self, tree_mask: torch.Tensor, depth: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(4D mask [1, 1, R, max_cache_len], position_ids [1, R]) built on the device from the write
-        position pos: row a sees every key < pos and tree slot pos + b where ``tree_mask[a, b]``;
-        row a's position is pos + depth[a]. No host value, so it can be captured in a CUDA graph."""
+    def _tree_mask(self, tree_mask: torch.Tensor, depth: torch.Tensor):
+        """(4D mask [1, 1, R, max_cache_len] or {layer_type: mask}, position_ids [1, R]) built on the device from
+        the write position pos: row a sees every key < pos and tree slot pos + b where ``tree_mask[a, b]``;
+        row a's position is pos + depth[a]; a sliding layer's row also drops keys whose position (slot < pos:
+        the slot; tree slot pos + b: pos + depth[b]) is a window or more behind it. No host value, so it
+        can be captured in a CUDA graph."""
         R = tree_mask.shape[0]
         pos = self._position()
         kv = torch.arange(self.max_cache_len, device=self.device)  # [L]
@@ -251,7 +260,9 @@ class StaticRunner(CapturedGraphs):
         in_tree = (col >= 0) & (col < R)
         tm = tree_mask.index_select(1, col.clamp(0, R - 1))  # [R, L]
         allowed = (kv < pos)[None, :] | (in_tree[None, :] & tm)
-        return mask_for(allowed, self.model), (pos + depth)[None]
+        q_pos = pos + depth  # [R]
+        k_pos = torch.where(in_tree, pos + depth.index_select(0, col.clamp(0, R - 1)), kv)  # [L]
+        return layer_masks(allowed, q_pos, k_pos, self.layout, self.model), q_pos[None]
 
     def _tree_buffers(self, rows: int) -> dict[str, torch.Tensor]:
         """Inputs of a tree forward of ``rows`` rows: ids int64 [1, rows], parents int64 [rows - 1] (-1 = the
@@ -333,14 +344,14 @@ class StaticRunner(CapturedGraphs):
         A failed capture is logged and remembered as None: that bucket then runs eagerly."""
         t0 = time.perf_counter()
         try:
-            graph, (s_logits, s_features) = capture(lambda: self._tree_body(inputs, taps), self.device, self._pool,
-                                                    reset=lambda: self._set_position(self.seq_len))
+            with experts_implementation(self.model, self.graph_experts):
+                graph, (s_logits, s_features) = capture(lambda: self._tree_body(inputs, taps), self.device, self._pool,
+                                                        reset=lambda: self._set_position(self.seq_len))
             self._pool = graph.pool()
             self._graphs[key] = (graph, inputs, s_logits, s_features)
         except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
             self._set_position(self.seq_len)
-            log.warning("specviz: CUDA graph capture of the %s tree forward (%d rows) failed; it runs eagerly: %s: %s",
-                        type(self.model).__name__, key[1], type(exc).__name__, exc)
+            self._capture_failed(f"tree forward ({key[1]} rows)", exc)
             self._graphs[key] = None
         self.capture_s += time.perf_counter() - t0
         return self._graphs[key]
@@ -403,18 +414,35 @@ class StaticRunner(CapturedGraphs):
         try:
             for attempt in ("compiled", "eager") if self._compiled is not None else ("eager",):
                 try:
-                    return self._capture_once(n, ids, taps)
+                    with experts_implementation(self.model, self.graph_experts):
+                        return self._capture_once(n, ids, taps)
                 except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
                     self._set_position(self.seq_len)
-                    log.warning("specviz: CUDA graph capture of the %s %s forward (%d tokens) failed%s: %s: %s",
-                                attempt, type(self.model).__name__, n,
-                                "; compile is off for this runner from now on" if attempt == "compiled" else
-                                "; this width runs without a graph", type(exc).__name__, exc)
+                    if attempt == "compiled":
+                        log.warning("specviz: CUDA graph capture of the compiled %s forward (%d tokens) failed; "
+                                    "compile is off for this runner from now on: %s: %s",
+                                    type(self.model).__name__, n, type(exc).__name__, exc)
+                    else:
+                        self._capture_failed(f"{n}-token forward", exc)
                     self._compiled = None
             self._graphs[(n, taps)] = None
             return None
         finally:
             self.capture_s += time.perf_counter() - t0
+
+    def _capture_failed(self, what: str, exc: Exception) -> None:
+        """Record a failed capture (that forward then runs eagerly: correct, slower): logged once per model and
+        cause in this process, kept in ``capture_failures`` and :func:`capture_notes` for the speedup panel."""
+        cause = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        notes = _CAPTURE_NOTES.setdefault(self.model, {})
+        if cause not in notes:
+            notes[cause] = (f"CUDA-graph capture of {type(self.model).__name__}'s forwards failed ({cause}); "
+                            "those forwards run eagerly: correct, but slower than with graphs")
+            log.warning("specviz: %s (first seen on the %s)", notes[cause], what)
+        else:
+            log.debug("specviz: CUDA graph capture of the %s failed again: %s", what, cause)
+        if notes[cause] not in self.capture_failures:
+            self.capture_failures.append(notes[cause])
 
     def _capture_once(self, n: int, ids: torch.Tensor, taps: tuple[str, ...]):
         static_ids = ids.clone()
@@ -433,6 +461,15 @@ class StaticRunner(CapturedGraphs):
         self._graphs[(n, taps)] = (graph, static_ids, static_logits, static_features)
         torch.cuda.synchronize(self.device)
         return self._graphs[(n, taps)]
+
+
+_CAPTURE_NOTES: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def capture_notes(model: torch.nn.Module) -> list[str]:
+    """One line per distinct reason a CUDA-graph capture of ``model``'s forwards failed in this process (those
+    forwards ran eagerly), for the speedup panel's notes; [] when every capture succeeded (or none ran)."""
+    return list(_CAPTURE_NOTES.get(model, {}).values())
 
 
 def compile_error_text(exc: BaseException) -> str:

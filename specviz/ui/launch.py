@@ -1,6 +1,8 @@
 """Start the web app: ``specviz app`` (the console script) or ``python app.py``, same options.
 
-Options: --host (default 127.0.0.1), --port (7860), --share, --target DIR, --draft DIR, --head METHOD=DIR (or --<method>-head DIR), --device,
+Options: --host (default 127.0.0.1), --port (7860), --share, --target / --draft (a model directory, a .gguf
+file or a preset such as smollm2: :func:`specviz.models.resolve_source`), --head METHOD=DIR (or
+--<method>-head DIR), --device,
 --no-warm-up, --compile (torch.compile'd forwards inside the CUDA graphs; off by default), --present.
 With no --target the bundled demo models in assets/models/ are used. At launch the
 models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
@@ -14,6 +16,7 @@ import os
 from pathlib import Path
 
 from ..cli_args import add_head_arguments, heads_from_args
+from ..models import PRESETS
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -23,8 +26,9 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
     ap.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: this machine only)")
     ap.add_argument("--port", type=int, default=7860)
     ap.add_argument("--share", action="store_true", help="also open a public gradio.live link")
-    ap.add_argument("--target", default=None, help="target model directory (default: bundled demo target)")
-    ap.add_argument("--draft", default=None, help="draft model directory (default: the bundled demo draft with the "
+    ap.add_argument("--target", default=None, help="target model: a directory (safetensors), a .gguf file, or a preset "
+                    f"({', '.join(PRESETS)}; default: bundled demo target)")
+    ap.add_argument("--draft", default=None, help="draft model, like --target (default: the bundled demo draft with the "
                     "bundled target; none with --target, so method draft_model is unavailable)")
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: CUDA when available)")
     add_head_arguments(ap)
@@ -49,9 +53,12 @@ def parse_args(argv: list[str] | None = None, prog: str = "specviz app") -> argp
         ap.error(str(exc))
     for flag in ("target", "draft"):
         value = getattr(args, flag)
-        if value and _looks_local(value) and not Path(value).expanduser().is_dir():
-            ap.error(f"--{flag} {value}: no such directory (give a model directory with config.json, "
-                     "*.safetensors and tokenizer files)")
+        if value in PRESETS:
+            continue
+        path = Path(value).expanduser() if value else None
+        if value and _looks_local(value) and not (path.is_dir() or (path.is_file() and path.suffix == ".gguf")):
+            ap.error(f"--{flag} {value}: no such directory or .gguf file (give a model directory with config.json, "
+                     f"*.safetensors and tokenizer files, a .gguf file, or a preset: {', '.join(PRESETS)})")
     return args
 
 

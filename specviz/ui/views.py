@@ -23,7 +23,7 @@ from specviz.viz import (
 from specviz.viz.common import block_rescued, metrics_of
 from specviz.viz.stats import rate_set, rates_markdown
 from specviz.viz.source import source_figure, source_html, source_note
-from specviz.viz.speed import capture_note
+from specviz.viz.speed import capture_note, graph_notes_html
 
 
 
@@ -122,7 +122,8 @@ def all_views(trace: Trace, step: int | None, position: int | None,
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)
     speedup = (speedup_html(run_summary(trace), baseline, no_baseline, streamed=streamed)
-               + capture_note(metrics_of(trace).get("capture_ms", 0.0)))
+               + capture_note(metrics_of(trace).get("capture_ms", 0.0))
+               + graph_notes_html(trace.config.get("graph_notes")))
     return Views(stream=token_stream_html(trace, s), summary=summary_markdown(trace),
                  grid=step_grid_figure(trace, s, i), residual=residual_figure(trace, s, i),
                  match=source_html(trace, s, i), trie=source_figure(trace, s), stats=stats_figure(trace, baseline),

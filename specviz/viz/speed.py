@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 
@@ -36,3 +37,13 @@ def capture_note(capture_ms: float) -> str:
     return (f"<p style='font-size:13px;color:#6b7280'>This run captured CUDA graphs for settings not warmed up at "
             f"start ({capture_ms / 1e3:.2f} s, a one-time cost): that time is excluded from its timings and from the "
             "speedup.</p>")
+
+
+def graph_notes_html(notes: list[str] | None) -> str:
+    """The trace's ``config.graph_notes`` (CUDA-graph captures that failed, so those forwards ran eagerly and
+    the tokens/s is lower than with graphs) as one note, else ""."""
+    if not notes:
+        return ""
+    items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
+    return (f"<div style='font-size:13px;color:#b45309'>Not every forward ran from a CUDA graph (correct tokens, lower "
+            f"tokens/s):<ul style='margin:2px 0 0 18px'>{items}</ul></div>")
