@@ -177,7 +177,7 @@ def test_the_window_checks_can_fail(sliding_model):
     assert not torch.allclose(out[1 + 6], _full_forward_logits(sliding_model, deep)[-1], atol=1e-3)
 
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+needs_cuda = pytest.mark.gpu
 
 
 @needs_cuda
@@ -191,10 +191,10 @@ def test_every_family_on_cuda_with_graphs(family_dirs, family):
     run_every_method(dec, want)
     for model in (dec.target_model, dec.draft_model):
         assert capture_notes(model) == [], (family, capture_notes(model))
-    runners = [r for objs in dec._free_runners.values() for r in objs if isinstance(r, StaticRunner)]
+    runners = [r for r in dec.pool.objects() if isinstance(r, StaticRunner)]
     assert runners and all(r.cuda_graphs for r in runners)
-    assert all(entry is not None for r in runners for entry in r._graphs.values()), family
-    assert sum(len(r._graphs) for r in runners) > 0
+    assert all(entry is not None for r in runners for entry in r.graphs.values()), family
+    assert sum(len(r.graphs) for r in runners) > 0
 
 
 @needs_cuda
@@ -208,7 +208,7 @@ def test_moe_families_capture_without_host_copies(family_dirs, family, dtype):
     dec.warm_up(max_speculative_tokens=4, verify_methods=("greedy",), temperatures=(), synthetic_rates=())
     for model in (dec.target_model, dec.draft_model):
         assert capture_notes(model) == [], (family, dtype, capture_notes(model))
-    runners = [r for objs in dec._free_runners.values() for r in objs if isinstance(r, StaticRunner)]
-    assert runners and all(entry is not None for r in runners for entry in r._graphs.values())
+    runners = [r for r in dec.pool.objects() if isinstance(r, StaticRunner)]
+    assert runners and all(entry is not None for r in runners for entry in r.graphs.values())
     trace = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=NEW)
     assert len(trace.output_token_ids) > 0
