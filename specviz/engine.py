@@ -28,7 +28,7 @@ from .config import MAX_SPECULATIVE_TOKENS, VERIFY_METHODS, GenerationConfig
 from .describe import add_texts, describe_request
 from .loading import load_parts, runner_options
 from .methods.base import Build
-from .models import check_vocab_rows, tokenizer_mismatch
+from .models import check_draft, eos_token_ids
 from .pools import Pool, device_lock
 from .proposer import Draft, Outcome, Proposer, StepContext
 from .runner import EagerRunner, ModelRunner
@@ -60,14 +60,8 @@ class SpecDecoder:
         self.device = next(target_model.parameters()).device
         self.runner_factory, self.names = runner_factory, names or {}
         self.vocab_size = int(target_model.get_output_embeddings().weight.shape[0])
-        if draft_model is not None:
-            problem = tokenizer_mismatch(tokenizer, draft_tokenizer) if draft_tokenizer is not None else None
-            if problem:
-                raise ValueError(problem)
-            draft_vocab = int(draft_model.get_output_embeddings().weight.shape[0])
-            if draft_vocab != self.vocab_size:
-                check_vocab_rows(self.vocab_size, draft_vocab, len(tokenizer))
-        self.eos_token_ids = _eos_ids(target_model, tokenizer)
+        check_draft(draft_model, tokenizer, draft_tokenizer, self.vocab_size)
+        self.eos_token_ids = eos_token_ids(target_model, tokenizer)
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.pool = Pool()  # runners, verifiers, head runners: reused across requests
         self.target_runner: ModelRunner | None = None
@@ -192,7 +186,7 @@ class SpecDecoder:
         ctx = StepContext(temperature=cfg.temperature, generator=torch.Generator(device=self.device).manual_seed(
             cfg.sampling.seed), top_k=cfg.sampling.top_k, top_p=cfg.sampling.top_p)
         generated: list[int] = []
-        pending: list[_Publication] = []  # steps whose events are not published yet (see _step)
+        pending: list[ev.Publication] = []  # steps whose events are not published yet (see _step)
         stop_reason, passes, step = "stopped", 0, 0
         try:
             proposer = self.current_proposer = self.make_proposer(cfg, build=build)
@@ -222,7 +216,7 @@ class SpecDecoder:
                     stop_reason = "eos" if hit_eos else "max_new_tokens"
                     break
                 if stream_texts:  # a streamed trace is whole at every yield
-                    _publish_all(pending)
+                    ev.publish_all(pending)
                     add_texts(self.tokenizer, recorder.trace, generated)
                 lock.__exit__(None, None, None)  # between steps other requests' steps may run
                 try:
@@ -230,7 +224,7 @@ class SpecDecoder:
                 finally:
                     lock.__enter__()
         finally:
-            _publish_all(pending)
+            ev.publish_all(pending)
             build.finish(generated)  # the method's finish (suffix: this output joins its tree), then every lease back
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
@@ -238,7 +232,7 @@ class SpecDecoder:
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,
               runner: ModelRunner, verifier: StepVerifier, proposer: Proposer | None, ctx: StepContext,
-              bus: ev.EventBus, pending: "list[_Publication]") -> tuple[list[int], bool, torch.Tensor, "_Publication"]:
+              bus: ev.EventBus, pending: "list[ev.Publication]") -> tuple[list[int], bool, torch.Tensor, ev.Publication]:
         """One verification step. ``last``: the last committed token, int64 [1] on the device; ``pending``: earlier
         steps' unpublished events (oldest first), all but the newest published while the GPU computes this step's
         forward (the newest's detailed record is still being copied: steps are published two steps late). Returns
@@ -292,25 +286,7 @@ class SpecDecoder:
                                         sample_ms=timings["sample_ms"], capture_ms=timings["capture_ms"]))
             bus.publish(ev.TokensCommitted(step=step, token_ids=committed, num_generated=num_generated + len(committed)))
 
-        return committed, hit_eos, verified.next_input, _Publication(publish)
-
-
-class _Publication:
-    """One step's events: calling it publishes them (once; later calls do nothing)."""
-
-    def __init__(self, publish: Callable[[], None]):
-        self._publish: Callable[[], None] | None = publish
-
-    def __call__(self) -> None:
-        fn, self._publish = self._publish, None
-        if fn is not None:
-            fn()
-
-
-def _publish_all(pending: "list[_Publication]") -> None:
-    for publication in pending:
-        publication()
-    pending.clear()
+        return committed, hit_eos, verified.next_input, ev.Publication(publish)
 
 
 def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[list[int], bool]:
@@ -320,14 +296,3 @@ def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[li
         if t in eos_ids:
             return out[: i + 1], True
     return out, False
-
-
-def _eos_ids(model: torch.nn.Module, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(src, "eos_token_id", None) if src is not None else None
-        if eos is not None:
-            ids.update([eos] if isinstance(eos, int) else list(eos))
-    if not ids and getattr(tokenizer, "eos_token_id", None) is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids

@@ -88,3 +88,23 @@ class EventBus:
     def publish(self, event: Any) -> None:
         for handler in (*self._handlers.get(type(event), ()), *self._handlers.get(None, ())):
             handler(event)
+
+
+class Publication:
+    """One engine step's events, published when called (once; later calls do nothing): the engine publishes a
+    step's events during the next step's target forward."""
+
+    def __init__(self, publish: Callable[[], None]):
+        self._publish: Callable[[], None] | None = publish
+
+    def __call__(self) -> None:
+        fn, self._publish = self._publish, None
+        if fn is not None:
+            fn()
+
+
+def publish_all(pending: list[Publication]) -> None:
+    """Publish every pending step's events, in order, and empty ``pending``."""
+    for publication in pending:
+        publication()
+    pending.clear()

@@ -17,6 +17,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -243,3 +244,30 @@ def check_vocab_rows(target_rows: int, draft_rows: int, tokenizer_len: int) -> N
         raise ValueError(f"the draft's vocabulary ({draft_rows} rows) and the target's ({target_rows} rows) must both "
                          f"cover the shared tokenizer's {tokenizer_len} tokens; the draft model must share the "
                          "target's tokenizer")
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    """The ids that end a request: the model's generation config's and config's ``eos_token_id`` (an id or a list),
+    else the tokenizer's."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else list(eos))
+    if not ids and getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def check_draft(draft_model: Any, tokenizer: Any, draft_tokenizer: Any, vocab_size: int) -> None:
+    """Raise ValueError unless the draft (if any) can draft for the target: the same tokenizer
+    (:func:`tokenizer_mismatch`, when the draft's is known) and vocabulary rows that differ only by padding past the
+    tokenizer (:func:`check_vocab_rows`)."""
+    if draft_model is None:
+        return
+    problem = tokenizer_mismatch(tokenizer, draft_tokenizer) if draft_tokenizer is not None else None
+    if problem:
+        raise ValueError(problem)
+    draft_vocab = int(draft_model.get_output_embeddings().weight.shape[0])
+    if draft_vocab != vocab_size:
+        check_vocab_rows(vocab_size, draft_vocab, len(tokenizer))
