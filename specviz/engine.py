@@ -44,8 +44,8 @@ class SpecDecoder:
     """Speculative decoding over HF causal LMs, recording a :class:`~specviz.trace.Trace`.
 
     Build with :meth:`from_pretrained`. Every request leases its own runners (KV caches) from ``pool``, so one
-    decoder may serve several threads at once; ``target_runner`` and ``current_proposer`` are the most recent
-    request's, kept for inspection. ``draft_tokenizer``: the draft's own tokenizer, which must equal the target's
+    decoder may serve several threads at once; ``target_runner``, ``step_verifier`` and ``current_proposer`` are the
+    most recent request's, kept for inspection. ``draft_tokenizer``: the draft's own tokenizer, which must equal the target's
     (:func:`specviz.models.tokenizer_mismatch`; ValueError says what differs); the models' vocabulary rows may differ
     by padding beyond the tokenizer (draft q is then cut or zero-padded to the target's V).
     """
@@ -65,6 +65,7 @@ class SpecDecoder:
         self.max_length = int(getattr(target_model.config, "max_position_embeddings", 0) or 0)
         self.pool = Pool()  # runners, verifiers, head runners: reused across requests
         self.target_runner: ModelRunner | None = None
+        self.step_verifier: StepVerifier | None = None
         self.current_proposer: Proposer | None = None
         self._request_states: dict[str, Any] = {}
 
@@ -193,7 +194,7 @@ class SpecDecoder:
             if proposer is not None:
                 proposer.reset()
             runner = self.target_runner = build.lease(id(self.target_model), lambda: self.make_runner(self.target_model))
-            verifier = build.lease("verifier", lambda: StepVerifier(self.device))
+            verifier = self.step_verifier = build.lease("verifier", lambda: StepVerifier(self.device))
             runner.reset()
             ctx.target_runner = runner  # read-only for proposers (mtp reads its KV cache: runner.layer_kv)
             taps = proposer.taps if proposer is not None else ()  # target features the proposer declared

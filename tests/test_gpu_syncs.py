@@ -43,7 +43,7 @@ CASES = [
 ]
 
 
-def count_waits(dec: SpecDecoder, monkeypatch, **kw) -> list[dict]:
+def count_waits(dec: SpecDecoder, monkeypatch, prompt=PROMPT, **kw) -> list[dict]:
     """Run one request and return, per step, the sync-debug warnings and the Event waits."""
     waited: list[torch.cuda.Event] = []
     original_sync = torch.cuda.Event.synchronize
@@ -72,7 +72,7 @@ def count_waits(dec: SpecDecoder, monkeypatch, **kw) -> list[dict]:
         dec._step = counted_step
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            trace = dec.generate(PROMPT, **kw)
+            trace = dec.generate(prompt, **kw)
         finally:
             torch.cuda.set_sync_debug_mode(0)
             del dec._step

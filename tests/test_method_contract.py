@@ -5,6 +5,8 @@
 - at T > 0 the emitted tokens follow the target's own distribution (chi-square per output position against the
   exactly enumerated marginals, Bonferroni over the family), with a negative control: the same test catches a planted
   sampler bug at the same sample size;
+- on CUDA (static runner, CUDA graphs) a chain step waits for the host at most once (tests/test_gpu_syncs.py's
+  count: no sync beyond the verifier's one wait);
 - its view and its lesson render every step; its options parse from the CLI; a missing head or draft model is
   refused with a message that says what to pass.
 
@@ -205,3 +207,21 @@ def test_its_options_parse_from_the_cli(method, capsys):
         argv += [f"--{f.name.replace('_', '-')}", str(f.metadata["ui"])]
     args = _parser().parse_args(argv)
     assert option_settings(args) == {f.name: f.metadata["ui"] for f in fields}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", SPECULATIVE)
+def test_at_most_one_host_wait_per_step_on_cuda(models, method, monkeypatch):
+    from test_gpu_syncs import count_waits
+
+    target, draft, heads = models
+    dec = SpecDecoder.from_pretrained(target, draft, device="cuda", dtype="float32", runner="static", heads=heads)
+    kw = dict(method=method, num_speculative_tokens=K, max_new_tokens=24, seed=1, detailed_trace=False)
+    for _ in range(2):  # warm-up: graph capture, Triton compilation, pinned buffers
+        dec.generate(PROMPT, **kw)
+    steps = count_waits(dec, monkeypatch, prompt=PROMPT, **kw)[1:]  # the first step runs the drafter's prefill
+    core = {id(g.core_done) for g in dec.step_verifier.graphs.values()}
+    for i, s in enumerate(steps, start=1):
+        assert not s["syncs"], f"{method} step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
+        assert len([e for e in s["waits"] if id(e) in core]) == 1, f"{method} step {i}: not one verifier wait"
+        assert len(s["waits"]) == 1, f"{method} step {i}: {len(s['waits'])} event waits"
