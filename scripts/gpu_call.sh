@@ -2,8 +2,9 @@
 # One device call, made of named stages, so each session's calls are a list of stages rather than a new script.
 # Usage (on the device, from the repository root):  bash scripts/gpu_call.sh COMMIT STAGE [STAGE ...]
 # Stages:
-#   pip_a    install bundle a of ../shared/tools/gpu-app-wheels.sh (carry [".gpu-wheels/a"]) into /root/gpu-site
-#   pip_b    install bundle b (carry [".gpu-wheels/b"]); later stages then see gradio and plotly
+#   pip_X    install the wheels of .gpu-wheels/X (carry [".gpu-wheels/X"]) into /root/gpu-site: the bundles of
+#            ../shared/tools/gpu-app-wheels.sh, split so that each fits beside the working tree (g: gradio, p: plotly,
+#            r: the rest)
 #   tests    the GPU tests: every test marked gpu (pytest -m gpu) in TEST_FILES (default tests/), less the IGNORE'd
 #            files; K narrows them (a -k expression)
 #   profile  scripts/profile_tree_step.py: the tree step's phases and host profile beside the chain's, static runner
@@ -31,7 +32,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 GRADIO_ANALYTICS_ENABLED=False
 OUT=${OUT:-/tmp/out}; COMMIT=${1:-unknown}; shift; L=$OUT/logs; mkdir -p "$L"
 for stage in "$@"; do
   case $stage in
-  pip_a|pip_b)
+  pip_*)
     python3 -m pip install -q --no-index --no-deps --no-compile --target /root/gpu-site .gpu-wheels/${stage#pip_}/*.whl \
       > "$L/$stage.log" 2>&1
     echo "[$stage] exit $?"; export PYTHONPATH=/root/gpu-site ;;
