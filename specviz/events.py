@@ -44,7 +44,7 @@ class DraftProposed:
 class StepVerified:
     """The sampler's decision for step ``step``, already copied to the host (one packed
     device-to-host copy per step). ``record``: plain data, the per-position fields of
-    :class:`specviz.trace.Step` (see ``specviz.engine._host_record``)."""
+    :class:`specviz.trace.Step` (built by :mod:`specviz.record`)."""
 
     step: int
     record: dict[str, Any]

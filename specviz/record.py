@@ -171,7 +171,7 @@ class PendingTreeDetail:
     """The detailed part of one tree step's record (:func:`tree_detail_rows`: every row's and node's top-20
     lists, residual masses, the emitted token's p), one flat float64 vector on its way to the host: ``copy`` a
     :class:`~specviz.transfer.HostCopy` (or any object with ``tolist()``); :meth:`result` reads it once (waiting
-    for that copy only; the step verifier reads a chain's :class:`~specviz.verify_step.PendingDetail` by the same
+    for that copy only; the step verifier reads a chain's :class:`~specviz.verify.chain.PendingDetail` by the same
     name). n_top: entries per top list; has_q: q's top lists are packed too (rule "sampled")."""
 
     def __init__(self, copy: Any, n_top: int, has_q: bool):

@@ -27,14 +27,14 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
 
 def pooled_metrics(traces: Sequence[Trace], num_speculative_tokens: int) -> dict[str, Any]:
-    """trace.py's metrics over the steps of every trace pooled (vLLM's counters summed over requests:
+    """specviz.trace.metrics over the steps of every trace pooled (vLLM's counters summed over requests:
     step-weighted, not a mean of per-request means)."""
     steps: list[Step] = [s for t in traces for s in t.steps]
     return compute_metrics(steps, num_speculative_tokens)
 
 
 def tokens_per_target_forward(m: dict[str, Any]) -> float:
-    """Tokens per target forward (verification steps; the prefill is not counted), read from trace.py's
+    """Tokens per target forward (verification steps; the prefill is not counted), read from specviz.trace.metrics'
     metrics by name ("tokens_per_target_forward" where defined, else its equal "tokens_per_step")."""
     return float(m.get("tokens_per_target_forward", m.get("tokens_per_step", 0.0)))
 

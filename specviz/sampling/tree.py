@@ -42,7 +42,7 @@ No Triton kernel: at batch 1 with N <= 64 nodes the work is a scatter and one ra
 (65 x 8192 for the bundled target), a few kernel launches; the chain kernels exist because of the
 batched [B, K, V] layout, which trees here do not have. Rule B's residual chain is a loop over the
 nodes (3 small ops each, no host sync). The one host sync is the walk's read of the decisions. On CUDA the
-engine's :meth:`specviz.verify_step.StepVerifier.queue_tree` captures greedy and rule A (:func:`tree_decisions`,
+engine's :meth:`specviz.verify.tree.TreeVerification.queue_tree` captures greedy and rule A (:func:`tree_decisions`,
 fixed shapes, no host read; the walk's result too, :func:`device_path`) as one CUDA graph per tree size.
 """
 
@@ -213,7 +213,7 @@ def tree_decisions(p: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor, rule:
     """The tree verifier's device work (module docstring): p float32 [1 + N, V]; ids int64 [N] (an id outside
     [0, V) is never accepted); rows int64 [N] (:func:`parent_rows`); noise for (1, N, V) (None for greedy);
     rule "sampled" also q [N, V] and the host ``parents``. Greedy and "topk" are fixed-shape device ops with no
-    host read (:class:`specviz.verify_step.StepVerifier` captures them in a CUDA graph); "sampled" loops over
+    host read (:class:`specviz.verify.StepVerifier` captures them in a CUDA graph); "sampled" loops over
     the nodes on the host. Inputs are not checked here (:func:`queue_verify_tree` does)."""
     N, V = int(ids.numel()), int(p.shape[1])
     ok_id = (ids >= 0) & (ids < V)  # [N]

@@ -1,7 +1,7 @@
 """Figures of a comparison (:mod:`specviz.compare`): the table, aligned token strips, the same draft
 under every rule, the k sweep, and an offline HTML report. Pure functions of plain data; plotly only.
 
-Every number comes from :func:`specviz.compare.table` (metrics from specviz/trace.py); fates from
+Every number comes from :func:`specviz.compare.table` (metrics from specviz/trace/metrics.py); fates from
 :mod:`specviz.viz.common`.
 """
 
@@ -54,7 +54,7 @@ COLUMN_FORMULAS = {
 }
 
 TABLE_HELP = """**How each column is computed** (pooled over every prompt and seed of the row: counts are summed
-over requests, then divided, as vLLM sums its counters; definitions in `specviz/trace.py`):
+over requests, then divided, as vLLM sums its counters; definitions in `specviz/trace/metrics.py`):
 
 - **tokens / forward** = generated tokens / verification steps (target forwards after the prefill; steps with
   no draft count). vllm#24344 calls it "seq-normalized AL"; it is what a fast target on a GPU turns into speed.

@@ -22,7 +22,7 @@ u <= min(1, r(x)/q(x))), the outcome the residual of rule A (p with every tested
 the bonus at a leaf; these chapters highlight the draft-tree view.
 
 A run starts with an ``intro`` chapter and ends with ``stats`` (metrics from ``trace.metrics``,
-defined in specviz/trace.py). Each chapter names the step and position it selects in the
+defined in specviz/trace/metrics.py). Each chapter names the step and position it selects in the
 existing views and the view it highlights (``focus``).
 """
 

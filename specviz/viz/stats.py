@@ -97,7 +97,7 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
     steps only), draft acceptance rate (accepted / drafted) and a (accepted / verified positions, the
     i.i.d. estimate the theory curve (1 - a^(k+1)) / (1 - a) uses); for tree runs the draft acceptance
     rate says it is per node and the per-depth acceptance stands after it. Counts are committed tokens
-    (specviz/trace.py); values None when nothing was drafted."""
+    (specviz/trace/metrics.py); values None when nothing was drafted."""
     trace = as_trace(trace)
     m = metrics_of(trace)
     tokens, steps = m["num_generated_tokens"], m["num_steps"]
@@ -109,7 +109,7 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
     drafting_tokens = sum(len(s.committed_token_ids) for s in drafting)
     al_formula, al_numbers = "1 + accepted / drafting steps", f"1 + {accepted} / {drafts}"
     tree_note, tree_rates = _tree_rates(trace, m)
-    if drafting_tokens != accepted + drafts:  # a step cut by the stop kept no emitted token (trace.py)
+    if drafting_tokens != accepted + drafts:  # a step cut by the stop kept no emitted token (specviz.trace.metrics)
         al_formula, al_numbers = "committed tokens of drafting steps / drafting steps", f"{drafting_tokens} / {drafts}"
     return [
         Rate("tokens_per_forward", "tokens per target forward", tokens_per_target_forward(tokens, steps),

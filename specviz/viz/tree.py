@@ -102,7 +102,7 @@ def step_rule(trace: Trace, st: Step) -> str:
 
 def draft_confidence(n: ViewNode, by_id: dict[int, ViewNode]) -> float | None:
     """The draft's own probability of ``n``'s token at its parent: exp(score - the parent's score)
-    (a root child: exp(score)); scores are cumulative log-confidences (proposers/base.py Draft.scores).
+    (a root child: exp(score)); scores are cumulative log-confidences (specviz.proposer.Draft.scores).
     None when the node or its parent has no score."""
     parent = by_id.get(n.parent)
     base = 0.0 if n.parent < 0 else (parent.score if parent is not None else None)

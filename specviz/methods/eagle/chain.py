@@ -1,6 +1,6 @@
 """A plain reference of chain drafting with a head on one sequence (docs/design/methods.md 1.1 and 2.1).
 
-Not the engine's proposer (that is ``specviz.proposers``); this is the few-line definition the
+Not the engine's proposer (that is :mod:`specviz.methods.eagle.proposer`); this is the few-line definition the
 tests and the trainer's held-out evaluation compare against. With committed tokens x_0..x_n
 (x_n = the root, not yet run through the target) and target features g_0..g_{n-1}:
 

@@ -17,7 +17,7 @@ label position"). Loss = sum_s decay^s * mean soft-CE_s, decay 0.8, no feature r
 Agreement (logged): top1[s] = fraction of rows whose step-s argmax equals the target's argmax at
 the label position; chain[s] = fraction of rows where steps 0..s all agree (a teacher-forced proxy
 for the per-position acceptance of a greedy chain; the engine's acceptance metrics are in
-``specviz/trace.py``).
+``specviz/trace/metrics.py``).
 """
 
 from __future__ import annotations
