@@ -176,7 +176,7 @@ def _compare_parser(sub: Any) -> None:
                         "as the baseline)")
     c.add_argument("-k", "--num-speculative-tokens", default="5", help="k, or comma-separated values")
     c.add_argument("--k-sweep", default=None, help="comma-separated k values for every method (overrides -k)")
-    c.add_argument("--verify", default=None, help="greedy | standard | block | synthetic, or comma-separated")
+    c.add_argument("--verify", default=None, help="greedy | standard | block | typical, or comma-separated")
     c.add_argument("--temperature", default="0", help="temperature, or comma-separated values")
     c.add_argument("--trees", default=None,
                    help="draft trees compared beside the chains, ';'-separated: '4,6,32' (EAGLE-2 top_k,depth,"

@@ -63,6 +63,9 @@ def configs_from_args(args: Any) -> list[RunConfig]:
     chosen = [m.strip() for m in str(args.methods).split(",") if m.strip()]
     ks = _list(args.k_sweep or args.num_speculative_tokens, int, "-k / --k-sweep")
     verifies = _list(args.verify, str, "--verify")
+    if "synthetic" in (verifies or ()):  # its rates are a speed study's input, not a comparison's
+        raise ValueError("--verify synthetic needs acceptance rates, which a comparison does not take: run it with "
+                         "specviz generate --verify synthetic --synthetic-rates ...")
     temps = _list(args.temperature, float, "--temperature")
     trees = [t.strip() for t in str(getattr(args, "trees", None) or "").split(";") if t.strip()]
     options = {f.name: getattr(args, f.name, None) for m in methods.all_methods() for f in methods.option_fields(m.options)}

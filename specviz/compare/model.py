@@ -204,8 +204,8 @@ def expand_configs(chosen: Sequence[str], ks: Sequence[int], verifies: Sequence[
         out += [RunConfig(m, k, v, t, method_options(m, options), spec) for m in taken
                 for k in ([depth] if depth else ks) for v in verifies if v not in CHAIN_ONLY for t in temperatures]
         if all(v in CHAIN_ONLY for v in verifies):
-            raise ValueError(f"the tree {spec!r} has no verification to run with: block and synthetic are chain-only; "
-                             "add auto, greedy or standard")
+            raise ValueError(f"the tree {spec!r} has no verification to run with: {', '.join(CHAIN_ONLY)} "
+                             "are chain-only; add auto, greedy or standard")
     return out
 
 
