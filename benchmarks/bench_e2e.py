@@ -156,11 +156,9 @@ def graph_gpu_ms(dec) -> float | None:
 
 def _set_timers(dec, armed: bool) -> None:
     """Arm (a fresh event list each) or disarm the CUDA-event timers of every pooled runner and verifier."""
-    with dec._pool_lock:
-        for pooled in dec._free_runners.values():
-            for r in pooled:
-                if hasattr(r, "graph_events"):
-                    r.graph_events = [] if armed else None
+    for r in dec.pool.objects():  # the free ones: between requests, that is every one
+        if hasattr(r, "graph_events"):
+            r.graph_events = [] if armed else None
 
 
 def parse_method(spec: str) -> tuple[str, int, dict, str]:

@@ -208,7 +208,7 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
                                   len(trace.output_token_ids), ms_per_step=1e3 * sec / len(trace.steps))
     res["tracing_cost_none"] = 1 - none_rows[True]["tok_s"] / none_rows[False]["tok_s"]
     t_none_ms = none_rows[True]["ms_per_step"]
-    runner = dec._free_runners[id(target)][0]
+    runner = dec.pool.free(id(target))[0]
     drafter = None
     if "spec" in args.parts:
         for a in ACCEPTANCE:
@@ -220,7 +220,7 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
                     ms_per_step=1e3 * sec / len(trace.steps),
                     mean_acceptance_length=trace.metrics["mean_acceptance_length"], expected_tokens=expected_tokens(a, K))
             r["speedup_vs_none"] = r["tok_s"] / none_rows[True]["tok_s"]
-        drafter = dec._free_runners[id(draft)][0]
+        drafter = dec.pool.free(id(draft))[0]
     reps = max(5, 4 * args.repeats)
     costs = {"target_1": forward_gpu_ms(runner, 1, reps), "target_k1": forward_gpu_ms(runner, K + 1, reps),
              "draft_1": forward_gpu_ms(drafter, 1, reps) if drafter is not None else None, "none_step_wall": t_none_ms}
@@ -268,7 +268,7 @@ def compiled_part(target, draft, prompt: list[int], cache: int, device, args, ro
                              args.repeats)
     r = row("specviz none trace=on compile=on", sec, len(trace.output_token_ids), ms_per_step=1e3 * sec / len(trace.steps))
     r["speedup_vs_uncompiled"] = r["tok_s"] / none_on["tok_s"]
-    runner = dec._free_runners[id(target)][0]
+    runner = dec.pool.free(id(target))[0]
     if "spec" in args.parts:
         sec, trace = median_wall(lambda: dec.generate(prompt, max_new_tokens=args.max_new, **spec), device, args.repeats)
         r2 = row(f"specviz draft_model synthetic a=0.8 k={K} trace=on compile=on", sec, len(trace.output_token_ids),
@@ -277,7 +277,7 @@ def compiled_part(target, draft, prompt: list[int], cache: int, device, args, ro
         r2["speedup_vs_none"] = r2["tok_s"] / r["tok_s"]  # over compiled method none
         plain = next((x for x in res["rows"] if x["name"] == f"specviz draft_model synthetic a=0.8 k={K} trace=on"), None)
         r2["speedup_vs_uncompiled"] = r2["tok_s"] / plain["tok_s"] if plain else None
-        out["drafter_compiled"] = dec._free_runners[id(draft)][0].compiled
+        out["drafter_compiled"] = dec.pool.free(id(draft))[0].compiled
     out["target_compiled"] = runner.compiled  # False: compile failed and fell back to eager (see the log)
     out["target_1_ms"] = forward_gpu_ms(runner, 1, max(5, 4 * args.repeats))
     if runner.cuda_graphs:

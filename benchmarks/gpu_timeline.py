@@ -5,11 +5,12 @@ launched it (graph replays included: CUPTI reports a replay's kernels with the l
 Per setting it prints, per step (medians are not meaningful for a profile; these are means over the request):
 the wall time, the GPU's busy time (the union of kernel, memcpy and memset intervals) and so its idle share, and per
 phase the kernel count and kernel time. Phases are the ``SpecDecoder._step`` callees: ``propose`` (the drafter, its
-graphs included), ``observe``, ``forward`` (the target's verify forward), ``verify`` (sampler and record: the chain's
-StepVerifier, the tree verifier), ``commit`` (the K/V compaction), ``publish`` (an earlier step's detail and events),
-and ``step`` for what ``_step`` launches itself. Then the GPU's idle time per step by the host phase open meanwhile
-(the innermost one; ``walk`` is the tree verifier's host walk after its read, ``truncate`` the cache rollback,
-``between`` the engine's loop between steps): what the host does while the GPU waits for it. The profiler slows the
+graphs included), ``observe``, ``forward`` (the target's verify forward), ``verify`` (sampler and record:
+``StepVerifier.queue`` for a chain or a tree, and the step's wait, ``QueuedStep.result``), ``commit`` (the K/V
+compaction), ``publish`` (an earlier step's detail and events), and ``step`` for what ``_step`` launches itself.
+Then the GPU's idle time per step by the host phase open meanwhile (the innermost one; ``walk`` is the tree
+verifier's host walk after its read, ``truncate`` the cache rollback, ``between`` the engine's loop between steps):
+what the host does while the GPU waits for it. The profiler slows the
 host (on the H200 a 4 ms chain step took 7-10 ms under it) but not the kernels, so these idle figures are
 upper bounds that overstate the host's share; the kernel counts and kernel times are not affected. CUDA only.
 
@@ -50,18 +51,20 @@ def _annotated(fn, label):
 @contextlib.contextmanager
 def annotate_phases(dec):
     """Wrap the engine's phase calls in ``record_function("phase:NAME")`` ranges for the duration (restored after)."""
-    from specviz import engine, static_runner, verify_step
+    from specviz import engine, events, static_runner
     from specviz.sampling import tree as tree_sampling
+    from specviz.verify import QueuedStep, StepVerifier
 
     patches = [(static_runner.StaticRunner, "forward_features", "forward"),
                (static_runner.StaticRunner, "commit", "commit"),
                (static_runner.StaticRunner, "truncate", "truncate"),
                (tree_sampling, "_walk", "walk"),
-               (verify_step.StepVerifier, "run", "verify"),
-               (verify_step.StepVerifier, "queue_tree", "verify"),
-               (engine._Publication, "__call__", "publish"),
+               (StepVerifier, "queue", "verify"),  # a chain's or a tree's verification, queued
+               (QueuedStep, "result", "verify"),  # its wait, and a tree's walk
+               (events.Publication, "__call__", "publish"),
                (engine.SpecDecoder, "_step", "step")]
-    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    # what each owner held itself (an inherited method, e.g. the runner's commit, is removed again, not copied in)
+    saved = [(obj, name, vars(obj).get(name)) for obj, name, _ in patches]
     make = dec.make_proposer
 
     def make_proposer(*args, **kwargs):
@@ -77,7 +80,10 @@ def annotate_phases(dec):
         yield
     finally:
         for obj, name, fn in saved:
-            setattr(obj, name, fn)
+            if fn is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, fn)
         del dec.make_proposer
 
 

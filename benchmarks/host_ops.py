@@ -10,8 +10,8 @@ the two differ where a CUDA path skips or adds host work (e.g. the Triton sample
     python benchmarks/host_ops.py [--device cpu|cuda] [--max-new 48] [--by function|phase] [--top 25]
 
 Each op is charged to the innermost frame under ``specviz/`` that is not in a graph region; the phase is the
-``SpecDecoder._step`` callee it ran under (propose, forward_features, queue_tree, finish, run, commit, observe, the
-previous step's publish, ...; ``_step`` for torch calls written in ``_step`` itself).
+``SpecDecoder._step`` callee it ran under (propose, forward_features, queue, result, commit, observe, the previous
+step's publish, ...; ``_step`` for torch calls written in ``_step`` itself).
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ REGIONS = [
     # a whole draft tree's graph (tree_draft's body; a wrapper of tree_draft's fn would not do: the runner keeps the
     # first fn given per key, so a later request's wrapper is never called)
     ("specviz.methods.eagle.runner", "StaticHeadRunner", "_draft_body"),
-    ("specviz.verify", None, "_core"),  # the verifier's core graph (Triton on CUDA)
-    ("specviz.verify", None, "gather_detail"),  # its detail graph
+    ("specviz.verify.chain", None, "_core"),  # the chain verifier's core graph (Triton on CUDA)
+    ("specviz.record", None, "gather_detail"),  # its detail graph
     # the tree verifier's core graph (greedy / rule A: StepVerifier.queue_tree's tree_unit on CUDA; on the CPU the
     # same decisions and walk run eagerly through these two) and its detail graph
     ("specviz.sampling.tree", None, "queue_verify_tree"),

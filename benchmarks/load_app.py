@@ -56,9 +56,13 @@ REQUESTS: list[tuple[str, str, float, int, str, str]] = [
 
 
 def run_args(req: tuple, max_new: int, compare: bool = False, pairs: int = 1) -> tuple:
-    """The /run endpoint's inputs for one of REQUESTS (k = 4, prompt lookup 1..3)."""
+    """The /run endpoint's inputs for one of REQUESTS (k = 4, prompt lookup 1..3): a RunRequest's values."""
+    from specviz.ui.run import RunRequest
+
     method, verify, temp, seed, prompt, rates = req
-    return (prompt, method, 4, verify, temp, 0, 1.0, max_new, seed, 1, 3, rates, compare, pairs)
+    return RunRequest(prompt=prompt, method=method, num_speculative_tokens=4, verify=verify, temperature=temp,
+                      top_k=0, top_p=1.0, max_new_tokens=max_new, seed=seed, synthetic_rates=rates, compare=compare,
+                      pairs=pairs, options={"prompt_lookup_min": 1, "prompt_lookup_max": 3}).values()
 
 
 def free_port() -> int:

@@ -45,13 +45,26 @@ EXTRA = [  # (name, method, verify, temperature, k, rates): what the examples do
 ]
 
 
+def run_args(prompt: str, method: str, verify: str, temp: float, k: int, max_new: int, lo: int, hi: int, seed: int,
+             rates: str, tree: tuple | None) -> tuple:
+    """The /run endpoint's inputs for one case (a RunRequest's values): top-k and top-p off, measured beside method
+    none (3 pairs); ``tree``: (EAGLE-2 tree, branches per node, static tree) or None for a chain."""
+    from specviz.ui.run import RunRequest
+
+    eagle_tree, branches, static_tree = tree or ("", 0, "")
+    return RunRequest(prompt=prompt, method=method, num_speculative_tokens=k, verify=verify, temperature=temp, top_k=0,
+                      top_p=1.0, max_new_tokens=max_new, seed=seed, synthetic_rates=rates, compare=True, pairs=3,
+                      eagle_tree=eagle_tree, tree_branches=branches, static_tree=static_tree,
+                      options={"prompt_lookup_min": lo, "prompt_lookup_max": hi}).values()
+
+
 def compare_timing(dec) -> dict:
     """The comparison's speed goal on this app's warm decoder: results/compare/measure.py's 6 configurations x 5 prompts x 64
     new tokens, wall time (the decoder is loaded and warmed up already)."""
     import importlib.util
 
     from specviz.compare import iter_comparison, new_comparison
-    from specviz.compare_cli import load_prompt_set
+    from specviz.compare.cli import load_prompt_set
 
     spec = importlib.util.spec_from_file_location("measure", ROOT / "results/compare/measure.py")
     measure = importlib.util.module_from_spec(spec)
@@ -69,8 +82,8 @@ def compare_tab(client, own: str) -> dict:
     """The Compare tab as a lecturer uses it: preset "all methods, greedy, k=5" on their own prompt, 64 tokens, one
     click (the /compare_preset then /compare API calls), timed; the table's rows with their speedups."""
     t0 = time.perf_counter()
-    chosen, ks, verify, temps, _trees = client.predict("all methods, greedy, k=5", api_name="/compare_preset")
-    out = client.predict(chosen, ks, verify, temps, [], own, "0", 64, "vllm", api_name="/compare")
+    chosen, ks, verify, temps, trees = client.predict("all methods, greedy, k=5", api_name="/compare_preset")
+    out = client.predict(chosen, ks, verify, temps, [], own, "0", 64, "vllm", trees, api_name="/compare")
     wall = time.perf_counter() - t0
     table = out[1] if isinstance(out[1], dict) else {}
     return {"preset": "all methods, greedy, k=5", "methods": chosen, "progress": str(out[0])[:200],
@@ -112,7 +125,7 @@ def main() -> None:
         cases = [c for c in cases if any(w in c[0] for w in a.only.split(","))]
     for name, prompt, method, verify, temp, k, max_new, lo, hi, seed, rates, tree in cases[: a.limit]:
         for attempt in (1, 2):
-            args = (prompt, method, k, verify, temp, 0, 1.0, max_new, seed, lo, hi, rates, True, 3, *(tree or ("", 0, "")))
+            args = run_args(prompt, method, verify, temp, k, max_new, lo, hi, seed, rates, tree)
             t = time.time()
             try:
                 out = client.predict(*args, api_name="/run")

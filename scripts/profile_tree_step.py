@@ -24,8 +24,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # cumulative host time per step of these functions (the engine's phases and the tree's own work)
-PHASES = ("propose", "forward_features", "queue_tree", "finish", "run", "commit", "observe", "tree_record",
-          "_add_texts", "publish", "truncate", "_step")
+# (queue: StepVerifier's, a chain's queue_chain or a tree's queue_tree under it; result: the step's wait, a tree's
+# finish and walk under it)
+PHASES = ("propose", "forward_features", "queue", "queue_chain", "queue_tree", "result", "finish", "commit", "observe",
+          "tree_record", "add_texts", "publish", "truncate", "_step")
 
 
 def _cprofile(dec, prompt: str, kw: dict, max_new: int, detailed: bool, top: int) -> None:

@@ -451,9 +451,10 @@ def test_gpu_out_of_memory_becomes_a_message():
 
     from specviz.ui import handlers
     from specviz.ui.cache import StopSignals
+    from specviz.ui.run import STARTING
 
     gen = handlers.run(_FakeCache(), StopSignals(), None, *run_args())
-    assert next(gen)[PROGRESS] == handlers.STARTING
+    assert next(gen)[PROGRESS] == STARTING
     out = next(gen)  # the message in the progress line, every other output skipped
     assert out[PROGRESS].startswith("**error** · ") and "ran out of memory" in out[PROGRESS]
     assert all(isinstance(o, type(gr.skip())) for o in out[1:])
@@ -588,6 +589,7 @@ def test_wall_time_row_says_where_the_trace_came_from(decoders, tmp_path):
     though nothing redrew during it. The redraws are named only for a run just streamed into the app; an upload (the
     CLI's or an export), a comparison's run and the HTML report say "as recorded"."""
     from specviz.ui import handlers as h
+    from specviz.ui.outputs import full_outputs
     from specviz.viz.stats import WALL_TIME_RECORDED, WALL_TIME_STREAMED, run_summary, speedup_html
 
     trace = decoders["llama"].generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=4,
@@ -600,7 +602,7 @@ def test_wall_time_row_says_where_the_trace_came_from(decoders, tmp_path):
     path.write_text(trace.to_json())
     out = h.replay(h.new_state(), str(path))
     assert out[PROGRESS].startswith("**replay**") and WALL_TIME_RECORDED in out[SPEEDUP] and "redraws" not in out[SPEEDUP]
-    live = h._full_outputs("**done**", trace, {**h.new_state(), "trace": trace.to_dict(), "streamed": True})
+    live = full_outputs("**done**", trace, {**h.new_state(), "trace": trace.to_dict(), "streamed": True})
     assert WALL_TIME_STREAMED in live[SPEEDUP]
     from specviz.ui.cache import StopSignals
 

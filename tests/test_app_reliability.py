@@ -282,12 +282,12 @@ class _CapturingRunner(EagerRunner):
 def test_capture_inside_a_run_is_excluded_from_its_timings(tiny_dirs, monkeypatch):
     import types
 
-    from specviz import engine
+    from specviz import timing
 
     target, draft = tiny_dirs["llama"]
     dec = SpecDecoder.from_pretrained(str(target), str(draft), device="cpu")
     dec.runner_factory = _CapturingRunner
-    monkeypatch.setattr(engine, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK[0]))
+    monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: CLOCK[0]))  # the step timer's clock
     trace = dec.generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=24,
                          prompt_lookup_min=1, prompt_lookup_max=3)
     widths = {len(s.draft_token_ids) + 1 for s in trace.steps}
@@ -335,7 +335,7 @@ class _RecordingVerifier:
 
         self.specs, self._real = [], StepVerifier(torch.device("cpu"))
 
-    def run(self, spec, logits, q, x, generator):
+    def run(self, spec, logits, q, x, generator):  # the warm-up's
         assert logits.shape == (spec.k + 1, spec.vocab) and x.shape == (spec.k,)
         assert (q is not None) == spec.full_q
         self.specs.append(spec)
@@ -343,9 +343,16 @@ class _RecordingVerifier:
 
         return self._real.run(replace(spec, backend="reference"), logits, q, x, generator)
 
+    def queue(self, spec, logits, q, x, draft, generator):  # a request's steps
+        assert (q is not None) == spec.full_q
+        self.specs.append(spec)
+        from dataclasses import replace
+
+        return self._real.queue(replace(spec, backend="reference"), logits, q, x, draft, generator)
+
 
 def test_warm_up_reaches_every_width_and_verifier_spec(tiny_dirs):
-    from specviz.engine import warm_up_specs
+    from specviz.warmup import warm_up_specs
 
     target, draft = tiny_dirs["llama"]
     dec = SpecDecoder.from_pretrained(str(target), str(draft), device="cpu")
@@ -374,18 +381,18 @@ def test_warm_up_specs_cover_what_the_ui_reaches(tiny_dirs, monkeypatch):
     from dataclasses import replace
 
     from specviz.verify import verifier as verify_step
-    from specviz.engine import warm_up_specs
+    from specviz.warmup import warm_up_specs
 
     target, draft = tiny_dirs["llama"]
     dec = SpecDecoder.from_pretrained(str(target), str(draft), device="cpu")
     seen = set()
-    real = verify_step.StepVerifier.run
+    real = verify_step.StepVerifier.queue
 
-    def run(self, spec, *args):
+    def queue(self, spec, *args):  # every step of a request
         seen.add(replace(spec, backend="triton"))
         return real(self, spec, *args)
 
-    monkeypatch.setattr(verify_step.StepVerifier, "run", run)
+    monkeypatch.setattr(verify_step.StepVerifier, "queue", queue)
     rates = (0.8, 0.6, 0.4, 0.3, 0.2)
     for method in ("none", "ngram", "suffix", "draft_model"):
         for verify, temp, k in (("greedy", 0.0, 12), ("standard", 0.8, 12), ("block", 1.0, 7), ("synthetic", 0.0, 5),

@@ -400,7 +400,7 @@ def test_the_speedup_comes_with_its_per_run_spread():
 def test_strips_and_scrubber_name_the_prompt():
     """The token strips' title and the scrubber's heading said "prompt 1" only; they now give the
     prompt's name too (cut at a word, "…", when long; HTML escaped), and just "prompt N" for an unnamed prompt."""
-    from specviz.viz.compare import PROMPT_NAME_MAX, prompt_label, scrub_html, strips_figure
+    from specviz.viz.compare_strips import PROMPT_NAME_MAX, prompt_label, scrub_html, strips_figure
 
     long = "MLP class repeated for a new model, n-gram lookup (greedy)"
     c = Comparison([RunConfig("none", 1, "greedy", 0.0), RunConfig("ngram", 3, "greedy", 0.0)],
@@ -476,7 +476,7 @@ def test_expand_configs_adds_each_tree_for_the_methods_that_take_it_at_its_depth
     label = RunConfig("draft_model", 3, tree=big).tree_label
     assert re.fullmatch(r"static tree \(8 nodes, depth 3, #[0-9a-f]{4}\)", label), label
     assert RunConfig("draft_model", 3, tree=big.replace("(1, 0), ", "(2,), ")).tree_label != label
-    with pytest.raises(ValueError, match="block and synthetic are chain-only"):
+    with pytest.raises(ValueError, match="no verification to run with: block, synthetic, typical are chain-only"):
         expand_configs(["draft_model"], [3], ["block"], [0.0], [STATIC])
     with pytest.raises(ValueError, match="chain-only"):
         new_comparison([RunConfig("draft_model", 2, "block", 0.0, tree=STATIC)], ["x"], [0])

@@ -61,7 +61,7 @@ def test_click_off_path_shows_node_panel(monkeypatch):
     trace-v2 tree is handed over directly: the session state's JSON round trip is trace v2's.)"""
     from test_tree_view import tree_trace
 
-    monkeypatch.setattr(tree_ui.h, "_trace_of", lambda state: tree_trace())
+    monkeypatch.setattr(tree_ui, "trace_of", lambda state: tree_trace())
     out = tree_ui.select_tree_node({"trace": "x"}, 0, "2,9")  # node 2: rejected, off the path [0, 3]
     caption = next(a.text for a in out[4].layout.annotations if a.name == "caption")
     assert "node 2" in caption and "rejected" in caption

@@ -162,7 +162,7 @@ def test_every_bundled_compare_prompt_gives_the_target_something_to_continue(bun
     gave 1 token for every method). Each bundled prompt's greedy continuation runs past its first 4 tokens."""
     import json
 
-    from specviz.compare_cli import PROMPT_SET
+    from specviz.compare.cli import PROMPT_SET
 
     data = json.loads(PROMPT_SET.read_text())
     for prompt in data if isinstance(data, list) else data["prompts"]:

@@ -21,10 +21,11 @@ sys.path.insert(0, str(ROOT))
 
 from specviz import SpecDecoder  # noqa: E402
 from specviz.compare import RunConfig, iter_comparison, new_comparison, table_csv  # noqa: E402
-from specviz.compare_cli import load_prompt_set  # noqa: E402
+from specviz.compare.cli import load_prompt_set  # noqa: E402
 
-CONFIGS = [RunConfig("ngram", 5, None, 0.0, 2, 4), RunConfig("ngram_gpu", 5, None, 0.0, 2, 4), RunConfig("suffix", 5),
-           RunConfig("draft_model", 5), RunConfig("draft_model", 3)]
+LOOKUP = (("prompt_lookup_max", 4), ("prompt_lookup_min", 2))
+CONFIGS = [RunConfig("ngram", 5, None, 0.0, LOOKUP), RunConfig("ngram_gpu", 5, None, 0.0, LOOKUP),
+           RunConfig("suffix", 5), RunConfig("draft_model", 5), RunConfig("draft_model", 3)]
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
 
 from .cache import DecoderCache, StopSignals
-from .outputs import md_text
+from .outputs import full_outputs, md_text, new_state
 
 from .compare_config import MAX_NEW_TOKENS, _numbers, _prompts, build_configs, runnable
 
@@ -198,8 +198,6 @@ def open_run(state: dict[str, Any] | None, config: Any, prompt: Any, seed: Any, 
     (with method none's run of the same prompt and seed as its baseline); switches to that tab."""
     from specviz.viz import run_summary
 
-    from . import handlers as h
-
     c = _comparison(state)
     r = c.find(int(config or 0), int(prompt or 0), int(seed)) if c is not None and seed is not None else None
     if r is None:
@@ -207,11 +205,11 @@ def open_run(state: dict[str, Any] | None, config: Any, prompt: Any, seed: Any, 
         return (gr.skip(),) * 13
     base = c.baseline_of(r.config)
     b = c.find(base, r.prompt, r.seed) if base is not None else None
-    main = dict(main_state or h.new_state(), trace=r.trace.to_dict(), baseline=run_summary(b.trace) if b else None,
+    main = dict(main_state or new_state(), trace=r.trace.to_dict(), baseline=run_summary(b.trace) if b else None,
                 streamed=False)  # a comparison's run: not streamed, no redraws in its wall time
     progress = (f"**from the comparison** · {c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, "
                 f"seed {r.seed} · _the controls above keep your own settings: Run runs those, not this configuration_")
-    return (*h._full_outputs(progress, r.trace, main), gr.Tabs(selected="single"))
+    return (*full_outputs(progress, r.trace, main), gr.Tabs(selected="single"))
 
 
 # a click on a strip cell sends "row label|position|nonce" through the hidden #sv-compare-pick box, whose change

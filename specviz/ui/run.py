@@ -77,6 +77,15 @@ class RunRequest:
         names = cls.fields()
         return cls(**dict(zip(names, values)), options=dict(zip(option_controls(), values[len(names):])))
 
+    def values(self) -> tuple[Any, ...]:
+        """The Run event's values for this request (:meth:`from_values`' inverse): its fields, then the option
+        controls (one it does not set: the control's starting value), e.g. for ``/run`` through gradio_client."""
+        start: dict[str, Any] = {}
+        for m in methods.all_methods():
+            for f in methods.option_fields(m.options):
+                start.setdefault(f.name, f.metadata["ui"])
+        return (*(getattr(self, n) for n in self.fields()), *(self.options.get(n, start[n]) for n in option_controls()))
+
     def notes(self) -> str:
         """What the run changes or ignores of the controls (a clamped k, an EAGLE-2 tree deeper than k, a tree control
         the method does not read), "; "-joined; "" for none."""

@@ -16,7 +16,7 @@ import gradio as gr
 from specviz.viz import tree as tree_view
 from specviz.viz.residual import clamp_selection, message_figure
 
-from . import handlers as h
+from .outputs import number, sliders, trace_of
 from .views import selection_views
 
 PLACEHOLDER = ("After Run: the step's draft tree (a chain for chain methods): the accepted path green, rejected "
@@ -46,10 +46,10 @@ svBindTree();
 
 def tree_panel(state: dict[str, Any] | None, step: Any, position: Any) -> Any:
     """The draft tree of the selected (step, position) (clamped), that position's node outlined."""
-    trace = h._trace_of(state)
+    trace = trace_of(state)
     if trace is None or not trace.steps:
         return message_figure(PLACEHOLDER, 160)
-    s, i = clamp_selection(trace, int(h._number(step, 0)), int(h._number(position, 1)))
+    s, i = clamp_selection(trace, int(number(step, 0)), int(number(position, 1)))
     return tree_view.tree_figure(trace, s, tree_view.node_for_position(trace.steps[s], i))
 
 
@@ -58,16 +58,16 @@ def select_tree_node(state: dict[str, Any] | None, step: Any, pick: Any) -> tupl
     position sliders, stream, grid, residual, match, trie, tree. A node on the accepted path (or
     the step's own token) moves the position there; another node keeps the sliders and shows
     :func:`specviz.viz.tree.node_figure` in the residual panel. Anything unreadable changes nothing."""
-    trace = h._trace_of(state)
+    trace = trace_of(state)
     parts = str(pick or "").split(",")
     if trace is None or not trace.steps or not parts[0].strip().lstrip("-").isdigit():
         return (gr.skip(),) * 8
-    s, _ = clamp_selection(trace, int(h._number(step, 0)), None)
+    s, _ = clamp_selection(trace, int(number(step, 0)), None)
     st, node = trace.steps[s], int(parts[0])
     position = tree_view.position_for_node(st, node)
     if position is not None:
         i = clamp_selection(trace, s, position)[1]
-        return (gr.skip(), h._sliders(trace, s, i)[1], *selection_views(trace, s, i),
+        return (gr.skip(), sliders(trace, s, i)[1], *selection_views(trace, s, i),
                 tree_view.tree_figure(trace, s, node))
     if node not in {n.id for n in tree_view.step_tree(st)[0]}:
         return (gr.skip(),) * 8
