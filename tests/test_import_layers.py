@@ -37,7 +37,8 @@ def test_kernels_import_only_specviz_modules_that_never_import_kernels():
 
 
 def test_shared_helpers_are_the_ones_both_sides_use():
-    from specviz.proposers import ngram_gpu, ngram_match
+    from specviz.methods.ngram import match as ngram_match
+    from specviz.methods.ngram_gpu import proposer as ngram_gpu
     from specviz.sampling import rates, reference
 
     assert reference._conditional_rates is rates.conditional_rates

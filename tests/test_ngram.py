@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.proposers import NgramProposer, resolve_lookup_bounds
+from specviz.methods.ngram.options import resolve_lookup_bounds
+from specviz.methods.ngram.proposer import NgramProposer
 
 GOLDEN = [
     ([2, 3, 4, 5, 1, 2, 3, 4, 1, 2, 3, 4], (3, 4, 2), [1, 2]),

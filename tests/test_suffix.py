@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.proposers import GlobalSuffixCache, SuffixConfig, SuffixProposer
-from specviz.methods.suffix.proposer import SuffixTrie, _IncrementalTrie
+from specviz.methods.suffix.proposer import GlobalSuffixCache, SuffixConfig, SuffixProposer, SuffixTrie, _IncrementalTrie
 
 
 def test_incremental_trie_equals_batch_trie():
