@@ -53,9 +53,10 @@ class HostCopy:
         return obj
 
     def tolist(self) -> list:
-        """The values as (nested) Python lists; the first call waits for the copy."""
+        """The values as (nested) Python lists; the first call waits for the copy if it has not finished (in the
+        engine a copy queued while drafting has finished by the time the proposer observes the step: no wait)."""
         if self._list is None:
-            if self._done is not None:
+            if self._done is not None and not self._done.query():
                 self._done.synchronize()
             self._list = self._host.tolist()
         return self._list

@@ -278,7 +278,7 @@ def test_whole_buffer_chain_equals_the_exact_length_chain(mtp_decoders):
             if len(draft.token_ids):
                 tok = torch.tensor([[int(token_ids[n])]])
                 drafts, conf = graphs.draft(self.head, r, self.kv_layer, self._feature, tok, n, len(draft.token_ids))
-                pairs.append((draft.token_ids.tolist(), drafts.tolist(), self._pending[1], conf))
+                pairs.append((draft.token_ids.tolist(), drafts.tolist(), torch.tensor(self._pending[1].tolist()), conf))
             return draft
 
     from specviz import methods

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from specviz.runner import FINAL_NORM
-from specviz.transfer import to_device
+from specviz.transfer import HostCopy, to_device
 from specviz.tree import choices_parents, depths, parse_choices
 from specviz.methods.medusa import DEFAULT_TREE as DEFAULT_MEDUSA_TREE  # noqa: F401 (the held-out tree)
 from specviz.proposer import Draft, Outcome, StepContext
@@ -65,7 +65,7 @@ class MedusaProposer:
     def reset(self) -> None:
         self.known = 0  # committed positions whose feature was observed
         self._feature: torch.Tensor | None = None  # f_{known-1} [d]
-        self._pending: tuple[dict[str, Any], torch.Tensor, torch.Tensor] | None = None  # details to fill
+        self._pending: tuple[dict[str, Any], HostCopy, HostCopy] | None = None  # details to fill
 
     def observe(self, outcome: Outcome) -> None:
         """Keep the feature at the last committed position; fill the last draft's candidate lists."""
@@ -108,7 +108,7 @@ class MedusaProposer:
         rank_idx = to_device(torch.tensor([r for _, r in nodes], dtype=torch.long), cand.device)
         tokens = cand[heads_idx, rank_idx]  # [N] on the device, no host wait
         details = self._describe(n, int(token_ids[n]), nodes, parents, context)
-        self._pending = (details, probs, cand)
+        self._pending = (details, HostCopy(probs), HostCopy(cand))  # queued now, read by observe without a wait
         return Draft(token_ids=tokens, details=details, parents=parents, tree_rule="topk")
 
     def _describe(self, n: int, root: int, nodes, parents, ctx: StepContext | None) -> dict[str, Any]:

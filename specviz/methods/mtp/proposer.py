@@ -34,7 +34,7 @@ import torch
 from specviz.graphs import CapturedGraphs, capture
 from specviz.runner import FINAL_NORM
 from specviz.sampling import logits_to_probs
-from specviz.transfer import to_device
+from specviz.transfer import HostCopy, to_device
 from specviz.proposer import Draft, Outcome, StepContext
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class MtpProposer:
     def reset(self) -> None:
         self.known = 0  # committed positions whose feature was observed
         self._feature: torch.Tensor | None = None  # f_{known-1} [d]
-        self._pending: tuple[dict[str, Any], torch.Tensor] | None = None
+        self._pending: tuple[dict[str, Any], HostCopy] | None = None
 
     def observe(self, outcome: Outcome) -> None:
         """Keep the target feature at the last committed position; fill the last chain's confidences."""
@@ -104,7 +104,7 @@ class MtpProposer:
         details = self._describe(n, int(token_ids[n]), k, ctx)
         if self.runner is not None and ctx.temperature <= 0 and self.runner.usable(ctx.target_runner):
             drafts, conf = self.runner.draft(self.head, ctx.target_runner, self.kv_layer, self._feature, tok, n, k)
-            self._pending = (details, conf)
+            self._pending = (details, HostCopy(conf))  # queued now (the graph reuses conf), read by observe
             return Draft(token_ids=drafts, probs=None, details=details)
         t = torch.full((1, 1), n - 1, dtype=torch.long, device=dev)  # the constant draft position
         h = self._feature.view(1, 1, -1)
@@ -118,7 +118,7 @@ class MtpProposer:
             if q is not None:
                 probs.append(q)
             tok = x.view(1, 1)
-        self._pending = (details, torch.stack(conf))
+        self._pending = (details, HostCopy(torch.stack(conf)))
         return Draft(token_ids=torch.cat(drafts), probs=torch.stack(probs) if probs else None, details=details)
 
     def _target_kv(self, ctx: StepContext, n: int) -> tuple[torch.Tensor, torch.Tensor]:
