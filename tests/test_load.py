@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a served app under load: minutes on the CPU
+
 pytest.importorskip("gradio_client")
 
 from benchmarks import load_app  # noqa: E402

