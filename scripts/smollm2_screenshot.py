@@ -9,49 +9,33 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
-from playwright.sync_api import sync_playwright  # noqa: E402
+from app_page import app_page, arg, run_to_done  # noqa: E402
 
-from specviz.ui import build_app, launch_options  # noqa: E402
+from specviz.ui import build_app  # noqa: E402
 
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]
 PROMPT = ("<|im_start|>user\nWrite a Python function is_prime(n) with a docstring, then a function that returns the "
           "primes below n using it.<|im_end|>\n<|im_start|>assistant\n")
 
 
-def _arg(name: str, default: str) -> str:
-    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
-
 
 def main() -> None:
-    shot = Path(_arg("--shot", str(ROOT / "docs" / "smollm2_app.png")))
-    demo = build_app("smollm2", None, _arg("--device", "cpu"))
-    _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=7881, **launch_options())
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(profile, executable_path="/usr/bin/chromium", headless=True,
-                                                   args=ARGS, viewport={"width": 1400, "height": 1000})
-        page = ctx.new_page()
-        page.goto(url)
-        page.wait_for_selector("#sv-run")
+    shot = Path(arg("--shot", str(ROOT / "docs" / "smollm2_app.png")))
+    with app_page(build_app("smollm2", None, arg("--device", "cpu")), 7881, 1400, 1000) as page:
         page.locator("#sv-prompt textarea").fill(PROMPT)
         page.get_by_label("ngram", exact=True).check()
-        page.click("#sv-run")
-        page.wait_for_function("() => document.querySelector('#sv-progress').innerText.includes('done ·')",
-                               timeout=900_000)
+        run_to_done(page, 900_000)
         page.evaluate("window.scrollTo(0, 0)")
         page.wait_for_timeout(1500)
         shot.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(shot))
         print(page.locator("#sv-progress").inner_text())
-        ctx.close()
-    demo.close()
     print(f"wrote {shot}")
 
 

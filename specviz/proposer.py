@@ -142,6 +142,19 @@ class NoFeedback:
         """Ignore the outcome (the proposer reconciles its state from ``token_ids`` in propose)."""
 
 
+def keep_last_feature(proposer: Any, outcome: Outcome, tap: str) -> None:
+    """For proposers that draft from the target's feature at the last committed position (Medusa, MTP): check that
+    ``outcome`` continues where ``proposer.known`` (committed positions observed) ends, then keep that feature row
+    (``proposer._feature``, [d]) and advance ``known``. Raises RuntimeError if a target forward was not observed."""
+    if outcome.start != proposer.known:
+        raise RuntimeError(f"{proposer.name}: an outcome starts at position {outcome.start}, but features are known up "
+                           f"to {proposer.known}; every target forward must be observed")
+    c = len(outcome.committed_token_ids)
+    if c:
+        proposer._feature = outcome.features[tap][c - 1]
+        proposer.known += c
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """What the engine needs from a speculative method.

@@ -15,6 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout (tests/ is one level down)
 
 
@@ -42,3 +45,21 @@ def check_interpreted_run(proc: subprocess.CompletedProcess) -> None:
     tail = proc.stdout[-6000:]
     assert proc.returncode == 0, f"interpreter tests failed (rc={proc.returncode}):\n{tail}"
     assert " passed" in proc.stdout and " failed" not in proc.stdout, f"no interpreter test passed:\n{tail}"
+
+
+# the device parameter of kernel tests: "cpu" runs only in the interpreter's child process, "cuda" only compiled
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not interpreted(), reason="runs in test_interpreter_subprocess")),
+    pytest.param("cuda", marks=[pytest.mark.gpu,
+                                pytest.mark.skipif(interpreted(), reason="the interpreter runs on the CPU")]),
+]
+
+
+def interpreter_subprocess(test_file: str) -> None:
+    """A kernel test file's ``test_interpreter_subprocess``: run its "cpu" cases under the interpreter in a child
+    process (skipped inside that child, and where a GPU runs the compiled kernels instead)."""
+    if interpreted():
+        pytest.skip("this is the interpreter process")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the compiled kernels are tested instead")
+    check_interpreted_run(run_interpreted(test_file, "cpu"))

@@ -10,22 +10,14 @@ import pytest
 import torch
 from test_kernels_sampler import EXACT, _assert_same, _make, _to
 
-from kernel_testing import check_interpreted_run, interpreted, run_interpreted
+from kernel_testing import DEVICES, interpreter_subprocess
 from specviz.sampling import rejection_sample
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not interpreted(), reason="runs in test_interpreter_subprocess")),
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(interpreted(), reason="the interpreter runs on the CPU")]),
-]
 
 
 def test_interpreter_subprocess():
-    if interpreted():
-        pytest.skip("this is the interpreter process")
-    if HAS_CUDA:
-        pytest.skip("a GPU is present: the compiled kernels are tested instead")
-    check_interpreted_run(run_interpreted(__file__, "cpu"))
+    """Run this file's "cpu" cases under the interpreter in a child process."""
+    interpreter_subprocess(__file__)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -12,15 +12,10 @@ import random
 import pytest
 import torch
 
-from kernel_testing import check_interpreted_run, interpreted, run_interpreted
+from kernel_testing import DEVICES, interpreter_subprocess
 from specviz.proposer import Proposer
 from specviz.methods.ngram_gpu.proposer import NgramGPUProposer, ngram_match_reference, resolve_lookup_bounds
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not interpreted(), reason="runs in test_interpreter_subprocess")),
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(interpreted(), reason="the interpreter runs on the CPU")]),
-]
 GOLDEN = [  # (context, min, max, k) -> draft
     ([2, 3, 4, 5, 1, 2, 3, 4, 1, 2, 3, 4], 3, 4, 2, [1, 2]),
     ([1, 2, 3, 100, 1, 2, 3, 200, 1, 2, 3, 300, 1, 2, 3], 3, 3, 2, [100, 1]),
@@ -34,11 +29,7 @@ GOLDEN = [  # (context, min, max, k) -> draft
 
 def test_interpreter_subprocess():
     """Run this file's "cpu" cases under the interpreter in a child process."""
-    if interpreted():
-        pytest.skip("this is the interpreter process")
-    if HAS_CUDA:
-        pytest.skip("a GPU is present: the compiled kernels are tested instead")
-    check_interpreted_run(run_interpreted(__file__, "cpu"))
+    interpreter_subprocess(__file__)
 
 
 def _brute_force(ctx: list[int], n_min: int, n_max: int, k: int) -> tuple[list[int], int, int]:

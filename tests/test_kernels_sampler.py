@@ -15,14 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_testing import check_interpreted_run, interpreted, run_interpreted
+from kernel_testing import DEVICES, interpreter_subprocess
 from specviz.sampling import draw_noise, rejection_sample
 
-HAS_CUDA = torch.cuda.is_available()
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not interpreted(), reason="runs in test_interpreter_subprocess")),
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(interpreted(), reason="the interpreter runs on the CPU")]),
-]
 METHODS = ("greedy", "standard", "block", "synthetic")
 RATES = [0.95, 0.9, 0.8, 0.6, 0.5, 0.4, 0.3, 0.2]
 EXACT = ("output_token_ids", "num_accepted", "num_draft", "token_kind", "accepted", "u", "p_draft", "q_draft", "accept_prob")
@@ -30,11 +25,7 @@ EXACT = ("output_token_ids", "num_accepted", "num_draft", "token_kind", "accepte
 
 def test_interpreter_subprocess():
     """Run this file's "cpu" cases under the interpreter in a child process."""
-    if interpreted():
-        pytest.skip("this is the interpreter process")
-    if HAS_CUDA:
-        pytest.skip("a GPU is present: the compiled kernels are tested instead")
-    check_interpreted_run(run_interpreted(__file__, "cpu"))
+    interpreter_subprocess(__file__)
 
 
 def _triton():

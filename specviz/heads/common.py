@@ -56,11 +56,26 @@ class JsonConfig:
         return cls.from_dict(data)
 
 
+class FinalFeatureConfig:
+    """A head config whose head reads only the target's final-norm feature f_t: no aux layer taps (the engine's
+    trace config reads ``aux_layer_ids`` for every head) and the one tap ``final``
+    (:mod:`specviz.methods.eagle.extract`'s names)."""
+
+    @property
+    def aux_layer_ids(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def taps(self) -> tuple[str, ...]:
+        return ("final",)
+
+
 class SharedTargetMixin:
     """``attach(target)``: share the target's input embedding and LM head, frozen (never saved with the
-    head). Subclasses implement ``_check_target(target_config)`` (ValueError on a mismatch)."""
+    head). Subclasses set ``check_target`` = their (head config, target config) check (ValueError on a mismatch)."""
 
     _shared: tuple[nn.Module, nn.Module] | None = None
+    check_target: ClassVar[Any]  # staticmethod(check(head_config, target_config))
 
     def attach(self, target):
         """Share ``target``'s embedding and LM head (frozen). Raises ValueError if the head's config
@@ -73,7 +88,12 @@ class SharedTargetMixin:
         return self
 
     def _check_target(self, target_config) -> None:
-        raise NotImplementedError
+        type(self).check_target(self.config, target_config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The head's own weights' dtype."""
+        return next(self.parameters()).dtype
 
     @property
     def embed_tokens(self) -> nn.Module:

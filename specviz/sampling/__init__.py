@@ -7,18 +7,8 @@ probabilities, applied identically to target and draft logits.
 
 from specviz.sampling.processing import logits_to_probs, validate_sampling_params
 from specviz.sampling.reference import BACKENDS, rejection_sample
-from specviz.sampling.types import (
-    KIND_ACCEPTED,
-    KIND_BONUS,
-    KIND_NAMES,
-    KIND_PAD,
-    KIND_RECOVERED,
-    METHODS,
-    BlockDetails,
-    RejectionOutput,
-    SamplerNoise,
-    draw_noise,
-)
+from specviz.sampling.types import (KIND_ACCEPTED, KIND_BONUS, KIND_NAMES, KIND_PAD, KIND_RECOVERED, METHODS,
+                                    BlockDetails, RejectionOutput, SamplerNoise, draw_noise)
 
 __all__ = [
     "BACKENDS",

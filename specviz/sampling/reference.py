@@ -32,16 +32,8 @@ from typing import Sequence
 
 import torch
 
-from specviz.sampling.types import (
-    KIND_ACCEPTED,
-    KIND_BONUS,
-    KIND_RECOVERED,
-    METHODS,
-    BlockDetails,
-    RejectionOutput,
-    SamplerNoise,
-    draw_noise,
-)
+from specviz.sampling.types import (KIND_ACCEPTED, KIND_BONUS, KIND_RECOVERED, METHODS, BlockDetails, RejectionOutput,
+                                    SamplerNoise, draw_noise)
 from specviz.sampling.rates import conditional_rates as _conditional_rates
 
 BACKENDS = ("reference", "triton")

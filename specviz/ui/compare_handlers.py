@@ -5,7 +5,6 @@ export / import / open-in-the-single-run-views."""
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,7 +26,7 @@ from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
 
 from .cache import DecoderCache, StopSignals
-from .outputs import full_outputs, md_text, new_state
+from .outputs import full_outputs, md_text, new_state, upload_bytes
 
 from .compare_config import MAX_NEW_TOKENS, _numbers, _prompts, build_configs, runnable
 
@@ -177,14 +176,12 @@ def export(state: dict[str, Any] | None, convention: str = "vllm") -> list[str]:
 
 def import_comparison(path: str | None, convention: str = "vllm") -> tuple:
     """Upload: a saved compare.json (size-capped, validated as data, never executed) drawn again."""
-    if not path:
-        return _error("no file received")
-    size = os.path.getsize(path)
-    if size > MAX_COMPARISON_BYTES:
-        return _error(f"the file is {size / 2**20:.1f} MB; comparisons up to {MAX_COMPARISON_BYTES // 2**20} MB "
-                      "are accepted")
     try:
-        c = load_comparison(Path(path).read_bytes())
+        data = upload_bytes(path, MAX_COMPARISON_BYTES, "comparisons")
+    except ValueError as exc:
+        return _error(str(exc))
+    try:
+        c = load_comparison(data)
     except ComparisonFormatError as exc:
         return _error(f"this is not a specviz comparison: {exc}")
     if not c.runs:

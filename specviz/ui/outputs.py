@@ -12,14 +12,16 @@ skipped, so the views stay as they were; the app stays up.
 from __future__ import annotations
 
 import html
-from typing import Any, NamedTuple
+import os
+from collections import namedtuple
+from typing import Any
 
 import gradio as gr
 
 from specviz import methods
 from specviz.trace import Trace
 
-from .views import all_views, default_selection
+from .views import Views, all_views, default_selection
 
 NO_COMPARE = ("Not compared with method none: tick “compare with method none” (advanced settings) and run to "
               "measure the speedup beside the run.")
@@ -30,28 +32,18 @@ REPLAYED = "This uploaded trace carries no comparison with method none."
 STALE_NOTE = "the views below are unchanged (from before this click)"
 
 
-class RunOutputs(NamedTuple):
+class RunOutputs(namedtuple("RunOutputs", ("progress", *Views._fields, "step", "position", "state"))):
     """The outputs of Run, Stop and an upload, in the layout's order: the progress line, every view
-    (:class:`~specviz.ui.views.Views`), both sliders and the session state (``gr.skip()`` where unchanged)."""
+    (:class:`~specviz.ui.views.Views`' fields), both sliders (step, position) and the session state (``gr.skip()``
+    where unchanged)."""
 
-    progress: Any
-    stream: Any
-    summary: Any
-    grid: Any
-    residual: Any
-    match: Any
-    trie: Any
-    stats: Any
-    speedup: Any
-    step: Any
-    position: Any
-    state: Any
+    __slots__ = ()
 
     @classmethod
     def only(cls, progress: Any, state: Any = None) -> "RunOutputs":
         """A progress line (and the state, when given); every other output unchanged."""
         skip = gr.skip()
-        return cls(progress, *([skip] * 10), skip if state is None else state)
+        return cls(progress, *([skip] * (len(cls._fields) - 2)), skip if state is None else state)
 
 
 def new_state() -> dict[str, Any]:
@@ -114,3 +106,15 @@ def number(value: Any, default: int) -> float:
     except (TypeError, ValueError):
         return default
     return f if f == f and abs(f) != float("inf") else default
+
+
+def upload_bytes(path: str | None, max_bytes: int, what: str) -> bytes:
+    """The bytes of an uploaded file (gradio's temporary ``path``), read only if at most ``max_bytes``. Raises
+    ValueError with the message the progress line shows: no file, or too large for ``what`` (e.g. "traces")."""
+    if not path:
+        raise ValueError("no file received")
+    size = os.path.getsize(path)
+    if size > max_bytes:
+        raise ValueError(f"the file is {size / 2**20:.1f} MB; {what} up to {max_bytes // 2**20} MB are accepted")
+    with open(path, "rb") as f:
+        return f.read()

@@ -5,7 +5,6 @@ size-capped and validated (:mod:`specviz.trace.validate`), never executed."""
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import tempfile
 import time
@@ -20,7 +19,8 @@ from specviz.trace import MAX_TRACE_BYTES, Trace, TraceFormatError
 from specviz.trace.validate import BASELINE_KEY, check_baseline, check_consistency
 from specviz.viz import figure_png, figures, report_html
 
-from .outputs import IS_NONE, REPLAYED, RunOutputs, full_outputs, message_outputs, new_state, trace_of
+from .outputs import (IS_NONE, REPLAYED, RunOutputs, full_outputs, message_outputs, new_state, trace_of,
+                      upload_bytes)
 from .run import option_controls
 from .settings import MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
 
@@ -30,14 +30,12 @@ def replay(state: dict[str, Any] | None, path: str | None) -> RunOutputs:
     executed) and draw it. A refused file leaves the views as they were, with the reason in the
     progress line."""
     state = dict(state or new_state())
-    if not path:
-        return message_outputs("no file received")
-    size = os.path.getsize(path)
-    if size > MAX_TRACE_BYTES:
-        return message_outputs(f"the file is {size / 2**20:.1f} MB; traces up to {MAX_TRACE_BYTES // 2**20} MB "
-                                "are accepted")
     try:
-        trace = Trace.from_json(Path(path).read_bytes())
+        data = upload_bytes(path, MAX_TRACE_BYTES, "traces")
+    except ValueError as exc:
+        return message_outputs(str(exc))
+    try:
+        trace = Trace.from_json(data)
         check_consistency(trace)
         baseline = check_baseline(trace.metrics.pop(BASELINE_KEY, None))
     except TraceFormatError as exc:

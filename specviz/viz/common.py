@@ -234,3 +234,9 @@ def quoted_tokens(trace: Trace, ids: list[int]) -> str:
 def top_pairs(trace: Trace, pairs: list[list[float]], n: int = 3) -> str:
     """The first ``n`` [token id, probability] pairs as "'tok' 0.42, ..." ("—" for none), for sentences."""
     return ", ".join(f"{quoted(trace, int(t))} {fmt_prob(float(v))}" for t, v in pairs[:n]) or "—"
+
+
+def nothing_drafted(step_index: int, who: str) -> str:
+    """The "where the draft came from" panel of a step at which ``who`` (e.g. "the MTP head") drafted nothing."""
+    return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">Step {step_index}: {who} drafted '
+            "nothing (no target feature yet, or no room left before max_new_tokens).</div>")

@@ -262,6 +262,8 @@ class DFlashHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
     for inconsistent shapes, or when no target is attached.
     """
 
+    check_target = staticmethod(check_dflash_matches_target)
+
     def __init__(self, config: DFlashConfig, target=None):
         super().__init__()
         self.config = config
@@ -276,12 +278,7 @@ class DFlashHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
         if target is not None:
             self.attach(target)
 
-    def _check_target(self, target_config) -> None:
-        check_dflash_matches_target(self.config, target_config)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.fc.weight.dtype
 
     def forward(self, features, context_positions, block_ids, block_positions, cache: DFlashCache | None = None,
                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -35,6 +35,7 @@ import torch
 from specviz.methods.dflash.runner import EagerDFlashRunner
 from specviz.sampling import logits_to_probs
 from specviz.proposer import Draft, Outcome, StepContext
+from specviz.transfer import HostCopy
 
 
 class DFlashProposer:
@@ -74,7 +75,7 @@ class DFlashProposer:
         self._pending_n = 0
         self._details: dict[str, Any] | None = None
         self._slots: torch.Tensor | None = None  # [B-1, 4] on device: top id, top prob, drafted id, q(drafted)
-        self._slots_host: tuple[torch.Tensor, torch.cuda.Event] | None = None  # its pinned copy, queued
+        self._slots_host: HostCopy | None = None  # its copy to the host, queued
 
     def observe(self, outcome: Outcome) -> None:
         """Queue the target features of the committed positions; fill the last block's per-slot numbers."""
@@ -86,29 +87,9 @@ class DFlashProposer:
             self._pending.append(torch.cat([outcome.features[tap][:c] for tap in self.taps], dim=-1))  # [c, F]
             self._pending_n += c
         if self._details is not None and self._slots is not None:
-            for slot, (top, top_p, tok, q) in zip(self._details["slots"], self._slot_values()):
+            for slot, (top, top_p, tok, q) in zip(self._details["slots"], self._slots_host.tolist()):
                 slot.update(top_token_id=int(top), top_prob=float(top_p), token_id=int(tok), draft_prob=float(q))
         self._details = self._slots = self._slots_host = None
-
-    def _queue_host_copy(self) -> None:
-        """On CUDA, copy the per-slot numbers to pinned host memory behind this step's work, so that
-        observe (after the verifier's one wait) reads them without a host wait of its own."""
-        self._slots_host = None
-        if self._slots.is_cuda:
-            host = torch.empty(self._slots.shape, dtype=self._slots.dtype, pin_memory=True)
-            host.copy_(self._slots, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(torch.cuda.current_stream(self._slots.device))
-            self._slots_host = (host, done)
-
-    def _slot_values(self) -> list[list[float]]:
-        """The last block's [B-1, 4] numbers on the host (see :meth:`_queue_host_copy`)."""
-        if self._slots_host is None:
-            return self._slots.tolist()
-        host, done = self._slots_host
-        if not done.query():  # only outside the engine's loop
-            done.synchronize()
-        return host.tolist()
 
     @torch.inference_mode()
     def propose(self, token_ids: Sequence[int], num_tokens: int | None = None,
@@ -133,7 +114,7 @@ class DFlashProposer:
             q, x = torch.softmax(slot_logits, dim=-1), slot_logits.argmax(dim=-1)  # q only for the view
         top_p, top = q.max(dim=-1)  # [B-1]
         self._slots = torch.stack([top.float(), top_p, x.float(), q.gather(1, x[:, None])[:, 0]], dim=1)  # [B-1, 4]
-        self._queue_host_copy()
+        self._slots_host = HostCopy(self._slots)  # queued behind this step's work: observe needs no wait
         self._details = self._describe(n, int(token_ids[n]), k, first, ctx)
         probs = q[:k] if ctx.temperature > 0 else None
         return Draft(token_ids=x[:k], probs=probs, details=self._details)

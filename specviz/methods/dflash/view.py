@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 from specviz.trace import Step, Trace
 
 from specviz.viz.common import (FATE_STYLE, as_trace, emitted_fate, fate_label, fmt_prob, metrics_of, position_fate,
-                                quoted, quoted_tokens, token_text, visible)
+                                nothing_drafted, quoted, quoted_tokens, token_text, visible)
 from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
@@ -96,8 +96,7 @@ def dflash_html(trace: Trace | dict[str, Any], step: int, position: int | None =
     st = trace.steps[step]
     m = st.match
     if m.get("kind") != "dflash" or not m.get("slots"):
-        return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">Step {st.index}: DFlash drafted '
-                "nothing (no target features yet, or no room left before max_new_tokens).</div>")
+        return nothing_drafted(st.index, "DFlash")
     greedy = bool(m.get("greedy"))
     layers = ", ".join(str(x) for x in m.get("target_layer_ids", []))
     ctx = m.get("context", {})

@@ -59,12 +59,18 @@ def describe_head(head) -> dict:
     return {"aux_layer_ids": list(getattr(head.config, "aux_layer_ids", ()))}
 
 
-METHOD = Method(
-    "eagle", "EAGLE-1 head on the target's final hidden state", make=make_eagle,
-    texts=Texts("the EAGLE head", HOW,
-                "method eagle (EAGLE: a small head drafts from the target's own final hidden state)",
-                confidence="head softmax"),
-    style=("#d62728", "triangle-down"), tree_forms=("static", "dynamic"),
-    head=HeadSpec("an EAGLE head", bundled="specviz-eagle", describe=describe_head, trainer=f"{__name__}.train:train_eagle",
-                  module=f"{__name__}.head", formats=f"{__name__}.formats"),
-    warm_up=warm_up_eagle, view="specviz.methods.eagle.view")
+def eagle_method(name: str, summary: str, source: str, lesson: str, style: tuple[str, str], what: str,
+                 trainer: str) -> Method:
+    """A method of the EAGLE family: the proposers, trees, warm-up, formats and views of this folder, with its own
+    head (``what``, bundled as assets/models/specviz-NAME, trained by ``train:TRAINER``)."""
+    return Method(
+        name, summary, make=make_eagle, texts=Texts(source, HOW, lesson, confidence="head softmax"), style=style,
+        tree_forms=("static", "dynamic"),
+        head=HeadSpec(what, bundled=f"specviz-{name}", describe=describe_head, trainer=f"{__name__}.train:{trainer}",
+                      module=f"{__name__}.head", formats=f"{__name__}.formats"),
+        warm_up=warm_up_eagle, view=f"{__name__}.view")
+
+
+METHOD = eagle_method("eagle", "EAGLE-1 head on the target's final hidden state", "the EAGLE head",
+                      "method eagle (EAGLE: a small head drafts from the target's own final hidden state)",
+                      ("#d62728", "triangle-down"), "an EAGLE head", "train_eagle")

@@ -93,6 +93,8 @@ class _Head(SharedTargetMixin, Fp32RopeMixin, nn.Module):
     """What both heads share: the target's frozen embedding and LM head (not submodules), RoPE,
     input checks, the default mask. Subclasses define ``_first_hidden`` and ``_layer_out``."""
 
+    check_target = staticmethod(check_matches_target)
+
     def __init__(self, config: HeadConfig, target=None):
         super().__init__()
         self.config = config
@@ -104,17 +106,12 @@ class _Head(SharedTargetMixin, Fp32RopeMixin, nn.Module):
         if target is not None:
             self.attach(target)
 
-    def _check_target(self, target_config) -> None:
-        check_matches_target(self.config, target_config)
 
     @property
     def embed_tokens(self) -> nn.Module:
         """The input embedding: the head's own (``config.own_embedding``) or the target's, shared."""
         return self.own_embed if self.config.own_embedding else self._require_shared()[0]
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
 
     def forward(self, features, input_ids, position_ids, cache=None, *, from_target: bool,
                 attention_mask: torch.Tensor | None = None):

@@ -34,7 +34,7 @@ import torch
 from specviz.methods.eagle.runner import EagerHeadRunner
 from specviz.runner import FINAL_NORM, layer_input
 from specviz.sampling import logits_to_probs
-from specviz.transfer import to_device
+from specviz.transfer import HostCopy, to_device
 from specviz.proposer import Draft, Outcome, StepContext
 from specviz.methods.draft_model.proposer import _sample
 
@@ -81,7 +81,7 @@ class EagleProposer:
         self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (hidden [1, d], logits [V]) at Lc - 1
         self._details: dict[str, Any] | None = None  # the last draft's details, completed by observe
         self._confidence: torch.Tensor | None = None  # [k', 2] q of the head's top token, q of the draft
-        self._confidence_host: tuple[torch.Tensor, torch.cuda.Event] | None = None  # its pinned copy, queued
+        self._confidence_host: HostCopy | None = None  # its copy to the host, queued
 
     @property
     def cache(self):
@@ -103,7 +103,7 @@ class EagleProposer:
             self._pending_ids.extend(int(t) for t in outcome.committed_token_ids)
         if self._details is not None and self._confidence is not None:
             fed = [self._details["root_token_id"], *outcome.draft_token_ids]  # token fed with draft i's input
-            for pos, (top, drafted) in zip(self._details["positions"], self._confidence_values()):
+            for pos, (top, drafted) in zip(self._details["positions"], self._confidence_host.tolist()):
                 pos["head_top_prob"], pos["draft_prob"] = float(top), float(drafted)
                 pos["input_token_id"] = int(fed[pos["draft_index"] - 1])
         self._details = self._confidence = self._confidence_host = None
@@ -133,13 +133,7 @@ class EagleProposer:
                 hidden, logits = self.runner.step(hidden, x, n + m - 1)  # [1, d], [V]
         draft = torch.cat(tokens)  # [k]
         self._confidence = torch.stack(conf)  # [k, 2], read in observe
-        self._confidence_host = None
-        if self._confidence.is_cuda:  # to the host behind this step's work: observe reads it without a wait
-            host = torch.empty(self._confidence.shape, dtype=self._confidence.dtype, pin_memory=True)
-            host.copy_(self._confidence, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(torch.cuda.current_stream(self._confidence.device))
-            self._confidence_host = (host, copied)
+        self._confidence_host = HostCopy(self._confidence)  # queued behind this step's work: observe reads it unwaited
         self._details = self._describe(n, int(token_ids[n]), k, first, ctx)
         return Draft(token_ids=draft, probs=torch.stack(probs) if probs else None, details=self._details)
 
@@ -164,16 +158,6 @@ class EagleProposer:
             q = logits_to_probs(logits, ctx.temperature, ctx.top_k, ctx.top_p)  # [V]
             return _sample(q, ctx.generator), q  # torch.multinomial(q, 1)'s draws, without its host waits
         return logits.argmax(dim=-1, keepdim=True), None
-
-    def _confidence_values(self) -> list[list[float]]:
-        """The last draft's [k', 2] confidences on the host. In the engine the copy queued by propose
-        has finished by the time observe runs (after the verifier's wait), so this reads without waiting."""
-        if self._confidence_host is None:
-            return self._confidence.tolist()
-        host, copied = self._confidence_host
-        if not copied.query():  # only outside the engine's loop
-            copied.synchronize()
-        return host.tolist()
 
     @staticmethod
     def _confidence_of(logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ from specviz import methods
 from specviz.methods.eagle.config import EAGLE3, KINDS
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, metrics_of, token_code
+from specviz.viz.common import as_trace, metrics_of, token_code, nothing_drafted
 from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
@@ -58,8 +58,7 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
     if m.get("tree") in ("dynamic", "static"):  # a tree step: how it was drafted (the tree view draws it)
         return tree_source_html(trace, step)
     if not m.get("positions"):
-        return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">Step {st.index}: the head drafted '
-                "nothing (no target features yet, or no room left before max_new_tokens).</div>")
+        return nothing_drafted(st.index, "the head")
     q_name = "q" if not m.get("greedy") else "softmax(head logits)"
     rows = []
     for pos, tok in zip(m["positions"], st.draft_token_ids):

@@ -24,14 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specviz.heads.common import JsonConfig, SharedTargetMixin, soft_cross_entropy
+from specviz.heads.common import FinalFeatureConfig, JsonConfig, SharedTargetMixin, soft_cross_entropy
 
 DEFAULT_NUM_HEADS = 4
 LM_HEADS = ("target", "per_head", "shared")
 
 
 @dataclass(frozen=True)
-class MedusaConfig(JsonConfig):
+class MedusaConfig(FinalFeatureConfig, JsonConfig):
     """Shape of a Medusa head set.
 
     kind: "medusa". hidden_size: d (the target's). vocab_size: V (the target's).
@@ -70,15 +70,6 @@ class MedusaConfig(JsonConfig):
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}")
 
-    @property
-    def aux_layer_ids(self) -> tuple[int, ...]:
-        """No aux taps (the engine's trace config reads this for every head)."""
-        return ()
-
-    @property
-    def taps(self) -> tuple[str, ...]:
-        """The features a first pass reads, named as in :mod:`specviz.methods.eagle.extract`: the final-norm f_t."""
-        return ("final",)
 
 def medusa_config_from_target(target_config, num_heads: int = DEFAULT_NUM_HEADS, num_layers: int = 1) -> MedusaConfig:
     """The Medusa config for a transformers Llama-like target config (``num_layers``: ResBlocks per head,
@@ -121,6 +112,8 @@ class MedusaHead(SharedTargetMixin, nn.Module):
     (``config.lm_heads``) over a truncated vocabulary, logits outside ``token_map`` are -inf.
     """
 
+    check_target = staticmethod(check_medusa_matches)
+
     def __init__(self, config: MedusaConfig, target=None):
         super().__init__()
         self.config = config
@@ -138,12 +131,7 @@ class MedusaHead(SharedTargetMixin, nn.Module):
         if target is not None:
             self.attach(target)
 
-    def _check_target(self, target_config) -> None:
-        check_medusa_matches(self.config, target_config)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return torch.stack([self.head_logits(features, i).float() for i in range(self.config.num_heads)])  # [K, ..., V]

@@ -29,7 +29,7 @@ from specviz.runner import FINAL_NORM
 from specviz.transfer import HostCopy, to_device
 from specviz.tree import choices_parents, depths, parse_choices
 from specviz.methods.medusa import DEFAULT_TREE as DEFAULT_MEDUSA_TREE  # noqa: F401 (the held-out tree)
-from specviz.proposer import Draft, Outcome, StepContext
+from specviz.proposer import Draft, Outcome, StepContext, keep_last_feature
 
 MEDUSA_TOP_K = 10  # candidates per head a tree path may rank into (Medusa's TOPK placeholder)
 SHOWN_CANDIDATES = 5  # top candidates per head recorded for the view (more if a tree ranks deeper)
@@ -69,13 +69,7 @@ class MedusaProposer:
 
     def observe(self, outcome: Outcome) -> None:
         """Keep the feature at the last committed position; fill the last draft's candidate lists."""
-        if outcome.start != self.known:
-            raise RuntimeError(f"medusa: an outcome starts at position {outcome.start}, but features are known up to "
-                               f"{self.known}; every target forward must be observed")
-        c = len(outcome.committed_token_ids)
-        if c:
-            self._feature = outcome.features[FINAL_NORM][c - 1]
-            self.known += c
+        keep_last_feature(self, outcome, FINAL_NORM)
         if self._pending is not None:
             details, probs, ids = self._pending
             for h, (ps, ts) in enumerate(zip(probs.tolist(), ids.tolist())):

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from specviz.trace import Step, Trace
 
 from specviz.methods.eagle.view import CELL, FATE_COLOUR
-from specviz.viz.common import as_trace, label, token_text
+from specviz.viz.common import as_trace, label, token_text, nothing_drafted
 from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
@@ -48,8 +48,7 @@ def medusa_html(trace: Trace | dict[str, Any], step: int, position: int | None =
     st = trace.steps[step]
     m = st.match
     if m.get("kind") != "medusa" or not m.get("heads") or not st.draft_token_ids:
-        return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">Step {st.index}: the heads drafted '
-                "nothing (no target feature yet, or no room left before max_new_tokens).</div>")
+        return nothing_drafted(st.index, "the heads")
     chosen = _chosen(m)
     rows = []
     for h in m["heads"]:

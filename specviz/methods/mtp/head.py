@@ -38,12 +38,12 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from specviz.heads.common import Fp32RopeMixin, JsonConfig, SharedTargetMixin, soft_cross_entropy
+from specviz.heads.common import FinalFeatureConfig, Fp32RopeMixin, JsonConfig, SharedTargetMixin, soft_cross_entropy
 
 
 
 @dataclass(frozen=True)
-class MtpConfig(JsonConfig):
+class MtpConfig(FinalFeatureConfig, JsonConfig):
     """Shape of an MTP head. Sizes are the target's unless they say draft.
 
     kind: "mtp". hidden_size: d. vocab_size: V. target_num_hidden_layers: L.
@@ -77,14 +77,6 @@ class MtpConfig(JsonConfig):
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"mtp: {self.num_attention_heads} query heads do not divide into "
                              f"{self.num_key_value_heads} KV heads")
-
-    @property
-    def aux_layer_ids(self) -> tuple[int, ...]:
-        return ()
-
-    @property
-    def taps(self) -> tuple[str, ...]:
-        return ("final",)
 
     def rope_config(self) -> LlamaConfig:
         """A LlamaConfig with the target's RoPE and head_dim (for LlamaRotaryEmbedding)."""
@@ -137,6 +129,8 @@ class MtpHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
     Raises ValueError for inconsistent shapes.
     """
 
+    check_target = staticmethod(check_mtp_matches)
+
     def __init__(self, config: MtpConfig, target=None):
         super().__init__()
         self.config = config
@@ -158,12 +152,7 @@ class MtpHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
         if target is not None:
             self.attach(target)
 
-    def _check_target(self, target_config) -> None:
-        check_mtp_matches(self.config, target_config)
 
-    @property
-    def dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
 
     def forward(self, h_in, token_ids, position_ids, keys, values, key_mask=None):
         B, T = token_ids.shape

@@ -35,7 +35,7 @@ from specviz.graphs import CapturedGraphs, capture
 from specviz.runner import FINAL_NORM
 from specviz.sampling import logits_to_probs
 from specviz.transfer import HostCopy, to_device
-from specviz.proposer import Draft, Outcome, StepContext
+from specviz.proposer import Draft, Outcome, StepContext, keep_last_feature
 
 log = logging.getLogger(__name__)
 LABEL = "Gemma-4-style MTP head, trained by specviz (no public recipe)"
@@ -72,13 +72,7 @@ class MtpProposer:
 
     def observe(self, outcome: Outcome) -> None:
         """Keep the target feature at the last committed position; fill the last chain's confidences."""
-        if outcome.start != self.known:
-            raise RuntimeError(f"mtp: an outcome starts at position {outcome.start}, but features are known up to "
-                               f"{self.known}; every target forward must be observed")
-        c = len(outcome.committed_token_ids)
-        if c:
-            self._feature = outcome.features[FINAL_NORM][c - 1]
-            self.known += c
+        keep_last_feature(self, outcome, FINAL_NORM)
         if self._pending is not None:
             details, conf = self._pending
             fed = [details["root_token_id"], *outcome.draft_token_ids]

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, label, token_code
+from specviz.viz.common import as_trace, label, token_code, nothing_drafted
 from specviz.methods.eagle.view import CELL, FATE_COLOUR
 from specviz.viz.residual import message_figure
 
@@ -43,8 +43,7 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
     st = trace.steps[step]
     m = st.match
     if m.get("kind") != "mtp" or not m.get("steps") or not st.draft_token_ids:
-        return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">Step {st.index}: the MTP head '
-                "drafted nothing (no target feature yet, or no room left before max_new_tokens).</div>")
+        return nothing_drafted(st.index, "the MTP head")
     rows = []
     for s, tok in zip(m["steps"], st.draft_token_ids):
         i = s["step"]
