@@ -18,7 +18,7 @@ from stats_helpers import chi2_pvalue, exact_marginals, first_two, save_small_wo
 
 from specviz import SpecDecoder
 from specviz.heads import load_head, save_head
-from specviz.methods.mtp.head import MtpHead, mtp_config_from_target
+from specviz.methods.mtp.head import MtpHead, OneLayerReads, mtp_config_from_target
 from specviz.methods.mtp.proposer import MtpProposer
 from specviz.runner import EagerRunner
 from specviz.static_runner import StaticRunner
@@ -42,7 +42,7 @@ def mtp_decoders(mtp_dirs):
     return runner_decoders(mtp_dirs[0], {"mtp": mtp_dirs[1]})
 
 
-class OracleMtp(torch.nn.Module):
+class OracleMtp(OneLayerReads, torch.nn.Module):
     """Stub with MtpHead's call signature that records every call. Step m (known from the fed-back
     hidden state, which it sets to 1000 + m) at position t puts its mass on ``oracle[t + 1 + m]`` (the
     token step m predicts), except on every ``every``-th chain, where step 2 proposes another token."""
@@ -277,7 +277,7 @@ def test_whole_buffer_chain_equals_the_exact_length_chain(mtp_decoders):
             n, r = len(token_ids) - 1, context.target_runner
             if len(draft.token_ids):
                 tok = torch.tensor([[int(token_ids[n])]])
-                drafts, conf = graphs.draft(self.head, r, self.kv_layer, self._feature, tok, n, len(draft.token_ids))
+                drafts, conf = graphs.draft(self.head, r, self._feature, tok, n, len(draft.token_ids))
                 pairs.append((draft.token_ids.tolist(), drafts.tolist(), torch.tensor(self._pending[1].tolist()), conf))
             return draft
 

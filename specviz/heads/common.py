@@ -111,19 +111,25 @@ class SharedTargetMixin:
 
 
 class Fp32RopeMixin:
-    """``_apply`` (behind .to / .cuda / .bfloat16 ...) restores ``rotary_emb.inv_freq`` (and
-    ``original_inv_freq``) as float32 on the new device. Call :meth:`keep_rope_fp32` right after
-    ``self.rotary_emb`` is built."""
+    """``_apply`` (behind .to / .cuda / .bfloat16 ...) restores every ``*inv_freq`` buffer of the head's rotary
+    module (``rotary_emb.inv_freq`` and ``original_inv_freq``; Gemma 4's per-type ``<type>_inv_freq``) as float32 on
+    the new device. ``ROPE_MODULE``: the rotary module's path in the head. Call :meth:`keep_rope_fp32` right after it
+    is built."""
+
+    ROPE_MODULE: ClassVar[str] = "rotary_emb"
 
     def keep_rope_fp32(self) -> None:
-        """Remember the fp32 frequencies."""
-        self._inv_freq32 = self.rotary_emb.inv_freq.detach().clone().float()  # not a buffer: .to() keeps fp32
+        """Remember the fp32 frequencies (not buffers: .to() keeps them fp32)."""
+        rot = self.get_submodule(self.ROPE_MODULE)
+        self._inv_freq32 = {name: buf.detach().clone().float() for name, buf in rot.named_buffers(recurse=False)
+                            if name.endswith("inv_freq")}
 
     def _apply(self, fn, recurse=True):
         super()._apply(fn, recurse)
-        rot = self.rotary_emb
-        self._inv_freq32 = self._inv_freq32.to(rot.inv_freq.device, torch.float32)
-        rot.inv_freq = rot.original_inv_freq = self._inv_freq32
+        rot = self.get_submodule(self.ROPE_MODULE)
+        for name, freq in self._inv_freq32.items():
+            self._inv_freq32[name] = freq = freq.to(getattr(rot, name).device, torch.float32)
+            setattr(rot, name, freq)
         return self
 
 

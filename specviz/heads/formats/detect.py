@@ -101,9 +101,6 @@ def detect(ckpt: Checkpoint) -> str:
     fmt = cfg.get("format")
     if fmt in OWN_LAYOUTS:
         return fmt
-    if "pre_projection.weight" in keys or cfg.get("model_type") == "gemma4_assistant":
-        raise ValueError(f"{ckpt.directory}: Gemma 4's MTP assistant (gemma4_assistant) is recognised but not "
-                         "loadable yet. " + _known())
     for module in formats_modules():
         layout = module.detect(ckpt)
         if layout is not None:

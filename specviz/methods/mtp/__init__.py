@@ -25,5 +25,5 @@ METHOD = Method(
                 confidence="head softmax"),
     style=("#2ca02c", "cross"),
     head=HeadSpec("a Gemma-4-style MTP head", bundled="specviz-mtp", trainer=f"{__name__}.train:train_mtp",
-                  module=f"{__name__}.head"),
+                  module=f"{__name__}.head", formats=f"{__name__}.formats"),
     warm_up=lambda warm: warm.head_method("mtp", trees=False), view="specviz.methods.mtp.view")

@@ -38,6 +38,7 @@ from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
+from specviz.attention import FULL
 from specviz.heads.common import FinalFeatureConfig, Fp32RopeMixin, JsonConfig, SharedTargetMixin, soft_cross_entropy
 
 
@@ -113,7 +114,34 @@ def check_mtp_matches(cfg: MtpConfig, target_config) -> None:
                          + ". Use a head trained for this target (specviz train heads --target DIR).")
 
 
-class MtpHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
+class OneLayerReads:
+    """The draft interface of :mod:`specviz.methods.mtp.proposer` for a head called as ``head(h_in, token_ids,
+    position_ids, keys, values)`` over one target layer ``config.kv_layer`` at position n - 1 (vLLM's reading:
+    the fed hidden state's position), drafting from q = softmax(logits) at T > 0."""
+
+    label = "Gemma-4-style MTP head, trained by specviz (no public recipe)"
+    one_hot_draft = False
+
+    @property
+    def kv_layers(self) -> dict[str, int]:
+        """{layer type: target layer}: the one layer the head reads."""
+        return {FULL: int(self.config.kv_layer)}
+
+    def draft_position(self, cached: int) -> int:
+        """The constant query position t = cached - 1, the last committed position."""
+        return cached - 1
+
+    def draft(self, h_in, token_ids, position_ids, kv):
+        """One step over kv = {type: (keys, values)} [1, kv, S, hd] (slots > t masked by the head's default mask)."""
+        (keys, values), = kv.values()
+        return self(h_in, token_ids, position_ids, keys, values)
+
+    def reads(self, cached: int) -> list[dict]:
+        """What one round reads of a cache of ``cached`` positions: [{type, layer, positions [lo, hi]}]."""
+        return [{"type": FULL, "layer": int(self.config.kv_layer), "positions": [0, cached - 1]}]
+
+
+class MtpHead(OneLayerReads, SharedTargetMixin, Fp32RopeMixin, nn.Module):
     """The MTP head (see the module docstring). The target's embedding and LM head are shared,
     frozen, and not saved.
 
