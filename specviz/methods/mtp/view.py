@@ -1,10 +1,12 @@
-"""MTP view: the chain of Gemma-4-style MTP steps at one verification step, and what each one read.
+"""MTP view: the chain of MTP steps at one verification step, and what each one read.
 
 Reads only the trace: a step's ``match`` holds what :class:`specviz.methods.mtp.proposer.MtpProposer`
-records: every draft step m ran at the same position t = n-1 (the last committed position), with
-its queries over target layer ``kv_layer``'s cached K/V at positions 0..t (no draft KV), the hidden
-state fed (the target's f_t for m = 1, else the head's own h_{m-1}), the input token (the root for
-m = 1, else d_{m-1}), and its confidence (q of the head's top token and of the drafted one).
+records: every draft step m ran at the same position (n - 1 for specviz's head, the root's n for Gemma 4's
+assistant), with its queries over the target's cached K/V (``kv_reads``: per layer type the target layer and the key
+positions; older traces: ``kv_layer`` at 0..n-1; no draft KV), the hidden state fed (the target's f_t for m = 1,
+else the head's own h_{m-1}), the input token (the root for m = 1, else d_{m-1}), and its confidence (q of the head's
+top token and of the drafted one). The run's ``config["head"]`` says which head was loaded (its layout and source);
+``real_logits`` marks centroid-masked logits, ``one_hot_draft`` argmax drafts at every temperature.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
     m = st.match
     if m.get("kind") != "mtp" or not m.get("steps") or not st.draft_token_ids:
         return nothing_drafted(st.index, "the MTP head")
+    reads = _reads(m)
     rows = []
     for s, tok in zip(m["steps"], st.draft_token_ids):
         i = s["step"]
         fate = _fate(st, i)
-        lo, hi = s["attended_positions"]
-        cells = (str(i), str(s["position"]), f"L{m['kv_layer']} {lo}..{hi}", html.escape(s["hidden"].split()[-1]),
-                 _code(trace, s.get("input_token_id")), _code(trace, tok),
+        cells = (str(i), str(s["position"]), "<br>".join(f"L{r['layer']} {r['positions'][0]}..{r['positions'][1]}"
+                                                        for r in reads),
+                 html.escape(s["hidden"].split()[-1]), _code(trace, s.get("input_token_id")), _code(trace, tok),
                  f"{_num(s.get('draft_prob'))} / {_num(s.get('head_top_prob'))}",
                  f"<span style='color:{FATE_COLOUR[fate]}'>{fate}</span>")
         style = "background:#e0f2fe;font-weight:bold" if position == i else ""
@@ -59,16 +62,49 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
     head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("m", "pos.", "K/V read", "h fed", "token fed", "drafted",
                                                               "q / top", "target")) + "</tr>"
     q_name = "softmax(head logits)" if m.get("greedy") else "q"
-    note = (f"<p style='font-size:13px;color:#374151'>{html.escape(m.get('label', 'MTP'))}. Every step runs at the "
-            f"same position {m['root_position'] - 1} and its queries read the target's own cached keys and values "
-            f"of layer {m['kv_layer']} (positions 0..{m['root_position'] - 1}); the head writes no KV cache, so "
-            f"only the target's cache is rolled back. Per step m: the query's position, the K/V it read (L = target "
-            "layer, key positions), the hidden state fed (f_t = the target's final-norm feature, h_m = the head's own "
-            f"output of step m), the token fed, the drafted token, {q_name} of the drafted / the top token, and the "
-            "target's decision.</p>")
+    where = "; ".join(f"{r['type'].replace('_attention', '')} layers: target layer {r['layer']}, positions "
+                      f"{r['positions'][0]}..{r['positions'][1]}" for r in reads)
+    note = (f"<p style='font-size:13px;color:#374151'>{html.escape(m.get('label', 'MTP'))}{_source(trace)}. Every "
+            f"step runs at the same position {m['steps'][0]['position']} and its queries read the target's own "
+            f"cached keys and values ({html.escape(where)}); the head writes no KV cache, so only the target's cache "
+            "is rolled back. Per step m: the query's position, the K/V it read (L = target layer, key positions), the "
+            "hidden state fed (f_t = the target's final-norm feature, h_m = the head's own output of step m), the "
+            f"token fed, the drafted token, {q_name} of the drafted / the top token, and the target's decision.</p>"
+            + _logits_note(m))
     # wraps inside the half-page panel (at 1024 px it scrolled sideways, hiding the last columns)
     return (f"<div class='sv-match sv-mtp'>{note}<table style='font-size:13px;border-collapse:collapse;"
             f"width:100%' cellpadding='3'>{head}{''.join(rows)}</table></div>")
+
+
+def _reads(m: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the round read: ``kv_reads``, or from an older trace's ``kv_layer`` (one full-attention layer, 0..n-1)."""
+    if m.get("kv_reads"):
+        return m["kv_reads"]
+    return [{"type": "full_attention", "layer": m.get("kv_layer", "?"), "positions": [0, m["root_position"] - 1]}]
+
+
+def _source(trace: Trace) -> str:
+    """", loaded from <layout> (<source>)" from the run's head record, or ""."""
+    head = (trace.config or {}).get("head") or {}
+    if not head.get("format"):
+        return ""
+    src = f" ({html.escape(str(head['source']))})" if head.get("source") else ""
+    return f", loaded from the {html.escape(str(head['format']))} layout{src}"
+
+
+def _logits_note(m: dict[str, Any]) -> str:
+    """What the logits are and how T > 0 is verified: centroid masking and one-hot drafts, when the head does so."""
+    parts = []
+    if m.get("real_logits"):
+        parts.append(f"Centroid-masked logits: only the tokens of the top-k centroid clusters ({m['real_logits']} of "
+                     f"{m.get('vocab_size', '?')}) get real logits; every other token's logit is a constant (-inf "
+                     "here), so the head's q is not a real distribution outside the clusters.")
+    if m.get("one_hot_draft"):
+        parts.append("The head drafts its argmax at every temperature and the target verifies it as a deterministic "
+                     "draft (q one-hot, as vLLM treats greedy drafters): at T > 0 a draft x is accepted with "
+                     "probability p(x) and a rejection draws from p without x, so the output still follows the "
+                     "target exactly.")
+    return "".join(f"<p style='font-size:13px;color:#374151' class='sv-mtp-logits'>{html.escape(t)}</p>" for t in parts)
 
 
 def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> go.Figure:
@@ -91,7 +127,8 @@ def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> g
                              name="q(head's top token)", line={"dash": "dot", "color": "#6b7280"}))
     fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": 50, "b": 40}, plot_bgcolor="#ffffff",
                       title={"text": f"MTP chain: every step at position {steps[0]['position']}, reading target "
-                                     f"layer {m['kv_layer']} K/V", "font": {"size": 13}},
+                                     f"layer {', '.join(str(r['layer']) for r in _reads(m))} K/V",
+                             "font": {"size": 13}},
                       yaxis={"range": [0, 1.15], "title": "probability"}, legend={"orientation": "h", "y": -0.25})
     return fig
 
