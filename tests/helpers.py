@@ -179,3 +179,37 @@ def set_box(page, label: str, value) -> None:
 def progress(page) -> str:
     """The app's progress line."""
     return page.locator("#sv-progress").inner_text()
+
+
+def draft_mismatches(dec, method: str, reference, k: int, max_new_tokens: int, min_compared: int = 4, **settings):
+    """(trace, [(step, specviz's drafts, the reference's)] where they differ): ``dec`` decodes PROMPT with ``method``
+    (a chain of k; ``settings`` more generate() keywords) and ``reference.draft(context, n)`` drafts n tokens from the
+    same committed context at every drafting step. Asserts that at least ``min_compared`` steps drafted."""
+    trace = dec.generate(PROMPT, method=method, num_speculative_tokens=k, max_new_tokens=max_new_tokens, **settings)
+    ctx, bad, compared = list(trace.prompt_token_ids), [], 0
+    for st in trace.steps:
+        if st.draft_token_ids:
+            want = reference.draft(ctx, len(st.draft_token_ids))
+            compared += 1
+            if want != list(st.draft_token_ids):
+                bad.append((st.index, list(st.draft_token_ids), want))
+        ctx += list(st.committed_token_ids)
+    assert compared >= min_compared, "too few drafting steps to compare"
+    return trace, bad
+
+
+def with_head(dec, method: str, head):
+    """A context manager: ``dec`` drafts ``method`` with ``head`` inside the block (the previous head, or none,
+    after it)."""
+    class _Swap:
+        def __enter__(self):
+            self.old = dec.heads.get(method)
+            dec.heads[method] = head
+            return dec
+
+        def __exit__(self, *exc):
+            if self.old is None:
+                dec.heads.pop(method, None)
+            else:
+                dec.heads[method] = self.old
+    return _Swap()

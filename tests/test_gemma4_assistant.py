@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import PROMPT
+from helpers import PROMPT, draft_mismatches, with_head
 
 import reference_gemma4 as G
 from specviz import SpecDecoder
@@ -56,30 +56,13 @@ def heads(root, base, plain):
 
 def mismatches(dec, directory, **settings):
     """(trace, [(step, specviz's drafts, the reference's)] where they differ) for a chain of K."""
-    reference = G.AssistantReference(dec.target_model, directory)
-    trace = dec.generate(PROMPT, method="mtp", num_speculative_tokens=K, max_new_tokens=NEW, **settings)
-    ctx, bad, compared = list(trace.prompt_token_ids), [], 0
-    for st in trace.steps:
-        if st.draft_token_ids:
-            want = reference.draft(ctx, len(st.draft_token_ids))
-            compared += 1
-            if want != list(st.draft_token_ids):
-                bad.append((st.index, list(st.draft_token_ids), want))
-        ctx += list(st.committed_token_ids)
-    assert compared >= 6, "too few drafting steps to compare"
-    return trace, bad
+    return draft_mismatches(dec, "mtp", G.AssistantReference(dec.target_model, directory), K, NEW, min_compared=6,
+                            **settings)
 
 
 def swapped(base, head):
     """``base`` drafting mtp with ``head`` (a context manager)."""
-    class _Swap:
-        def __enter__(self):
-            base.heads["mtp"] = head
-            return base
-
-        def __exit__(self, *exc):
-            base.heads.pop("mtp", None)
-    return _Swap()
+    return with_head(base, "mtp", head)
 
 
 @pytest.mark.parametrize("runner", ["eager", "static"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import PROMPT
+from helpers import PROMPT, draft_mismatches, with_head
 
 import reference_drafters as R
 from specviz import SpecDecoder
@@ -44,32 +44,7 @@ def plain(dec):
 
 def mismatches(dec, method, reference, k=K):
     """(trace, [(step, specviz's drafts, the reference's)] where they differ): greedy, chain of k."""
-    trace = dec.generate(PROMPT, method=method, num_speculative_tokens=k, max_new_tokens=NEW)
-    ctx, bad, compared = list(trace.prompt_token_ids), [], 0
-    for st in trace.steps:
-        if st.draft_token_ids:
-            want = reference.draft(ctx, len(st.draft_token_ids))
-            compared += 1
-            if want != list(st.draft_token_ids):
-                bad.append((st.index, list(st.draft_token_ids), want))
-        ctx += list(st.committed_token_ids)
-    assert compared >= 4, "too few drafting steps to compare"
-    return trace, bad
-
-
-def with_head(dec, method, head):
-    """A context manager: ``dec`` drafts ``method`` with ``head`` inside the block."""
-    class _Swap:
-        def __enter__(self):
-            self.old = dec.heads.get(method)
-            dec.heads[method] = head
-
-        def __exit__(self, *exc):
-            if self.old is None:
-                dec.heads.pop(method, None)
-            else:
-                dec.heads[method] = self.old
-    return _Swap()
+    return draft_mismatches(dec, method, reference, k, NEW)
 
 
 # ---- checkpoints in the published layouts ----------------------------------------------------------------
