@@ -184,6 +184,10 @@ def test_view_says_what_the_format_implies(base, heads):
                   f"same position {n}"):
         assert words in page, words
     assert "layer 2, 1" in mtp_figure(trace.to_dict(), step).layout.title.text
+    old = trace.to_dict()  # a trace recorded before kv_reads existed: one layer kv_layer, positions 0..n-1
+    for st in old["steps"]:
+        (st.get("match") or {}).pop("kv_reads", None)
+    assert f"target layer 2, positions 0..{n - 1}" in mtp_html(old, step)
 
 
 def test_whole_buffer_chain_equals_the_exact_length_chain(target_dir, heads):
