@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from specviz.trace import Step, Trace, compute_metrics
+from specviz.trace import RunMetrics, Step, Trace
 
 FATES = ("accepted", "rejected", "unused", "recovered", "bonus", "target", "cut")
 
@@ -66,11 +66,10 @@ def as_trace(trace: Trace | dict[str, Any]) -> Trace:
     return trace if isinstance(trace, Trace) else Trace.from_dict(trace)
 
 
-def metrics_of(trace: Trace) -> dict[str, Any]:
-    """The trace's metrics; computed from its steps when empty (a partial, streaming trace)."""
-    if trace.metrics:
-        return trace.metrics
-    return compute_metrics(trace.steps, int(trace.config.get("num_speculative_tokens", 0) or 0))
+def metrics_of(trace: Trace) -> RunMetrics:
+    """The trace's :class:`~specviz.trace.RunMetrics`, from its steps (finished, streaming, stopped or uploaded
+    alike: a stored ``trace.metrics`` is never read back, so every view counts by the one definition)."""
+    return RunMetrics.of(trace)
 
 
 def token_text(trace: Trace, token_id: int) -> str:

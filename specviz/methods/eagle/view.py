@@ -120,7 +120,7 @@ def acceptance_by_position_figure(traces: Sequence[Trace | dict[str, Any]], heig
     fig = go.Figure()
     for tr in (as_trace(t) for t in traces):
         method = tr.config.get("method", "?")
-        rates = metrics_of(tr).get("acceptance_rate_per_position", [])
+        rates = metrics_of(tr).acceptance_rate_per_position
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                  name=f"{method}: accepted >= i"))
         if method in KINDS:
