@@ -80,11 +80,11 @@ def app_url(tiny_dirs):
 
 def run_args(prompt=PROMPT, method="ngram", k=4, verify="auto", temperature=0.0, max_new=16, compare=True,
              top_k=0, top_p=1.0, seed=0, lookup=(1, 3), rates="", pairs=2, eagle_tree="", tree_branches=0, static_tree="",
-             k_typed=""):
+             k_typed="", max_new_typed=""):
     """The Run event's inputs in RunRequest's order (specviz/ui/run.py), then the methods' own controls (prompt lookup's
     bounds)."""
     return (prompt, method, k, verify, temperature, top_k, top_p, max_new, seed, rates, compare, pairs, eagle_tree,
-            tree_branches, static_tree, k_typed, lookup[0], lookup[1])
+            tree_branches, static_tree, k_typed, max_new_typed, lookup[0], lookup[1])
 
 
 def plot(out) -> dict:

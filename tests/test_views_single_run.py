@@ -53,6 +53,23 @@ def test_a_typed_k_clamped_by_the_browser_gets_a_note():
     assert clamped_k_note(7, "7") == "" and clamped_k_note(12, "") == "" and clamped_k_note(12, "x") == ""
 
 
+def test_max_new_tokens_above_the_cap_gets_a_note():
+    """max new tokens typed above the app's cap is clamped by the slider (like k): the run says so, in the same words
+    as k's note, and RunRequest.notes() carries it to the progress line."""
+    from specviz.ui.run import RunRequest
+    from specviz.ui.settings import MAX_UI_NEW_TOKENS, clamped_max_new_note
+
+    cap = MAX_UI_NEW_TOKENS
+    assert clamped_max_new_note(cap, "100000") == f"max new tokens = 100000 is outside 1-{cap} (the app's cap): ran {cap}"
+    assert clamped_max_new_note(1, "0") == f"max new tokens = 0 is outside 1-{cap} (the app's cap): ran 1"
+    assert clamped_max_new_note(64, "100000") == ""  # the slider moved since: no stale note
+    assert clamped_max_new_note(64, "64") == "" and clamped_max_new_note(cap, "") == ""
+    req = RunRequest(max_new_tokens=cap, max_new_typed="100000", num_speculative_tokens=12, k_typed="40")
+    assert req.notes() == (f"k = 40 is outside 1-12: ran k = 12; max new tokens = 100000 is outside 1-{cap} (the "
+                           f"app's cap): ran {cap}")
+    assert RunRequest.from_values(req.values()).max_new_typed == "100000"
+
+
 def test_medusa_at_k5_says_it_drafts_min_k_heads(medusa5):
     assert max(len(s.draft_token_ids) for s in medusa5.steps) == 4  # the bundled head file has 4 heads
     assert draft_limit(medusa5)[0] == 4

@@ -58,15 +58,17 @@ new MutationObserver(svBindGrid).observe(document.body, {childList: true, subtre
 svBindGrid();
 """
 
-# k's number box: the slider clamps a typed value to 1..12 when the box loses focus, before Run sends it;
-# keep the typed text (cleared by a drag of the slider) in the hidden #sv-k-typed box that Run also sends
+# k's and max new tokens' number boxes: the slider clamps a typed value to its range when the box loses focus,
+# before Run sends it; keep the typed text (cleared by a drag of the slider) in the hidden #<slider>-typed box that
+# Run also sends
 K_TYPED_JS = """
 if (!window.svKTyped) {
   window.svKTyped = true;
   document.addEventListener('input', (event) => {
     const t = event.target;
-    if (!t || !t.closest || !t.closest('#sv-k')) return;
-    const box = document.querySelector('#sv-k-typed textarea, #sv-k-typed input');
+    const slider = t && t.closest && t.closest('#sv-k, #sv-max-new');
+    if (!slider) return;
+    const box = document.querySelector(`#${slider.id}-typed textarea, #${slider.id}-typed input`);
     if (!box) return;
     box.value = t.type === 'number' ? t.value : '';
     box.dispatchEvent(new Event('input', {bubbles: true}));
@@ -154,6 +156,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                                  "medusa drafts at most one per head, dflash at most block size − 1")
     # what was last typed into k's box (K_TYPED_JS), before the slider clamps it: the run's note says so
     c["k_typed"] = gr.Textbox("", elem_id="sv-k-typed", elem_classes="sv-hidden", show_label=False, container=False)
+    c["max_new_typed"] = gr.Textbox("", elem_id="sv-max-new-typed", elem_classes="sv-hidden", show_label=False,
+                                    container=False)
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *[(VERIFY_LABELS.get(v, v), v) for v in VERIFY_METHODS]],
                               value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
@@ -162,7 +166,10 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
         c["top_k"] = LenientNumber(0, label="top-k (0 = off)", minimum=0, precision=0)
         c["top_p"] = LenientNumber(1.0, label="top-p (1 = off)", minimum=0.01, maximum=1.0, step=0.05)
     with gr.Row():
-        c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens")
+        c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens",
+                                            elem_id="sv-max-new", info=f"1-{MAX_UI_NEW_TOKENS} in the app (typed "
+                                            "above: runs the cap, with a note); the API and CLI take up to the "
+                                            "model's context")
         c["seed"] = LenientNumber(0, label="seed", precision=0, minimum=0)
     for title, group in _option_groups():  # each method's own settings, from its options dataclass
         with gr.Accordion(title, open=False):

@@ -22,7 +22,8 @@ from .cache import DecoderCache, StopSignals
 from .outputs import (IS_NONE, NO_COMPARE, STOPPED, RunOutputs, full_outputs, md_text, message_outputs, method_state,
                       new_state, num_tokens, trace_of)
 from .settings import (AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, check_k, check_prompt, check_slider_bounds,
-                       clamped_k_note, engine_settings, ignored_tree_note, tree_depth_note, tree_settings)
+                       clamped_k_note, clamped_max_new_note, engine_settings, ignored_tree_note, tree_depth_note,
+                       tree_settings)
 from .views import empty_views, streaming_views
 from .worker import BackgroundRun
 
@@ -46,8 +47,8 @@ class RunRequest:
     """The Run button's inputs: the controls in this field order, then :func:`option_controls`' values (``options``).
 
     eagle_tree / tree_branches / static_tree: the draft-tree controls (EAGLE-2's "top_k, depth, total_tokens",
-    branches per node, vLLM's static tree); k_typed: what was last typed into k's box ("" after a drag), so a k the
-    browser clamped is named in the progress line."""
+    branches per node, vLLM's static tree); k_typed / max_new_typed: what was last typed into k's / max new tokens'
+    box ("" after a drag), so a value the browser clamped is named in the progress line."""
 
     prompt: Any = ""
     method: str = methods.BUILTIN[0]
@@ -65,6 +66,7 @@ class RunRequest:
     tree_branches: Any = 0
     static_tree: str = ""
     k_typed: Any = ""
+    max_new_typed: Any = ""
     options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -87,10 +89,11 @@ class RunRequest:
         return (*(getattr(self, n) for n in self.fields()), *(self.options.get(n, start[n]) for n in option_controls()))
 
     def notes(self) -> str:
-        """What the run changes or ignores of the controls (a clamped k, an EAGLE-2 tree deeper than k, a tree control
-        the method does not read), "; "-joined; "" for none."""
+        """What the run changes or ignores of the controls (a clamped k or max new tokens, an EAGLE-2 tree deeper than
+        k, a tree control the method does not read), "; "-joined; "" for none."""
         m = self.method
         notes = (clamped_k_note(self.num_speculative_tokens, self.k_typed),
+                 clamped_max_new_note(self.max_new_tokens, self.max_new_typed),
                  tree_depth_note(m, self.num_speculative_tokens, self.eagle_tree, self.static_tree),
                  ignored_tree_note(m, self.eagle_tree, self.tree_branches, self.static_tree))
         return "; ".join(n for n in notes if n)
