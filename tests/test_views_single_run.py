@@ -148,8 +148,13 @@ def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
     page = speedup_html(run_summary(run), base)
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     heads = re.findall(r"<th [^>]*>([^<]+)</th>", page)
-    seg = f"{meas['n']} × {meas['segment_tokens']}-token segments"
-    assert heads == [f"ngram: {seg} (timed)", f"method none: {seg} (timed)", "this run, whole (not timed against none)"]
+    seg = f"{meas['n']} × its first {meas['segment_tokens']} tokens"
+    assert heads == [f"ngram: {seg} (timed)", f"method none: {seg} (timed)",
+                     "this run, whole (recorded and drawn; not timed against none)"]
+    own = run_summary(run)["decode_tokens_per_second"]
+    assert (f"What the segments time: the request's first {meas['segment_tokens']} tokens (of the "
+            f"{len(run.output_token_ids)} this run generated), decoded again 2 times") in text
+    assert f"Why this run's own rate ({own:.1f} tokens / s) differs" in text and "busy with other work" in text
     tps = re.search(r"tokens / s over the decode time</td>((?:<td[^>]*>[^<]*</td>){3})", page).group(1)
     shown = [float(x) for x in re.findall(r">([\d.]+)<", tps)]
     assert shown[:2] == [round(meas["method_summary"]["decode_tokens_per_second"], 1),

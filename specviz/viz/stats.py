@@ -19,7 +19,7 @@ from plotly.subplots import make_subplots
 from specviz.trace import TOKENS_PER_FORWARD_FORMULA, RunMetrics, Trace
 
 from .common import as_trace, metrics_of
-from .speed import measured_html
+from .speed import measured_html, run_vs_segments_html
 
 TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
 # the geometry of the figure when a lesson's chapter shows it in the presentation layout (specviz/ui/lesson.py
@@ -251,10 +251,10 @@ def _columns(run: dict[str, Any], baseline: dict[str, Any] | None) -> list[tuple
     meas = (baseline or {}).get("measurement")
     if not meas:
         return [(f"this run: {run['method']}", "", run)] + ([("method none", "", baseline)] if baseline else [])
-    seg = f"{meas['n']} × {meas['segment_tokens']}-token segments"
+    seg = f"{meas['n']} × its first {meas['segment_tokens']} tokens"
     return [(f"{run['method']}: {seg} (timed)", PAIR_RATIO_HELP, meas["method_summary"]),
             (f"method none: {seg} (timed)", PAIR_RATIO_HELP, baseline),
-            ("this run, whole (not timed against none)", PAIR_RATIO_HELP, run)]
+            ("this run, whole (recorded and drawn; not timed against none)", PAIR_RATIO_HELP, run)]
 
 
 def _pair_row(meas: dict[str, Any]) -> str:
@@ -331,7 +331,7 @@ def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
     whole = " (this run, whole: a count, it needs no timing)" if meas else ""
     note = (f"<p><b>{fwd:.2f}× tokens per target forward</b> over method none{whole}: the speedup if a forward cost the "
             "same however many tokens it verifies and drafting were free (large targets on a GPU come close).</p>")
-    note += (measured_html(meas) if meas else
+    note += (measured_html(meas) + run_vs_segments_html(run, meas) if meas else
              f"<p><b>Measured on this machine: {tps:.2f}× tokens/s</b> (one run of each, no spread recorded).</p>")
     fwd = _ratio(seg["tokens_per_forward"], baseline["tokens_per_forward"])
     if c["total"] > 0:
