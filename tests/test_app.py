@@ -130,7 +130,7 @@ def test_run_draws_every_view(app_url, method):
     measured = client.predict(api_name="/measure")  # the event after Run: the run's views did not wait for it
     if method == "none":
         assert "This run is method none itself" in out[SPEEDUP]
-        assert measured[SPEEDUP] == out[SPEEDUP] or not measured[SPEEDUP]  # nothing to measure: unchanged
+        assert measured[SPEEDUP].get("__type__") == "update" and "value" not in measured[SPEEDUP]  # unchanged
     else:  # measured after the run was drawn: 2 interleaved pairs of 16-token segments, with their range
         assert "Measuring the speedup over method none" in out[SPEEDUP] and "Measured beside" not in out[SPEEDUP]
         assert out[PROGRESS].endswith("measuring the speedup over method none…")
@@ -143,6 +143,16 @@ def test_run_draws_every_view(app_url, method):
     if method == "ngram":
         assert 'data-role="suffix"' in out[MATCH]
         assert plot(out[TRIE])["data"], "the trie figure has traces"
+
+
+def test_zero_comparison_pairs_is_no_comparison(app_url):
+    from specviz.ui.outputs import NO_PAIRS
+
+    client = Client(app_url, verbose=False)
+    out = client.predict(*run_args(method="draft_model", max_new=8, pairs=0), api_name="/run")
+    assert out[PROGRESS].startswith("**done**") and "measuring" not in out[PROGRESS]
+    assert NO_PAIRS in html.unescape(out[SPEEDUP])
+    assert client.predict(api_name="/measure")[SPEEDUP].get("__type__") == "update"  # nothing to measure
 
 
 def test_select_step_and_position_follow_the_session(app_url):
