@@ -20,7 +20,7 @@ from typing import Any
 
 from . import methods
 from .cli_args import add_head_arguments, heads_from_args
-from .trace import Trace
+from .trace import RunMetrics, Trace
 from .tree import DraftTree
 
 STYLE = {"accepted": "\033[32m", "rejected": "\033[9;31m", "recovered": "\033[33m", "bonus": "\033[36m", "target": ""}
@@ -52,17 +52,17 @@ def colour_tokens(trace: Trace, colour: bool = True) -> str:
 
 
 def format_metrics(trace: Trace) -> str:
-    m = trace.metrics
+    m = RunMetrics.of(trace)
     lines = [
-        f"steps {m['num_steps']}  drafts {m['num_drafts']}  draft tokens {m['num_draft_tokens']}  "
-        f"accepted {m['num_accepted_tokens']}  generated {m['num_generated_tokens']}",
-        f"mean acceptance length {m['mean_acceptance_length']:.3f}  "
-        f"draft acceptance rate {m['draft_acceptance_rate']:.3f}"
-        + (f" (per node drafted)  per-depth acceptance {m['depth_acceptance_rate']:.3f}"
-           if any(st.is_tree for st in trace.steps) and "depth_acceptance_rate" in m else ""),
-        "acceptance per position " + " ".join(f"{r:.2f}" for r in m["acceptance_rate_per_position"]),
-        "acceptance histogram " + " ".join(str(c) for c in m["acceptance_histogram"]),
-        f"target forward passes {trace.target_forward_passes}  {trace.tokens_per_second:.1f} tok/s  "
+        f"steps {m.num_steps}  drafts {m.num_drafts}  draft tokens {m.num_draft_tokens}  "
+        f"accepted {m.num_accepted_tokens}  generated {m.num_generated_tokens}",
+        f"mean acceptance length {m.mean_acceptance_length:.3f}  "
+        f"draft acceptance rate {m.draft_acceptance_rate:.3f}"
+        + (f" (per node drafted)  per-depth acceptance {m.depth_acceptance_rate:.3f}"
+           if any(st.is_tree for st in trace.steps) else ""),
+        "acceptance per position " + " ".join(f"{r:.2f}" for r in m.acceptance_rate_per_position),
+        "acceptance histogram " + " ".join(str(c) for c in m.acceptance_histogram),
+        f"target forward passes {m.target_forward_passes}  {m.tokens_per_second:.1f} tok/s  "
         f"stop: {trace.stop_reason}",
     ]
     return "\n".join(lines)

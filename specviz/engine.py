@@ -216,9 +216,10 @@ class SpecDecoder:
                 if hit_eos or len(generated) >= cfg.max_new_tokens:
                     stop_reason = "eos" if hit_eos else "max_new_tokens"
                     break
-                if stream_texts:  # a streamed trace is whole at every yield
+                if stream_texts:  # a streamed trace is whole at every yield, its clock too (a Stop keeps it)
                     ev.publish_all(pending)
                     add_texts(self.tokenizer, recorder.trace, generated)
+                    recorder.trace.wall_time_s, recorder.trace.target_forward_passes = time.perf_counter() - start, passes
                 lock.__exit__(None, None, None)  # between steps other requests' steps may run
                 try:
                     yield recorder.trace

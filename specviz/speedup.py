@@ -23,7 +23,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from .trace import Trace
+from .trace import RunMetrics, Trace
 
 DEFAULT_PAIRS = 3
 DEFAULT_SEGMENT_TOKENS = 32
@@ -33,21 +33,9 @@ _SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens", "seed", "sampler
 
 
 def summarize(traces: list[Trace]) -> dict[str, Any]:
-    """Totals of one or more runs pooled (sums of tokens, steps, forwards and times): method,
-    tokens, steps, target_forward_passes, tokens_per_forward (tokens / steps), time_ms {draft,
-    verify, sample} (ms), decode_s (s), decode_tokens_per_second, wall_time_s, tokens_per_second.
-    The same fields as :func:`specviz.viz.stats.run_summary` of one run."""
-    tokens = sum(len(s.committed_token_ids) for t in traces for s in t.steps)
-    steps = sum(len(t.steps) for t in traces)
-    time_ms = {key: sum(float(t.metrics.get("time_ms", {}).get(key, 0.0)) for t in traces)
-               for key in ("draft", "verify", "sample")}
-    decode_s = sum(time_ms.values()) / 1e3
-    wall = sum(float(t.wall_time_s) for t in traces)
-    return {"method": str(traces[0].config.get("method", "")) if traces else "", "tokens": tokens, "steps": steps,
-            "target_forward_passes": sum(int(t.target_forward_passes) for t in traces),
-            "tokens_per_forward": tokens / steps if steps else 0.0, "time_ms": time_ms, "decode_s": decode_s,
-            "decode_tokens_per_second": tokens / decode_s if decode_s > 0 else 0.0, "wall_time_s": wall,
-            "tokens_per_second": tokens / wall if wall > 0 else 0.0}
+    """:meth:`specviz.trace.RunMetrics.summary` of ``traces`` pooled (sums of tokens, steps, forwards and times):
+    the same fields as :func:`specviz.viz.stats.run_summary` of one run."""
+    return RunMetrics.pooled(traces).summary()
 
 
 def _decode_rate(trace: Trace) -> float:

@@ -22,7 +22,7 @@ from specviz.trace import Trace  # noqa: E402
 from specviz.ui import build_app, launch_options  # noqa: E402
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
-API = ("run", "stop", "select_step", "select_position", "select_cell", "replay", "replay_settings", "export",
+API = ("run", "measure", "stop", "select_step", "select_position", "select_cell", "replay", "replay_settings", "export",
        "load_example")
 # outputs of run / stop / replay: progress, stream, summary, grid, residual, match, trie, stats, speedup,
 # step slider, position slider (the session state is not part of the API)
@@ -80,11 +80,11 @@ def app_url(tiny_dirs):
 
 def run_args(prompt=PROMPT, method="ngram", k=4, verify="auto", temperature=0.0, max_new=16, compare=True,
              top_k=0, top_p=1.0, seed=0, lookup=(1, 3), rates="", pairs=2, eagle_tree="", tree_branches=0, static_tree="",
-             k_typed=""):
+             k_typed="", max_new_typed=""):
     """The Run event's inputs in RunRequest's order (specviz/ui/run.py), then the methods' own controls (prompt lookup's
     bounds)."""
     return (prompt, method, k, verify, temperature, top_k, top_p, max_new, seed, rates, compare, pairs, eagle_tree,
-            tree_branches, static_tree, k_typed, lookup[0], lookup[1])
+            tree_branches, static_tree, k_typed, max_new_typed, lookup[0], lookup[1])
 
 
 def plot(out) -> dict:
@@ -127,14 +127,32 @@ def test_run_draws_every_view(app_url, method):
     assert sum(stats["data"][0]["y"]) == drafting_rows  # histogram over drafting steps
     assert (drafting_rows == 0) == (method == "none")
     assert "method none" in out[SPEEDUP] and "tokens per target forward" in out[SPEEDUP]
+    measured = client.predict(api_name="/measure")  # the event after Run: the run's views did not wait for it
     if method == "none":
         assert "This run is method none itself" in out[SPEEDUP]
-    else:  # measured beside the run: 2 interleaved pairs of 16-token segments, with their range
-        assert "Measured beside this run" in out[SPEEDUP] and "median of 2 interleaved pairs of 16-token" in out[SPEEDUP]
-        assert re.search(r"range \d+\.\d\d–\d+\.\d\d× over the 2 pairs", out[SPEEDUP])
+        assert measured[SPEEDUP].get("__type__") == "update" and "value" not in measured[SPEEDUP]  # unchanged
+    else:  # measured after the run was drawn: 2 interleaved pairs of 16-token segments, with their range
+        assert "Measuring the speedup over method none" in out[SPEEDUP] and "Measured beside" not in out[SPEEDUP]
+        assert out[PROGRESS].endswith("measuring the speedup over method none…")
+        assert measured[PROGRESS].startswith("**done** · 16 tokens") and "speedup measured" in measured[PROGRESS]
+        assert "Measured beside this run" in measured[SPEEDUP]
+        assert "median of 2 interleaved pairs of 16-token" in measured[SPEEDUP]
+        assert re.search(r"range \d+\.\d\d–\d+\.\d\d× over the 2 pairs", measured[SPEEDUP])
+        assert "What the segments time: the request's first 16 tokens (of the 16 this run generated)" in \
+            re.sub(r"<[^>]+>", "", measured[SPEEDUP])
     if method == "ngram":
         assert 'data-role="suffix"' in out[MATCH]
         assert plot(out[TRIE])["data"], "the trie figure has traces"
+
+
+def test_zero_comparison_pairs_is_no_comparison(app_url):
+    from specviz.ui.outputs import NO_PAIRS
+
+    client = Client(app_url, verbose=False)
+    out = client.predict(*run_args(method="draft_model", max_new=8, pairs=0), api_name="/run")
+    assert out[PROGRESS].startswith("**done**") and "measuring" not in out[PROGRESS]
+    assert NO_PAIRS in html.unescape(out[SPEEDUP])
+    assert client.predict(api_name="/measure")[SPEEDUP].get("__type__") == "update"  # nothing to measure
 
 
 def test_select_step_and_position_follow_the_session(app_url):
@@ -197,6 +215,7 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     with pytest.raises(Exception, match="nothing to export yet"):
         client.predict(0, 1, api_name="/export")
     out = client.predict(*run_args(method="ngram"), api_name="/run")
+    client.predict(api_name="/measure")
     files = client.predict(0, 1, api_name="/export")
     by_name = {p.replace("\\", "/").rsplit("/", 1)[-1]: p for p in files}
     # named after the run, a short hash of its prompt and the time, so compared runs do not collide

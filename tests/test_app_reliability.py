@@ -117,9 +117,11 @@ def test_unticked_compare_says_how_to_get_one(app_url):
 
 def test_the_measurement_is_made_beside_each_run_not_cached(app_url):
     client = Client(app_url, verbose=False)
-    one = client.predict(*run_args(method="draft_model", max_new=12, pairs=3), api_name="/run")
+    client.predict(*run_args(method="draft_model", max_new=12, pairs=3), api_name="/run")
+    one = client.predict(api_name="/measure")
     m1 = _exported_trace(client).metrics["baseline_none"]["measurement"]
-    two = client.predict(*run_args(method="draft_model", max_new=12, pairs=3), api_name="/run")
+    client.predict(*run_args(method="draft_model", max_new=12, pairs=3), api_name="/run")
+    two = client.predict(api_name="/measure")
     m2 = _exported_trace(client).metrics["baseline_none"]["measurement"]
     assert "median of 3 interleaved pairs of 12-token segments" in one[SPEEDUP]
     assert m1["n"] == m2["n"] == 3 and m1["segment_tokens"] == 12
@@ -171,6 +173,7 @@ def test_suffix_cache_is_per_session_and_can_be_reset(app_url):
     prompt = "def add(a, b):\n    return a + b\n"
     first = a.predict(*run_args(prompt=prompt, method="suffix", max_new=16, compare=True), api_name="/run")
     assert first[PROGRESS].startswith("**done**")
+    assert "speedup measured" in a.predict(api_name="/measure")[PROGRESS]
     # one earlier output: the measurement's segments drafted from a frozen copy and added nothing
     assert "holds **1** earlier output" in a.predict("suffix", api_name="/method_state")
     metrics_first = _exported_trace(a).metrics

@@ -66,6 +66,7 @@ def test_run_renders_every_view_and_keeps_a_screenshot(browser, app_url):
         assert page.locator(f"#{view} .js-plotly-plot .main-svg").count() >= 1, view
     assert page.locator("#sv-grid .heatmaplayer").count() == 1
     assert page.locator("#sv-match [data-role]").count() + page.locator("#sv-match .sv-match-empty").count() >= 1
+    _wait_progress(page, "speedup measured")  # the comparison, chained after the run, streams in afterwards
     assert "Measured beside this run" in page.locator("#sv-speedup").inner_text()
     page.screenshot(path=str(SHOTS / "browser_run_full.png"), full_page=True)
     page.locator("#sv-stream").screenshot(path=str(SHOTS / "browser_stream.png"))

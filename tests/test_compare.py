@@ -63,11 +63,11 @@ def trace_b():
 
 def test_both_acceptance_length_conventions_and_coverage():
     m = pooled_metrics([trace_a()], 3)
-    assert m["mean_acceptance_length"] == pytest.approx(1 + 4 / 2)  # vLLM: drafting steps only
-    assert m["tokens_per_step"] == pytest.approx(8 / 4)  # tokens per target forward: every step counts
-    assert m["draft_coverage"] == pytest.approx(2 / 4)
-    assert m["offered_per_position"] == [2, 2, 1]  # position 3 verified only where 1 and 2 were accepted
-    assert m["accepted_per_position"] == [2, 1, 1]
+    assert m.mean_acceptance_length == pytest.approx(1 + 4 / 2)  # vLLM: drafting steps only
+    assert m.tokens_per_target_forward == pytest.approx(8 / 4)  # tokens per target forward: every step counts
+    assert m.draft_coverage == pytest.approx(2 / 4)
+    assert m.offered_per_position == [2, 2, 1]  # position 3 verified only where 1 and 2 were accepted
+    assert m.accepted_per_position == [2, 1, 1]
     # the convention switch's three readings of the same counts (trace.ACCEPTANCE_LENGTH_CONVENTIONS)
     assert acceptance_length(m, "vllm") == pytest.approx(3.0)  # 1 + 4 accepted / 2 drafts
     assert acceptance_length(m, "per_forward") == pytest.approx(2.0)  # 8 tokens / 4 steps
@@ -83,10 +83,10 @@ def test_both_acceptance_length_conventions_and_coverage():
 def test_pooling_is_step_weighted_not_a_mean_of_request_means():
     a, b = pooled_metrics([trace_a()], 3), pooled_metrics([trace_b()], 3)
     both = pooled_metrics([trace_a(), trace_b()], 3)
-    assert (a["mean_acceptance_length"], b["mean_acceptance_length"]) == (3.0, 1.0)
-    assert both["mean_acceptance_length"] == pytest.approx(1 + 4 / 3)  # not (3 + 1) / 2
-    assert both["tokens_per_step"] == pytest.approx(9 / 5)
-    assert both["draft_acceptance_rate"] == pytest.approx(4 / 8)
+    assert (a.mean_acceptance_length, b.mean_acceptance_length) == (3.0, 1.0)
+    assert both.mean_acceptance_length == pytest.approx(1 + 4 / 3)  # not (3 + 1) / 2
+    assert both.tokens_per_target_forward == pytest.approx(9 / 5)
+    assert both.draft_acceptance_rate == pytest.approx(4 / 8)
 
 
 def test_wilson_interval_matches_the_closed_form():
@@ -125,12 +125,12 @@ def test_row_speedups_time_split_and_conditional_rates():
     assert row["step_cost"]["verify"] == pytest.approx(10 / 11)
     # cost model: a = 4 accepted / 6 verified positions (offered 3, 2, 1), k = 8 drafted / 3 drafts, g = 3/5
     m = pooled_metrics(spec, 3)
-    a = m["num_accepted_tokens"] / sum(m["offered_per_position"])
+    a = m.num_accepted_tokens / sum(m.offered_per_position)
     k, g = 8 / 3, 3 / 5
     expected = ((1 - g) + g * (1 - a ** (k + 1)) / (1 - a)) / (1 + 1.0 / 11)
     assert row["predicted_speedup"] == pytest.approx(expected)
     cond = row["conditional"]
-    assert [c["n"] for c in cond] == m["offered_per_position"]
+    assert [c["n"] for c in cond] == m.offered_per_position
     assert cond[0]["rate"] == pytest.approx(2 / 3) and cond[0]["low"] < 2 / 3 < cond[0]["high"]
     assert row["lossless"]["ok"] is True and row["lossless"]["badge"].startswith("✓")
 

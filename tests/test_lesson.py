@@ -71,7 +71,8 @@ def test_standard_test_and_residual_texts_carry_the_trace_numbers(traces):
     assert out.focus == "residual" and out.position == st.num_accepted + 1
     stats = plain(chapters[-1].text)
     m = trace.metrics
-    assert f"1 + {m['num_accepted_tokens']} / {m['num_drafts']} = {m['mean_acceptance_length']:.2f}" in stats
+    assert (f"1 + {m['num_accepted_tokens']} / {m['num_drafts']} = {m['num_drafting_step_tokens']} / {m['num_drafts']}"
+            f" = {m['mean_acceptance_length']:.2f}") in stats
     assert f"{m['num_accepted_tokens']} / {m['num_draft_tokens']} = {m['draft_acceptance_rate']:.2f}" in stats
 
 

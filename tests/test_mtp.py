@@ -243,7 +243,7 @@ def test_mtp_view(mtp_decoders):
     for s in st.match["steps"]:
         assert s["position"] == n - 1 and 0.0 <= s["draft_prob"] <= s["head_top_prob"] <= 1.0
     fig = source_figure(tr, st.index)
-    assert [t.name for t in fig.data] == ["q(drafted)", "q(head's top token)"]
+    assert [t.name for t in fig.data] == ["confidence in the drafted token", "confidence in the head's top token"]
     assert len(fig.data[0].x) == len(st.draft_token_ids)
 
 

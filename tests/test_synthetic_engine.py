@@ -52,3 +52,23 @@ def test_ordinary_recovered_tokens_are_not_marked(decoders):
     recovered = [s for s in trace.steps if s.emitted.kind == "recovered"]
     assert recovered and not any(s.emitted.residual_empty for s in recovered)
     assert all(s.positions[s.num_accepted].residual_mass > 0 for s in recovered)
+
+
+def test_a_forced_rejection_from_p_shows_no_residual_view(self_decoders):
+    """Where synthetic verification forced a rejection with Z = 0, the decision panel does not ask "where did the
+    recovered token come from?" nor draw an empty residual: it says what synthetic verification did (drew from p)."""
+    import re
+
+    from specviz.viz.residual import SYNTHETIC_FROM_P, residual_figure
+
+    dec = self_decoders["llama"]
+    trace = dec.generate(PROMPT, method="draft_model", verify="synthetic", synthetic_rates=[0.5] * 4,
+                         num_speculative_tokens=4, max_new_tokens=30, seed=1)
+    st = next(s for s in trace.steps if s.num_accepted < len(s.draft_token_ids))
+    fig = residual_figure(trace, st.index, st.num_accepted + 1)
+    caption = " ".join(re.sub(r"<[^>]+>", " ", a.text) for a in fig.layout.annotations if a.name == "caption")
+    caption = " ".join(caption.split())
+    assert "where did the recovered" not in caption and "Synthetic verification rejected" in caption
+    assert "came from the target's p" in caption and " ".join(SYNTHETIC_FROM_P.split()[:6]) in caption
+    assert not any(b.name and b.name.startswith("residual") for b in fig.data if b.type == "bar")
+    assert {"target p", "draft q"} <= {b.name for b in fig.data if b.type == "bar"}

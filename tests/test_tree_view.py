@@ -216,17 +216,23 @@ def test_per_depth_acceptance_of_a_hand_built_tree():
 
 
 def test_per_depth_acceptance_counts_committed_depths_only():
-    """The request stopped after the tree's first accepted token: depths 2 and 3 are discarded (neither accepted
-    nor drafted for the metric), depth 1 was drafted and accepted."""
+    """The request stopped (an EOS) at the tree's second accepted token: the step kept two tokens, the last counted
+    as its own (accepted = committed - 1 = 1), so depths 2 and 3 are discarded (neither accepted nor drafted for the
+    metric), depth 1 was drafted and accepted. Stopped at the first accepted token, the step kept only its own."""
     from dataclasses import replace
 
     from specviz.trace import compute_metrics
 
-    cut = replace(tree_trace().steps[0], committed_token_ids=[10])
+    step = tree_trace().steps[0]
+    cut = replace(step, committed_token_ids=step.committed_token_ids[:2])
     m = compute_metrics([cut], 3)
     assert m["num_accepted_tokens"] == 1 and m["num_discarded_draft_tokens"] == 6
     assert m["drafted_per_depth"] == [1, 0, 0] and m["depth_acceptance_rate"] == 1.0
     assert m["draft_acceptance_rate"] == pytest.approx(1 / 2)  # nodes 0 and 1 (depth 1) were drafted
+    assert m["mean_acceptance_length"] == 2.0 == 1 + m["num_accepted_tokens"]
+    first = compute_metrics([replace(step, committed_token_ids=step.committed_token_ids[:1])], 3)
+    assert first["num_accepted_tokens"] == 0 and first["num_discarded_draft_tokens"] == len(step.nodes)
+    assert first["drafted_per_depth"] == [0, 0, 0] and first["mean_acceptance_length"] == 1.0
 
 
 def test_run_summary_says_what_the_rate_means_for_trees():

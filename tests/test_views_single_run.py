@@ -53,6 +53,23 @@ def test_a_typed_k_clamped_by_the_browser_gets_a_note():
     assert clamped_k_note(7, "7") == "" and clamped_k_note(12, "") == "" and clamped_k_note(12, "x") == ""
 
 
+def test_max_new_tokens_above_the_cap_gets_a_note():
+    """max new tokens typed above the app's cap is clamped by the slider (like k): the run says so, in the same words
+    as k's note, and RunRequest.notes() carries it to the progress line."""
+    from specviz.ui.run import RunRequest
+    from specviz.ui.settings import MAX_UI_NEW_TOKENS, clamped_max_new_note
+
+    cap = MAX_UI_NEW_TOKENS
+    assert clamped_max_new_note(cap, "100000") == f"max new tokens = 100000 is outside 1-{cap} (the app's cap): ran {cap}"
+    assert clamped_max_new_note(1, "0") == f"max new tokens = 0 is outside 1-{cap} (the app's cap): ran 1"
+    assert clamped_max_new_note(64, "100000") == ""  # the slider moved since: no stale note
+    assert clamped_max_new_note(64, "64") == "" and clamped_max_new_note(cap, "") == ""
+    req = RunRequest(max_new_tokens=cap, max_new_typed="100000", num_speculative_tokens=12, k_typed="40")
+    assert req.notes() == (f"k = 40 is outside 1-12: ran k = 12; max new tokens = 100000 is outside 1-{cap} (the "
+                           f"app's cap): ran {cap}")
+    assert RunRequest.from_values(req.values()).max_new_typed == "100000"
+
+
 def test_medusa_at_k5_says_it_drafts_min_k_heads(medusa5):
     assert max(len(s.draft_token_ids) for s in medusa5.steps) == 4  # the bundled head file has 4 heads
     assert draft_limit(medusa5)[0] == 4
@@ -131,8 +148,13 @@ def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
     page = speedup_html(run_summary(run), base)
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
     heads = re.findall(r"<th [^>]*>([^<]+)</th>", page)
-    seg = f"{meas['n']} × {meas['segment_tokens']}-token segments"
-    assert heads == [f"ngram: {seg} (timed)", f"method none: {seg} (timed)", "this run, whole (not timed against none)"]
+    seg = f"{meas['n']} × its first {meas['segment_tokens']} tokens"
+    assert heads == [f"ngram: {seg} (timed)", f"method none: {seg} (timed)",
+                     "this run, whole (recorded and drawn; not timed against none)"]
+    own = run_summary(run)["decode_tokens_per_second"]
+    assert (f"What the segments time: the request's first {meas['segment_tokens']} tokens (of the "
+            f"{len(run.output_token_ids)} this run generated), decoded again 2 times") in text
+    assert f"Why this run's own rate ({own:.1f} tokens / s) differs" in text and "busy with other work" in text
     tps = re.search(r"tokens / s over the decode time</td>((?:<td[^>]*>[^<]*</td>){3})", page).group(1)
     shown = [float(x) for x in re.findall(r">([\d.]+)<", tps)]
     assert shown[:2] == [round(meas["method_summary"]["decode_tokens_per_second"], 1),

@@ -126,11 +126,12 @@ def test_handmade_stats_and_alpha():
     tr = handmade()
     fig = stats_figure(tr)
     hist = fig.data[0]
-    # from committed tokens: step 2's sampler accepted 3, but the stop kept 2 (x3 and the bonus cut)
-    assert list(hist.y) == tr.metrics["acceptance_histogram"] == [0, 0, 2, 0]
-    # verified positions: step 0 -> 3 (2 accepted + the rejected one), step 2 -> 2 (x3 discarded
-    # at the stop); accepted 2 + 2
-    assert estimated_alpha(tr) == pytest.approx(4 / 5)
+    # from committed tokens: step 2's sampler accepted 3, but the stop kept 2 (x3 and the bonus cut); its last kept
+    # token counts as the step's own (accepted = committed - 1 = 1, vLLM's count), so every drafting step is 1 + accepted
+    assert list(hist.y) == tr.metrics["acceptance_histogram"] == [0, 1, 1, 0]
+    # verified positions: step 0 -> 3 (2 accepted + the rejected one), step 2 -> 1 (x2, its own token, and x3
+    # discarded at the stop); accepted 2 + 1
+    assert estimated_alpha(tr) == pytest.approx(3 / 4)
     assert expected_tokens_per_step(0.0, 4) == 1.0 and expected_tokens_per_step(1.0, 4) == 5.0
     assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
     summary = run_summary(tr)
@@ -395,14 +396,16 @@ def test_the_four_rates_are_one_defined_set_with_a_headline(traces):
     assert rates[1].value == pytest.approx(m["mean_acceptance_length"])
     assert rates[2].value == pytest.approx(m["draft_acceptance_rate"])
     assert rates[3].value == pytest.approx(estimated_alpha(tr))
-    for r in rates:  # each formula's numbers give its value
-        num, den = r.numbers.replace("1 + ", "").split(" / ")
-        assert (1 if r.numbers.startswith("1 + ") else 0) + int(num) / int(den) == pytest.approx(r.value), r
+    for r in rates:  # each formula's numbers give its value (every form of it, where it shows two)
+        for form in r.numbers.split(" = "):
+            num, den = form.replace("1 + ", "").split(" / ")
+            assert (1 if form.startswith("1 + ") else 0) + int(num) / int(den) == pytest.approx(r.value), r
     text = summary_markdown(tr)
     head, *lines = text.split("\n")
     assert head.startswith(f"**{rates[0].value:.2f} tokens per target forward** = generated tokens / verification")
     assert [ln.split(" **")[0] for ln in lines[:3]] == ["- mean acceptance length", "- draft acceptance rate", "- a"]
-    assert "= 1 + accepted / drafting steps = 1 + " in lines[0] and "accepted / verified positions" in lines[2]
+    assert ("= 1 + accepted / drafting steps = committed tokens of drafting steps / drafting steps = 1 + " in lines[0]
+            and "accepted / verified positions" in lines[2])
 
 
 def test_suffix_trie_panel_draws_the_candidates_as_a_tree(traces):

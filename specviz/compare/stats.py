@@ -1,5 +1,5 @@
 """Statistics on a comparison's pooled metrics: the steps of every run of a configuration are pooled and passed to
-:func:`specviz.trace.compute_metrics` (metric definitions live there only; pooling steps = summing vLLM's counters
+:meth:`specviz.trace.RunMetrics.pooled` (metric definitions live there only; pooling steps = summing vLLM's counters
 over requests). On top of those counts: Wilson intervals of the conditional per-position rates, the speedup over
 method none measured in the same comparison, the speedup Leviathan et al.'s cost model predicts from the measured
 step costs, and the losslessness check (greedy: equal outputs; T > 0: a chi-square homogeneity test per position)."""
@@ -10,7 +10,7 @@ import math
 from typing import Any, Sequence
 
 from specviz.speedup import spread
-from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Step, Trace, acceptance_length, compute_metrics
+from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, RunMetrics, Trace
 
 from .model import Comparison, RunResult
 
@@ -26,46 +26,34 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     return float(ci.low), float(ci.high)
 
 
-def pooled_metrics(traces: Sequence[Trace], num_speculative_tokens: int) -> dict[str, Any]:
-    """specviz.trace.metrics over the steps of every trace pooled (vLLM's counters summed over requests:
+def pooled_metrics(traces: Sequence[Trace], num_speculative_tokens: int) -> RunMetrics:
+    """:meth:`specviz.trace.RunMetrics.pooled` over every trace (vLLM's counters summed over requests:
     step-weighted, not a mean of per-request means)."""
-    steps: list[Step] = [s for t in traces for s in t.steps]
-    return compute_metrics(steps, num_speculative_tokens)
+    return RunMetrics.pooled(traces, num_speculative_tokens)
 
 
-def tokens_per_target_forward(m: dict[str, Any]) -> float:
-    """Tokens per target forward (verification steps; the prefill is not counted), read from specviz.trace.metrics'
-    metrics by name ("tokens_per_target_forward" where defined, else its equal "tokens_per_step")."""
-    return float(m.get("tokens_per_target_forward", m.get("tokens_per_step", 0.0)))
-
-
-def decode_seconds(m: dict[str, Any]) -> float:
-    """Engine time of the decode loop (draft + verify + sample), seconds; prefill excluded."""
-    return sum(float(v) for v in m.get("time_ms", {}).values()) / 1e3
-
-
-def predicted_speedup(m: dict[str, Any], base_ms_per_step: float) -> float | None:
+def predicted_speedup(m: RunMetrics, base_ms_per_step: float) -> float | None:
     """Speedup Leviathan et al. 2023's cost model predicts from this configuration's measured
     acceptance and drafting cost: E[tokens per step] / (1 + t_draft / t_step(none)), where
     E = (1 - g) + g (1 - a^(k+1)) / (1 - a), g = draft coverage, a = accepted / verified positions,
     k = mean draft length of drafting steps, t_draft = measured draft ms per step. It assumes, as the
     paper does, that verifying k+1 tokens costs one plain step and the sampler is free; the gap to the
     measured speedup is what those assumptions miss (see the time split). None without drafts."""
-    steps, drafts = m["num_steps"], m["num_drafts"]
+    steps, drafts = m.num_steps, m.num_drafts
     if not steps or not drafts or base_ms_per_step <= 0:
         return None
-    a = m["num_accepted_tokens"] / max(sum(m["offered_per_position"]), 1)
-    k = m["num_draft_tokens"] / drafts
+    a = m.num_accepted_tokens / max(sum(m.offered_per_position), 1)
+    k = m.num_draft_tokens / drafts
     g = drafts / steps
     per_draft = k + 1 if a >= 1 else (1 - a ** (k + 1)) / (1 - a)
-    t_draft = m["time_ms"].get("draft", 0.0) / steps
+    t_draft = m.time_ms.get("draft", 0.0) / steps
     return ((1 - g) + g * per_draft) / (1 + t_draft / base_ms_per_step)
 
 
-def time_split(m: dict[str, Any]) -> dict[str, float]:
+def time_split(m: RunMetrics) -> dict[str, float]:
     """Milliseconds per verification step: draft, verify (target forward), sample (sampler + record)."""
-    n = m["num_steps"] or 1
-    return {part: float(m["time_ms"].get(part, 0.0)) / n for part in ("draft", "verify", "sample")}
+    n = m.num_steps or 1
+    return {part: float(m.time_ms.get(part, 0.0)) / n for part in ("draft", "verify", "sample")}
 
 
 # ---- losslessness -------------------------------------------------------------------------
@@ -237,9 +225,7 @@ def run_ratios(comparison: Comparison, runs: list[RunResult], base: int | None) 
 
 def _decode_rate(trace: Trace) -> float:
     """Tokens / decode time of one run, as :func:`pooled_row` pools them (0 without decode time)."""
-    m = pooled_metrics([trace], 1)
-    dec = decode_seconds(m)
-    return m["num_generated_tokens"] / dec if dec > 0 else 0.0
+    return pooled_metrics([trace], 1).decode_tokens_per_second
 
 
 def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
@@ -258,30 +244,29 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     cfg = comparison.configs[config]
     runs = comparison.runs_of(config)
     m = pooled_metrics([r.trace for r in runs], cfg.num_speculative_tokens)
-    tokens = m["num_generated_tokens"]
-    dec = decode_seconds(m)
+    tokens = m.num_generated_tokens
     base = comparison.baseline_of(config)
     bm = pooled_metrics([r.trace for r in comparison.runs_of(base)], 1) if base is not None else None
-    base_tps = bm["num_generated_tokens"] / decode_seconds(bm) if bm and decode_seconds(bm) > 0 else 0.0
-    base_ms = 1e3 * decode_seconds(bm) / bm["num_steps"] if bm and bm["num_steps"] else 0.0
-    tps = tokens / dec if dec > 0 else 0.0
+    base_tps = bm.decode_tokens_per_second if bm else 0.0
+    base_ms = 1e3 * bm.decode_s / bm.num_steps if bm and bm.num_steps else 0.0
+    tps = m.decode_tokens_per_second
     split = time_split(m)
-    n_cond = m["offered_per_position"] if cfg.method != "none" else []
+    n_cond = m.offered_per_position if cfg.method != "none" else []
     conditional = [{"rate": a / n if n else None, "n": n, "low": wilson_interval(a, n)[0], "high": wilson_interval(a, n)[1]}
-                   for a, n in zip(m["accepted_per_position"], n_cond)]
+                   for a, n in zip(m.accepted_per_position, n_cond)]
     wall = sum(r.wall_s for r in runs)
     ratios = run_ratios(comparison, runs, base)
     return {
         "label": cfg.label, "method": cfg.method, "k": cfg.num_speculative_tokens, "tree": cfg.tree,
         "tree_label": cfg.tree_label,
         "verify": cfg.verify,
-        "temperature": cfg.temperature, "runs": len(runs), "tokens": tokens, "steps": m["num_steps"],
-        "num_drafts": m["num_drafts"], "num_draft_tokens": m["num_draft_tokens"],
-        "num_accepted_tokens": m["num_accepted_tokens"],
-        "tokens_per_target_forward": tokens_per_target_forward(m),
-        "mean_acceptance_length": m["mean_acceptance_length"] if m["num_drafts"] else None,
-        "acceptance_length": {c: acceptance_length(m, c) for c in ACCEPTANCE_LENGTH_CONVENTIONS},
-        "draft_coverage": m["draft_coverage"], "draft_acceptance_rate": m["draft_acceptance_rate"] if m["num_draft_tokens"] else None,
+        "temperature": cfg.temperature, "runs": len(runs), "tokens": tokens, "steps": m.num_steps,
+        "num_drafts": m.num_drafts, "num_draft_tokens": m.num_draft_tokens,
+        "num_accepted_tokens": m.num_accepted_tokens,
+        "tokens_per_target_forward": m.tokens_per_target_forward,
+        "mean_acceptance_length": m.mean_acceptance_length if m.num_drafts else None,
+        "acceptance_length": {c: m.acceptance_length(c) for c in ACCEPTANCE_LENGTH_CONVENTIONS},
+        "draft_coverage": m.draft_coverage, "draft_acceptance_rate": m.draft_acceptance_rate if m.num_draft_tokens else None,
         "conditional": conditional, "tokens_per_s": tps, "e2e_tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "speedup": tps / base_tps if base_tps > 0 and runs else None,
         "speedup_spread": spread(ratios) if ratios else None,

@@ -6,7 +6,7 @@ from typing import Any
 
 from specviz import events as ev
 
-from .metrics import compute_metrics
+from .metrics import RunMetrics
 from .schema import Emitted, Position, Step, Trace, TreeNode, chain_nodes
 
 
@@ -77,5 +77,5 @@ class Recorder:
         t.wall_time_s = e.wall_time_s
         t.target_forward_passes = e.target_forward_passes
         t.stop_reason = e.stop_reason
-        t.tokens_per_second = len(t.output_token_ids) / e.wall_time_s if e.wall_time_s > 0 else 0.0
-        t.metrics = compute_metrics(t.steps, int(t.config.get("num_speculative_tokens", 0)))
+        m = RunMetrics.of(t)
+        t.tokens_per_second, t.metrics = m.tokens_per_second, m.to_dict()

@@ -5,22 +5,23 @@ the totals. It round-trips through JSON (:meth:`Trace.to_json` / :meth:`Trace.fr
 loading validates the data's shape and types and never executes anything, so an uploaded
 trace is safe to view.
 
-Metric definitions follow vLLM (``v1/spec_decode/metrics.py``) and docs/design/algorithms.md, counted
-from what was **committed**, not from what the sampler decided: when the request stops (EOS or
-max_new_tokens) inside a step, the sampler's later accepted drafts and its emitted token are
-dropped (:attr:`Step.num_accepted` keeps the sampler's decision; :attr:`Step.committed_token_ids`
-what was kept; :attr:`Step.num_accepted_committed`, :attr:`Step.emitted_committed` and
-:attr:`Step.num_drafts_discarded` derive the rest), and every metric counts only what was kept.
-vLLM's scheduler counts the sampler's decision instead (``len(generated_token_ids) - 1``).
+Metric definitions (:class:`specviz.trace.RunMetrics`, the one place they are computed) follow vLLM
+(``v1/spec_decode/metrics.py``) and docs/design/algorithms.md, counted from what was **committed**, not from what
+the sampler decided: when the request stops at an EOS inside a step, the sampler's later accepted drafts and its
+emitted token are dropped (:attr:`Step.num_accepted` keeps the sampler's decision; :attr:`Step.committed_token_ids`
+what was kept). vLLM counts a step's accepted drafts as its output tokens - 1 (``len(generated_token_ids) - 1``,
+the sampler's tokens); specviz takes the same count over the committed tokens, so every drafting step counts
+1 + accepted tokens: a step cut by the stop counts its last committed token (the EOS) as its one token of its own
+(:func:`specviz.trace.metrics.counted`). max_new_tokens never cuts a step (k' <= remaining - 1).
 
 * num_drafts: steps whose proposer drafted k' > 0 tokens; num_draft_tokens: sum of k'.
-* num_discarded_draft_tokens: drafts after the stop of a step cut by EOS / max_new_tokens
-  (neither accepted nor rejected: the output ended before them).
-* num_accepted_tokens: committed accepted drafts (sum of num_accepted_committed).
-* mean_acceptance_length = committed tokens of drafting steps / num_drafts
-  (= 1 + num_accepted_tokens / num_drafts when no step was cut; 1.0 with no drafts).
+* num_discarded_draft_tokens: drafts of a step cut by the stop from the stop's position on
+  (neither accepted nor rejected: the output ended there).
+* num_accepted_tokens: sum over drafting steps of (committed tokens - 1).
+* mean_acceptance_length = 1 + num_accepted_tokens / num_drafts
+  = committed tokens of drafting steps / num_drafts (for every run; 1.0 with no drafts).
 * draft_acceptance_rate = num_accepted_tokens / (num_draft_tokens - num_discarded_draft_tokens).
-* accepted_per_position[i] = #drafting steps that committed >= i+1 accepted drafts (vLLM's
+* accepted_per_position[i] = #drafting steps that counted >= i+1 accepted drafts (vLLM's
   counts); acceptance_rate_per_position[i] = that / num_drafts (unconditional);
   conditional_acceptance_rate[i] = P(accept i+1 | accepted i) = accepted_per_position[i] /
   offered_per_position[i], where offered_per_position[i] = #drafting steps whose position i+1 was
@@ -32,7 +33,7 @@ vLLM's scheduler counts the sampler's decision instead (``len(generated_token_id
   nodes per step of which at most its depth can be accepted, so its draft_acceptance_rate (per node)
   is not comparable with a chain's, and this is.
 * draft_coverage = num_drafts / num_steps (share of steps that had a draft; vllm#24344).
-* acceptance_histogram[j] = #drafting steps with exactly j committed accepted drafts.
+* acceptance_histogram[j] = #drafting steps with exactly j counted accepted drafts.
 * tokens_per_step = tokens_per_target_forward = committed tokens / verification steps
   (:func:`tokens_per_target_forward`; the one definition every view and label uses).
 
@@ -41,8 +42,8 @@ Trees (version 2): a step's ``nodes`` hold every drafted node (a chain's too, pa
 *row*: the accepted path, then the last child tested at the node the step stopped at (rejected),
 so the per-position views read a tree step like a chain. For a tree, "drafted" counts every node
 (num_draft_tokens), "accepted" the accepted path (num_accepted = its length), "position i" is
-depth i, and a node is discarded when the stop came before its depth (every node deeper than the
-committed accepted drafts). For a chain these are the definitions above.
+depth i, and a node is discarded when the stop came at or before its depth (every node deeper than the
+counted accepted drafts). For a chain these are the definitions above.
 """
 
 from __future__ import annotations

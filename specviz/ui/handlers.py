@@ -21,7 +21,7 @@ from specviz.viz.grid import cell_selection
 from .cache import DecoderCache, StopSignals, device_in_use
 from .outputs import RunOutputs, method_state, new_state, number, sliders, trace_of
 from .replay import export, export_stem, replay, replay_fields, replay_settings  # noqa: F401 (wired by the layout)
-from .run import option_controls, run, stop
+from .run import measure, option_controls, run, stop
 from .views import selection_views
 
 
@@ -102,6 +102,10 @@ class SessionHandlers:
         """See :func:`specviz.ui.run.run` (``values``: a :class:`~specviz.ui.run.RunRequest`'s). The request comes
         second: Gradio passes a ``gr.Request`` only to positional parameters before ``*values``."""
         yield from run(self.cache, self.signals, state, *values, request=request)
+
+    def measure(self, state: dict[str, Any] | None, request: gr.Request = None) -> Iterator[RunOutputs]:
+        """See :func:`specviz.ui.run.measure`: the comparison with method none after this session's run."""
+        yield from measure(self.signals, state, request)
 
     def stop(self, state: dict[str, Any] | None, request: gr.Request = None) -> RunOutputs:
         """See :func:`stop`."""

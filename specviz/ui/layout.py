@@ -58,15 +58,17 @@ new MutationObserver(svBindGrid).observe(document.body, {childList: true, subtre
 svBindGrid();
 """
 
-# k's number box: the slider clamps a typed value to 1..12 when the box loses focus, before Run sends it;
-# keep the typed text (cleared by a drag of the slider) in the hidden #sv-k-typed box that Run also sends
+# k's and max new tokens' number boxes: the slider clamps a typed value to its range when the box loses focus,
+# before Run sends it; keep the typed text (cleared by a drag of the slider) in the hidden #<slider>-typed box that
+# Run also sends
 K_TYPED_JS = """
 if (!window.svKTyped) {
   window.svKTyped = true;
   document.addEventListener('input', (event) => {
     const t = event.target;
-    if (!t || !t.closest || !t.closest('#sv-k')) return;
-    const box = document.querySelector('#sv-k-typed textarea, #sv-k-typed input');
+    const slider = t && t.closest && t.closest('#sv-k, #sv-max-new');
+    if (!slider) return;
+    const box = document.querySelector(`#${slider.id}-typed textarea, #${slider.id}-typed input`);
     if (!box) return;
     box.value = t.type === 'number' ? t.value : '';
     box.dispatchEvent(new Event('input', {bubbles: true}));
@@ -154,6 +156,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                                  "medusa drafts at most one per head, dflash at most block size − 1")
     # what was last typed into k's box (K_TYPED_JS), before the slider clamps it: the run's note says so
     c["k_typed"] = gr.Textbox("", elem_id="sv-k-typed", elem_classes="sv-hidden", show_label=False, container=False)
+    c["max_new_typed"] = gr.Textbox("", elem_id="sv-max-new-typed", elem_classes="sv-hidden", show_label=False,
+                                    container=False)
     c["verify"] = gr.Dropdown([AUTO_VERIFY, *[(VERIFY_LABELS.get(v, v), v) for v in VERIFY_METHODS]],
                               value=AUTO_VERIFY, label="Verification",
                               info="auto = greedy at temperature 0, else standard")
@@ -162,7 +166,10 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
         c["top_k"] = LenientNumber(0, label="top-k (0 = off)", minimum=0, precision=0)
         c["top_p"] = LenientNumber(1.0, label="top-p (1 = off)", minimum=0.01, maximum=1.0, step=0.05)
     with gr.Row():
-        c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens")
+        c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens",
+                                            elem_id="sv-max-new", info=f"1-{MAX_UI_NEW_TOKENS} in the app (typed "
+                                            "above: runs the cap, with a note); the API and CLI take up to the "
+                                            "model's context")
         c["seed"] = LenientNumber(0, label="seed", precision=0, minimum=0)
     for title, group in _option_groups():  # each method's own settings, from its options dataclass
         with gr.Accordion(title, open=False):
@@ -187,10 +194,11 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                           label="synthetic rates a_1, a_2, … (verify = synthetic)")
         c["compare"] = gr.Checkbox(True, label='compare with method "none": measured beside every run '
                                                '(short segments of both methods, interleaved)')
-        c["pairs"] = LenientSlider(1, MAX_UI_PAIRS, value=h.DEFAULT_PAIRS, step=1, label="comparison pairs",
-                                   info=f"pairs of {h.DEFAULT_SEGMENT_TOKENS}-token segments (this method, method "
-                                        f"none) timed after the run: more pairs = a steadier median, a longer wait "
-                                        f"(no pair starts after {h.DEFAULT_BUDGET_S:.0f} s)")
+        c["pairs"] = LenientSlider(0, MAX_UI_PAIRS, value=h.DEFAULT_PAIRS, step=1, label="comparison pairs",
+                                   info=f"pairs of segments (the run's first {h.DEFAULT_SEGMENT_TOKENS} tokens at "
+                                        f"most, this method and method none) timed after the run is drawn: more "
+                                        f"pairs = a steadier median, a longer wait (no pair starts after "
+                                        f"{h.DEFAULT_BUDGET_S:.0f} s); 0 = no comparison")
     return c
 
 
@@ -298,6 +306,9 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         inputs = [state, *(controls[name] for name in RunRequest.fields()), *(c[name] for name in option_controls())]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
         source = [v["source_heading"], v["source_explain"]]
+        # the speedup over method none, measured after the run's views are drawn (they never wait for it)
+        measure_event = run_event.then(session.measure, [state], full, api_name="measure", concurrency_limit=4)
+        run_btn.click(None, None, None, cancels=[measure_event], queue=False)  # a new Run ends the old measurement
         run_event.then(h.state_status, [state, c["method"]], [c["state_info"]], api_name="method_state")
         run_event.then(h.source_texts, [state], source, api_name="source_texts")
         stop_event = stop_btn.click(session.stop, [state], full, cancels=[run_event], api_name="stop")

@@ -27,6 +27,11 @@ NO_COMPARE = ("Not compared with method none: tick â€œcompare with method noneâ€
               "measure the speedup beside the run.")
 STOPPED = ("This run was stopped, so its comparison with method none was not made (it is measured beside a run "
            "after the run ends, never taken from an earlier run). Run it to the end to measure the speedup.")
+MEASURING = ("Measuring the speedup over method none beside this run (interleaved segments of both methods, "
+             "after the run): the result appears here when it is done. Stop ends it.")
+NO_PAIRS = ("Not compared with method none: comparison pairs is 0 (advanced settings). Raise it to measure the "
+            "speedup beside the run.")
+MEASURE_STOPPED = "The comparison with method none was stopped before it finished: Run again to measure it."
 IS_NONE = "This run is method none itself: plain decoding, the baseline the other methods are compared with."
 REPLAYED = "This uploaded trace carries no comparison with method none."
 STALE_NOTE = "the views below are unchanged (from before this click)"

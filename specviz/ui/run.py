@@ -1,8 +1,10 @@
 """The Run and Stop buttons: a :class:`RunRequest` in, :class:`~specviz.ui.outputs.RunOutputs` out, streamed.
 
-A run streams the request's views while it decodes (on a background thread), then, if asked, measures the speedup
-over method none beside it (:func:`specviz.speedup.measure_speedup`), then draws everything. Bad input, a load
-failure or a refused run ends with the message in the progress line (never raises gr.Error out of :func:`run`).
+A run streams the request's views while it decodes (on a background thread) and draws everything when the generation
+ends ("done"). Then, if asked, :func:`measure` (the next event, chained by the layout; ``/measure`` for API clients)
+measures the speedup over method none beside it (:func:`specviz.speedup.measure_speedup`) and redraws only the
+statistics and the speedup panel: the run's views and lesson never wait for it. Bad input, a load failure or a refused
+run ends with the message in the progress line (never raises gr.Error out of :func:`run`).
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from specviz.speedup import DEFAULT_PAIRS, DEFAULT_SEGMENT_TOKENS, measure_speed
 from specviz.trace import Trace
 
 from .cache import DecoderCache, StopSignals
-from .outputs import (IS_NONE, NO_COMPARE, STOPPED, RunOutputs, full_outputs, md_text, message_outputs, method_state,
-                      new_state, num_tokens, trace_of)
+from .outputs import (IS_NONE, MEASURE_STOPPED, MEASURING, NO_COMPARE, NO_PAIRS, STOPPED, RunOutputs, full_outputs,
+                      md_text, message_outputs, method_state, new_state, num_tokens, trace_of)
 from .settings import (AUTO_VERIFY, MAX_UI_NEW_TOKENS, MAX_UI_PAIRS, check_k, check_prompt, check_slider_bounds,
-                       clamped_k_note, engine_settings, ignored_tree_note, tree_depth_note, tree_settings)
-from .views import empty_views, streaming_views
-from .worker import BackgroundRun
+                       clamped_k_note, clamped_max_new_note, engine_settings, ignored_tree_note, tree_depth_note,
+                       tree_settings)
+from .views import empty_views, speedup_views, streaming_views
+from .worker import BackgroundRun, run_pool
 
 UPDATES_PER_SECOND = 4  # streaming redraws at most this often
+_PENDING: dict[str, tuple] = {}  # session -> the finished run's measurement to make: (decoder, prompt, settings, ...)
+_PENDING_LOCK = threading.Lock()
+MAX_PENDING = 256
 # the progress line's first words after Run, before the first step is drawn: the run handler's first update, before
 # any model work (not set by a js listener on the click: a click Gradio drops while the previous run's events finish
 # would leave "starting" on screen with no run behind it)
@@ -46,8 +52,8 @@ class RunRequest:
     """The Run button's inputs: the controls in this field order, then :func:`option_controls`' values (``options``).
 
     eagle_tree / tree_branches / static_tree: the draft-tree controls (EAGLE-2's "top_k, depth, total_tokens",
-    branches per node, vLLM's static tree); k_typed: what was last typed into k's box ("" after a drag), so a k the
-    browser clamped is named in the progress line."""
+    branches per node, vLLM's static tree); k_typed / max_new_typed: what was last typed into k's / max new tokens'
+    box ("" after a drag), so a value the browser clamped is named in the progress line."""
 
     prompt: Any = ""
     method: str = methods.BUILTIN[0]
@@ -65,6 +71,7 @@ class RunRequest:
     tree_branches: Any = 0
     static_tree: str = ""
     k_typed: Any = ""
+    max_new_typed: Any = ""
     options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -87,10 +94,11 @@ class RunRequest:
         return (*(getattr(self, n) for n in self.fields()), *(self.options.get(n, start[n]) for n in option_controls()))
 
     def notes(self) -> str:
-        """What the run changes or ignores of the controls (a clamped k, an EAGLE-2 tree deeper than k, a tree control
-        the method does not read), "; "-joined; "" for none."""
+        """What the run changes or ignores of the controls (a clamped k or max new tokens, an EAGLE-2 tree deeper than
+        k, a tree control the method does not read), "; "-joined; "" for none."""
         m = self.method
         notes = (clamped_k_note(self.num_speculative_tokens, self.k_typed),
+                 clamped_max_new_note(self.max_new_tokens, self.max_new_typed),
                  tree_depth_note(m, self.num_speculative_tokens, self.eagle_tree, self.static_tree),
                  ignored_tree_note(m, self.eagle_tree, self.tree_branches, self.static_tree))
         return "; ".join(n for n in notes if n)
@@ -99,7 +107,7 @@ class RunRequest:
         """(the prompt, the engine's generate() keywords). Raises ValueError saying what to change."""
         check_k(self.num_speculative_tokens)
         check_slider_bounds(self.max_new_tokens, 1, MAX_UI_NEW_TOKENS)
-        check_slider_bounds(self.pairs, 1, MAX_UI_PAIRS)
+        check_slider_bounds(self.pairs, 0, MAX_UI_PAIRS)
         text = check_prompt(self.prompt)
         settings = engine_settings(self.method, self.num_speculative_tokens, self.verify, self.temperature,
                                    self.top_k, self.top_p, self.max_new_tokens, self.seed, self.options,
@@ -149,12 +157,21 @@ def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None
     if trace.stop_reason == "stopped":
         yield full_outputs(f"**stopped** · after {len(trace.steps)} steps, {num_tokens(trace)} tokens", trace, state)
         return
-    state["no_baseline"] = IS_NONE if req.method == "none" else NO_COMPARE
-    if req.compare and req.method != "none":
-        yield from _measure(decoder, text, settings, extra, int(float(req.pairs)), state)
-    done = (f"**done** · {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
+    pairs = int(float(req.pairs))
+    measuring = req.compare and req.method != "none" and pairs > 0
+    state["no_baseline"] = (IS_NONE if req.method == "none" else MEASURING if measuring else
+                            NO_PAIRS if req.compare else NO_COMPARE)
+    if measuring:  # made by measure(), the next event, once these views are drawn
+        with _PENDING_LOCK:
+            while len(_PENDING) >= MAX_PENDING:  # API clients that never ask for theirs: the oldest go
+                _PENDING.pop(next(iter(_PENDING)))
+            _PENDING[session] = (decoder, text, settings, extra, pairs, num_tokens(trace), req.notes())
+    yield full_outputs(_done(trace) + (" · measuring the speedup over method none…" if measuring else ""), trace, state)
+
+
+def _done(trace: Trace) -> str:
+    return (f"**done** · {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
             f"(stop: {trace.stop_reason})")
-    yield full_outputs(done, trace, state)
 
 
 def _load_and_stream(cache: DecoderCache, text: str, method: str, settings: dict[str, Any], compare: bool,
@@ -232,18 +249,70 @@ def _raise_for(error: BaseException | None) -> None:
     raise error
 
 
-def _measure(decoder: Any, text: str, settings: dict[str, Any], extra: dict[str, Any], pairs: int,
-             state: dict[str, Any]) -> Iterator[RunOutputs]:
-    """Measure the speedup beside the run into ``state["baseline"]`` (a progress line first); if the measurement
-    fails, ``state["no_baseline"]`` says why and the run's own views stay."""
-    seg = min(settings["max_new_tokens"], DEFAULT_SEGMENT_TOKENS)
-    yield RunOutputs.only(f"**comparing** · the run finished; now timing {pairs} pair(s) of {seg}-token segments "
-                          "against method none, interleaved…", state)
-    run_settings = {k: v for k, v in settings.items() if k != "request_state"}
+class _MeasureStopped(Exception):
+    """Stop was pressed while the speedup was measured."""
+
+
+def measure(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request = None) -> Iterator[RunOutputs]:
+    """The comparison with method none after a finished run (the event after Run): times interleaved segments of
+    the run's request, each as long as the run's output at most (:data:`DEFAULT_SEGMENT_TOKENS` or fewer), and
+    streams the statistics and the speedup panel in when done; Stop ends it. Nothing to measure (no comparison asked,
+    a stopped or failed run): every output unchanged. A failure is said in the speedup panel; the run's views stay."""
+    session = _session(request)
+    with _PENDING_LOCK:
+        job = _PENDING.pop(session, None)
+    trace = trace_of(state)
+    if job is None or trace is None:
+        yield RunOutputs.only(gr.skip())
+        return
+    decoder, text, settings, extra, pairs, tokens, note = job
+    note = f" · **{note}**" if note else ""  # the run's note (a clamped k ...) stays on the progress line
+    state, flag = dict(state), signals.start(session)
+    seg = max(1, min(settings["max_new_tokens"], DEFAULT_SEGMENT_TOKENS, tokens))  # never past where the run stopped
     try:
-        state["baseline"] = measure_speedup(decoder, text, run_settings, pairs=pairs, **extra)
-        state["no_baseline"] = None
-    except Exception as exc:  # the run itself succeeded: keep it, and say why there is no comparison
+        yield from _measure(decoder, text, {k: v for k, v in settings.items() if k != "request_state"}, extra,
+                            pairs, seg, state, flag, note)
+    finally:
+        signals.finish(session, flag)
+    stats, speedup = speedup_views(trace, state.get("baseline"), state.get("no_baseline"), bool(state.get("streamed")))
+    done = _done(trace) + (" · speedup measured" if state.get("baseline") else "") + note
+    yield RunOutputs.only(done, state)._replace(stats=stats, speedup=speedup)
+
+
+def _measure(decoder: Any, text: str, settings: dict[str, Any], extra: dict[str, Any], pairs: int, seg: int,
+             state: dict[str, Any], flag: threading.Event, note: str = "") -> Iterator[RunOutputs]:
+    """Measure the speedup into ``state["baseline"]`` on a pool thread, yielding its progress; if it fails or is
+    stopped (``flag``), ``state["no_baseline"]`` says so."""
+    done = [0, 2 * pairs]
+    finished = threading.Event()
+    out: dict[str, Any] = {}
+
+    def progress(n: int, total: int) -> None:
+        done[:] = [n, total]
+        if flag.is_set():
+            raise _MeasureStopped()
+
+    def work() -> None:
+        try:
+            out["baseline"] = measure_speedup(decoder, text, settings, pairs=pairs, segment_tokens=seg,
+                                              progress=progress, **extra)
+        except Exception as exc:  # handed to the event's thread
+            out["error"] = exc
+
+    run_pool().submit(work, on_done=finished.set)
+    try:
+        while not finished.wait(1.0 / UPDATES_PER_SECOND):
+            yield RunOutputs.only(f"**comparing** · the run is done and drawn; timing {pairs} pair(s) of {seg}-token "
+                                  f"segments against method none, interleaved: segment {done[0]}/{done[1]}…{note}")
+    finally:
+        if not finished.is_set():  # the event was cancelled (a new Run): end the measurement too
+            flag.set()
+    exc = out.get("error")
+    if exc is None:
+        state["baseline"], state["no_baseline"] = out["baseline"], None
+    elif isinstance(exc, _MeasureStopped):
+        state["no_baseline"] = MEASURE_STOPPED
+    else:  # the run itself succeeded: keep it, and say why there is no comparison
         if _is_oom(exc):
             _free_gpu()
         state["no_baseline"] = f"The comparison with method none failed: {exc}"
@@ -271,6 +340,8 @@ def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request
     draw the partial trace kept in state."""
     running = signals.stop(_session(request))
     trace = trace_of(state)
+    if running and trace is not None and trace.stop_reason and trace.stop_reason != "stopped":
+        return RunOutputs.only("**stopping the comparison** · the run's views stay")  # measure() says the rest
     # a cancelled run may have unregistered already; its trace in state is then still partial
     if trace is None and running:  # still loading, or before its first step
         return RunOutputs.only("**stopping** · the run ends after its first step", state or new_state())

@@ -59,20 +59,33 @@ def check_k(value: Any) -> None:
                          f"1-{MAX_UI_SPECULATIVE_TOKENS}")
 
 
-def clamped_k_note(k: Any, typed: Any) -> str:
-    """The note for a k typed into the slider's box outside 1..MAX_UI_SPECULATIVE_TOKENS, which the
-    browser clamps before the run event is sent (Gradio's slider does it when the box loses focus):
-    "k = 40 is outside 1-12: ran k = 12" when ``typed`` (the box's last typed text, "" after a drag)
-    is such a number and ``k`` (the value sent) is its clamped value; "" otherwise."""
+def _clamped(sent: Any, typed: Any, lo: int, hi: int) -> int | None:
+    """The value a slider sent when it clamped ``typed`` (its box's last typed text, "" after a drag) to lo..hi
+    before the run event (Gradio's slider does it when the box loses focus); None when nothing was clamped or the
+    slider moved since (a drag, an example)."""
     try:
-        t, sent = float(typed), float(k)
+        t, s = float(typed), float(sent)
     except (TypeError, ValueError):
-        return ""
-    if not math.isfinite(t) or 1 <= t <= MAX_UI_SPECULATIVE_TOKENS:
-        return ""
-    if sent != min(max(t, 1), MAX_UI_SPECULATIVE_TOKENS):  # the slider moved since (a drag, an example)
-        return ""
-    return f"k = {typed} is outside 1-{MAX_UI_SPECULATIVE_TOKENS}: ran k = {int(sent)}"
+        return None
+    if not math.isfinite(t) or lo <= t <= hi or s != min(max(t, lo), hi):
+        return None
+    return int(s)
+
+
+def clamped_k_note(k: Any, typed: Any) -> str:
+    """The note for a k typed into the slider's box outside 1..MAX_UI_SPECULATIVE_TOKENS: "k = 40 is outside 1-12:
+    ran k = 12" when the slider clamped ``typed`` to ``k``; "" otherwise."""
+    ran = _clamped(k, typed, 1, MAX_UI_SPECULATIVE_TOKENS)
+    return "" if ran is None else f"k = {typed} is outside 1-{MAX_UI_SPECULATIVE_TOKENS}: ran k = {ran}"
+
+
+def clamped_max_new_note(max_new: Any, typed: Any) -> str:
+    """The note for max new tokens typed outside 1..MAX_UI_NEW_TOKENS (the app's cap; the API and CLI take any
+    value the target's context holds): "max new tokens = 100000 is outside 1-512 (the app's cap): ran 512" when
+    the slider clamped ``typed`` to ``max_new``; "" otherwise."""
+    ran = _clamped(max_new, typed, 1, MAX_UI_NEW_TOKENS)
+    return ("" if ran is None else
+            f"max new tokens = {typed} is outside 1-{MAX_UI_NEW_TOKENS} (the app's cap): ran {ran}")
 
 
 # the draft-tree controls: (form, what the note calls it)

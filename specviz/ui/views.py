@@ -101,7 +101,7 @@ def summary_markdown(trace: Trace) -> str:
     if cfg.get("verify") in LOSSY_NOTES:
         head += "\n\n" + LOSSY_NOTES[cfg["verify"]]
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
-            f"T = {cfg.get('temperature')} · target forwards {trace.target_forward_passes or '…'} · "
+            f"T = {cfg.get('temperature')} · target forwards {metrics_of(trace).target_forward_passes} · "
             f"stop: {trace.stop_reason or 'running'}")
     return head + "\n\n" + tail
 
@@ -121,13 +121,20 @@ def all_views(trace: Trace, step: int | None, position: int | None,
     if not trace.steps:
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)
-    speedup = (speedup_html(run_summary(trace), baseline, no_baseline, streamed=streamed)
-               + capture_note(metrics_of(trace).get("capture_ms", 0.0))
-               + graph_notes_html(trace.config.get("graph_notes")))
+    stats, speedup = speedup_views(trace, baseline, no_baseline, streamed)
     return Views(stream=token_stream_html(trace, s), summary=summary_markdown(trace),
                  grid=step_grid_figure(trace, s, i), residual=residual_figure(trace, s, i),
-                 match=source_html(trace, s, i), trie=source_figure(trace, s), stats=stats_figure(trace, baseline),
-                 speedup=speedup)
+                 match=source_html(trace, s, i), trie=source_figure(trace, s), stats=stats, speedup=speedup)
+
+
+def speedup_views(trace: Trace, baseline: dict[str, Any] | None, no_baseline: str | None = None,
+                  streamed: bool = False) -> tuple[Any, str]:
+    """(the statistics figure, the speedup panel's HTML) of ``trace`` against ``baseline``: the two views a
+    comparison with method none, measured after the run, redraws when it streams in."""
+    speedup = (speedup_html(run_summary(trace), baseline, no_baseline, streamed=streamed)
+               + capture_note(metrics_of(trace).capture_ms)
+               + graph_notes_html(trace.config.get("graph_notes")))
+    return stats_figure(trace, baseline), speedup
 
 
 def streaming_views(trace: Trace) -> StreamingViews:

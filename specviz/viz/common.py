@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from specviz.trace import Step, Trace, compute_metrics
+from specviz.trace import RunMetrics, Step, Trace
 
 FATES = ("accepted", "rejected", "unused", "recovered", "bonus", "target", "cut")
 
@@ -66,11 +66,34 @@ def as_trace(trace: Trace | dict[str, Any]) -> Trace:
     return trace if isinstance(trace, Trace) else Trace.from_dict(trace)
 
 
-def metrics_of(trace: Trace) -> dict[str, Any]:
-    """The trace's metrics; computed from its steps when empty (a partial, streaming trace)."""
-    if trace.metrics:
-        return trace.metrics
-    return compute_metrics(trace.steps, int(trace.config.get("num_speculative_tokens", 0) or 0))
+def metrics_of(trace: Trace) -> RunMetrics:
+    """The trace's :class:`~specviz.trace.RunMetrics`, from its steps (finished, streaming, stopped or uploaded
+    alike: a stored ``trace.metrics`` is never read back, so every view counts by the one definition)."""
+    return RunMetrics.of(trace)
+
+
+ONE_HOT_NOTE = ("q (as verified) is the q the target's verification used: 1 for a deterministic draft (an argmax or "
+                "a top-k pick), which the verifier treats as one-hot; the draft's probability of x_i when it sampled. "
+                "Confidence is the drafter's own probability: how sure it was, not what the test used.")
+
+
+def verified_q(st: Step, i: int) -> float | None:
+    """q_i(x_i) the verifier used at 1-based draft position ``i`` of ``st`` (its recorded position): 1.0 for a
+    deterministic draft verified as one-hot (n-gram, suffix, argmax heads and draft model, top-k tree children), the
+    draft's probability when it sampled; None where the step kept no per-position record (detailed_trace=False)."""
+    return float(st.positions[i - 1].q) if 0 < i <= len(st.positions) else None
+
+
+def short_prob(x: float | None) -> str:
+    """A probability in a box or cell: "0.43", "8e-04" below 0.01, "—" when unknown."""
+    if x is None:
+        return "—"
+    return f"{x:.2f}" if x >= 0.01 or x == 0 else f"{x:.0e}"
+
+
+def verified_q_cell(q: float | None) -> str:
+    """A table cell for :func:`verified_q`: "1 (one-hot)", else :func:`short_prob` (as the chain view's boxes)."""
+    return "1 (one-hot)" if q is not None and q >= 1.0 else short_prob(q)
 
 
 def token_text(trace: Trace, token_id: int) -> str:

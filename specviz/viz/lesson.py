@@ -167,8 +167,8 @@ def commit_chapter(trace: Trace, st: Step) -> Chapter:
 # ---- the run ----------------------------------------------------------------------------------
 def stats_chapter(trace: Trace) -> Chapter:
     m = metrics_of(trace)
-    text = f"{m['num_generated_tokens']} tokens in {m['num_steps']} verification steps. " + rates_html(rate_set(trace))
-    if m["num_drafts"]:
+    text = f"{m.num_generated_tokens} tokens in {m.num_steps} verification steps. " + rates_html(rate_set(trace))
+    if m.num_drafts:
         text += ("The first number is the gain that carries over to a large target on a GPU; the others say where it "
                  "came from.")
     else:

@@ -245,10 +245,26 @@ def decision_heading(trace: Trace, step: Step, i: int) -> str:
     if fate == "rejected":
         if trace.config.get("verify") == "greedy":
             return f"Why was {x} rejected, and why {own}?"
+        if _forced_from_p(trace, step, i):
+            return f"Synthetic verification rejected {x} at its fixed rate; {own} came from the target's p"
         return f"Why was {x} rejected, and where did the recovered {own} come from?"
     if fate == "unused":
         return f"Why was {x} never used?"
     return f"Why was {x} accepted?"
+
+
+def _forced_from_p(trace: Trace, step: Step, i: int) -> bool:
+    """Position ``i`` is where synthetic verification forced a rejection and the residual was empty (Z = 0), so the
+    step's own token was drawn from p (:attr:`specviz.trace.Emitted.residual_empty`): no residual to show there."""
+    return (trace.config.get("verify") == "synthetic" and i == step.num_accepted + 1
+            and step.emitted.kind == "recovered" and step.emitted.residual_empty)
+
+
+SYNTHETIC_FROM_P = ("Synthetic verification (lossy, for speed studies) accepts position i with the given rate a_i, "
+                    "whatever p and q say; it rejected a draft the target would have accepted with probability 1. The "
+                    "residual max(p − q, 0) is empty here (Z = 0: p ≤ q everywhere), so there was no residual to draw "
+                    "from and the sampler drew the token from the target's p, as plain decoding would (it may equal "
+                    "the rejected draft).")
 
 
 def _subplots(gauge: bool, block: bool) -> tuple[go.Figure, int | None, int | None]:
@@ -315,7 +331,8 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     tree_rule = st.tree_rule if st.nodes and st.tree_rule in TREE_TEST_NAME else None
     series = [("target p", P_COLOUR, p), ("q (one-hot: top-k child)" if tree_rule == "topk" else "draft q", Q_COLOUR, q)]
     here = i == st.num_accepted + 1  # the step's own (recovered) token was drawn at this position
-    if verify not in ("greedy", "typical"):  # greedy: the target's argmax; typical: a draw from p, no residual
+    from_p = _forced_from_p(trace, st, i)  # synthetic with Z = 0: drawn from p, there is no residual to show
+    if verify not in ("greedy", "typical") and not from_p:  # greedy: the argmax; typical: a draw from p
         series.append(("residual r/Z (tree rule)" if tree_rule else "residual max(p−q,0)/Z", R_COLOUR, r))
         if not here:  # only the rejected position's residual is sampled
             series[-1] = (series[-1][0] + " (not drawn from here)", R_COLOUR, r)
@@ -334,6 +351,8 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     test = _gauge(fig, verify, pos, st.block if has_block else None, gauge_row, tree_rule, typical,
                   unused_after=st.num_accepted + 1 if unused else None)
     z = "Z = the residual's mass" if tree_rule else "Z = Σ max(p−q, 0)"
+    if from_p:
+        return fig, block_row, [test, SYNTHETIC_FROM_P]
     if verify not in ("greedy", "typical"):  # the rules with a residual
         test += f"  ·  {z} = {fmt_prob(pos.residual_mass)}"
     elif verify == "typical" and here:

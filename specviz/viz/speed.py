@@ -29,6 +29,25 @@ def measured_html(measurement: dict[str, Any]) -> str:
     return out
 
 
+def run_vs_segments_html(run: dict[str, Any], measurement: dict[str, Any]) -> str:
+    """Why the run's own tokens/s differs from the timed segments', in words: what the segments time (the request's
+    first ``segment_tokens`` tokens, decoded again ``n`` times per method) and what slowed the run itself.
+
+    Args:
+        run: the run's summary (:meth:`specviz.trace.RunMetrics.summary`); measurement: ``baseline_none["measurement"]``
+            (keys n, segment_tokens, method_summary)."""
+    seg, n = int(measurement["segment_tokens"]), int(measurement["n"])
+    own, timed = run.get("decode_tokens_per_second", 0.0), measurement["method_summary"].get("decode_tokens_per_second", 0.0)
+    return (f"<p style='font-size:13px' class='sv-run-vs-segments'><b>What the segments time:</b> the request's first "
+            f"{seg} tokens (of the {run.get('tokens', 0)} this run generated), decoded again {n} time{'s' * (n != 1)} "
+            f"with this method and {n} time{'s' * (n != 1)} with method none, back to back. <b>Why this run's own "
+            f"rate ({own:.1f} tokens / s) differs from the segments' ({timed:.1f}):</b> the run recorded every step in "
+            "full detail while the app drew its views between steps; it was the first run with these settings, so it "
+            "paid one-time set-up costs the segments did not; and the machine may have been busy with other work "
+            "while it ran. The segments meet the same conditions for both methods, so compare them with each other, "
+            "not with the run.</p>")
+
+
 def capture_note(capture_ms: float) -> str:
     """A note when one-time CUDA-graph capture (and the compilation inside it) ran during the run
     (excluded from its timings by the engine), else ""."""

@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from specviz.trace import TOKENS_PER_FORWARD_FORMULA, Trace, compute_metrics, tokens_per_target_forward
+from specviz.trace import TOKENS_PER_FORWARD_FORMULA, RunMetrics, Trace
 
 from .common import as_trace, metrics_of
-from .speed import measured_html
+from .speed import measured_html, run_vs_segments_html
 
 TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
 # the geometry of the figure when a lesson's chapter shows it in the presentation layout (specviz/ui/lesson.py
@@ -40,43 +40,17 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 
 def estimated_alpha(trace: Trace | dict[str, Any]) -> float | None:
-    """accepted / verified positions over drafting steps (None when nothing was drafted), from
-    committed tokens (:attr:`~specviz.trace.Step.num_accepted_committed`). Verified positions of a
-    step: min(accepted + 1, k' - drafts discarded at a stop)."""
-    trace = as_trace(trace)
-    drafting = [s for s in trace.steps if s.draft_token_ids]
-    reached = sum(min(s.num_accepted_committed + 1, len(s.draft_token_ids) - s.num_drafts_discarded)
-                  for s in drafting)
-    return sum(s.num_accepted_committed for s in drafting) / reached if reached else None
+    """:attr:`specviz.trace.RunMetrics.alpha`: accepted / verified positions over drafting steps (None when nothing
+    was drafted)."""
+    return metrics_of(as_trace(trace)).alpha
 
 
 def run_summary(trace: Trace | dict[str, Any]) -> dict[str, Any]:
-    """Plain-data totals of a run, as the speedup table compares them: method, tokens
-    (generated), steps (verification steps = target forwards after the prefill),
-    target_forward_passes (incl. the prefill), tokens_per_forward
-    (:func:`specviz.trace.tokens_per_target_forward`: tokens / steps, prefill not counted),
-    time_ms {draft, verify, sample} (milliseconds summed over steps), decode_s (their sum in
-    seconds: the decoding work, without the prefill and without whatever the caller did between
-    steps, e.g. the app's streaming redraws), decode_tokens_per_second (tokens / decode_s),
-    wall_time_s and tokens_per_second (the engine's wall clock, which includes all of that)."""
-    trace = as_trace(trace)
-    m = metrics_of(trace)
-    tokens = sum(len(s.committed_token_ids) for s in trace.steps)
-    steps = len(trace.steps)
-    time_ms = {k: float(v) for k, v in m.get("time_ms", {}).items()}
-    decode_s = sum(time_ms.values()) / 1e3
-    return {
-        "method": str(trace.config.get("method", "")),
-        "tokens": tokens,
-        "steps": steps,
-        "target_forward_passes": int(trace.target_forward_passes),
-        "tokens_per_forward": tokens_per_target_forward(tokens, steps),
-        "time_ms": time_ms,
-        "decode_s": decode_s,
-        "decode_tokens_per_second": tokens / decode_s if decode_s > 0 else 0.0,
-        "wall_time_s": float(trace.wall_time_s),
-        "tokens_per_second": float(trace.tokens_per_second),
-    }
+    """:meth:`specviz.trace.RunMetrics.summary` of the trace: the totals the speedup table compares (method,
+    tokens, steps, target_forward_passes incl. the prefill, tokens_per_forward, time_ms, decode_s: draft + verify +
+    sample without the prefill or the caller's time between steps, decode_tokens_per_second, wall_time_s and
+    tokens_per_second: the engine's clock, which includes all of that)."""
+    return metrics_of(as_trace(trace)).summary()
 
 
 class Rate(NamedTuple):
@@ -100,51 +74,49 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
     (specviz/trace/metrics.py); values None when nothing was drafted."""
     trace = as_trace(trace)
     m = metrics_of(trace)
-    tokens, steps = m["num_generated_tokens"], m["num_steps"]
-    drafts, accepted = m["num_drafts"], m["num_accepted_tokens"]
-    drafted = m["num_draft_tokens"] - m["num_discarded_draft_tokens"]
-    drafting = [s for s in trace.steps if s.draft_token_ids]
-    verified = sum(min(s.num_accepted_committed + 1, len(s.draft_token_ids) - s.num_drafts_discarded) for s in drafting)
+    tokens, steps = m.num_generated_tokens, m.num_steps
+    drafts, accepted = m.num_drafts, m.num_accepted_tokens
+    drafted = m.num_draft_tokens - m.num_discarded_draft_tokens
+    verified = m.num_verified_positions
     left_out = steps - drafts
-    drafting_tokens = sum(len(s.committed_token_ids) for s in drafting)
-    al_formula, al_numbers = "1 + accepted / drafting steps", f"1 + {accepted} / {drafts}"
     tree_note, tree_rates = _tree_rates(trace, m)
-    if drafting_tokens != accepted + drafts:  # a step cut by the stop kept no emitted token (specviz.trace.metrics)
-        al_formula, al_numbers = "committed tokens of drafting steps / drafting steps", f"{drafting_tokens} / {drafts}"
+    al_note = "vLLM's definition" + (f"; the {left_out} step(s) without a draft are left out" if left_out else "")
+    if m.num_cut_steps:  # the EOS inside a step's drafts: that step's last token counts as its own (metrics.counted)
+        al_note += ("; the step the EOS ended counts its EOS as its own token, not as an accepted draft (vLLM: "
+                    "accepted = a step's tokens − 1)")
     return [
-        Rate("tokens_per_forward", "tokens per target forward", tokens_per_target_forward(tokens, steps),
+        Rate("tokens_per_forward", "tokens per target forward", m.tokens_per_target_forward,
              "generated tokens / verification steps", f"{tokens} / {steps}",
              "plain decoding makes 1; the prefill is not counted"),
-        Rate("mean_acceptance_length", "mean acceptance length", m["mean_acceptance_length"] if drafts else None,
-             al_formula, al_numbers if drafts else "no drafts",
-             "vLLM's definition" + (f"; the {left_out} step(s) without a draft are left out" if left_out else "")),
-        Rate("draft_acceptance_rate", "draft acceptance rate", m["draft_acceptance_rate"] if drafted > 0 else None,
+        Rate("mean_acceptance_length", "mean acceptance length", m.mean_acceptance_length if drafts else None,
+             "1 + accepted / drafting steps = committed tokens of drafting steps / drafting steps",
+             f"1 + {accepted} / {drafts} = {m.num_drafting_step_tokens} / {drafts}" if drafts else "no drafts",
+             al_note),
+        Rate("draft_acceptance_rate", "draft acceptance rate", m.draft_acceptance_rate if drafted > 0 else None,
              "accepted / drafted tokens", f"{accepted} / {drafted}" if drafted > 0 else "no drafts",
              tree_note or "drafts after a rejection count as not accepted"),
         *tree_rates,
-        Rate("alpha", "a", estimated_alpha(trace), "accepted / verified positions",
+        Rate("alpha", "a", m.alpha, "accepted / verified positions",
              f"{accepted} / {verified}" if verified else "no drafts",
              "a position is verified when every draft before it was accepted; the theory curve in section 4 uses a"),
     ]
 
 
-def _tree_rates(trace: Trace, m: dict[str, Any]) -> tuple[str | None, list[Rate]]:
+def _tree_rates(trace: Trace, m: RunMetrics) -> tuple[str | None, list[Rate]]:
     """For a run with tree drafts: (what the draft acceptance rate means there, [the per-depth
     acceptance]: specviz.trace's depth_acceptance_rate = accepted / depths drafted, which for a chain
     is its draft acceptance rate). (None, []) for chain runs."""
     steps = [s for s in trace.steps if s.nodes]
     if not any(n.parent != n.id - 1 for s in steps for n in s.nodes):
         return None, []
-    if "drafted_per_depth" not in m:  # a trace saved before these metrics existed
-        m = compute_metrics(trace.steps, int(trace.config.get("num_speculative_tokens", 0) or 0))
-    reached, per_depth = m["drafted_per_depth"], m["accepted_per_position"]
+    reached, per_depth = m.drafted_per_depth, m.accepted_per_position
     nodes = sum(len(s.nodes) for s in steps) / len(steps)
     by_depth = ", ".join(f"{d + 1}: {a}/{r}" for d, (a, r) in enumerate(zip(per_depth, reached)) if r)
     note = f"per node drafted: a tree drafts {nodes:.3g} nodes per step (mean), at most its depth can be accepted"
     return note, [Rate("depth_acceptance_rate", "per-depth acceptance",
-                       m["depth_acceptance_rate"] if sum(reached) else None,
+                       m.depth_acceptance_rate if sum(reached) else None,
                        "accepted / Σ over depths d of the steps whose tree reached d",
-                       f"{m['num_accepted_tokens']} / {sum(reached)}",
+                       f"{m.num_accepted_tokens} / {sum(reached)}",
                        f"the figure comparable with a chain's draft acceptance rate; by depth (accepted/reached) "
                        f"{by_depth}")]
 
@@ -186,29 +158,29 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
     """
     trace = as_trace(trace)
     m = metrics_of(trace)
-    k = len(m["acceptance_histogram"]) - 1
+    k = len(m.acceptance_histogram) - 1
     fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.1, subplot_titles=(
         "accepted draft tokens per step (histogram)", "acceptance rate by draft position",
         "tokens per drafting step vs acceptance rate a", "time split (ms)"))
-    fig.add_trace(go.Bar(x=list(range(k + 1)), y=m["acceptance_histogram"], marker_color="#16a34a",
+    fig.add_trace(go.Bar(x=list(range(k + 1)), y=m.acceptance_histogram, marker_color="#16a34a",
                          name="steps", showlegend=False, hovertemplate="%{y} step(s) accepted %{x}<extra></extra>"),
                   row=1, col=1)
     fig.update_xaxes(title_text="accepted tokens in the step", dtick=1, row=1, col=1)
     fig.update_yaxes(title_text="drafting steps", row=1, col=1)
     pos = list(range(1, k + 1))
-    fig.add_trace(go.Bar(x=pos, y=m["acceptance_rate_per_position"], name="P(accepted ≥ i)", marker_color="#2563eb",
+    fig.add_trace(go.Bar(x=pos, y=m.acceptance_rate_per_position, name="P(accepted ≥ i)", marker_color="#2563eb",
                          hovertemplate="position %{x}: %{y:.3f}<extra>P(accepted ≥ i)</extra>"), row=1, col=2)
-    fig.add_trace(go.Scatter(x=pos, y=m["conditional_acceptance_rate"], mode="lines+markers",
+    fig.add_trace(go.Scatter(x=pos, y=m.conditional_acceptance_rate, mode="lines+markers",
                              name="P(accept i | accepted i−1)", line={"color": "#f97316"}), row=1, col=2)
     fig.update_xaxes(title_text="draft position i", dtick=1, row=1, col=2)
     fig.update_yaxes(range=[0, 1.05], row=1, col=2)
-    if not m["num_drafts"]:  # method none: no acceptance to show, say so instead of flat charts
+    if not m.num_drafts:  # method none: no acceptance to show, say so instead of flat charts
         for col in (1, 2):
             fig.add_annotation(text="not applicable (no drafts)", showarrow=False, font={"size": 14, "color": "#6b7280"},
                                xref="x domain" if col == 1 else "x2 domain", yref="y domain" if col == 1 else "y2 domain",
                                x=0.5, y=0.5, name="no-drafts")
-    _theory_panel(fig, trace, m, k)
-    _time_panel(fig, run_summary(trace), baseline)
+    _theory_panel(fig, m, k)
+    _time_panel(fig, m.summary(), baseline)
     for i, title in enumerate(fig.layout.annotations[:4]):  # make_subplots' titles, named for the fit
         title.name = f"subplot-title-{i}"
     fig.update_layout(height=620, plot_bgcolor="#ffffff", barmode="stack", margin={"l": 60, "r": 20, "t": 40, "b": 60},
@@ -216,16 +188,16 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
     return fig
 
 
-def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> None:
+def _theory_panel(fig: go.Figure, m: RunMetrics, k: int) -> None:
     grid = [i / 50 for i in range(51)]
     kk = max(k, 1)
     fig.add_trace(go.Scatter(x=grid, y=[expected_tokens_per_step(a, kk) for a in grid], mode="lines",
                              name=f"theory (1 − a^(k+1))/(1 − a), k = {kk}", line={"color": "#6b7280", "dash": "dash"}),
                   row=2, col=1)
-    alpha = estimated_alpha(trace)
+    alpha = m.alpha
     if alpha is not None:
-        fig.add_trace(go.Scatter(x=[alpha], y=[m["mean_acceptance_length"]], mode="markers+text",
-                                 text=[f"measured: {m['mean_acceptance_length']:.2f}"],
+        fig.add_trace(go.Scatter(x=[alpha], y=[m.mean_acceptance_length], mode="markers+text",
+                                 text=[f"measured: {m.mean_acceptance_length:.2f}"],
                                  textposition="top left" if alpha > 0.5 else "top right",  # inside the panel
                                  marker={"size": 13, "color": "#dc2626", "symbol": "star"}, cliponaxis=False,
                                  name=f"this run: a = {alpha:.2f} (accepted / verified positions, not / drafted)"),
@@ -233,7 +205,7 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
     fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", line={"color": "#111827", "width": 1},
                              name="plain decoding: 1 token per forward"), row=2, col=1)
     fig.update_xaxes(title_text="acceptance rate a (= accepted / verified positions)", range=[0, 1], row=2, col=1)
-    top = max(kk + 1, m.get("mean_acceptance_length") or 0)  # the theory's end (a = 1) or the star
+    top = max(kk + 1, m.mean_acceptance_length)  # the theory's end (a = 1) or the star
     # headroom above the highest point for the "measured" label, which is drawn above the star
     fig.update_yaxes(title_text="tokens per drafting step", range=[0.5, 1.2 * top], row=2, col=1)
 
@@ -279,10 +251,10 @@ def _columns(run: dict[str, Any], baseline: dict[str, Any] | None) -> list[tuple
     meas = (baseline or {}).get("measurement")
     if not meas:
         return [(f"this run: {run['method']}", "", run)] + ([("method none", "", baseline)] if baseline else [])
-    seg = f"{meas['n']} × {meas['segment_tokens']}-token segments"
+    seg = f"{meas['n']} × its first {meas['segment_tokens']} tokens"
     return [(f"{run['method']}: {seg} (timed)", PAIR_RATIO_HELP, meas["method_summary"]),
             (f"method none: {seg} (timed)", PAIR_RATIO_HELP, baseline),
-            ("this run, whole (not timed against none)", PAIR_RATIO_HELP, run)]
+            ("this run, whole (recorded and drawn; not timed against none)", PAIR_RATIO_HELP, run)]
 
 
 def _pair_row(meas: dict[str, Any]) -> str:
@@ -359,7 +331,7 @@ def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
     whole = " (this run, whole: a count, it needs no timing)" if meas else ""
     note = (f"<p><b>{fwd:.2f}× tokens per target forward</b> over method none{whole}: the speedup if a forward cost the "
             "same however many tokens it verifies and drafting were free (large targets on a GPU come close).</p>")
-    note += (measured_html(meas) if meas else
+    note += (measured_html(meas) + run_vs_segments_html(run, meas) if meas else
              f"<p><b>Measured on this machine: {tps:.2f}× tokens/s</b> (one run of each, no spread recorded).</p>")
     fwd = _ratio(seg["tokens_per_forward"], baseline["tokens_per_forward"])
     if c["total"] > 0:

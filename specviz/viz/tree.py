@@ -31,7 +31,7 @@ import plotly.graph_objects as go
 from specviz import methods
 from specviz.trace import Step, Trace
 
-from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fate_label, fmt_prob, label, quoted
+from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fate_label, fmt_prob, label, quoted, short_prob
 from .residual import P_COLOUR, Q_COLOUR, WRAP, message_figure
 from .tree_layout import (EMITTED, ROOT, ViewNode, _children, node_for_position, position_for_node,  # noqa: F401
                           row_rejected, step_tree, tree_layout)
@@ -61,9 +61,7 @@ RULE_LINE_PX = 24  # px above the plot area for the rule's line (room for the pr
 
 
 def _num(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return f"{x:.2f}" if x >= 0.01 or x == 0 else f"{x:.0e}"
+    return short_prob(x)
 
 
 def _confidence(n: ViewNode) -> float | None:

@@ -136,7 +136,7 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
             textposition="outside", cliponaxis=False, hoverinfo="text",
             hovertext=[f"slot {s['slot']} (position {s['position']}): {quoted(trace, s['top_token_id'])}, "
                        f"confidence {s['top_prob']:.2f}, {fate}" for s in mine]))
-    rates = metrics_of(trace).get("acceptance_rate_per_position", [])
+    rates = metrics_of(trace).acceptance_rate_per_position
     if rates:
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                  name="run: share of blocks keeping >= i", line={"color": "#16a34a"}))

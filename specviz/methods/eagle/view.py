@@ -18,7 +18,8 @@ from specviz import methods
 from specviz.methods.eagle.config import EAGLE3, KINDS
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, metrics_of, token_code, nothing_drafted
+from specviz.viz.common import (ONE_HOT_NOTE, as_trace, metrics_of, nothing_drafted, token_code, verified_q,
+                                verified_q_cell)
 from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
@@ -49,8 +50,8 @@ def _code(trace: Trace, token_id: Any) -> str:
 
 def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = None) -> str:
     """HTML table of one EAGLE step: per draft position i, the head's input row (position, feature,
-    token), the drafted token, the head's confidence (q of its top token; q(d_i)) and the target's
-    decision. ``position`` (1-based) is highlighted. Steps of other methods get a short note.
+    token), the drafted token, the head's confidence (its probability of its top token), the q the verifier used
+    (:func:`~specviz.viz.common.verified_q`: 1 for an argmax draft, verified as one-hot) and the target's decision. ``position`` (1-based) is highlighted. Steps of other methods get a short note.
     Raises IndexError if ``step`` is not a step of the trace."""
     trace = as_trace(trace)
     st = trace.steps[step]
@@ -60,13 +61,14 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
     if not m.get("positions"):
         return nothing_drafted(st.index, "the head")
     q_name = "q" if not m.get("greedy") else "softmax(head logits)"
+    one_hot = any(verified_q(st, i) == 1.0 for i in range(1, len(st.draft_token_ids) + 1))
     rows = []
     for pos, tok in zip(m["positions"], st.draft_token_ids):
         i = pos["draft_index"]
         fate = _fate(st, i)
-        top, drafted = pos.get("head_top_prob"), pos.get("draft_prob")
+        top = pos.get("head_top_prob")
         conf = f"{top:.2f}" if top is not None else "—"
-        prob = f"{drafted:.2f}" if drafted is not None else "—"
+        prob = verified_q_cell(verified_q(st, i))  # the q of the decision panel and the tree, not the head's
         style = "background:#e0f2fe;font-weight:bold" if position == i else ""
         cells = (str(i), _code(trace, tok), f"<span style='color:{FATE_COLOUR[fate]}'>{fate}</span>", conf, prob,
                  html.escape(_feature_text(m, pos)), _code(trace, pos.get("input_token_id")))
@@ -75,8 +77,9 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
     note = (f"<p style='font-size:13px;color:#374151'>{'EAGLE-3' if m['kind'] == EAGLE3 else 'EAGLE'} drafts a "
             f"chain from the root token at position {m['root_position']}. Draft 1: the target's "
             f"{_feature_name(m)} at the last committed position with the root token; draft i > 1: the head's own "
-            f"output h with draft i-1. Confidence = {q_name} of the head's top token. {_first_pass_text(m)}</p>")
-    head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("i", "drafted", "target", "conf.", "q(drafted)",
+            f"output h with draft i-1. Confidence = {q_name} of the head's top token. {_first_pass_text(m)}"
+            + (f" {ONE_HOT_NOTE}" if one_hot else "") + "</p>")
+    head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("i", "drafted", "target", "confidence", "q (as verified)",
                                                               "feature fed @ position", "token fed")) + "</tr>"
     # wraps inside the half-page panel (at 1024 px it scrolled sideways, hiding the last columns)
     note += head_source_html(trace)  # the loaded head's layout and source (heads.formats)
@@ -120,7 +123,7 @@ def acceptance_by_position_figure(traces: Sequence[Trace | dict[str, Any]], heig
     fig = go.Figure()
     for tr in (as_trace(t) for t in traces):
         method = tr.config.get("method", "?")
-        rates = metrics_of(tr).get("acceptance_rate_per_position", [])
+        rates = metrics_of(tr).acceptance_rate_per_position
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                  name=f"{method}: accepted >= i"))
         if method in KINDS:

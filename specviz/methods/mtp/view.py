@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, label, token_code, nothing_drafted
+from specviz.viz.common import ONE_HOT_NOTE, as_trace, label, nothing_drafted, token_code, verified_q, verified_q_cell
 from specviz.methods.eagle.view import CELL, FATE_COLOUR
 from specviz.viz.residual import message_figure
 
@@ -54,13 +54,13 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
         cells = (str(i), str(s["position"]), "<br>".join(f"L{r['layer']} {r['positions'][0]}..{r['positions'][1]}"
                                                         for r in reads),
                  html.escape(s["hidden"].split()[-1]), _code(trace, s.get("input_token_id")), _code(trace, tok),
-                 f"{_num(s.get('draft_prob'))} / {_num(s.get('head_top_prob'))}",
+                 f"{verified_q_cell(verified_q(st, i))} / {_num(s.get('head_top_prob'))}",
                  f"<span style='color:{FATE_COLOUR[fate]}'>{fate}</span>")
         style = "background:#e0f2fe;font-weight:bold" if position == i else ""
         rows.append(f"<tr data-mtp-step='{i}' style='{style}'>" + "".join(f"<td {CELL}>{c}</td>" for c in cells)
                     + "</tr>")
     head = "<tr>" + "".join(f"<th {CELL}>{h}</th>" for h in ("m", "pos.", "K/V read", "h fed", "token fed", "drafted",
-                                                              "q / top", "target")) + "</tr>"
+                                                              "q (as verified) / confidence", "target")) + "</tr>"
     q_name = "softmax(head logits)" if m.get("greedy") else "q"
     where = "; ".join(f"{r['type'].replace('_attention', '')} layers: target layer {r['layer']}, positions "
                       f"{r['positions'][0]}..{r['positions'][1]}" for r in reads)
@@ -69,7 +69,8 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
             f"cached keys and values ({html.escape(where)}); the head writes no KV cache, so only the target's cache "
             "is rolled back. Per step m: the query's position, the K/V it read (L = target layer, key positions), the "
             "hidden state fed (f_t = the target's final-norm feature, h_m = the head's own output of step m), the "
-            f"token fed, the drafted token, {q_name} of the drafted / the top token, and the target's decision.</p>"
+            "token fed, the drafted token, the q the verifier used for it / the confidence "
+            f"({q_name} of the head's top token), and the target's decision. {ONE_HOT_NOTE}</p>"
             + _logits_note(m))
     # wraps inside the half-page panel (at 1024 px it scrolled sideways, hiding the last columns)
     return (f"<div class='sv-match sv-mtp'>{note}<table style='font-size:13px;border-collapse:collapse;"
@@ -108,7 +109,8 @@ def _logits_note(m: dict[str, Any]) -> str:
 
 
 def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> go.Figure:
-    """Bars: q of each step's drafted token, coloured by the target's decision, with the head's top
+    """Bars: the head's confidence (its probability) in each step's drafted token (the q the verifier used is in
+    the table: 1 for an argmax draft), coloured by the target's decision, with the head's top
     probability as a line; the x labels name the step and its (constant) position."""
     trace = as_trace(trace)
     st = trace.steps[step]
@@ -119,12 +121,12 @@ def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> g
     xs = [f"step {s['step']} @ {s['position']}" for s in steps]
     fates = [_fate(st, s["step"]) for s in steps]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=xs, y=[s.get("draft_prob") for s in steps], name="q(drafted)",
+    fig.add_trace(go.Bar(x=xs, y=[s.get("draft_prob") for s in steps], name="confidence in the drafted token",
                          marker={"color": [FATE_COLOUR[f] for f in fates]},
                          text=[label(trace, int(t), 8) for t in st.draft_token_ids], textposition="outside",
                          cliponaxis=False, hovertemplate="%{text}: %{y:.3f}<extra>%{x}</extra>"))
     fig.add_trace(go.Scatter(x=xs, y=[s.get("head_top_prob") for s in steps], mode="lines+markers",
-                             name="q(head's top token)", line={"dash": "dot", "color": "#6b7280"}))
+                             name="confidence in the head's top token", line={"dash": "dot", "color": "#6b7280"}))
     fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": 50, "b": 40}, plot_bgcolor="#ffffff",
                       title={"text": f"MTP chain: every step at position {steps[0]['position']}, reading target "
                                      f"layer {', '.join(str(r['layer']) for r in _reads(m))} K/V",
