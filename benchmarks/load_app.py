@@ -77,7 +77,7 @@ def launch(target: str | None, draft: str | None, device: str | None):
     from specviz.ui.cache import DecoderCache
 
     cache = DecoderCache(target, draft, device)
-    cache.get()  # the load and warm-up are not part of what is measured
+    cache.wait_warmed_up()  # the load and warm-up are not part of what is measured
     demo = build_app(target, draft, device, cache=cache)
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **launch_options())

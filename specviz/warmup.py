@@ -7,50 +7,130 @@ compilation), and the verifier's graph pair for every :func:`warm_up_specs`; the
 (``gc.freeze()``: a full collection after torch.compile took 0.25-0.5 s inside a timed request on the H200; vLLM
 freezes its start-up heap the same way). Settings outside these still capture on first use, and the engine excludes
 that capture from the step's times.
+
+The work comes in short units (one request, one graph, one verifier pair). Given a :class:`Gate`, :func:`warm_up`
+runs on a background thread beside the app's requests: each unit waits until no request is in flight, and a request
+that arrives waits for at most the unit in progress, so the app accepts a run as soon as its models are loaded and
+the warm-up uses the time between runs (what a run needs before its graphs are captured it captures itself, outside
+its timings).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from . import methods
 from .config import MAX_SPECULATIVE_TOKENS, VERIFY_METHODS
+from .pools import device_lock
 from .verify import StepVerifier, VerifySpec, graph_key
 
 WARM_UP_GRAPH_HEADROOM = 32  # verifier graph pairs kept beyond the warm-up's (other rates, top-k / top-p on, ...)
 
 
+class Gate:
+    """Orders a background warm-up's units after the app's requests (one instance per decoder).
+
+    ``with gate.request():`` around a request's use of the decoder; ``with gate.unit():`` around one unit of warm-up
+    work. A unit starts only while no request is in flight (and holds the device lock of ``device``, if set, so no
+    other thread's CUDA work runs during a capture); a request waits only for the unit in progress. Units nest in
+    their own thread. With no request ever registered (a warm-up in the foreground) a unit never waits.
+    """
+
+    def __init__(self, device: torch.device | None = None):
+        self.device = device
+        self._cond = threading.Condition()
+        self._requests = 0
+        self._owner: int | None = None  # the thread running a unit
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        with self._cond:
+            self._requests += 1  # registered first: no new unit starts while this one waits
+            while self._owner is not None and self._owner != threading.get_ident():
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._requests -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def unit(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner != me:
+                while self._requests > 0 or self._owner is not None:
+                    self._cond.wait()
+                self._owner = me
+            self._depth += 1
+        try:
+            with device_lock(self.device) if self.device is not None else contextlib.nullcontext():
+                yield
+        finally:
+            with self._cond:
+                self._depth -= 1
+                if self._depth == 0:
+                    self._owner = None
+                    self._cond.notify_all()
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is in flight now."""
+        with self._cond:
+            return self._requests > 0
+
+
 @dataclass
 class WarmUp:
     """What a method's ``warm_up`` gets: the decoder, a short prompt's ids, the largest k the app reaches
-    (``k_max``), ``say`` for progress lines, and ``method_name`` (the method being warmed)."""
+    (``k_max``), ``say`` for progress lines, and ``method_name`` (the method being warmed). Work a method does
+    outside :meth:`request` and :meth:`runner` goes inside ``with warm.unit():``."""
 
     decoder: Any
     prompt: list[int]
     k_max: int
     say: Callable[[str], None]
     method_name: str = ""
+    gate: Gate = field(default_factory=Gate)
+
+    def unit(self) -> contextlib.AbstractContextManager[None]:
+        """One unit of warm-up work (see :class:`Gate`)."""
+        return self.gate.unit()
 
     def request(self, method: str, **settings: Any) -> None:
-        """One short request (its first calls, its pooled objects' graphs)."""
-        self.decoder.generate(self.prompt, method=method, **settings)
+        """One short request (its first calls, its pooled objects' graphs), as one unit."""
+        with self.unit():
+            self.decoder.generate(self.prompt, method=method, **settings)
 
     def runner(self, model: torch.nn.Module, widths: Sequence[int], taps: tuple[str, ...] = (),
                trees: bool = False) -> int:
         """Capture the pooled runner of ``model``'s graphs for every forward width in ``widths`` with ``taps`` (one
-        graph per (width, taps)) and, with ``trees``, one tree forward per tree-size bucket; returns the number
-        captured (0 for a runner without graphs)."""
+        graph per (width, taps)) and, with ``trees``, one tree forward per tree-size bucket, one graph per unit;
+        returns the number captured (0 for a runner without graphs)."""
         dec = self.decoder
-        with dec.pool.lease(id(model), lambda: dec.make_runner(model)) as runner:
-            try:
-                return _capture_widths(runner, self.prompt, widths, taps, trees, model, self.say)
-            finally:
-                runner.reset()
+        with self.unit(), dec.pool.lease(id(model), lambda: dec.make_runner(model)) as runner:
+            if not getattr(runner, "cuda_graphs", False):
+                return 0
+            buckets = tuple(getattr(runner, "tree_buckets", None) or ()) if trees else ()
+            room = getattr(runner, "max_cache_len", 0) - len(self.prompt)
+        shapes = [(n, False) for n in widths] + [(b, True) for b in buckets if b <= room]
+        for n, tree in shapes:
+            with self.unit(), dec.pool.lease(id(model), lambda: dec.make_runner(model)) as runner:
+                try:
+                    _capture(runner, self.prompt, n, taps, tree)
+                finally:
+                    runner.reset()
+        self.say(f"warm-up: {len(shapes)} forward graphs of {type(model).__name__}")
+        return len(shapes)
 
     def head_method(self, name: str, trees: bool) -> int:
         """A request of method ``name``, then the target's forwards with the feature taps its proposer declared."""
@@ -59,23 +139,15 @@ class WarmUp:
         return self.runner(self.decoder.target_model, range(1, self.k_max + 2), taps=taps, trees=trees)
 
 
-def _capture_widths(runner, prompt: list[int], widths: Sequence[int], taps: tuple[str, ...], trees: bool,
-                    model: torch.nn.Module, say: Callable[[str], None]) -> int:
-    if not getattr(runner, "cuda_graphs", False):
-        return 0
+def _capture(runner, prompt: list[int], n: int, taps: tuple[str, ...], tree: bool) -> None:
+    """One forward of ``n`` rows after an eager prefill of ``prompt`` (graphs need a filled cache): a chain's verify
+    width, or with ``tree`` a tree forward of that size bucket (the root + n - 1 nodes)."""
     runner.reset()
-    runner.forward(torch.tensor(prompt, dtype=torch.long))  # eager prefill: graphs need a filled cache
+    runner.forward(torch.tensor(prompt, dtype=torch.long))
     base = runner.seq_len
-    for n in widths:
-        runner.forward_features(torch.tensor(prompt[-1:] * n, dtype=torch.long), taps)
-        runner.truncate(base)
-    buckets = tuple(getattr(runner, "tree_buckets", None) or ()) if trees else ()
-    for b in buckets:  # tree forwards: one graph per size bucket (b rows = the root + b - 1 nodes)
-        if base + b <= getattr(runner, "max_cache_len", 0):
-            runner.forward_features(torch.tensor(prompt[-1:] * b, dtype=torch.long), taps, parents=[-1] * (b - 1))
-            runner.truncate(base)
-    say(f"warm-up: {len(widths) + len(buckets)} forward graphs of {type(model).__name__}")
-    return len(widths) + len(buckets)
+    rows = torch.tensor(prompt[-1:] * n, dtype=torch.long)
+    runner.forward_features(rows, taps, parents=[-1] * (n - 1)) if tree else runner.forward_features(rows, taps)
+    runner.truncate(base)
 
 
 def warm_up_specs(vocab: int, max_speculative_tokens: int, verify_methods: Sequence[str] = VERIFY_METHODS,
@@ -106,39 +178,52 @@ def warm_up_specs(vocab: int, max_speculative_tokens: int, verify_methods: Seque
 def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
             verify_methods: Sequence[str] = VERIFY_METHODS, temperatures: Sequence[float] = (0.8, 1.0),
             synthetic_rates: Sequence[float] = (0.8, 0.6, 0.4, 0.3, 0.2),
-            progress: Callable[[str], None] | None = None) -> dict[str, float]:
-    """See the module docstring; :meth:`specviz.engine.SpecDecoder.warm_up` calls it under the device lock.
+            progress: Callable[[str], None] | None = None, gate: Gate | None = None) -> dict[str, float]:
+    """See the module docstring. In the foreground (``gate`` None) the caller holds the device lock throughout
+    (:meth:`specviz.engine.SpecDecoder.warm_up`); with ``gate`` each unit waits for the requests registered with it
+    and takes the device lock itself (:class:`specviz.ui.cache.DecoderCache` runs it so on a background thread).
 
     Returns {"seconds": wall time, "capture_s": time spent capturing graphs, "graphs": graphs captured}."""
     t0, c0 = time.perf_counter(), decoder.pooled_capture_s()
     say = progress or (lambda line: None)
     prompt = decoder.encode("def f(x):\n    return")
     k_max = min(int(max_speculative_tokens), MAX_SPECULATIVE_TOKENS)
-    warm = WarmUp(decoder, prompt, k_max, say)
+    warm = WarmUp(decoder, prompt, k_max, say, gate=gate or Gate())
     say("warm-up: first requests")
     warm.request("none", max_new_tokens=3)
     captured = warm.runner(decoder.target_model, range(1, k_max + 2), trees=True)
     for method in methods.all_methods():
         if method.warm_up is not None and method.missing(decoder) is None:
             warm.method_name = method.name
+            say(f"warm-up: method {method.name}")
             captured += method.warm_up(warm)
-    with decoder.pool.lease("verifier", lambda: StepVerifier(decoder.device)) as verifier:
-        if verifier.cuda_graphs:
-            specs = warm_up_specs(decoder.vocab_size, k_max, verify_methods, temperatures, tuple(synthetic_rates))
-            # room for every captured pair plus requests' own: without it the least recently used warm-up captures
-            # were dropped again
-            planned = len({graph_key(spec) for spec in specs})
-            verifier.max_graphs = max(getattr(verifier, "max_graphs", 0), planned + WARM_UP_GRAPH_HEADROOM)
-            generator = torch.Generator(device=decoder.device).manual_seed(0)
-            for n, spec in enumerate(specs, 1):
-                _warm_verifier(verifier, spec, generator, decoder.device)
-                say(f"warm-up: verifier graphs {n}/{len(specs)}")
-            captured += len(specs)
-    gc.collect()
-    gc.freeze()
+    captured += _warm_verifiers(warm, warm_up_specs(decoder.vocab_size, k_max, verify_methods, temperatures,
+                                                    tuple(synthetic_rates)))
+    with warm.unit():
+        gc.collect()
+        gc.freeze()
     say("warm-up: done")
     return {"seconds": time.perf_counter() - t0, "capture_s": decoder.pooled_capture_s() - c0,
             "graphs": float(captured)}
+
+
+def _warm_verifiers(warm: WarmUp, specs: list[VerifySpec]) -> int:
+    """The verifier's graph pair for every spec, one spec per unit; 0 for a verifier without graphs."""
+    dec = warm.decoder
+    make = lambda: StepVerifier(dec.device)  # noqa: E731
+    with warm.unit(), dec.pool.lease("verifier", make) as verifier:
+        if not verifier.cuda_graphs:
+            return 0
+        # room for every captured pair plus requests' own: without it the least recently used warm-up captures
+        # were dropped again
+        planned = len({graph_key(spec) for spec in specs})
+        verifier.max_graphs = max(getattr(verifier, "max_graphs", 0), planned + WARM_UP_GRAPH_HEADROOM)
+    generator = torch.Generator(device=dec.device).manual_seed(0)
+    for n, spec in enumerate(specs, 1):
+        with warm.unit(), dec.pool.lease("verifier", make) as verifier:
+            _warm_verifier(verifier, spec, generator, dec.device)
+        warm.say(f"warm-up: verifier graphs {n}/{len(specs)}")
+    return len(specs)
 
 
 def _warm_verifier(verifier: StepVerifier, spec: VerifySpec, generator: torch.Generator, device: torch.device) -> None:

@@ -413,16 +413,18 @@ def test_background_warm_up_reports_progress_then_its_cost(tiny_dirs):
     target, draft = tiny_dirs["llama"]
     cache = DecoderCache(str(target), str(draft), "cpu")
     lines = []
-    real = SpecDecoder.warm_up
+    import specviz.warmup as warmup
 
-    def spy(self, *args, progress=None, **kw):
-        return real(self, *args, progress=lambda line: (lines.append(line), progress(line)), **kw)
+    real = warmup.warm_up
 
-    SpecDecoder.warm_up = spy
+    def spy(*args, progress=None, **kw):
+        return real(*args, progress=lambda line: (lines.append(line), progress(line)), **kw)
+
+    warmup.warm_up = spy
     try:
         cache.start_warm_up().join(timeout=120)
     finally:
-        SpecDecoder.warm_up = real
+        warmup.warm_up = real
     assert cache.loaded() and cache.status == "" and lines[-1] == "warm-up: done"
     assert cache.warm_up_report["seconds"] > 0
     from specviz.ui.handlers import SessionHandlers
@@ -436,22 +438,25 @@ def test_a_run_pressed_during_the_warm_up_waits_for_it(tiny_dirs):
     target, draft = tiny_dirs["llama"]
     cache = DecoderCache(str(target), str(draft), "cpu")
     started = threading.Event()
-    real = SpecDecoder.warm_up
+    import specviz.warmup as warmup
 
-    def slow(self, *args, **kw):
+    real = warmup.warm_up
+
+    def slow(*args, **kw):
         started.set()
         time.sleep(1.0)
-        return real(self, *args, **kw)
+        return real(*args, **kw)
 
-    SpecDecoder.warm_up = slow
+    warmup.warm_up = slow
     try:
         cache.start_warm_up()
         assert started.wait(60)
         t0 = time.perf_counter()
-        decoder = cache.get()  # what Run does: waits for the one load + warm-up, never loads twice
+        # what Run does on the CPU, where the warm-up is part of the load: waits for both, never loads twice
+        decoder = cache.get()
         assert time.perf_counter() - t0 > 0.3 and cache.warm_up_report is not None
     finally:
-        SpecDecoder.warm_up = real
+        warmup.warm_up = real
     assert cache.get() is decoder
 
 

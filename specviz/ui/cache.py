@@ -1,19 +1,24 @@
 """The app's only shared mutable state: decoders loaded lazily, once per (target, draft, device),
 and per-session stop requests.
 
-Nothing is loaded at import or when the UI is built; the first Run loads the models. A failed
-load is not cached, so fixing the files and pressing Run again retries.
+Nothing is loaded at import or when the UI is built; the first Run (or the launch) loads the models. A failed
+load is not cached, so fixing the files and pressing Run again retries. Once loaded, a decoder serves requests at
+once; its warm-up (:mod:`specviz.warmup`) runs on a background thread in the time between requests.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from specviz.warmup import Gate
 
 from .settings import MAX_UI_SPECULATIVE_TOKENS  # the k slider's cap: warm-up covers k' up to it
+
 
 
 def device_in_use(device: str | None) -> str:
@@ -44,16 +49,28 @@ class DecoderCache:
             static runners' CUDA graphs (the app's ``--compile``; default off).
         heads: ``SpecDecoder.from_pretrained(heads=...)``: {method: head directory} (the app's ``--head``);
             None: the bundled heads with the bundled target.
+        background_warm_up: warm up on a background thread beside the requests (True), or inside the load, before
+            :meth:`get` returns (False); None: in the background on CUDA (minutes of graph capture), in the load on
+            the CPU (a few short requests, nothing captured).
+
+    Attributes:
+        status: what the load / warm-up is doing now ("" before it starts and once it is done).
+        warm_up_report: :func:`specviz.warmup.warm_up`'s report once it is done; warm_up_error its failure.
+        warmed: set once the warm-up has ended (done or failed).
     """
 
     def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None,
-                 compile: bool = False, heads: dict[str, str] | None = None):
+                 compile: bool = False, heads: dict[str, str] | None = None, background_warm_up: bool | None = None):
         self.target, self.draft, self.device, self.compile = target, draft, device, bool(compile)
         self.heads = dict(heads) if heads else None
         self._lock = threading.Lock()
         self._decoders: dict[tuple[Any, ...], Any] = {}
-        self.status = ""  # what the load / warm-up is doing now ("" before it starts and once it is done)
+        self.status = ""
         self.warm_up_report: dict[str, float] | None = None
+        self.warm_up_error: str | None = None
+        self.warmed = threading.Event()
+        self.gate: Gate = Gate()
+        self.background_warm_up = background_warm_up
 
     @property
     def key(self) -> tuple[str | None, str | None, str | None]:
@@ -100,25 +117,61 @@ class DecoderCache:
                     decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device,
                                                           compile=self.compile or None,  # None: the default
                                                           heads=self.heads)
-                    # no run's timings (or speedup) should carry one-time costs: on CUDA this captures
-                    # every graph the UI's settings reach (tens of seconds), on the CPU it is quick
-                    self.warm_up_report = decoder.warm_up(MAX_UI_SPECULATIVE_TOKENS, progress=self._say)
                 finally:
                     self.status = ""
                 self._decoders[self.key] = decoder
+                background = self.background_warm_up
+                self.gate.device = decoder.device  # each unit holds the device lock (graph capture)
+                if background if background is not None else decoder.device.type == "cuda":
+                    threading.Thread(target=self._warm_up, args=(decoder, self.gate), name="specviz-warm-up",
+                                     daemon=True).start()
+                else:  # inside the load: a gate of its own, as the request that called get() must not hold it up
+                    self._warm_up(decoder, Gate(decoder.device))
             return decoder
+
+    def _warm_up(self, decoder: Any, gate: Gate) -> None:
+        """No run's timings (or speedup) should carry one-time costs: on CUDA the warm-up captures every graph the
+        UI's settings reach (minutes for a large model), on the CPU it is quick. In the background the requests go
+        first (:class:`specviz.warmup.Gate`). A failure is logged and shown in the status line; the app stays up and
+        runs capture what they need on first use."""
+        from specviz.warmup import warm_up
+
+        self.status = "warm-up: first requests"
+        try:
+            self.warm_up_report = warm_up(decoder, MAX_UI_SPECULATIVE_TOKENS, progress=self._say, gate=gate)
+        except Exception as exc:  # noqa: BLE001
+            logging.getLogger(__name__).exception("warm-up failed")
+            self.warm_up_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.status = ""
+            self.warmed.set()
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """``with cache.in_use():`` around a request's use of a decoder: the background warm-up pauses meanwhile
+        (waiting here for at most the one unit in progress)."""
+        with self.gate.request():
+            yield
+
+    def wait_warmed_up(self, timeout: float | None = None) -> Any:
+        """Load if needed and wait until the warm-up has ended (benchmarks: nothing of it inside a measurement).
+        Returns the decoder."""
+        decoder = self.get()
+        if not self.warmed.wait(timeout):
+            raise TimeoutError(f"the warm-up did not end within {timeout} s")
+        return decoder
 
     def _say(self, line: str) -> None:
         self.status = line
 
     def start_warm_up(self) -> threading.Thread:
-        """Load and warm up on a background thread now (the app calls it at launch), so the first
-        Run finds the graphs captured; a Run pressed meanwhile waits for it. A failed load is
-        left for the first Run to report."""
+        """Load and warm up on a background thread now (the app calls it at launch); the thread ends when the
+        warm-up has. A Run pressed meanwhile waits for the load only. A failed load is left for the first Run
+        to report."""
 
         def work() -> None:
             try:
-                self.get()
+                self.wait_warmed_up()
             except Exception:  # noqa: BLE001  (reported to the user by the first Run)
                 pass
 

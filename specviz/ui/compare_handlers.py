@@ -119,10 +119,11 @@ class CompareHandlers:
         flag = self.signals.start(session)
         total = len(c.configs) * len(c.prompts) * len(c.seeds)
         try:
-            for r in iter_comparison(decoder, c, flag):
-                label = (f"{c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, seed {r.seed} "
-                         f"({r.wall_s:.1f} s)")
-                yield (*_views(c, _progress(c, total, label), convention=convention), c.to_dict())
+            with self.cache.in_use():  # the background warm-up waits until the comparison has ended
+                for r in iter_comparison(decoder, c, flag):
+                    label = (f"{c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, seed {r.seed} "
+                             f"({r.wall_s:.1f} s)")
+                    yield (*_views(c, _progress(c, total, label), convention=convention), c.to_dict())
         except ValueError as exc:
             yield _error(str(exc), f"the views below show the {len(c.runs)} runs before it" if c.runs else
                          "the views below are unchanged")

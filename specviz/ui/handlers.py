@@ -101,7 +101,8 @@ class SessionHandlers:
     def run(self, state: dict[str, Any] | None, request: gr.Request = None, *values: Any) -> Iterator[RunOutputs]:
         """See :func:`specviz.ui.run.run` (``values``: a :class:`~specviz.ui.run.RunRequest`'s). The request comes
         second: Gradio passes a ``gr.Request`` only to positional parameters before ``*values``."""
-        yield from run(self.cache, self.signals, state, *values, request=request)
+        with self.cache.in_use():  # the background warm-up waits until this run (and its measurement) has ended
+            yield from run(self.cache, self.signals, state, *values, request=request)
 
     def measure(self, state: dict[str, Any] | None, request: gr.Request = None) -> Iterator[RunOutputs]:
         """See :func:`specviz.ui.run.measure`: the comparison with method none after this session's run."""
@@ -114,11 +115,17 @@ class SessionHandlers:
     def warm_up_status(self) -> tuple[str, Any]:
         """The line under the header while the models load and warm up (polled by a timer, which
         this turns off once nothing is happening), and the warm-up's cost once done."""
-        if self.cache.status:
+        status = self.cache.status
+        if status == "loading the models":
+            return "**loading the models** · a Run pressed now starts once they are loaded", gr.Timer(active=True)
+        if status:
             cuda = device_in_use(self.cache.device).startswith("cuda")
             work = "CUDA-graph capture, kernel compilation" if cuda else "the first requests' set-up"
-            return (f"**warming up** · {self.cache.status.removeprefix('warm-up: ')} · one-time work ({work}) "
-                    "done now so that no run pays for it; a Run pressed meanwhile waits for it", gr.Timer(active=True))
+            return (f"**ready** · warming up between runs: {status.removeprefix('warm-up: ')} · one-time work "
+                    f"({work}); a run now pays what it needs itself, outside its timings", gr.Timer(active=True))
+        if self.cache.warm_up_error:
+            return (f"warm-up failed ({self.cache.warm_up_error[:200]}); runs capture what they need on first use",
+                    gr.Timer(active=False))
         r = self.cache.warm_up_report
         done = (f"warmed up in {r['seconds']:.1f} s ({int(r['graphs'])} CUDA graphs captured, {r['capture_s']:.1f} s)"
                 if r and r.get("graphs") else (f"warmed up in {r['seconds']:.1f} s" if r else ""))

@@ -318,7 +318,7 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                            show_progress="hidden")
         c["method"].change(h.state_status, [state, c["method"]], [c["state_info"]], queue=False, show_progress="hidden")
         c["state_reset"].click(h.reset_state, [state, c["method"]], [c["state_info"], state], api_name="reset_method_state")
-        demo.load(session.warm_up_status, None, [warm, warm_timer])
+        demo.load(session.warm_up_status, None, [warm, warm_timer], api_name="warm_up_status")
         warm_timer.tick(session.warm_up_status, None, [warm, warm_timer])
         sel = [v["stream"], v["grid"], v["residual"], v["match"], v["trie"]]
         # a drag fires many input events: "always_last" runs the latest value after the pending one

@@ -45,11 +45,8 @@ def warm_up_eagle(warm) -> int:
     name = warm.method_name
     head = warm.decoder.heads[name]
     captured = warm.head_method(name, trees=True)
-    runner = warm.decoder.pool.acquire(("head", id(head)), lambda: head_runner(warm.decoder, head))
-    try:
+    with warm.unit(), warm.decoder.pool.lease(("head", id(head)), lambda: head_runner(warm.decoder, head)) as runner:
         captured += runner.warm_up(warm.k_max + 1)
-    finally:
-        warm.decoder.pool.release(("head", id(head)), runner)
     warm.request(name, num_speculative_tokens=DEFAULT_DEPTH + 1, max_new_tokens=24, eagle_tree_top_k=DEFAULT_TOP_K,
                  eagle_tree_depth=DEFAULT_DEPTH, eagle_tree_total_tokens=DEFAULT_TOTAL_TOKENS)
     return captured

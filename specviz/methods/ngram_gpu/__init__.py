@@ -24,7 +24,9 @@ def _warm_up(warm) -> int:
         return 0
     from .proposer import NgramGPUProposer
 
-    NgramGPUProposer(2, 4, warm.k_max, backend="triton", device=warm.decoder.device).propose(warm.prompt * 3, warm.k_max)
+    with warm.unit():
+        NgramGPUProposer(2, 4, warm.k_max, backend="triton", device=warm.decoder.device).propose(warm.prompt * 3,
+                                                                                               warm.k_max)
     return 0
 
 

@@ -1,0 +1,116 @@
+"""Launch to ready: the app started as a user starts it (``python app.py``, a new process), timed until
+
+1. its server answers (``server_up_s``),
+2. a first Run has finished: the first bundled example with its speedup comparison, submitted as soon as the server
+   answers (``first_run_done_s``; its trace's ``capture_ms`` is what that run captured itself, outside its timings),
+3. the warm-up line says the warm-up has ended (``warm_up_done_s``),
+
+then the same request again (``second_run_s``). Seconds from the launch; one JSON object printed and written to --out.
+
+    python benchmarks/app_ready.py --out results/gpu/app_ready.json               # the machine's default device
+    python benchmarks/app_ready.py --device cpu -- --compile                      # options after -- go to app.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _wait_for_server(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the app exited with code {proc.returncode} before serving")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"no answer from {url} within {timeout} s")
+
+
+def _first_example_request() -> tuple:
+    from specviz.ui.run import RunRequest
+
+    ex = json.loads((ROOT / "assets/examples/prompts.json").read_text())["examples"][0]
+    st = ex["settings"]
+    options = {k: st[k] for k in ("prompt_lookup_min", "prompt_lookup_max") if k in st}
+    return RunRequest(prompt=ex["prompt"], method=st["method"], num_speculative_tokens=st["num_speculative_tokens"],
+                      verify=st.get("verify", "greedy"), temperature=st.get("temperature", 0.0),
+                      max_new_tokens=st.get("max_new_tokens", 96), compare=True, options=options).values()
+
+
+def _run(client, args: tuple) -> dict:
+    from load_app import exported
+
+    t = time.time()
+    client.predict(*args, api_name="/run")
+    wall = time.time() - t
+    m = exported(client).metrics
+    meas = (m.get("baseline_none") or {}).get("measurement") or {}
+    return {"wall_s": round(wall, 2), "capture_ms": m.get("capture_ms"), "speedup_median": meas.get("median"),
+            "tokens": m.get("num_generated_tokens")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--timeout", type=float, default=540.0, help="seconds to wait for each stage")
+    ap.add_argument("app_args", nargs="*", help="more options for app.py (after --)")
+    a = ap.parse_args()
+    from gradio_client import Client
+
+    from load_app import free_port
+
+    port = free_port()
+    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), *(["--device", a.device] if a.device else []),
+           *a.app_args]
+    url = f"http://127.0.0.1:{port}/"
+    res: dict = {"command": " ".join(cmd[1:]), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_server(url, proc, a.timeout)
+        res["server_up_s"] = round(time.time() - t0, 1)
+        client = Client(url, verbose=False)
+        res["warm_up_line_at_server_up"] = str(client.predict(api_name="/warm_up_status"))[:300]
+        request = _first_example_request()
+        res["first_run"] = _run(client, request)
+        res["first_run_done_s"] = round(time.time() - t0, 1)
+        end, line = time.time() + a.timeout, ""
+        while time.time() < end:
+            line = str(client.predict(api_name="/warm_up_status"))
+            if line.startswith(("warmed up", "warm-up failed")) or not line.strip():
+                break
+            time.sleep(1.0)
+        res["warm_up_done_s"], res["warm_up_line"] = round(time.time() - t0, 1), line[:300]
+        res["second_run"] = _run(client, request)
+    finally:
+        proc.terminate()
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        res["app_log_tail"] = out[-1500:]
+    print(json.dumps(res, indent=1))
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
