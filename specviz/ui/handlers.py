@@ -101,12 +101,13 @@ class SessionHandlers:
     def run(self, state: dict[str, Any] | None, request: gr.Request = None, *values: Any) -> Iterator[RunOutputs]:
         """See :func:`specviz.ui.run.run` (``values``: a :class:`~specviz.ui.run.RunRequest`'s). The request comes
         second: Gradio passes a ``gr.Request`` only to positional parameters before ``*values``."""
-        with self.cache.in_use():  # the background warm-up waits until this run (and its measurement) has ended
+        with self.cache.in_use():  # the background warm-up waits until this run has ended
             yield from run(self.cache, self.signals, state, *values, request=request)
 
     def measure(self, state: dict[str, Any] | None, request: gr.Request = None) -> Iterator[RunOutputs]:
         """See :func:`specviz.ui.run.measure`: the comparison with method none after this session's run."""
-        yield from measure(self.signals, state, request)
+        with self.cache.in_use():  # nor may it run beside the timed segments
+            yield from measure(self.signals, state, request)
 
     def stop(self, state: dict[str, Any] | None, request: gr.Request = None) -> RunOutputs:
         """See :func:`stop`."""
