@@ -6,12 +6,13 @@ step costs, and the losslessness check (greedy: equal outputs; T > 0: a chi-squa
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Sequence
 
 from specviz.speedup import spread
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Step, Trace, acceptance_length, compute_metrics
 
-from .lossless import losslessness
+from .lossless import TIE_EXPLANATION, losslessness
 from .model import Comparison, RunResult
 
 
@@ -68,6 +69,56 @@ def time_split(m: dict[str, Any]) -> dict[str, float]:
     return {part: float(m["time_ms"].get(part, 0.0)) / n for part in ("draft", "verify", "sample")}
 
 
+# ---- one-time costs inside the timings ------------------------------------------------------
+SLOW_STEP_FACTOR = 10.0  # a step this many times the row's median step ...
+SLOW_STEP_MIN_MS = 20.0  # ... and this many ms above it is marked: a compile or capture nobody reported
+
+
+CELL_TIPS = {  # what a table cell holding the key means (the app's hover on the badge and the timing mark)
+    "near-tie": "≈: the outputs differ only where the target's two best tokens are a near-tie. " + TIE_EXPLANATION,
+    "✗ differs": "✗: a run's output differs from method none's where rounding cannot explain it (float32, a gap "
+                 "above 4 ulps of the 16-bit dtype, or a token that was not the target's argmax): a bug to look for",
+    "⚠ capture": "a timed step captured a CUDA graph or compiled a kernel (its seconds are kept out of the step "
+                 "times; the comparison's warm-up did not reach that shape)",
+    "slow step": "a timed step took over 10x the row's median step: a one-time cost nobody reported (a compile, a "
+                 "capture); it is inside the times and the speedup",
+}
+
+
+def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """Does a row's timing contain a one-time cost? Two signs, read from its runs' steps:
+
+    * capture: steps whose ``timings_ms["capture"]`` is set: the runners, verifier or proposer reported capturing a
+      CUDA graph or compiling a kernel (:mod:`specviz.timing`); the engine kept those seconds out of the step times,
+      but the first use fell inside a timed run (the comparison's warm-up did not cover it);
+    * slow steps: a step whose draft + verify + sample time is over SLOW_STEP_FACTOR times the row's median step
+      and SLOW_STEP_MIN_MS above it: a one-time cost nobody reported (an unreported compile, a capture), which IS in
+      the step times and the speedup.
+
+    Returns {"capture_ms", "capture_steps", "slow_steps": [(prompt, seed, step, ms)], "mark": "" or a short mark for
+    the time-split cell, "detail": a sentence ("" when clean)}."""
+    steps = [(r, st, sum(st.timings_ms.get(b, 0.0) for b in ("draft", "verify", "sample")))
+             for r in runs for st in r.trace.steps]
+    captured = [(r, st) for r, st, _ in steps if st.timings_ms.get("capture", 0.0) > 0]
+    capture_ms = sum(st.timings_ms["capture"] for _, st in captured)
+    median = statistics.median([ms for _, _, ms in steps]) if steps else 0.0
+    slow = [(r.prompt + 1, r.seed, st.index, ms) for r, st, ms in steps
+            if ms > SLOW_STEP_FACTOR * median and ms > median + SLOW_STEP_MIN_MS]
+    marks, details = [], []
+    if captured:
+        marks.append("⚠ capture")
+        details.append(f"{len(captured)} step(s) captured CUDA graphs or compiled a kernel ({capture_ms:.0f} ms, kept "
+                       "out of the step times: the first use was not warmed)")
+    if slow:
+        p, seed, i, ms = max(slow, key=lambda t: t[3])
+        marks.append(f"⚠ {len(slow)} slow step(s)")
+        details.append(f"{len(slow)} step(s) took over {SLOW_STEP_FACTOR:g}x the row's median step of {median:.2f} ms "
+                       f"(slowest: prompt {p}, seed {seed}, step {i}, {ms:.0f} ms): likely a one-time cost that no one "
+                       "reported, and it is in the step times and the speedup")
+    return {"capture_ms": capture_ms, "capture_steps": len(captured), "slow_steps": slow, "mark": " ".join(marks),
+            "detail": "; ".join(details)}
+
+
 # ---- the table ----------------------------------------------------------------------------
 def run_ratios(comparison: Comparison, runs: list[RunResult], base: int | None) -> list[float]:
     """Per (prompt, seed): this run's decode tokens/s ÷ method none's on the same prompt and seed (run next to it,
@@ -105,7 +156,8 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     speedup_spread (:func:`specviz.speedup.spread` of :func:`run_ratios`: median, low, high, n, noisy; None
     without a baseline),
     predicted_speedup (:func:`predicted_speedup`; None for a tree: its model is a chain's), ms_per_step {draft, verify, sample},
-    step_cost (ms per step / method none's ms per step), lossless (:func:`losslessness`)."""
+    step_cost (ms per step / method none's ms per step), timing (:func:`timing_check`: one-time costs inside the
+    timed runs), lossless (:func:`~specviz.compare.lossless.losslessness`)."""
     cfg = comparison.configs[config]
     runs = comparison.runs_of(config)
     m = pooled_metrics([r.trace for r in runs], cfg.num_speculative_tokens)
@@ -140,6 +192,7 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "predicted_speedup": predicted_speedup(m, base_ms) if cfg.method != "none" and not cfg.is_tree else None,
         "ms_per_step": split,
         "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
+        "timing": timing_check(runs),
         "lossless": losslessness(comparison, config),
     }
 
@@ -153,7 +206,7 @@ CSV_COLUMNS = ("label", "method", "k", "tree", "verify", "temperature", "runs", 
                "mean_acceptance_length", "draft_coverage", "draft_acceptance_rate", "conditional_acceptance",
                "tokens_per_s", "e2e_tokens_per_s", "speedup", "speedup_low", "speedup_high", "speedup_n",
                "predicted_speedup", "draft_ms_per_step",
-               "verify_ms_per_step", "sample_ms_per_step", "lossless")
+               "verify_ms_per_step", "sample_ms_per_step", "timing_mark", "lossless")
 
 
 def _csv_cell(row: dict[str, Any], col: str) -> Any:
@@ -164,6 +217,8 @@ def _csv_cell(row: dict[str, Any], col: str) -> Any:
         return f"{row['ms_per_step'][col.split('_')[0]]:.3f}"
     if col == "lossless":
         return row["lossless"]["badge"]
+    if col == "timing_mark":
+        return row["timing"]["mark"]
     if col in ("speedup_low", "speedup_high", "speedup_n"):  # the per-(prompt, seed) ratios' spread
         value = (row.get("speedup_spread") or {}).get(col.split("_")[1])
         return f"{value:.6g}" if isinstance(value, float) else ("" if value is None else value)
