@@ -146,3 +146,21 @@ def test_top2_survive_the_json_round_trip(tiny_dirs, dtype):
     tr = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=8)
     back = Trace.from_json(tr.to_json())
     assert logit_top2_of(back) == logit_top2_of(tr) and all(r[1] >= r[3] for r in logit_top2_of(tr))
+
+
+def test_fp32_logits_option(tiny_dirs):
+    """use_fp32_logits: the head becomes a float32 GEMM (logits not rounded to bf16), the trace says so; it refuses
+    once a request has run (captured graphs would keep the old head)."""
+    from specviz.precision import Fp32Head, use_fp32_logits
+
+    dec = _decoder(tiny_dirs, "bfloat16")
+    use_fp32_logits(dec)
+    assert isinstance(dec.target_model.get_output_embeddings(), Fp32Head)
+    tr = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=8)
+    assert tr.config["logits_dtype"] == "float32" and tr.config["dtype"] == "bfloat16"
+    logits = [v for row in logit_top2_of(tr) for v in (row[1], row[3])]
+    assert any(torch.tensor(v).to(torch.bfloat16).float().item() != v for v in logits)  # not bf16 values
+    plain = _decoder(tiny_dirs, "bfloat16")
+    plain.generate(PROMPT, method="none", max_new_tokens=2)
+    with pytest.raises(ValueError, match="before the first request"):
+        use_fp32_logits(plain)
