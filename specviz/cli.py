@@ -190,6 +190,8 @@ def _compare_parser(sub: Any) -> None:
     add_option_arguments(c, app_defaults=True)
     c.add_argument("--device", default=None)
     c.add_argument("--dtype", default=None)
+    c.add_argument("--fp32-logits", action="store_true",
+                   help="compute the target's LM head in float32 (no 16-bit rounding of the logits; specviz.precision)")
     c.add_argument("--out", required=True, help="directory for compare.csv, compare.json, compare.html")
 
 

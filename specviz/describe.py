@@ -21,6 +21,7 @@ def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
              dtype=names.get("dtype", str(next(decoder.target_model.parameters()).dtype).split(".")[-1]),
              runner=opts["runner"], compile=bool(opts.get("compile")), prompt_length=len(ids),
              vocab_size=decoder.vocab_size)
+    d["logits_dtype"] = names.get("logits_dtype", d["dtype"])  # float32 with specviz.precision.use_fp32_logits
     if "model_sources" in names:  # file format, GGUF file and quantisation type
         d["model_sources"] = names["model_sources"]
     notes = [n for m in (decoder.target_model, decoder.draft_model) if m is not None for n in capture_notes(m)]

@@ -244,7 +244,7 @@ class SpecDecoder:
         (``result()``); the next input, a tree's kept rows and the detailed record stay on the device or are copied
         behind the verification, so the commit and the next step need no host-to-device copy."""
         remaining = cfg.max_new_tokens - num_generated
-        timer = StepTimer(lambda: capture_seconds(runner, verifier, getattr(proposer, "runner", None)))
+        timer = StepTimer(lambda: capture_seconds(runner, verifier, proposer, getattr(proposer, "runner", None)))
         k_step = min(cfg.num_speculative_tokens, remaining - 1)  # never draft past max_new_tokens
         if proposer is not None and k_step > 0:
             draft = proposer.propose(ids, k_step, ctx)

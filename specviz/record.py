@@ -22,6 +22,7 @@ from .sampling.types import KIND_NAMES, RejectionOutput
 
 if TYPE_CHECKING:
     from .sampling.tree import TreeVerifyOutput
+    from .transfer import HostCopy
 
 TOP_N = 20
 
@@ -83,6 +84,24 @@ def gather_detail(out: RejectionOutput, p: torch.Tensor, q: torch.Tensor | None,
         for name in ("P", "rho", "h", "eta"):
             parts["block_" + name] = getattr(out.block, name)[0, :k]
     return parts
+
+
+def queue_logit_top2(logits: torch.Tensor) -> "HostCopy":
+    """The target's two largest logits of every row of a step's forward, with their token ids, on their way to the
+    host behind the step's work (one top-k and one small copy; no wait). logits: [R, V] float32 (the model's own
+    rounding kept: bf16 logits stay exact in float32). Read with :func:`logit_top2_rows`. The losslessness check
+    reads them where a greedy run's output differs from method none's (:mod:`specviz.compare.lossless`)."""
+    from .transfer import HostCopy
+
+    vals, ids = logits.topk(2, dim=-1)  # [R, 2] each; equal logits come in either order
+    return HostCopy(torch.stack([ids[:, 0].double(), vals[:, 0].double(), ids[:, 1].double(), vals[:, 1].double()], 1))
+
+
+def logit_top2_rows(copy: "HostCopy", rows: list[int]) -> list[list[float]]:
+    """[[top-1 id, its logit, top-2 id, its logit], ...] of the forward's ``rows`` (the rows that decided the step's
+    tokens, in output order: a chain's 0..a, a tree's root and accepted nodes' rows)."""
+    host = copy.tolist()
+    return [[int(host[r][0]), host[r][1], int(host[r][2]), host[r][3]] for r in rows]
 
 
 Layout = tuple[tuple[str, tuple[int, ...]], ...]

@@ -3,8 +3,9 @@
 :class:`StepTimer` adds wall-clock laps to buckets: "draft" (the proposer: propose, and observe of what was
 committed), "verify" (the target forward), "sample" (the verifier: p, the acceptance test, recovered and bonus
 tokens); a lap with no bucket (publishing earlier steps' events) counts nowhere. One-time CUDA-graph capture (and the
-compilation inside it) is never a step's cost: the seconds the runners and the verifier report capturing
-(``capture_s``) are taken out of the lap they fell in, and reported alone as "capture".
+compilation inside it) is never a step's cost: the seconds the runners, the verifier and the proposer report spending
+on it (``capture_s``: graph captures, a proposer's kernel compilation) are taken out of the lap they fell in, and
+reported alone as "capture" (the trace's ``timings_ms["capture"]``; Compare marks a row whose runs had any).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ BUCKETS = ("draft", "verify", "sample")
 
 
 def capture_seconds(*objects: Any) -> float:
-    """Seconds the runners / verifier spent capturing CUDA graphs so far (their ``capture_s``)."""
+    """Seconds the runners / verifier / proposer spent on one-time captures and compiles so far (their ``capture_s``)."""
     return sum(float(getattr(o, "capture_s", 0.0)) for o in objects if o is not None)
 
 

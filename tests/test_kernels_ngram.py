@@ -176,3 +176,21 @@ def test_invalid_arguments():
         ngram_match_reference(ids.float(), lengths, prompt_lookup_min=1, prompt_lookup_max=2, num_speculative_tokens=2)
     with pytest.raises(ValueError):
         ngram_match_reference(ids, lengths, prompt_lookup_min=0, prompt_lookup_max=2, num_speculative_tokens=2)
+
+
+def test_one_compiled_variant_serves_every_request():
+    """On CUDA the kernels' compile-time constants depend on no context length, k or n range (so a new prompt length,
+    k or (prompt_lookup_min, max) never compiles a new variant), and every integer argument that changes per request
+    or step is excluded from Triton's integer specialisation (== 1, divisible by 16), which would otherwise compile a
+    variant per value class."""
+    from specviz.kernels import ngram_matcher as nm
+
+    cuda = torch.device("cuda")
+    constants = {tuple(sorted(nm.launch_constants(L, k, num_n, cuda).items()))
+                 for L in (1, 2, 15, 16, 17, 100, 1023, 1024, 1025, 5000, 70000) for k in range(0, 33)
+                 for num_n in range(1, nm.MAX_LOOKUP + 1)}
+    assert len(constants) == 1, constants
+    assert nm.launch_constants(100, 5, 4, torch.device("cpu"))["BLOCK_L"] == 128  # the interpreter's own choice
+    for kernel in (nm._ngram_first_end_kernel, nm._ngram_finalize_kernel):
+        ints = [p for p in kernel.params if not p.is_constexpr and not p.name.endswith("_ptr")]
+        assert ints and all(p.do_not_specialize for p in ints), [(p.name, p.do_not_specialize) for p in ints]

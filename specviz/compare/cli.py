@@ -82,6 +82,10 @@ def compare_main(args: Any) -> int:
         comparison = new_comparison(configs_from_args(args), prompts, _list(args.seeds, int, "--seeds"),
                                     args.max_new_tokens)
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype)
+        if getattr(args, "fp32_logits", False):
+            from specviz.precision import use_fp32_logits
+
+            use_fp32_logits(decoder)
         decoder.warm_up()
         total = len(comparison.configs) * len(comparison.prompts) * len(comparison.seeds)
         for n, r in enumerate(iter_comparison(decoder, comparison), 1):

@@ -6,12 +6,13 @@ step costs, and the losslessness check (greedy: equal outputs; T > 0: a chi-squa
 
 from __future__ import annotations
 
-import math
+import statistics
 from typing import Any, Sequence
 
 from specviz.speedup import spread
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, RunMetrics, Trace
 
+from .lossless import TIE_EXPLANATION, losslessness
 from .model import Comparison, RunResult
 
 
@@ -56,153 +57,54 @@ def time_split(m: RunMetrics) -> dict[str, float]:
     return {part: float(m.time_ms.get(part, 0.0)) / n for part in ("draft", "verify", "sample")}
 
 
-# ---- losslessness -------------------------------------------------------------------------
-MIN_SEEDS = 10  # runs per prompt and arm below which the T > 0 check says "not enough samples"
-MIN_EXPECTED = 5.0  # chi-square cells: tokens expected fewer times than this are merged (Cochran's rule)
-ALPHA = 0.01  # the T > 0 check flags a row when its Bonferroni-adjusted p-value is below this
-ENDED = -1  # the "token" of a run that stopped (EOS / max_new_tokens) before an output position
+# ---- one-time costs inside the timings ------------------------------------------------------
+SLOW_STEP_FACTOR = 10.0  # a step this many times the row's median step ...
+SLOW_STEP_MIN_MS = 20.0  # ... and this many ms above it is marked: a compile or capture nobody reported
 
 
-def losslessness(comparison: Comparison, config: int) -> dict[str, Any]:
-    """The row's losslessness check, against method none's runs of the same prompts and seeds.
-
-    Temperature 0: every run's output must equal method none's token for token ("equal" counts
-    runs). Temperature > 0: :func:`distribution_test` (a two-sample chi-square test per prompt and
-    output position of this row's tokens over the seeds against method none's, Bonferroni over the
-    positions tested). verify "synthetic" is not lossless by design; the test is still run and
-    reported. A passing test never proves losslessness: it finds biases large enough to show in the
-    seeds run.
-
-    Returns {"badge": short text, "detail": sentence, "ok": True/False/None (None: not checked),
-    "test": :func:`distribution_test`'s dict at T > 0, else absent}."""
-    cfg = comparison.configs[config]
-    if cfg.method == "none":
-        return {"badge": "baseline", "detail": "method none is the reference", "ok": None}
-    base = comparison.baseline_of(config)
-    pairs = [(r, comparison.find(base, r.prompt, r.seed)) for r in comparison.runs_of(config)] if base is not None else []
-    pairs = [(r, b) for r, b in pairs if b is not None]
-    synthetic = cfg.verify == "synthetic"
-    if not pairs:
-        if synthetic:
-            return {"badge": "not lossless (synthetic)", "detail": "synthetic verification forces acceptance rates; "
-                    "it is for speed studies and changes the output", "ok": False}
-        return {"badge": "not checked", "detail": "no method-none run of the same prompts and seeds", "ok": None}
-    if cfg.temperature == 0:
-        out = _equality_check(pairs)
-    else:
-        out = _distribution_badge(distribution_test(pairs))
-    if synthetic:
-        out = {**out, "ok": False, "badge": f"not lossless (synthetic) · {out['badge']}",
-               "detail": "synthetic verification forces acceptance rates (speed studies only). " + out["detail"]}
-    return out
+CELL_TIPS = {  # what a table cell holding the key means (the app's hover on the badge and the timing mark)
+    "near-tie": "≈: the outputs differ only where the target's two best tokens are a near-tie. " + TIE_EXPLANATION,
+    "✗ differs": "✗: a run's output differs from method none's where rounding cannot explain it (float32, a gap "
+                 "above 4 ulps of the 16-bit dtype, or a token that was not the target's argmax): a bug to look for",
+    "⚠ capture": "a timed step captured a CUDA graph or compiled a kernel (its seconds are kept out of the step "
+                 "times; the comparison's warm-up did not reach that shape)",
+    "slow step": "a timed step took over 10x the row's median step: a one-time cost nobody reported (a compile, a "
+                 "capture); it is inside the times and the speedup",
+}
 
 
-def _equality_check(pairs: list[tuple[RunResult, RunResult]]) -> dict[str, Any]:
-    bad = [(r, _first_difference(r.trace.output_token_ids, b.trace.output_token_ids)) for r, b in pairs]
-    bad = [(r, i) for r, i in bad if i is not None]
-    if not bad:
-        return {"badge": f"✓ equal ({len(pairs)}/{len(pairs)})",
-                "detail": f"output equals method none's token for token in all {len(pairs)} runs", "ok": True}
-    r, i = bad[0]
-    return {"badge": f"✗ differs ({len(bad)}/{len(pairs)})",
-            "detail": f"{len(bad)} of {len(pairs)} runs differ from method none (first: prompt {r.prompt + 1}, "
-                      f"seed {r.seed}, at output token {i + 1})", "ok": False}
+def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
+    """Does a row's timing contain a one-time cost? Two signs, read from its runs' steps:
 
+    * capture: steps whose ``timings_ms["capture"]`` is set: the runners, verifier or proposer reported capturing a
+      CUDA graph or compiling a kernel (:mod:`specviz.timing`); the engine kept those seconds out of the step times,
+      but the first use fell inside a timed run (the comparison's warm-up did not cover it);
+    * slow steps: a step whose draft + verify + sample time is over SLOW_STEP_FACTOR times the row's median step
+      and SLOW_STEP_MIN_MS above it: a one-time cost nobody reported (an unreported compile, a capture), which IS in
+      the step times and the speedup.
 
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def distribution_test(pairs: Sequence[tuple[RunResult, RunResult]]) -> dict[str, Any]:
-    """Is this configuration's output distributed as method none's? ``pairs``: (run, method none's run
-    of the same prompt and seed).
-
-    Lossless verification makes the whole output sequence follow the target, so at every output
-    position j the token (or "ended": the run stopped before j) has the same distribution under both
-    methods. Per prompt with at least MIN_SEEDS seeds and per position j, the 2 x C table of counts
-    (this row's runs, method none's runs) x (tokens seen at j) goes to scipy.stats.chi2_contingency
-    (Pearson's chi-square test of homogeneity, no continuity correction); tokens expected fewer than
-    MIN_EXPECTED times in a cell are merged into one column (folded into the smallest column if still too
-    rare); positions left with one column carry no evidence and are not tested. The smallest p-value
-    times the number of tables tested (Bonferroni, valid although positions of one run are dependent) is
-    the row's p-value. The two arms are different runs, so they are independent samples; seeds shared
-    between the arms do not make them paired.
-
-    Returns {"status": "tested" | "not enough samples", "p": adjusted p-value or None, "min_p",
-    "where": (prompt, position) of min_p (1-based position), "tables": tables tested, "prompts": prompts
-    tested, "seeds": smallest seed count over tested prompts, "max_seeds": largest over all prompts}."""
-    from scipy.stats import chi2_contingency
-
-    by_prompt: dict[int, list[tuple[RunResult, RunResult]]] = {}
-    for r, b in pairs:
-        by_prompt.setdefault(r.prompt, []).append((r, b))
-    results, tested_prompts, seeds = [], 0, []
-    for prompt, group in sorted(by_prompt.items()):
-        if len(group) < MIN_SEEDS:
-            continue
-        ours = [r.trace.output_token_ids for r, _ in group]
-        theirs = [b.trace.output_token_ids for _, b in group]
-        tables = 0
-        for j in range(max(len(t) for t in ours + theirs)):
-            table = _homogeneity_table([_at(t, j) for t in ours], [_at(t, j) for t in theirs])
-            if table is None:
-                continue
-            stat = chi2_contingency(table, correction=False)
-            results.append((float(stat.pvalue), prompt, j + 1))
-            tables += 1
-        tested_prompts += 1
-        seeds.append(len(group))
-    max_seeds = max((len(g) for g in by_prompt.values()), default=0)
-    if not results:
-        return {"status": "not enough samples", "p": None, "min_p": None, "where": None, "tables": 0,
-                "prompts": tested_prompts, "seeds": min(seeds, default=max_seeds), "max_seeds": max_seeds}
-    min_p, prompt, pos = min(results)
-    return {"status": "tested", "p": min(1.0, min_p * len(results)), "min_p": min_p, "where": (prompt + 1, pos),
-            "tables": len(results), "prompts": tested_prompts, "seeds": min(seeds), "max_seeds": max_seeds}
-
-
-def _at(tokens: list[int], j: int) -> int:
-    return tokens[j] if j < len(tokens) else ENDED
-
-
-def _homogeneity_table(a: list[int], b: list[int]) -> list[list[int]] | None:
-    """2 x C counts of ``a`` and ``b`` over their tokens, rare tokens merged so every expected cell
-    count is >= MIN_EXPECTED; None when fewer than 2 columns remain (nothing to compare)."""
-    n = len(a) + len(b)
-    need = MIN_EXPECTED * n / min(len(a), len(b))  # a column total giving expected >= MIN_EXPECTED in both rows
-    tokens = sorted(set(a) | set(b), key=lambda t: -(a.count(t) + b.count(t)))
-    cols = [[a.count(t), b.count(t)] for t in tokens]
-    keep = [c for c in cols if sum(c) >= need]
-    rest = [sum(c[0] for c in cols if sum(c) < need), sum(c[1] for c in cols if sum(c) < need)]
-    if sum(rest) >= need:
-        keep.append(rest)
-    elif sum(rest) and keep:
-        keep[-1] = [keep[-1][0] + rest[0], keep[-1][1] + rest[1]]
-    if len(keep) < 2:
-        return None
-    return [[c[0] for c in keep], [c[1] for c in keep]]
-
-
-def _distribution_badge(test: dict[str, Any]) -> dict[str, Any]:
-    if test["status"] != "tested":
-        seeds = test["max_seeds"]
-        why = (f"{seeds} seed(s) per prompt; the test needs at least {MIN_SEEDS}" if seeds < MIN_SEEDS else
-               f"at no output position did two tokens (or a token and an early stop) each occur often enough "
-               f"(expected >= {MIN_EXPECTED:g} times) over the {seeds} seeds")
-        return {"badge": f"not enough samples ({seeds} seeds; run ≥ {MIN_SEEDS})" if seeds < MIN_SEEDS
-                else "not enough samples", "detail": f"distribution check not run: {why}", "ok": None, "test": test}
-    ok = test["p"] >= ALPHA
-    prompt, pos = test["where"]
-    detail = (f"two-sample chi-square test of the output token at each position against method none's, over "
-              f"{test['seeds']} seeds x {test['prompts']} prompt(s): {test['tables']} (prompt, position) tables "
-              f"tested, smallest p = {test['min_p']:.3g} (prompt {prompt}, output token {pos}), "
-              f"Bonferroni-adjusted p = {test['p']:.3g} ({'below' if not ok else 'not below'} {ALPHA:g}). "
-              f"A pass does not prove losslessness: it finds biases large enough to show in {test['seeds']} seeds")
-    return {"badge": f"{'≈' if ok else '✗'} χ² per position p={test['p']:.2g} ({test['seeds']} seeds)",
-            "detail": detail, "ok": ok, "test": test}
+    Returns {"capture_ms", "capture_steps", "slow_steps": [(prompt, seed, step, ms)], "mark": "" or a short mark for
+    the time-split cell, "detail": a sentence ("" when clean)}."""
+    steps = [(r, st, sum(st.timings_ms.get(b, 0.0) for b in ("draft", "verify", "sample")))
+             for r in runs for st in r.trace.steps]
+    captured = [(r, st) for r, st, _ in steps if st.timings_ms.get("capture", 0.0) > 0]
+    capture_ms = sum(st.timings_ms["capture"] for _, st in captured)
+    median = statistics.median([ms for _, _, ms in steps]) if steps else 0.0
+    slow = [(r.prompt + 1, r.seed, st.index, ms) for r, st, ms in steps
+            if ms > SLOW_STEP_FACTOR * median and ms > median + SLOW_STEP_MIN_MS]
+    marks, details = [], []
+    if captured:
+        marks.append("⚠ capture")
+        details.append(f"{len(captured)} step(s) captured CUDA graphs or compiled a kernel ({capture_ms:.0f} ms, kept "
+                       "out of the step times: the first use was not warmed)")
+    if slow:
+        p, seed, i, ms = max(slow, key=lambda t: t[3])
+        marks.append(f"⚠ {len(slow)} slow step(s)")
+        details.append(f"{len(slow)} step(s) took over {SLOW_STEP_FACTOR:g}x the row's median step of {median:.2f} ms "
+                       f"(slowest: prompt {p}, seed {seed}, step {i}, {ms:.0f} ms): likely a one-time cost that no one "
+                       "reported, and it is in the step times and the speedup")
+    return {"capture_ms": capture_ms, "capture_steps": len(captured), "slow_steps": slow, "mark": " ".join(marks),
+            "detail": "; ".join(details)}
 
 
 # ---- the table ----------------------------------------------------------------------------
@@ -240,7 +142,8 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     speedup_spread (:func:`specviz.speedup.spread` of :func:`run_ratios`: median, low, high, n, noisy; None
     without a baseline),
     predicted_speedup (:func:`predicted_speedup`; None for a tree: its model is a chain's), ms_per_step {draft, verify, sample},
-    step_cost (ms per step / method none's ms per step), lossless (:func:`losslessness`)."""
+    step_cost (ms per step / method none's ms per step), timing (:func:`timing_check`: one-time costs inside the
+    timed runs), lossless (:func:`~specviz.compare.lossless.losslessness`)."""
     cfg = comparison.configs[config]
     runs = comparison.runs_of(config)
     m = pooled_metrics([r.trace for r in runs], cfg.num_speculative_tokens)
@@ -274,6 +177,7 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "predicted_speedup": predicted_speedup(m, base_ms) if cfg.method != "none" and not cfg.is_tree else None,
         "ms_per_step": split,
         "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
+        "timing": timing_check(runs),
         "lossless": losslessness(comparison, config),
     }
 
@@ -287,7 +191,7 @@ CSV_COLUMNS = ("label", "method", "k", "tree", "verify", "temperature", "runs", 
                "mean_acceptance_length", "draft_coverage", "draft_acceptance_rate", "conditional_acceptance",
                "tokens_per_s", "e2e_tokens_per_s", "speedup", "speedup_low", "speedup_high", "speedup_n",
                "predicted_speedup", "draft_ms_per_step",
-               "verify_ms_per_step", "sample_ms_per_step", "lossless")
+               "verify_ms_per_step", "sample_ms_per_step", "timing_mark", "lossless")
 
 
 def _csv_cell(row: dict[str, Any], col: str) -> Any:
@@ -298,6 +202,8 @@ def _csv_cell(row: dict[str, Any], col: str) -> Any:
         return f"{row['ms_per_step'][col.split('_')[0]]:.3f}"
     if col == "lossless":
         return row["lossless"]["badge"]
+    if col == "timing_mark":
+        return row["timing"]["mark"]
     if col in ("speedup_low", "speedup_high", "speedup_n"):  # the per-(prompt, seed) ratios' spread
         value = (row.get("speedup_spread") or {}).get(col.split("_")[1])
         return f"{value:.6g}" if isinstance(value, float) else ("" if value is None else value)

@@ -64,13 +64,14 @@ def _sampler_configs():
 
 
 def _ngram_configs():
-    const = dict(MIN_N=2, MAX_N=5, BLOCK_L=1024)
-    sig = {"tok_ptr": "*i64", "len_ptr": "*i64", "part_ptr": "*i32", "tok_stride": "i32", "NUM_CHUNKS": "i32"}
+    const = dict(BLOCK_L=ngram_matcher.CUDA_BLOCK_L)
+    ints = {"MIN_N": "i32", "MAX_N": "i32"}
+    sig = {"tok_ptr": "*i64", "len_ptr": "*i64", "part_ptr": "*i32", "tok_stride": "i32", "NUM_CHUNKS": "i32", **ints}
     yield ngram_matcher._ngram_first_end_kernel, {**sig, **{k: "constexpr" for k in const}}, const, {"num_warps": 4}, "i64"
-    const_f = dict(MIN_N=2, MAX_N=5, CHUNKS_P2=8, N_P2=4, K_P2=8)
+    const_f = dict(CHUNK_BLOCK=ngram_matcher.CHUNK_BLOCK, N_P2=ngram_matcher.MAX_LOOKUP, K_P2=ngram_matcher.MAX_DRAFT)
     sig_f = {
         "tok_ptr": "*i64", "len_ptr": "*i64", "part_ptr": "*i32", "draft_ptr": "*i64", "num_draft_ptr": "*i64",
-        "ngram_len_ptr": "*i64", "pos_ptr": "*i64", "tok_stride": "i32", "NUM_CHUNKS": "i32", "K": "i32",
+        "ngram_len_ptr": "*i64", "pos_ptr": "*i64", "tok_stride": "i32", "NUM_CHUNKS": "i32", "K": "i32", **ints,
     }  # fmt: skip
     yield ngram_matcher._ngram_finalize_kernel, {**sig_f, **{k: "constexpr" for k in const_f}}, const_f, {"num_warps": 1}, "i64"
 

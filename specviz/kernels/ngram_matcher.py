@@ -14,15 +14,24 @@ positions e computes, for every n at once, whether "the last n tokens match back
 * ``_ngram_first_end_kernel``, grid (B, cdiv(L, BLOCK_L)): per (row, chunk of end positions),
   the smallest matching e per n in the chunk (or a sentinel) into a partial buffer
   [B, num_chunks, N]. No atomics, so results are deterministic.
-* ``_ngram_finalize_kernel``, grid (B,): min over chunks, pick the longest n with a match,
-  write the start position, n and the draft (gathered from the context, -1 padded).
+* ``_ngram_finalize_kernel``, grid (B,): min over chunks (a loop over blocks of chunks), pick the
+  longest n with a match, write the start position, n and the draft (gathered from the context,
+  -1 padded).
 
-Limits: prompt_lookup_max is a compile-time constant (each distinct value compiles a kernel);
-contexts up to 2**31 - 1 tokens. Tested on: the CPU interpreter (TRITON_INTERPRET=1), sm_90
-compilation on CPU, and an NVIDIA H200 (equality tests and timings: results/kernels/README.md).
+Compiled once per device and token dtype: every per-request or per-step value (the context's
+length and row stride, the number of chunks, k, prompt_lookup_min / max) is a runtime argument
+excluded from Triton's integer specialisation (``do_not_specialize``: Triton otherwise compiles a
+variant per value == 1 and per divisibility by 16), and the compile-time block sizes do not depend
+on them (:func:`launch_constants`): on CUDA BLOCK_L is fixed, the n and draft lanes are padded to
+:data:`MAX_LOOKUP` and :data:`MAX_DRAFT`. The first launch of each variant is timed and added to
+:data:`compile_seconds` (the proposer reports it as its one-time ``capture_s``). Contexts up to
+2**31 - 1 tokens. Tested on: the CPU interpreter (TRITON_INTERPRET=1), sm_90 compilation on CPU,
+and an NVIDIA H200 (equality tests and timings: results/kernels/README.md).
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import triton
@@ -31,17 +40,24 @@ import triton.language as tl
 from specviz.methods.ngram.match import NgramMatch, check_ngram_args
 
 _NO_MATCH = tl.constexpr(2**31 - 1)  # sentinel "no end position" (int32 max)
+MAX_LOOKUP = 8  # n-gram lengths per lookup (max - min + 1) covered by one compiled variant; more get a wider one
+MAX_DRAFT = 32  # draft lanes (k) covered by one compiled variant (the engine's MAX_SPECULATIVE_TOKENS)
+CUDA_BLOCK_L = 1024  # end positions per program on a GPU, whatever the context's length
+CHUNK_BLOCK = 16  # chunks reduced per iteration of the finalize kernel's loop
+_RUNTIME_INTS = ["tok_stride", "NUM_CHUNKS", "K", "MIN_N", "MAX_N"]  # names absent from a kernel are ignored
+compile_seconds = 0.0  # seconds spent in first launches (compilation) so far, this process
+_launched: set[tuple] = set()  # (device, dtypes, constants) launched at least once
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _ngram_first_end_kernel(
     tok_ptr,  # int32/int64 [B, L] contexts
     len_ptr,  # int [B] valid lengths
-    part_ptr,  # int32 [B, NUM_CHUNKS, NUM_N] out: earliest matching end position per n
+    part_ptr,  # int32 [B, NUM_CHUNKS, MAX_N - MIN_N + 1] out: earliest matching end position per n
     tok_stride,  # row stride of tok (elements)
     NUM_CHUNKS,  # cdiv(L, BLOCK_L)
-    MIN_N: tl.constexpr,
-    MAX_N: tl.constexpr,
+    MIN_N,  # prompt_lookup_min
+    MAX_N,  # prompt_lookup_max
     BLOCK_L: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -51,7 +67,7 @@ def _ngram_first_end_kernel(
     e = c * BLOCK_L + tl.arange(0, BLOCK_L)  # [BLOCK_L] candidate end positions
     alive = e <= length - 2  # an occurrence must end before the last token
     out = part_ptr + (b * NUM_CHUNKS + c) * (MAX_N - MIN_N + 1)
-    for j in tl.static_range(MAX_N):
+    for j in range(0, MAX_N):
         suffix_pos = length - 1 - j
         s_tok = tl.load(row + tl.maximum(suffix_pos, 0))  # scalar ctx[len - 1 - j]
         alive = alive & (e - j >= 0) & (suffix_pos >= 0)
@@ -62,7 +78,7 @@ def _ngram_first_end_kernel(
             tl.store(out + (j + 1 - MIN_N), first)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_RUNTIME_INTS)
 def _ngram_finalize_kernel(
     tok_ptr,  # int32/int64 [B, L]
     len_ptr,  # int [B]
@@ -74,21 +90,23 @@ def _ngram_finalize_kernel(
     tok_stride,
     NUM_CHUNKS,
     K,  # num_speculative_tokens
-    MIN_N: tl.constexpr,
-    MAX_N: tl.constexpr,
-    CHUNKS_P2: tl.constexpr,  # next_power_of_2(NUM_CHUNKS)
-    N_P2: tl.constexpr,  # next_power_of_2(MAX_N - MIN_N + 1)
-    K_P2: tl.constexpr,  # next_power_of_2(max(K, 1))
+    MIN_N,
+    MAX_N,
+    CHUNK_BLOCK: tl.constexpr,  # chunks per loop iteration
+    N_P2: tl.constexpr,  # >= MAX_N - MIN_N + 1, a power of 2
+    K_P2: tl.constexpr,  # >= K, a power of 2
 ):
-    NUM_N: tl.constexpr = MAX_N - MIN_N + 1
+    NUM_N = MAX_N - MIN_N + 1
     b = tl.program_id(0)
     length = tl.load(len_ptr + b).to(tl.int32)
-    ch = tl.arange(0, CHUNKS_P2)[:, None]  # [CHUNKS_P2, 1]
     nn = tl.arange(0, N_P2)[None, :]  # [1, N_P2]
-    part = tl.load(
-        part_ptr + (b * NUM_CHUNKS + ch) * NUM_N + nn, mask=(ch < NUM_CHUNKS) & (nn < NUM_N), other=_NO_MATCH
-    )
-    first_end = tl.min(part, axis=0)  # [N_P2] earliest end per n
+    first_end = tl.full([N_P2], _NO_MATCH, tl.int32)  # earliest end per n, over the chunks seen so far
+    for c0 in range(0, NUM_CHUNKS, CHUNK_BLOCK):
+        ch = c0 + tl.arange(0, CHUNK_BLOCK)[:, None]  # [CHUNK_BLOCK, 1]
+        part = tl.load(
+            part_ptr + (b * NUM_CHUNKS + ch) * NUM_N + nn, mask=(ch < NUM_CHUNKS) & (nn < NUM_N), other=_NO_MATCH
+        )
+        first_end = tl.minimum(first_end, tl.min(part, axis=0))
     n_idx = tl.arange(0, N_P2)
     best = tl.max(tl.where(first_end != _NO_MATCH, n_idx, -1), axis=0)  # longest n with a match
     matched = best >= 0
@@ -105,11 +123,14 @@ def _ngram_finalize_kernel(
     tl.store(draft_ptr + b * K + t, tok, mask=t < K)
 
 
-def _block_l(L: int, device: torch.device) -> int:
-    """Chunk of end positions per program: big in the interpreter (its cost grows with programs),
-    1024 on a GPU."""
-    cap = 1024 if device.type == "cuda" else 8192
-    return max(16, min(cap, triton.next_power_of_2(max(L, 1))))
+def launch_constants(L: int, k: int, num_n: int, device: torch.device) -> dict[str, int]:
+    """The compile-time constants of both kernels for a context of L tokens, k drafts and ``num_n`` n-gram lengths:
+    {"BLOCK_L", "N_P2", "K_P2"}. On CUDA they depend on none of these while k <= MAX_DRAFT and num_n <= MAX_LOOKUP,
+    so one compiled variant serves every request and step. The interpreter (no compilation) takes one block of
+    end positions up to 8192 instead: its cost grows with the number of programs."""
+    block_l = CUDA_BLOCK_L if device.type == "cuda" else max(16, min(8192, triton.next_power_of_2(max(L, 1))))
+    return {"BLOCK_L": block_l, "N_P2": max(MAX_LOOKUP, triton.next_power_of_2(num_n)),
+            "K_P2": max(MAX_DRAFT, triton.next_power_of_2(max(k, 1)))}
 
 
 def ngram_match_triton(
@@ -145,20 +166,29 @@ def ngram_match_triton(
     device = token_ids.device
     lengths = lengths.to(device).contiguous()
     num_n = prompt_lookup_max - prompt_lookup_min + 1
-    block_l = _block_l(L, device)
-    num_chunks = triton.cdiv(max(L, 1), block_l)
+    const = launch_constants(L, k, num_n, device)
+    num_chunks = triton.cdiv(max(L, 1), const["BLOCK_L"])
     part = torch.empty(B, num_chunks, num_n, dtype=torch.int32, device=device)
     draft = torch.empty(B, k, dtype=torch.int64, device=device)
     num_draft, ngram_len, pos = (torch.empty(B, dtype=torch.int64, device=device) for _ in range(3))
     if B == 0:
         return NgramMatch(draft, num_draft, ngram_len, pos)
+    key = (str(device), token_ids.dtype, lengths.dtype, tuple(const.values()))
+    first = device.type == "cuda" and key not in _launched
+    if first:  # a compile: timed (with the waits a one-time cost may have) and reported, never in a step's time
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+    stride, n_range = token_ids.stride(0), (prompt_lookup_min, prompt_lookup_max)
     _ngram_first_end_kernel[(B, num_chunks)](
-        token_ids, lengths, part, token_ids.stride(0), num_chunks,
-        MIN_N=prompt_lookup_min, MAX_N=prompt_lookup_max, BLOCK_L=block_l, num_warps=4,
+        token_ids, lengths, part, stride, num_chunks, *n_range, BLOCK_L=const["BLOCK_L"], num_warps=4,
     )  # fmt: skip
     _ngram_finalize_kernel[(B,)](
-        token_ids, lengths, part, draft, num_draft, ngram_len, pos, token_ids.stride(0), num_chunks, k,
-        MIN_N=prompt_lookup_min, MAX_N=prompt_lookup_max, CHUNKS_P2=triton.next_power_of_2(num_chunks),
-        N_P2=triton.next_power_of_2(num_n), K_P2=triton.next_power_of_2(max(k, 1)), num_warps=1,
+        token_ids, lengths, part, draft, num_draft, ngram_len, pos, stride, num_chunks, k, *n_range,
+        CHUNK_BLOCK=CHUNK_BLOCK, N_P2=const["N_P2"], K_P2=const["K_P2"], num_warps=1,
     )  # fmt: skip
+    if first:
+        global compile_seconds
+        torch.cuda.synchronize(device)
+        compile_seconds += time.perf_counter() - t0
+        _launched.add(key)
     return NgramMatch(draft, num_draft, ngram_len, pos)

@@ -56,6 +56,7 @@ class Recorder:
                 timings_ms={"draft": draft.draft_ms, "verify": verified.verify_ms, "sample": verified.sample_ms,
                             **({"capture": verified.capture_ms} if verified.capture_ms else {})},
                 sampler_backend=rec.get("backend", "reference"),
+                logit_top2=rec.get("logit_top2", [])[:len(e.token_ids)],  # the rows of what the stop kept
                 **self._tree_fields(rec, row),
             )
         )

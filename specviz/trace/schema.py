@@ -52,7 +52,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .validate import (BLOCK_SCHEMA, METRICS_SCHEMA, TOP_PAIR, TraceFormatError, check, check_int_list, check_list,
+from .validate import (BLOCK_SCHEMA, METRICS_SCHEMA, TOP2_ROW, TOP_PAIR, TraceFormatError, check, check_int_list, check_list,
                        check_obj, config_schema, load_json_capped, match_schema, take)
 
 TRACE_VERSION = 2  # 2: steps have tree nodes; version-1 traces load (chain nodes built from positions)
@@ -138,7 +138,10 @@ class Step:
     """One verification step (one target forward over the k'+1 verify positions, or 1 + N tree rows).
 
     For a tree step ``draft_token_ids`` / ``positions`` are the row (accepted path + the last
-    rejected child), ``nodes`` the whole tree (module docstring)."""
+    rejected child), ``nodes`` the whole tree (module docstring). ``logit_top2``: per committed token, the
+    target's two largest logits where it was decided, [top-1 id, logit, top-2 id, logit] (the model's own
+    rounding; empty when not recorded: a brief trace, or one written before it existed); the losslessness
+    check reads it (:mod:`specviz.compare.lossless`)."""
 
     index: int
     proposer: str
@@ -154,6 +157,7 @@ class Step:
     nodes: list[TreeNode] = field(default_factory=list)
     accepted_path: list[int] = field(default_factory=list)
     tree_rule: str = "chain"
+    logit_top2: list[list[float]] = field(default_factory=list)
 
     @property
     def num_drafted(self) -> int:
@@ -279,6 +283,7 @@ def _step_from_dict(data: Any, i: int, version: int = TRACE_VERSION) -> Step:
         if kw.get(name) is not None:
             check(kw[name], schema, f"{where}.{name}")
     check(kw["emitted"].top, [TOP_PAIR], f"{where}.emitted.top")
+    check(kw.get("logit_top2", []), [TOP2_ROW], f"{where}.logit_top2")
     for j, pos in enumerate(kw["positions"]):
         for name in ("p_top", "q_top", "residual_top"):
             check(getattr(pos, name), [TOP_PAIR], f"{where}.positions[{j}].{name}")

@@ -89,6 +89,8 @@ class _Pred:
 
 TOP_PAIR = _Pred(lambda v: isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_num(v[1]),
                  "a [token_id, prob] pair")
+TOP2_ROW = _Pred(lambda v: isinstance(v, list) and len(v) == 4 and _is_int(v[0]) and _is_num(v[1]) and _is_int(v[2])
+                 and _is_num(v[3]), "a [top-1 id, logit, top-2 id, logit] row")
 BASE_MATCH_SCHEMA = {  # keys any method's step details may carry; a method's own are its ``details_schema``
     "kind": str, "backend": str, "greedy": bool,
     # draft trees: EAGLE-2 and static trees, ranked n-gram / suffix trees (specviz/ranked_tree.py)

@@ -52,7 +52,10 @@ def _table(rows: list[dict[str, Any]], convention: str):
     frame = pd.DataFrame(vc.table_rows(rows, convention), columns=vc.table_columns(convention))
     decimals = {c: "{:.1f}" if c == "tokens/s" else "{:.2f}" for c in frame.columns
                 if c not in ("configuration", "runs") and frame[c].dtype.kind == "f"}
-    return frame.style.format(na_rep="").format(decimals, na_rep="")
+    colors = [vc.badge_color(row["lossless"]) for row in rows]  # the badge: red ✗, grey near-tie
+    badge = frame.columns[-1]
+    return frame.style.format(na_rep="").format(decimals, na_rep="").apply(
+        lambda col: [f"color: {c}" if c else "" for c in colors], subset=[badge])
 
 
 def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = None, position: int = 1,

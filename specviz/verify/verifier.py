@@ -13,7 +13,8 @@ import torch
 
 from specviz.graphs import CapturedGraphs, replay
 from specviz.proposer import Draft
-from specviz.record import host_record, tree_record
+from specviz.record import host_record, logit_top2_rows, queue_logit_top2, tree_record
+from specviz.transfer import HostCopy
 
 from .chain import ChainVerification, PendingDetail, QueuedChain, _Graphs
 from .spec import VerifySpec, graph_key
@@ -55,14 +56,20 @@ class QueuedStep:
     draft: Draft
     chain: QueuedChain | None = None
     tree: QueuedTreeStep | None = None
+    top2: HostCopy | None = None  # the forward's top-2 logits per row (:func:`specviz.record.queue_logit_top2`)
 
     def result(self) -> Verified:
         if self.chain is not None:
-            return _chain_verified(self.spec, self.chain)
-        return _tree_verified(self.spec, self.draft, self.tree)
+            return _chain_verified(self.spec, self.chain, self.top2)
+        return _tree_verified(self.spec, self.draft, self.tree, self.top2)
 
 
-def _chain_verified(spec: VerifySpec, queued: QueuedChain) -> Verified:
+def _with_top2(record: dict[str, Any], top2: HostCopy | None, rows: list[int]) -> dict[str, Any]:
+    """``record`` with ``logit_top2`` (the top-2 logits of the rows that decided its tokens) when recorded."""
+    return record if top2 is None else {**record, "logit_top2": logit_top2_rows(top2, rows)}
+
+
+def _chain_verified(spec: VerifySpec, queued: QueuedChain, top2: HostCopy | None = None) -> Verified:
     core = queued.core()
     draft_ids = [int(t) for t in core["draft"]]
     while draft_ids and draft_ids[-1] == -1:  # padding past k' (the sampler's k' is its first -1)
@@ -72,20 +79,22 @@ def _chain_verified(spec: VerifySpec, queued: QueuedChain) -> Verified:
 
     def record() -> dict[str, Any]:
         if queued.detail is not None:
-            return host_record({**core, **queued.detail.result()}, draft_ids, spec.verify, queued.backend)
+            rec = host_record({**core, **queued.detail.result()}, draft_ids, spec.verify, queued.backend)
+            return _with_top2(rec, top2, list(range(acc + 1)))  # row j decided output token j of the step
         return brief_record(emitted, acc, len(draft_ids))
 
     return Verified(emitted, acc, draft_ids, draft_ids, queued.next_input, None, None, record)
 
 
-def _tree_verified(spec: VerifySpec, draft: Draft, queued: QueuedTreeStep) -> Verified:
+def _tree_verified(spec: VerifySpec, draft: Draft, queued: QueuedTreeStep, top2: HostCopy | None = None) -> Verified:
     parents = list(draft.parents)  # a device-drafted tree's host copy: read now, after the queue
     out = queued.verify.finish(parents)  # the step's one wait, then the walk
     acc = len(out.path)
     emitted = list(out.output_token_ids)
 
     def record() -> dict[str, Any]:
-        return tree_record(out, out.token_ids, parents, draft.scores, draft.tree_rule, spec.verify, queued.detail)
+        rec = tree_record(out, out.token_ids, parents, draft.scores, draft.tree_rule, spec.verify, queued.detail)
+        return _with_top2(rec, top2, [0] + [c + 1 for c in out.path])  # the root's row, then each accepted node's
 
     return Verified(emitted, acc, emitted[:acc], list(out.token_ids), queued.next_input.clone(), queued.kept_rows,
                     list(out.path), record)
@@ -128,11 +137,13 @@ class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
               generator: torch.Generator | None) -> QueuedStep:
         """Queue one step's verification right behind its target forward. logits: [k'+1, V] (a chain) or [1 + N, V]
         (a tree, row 0 the root); q: [k', V] / [N, V] or None (one-hot drafts); x: int64 [k'] / [N] on the device.
+        A detailed spec also records the forward's top-2 logits per row (the record's ``logit_top2``).
         Raises ValueError as the sampler or :func:`~specviz.verify.tree.tree_rule_for` do."""
+        top2 = queue_logit_top2(logits) if spec.detailed else None
         if draft.is_chain:
-            return QueuedStep(spec, draft, chain=self.queue_chain(spec, logits, q, x, generator))
+            return QueuedStep(spec, draft, chain=self.queue_chain(spec, logits, q, x, generator), top2=top2)
         return QueuedStep(spec, draft, tree=self.queue_tree(spec, logits, q, x, draft.forward_parents,
-                                                            draft.tree_rule, generator))
+                                                            draft.tree_rule, generator), top2=top2)
 
     def _before_replay(self) -> torch.cuda.Stream:
         """Before any replay (returns the current stream): the previous step's detail is read out of its pinned

@@ -24,6 +24,7 @@ TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "cove
                  "speedup", "speedup range (n)", "speedup (model)", "ms/step: draft / verify / sample",
                  "c_i (Wilson 95%, n), i = 1..k", "lossless")
 AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the convention switch
+TIME_COLUMN = TABLE_COLUMNS.index("ms/step: draft / verify / sample")  # ends with the row's timing mark, if any
 # each header word fits its column at 1280 px (12 px monospace, app.css): "runs", "coverage", "speedup" unbroken
 COLUMN_WIDTHS = ("11%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "13%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
@@ -45,10 +46,14 @@ COLUMN_FORMULAS = {
     "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
                        "g = coverage, a = accepted / verified positions; a chain's model: empty for a tree",
     "ms/step: draft / verify / sample": "milliseconds per verification step: drafting (the proposer's propose and "
-                                        "observe), the target's verify forward, sampler + record",
+                                        "observe), the target's verify forward, sampler + record; ⚠ capture: a "
+                                        "timed step captured a graph or compiled a kernel (kept out of the times), "
+                                        "⚠ slow step: a step over 10x the median (a one-time cost in the times)",
     "c_i (Wilson 95%, n), i = 1..k": "c_i = accepted at position i / steps that verified position i "
                                      "(= P(accept i | accepted 1..i-1)), Wilson 95 % interval, n = steps that verified i",
-    "lossless": "T = 0: output = method none's token for token (runs equal / runs). T > 0: chi-square test per "
+    "lossless": "T = 0: output = method none's token for token (runs equal / runs); ≈ near-tie: the only "
+                "difference is two tokens whose logits lie within 4 ulps of the 16-bit dtype (rounding, not a bug). "
+                "T > 0: chi-square test per "
                 "output position of the tokens over the seeds against method none's, Bonferroni-adjusted p "
                 "(needs ≥ 10 seeds)",
 }
@@ -75,7 +80,11 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
   **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
   ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
   costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
-- **lossless**: at temperature 0, output = method none's token for token (runs equal / runs). At T > 0, per prompt
+- **lossless**: at temperature 0, output = method none's token for token (runs equal / runs). Where a run differs,
+  the target's top-2 logits both runs recorded at the first difference decide: two tokens within 4 ulps of the 16-bit
+  dtype swapped (a verify forward of k + 1 rows and a 1-row forward sum in different orders) reads "≈ equal: bf16
+  near-tie at token i (gap here / in method none)" in grey; anything else, and any difference in float32, is ✗ in red.
+  At T > 0, per prompt
   and output position, a chi-square test that the row's tokens over the seeds follow the same distribution as method
   none's (runs that stopped count as one more outcome; rare tokens merged), the smallest p-value times the number of
   positions tested (Bonferroni); ✗ below 0.01. It needs at least 10 seeds ("not enough samples" otherwise), finds
@@ -120,9 +129,24 @@ def table_rows(rows: list[dict[str, Any]], convention: str = "vllm") -> list[lis
         out.append([row["label"], row["runs"], r(row["tokens_per_target_forward"]), r(row["acceptance_length"][convention]),
                     r(row["draft_coverage"]), r(row["draft_acceptance_rate"]), r(row["tokens_per_s"], 1),
                     r(row["speedup"]), _spread(row.get("speedup_spread")), r(row["predicted_speedup"]),
-                    f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample']:.1f}", _conditional(row),
+                    f"{ms['draft']:.1f} / {ms['verify']:.1f} / {ms['sample']:.1f}" + _timing_mark(row), _conditional(row),
                     row["lossless"]["badge"]])
     return out
+
+
+def _timing_mark(row: dict[str, Any]) -> str:
+    """" ⚠ capture" / " ⚠ 2 slow step(s)" after the time split when the row's timed runs held a one-time cost
+    (:func:`specviz.compare.stats.timing_check`), else ""."""
+    mark = (row.get("timing") or {}).get("mark", "")
+    return f" {mark}" if mark else ""
+
+
+def badge_color(lossless: dict[str, Any]) -> str:
+    """The losslessness badge's text colour: red for a failed check (✗, synthetic), grey for a 16-bit near-tie
+    (numerics, not a bug), "" (the table's own) otherwise."""
+    if lossless.get("ok") is False:
+        return "#c0392b"
+    return "#6b7280" if lossless.get("near_tie") else ""
 
 
 def _spread(s: dict[str, Any] | None) -> str | None:
@@ -141,7 +165,10 @@ def table_html(rows: list[dict[str, Any]], convention: str = "vllm") -> str:
                    f"{html.escape(c)}</th>" for c in table_columns(convention))
     body = ""
     for row, cells in zip(rows, table_rows(rows, convention)):
-        tds = "".join(f"<td style='padding:4px 8px'>{html.escape('—' if v is None else str(v))}</td>" for v in cells)
+        color, timing = badge_color(row["lossless"]), (row.get("timing") or {}).get("detail", "")
+        tds = "".join(f"<td style='padding:4px 8px{f';color:{color}' if j == len(cells) - 1 and color else ''}'"
+                      f"{f' title={html.escape(timing, quote=True)!r}' if j == TIME_COLUMN and timing else ''}>"
+                      f"{html.escape('—' if v is None else str(v))}</td>" for j, v in enumerate(cells))
         body += f"<tr title='{html.escape(row['lossless']['detail'])}'>{tds}</tr>"
     return f"<table style='border-collapse:collapse;font-size:13px'><tr>{head}</tr>{body}</table>"
 

@@ -95,6 +95,17 @@ class NgramGPUProposer(NoFeedback):
         self._late: tuple[dict, torch.Tensor, object, list[int]] | None = None  # pad=True: details to fill in observe
         self.reset()
 
+    @property
+    def capture_s(self) -> float:
+        """Seconds the Triton matcher spent compiling in this process (its first launch per device and dtype;
+        :data:`specviz.kernels.ngram_matcher.compile_seconds`): a one-time cost the engine keeps out of step times,
+        as it does CUDA-graph capture (:mod:`specviz.timing`). 0 for the reference backend."""
+        if self.backend != "triton":
+            return 0.0
+        from specviz.kernels import ngram_matcher
+
+        return ngram_matcher.compile_seconds
+
     def reset(self) -> None:
         """Forget the request's context (the device buffer is kept for reuse)."""
         self._late = None
@@ -152,7 +163,7 @@ class NgramGPUProposer(NoFeedback):
         head = torch.cat([m.num_draft, m.ngram_len, m.match_position])  # [3] on the device
         if self.pad:  # k' stays on the device; the details are read in observe, after the step's wait
             details = {"kind": "ngram_gpu", "backend": self.backend}
-            self._late = (details, *_queued_to_host(head), [int(t) for t in token_ids])
+            self._late = (details, *_queued_to_host(head), self._host)  # _context's list of the ids: not copied again
             return Draft(token_ids=m.draft_token_ids[0], probs=None, details=details)  # [k], -1 past k'
         n_draft, n, pos = (int(v) for v in head.tolist())  # the one device-to-host copy
         details = self._details(list(token_ids), n, pos)
