@@ -25,6 +25,10 @@
 #   smol_env   export PYTHONPATH=/root/gpu-site in a later call of the same warm machine
 #   tests_models  the model-family, MoE-capture and SmolLM2 GPU tests (tests/test_families.py, test_smollm2.py)
 #   smollm2  scripts/smollm2_speedup.py on CUDA: none / ngram / suffix, the app's speedup measurement, to $OUT/smollm2
+#   ngram    benchmarks/bench_ngram_gpu.py --warm-up: ngram_gpu's draft ms per step over prompt lengths, against ngram
+#   badge    specviz compare, every method at k = 5, greedy, 3 bundled prompts x 128 tokens, bf16 (the losslessness
+#            badge, the timing marks, ngram_gpu beside ngram), to $OUT/badge
+#   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP / T_BENCH (timeouts, s), K (pytest -k for tests),
 #   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz (logs-2.tgz, ... for later calls in one command); results under $OUT.
 set -uo pipefail
@@ -93,6 +97,18 @@ for stage in "$@"; do
     timeout ${T_SMOL:-400} python3 scripts/smollm2_speedup.py --device cuda --out "$OUT/smollm2/smollm2_h200" \
       --commit "$COMMIT" > "$L/smollm2.log" 2>&1
     echo "[smollm2] exit $?"; cat "$OUT/smollm2/smollm2_h200.md" 2>/dev/null || tail -n 30 "$L/smollm2.log" ;;
+  ngram)
+    timeout ${T_NGRAM:-240} python3 benchmarks/bench_ngram_gpu.py --warm-up --out "$OUT/bench_ngram_gpu.json" \
+      > "$L/ngram.log" 2>&1
+    echo "[ngram] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/ngram.log" | tail -40 ;;
+  badge)
+    timeout ${T_BADGE:-300} python3 -m specviz compare --device cuda -k 5 --verify greedy --max-new-tokens 128 \
+      --methods "${METHODS:-ngram,ngram_gpu,suffix,draft_model,eagle,eagle3,medusa,mtp,dflash}" \
+      --prompt-set "${BADGE_PROMPTS:-repetitive code}" --out "$OUT/badge" > "$L/badge.log" 2>&1
+    echo "[badge] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/badge.log" | tail -40 ;;
+  ready)
+    timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" > "$L/ready.log" 2>&1
+    echo "[ready] exit $?"; grep -vE "app_log_tail" "$L/ready.log" | head -40 ;;
   *) echo "unknown stage $stage" ;;
   esac
 done
