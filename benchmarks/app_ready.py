@@ -51,6 +51,12 @@ def _first_example_request() -> tuple:
                       max_new_tokens=st.get("max_new_tokens", 96), compare=True, options=options).values()
 
 
+def _warm_line(client) -> str:
+    """The line under the header (its first output; the second is the poll timer's update)."""
+    out = client.predict(api_name="/warm_up_status")
+    return str(out[0] if isinstance(out, (list, tuple)) else out)
+
+
 def _run(client, args: tuple) -> dict:
     from load_app import exported
 
@@ -87,13 +93,13 @@ def main() -> None:
         _wait_for_server(url, proc, a.timeout)
         res["server_up_s"] = round(time.time() - t0, 1)
         client = Client(url, verbose=False)
-        res["warm_up_line_at_server_up"] = str(client.predict(api_name="/warm_up_status"))[:300]
+        res["warm_up_line_at_server_up"] = _warm_line(client)[:300]
         request = _first_example_request()
         res["first_run"] = _run(client, request)
         res["first_run_done_s"] = round(time.time() - t0, 1)
         end, line = time.time() + a.timeout, ""
         while time.time() < end:
-            line = str(client.predict(api_name="/warm_up_status"))
+            line = _warm_line(client)
             if line.startswith(("warmed up", "warm-up failed")) or not line.strip():
                 break
             time.sleep(1.0)
