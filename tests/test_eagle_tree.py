@@ -283,23 +283,25 @@ def test_every_tree_node_has_its_text(decoders):
     assert not missing
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize("runner", ["eager", "static"])
-def test_bundled_eagle3_tree_on_gpu_equals_plain_greedy(runner):
-    """The bundled target and EAGLE-3 head on CUDA (fp32): the EAGLE-2 tree's output equals plain
-    greedy decoding (as the chain's), and the tree steps accepted something."""
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bundled_eagle3_tree_equals_plain_greedy(device, runner):
+    """The bundled target and EAGLE-3 head (fp32): the EAGLE-2 tree's output equals plain greedy decoding (as
+    the chain's) over all 48 tokens (the prompt ends mid-statement, so the target does not stop at once), and
+    the tree steps accepted drafts."""
     from specviz import SpecDecoder
 
-    dec = SpecDecoder.from_pretrained(device="cuda", dtype="float32", runner=runner)
-    prompt = "class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n"
+    dec = SpecDecoder.from_pretrained(device=device, dtype="float32", runner=runner)
+    prompt = "class LlamaMLP(nn.Module):\n    def __init__(self, config):\n        super().__init__()\n        self."
     plain = dec.generate(prompt, method="none", max_new_tokens=48)
     chain = dec.generate(prompt, method="eagle3", num_speculative_tokens=6, max_new_tokens=48)
     tree = dec.generate(prompt, method="eagle3", num_speculative_tokens=6, max_new_tokens=48, eagle_tree_top_k=4,
                         eagle_tree_depth=5, eagle_tree_total_tokens=24)
+    assert len(plain.output_token_ids) == 48  # a comparison over every token, not a first-token EOS
     assert tree.output_token_ids == plain.output_token_ids == chain.output_token_ids
     assert any(len(st.nodes) > max(n.depth for n in st.nodes) for st in tree.steps if st.nodes)  # branching trees
-    assert tree.metrics["num_accepted_tokens"] > 0
-    if runner == "static":  # each tree was one CUDA graph of the pooled static head runner (K, levels, N), none failed
+    assert tree.metrics["num_accepted_tokens"] >= len(tree.steps)  # at least one accepted draft per step on average
+    if runner == "static" and device == "cuda":  # each tree: one CUDA graph of the pooled static head runner
         head_runner, = dec.pool.free(("head", id(dec.heads["eagle3"])))
         drafts = {key: g for key, g in head_runner.graphs.items() if key[0] == "eagle2"}
         assert ("eagle2", 4, 5, 24) in drafts and all(g is not None for g in drafts.values()), drafts
