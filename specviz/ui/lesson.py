@@ -5,7 +5,9 @@ existing views.
 
 Events (api names, besides ``lesson_reset`` when a run or upload ends the lesson): ``lesson_start``, ``lesson_next``, ``lesson_back``, ``lesson_goto`` (a step
 index), ``lesson_play`` (toggles Play), ``lesson_tick`` (Play's timer: the next chapter, pausing at
-the last), ``lesson_brief`` (the "brief" box: steps after the first two in one chapter each). Keyboard while
+the last), ``lesson_brief`` (the "brief" box: steps after the first two in one chapter each; ticked from the start
+in the presentation layout), ``lesson_every`` (the "every position" box: greedy verification's accepted positions a
+chapter each instead of one chapter per step for them). Keyboard while
 a lesson runs: right arrow = Next, left arrow = Back, space = Play/Pause (ignored while typing in a field;
 "jump to step" + Enter gives the focus back to the page, so the arrows move the lesson again). The
 presentation layout (large type, Run and the chapter above
@@ -32,18 +34,21 @@ IDLE = ("<div class='sv-lesson-idle'{present}>Lesson mode: after a run (or an up
 NO_TRACE = "<div class='sv-lesson-idle'>There is no run to explain yet: press Run (or upload a trace), then Lesson.</div>"
 
 
-def new_lesson(full_steps: int | None = None) -> dict[str, Any]:
-    """A lesson's session state: the chapter shown (-1: none), whether Play is on, and how many steps are told
-    in full (None: all; the "brief" box sets :data:`~specviz.viz.lesson.BRIEF_FULL_STEPS`)."""
-    return {"index": -1, "playing": False, "full_steps": full_steps}
+def new_lesson(full_steps: int | None = None, every_position: bool = False) -> dict[str, Any]:
+    """A lesson's session state: the chapter shown (-1: none), whether Play is on, how many steps are told
+    in full (None: all; the "brief" box sets :data:`~specviz.viz.lesson.BRIEF_FULL_STEPS`) and whether greedy
+    verification's accepted positions get a chapter each (the "every position" box)."""
+    return {"index": -1, "playing": False, "full_steps": full_steps, "every_position": every_position}
 
 
 def _chapters(trace: Trace, lesson: dict[str, Any] | None) -> list:
-    return lesson_chapters(trace, (lesson or {}).get("full_steps"))
+    lesson = lesson or {}
+    return lesson_chapters(trace, lesson.get("full_steps"), bool(lesson.get("every_position")))
 
 
 def lesson_panel(present: bool = False) -> dict[str, Any]:
-    """The lesson bar and chapter panel (call inside the Blocks, where it should appear)."""
+    """The lesson bar and chapter panel (call inside the Blocks, where it should appear); ``present``: the
+    presentation layout, where the lesson is brief from the start."""
     c: dict[str, Any] = {}
     with gr.Group(elem_id="sv-lesson"):
         with gr.Row(elem_id="sv-lesson-bar", equal_height=True):
@@ -53,12 +58,14 @@ def lesson_panel(present: bool = False) -> dict[str, Any]:
             c["next"] = gr.Button("Next ▶", elem_id="sv-lesson-next", scale=0, min_width=110)
             c["goto"] = gr.Number(None, label="jump to step", precision=0, minimum=0, elem_id="sv-lesson-goto", scale=0,
                                   min_width=120)
-            c["brief"] = gr.Checkbox(False, label=f"brief: after step {BRIEF_FULL_STEPS - 1}, one chapter a step",
+            c["brief"] = gr.Checkbox(present, label=f"brief: after step {BRIEF_FULL_STEPS - 1}, one chapter a step",
                                      elem_id="sv-lesson-brief", scale=0, min_width=180)
+            c["every"] = gr.Checkbox(False, label="every position: a chapter per accepted greedy token",
+                                     elem_id="sv-lesson-every", scale=0, min_width=180)
         c["text"] = gr.HTML(IDLE.format(present=" data-present='1'" if present else ""), elem_id="sv-lesson-text",
                             js_on_load=LESSON_JS)
     c["timer"] = gr.Timer(PLAY_SECONDS, active=False)
-    c["state"] = gr.State(new_lesson())
+    c["state"] = gr.State(new_lesson(BRIEF_FULL_STEPS if present else None))
     return c
 
 
@@ -137,12 +144,12 @@ def lesson_tick(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
     return (*out, gr.skip(), gr.skip())
 
 
-def lesson_brief(state: dict[str, Any] | None, lesson: dict[str, Any] | None, brief: Any) -> tuple[Any, ...]:
-    """The "brief" box: tell only the first BRIEF_FULL_STEPS steps in full, every later one in one chapter. A lesson
-    being shown stays where it was in the new form (the first chapter of the step it was on; the introduction and
-    the closing statistics stay themselves); otherwise only the setting is kept."""
+def _reform(state: dict[str, Any] | None, lesson: dict[str, Any] | None, **setting: Any) -> tuple[Any, ...]:
+    """The lesson with ``setting`` changed (keys of :func:`new_lesson`). A lesson being shown stays where it was in the
+    new form (the first chapter of the step it was on; the introduction and the closing statistics stay themselves);
+    otherwise only the setting is kept."""
     old = {**new_lesson(), **(lesson or {})}
-    lesson = {**old, "full_steps": BRIEF_FULL_STEPS if brief else None}
+    lesson = {**old, **setting}
     trace = _trace_of(state)
     if lesson["index"] < 0 or trace is None or not trace.steps:
         return (gr.skip(), lesson, *([gr.skip()] * 7))
@@ -155,11 +162,23 @@ def lesson_brief(state: dict[str, Any] | None, lesson: dict[str, Any] | None, br
     return _show(trace, lesson, index)
 
 
+def lesson_brief(state: dict[str, Any] | None, lesson: dict[str, Any] | None, brief: Any) -> tuple[Any, ...]:
+    """The "brief" box: tell only the first BRIEF_FULL_STEPS steps in full, every later one in one chapter
+    (:func:`_reform`)."""
+    return _reform(state, lesson, full_steps=BRIEF_FULL_STEPS if brief else None)
+
+
+def lesson_every(state: dict[str, Any] | None, lesson: dict[str, Any] | None, every: Any) -> tuple[Any, ...]:
+    """The "every position" box: greedy verification's accepted positions a chapter each (:func:`_reform`)."""
+    return _reform(state, lesson, every_position=bool(every))
+
+
 def lesson_reset(lesson: dict[str, Any] | None) -> tuple[Any, ...]:
-    """A new run or upload ends the lesson: (idle panel, lesson state, timer off, Play button); the brief setting
-    stays."""
-    return (IDLE.format(present=""), new_lesson((lesson or {}).get("full_steps")), gr.Timer(active=False),
-            gr.Button("Play"))
+    """A new run or upload ends the lesson: (idle panel, lesson state, timer off, Play button); the brief and every
+    position settings stay."""
+    lesson = lesson or {}
+    return (IDLE.format(present=""), new_lesson(lesson.get("full_steps"), bool(lesson.get("every_position"))),
+            gr.Timer(active=False), gr.Button("Play"))
 
 
 def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any], resets: list[Any] = ()) -> None:
@@ -174,6 +193,7 @@ def wire_lesson(c: dict[str, Any], state: gr.State, views: dict[str, Any], reset
     c["back"].click(lesson_back, [state, c["state"]], outs, api_name="lesson_back", **common)
     c["goto"].submit(lesson_goto, [state, c["state"], c["goto"]], outs, api_name="lesson_goto", **common)
     c["brief"].change(lesson_brief, [state, c["state"], c["brief"]], outs, api_name="lesson_brief", **common)
+    c["every"].change(lesson_every, [state, c["state"], c["every"]], outs, api_name="lesson_every", **common)
     c["play"].click(lesson_play, [c["state"]], [c["timer"], c["play"], c["state"]], api_name="lesson_play")
     if resets:
         gr.on(list(resets), lesson_reset, [c["state"]], [c["text"], c["state"], c["timer"], c["play"]],

@@ -16,6 +16,17 @@ const params = new URLSearchParams(window.location.search);
 if (['1', 'true', 'yes'].includes(params.get('present')) || element.querySelector('[data-present="1"]')) {
   document.body.classList.add('sv-present');
 }
+// ?present=1: the lesson is brief from the start, as with app.py --present (whose box is ticked by the server); ticked
+// by a click once the page has settled, so that the box's change event tells the server (the reader may untick it)
+if (['1', 'true', 'yes'].includes(params.get('present')) && !window.svBriefTicked) {
+  window.svBriefTicked = true;
+  const tick = (tries) => {
+    const box = document.querySelector('#sv-lesson-brief input[type=checkbox]');
+    if (box && document.readyState === 'complete') { if (!box.checked) box.click(); return; }
+    if (tries > 0) setTimeout(() => tick(tries - 1), 250);
+  };
+  setTimeout(() => tick(40), 500);
+}
 const svFocus = () => {
   const ch = element.querySelector('.sv-chapter');
   document.body.classList.toggle('sv-lesson-on', !!ch);

@@ -162,11 +162,14 @@ def rates_markdown(rates: list[Rate]) -> str:
 
 def rates_html(rates: list[Rate]) -> str:
     """The rate set as HTML, each line "name = formula = numbers = value": the headline first, in
-    larger type, the others as a list beneath (fixed strings and numbers only, escaped)."""
+    larger type, the others as a list beneath (fixed strings and numbers only, escaped). The formula in words and
+    the note are spans of their own (classes sv-rates-formula, sv-rates-note), which the presentation layout's
+    lesson leaves out (assets/css/lesson.css)."""
     def line(r: Rate) -> str:
         if r.value is None:
             return f"{html.escape(r.name)}: not applicable (no drafts)"
-        return (f"{html.escape(r.name)} = {html.escape(r.formula)} = {html.escape(r.numbers)} = <b>{r.value:.2f}</b>"
+        return (f"{html.escape(r.name)} = <span class='sv-rates-formula'>{html.escape(r.formula)} = </span>"
+                f"{html.escape(r.numbers)} = <b>{r.value:.2f}</b>"
                 f" <span class='sv-rates-note'>({html.escape(r.note)})</span>")
 
     head, *rest = rates
@@ -187,7 +190,9 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
     trace = as_trace(trace)
     m = metrics_of(trace)
     k = len(m["acceptance_histogram"]) - 1
-    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.1, subplot_titles=(
+    # the columns as far apart as PRESENT_FIT's: the time panel's bar names sit between them, at up to 1.45x size in
+    # the presentation layout
+    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.18, subplot_titles=(
         "accepted draft tokens per step (histogram)", "acceptance rate by draft position",
         "tokens per drafting step vs acceptance rate a", "time split (ms)"))
     fig.add_trace(go.Bar(x=list(range(k + 1)), y=m["acceptance_histogram"], marker_color="#16a34a",
@@ -240,10 +245,14 @@ def _theory_panel(fig: go.Figure, trace: Trace, m: dict[str, Any], k: int) -> No
 
 def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | None) -> None:
     meas = (baseline or {}).get("measurement")
-    bars = [(f"this run ({run['method']})", run)] + ([("method none", baseline)] if baseline else [])
+    # the bars are named by their method only (the names stand between the columns); the title says what was timed
+    own = run["method"] if run["method"] != "none" else "this run"  # two bars named alike would share a row
+    bars = [(own, run)] + ([("none", baseline)] if baseline else [])
+    title = "time split (ms): this run" + (" and method none" if baseline else "")
     if meas:  # equal workloads: the segments measured side by side
-        bars = [(f"{run['method']}, {meas['n']} segments", meas["method_summary"]),
-                (f"none, {meas['n']} segments", baseline)]
+        bars = [(own, meas["method_summary"]), ("none", baseline)]
+        title = f"time split (ms) of {meas['n']} segments each"
+    fig.layout.annotations[3].text = title
     last = list(TIME_COLOURS)[-1]
     for part, colour in TIME_COLOURS.items():
         totals = [f"{sum(b['time_ms'].values()):.0f} ms" if part == last else "" for _, b in bars]
