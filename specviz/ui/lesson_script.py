@@ -192,9 +192,16 @@ const svStatsFit = (L) => {
 const svFit = (view) => {
   svCaptions();
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
+    const stats = gd.layout && svStatsFit(gd.layout);
     const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1) ||
-                            svStatsFit(gd.layout));
-    if (window.Plotly && t) { window.Plotly.relayout(gd, t); continue; }
+                            stats);
+    if (window.Plotly && t) {
+      window.Plotly.relayout(gd, t);
+      // the compact rows have no room for the star's label above it (it ran into the panel's title)
+      const f = stats && gd.layout.meta.stats_fit, star = f ? (gd.data || []).findIndex((d) => d.meta === f.unlabel) : -1;
+      if (star >= 0) window.Plotly.restyle(gd, {mode: 'markers'}, [star]);
+      continue;
+    }
     const h = gd.layout && gd.layout.height;
     if (window.Plotly && h && svFitHeight(h) < h) window.Plotly.relayout(gd, {height: svFitHeight(h)});
   }
