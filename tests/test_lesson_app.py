@@ -8,7 +8,6 @@ on the 2-core CPU (each chapter is a server round trip and a redraw, about 1 s t
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -317,7 +316,7 @@ def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_
     # the server told the lesson briefly (steps after the first two in one chapter each): unticking gives more chapters
     steps = {c["step"] for c in seen if c["step"]}
     if len(steps) > 2:
-        page.get_by_label(re.compile("^brief")).uncheck()
+        page.locator("#sv-lesson-brief input").uncheck()
         page.wait_for_function(f"Number(document.querySelector('.sv-chapter').dataset.count) > {len(seen)}",
                                timeout=20_000)
     # the residual figure, legend included, fits the 1280x720 viewport below the chapter panel

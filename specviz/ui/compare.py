@@ -87,8 +87,10 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                 u["verify"] = gr.CheckboxGroup(list(VERIFY_CHOICES), value=["auto"],
                                                label="verification (auto = greedy at T = 0, else standard)")
                 u["trees"] = gr.Textbox("", label="draft trees beside the chains (';'-separated, optional)",
-                                        placeholder="4,5,24; 4,6,32", elem_id="sv-compare-trees",
-                                        info=f"EAGLE-2 top_k,depth,total_tokens ({', '.join(registry.taking('dynamic'))}) "
+                                        # a grey example in the box read like a value: the box says it is empty
+                                        placeholder="empty: chains only", elem_id="sv-compare-trees",
+                                        info=f"e.g. 4,5,24; 4,6,32 · "
+                                             f"EAGLE-2 top_k,depth,total_tokens ({', '.join(registry.taking('dynamic'))}) "
                                              f"· a static tree [(0,), (1,), (0, 0)] ({', '.join(registry.taking('static'))}) "
                                              f"· branches per node, e.g. 2 ({', '.join(registry.taking('branches'))}); "
                                              "each runs for the chosen methods that take it, at k = its depth")
