@@ -24,7 +24,7 @@ from specviz.viz import compare as vc
 from .cache import DecoderCache
 
 from .compare_config import MAX_NEW_TOKENS, PRESETS, VERIFY_CHOICES, apply_preset, methods, prompt_choices
-from .compare_handlers import (OUTPUT_NAMES, CompareHandlers, convention_choices, convention_view, export,
+from .compare_handlers import (OUTPUT_NAMES, TABLE_DATATYPES, CompareHandlers, convention_choices, convention_view, export,
                                import_comparison, open_run, pick_cell, view)
 
 PICK_CELL_JS = """
@@ -113,6 +113,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                         "AL − 1. Hover the AL header for the full definition.",
                                    elem_id="sv-compare-convention")
         u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=1000,
+                                  datatype=TABLE_DATATYPES,
                                   column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table",
                                   label="one row per configuration, pooled over prompts and seeds (hover a header for its formula, "
                                         "click it to sort)")

@@ -25,7 +25,8 @@ TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "cove
                  "c_i (Wilson 95%, n), i = 1..k", "lossless")
 AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the convention switch
 # each header word fits its column at 1280 px (12 px monospace, app.css): "runs", "coverage", "speedup" unbroken
-COLUMN_WIDTHS = ("11%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "13%", "8%")
+# (the app's c_i cell holds the rates only, intervals in its hover: the room goes to the configuration's name)
+COLUMN_WIDTHS = ("14%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "10%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
 COLUMN_FORMULAS = {
     "configuration": "method [draft tree] k=num_speculative_tokens verification T=temperature (a tree's k: the most "
@@ -94,6 +95,21 @@ def _conditional(row: dict[str, Any]) -> str:
 
     return " · ".join(f"{p(c['rate'])} ({p(c['low'])}-{p(c['high'])}, n{c['n']})" if c["rate"] is not None
                       else "— (n0)" for c in row["conditional"]) or "—"
+
+
+def conditional_compact(row: dict[str, Any]) -> str:
+    """c_1 … c_k as their rates only, ``.92 .85 .70`` (— for a position no step verified): one short line per
+    configuration on a projector; :func:`conditional_cell` puts the intervals and n in its hover."""
+    def p(x: float) -> str:
+        return f"{x:.2f}".lstrip("0") if x < 1 else "1"
+
+    return " ".join(p(c["rate"]) if c["rate"] is not None else "—" for c in row["conditional"]) or "—"
+
+
+def conditional_cell(row: dict[str, Any]) -> str:
+    """The app table's c_i cell (HTML): :func:`conditional_compact`, with the rates' Wilson 95 % intervals and n
+    (the report's form) as its hover."""
+    return f"<span title='{html.escape(_conditional(row))}'>{html.escape(conditional_compact(row))}</span>"
 
 
 def table_columns(convention: str = "vllm") -> list[str]:
@@ -273,7 +289,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         v = 0 if tree else variants[rs[0]["method"]]
         line = {"color": colour, "dash": VARIANT_DASHES[v % len(VARIANT_DASHES)]}
         # a white outline: markers drawn at one place stay told apart
-        marker = {"symbol": symbol, "size": 10, "color": colour, "line": {"width": 1, "color": "#ffffff"}}
+        marker = {"symbol": symbol, "size": 11, "color": colour, "line": {"width": 1, "color": "#ffffff"}}
         ks = [r["k"] for r in rs]
         if tree:  # a tree: a hollow symbol per k (one per tree of the method), no line to the chain's
             marker = {"symbol": symbol, "size": 12, "color": colour, "line": {"width": 2}}
