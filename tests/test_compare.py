@@ -175,6 +175,21 @@ def test_same_draft_rules_on_a_hand_built_one_hot_step():
     assert rules["block"] == [3]  # the last pass wins: a later pass overrides an earlier fail
 
 
+def test_the_same_draft_figure_says_it_is_one_run_and_why_block_may_equal_standard():
+    """A lecturer read "block = standard on all 17 steps" against the table's block AL 2.81 vs standard 2.40 as a
+    contradiction. The figure's title names the one run (its seed) it replays, and the note beside it says why block
+    equals standard at steps where p >= q and that its gain is on average, over the table's many runs."""
+    from specviz.viz.compare import RULES_VS_TABLE, rules_figure
+
+    pos = [_pos(0.9, 1.0, 0.5, [[6, 0.9]]), _pos(0.3, 1.0, 0.5, [[2, 0.6]]), _pos(0.8, 1.0, 0.1, [[8, 0.8]])]
+    t = _trace([_step(0, [6, 7, 8], 1, [6, 2], positions=pos)], temperature=1.0, verify="standard")
+    t.config["seed"] = 7
+    title = rules_figure(t).layout.title.text
+    assert title.startswith("one run's drafts and uniforms") and "seed 7" in title
+    for words in ("*one* recorded run", "mean over its prompts and seeds", "P_i = 1 and h_i = 1", "on average*"):
+        assert words in RULES_VS_TABLE, words
+
+
 @pytest.mark.parametrize("method,verify", [("draft_model", "standard"), ("draft_model", "block"), ("ngram", "standard"),
                                            ("ngram", "block"), ("draft_model", "greedy")])
 def test_same_draft_replay_reproduces_the_engines_own_decisions(decoders, method, verify):

@@ -133,6 +133,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                     "standard and block verification step by step (each step keeps the recorded context: a replay "
                     "of one draft stream, not three decodes). Taken from the first run at T > 0 verified with block "
                     "(whose h is recorded) or standard; greedy runs record no uniforms.", elem_classes="sv-explain")
+        gr.Markdown(vc.RULES_VS_TABLE, elem_id="sv-compare-rules-note")
         u["rules"] = gr.Plot(elem_id="sv-compare-rules", show_label=False)
         gr.Markdown("### k sweep")
         u["ksweep"] = gr.Plot(elem_id="sv-compare-ksweep", show_label=False)

@@ -163,6 +163,16 @@ def table_html(rows: list[dict[str, Any]], convention: str = "vllm") -> str:
 
 
 # ---- the same draft, every rule ------------------------------------------------------------
+# why block can equal standard at every step here while the table gives block the higher mean acceptance length
+# (docs/design/algorithms.md, block verification; Sun et al. 2024; vLLM PR 46781); shown beside the figure
+RULES_VS_TABLE = (
+    "**Reading it beside the table.** This figure is *one* recorded run (one prompt, one seed: one draw at T > 0) "
+    "decided again by each rule with the *same* uniforms; the table's block and standard rows are separate decodes, "
+    "each the mean over its prompts and seeds. Block verification accepts at least as many tokens as standard *on "
+    "average* (E[accepted] ≥ standard), not at every step: while the drafts have p ≥ q, P_i = 1 and h_i = 1, so "
+    "block passes exactly where standard does, and block keeps more only at a step where a later position passes "
+    "η_i ≤ h_i after an earlier one failed (★ in the single-run grid). So a row of equal counts here and a higher "
+    "block AL in the table do not contradict each other; more seeds make the table's difference steadier.")
 def rules_figure(trace: Trace) -> go.Figure:
     """Rows greedy / standard / block, one column per drafting step of ``trace``: how many of the
     step's recorded draft tokens each rule accepts with the step's recorded uniforms
@@ -185,8 +195,9 @@ def rules_figure(trace: Trace) -> go.Figure:
                                hovertemplate="step %{x}: %{text} of the draft accepted<extra>%{y}</extra>"))
     cfg = trace.config
     fig.update_layout(height=260, margin={"l": 10, "r": 10, "t": 50, "b": 40}, plot_bgcolor="#f3f4f6",
-                      title={"text": f"the same drafts and uniforms ({cfg.get('method')} k={cfg.get('num_speculative_tokens')}, "
-                                     f"recorded with {cfg.get('verify')}, T={cfg.get('temperature')}): accepted per step",
+                      title={"text": f"one run's drafts and uniforms ({cfg.get('method')} k={cfg.get('num_speculative_tokens')}, "
+                                     f"recorded with {cfg.get('verify')}, T={cfg.get('temperature')}, seed "
+                                     f"{cfg.get('seed')}): accepted per step by each rule",
                              "font": {"size": 13}})
     fig.update_xaxes(title_text="drafting step", type="category")
     fig.update_yaxes(automargin=True, autorange="reversed")

@@ -171,6 +171,8 @@ def stats_chapter(trace: Trace) -> Chapter:
     if m["num_drafts"]:
         text += ("The first number is the gain that carries over to a large target on a GPU; the others say where it "
                  "came from.")
+        if float(trace.config.get("temperature") or 0) > 0:  # one draw: a neighbouring run may read quite another
+            text += f" One run at T = {trace.config.get('temperature')}: another seed gives other numbers."
     else:
         text += "Nothing was drafted, so there is no acceptance to measure."
     return Chapter("stats", "The run's statistics", text, None, None, "stats")
