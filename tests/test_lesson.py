@@ -72,8 +72,8 @@ def test_standard_test_and_residual_texts_carry_the_trace_numbers(traces):
     assert f"p({y}) = {fmt_prob(st.emitted.p)}" in out.text and f"Z = Σ max(p − q, 0) = {fmt_prob(pos.residual_mass)}" in out.text
     assert out.focus == "residual" and out.position == st.num_accepted + 1
     stats = plain(chapters[-1].text)
-    assert "One run at T = 1.0: another seed gives other numbers." in stats  # one draw, said where it is read
-    assert "One run at T" not in plain(lesson_chapters(traces["dm_greedy"])[-1].text)
+    assert "(one run at T = 1.0: another seed gives other numbers)" in stats  # one draw, said where it is read
+    assert "one run at T" not in plain(lesson_chapters(traces["dm_greedy"])[-1].text)
     m = trace.metrics
     assert f"1 + {m['num_accepted_tokens']} / {m['num_drafts']} = {m['mean_acceptance_length']:.2f}" in stats
     assert f"{m['num_accepted_tokens']} / {m['num_draft_tokens']} = {m['draft_acceptance_rate']:.2f}" in stats

@@ -300,10 +300,10 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         v = 0 if tree else variants[rs[0]["method"]]
         line = {"color": colour, "dash": VARIANT_DASHES[v % len(VARIANT_DASHES)]}
         # a white outline: markers drawn at one place stay told apart
-        marker = {"symbol": symbol, "size": 11, "color": colour, "line": {"width": 1, "color": "#ffffff"}}
+        marker = {"symbol": symbol, "size": 13, "color": colour, "line": {"width": 1, "color": "#ffffff"}}
         ks = [r["k"] for r in rs]
         if tree:  # a tree: a hollow symbol per k (one per tree of the method), no line to the chain's
-            marker = {"symbol": symbol, "size": 12, "color": colour, "line": {"width": 2}}
+            marker = {"symbol": symbol, "size": 14, "color": colour, "line": {"width": 2}}
         mode = "markers" if tree else "lines+markers"
         # each configuration a little beside k (DODGE apart, centred on k): equal values (ngram and ngram_gpu
         # draft the same tokens) are drawn side by side, not on top of each other; the hover gives the real k

@@ -167,12 +167,14 @@ def commit_chapter(trace: Trace, st: Step) -> Chapter:
 # ---- the run ----------------------------------------------------------------------------------
 def stats_chapter(trace: Trace) -> Chapter:
     m = metrics_of(trace)
-    text = f"{m['num_generated_tokens']} tokens in {m['num_steps']} verification steps. " + rates_html(rate_set(trace))
+    t = float(trace.config.get("temperature") or 0)
+    # a run at T > 0 is one draw: a neighbouring run may read quite another set of numbers
+    draw = f" (one run at T = {trace.config.get('temperature')}: another seed gives other numbers)" if t > 0 else ""
+    text = (f"{m['num_generated_tokens']} tokens in {m['num_steps']} verification steps{draw}. "
+            + rates_html(rate_set(trace)))
     if m["num_drafts"]:
         text += ("The first number is the gain that carries over to a large target on a GPU; the others say where it "
                  "came from.")
-        if float(trace.config.get("temperature") or 0) > 0:  # one draw: a neighbouring run may read quite another
-            text += f" One run at T = {trace.config.get('temperature')}: another seed gives other numbers."
     else:
         text += "Nothing was drafted, so there is no acceptance to measure."
     return Chapter("stats", "The run's statistics", text, None, None, "stats")
