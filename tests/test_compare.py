@@ -175,6 +175,21 @@ def test_same_draft_rules_on_a_hand_built_one_hot_step():
     assert rules["block"] == [3]  # the last pass wins: a later pass overrides an earlier fail
 
 
+def test_the_same_draft_figure_says_it_is_one_run_and_why_block_may_equal_standard():
+    """A lecturer read "block = standard on all 17 steps" against the table's block AL 2.81 vs standard 2.40 as a
+    contradiction. The figure's title names the one run (its seed) it replays, and the note beside it says why block
+    equals standard at steps where p >= q and that its gain is on average, over the table's many runs."""
+    from specviz.viz.compare import RULES_VS_TABLE, rules_figure
+
+    pos = [_pos(0.9, 1.0, 0.5, [[6, 0.9]]), _pos(0.3, 1.0, 0.5, [[2, 0.6]]), _pos(0.8, 1.0, 0.1, [[8, 0.8]])]
+    t = _trace([_step(0, [6, 7, 8], 1, [6, 2], positions=pos)], temperature=1.0, verify="standard")
+    t.config["seed"] = 7
+    title = rules_figure(t).layout.title.text
+    assert title.startswith("one run's drafts and uniforms") and "seed 7" in title
+    for words in ("*one* recorded run", "mean over its prompts and seeds", "P_i = 1 and h_i = 1", "on average*"):
+        assert words in RULES_VS_TABLE, words
+
+
 @pytest.mark.parametrize("method,verify", [("draft_model", "standard"), ("draft_model", "block"), ("ngram", "standard"),
                                            ("ngram", "block"), ("draft_model", "greedy")])
 def test_same_draft_replay_reproduces_the_engines_own_decisions(decoders, method, verify):
@@ -368,10 +383,33 @@ def test_ksweep_gives_every_method_its_own_colour_and_marker():
         assert (d.line.color, d.marker.symbol) == METHOD_STYLE[d.name.split()[0]]
     alone = ksweep_figure([_ksweep_row("mtp", k) for k in (1, 3)])  # the same colour in a smaller sweep
     assert alone.data[0].line.color == METHOD_STYLE["mtp"][0]
-    # a second verification of the same method: same colour, another line dash
+    # a second verification of the same method: a shade of its colour, another marker and another line dash
     two = ksweep_figure([_ksweep_row("ngram", 2), _ksweep_row("ngram", 2, "standard", 0.8)])
     a, b = [d for d in two.data if d.showlegend is not False]
-    assert a.line.color == b.line.color and a.line.dash != b.line.dash
+    assert (a.line.color, a.marker.symbol) == METHOD_STYLE["ngram"]
+    assert b.line.color != a.line.color and b.marker.symbol != a.marker.symbol and a.line.dash != b.line.dash
+
+
+def test_ksweep_tells_every_configuration_apart():
+    """On a projector "draft_model standard" and "draft_model block" shared a purple triangle, and ngram and ngram_gpu
+    (the same drafts, the same numbers) sat on top of each other. Every configuration now has a colour and a marker
+    no other one has, and configurations with equal values are drawn side by side at each k (the hover keeps k)."""
+    from specviz.viz.compare import ksweep_figure
+
+    rows = [_ksweep_row(m, k, v, t) for m, v, t in (("draft_model", "standard", 0.8), ("draft_model", "block", 0.8),
+                                                    ("draft_model", "greedy", 0.0), ("ngram", "greedy", 0.0),
+                                                    ("ngram_gpu", "greedy", 0.0)) for k in (2, 4)]
+    fig = ksweep_figure(rows)
+    drawn = [d for d in fig.data if d.showlegend is not False]
+    assert len(drawn) == 5
+    assert len({d.marker.color for d in drawn}) == len({d.marker.symbol for d in drawn}) == 5, \
+        [(d.name, d.marker.color, d.marker.symbol) for d in drawn]
+    ngram, gpu = (next(d for d in drawn if d.name.startswith(m + " ")) for m in ("ngram", "ngram_gpu"))
+    assert list(ngram.y) == list(gpu.y)  # equal values ...
+    assert all(abs(a - b) >= 0.05 for a, b in zip(ngram.x, gpu.x))  # ... drawn apart
+    assert list(ngram.customdata) == [2, 4] and all(abs(x - k) < 0.5 for x, k in zip(ngram.x, (2, 4)))
+    speed = [d for d in fig.data if d.xaxis == "x2"]
+    assert {(d.marker.color, d.marker.symbol) for d in speed} == {(d.marker.color, d.marker.symbol) for d in drawn}
 
 
 def test_the_speedup_comes_with_its_per_run_spread():

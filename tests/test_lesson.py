@@ -48,6 +48,8 @@ def test_every_method_and_rule_gives_a_full_lesson(traces):
             tests = [c for c in chapters if c.step == st.index and c.kind == "test"]
             want = len(st.draft_token_ids) if trace.config["verify"] == "block" else min(st.num_accepted + 1,
                                                                                           len(st.draft_token_ids))
+            if trace.config["verify"] == "greedy" and st.num_accepted > 1:  # the accepted positions share a chapter
+                want -= st.num_accepted - 1
             assert len(tests) == want, (name, st.index)
         html = chapter_html(chapters, len(chapters) + 5)  # clamped to the last chapter
         assert f"data-index='{len(chapters) - 1}'" in html and "data-focus='sv-stats'" in html
@@ -70,6 +72,8 @@ def test_standard_test_and_residual_texts_carry_the_trace_numbers(traces):
     assert f"p({y}) = {fmt_prob(st.emitted.p)}" in out.text and f"Z = Σ max(p − q, 0) = {fmt_prob(pos.residual_mass)}" in out.text
     assert out.focus == "residual" and out.position == st.num_accepted + 1
     stats = plain(chapters[-1].text)
+    assert "(one run at T = 1.0: another seed gives other numbers)" in stats  # one draw, said where it is read
+    assert "one run at T" not in plain(lesson_chapters(traces["dm_greedy"])[-1].text)
     m = trace.metrics
     assert (f"1 + {m['num_accepted_tokens']} / {m['num_drafts']} = {m['num_drafting_step_tokens']} / {m['num_drafts']}"
             f" = {m['mean_acceptance_length']:.2f}") in stats
@@ -283,3 +287,49 @@ def test_forward_chapter_gives_the_runs_median_beside_one_steps_time(traces):
     times = [s.timings_ms["verify"] for s in tr.steps if s.timings_ms.get("verify")]
     assert f"This forward took {tr.steps[0].timings_ms['verify']:.1f} ms" in text
     assert f"the median over the run's {len(times)} steps is {statistics.median(times):.1f} ms" in text
+
+
+def _greedy_all_accepted(traces) -> Trace:
+    """The greedy n-gram run with every step's drafts accepted (the tiny random models seldom accept two in a row),
+    an accepted draft token = the target's argmax (p = 1 at T = 0)."""
+    import copy
+
+    trace = copy.deepcopy(traces["ngram_greedy"])
+    for st in trace.steps:
+        st.num_accepted = len(st.draft_token_ids)
+        for pos in st.positions:
+            pos.accepted, pos.p = True, 1.0
+    return trace
+
+
+def test_a_greedy_steps_accepted_positions_share_one_chapter_unless_every_position(traces):
+    """A chapter per accepted greedy position showed the same p = 1 / q = 1 bars again and again (a 22-step lecture
+    run: 126-164 chapters). They share one chapter, which highlights the step grid (the residual view has no residual
+    to show for greedy); every_position=True gives each its own chapter back."""
+    trace = _greedy_all_accepted(traces)
+    st = next(s for s in trace.steps if len(s.draft_token_ids) >= 2)
+    k = len(st.draft_token_ids)
+    folded = [c for c in lesson_chapters(trace) if c.step == st.index and c.kind == "test"]
+    assert len(folded) == 1, [c.title for c in folded]
+    c = folded[0]
+    assert c.focus == "grid" and c.position == k and f"positions 1–{k}" in c.title
+    assert "p = 1 at each" in c.text and all(quoted(trace, t) in c.text for t in st.draft_token_ids)
+    each = [c for c in lesson_chapters(trace, every_position=True) if c.step == st.index and c.kind == "test"]
+    assert [c.position for c in each] == list(range(1, k + 1))
+    assert len(lesson_chapters(trace, every_position=True)) > len(lesson_chapters(trace))
+    brief = lesson_chapters(trace, full_steps=1)  # the brief form folds the later steps whole, as before
+    assert [c.kind for c in brief if c.step == trace.steps[-1].index and c.kind != "intro"] == ["step"]
+
+
+def test_the_chapter_panel_names_the_view_it_highlights(traces):
+    """"highlighted: the residual view" only where a residual is drawn: greedy chapters (and a bonus token's) name the
+    p and q view; a standard run's recovered token names the residual view."""
+    for name in ("ngram_greedy", "dm_greedy"):
+        for n, c in enumerate(lesson_chapters(traces[name])):
+            shown = plain(chapter_html(lesson_chapters(traces[name]), n))
+            assert "residual view" not in shown, (name, c.title)
+            assert c.focus != "residual" or "highlighted: the p and q view" in shown, (name, c.title)
+    dm = traces["dm_standard"]
+    chapters = lesson_chapters(dm)
+    recovered = [n for n, c in enumerate(chapters) if c.kind == "outcome" and "recovered token" in c.title]
+    assert recovered and all("highlighted: the residual view" in chapter_html(chapters, n) for n in recovered)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from helpers import CHROMIUM, SHOTS, chromium, open_page, set_box
+from layout_checks import CLIPPED_JS, OVERLAPS_JS
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client import Client  # noqa: E402
@@ -68,6 +69,21 @@ def test_the_brief_box_shortens_the_lesson_where_it_is(app_url):
     again = client.predict(api_name="/lesson_start")
     assert count(again) == count(brief)
     assert count(client.predict(False, api_name="/lesson_brief")) == full
+
+
+def test_the_presentation_layout_starts_brief():
+    """app.py --present: the "brief" box ticked and the lesson state brief from the start (a lecture's lesson on a
+    22-step run was 126-164 chapters long); the normal layout starts in full."""
+    import gradio as gr
+
+    from specviz.ui.lesson import lesson_panel
+    from specviz.viz.lesson import BRIEF_FULL_STEPS
+
+    with gr.Blocks():
+        present, normal = lesson_panel(True), lesson_panel(False)
+    assert present["brief"].value is True and present["state"].value["full_steps"] == BRIEF_FULL_STEPS
+    assert normal["brief"].value is False and normal["state"].value["full_steps"] is None
+    assert present["every"].value is False and present["state"].value["every_position"] is False
 
 
 # ---- the browser -----------------------------------------------------------------------------
@@ -220,6 +236,27 @@ def _chapter_on_screen(page) -> None:
     assert _inside(page, ".sv-chapter") and _inside(page, "#sv-lesson-next")
 
 
+CHAPTER_PX = "() => parseFloat(getComputedStyle(document.querySelector('.sv-chapter-text')).fontSize)"
+
+
+def _nothing_clipped_or_overlapping(page, seen: list) -> None:
+    """At every chapter of the presentation layout: the chapter's text whole and in its large type (it was cut off
+    under a max-height at 15 px: the body.sv-present rules lost to Gradio's prefixed ones), and in the views the
+    chapter shows no text overlapping another text, a marker or a line (tests/layout_checks.py); findings appended
+    to ``seen`` with the chapter's index."""
+    index = page.evaluate("document.querySelector('.sv-chapter').dataset.index")
+    focus = page.evaluate("document.querySelector('.sv-chapter').dataset.focus")
+    page.wait_for_timeout(300)
+    found = page.evaluate(CLIPPED_JS, ".sv-chapter-text")
+    if page.evaluate(CHAPTER_PX) < 22:
+        found.append(f"chapter text at {page.evaluate(CHAPTER_PX)} px")
+    for view in ("#sv-residual", "#sv-grid") + (("#sv-stats",) if focus == "sv-stats" else ()):
+        found += [f"{view}: {f}" for f in page.evaluate(OVERLAPS_JS, view)]
+    if found:
+        page.screenshot(path=str(SHOTS / f"lesson-present-overlap-{index}.png"))
+        seen.append((index, found))
+
+
 LEGEND_BOX_JS = """() => { const l = document.querySelector('#sv-residual .legend');
     if (!l) return null; const r = l.getBoundingClientRect();
     const gd = document.querySelector('#sv-residual .js-plotly-plot'), bars = gd.querySelector('.draglayer .xy .nsewdrag');
@@ -260,7 +297,9 @@ def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_
     page, errors = _open(browser, app_url + "?present=1", pages=pages)
     assert page.evaluate("document.body.classList.contains('sv-present')")
     assert page.evaluate("window.scrollY") == 0 and _inside(page, "#sv-run") and _inside(page, "#sv-lesson-start")
-    _run(page, "draft_model", "standard", 1.0)
+    # ?present=1 ticks "brief" (a lecture's default) once the page has settled, through the box's own change event
+    page.wait_for_function("document.querySelector('#sv-lesson-brief input').checked", timeout=20_000)
+    _run(page, "draft_model", "standard", 1.0, max_new=5)
     # large type inside the figures too (specviz/ui/lesson.py PRESENT_FONT_SCALE), and every text still fits
     page.wait_for_function(f"() => ({GRID_TICK_PX})() >= 16", timeout=20_000)
     _check_fit(page, "present-1280")
@@ -268,9 +307,18 @@ def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_
     # chapter and Next stay on screen at every chapter
     legends: list = []
     stats: list = []  # at the statistics chapter: what of the 2 x 2 figure is off screen or under the chapter panel
+    clashes: list = []
     seen = _walk(page, "present-1280x720", inside=lambda pg: (_chapter_on_screen(pg), _residual_legend_box(pg, legends),
-                                                               _stats_box(pg, stats)))
+                                                               _stats_box(pg, stats),
+                                                               _nothing_clipped_or_overlapping(pg, clashes)))
     assert stats == [[]], stats
+    assert clashes == [], clashes
+    # the server told the lesson briefly (steps after the first two in one chapter each): unticking gives more chapters
+    steps = {c["step"] for c in seen if c["step"]}
+    if len(steps) > 2:
+        page.locator("#sv-lesson-brief input").uncheck()
+        page.wait_for_function(f"Number(document.querySelector('.sv-chapter').dataset.count) > {len(seen)}",
+                               timeout=20_000)
     # the residual figure, legend included, fits the 1280x720 viewport below the chapter panel
     boxes = [b for b in legends if b is not None]
     assert boxes, legends

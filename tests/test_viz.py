@@ -322,6 +322,14 @@ def test_ngram_match_and_trie(traces):
     assert path == st.draft_token_ids[: len(path)] and len(path) == min(len(st.draft_token_ids), 6)
     fig = trie_figure(tr, st.index)
     assert len(fig.data[-1].x) == len(placed) + 1  # the suffix root + every node
+    # the root names the looked-up n-gram token by token, as the lesson's chapter does ('nn' '.' 'Module' '):' was
+    # drawn ".Module):", its last three tokens glued together)
+    from specviz.viz.common import label
+
+    pattern = st.match["suffix"]
+    want = ("…" if len(pattern) > 4 else "") + "".join(
+        f"‘{label(tr, t, 12 if len(pattern) == 1 else 7)}’" for t in pattern[-4:])
+    assert fig.data[-1].text[0] == want and want.count("‘") == min(len(pattern), 4)
     other = traces["draft_model-standard"]  # section 3 shows the draft model's own candidates
     st = next(s for s in other.steps if s.draft_token_ids)
     table = html.unescape(source_html(other, st.index))  # the draft model's own view, found by its method
@@ -366,6 +374,13 @@ def test_report_and_dict_input(traces):
                     "lookup)", "Run statistics"):
         assert f"<h2>{heading}</h2>" in page
     assert page.count("Plotly.newPlot") == 4
+    # the app's summary block is in the offline report too: mean acceptance length, acceptance rate, a
+    m = tr.metrics
+    plain = re.sub(r"<[^>]+>", "", page)
+    assert "mean acceptance length = 1 + accepted / drafting steps = " in plain
+    assert f"= 1 + {m['num_accepted_tokens']} / {m['num_drafts']} = " in plain
+    assert f"= {m['mean_acceptance_length']:.2f}" in plain and "draft acceptance rate = " in plain
+    assert "a = accepted / verified positions = " in plain
     assert len(token_events(tr)) == len(tr.output_token_ids) + sum(
         1 for s in tr.steps if s.num_accepted < len(s.draft_token_ids))
 

@@ -25,7 +25,7 @@ from specviz.viz import compare as vc
 from .cache import DecoderCache
 
 from .compare_config import MAX_NEW_TOKENS, PRESETS, VERIFY_CHOICES, apply_preset, methods, prompt_choices
-from .compare_handlers import (OUTPUT_NAMES, CompareHandlers, convention_choices, convention_view, export,
+from .compare_handlers import (OUTPUT_NAMES, TABLE_DATATYPES, CompareHandlers, convention_choices, convention_view, export,
                                import_comparison, open_run, pick_cell, view)
 
 PICK_CELL_JS = """
@@ -102,8 +102,10 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                 u["verify"] = gr.CheckboxGroup(list(VERIFY_CHOICES), value=["auto"],
                                                label="verification (auto = greedy at T = 0, else standard)")
                 u["trees"] = gr.Textbox("", label="draft trees beside the chains (';'-separated, optional)",
-                                        placeholder="4,5,24; 4,6,32", elem_id="sv-compare-trees",
-                                        info=f"EAGLE-2 top_k,depth,total_tokens ({', '.join(registry.taking('dynamic'))}) "
+                                        # a grey example in the box read like a value: the box says it is empty
+                                        placeholder="empty: chains only", elem_id="sv-compare-trees",
+                                        info=f"e.g. 4,5,24; 4,6,32 · "
+                                             f"EAGLE-2 top_k,depth,total_tokens ({', '.join(registry.taking('dynamic'))}) "
                                              f"· a static tree [(0,), (1,), (0, 0)] ({', '.join(registry.taking('static'))}) "
                                              f"· branches per node, e.g. 2 ({', '.join(registry.taking('branches'))}); "
                                              "each runs for the chosen methods that take it, at k = its depth")
@@ -126,6 +128,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                         "AL − 1. Hover the AL header for the full definition.",
                                    elem_id="sv-compare-convention")
         u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=1000,
+                                  datatype=TABLE_DATATYPES,
                                   column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table",
                                   label="one row per configuration, pooled over prompts and seeds (hover a header for its formula, "
                                         "click it to sort)")
@@ -145,6 +148,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                     "standard and block verification step by step (each step keeps the recorded context: a replay "
                     "of one draft stream, not three decodes). Taken from the first run at T > 0 verified with block "
                     "(whose h is recorded) or standard; greedy runs record no uniforms.", elem_classes="sv-explain")
+        gr.Markdown(vc.RULES_VS_TABLE, elem_id="sv-compare-rules-note")
         u["rules"] = gr.Plot(elem_id="sv-compare-rules", show_label=False)
         gr.Markdown("### k sweep")
         u["ksweep"] = gr.Plot(elem_id="sv-compare-ksweep", show_label=False)

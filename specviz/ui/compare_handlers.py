@@ -32,6 +32,8 @@ from .compare_config import MAX_NEW_TOKENS, _numbers, _prompts, build_configs, r
 
 
 # ---- views ---------------------------------------------------------------------------------
+CI_COLUMN = next(i for i, c in enumerate(vc.TABLE_COLUMNS) if c.startswith("c_i"))  # HTML: vc.conditional_cell
+TABLE_DATATYPES = ["html" if i == CI_COLUMN else "str" for i in range(len(vc.TABLE_COLUMNS))]
 OUTPUT_NAMES = ("progress", "table", "strips", "scrub", "rules", "ksweep", "prompt", "seed", "run", "position")
 
 
@@ -50,6 +52,7 @@ def _table(rows: list[dict[str, Any]], convention: str):
     import pandas as pd
 
     frame = pd.DataFrame(vc.table_rows(rows, convention), columns=vc.table_columns(convention))
+    frame[frame.columns[CI_COLUMN]] = [vc.conditional_cell(r) for r in rows]  # one line: intervals in the hover
     decimals = {c: "{:.1f}" if c == "tokens/s" else "{:.2f}" for c in frame.columns
                 if c not in ("configuration", "runs") and frame[c].dtype.kind == "f"}
     colors = [vc.badge_color(row["lossless"]) for row in rows]  # the badge: red ✗, grey near-tie

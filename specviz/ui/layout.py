@@ -139,7 +139,7 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
 
     c: dict[str, gr.components.Component] = {}
     # the controls start with the first example's prompt and settings, so the dropdown names it
-    c["example"] = gr.Dropdown([e["name"] for e in examples], label="Example prompts",
+    c["example"] = gr.Dropdown([e["name"] for e in examples], label="Example prompts", elem_id="sv-example",
                                value=examples[0]["name"] if examples else None)
     c["prompt"] = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="sv-prompt",
                              value=examples[0]["prompt"] if examples else "")
@@ -186,8 +186,9 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
                                            info=_tree_info("branches", "continuations kept per node; 0 = a chain"),
                                            elem_id="sv-tree-branches")
         c["static_tree"] = gr.Textbox("", label="static tree (speculative_token_tree)", elem_id="sv-static-tree",
-                                      placeholder="[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]",
-                                      info=_tree_info("static", "rank paths of the draft's top candidates; depth <= k; "
+                                      placeholder="empty: no static tree",  # an example here read like a value
+                                      info=_tree_info("static", "rank paths of the draft's top candidates, e.g. "
+                                                                "[(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]; depth <= k; "
                                                                 "it replaces the EAGLE-2 tree"))
     with gr.Accordion("advanced", open=False):
         c["synthetic_rates"] = gr.Textbox("0.8, 0.6, 0.4, 0.3, 0.2",

@@ -26,7 +26,8 @@ TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "cove
 AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the convention switch
 TIME_COLUMN = TABLE_COLUMNS.index("ms/step: draft / verify / sample")  # ends with the row's timing mark, if any
 # each header word fits its column at 1280 px (12 px monospace, app.css): "runs", "coverage", "speedup" unbroken
-COLUMN_WIDTHS = ("11%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "13%", "8%")
+# (the app's c_i cell holds the rates only, intervals in its hover: the room goes to the configuration's name)
+COLUMN_WIDTHS = ("14%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "10%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
 COLUMN_FORMULAS = {
     "configuration": "method [draft tree] k=num_speculative_tokens verification T=temperature (a tree's k: the most "
@@ -105,6 +106,21 @@ def _conditional(row: dict[str, Any]) -> str:
                       else "— (n0)" for c in row["conditional"]) or "—"
 
 
+def conditional_compact(row: dict[str, Any]) -> str:
+    """c_1 … c_k as their rates only, ``.92 .85 .70`` (— for a position no step verified): one short line per
+    configuration on a projector; :func:`conditional_cell` puts the intervals and n in its hover."""
+    def p(x: float) -> str:
+        return f"{x:.2f}".lstrip("0") if x < 1 else "1"
+
+    return " ".join(p(c["rate"]) if c["rate"] is not None else "—" for c in row["conditional"]) or "—"
+
+
+def conditional_cell(row: dict[str, Any]) -> str:
+    """The app table's c_i cell (HTML): :func:`conditional_compact`, with the rates' Wilson 95 % intervals and n
+    (the report's form) as its hover."""
+    return f"<span title='{html.escape(_conditional(row))}'>{html.escape(conditional_compact(row))}</span>"
+
+
 def table_columns(convention: str = "vllm") -> list[str]:
     """TABLE_COLUMNS with the acceptance-length column named for ``convention`` (a key of
     specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS; ValueError for another)."""
@@ -174,6 +190,16 @@ def table_html(rows: list[dict[str, Any]], convention: str = "vllm") -> str:
 
 
 # ---- the same draft, every rule ------------------------------------------------------------
+# why block can equal standard at every step here while the table gives block the higher mean acceptance length
+# (docs/design/algorithms.md, block verification; Sun et al. 2024; vLLM PR 46781); shown beside the figure
+RULES_VS_TABLE = (
+    "**Reading it beside the table.** This figure is *one* recorded run (one prompt, one seed: one draw at T > 0) "
+    "decided again by each rule with the *same* uniforms; the table's block and standard rows are separate decodes, "
+    "each the mean over its prompts and seeds. Block verification accepts at least as many tokens as standard *on "
+    "average* (E[accepted] ≥ standard), not at every step: while the drafts have p ≥ q, P_i = 1 and h_i = 1, so "
+    "block passes exactly where standard does, and block keeps more only at a step where a later position passes "
+    "η_i ≤ h_i after an earlier one failed (★ in the single-run grid). So a row of equal counts here and a higher "
+    "block AL in the table do not contradict each other; more seeds make the table's difference steadier.")
 def rules_figure(trace: Trace) -> go.Figure:
     """Rows greedy / standard / block, one column per drafting step of ``trace``: how many of the
     step's recorded draft tokens each rule accepts with the step's recorded uniforms
@@ -196,8 +222,9 @@ def rules_figure(trace: Trace) -> go.Figure:
                                hovertemplate="step %{x}: %{text} of the draft accepted<extra>%{y}</extra>"))
     cfg = trace.config
     fig.update_layout(height=260, margin={"l": 10, "r": 10, "t": 50, "b": 40}, plot_bgcolor="#f3f4f6",
-                      title={"text": f"the same drafts and uniforms ({cfg.get('method')} k={cfg.get('num_speculative_tokens')}, "
-                                     f"recorded with {cfg.get('verify')}, T={cfg.get('temperature')}): accepted per step",
+                      title={"text": f"one run's drafts and uniforms ({cfg.get('method')} k={cfg.get('num_speculative_tokens')}, "
+                                     f"recorded with {cfg.get('verify')}, T={cfg.get('temperature')}, seed "
+                                     f"{cfg.get('seed')}): accepted per step by each rule",
                              "font": {"size": 13}})
     fig.update_xaxes(title_text="drafting step", type="category")
     fig.update_yaxes(automargin=True, autorange="reversed")
@@ -212,7 +239,12 @@ def rules_figure(trace: Trace) -> go.Figure:
 EXTRA_STYLES = (("#111827", "x"), ("#0f766e", "star-square"), ("#a16207", "hourglass"), ("#4338ca", "bowtie"))
 _extra: dict[str, tuple[str, str]] = {}
 VARIANT_DASHES = ("solid", "dot", "dashdot", "longdashdot")  # a method's 2nd, 3rd ... verification / temperature
+# a method's 2nd, 3rd ... verification / temperature: a marker no method has, and a shade of the method's colour
+VARIANT_SYMBOLS = ("triangle-left", "triangle-right", "diamond-wide", "star-triangle-up", "square-x", "circle-x",
+                   "hexagram", "octagon", "diamond-tall", "star-diamond", "triangle-ne", "triangle-sw")
+VARIANT_SHADES = (-0.45, 0.4, -0.7, 0.6, -0.25, 0.25)  # < 0: towards black, > 0: towards white, by this share
 TREE_SYMBOLS = ("diamond-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")  # a method's trees
+DODGE = 0.07  # k units between the markers of neighbouring configurations at one k (equal values stay apart)
 
 
 def method_style(method: str) -> tuple[str, str]:
@@ -222,6 +254,38 @@ def method_style(method: str) -> tuple[str, str]:
     if method not in _extra:
         _extra[method] = EXTRA_STYLES[len(_extra) % len(EXTRA_STYLES)]
     return _extra[method]
+
+
+def _shade(colour: str, share: float) -> str:
+    """``colour`` (#rrggbb) mixed with black (share < 0) or white (share > 0) by |share|."""
+    rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
+    end = 255 if share > 0 else 0
+    return "#" + "".join(f"{round(c + (end - c) * abs(share)):02x}" for c in rgb)
+
+
+def configuration_styles(groups: list[tuple[str, bool]]) -> list[tuple[str, str]]:
+    """(colour, marker symbol) per configuration group ``(method, is_tree)`` in drawing order, each colour and each
+    symbol used once: a method's first chain group gets its registry style (:func:`method_style`), its later ones
+    (another verification or temperature) a shade of its colour and a VARIANT_SYMBOLS marker, its trees the
+    TREE_SYMBOLS (hollow) in a shade when the plain colour is taken."""
+    used_colours: set[str] = set()
+    used_symbols: set[str] = {style[1] for m in methods.names() if (style := methods.get(m).style) is not None}
+    out, variants = [], iter(VARIANT_SYMBOLS)
+    trees: dict[str, int] = {}
+    for method, tree in groups:
+        colour, symbol = method_style(method)
+        if tree:
+            n = trees[method] = trees.get(method, -1) + 1
+            symbol = TREE_SYMBOLS[n % len(TREE_SYMBOLS)]
+        elif any(o == (colour, symbol) for o in out):  # the method's style is taken: a variant marker
+            symbol = next((v for v in variants if v not in used_symbols), "circle-dot")
+        if colour in used_colours:  # (past len(VARIANT_SHADES) + 1 groups of one method a colour repeats)
+            colour = next((c for c in (_shade(colour, share) for share in VARIANT_SHADES) if c not in used_colours),
+                          colour)
+        used_colours.add(colour)
+        used_symbols.add(symbol)
+        out.append((colour, symbol))
+    return out
 
 
 KSWEEP_THEORY = {  # convention -> (y axis title, the dashed curve's formula; E = (1 - a^(k+1)) / (1 - a))
@@ -253,22 +317,27 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         if r["method"] != "none":
             tree = f" {r['tree_label']}" if r.get("tree_label") else ""
             groups.setdefault(f"{r['method']}{tree} {r['verify']} T={r['temperature']:g}", []).append(r)
-    variants: dict[str, int] = {}  # method -> groups of it drawn so far (another verification / temperature)
-    trees: dict[str, int] = {}  # method -> tree groups of it drawn so far (each its own hollow symbol)
-    for name, rs in groups.items():
+    variants: dict[str, int] = {}  # method -> chain groups of it drawn so far (another verification / temperature)
+    styles = configuration_styles([(rs[0]["method"], bool(rs[0].get("tree_label"))) for rs in groups.values()])
+    for g, ((name, rs), (colour, symbol)) in enumerate(zip(groups.items(), styles)):
         rs = sorted(rs, key=lambda r: r["k"])
-        colour, symbol = method_style(rs[0]["method"])
         tree = bool(rs[0].get("tree_label"))
-        counter = trees if tree else variants
-        v = counter[rs[0]["method"]] = counter.get(rs[0]["method"], -1) + 1
+        if not tree:
+            variants[rs[0]["method"]] = variants.get(rs[0]["method"], -1) + 1
+        v = 0 if tree else variants[rs[0]["method"]]
         line = {"color": colour, "dash": VARIANT_DASHES[v % len(VARIANT_DASHES)]}
-        marker = {"symbol": symbol, "size": 9, "color": colour}
+        # a white outline: markers drawn at one place stay told apart
+        marker = {"symbol": symbol, "size": 13, "color": colour, "line": {"width": 1, "color": "#ffffff"}}
         ks = [r["k"] for r in rs]
         if tree:  # a tree: a hollow symbol per k (one per tree of the method), no line to the chain's
-            marker = {"symbol": TREE_SYMBOLS[v % len(TREE_SYMBOLS)], "size": 12, "color": colour, "line": {"width": 2}}
+            marker = {"symbol": symbol, "size": 14, "color": colour, "line": {"width": 2}}
         mode = "markers" if tree else "lines+markers"
-        fig.add_trace(go.Scatter(x=ks, y=[r["acceptance_length"][convention] for r in rs], mode=mode,
-                                 name=name, line=line, marker=marker, legendgroup=name), row=1, col=1)
+        # each configuration a little beside k (DODGE apart, centred on k): equal values (ngram and ngram_gpu
+        # draft the same tokens) are drawn side by side, not on top of each other; the hover gives the real k
+        xs = [k + (g - (len(groups) - 1) / 2) * DODGE for k in ks]
+        hover = {"customdata": ks, "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}<extra></extra>"}
+        fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"][convention] for r in rs], mode=mode,
+                                 name=name, line=line, marker=marker, legendgroup=name, **hover), row=1, col=1)
         offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
         a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
         steps = sum(r["steps"] for r in rs)
@@ -280,8 +349,8 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                                      line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
                                      legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
                                      "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=ks, y=[r["speedup"] for r in rs], mode=mode, name=name,
-                                 line=line, marker=marker, legendgroup=name, showlegend=False), row=1, col=2)
+        fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode=mode, name=name, line=line, marker=marker,
+                                 legendgroup=name, showlegend=False, **hover), row=1, col=2)
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
     fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
     fig.update_yaxes(title_text=y_title, row=1, col=1)

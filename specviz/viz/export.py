@@ -21,7 +21,7 @@ from .common import as_trace
 from .grid import step_grid_figure
 from .source import source_figure, source_html
 from .residual import clamp_selection, residual_figure
-from .stats import run_summary, speedup_html, stats_figure
+from .stats import rate_set, rates_html, run_summary, speedup_html, stats_figure
 from .stream import token_stream_html
 
 SETTINGS_SHOWN = ("method", "num_speculative_tokens", "verify", "temperature", "top_k", "top_p", "max_new_tokens",
@@ -51,7 +51,8 @@ def settings_html(trace: Trace) -> str:
 def report_html(trace: Trace | dict[str, Any], step: int | None = None, position: int | None = None,
                 baseline: dict[str, Any] | None = None) -> str:
     """A standalone HTML page with the settings, the token stream, every figure and its
-    explanation. Raises TraceFormatError on a malformed dict; ValueError with no steps."""
+    explanation, and the run's rates (:func:`~specviz.viz.stats.rates_html`) above the statistics. Raises
+    TraceFormatError on a malformed dict; ValueError with no steps."""
     trace = as_trace(trace)
     figs = figures(trace, step, position, baseline)
     s, i = clamp_selection(trace, step, position)
@@ -72,7 +73,9 @@ def report_html(trace: Trace | dict[str, Any], step: int | None = None, position
         "<h2>Residual view</h2>", md(explain.RESIDUAL), fig_html("residual", False),
         f"<h2>{html.escape(explain.source_heading(method).removeprefix('## 3 · '))}</h2>", md(explain.source_explain(method)),
         source_html(trace, s, i), fig_html("trie", False),
-        "<h2>Run statistics</h2>", md(explain.STATS), speedup_html(run_summary(trace), baseline),
+        # the app's summary block: tokens per target forward, mean acceptance length, draft acceptance rate, a
+        "<h2>Run statistics</h2>", rates_html(rate_set(trace)), md(explain.STATS),
+        speedup_html(run_summary(trace), baseline),
         fig_html("stats", False),
     ]
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>specviz report</title></head>"

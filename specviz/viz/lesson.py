@@ -38,8 +38,8 @@ from .common import as_trace, fmt_prob, metrics_of
 from .source import hook, view_module
 from .stats import rate_set, rates_html
 
-from .lesson_base import (FOCUS_VIEWS, TOP_CANDIDATES, VERIFY_TEXT, Chapter, _method, _rejected_before,  # noqa: F401
-                          _row_node, _toks, _top, _verify, is_tree)
+from .lesson_base import (FOCUS_VIEWS, TOP_CANDIDATES, VERIFY_TEXT, VIEW_NAMES, Chapter, _method,  # noqa: F401
+                          _rejected_before, _row_node, _toks, _top, _verify, is_tree)
 from .lesson_decision import outcome_chapter, test_chapters, test_sentence  # noqa: F401 (re-exported)
 
 
@@ -167,7 +167,11 @@ def commit_chapter(trace: Trace, st: Step) -> Chapter:
 # ---- the run ----------------------------------------------------------------------------------
 def stats_chapter(trace: Trace) -> Chapter:
     m = metrics_of(trace)
-    text = f"{m.num_generated_tokens} tokens in {m.num_steps} verification steps. " + rates_html(rate_set(trace))
+    t = float(trace.config.get("temperature") or 0)
+    # a run at T > 0 is one draw: a neighbouring run may read quite another set of numbers
+    draw = f" (one run at T = {trace.config.get('temperature')}: another seed gives other numbers)" if t > 0 else ""
+    text = (f"{m.num_generated_tokens} tokens in {m.num_steps} verification steps{draw}. "
+            + rates_html(rate_set(trace)))
     if m.num_drafts:
         text += ("The first number is the gain that carries over to a large target on a GPU; the others say where it "
                  "came from.")
@@ -176,10 +180,11 @@ def stats_chapter(trace: Trace) -> Chapter:
     return Chapter("stats", "The run's statistics", text, None, None, "stats")
 
 
-def step_chapters(trace: Trace, st: Step) -> list[Chapter]:
+def step_chapters(trace: Trace, st: Step, every_position: bool = False) -> list[Chapter]:
+    """A step told in full: draft, forward, the tests (:func:`test_chapters`), outcome, commit."""
     if not st.draft_token_ids:
         return [draft_chapter(trace, st), outcome_chapter(trace, st), commit_chapter(trace, st)]
-    return [draft_chapter(trace, st), forward_chapter(trace, st), *test_chapters(trace, st),
+    return [draft_chapter(trace, st), forward_chapter(trace, st), *test_chapters(trace, st, every_position),
             outcome_chapter(trace, st), commit_chapter(trace, st)]
 
 
@@ -196,17 +201,21 @@ def brief_chapter(trace: Trace, st: Step) -> Chapter:
 BRIEF_FULL_STEPS = 2  # a brief lesson tells this many steps in full, then one chapter a step
 
 
-def lesson_chapters(trace: Trace | dict, full_steps: int | None = None) -> list[Chapter]:
+def lesson_chapters(trace: Trace | dict, full_steps: int | None = None,
+                    every_position: bool = False) -> list[Chapter]:
     """Every chapter of a lesson on ``trace`` (a Trace or its dict): intro, the chapters of each
     step in order, then the statistics. A trace without steps gives the intro only. ``full_steps``: tell
     only the first ``full_steps`` steps in full and every later one in one chapter (:func:`brief_chapter`);
-    None (default) tells every step in full (an 11-step run: about 90 chapters).
+    None (default) tells every step in full (an 11-step run: about 90 chapters). ``every_position``: greedy
+    verification's accepted positions get a chapter each (default: a step's accepted greedy positions share one,
+    :func:`~specviz.viz.lesson_decision.test_chapters`).
     Raises:
         specviz.trace.TraceFormatError: ``trace`` is a malformed dict."""
     trace = as_trace(trace)
     out = [intro_chapter(trace)]
     for n, st in enumerate(trace.steps):
-        out += step_chapters(trace, st) if full_steps is None or n < full_steps else [brief_chapter(trace, st)]
+        out += (step_chapters(trace, st, every_position) if full_steps is None or n < full_steps
+                else [brief_chapter(trace, st)])
     if trace.steps:
         out.append(stats_chapter(trace))
     return out
@@ -232,5 +241,5 @@ def chapter_html(chapters: list[Chapter], index: int) -> str:
     return (f"<div class='sv-chapter' data-focus='sv-{c.focus}' data-step='{'' if c.step is None else c.step}' "
             f"data-position='{'' if c.position is None else c.position}' data-index='{n}' data-count='{len(chapters)}'>"
             f"<div class='sv-chapter-where'>chapter {n + 1} of {len(chapters)} · {where} · "
-            f"highlighted: the {c.focus} view</div><div class='sv-chapter-title'>{c.title}</div>"
+            f"highlighted: the {c.view_name}</div><div class='sv-chapter-title'>{c.title}</div>"
             f"<div class='sv-chapter-text'>{c.text}</div></div>")

@@ -11,6 +11,11 @@ from specviz.trace import Step, Trace
 from .common import quoted_tokens, top_pairs
 
 FOCUS_VIEWS = ("stream", "grid", "residual", "match", "stats", "tree")
+# what the chapter panel calls each view ("highlighted: the ..."); a chapter may name its view more exactly (its
+# ``view``): the residual view shows no residual for greedy verification, only the target's p against the draft's q
+VIEW_NAMES = {"stream": "token stream", "grid": "step grid", "residual": "residual view", "match": "draft source view",
+              "stats": "statistics", "tree": "draft tree"}
+DECISION_VIEW = "p and q view (no residual is drawn here)"
 TOP_CANDIDATES = 3  # draft candidates / residual entries named in a sentence
 
 VERIFY_TEXT = {
@@ -34,7 +39,8 @@ class Chapter:
     kind: intro | draft | forward | test | block | outcome | commit | step (a whole step, brief lessons) | stats.
     title / text: HTML-safe strings (token texts escaped), written from the trace's numbers.
     step: the step index it talks about (None for intro / stats); position: the 1-based slot it
-    selects in the views (None: the step's decision slot); focus: one of FOCUS_VIEWS.
+    selects in the views (None: the step's decision slot); focus: one of FOCUS_VIEWS; view: what the chapter panel
+    calls the highlighted view ("": VIEW_NAMES[focus]).
     """
 
     kind: str
@@ -43,6 +49,12 @@ class Chapter:
     step: int | None = None
     position: int | None = None
     focus: str = "stream"
+    view: str = ""
+
+    @property
+    def view_name(self) -> str:
+        """The highlighted view as the chapter panel names it."""
+        return self.view or VIEW_NAMES.get(self.focus, f"{self.focus} view")
 
 
 def _toks(trace: Trace, ids: list[int]) -> str:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from specviz.trace import Position, Step, Trace
 
-from .lesson_base import Chapter, _rejected_before, _row_node, _top, _verify, is_tree
+from .lesson_base import DECISION_VIEW, Chapter, _rejected_before, _row_node, _toks, _top, _verify, is_tree
 from .common import fmt_prob, quoted, tokenwise_accepted
+
 
 # ---- 3. the acceptance test -----------------------------------------------------------------
 def _argmax(pos: Position) -> int | None:
@@ -71,8 +72,30 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
             f"{'accepted' if pos.accepted else 'rejected'}{onehot}.")
 
 
-def test_chapters(trace: Trace, st: Step) -> list[Chapter]:
-    """One chapter per verified position (block: every position, then tau)."""
+def _no_residual(trace: Trace, st: Step | None = None) -> str:
+    """The name of the residual view in a chapter where no residual is drawn (greedy and typical verification draw
+    none; ``st`` given: its outcome, a bonus token or a token without a draft), else "" (the view's own name)."""
+    drawn = st is None or (st.num_accepted < len(st.draft_token_ids))
+    return DECISION_VIEW if _verify(trace) in ("greedy", "typical") or not drawn else ""
+
+
+def _accepted_greedy(trace: Trace, st: Step, last: int) -> Chapter:
+    """One chapter for a greedy step's accepted positions 1..``last`` (each test alike: the draft token is the
+    target's argmax); it highlights the step grid, whose row shows them all."""
+    ps = [pos.p for pos in st.positions[:last]]
+    p_text = ("At temperature 0 the target's p is one-hot: p = 1 at each." if all(p >= 1.0 for p in ps) else
+              "The target's p of each: " + ", ".join(fmt_prob(p) for p in ps) + ".")
+    text = (f"Greedy verification at positions 1–{last}: each draft token is the target's argmax, so all {last} are "
+            f"accepted: {_toks(trace, st.draft_token_ids[:last])}. {p_text} These tests look alike, so they share "
+            "this chapter (the lesson's “every position” box tells them one by one); the step grid's row shows them.")
+    return Chapter("test", f"Step {st.index}, positions 1–{last}: {last} draft tokens accepted (the target's argmax)",
+                   text, st.index, last, "grid")
+
+
+def test_chapters(trace: Trace, st: Step, every_position: bool = False) -> list[Chapter]:
+    """One chapter per verified position (block: every position, then tau). Greedy verification's accepted
+    positions share one chapter (:func:`_accepted_greedy`) when the step accepted more than one, unless
+    ``every_position``."""
     k = len(st.draft_token_ids)
     if k and len(st.positions) < k:
         return [Chapter("test", f"Step {st.index}: the acceptance test", "This trace was recorded without "
@@ -80,15 +103,16 @@ def test_chapters(trace: Trace, st: Step) -> list[Chapter]:
                         f"{st.num_accepted} of {k} draft token(s) were accepted.", st.index, None, "grid")]
     block = _verify(trace) == "block" and bool(st.block)
     last = k if block else min(st.num_accepted + 1, k)
-    out = []
-    for pos in st.positions[:last]:
+    fold = st.num_accepted if _verify(trace) == "greedy" and not every_position and st.num_accepted > 1 else 0
+    out = [_accepted_greedy(trace, st, fold)] if fold else []
+    for pos in st.positions[fold:last]:
         verdict = ("passes" if st.block["eta"][pos.index - 1] <= st.block["h"][pos.index - 1] else "fails") \
             if block else ("accepted" if pos.accepted else "rejected")
         text = test_sentence(trace, st, pos)
         if not block and not pos.accepted and pos.index < k:
             text += f" The {k - pos.index} draft token(s) after it are never checked."
         out.append(Chapter("test", f"Step {st.index}, position {pos.index}: {quoted(trace, pos.token_id)} {verdict}",
-                           text, st.index, pos.index, "residual"))
+                           text, st.index, pos.index, "residual", _no_residual(trace)))
     if block and k:
         tau, tokenwise = int(st.block.get("tau", st.num_accepted)), tokenwise_accepted(st)
         extra = (f" Block verification keeps {tau - tokenwise} token(s) (★ in the grid) that token-wise verification "
@@ -153,4 +177,4 @@ def outcome_chapter(trace: Trace, st: Step) -> Chapter:
                    "p." if is_tree(st) else
                    "It puts mass only where the target wants more than the draft offered; that is what makes the "
                    "output follow p.") + (" (Synthetic verification: not lossless.)" if verify == "synthetic" else ""))
-    return Chapter("outcome", title, text, st.index, slot, "residual")
+    return Chapter("outcome", title, text, st.index, slot, "residual", _no_residual(trace, st))

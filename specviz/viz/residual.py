@@ -81,7 +81,9 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
                                            "%{y:.4f}<extra></extra>"), row=1, col=1)
     ticks = [label(trace, t, 12) for t in toks]
     ticks = [f"{s} #{t}" if ticks.count(s) > 1 else s for s, t in zip(ticks, toks)]  # tell equal-looking tokens apart
-    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=ticks, row=1, col=1)
+    # level labels in at most two short lines: rotated, a long one ('<|endoftext|>') ran into its neighbour and, at
+    # the presentation layout's size, into the test row below
+    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=[_two_lines(t) for t in ticks], tickangle=0, row=1, col=1)
     top = max([max(d.get(t, 0.0) for t in toks) for _, _, d in series] + [0.05])
     # headroom above the tallest bar for the marks' labels, but no probability ticks past it (never "1.4")
     fig.update_yaxes(title_text="probability", range=[0, top * (1.22 + 0.16 * len(marks))], tickmode="array",
@@ -93,6 +95,24 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
             fig.add_annotation(x=j, y=max(d.get(tok, 0.0) for _, _, d in series), text=text, showarrow=True,
                                arrowhead=2, axref="x", ax=j, ayref="y", ay=top * (1.12 + 0.16 * n),
                                font={"color": colour, "size": 12}, bgcolor="rgba(255,255,255,0.85)", row=1, col=1)
+
+
+TICK_LINE = 6  # characters per line of a bar's label (ten bars share half a 1280 px page at 1.45x type)
+
+
+def _two_lines(text: str) -> str:
+    """A bar label (HTML-escaped, from :func:`~specviz.viz.common.label`) in lines of at most TICK_LINE characters,
+    two at most (the rest cut, "…"); a " #id" suffix starts the second line."""
+    import html as html_lib
+
+    raw = html_lib.unescape(text)
+    head, _, tail = raw.partition(" #")
+    if tail:
+        lines = [head[:TICK_LINE], f"#{tail}"]
+    else:
+        lines = [raw[:TICK_LINE], raw[TICK_LINE:]] if len(raw) <= 2 * TICK_LINE else \
+            [raw[:TICK_LINE], raw[TICK_LINE:2 * TICK_LINE - 1] + "…"]
+    return "<br>".join(html_lib.escape(x, quote=False) for x in lines if x)
 
 
 def prob_ticks(top: float) -> list[float]:

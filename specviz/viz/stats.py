@@ -26,9 +26,10 @@ TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
 # svStatsFit, which makes it the height left below the chapter panel): font sizes (px) of the text, the panel
 # titles and the legend; px above the top row (its titles), under each row (tick labels and axis title), above the
 # second row (its titles) and for the legend's rows; the two columns' x domains (wide apart: the time panel's bar
-# names sit left of its plot)
+# names sit left of its plot); the trace whose text label is left out there (its rows are too low for a label above
+# the star: the legend entry and the chapter carry the number)
 PRESENT_FIT = {"font": 13, "titles": 15, "legend": 13, "top_px": 26, "axis_px": 44, "title_px": 24,
-               "legend_px": 88, "columns": [[0.0, 0.42], [0.6, 1.0]], "min_row_px": 60}
+               "legend_px": 88, "columns": [[0.0, 0.42], [0.6, 1.0]], "min_row_px": 60, "unlabel": "measured"}
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -134,11 +135,14 @@ def rates_markdown(rates: list[Rate]) -> str:
 
 def rates_html(rates: list[Rate]) -> str:
     """The rate set as HTML, each line "name = formula = numbers = value": the headline first, in
-    larger type, the others as a list beneath (fixed strings and numbers only, escaped)."""
+    larger type, the others as a list beneath (fixed strings and numbers only, escaped). The formula in words and
+    the note are spans of their own (classes sv-rates-formula, sv-rates-note), which the presentation layout's
+    lesson leaves out (assets/css/lesson.css)."""
     def line(r: Rate) -> str:
         if r.value is None:
             return f"{html.escape(r.name)}: not applicable (no drafts)"
-        return (f"{html.escape(r.name)} = {html.escape(r.formula)} = {html.escape(r.numbers)} = <b>{r.value:.2f}</b>"
+        return (f"{html.escape(r.name)} = <span class='sv-rates-formula'>{html.escape(r.formula)} = </span>"
+                f"{html.escape(r.numbers)} = <b>{r.value:.2f}</b>"
                 f" <span class='sv-rates-note'>({html.escape(r.note)})</span>")
 
     head, *rest = rates
@@ -159,7 +163,9 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
     trace = as_trace(trace)
     m = metrics_of(trace)
     k = len(m.acceptance_histogram) - 1
-    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.1, subplot_titles=(
+    # the columns as far apart as PRESENT_FIT's: the time panel's bar names sit between them, at up to 1.45x size in
+    # the presentation layout
+    fig = make_subplots(rows=2, cols=2, vertical_spacing=0.2, horizontal_spacing=0.18, subplot_titles=(
         "accepted draft tokens per step (histogram)", "acceptance rate by draft position",
         "tokens per drafting step vs acceptance rate a", "time split (ms)"))
     fig.add_trace(go.Bar(x=list(range(k + 1)), y=m.acceptance_histogram, marker_color="#16a34a",
@@ -200,7 +206,9 @@ def _theory_panel(fig: go.Figure, m: RunMetrics, k: int) -> None:
                                  text=[f"measured: {m.mean_acceptance_length:.2f}"],
                                  textposition="top left" if alpha > 0.5 else "top right",  # inside the panel
                                  marker={"size": 13, "color": "#dc2626", "symbol": "star"}, cliponaxis=False,
-                                 name=f"this run: a = {alpha:.2f} (accepted / verified positions, not / drafted)"),
+                                 meta=PRESENT_FIT["unlabel"],
+                                 name=f"this run: a = {alpha:.2f} (accepted / verified positions, not / drafted), "
+                                      f"{m.mean_acceptance_length:.2f} tokens per drafting step"),
                       row=2, col=1)
     fig.add_trace(go.Scatter(x=[0, 1], y=[1, 1], mode="lines", line={"color": "#111827", "width": 1},
                              name="plain decoding: 1 token per forward"), row=2, col=1)
@@ -212,10 +220,14 @@ def _theory_panel(fig: go.Figure, m: RunMetrics, k: int) -> None:
 
 def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | None) -> None:
     meas = (baseline or {}).get("measurement")
-    bars = [(f"this run ({run['method']})", run)] + ([("method none", baseline)] if baseline else [])
+    # the bars are named by their method only (the names stand between the columns); the title says what was timed
+    own = run["method"] if run["method"] != "none" else "this run"  # two bars named alike would share a row
+    bars = [(own, run)] + ([("none", baseline)] if baseline else [])
+    title = "time split (ms): this run" + (" and method none" if baseline else "")
     if meas:  # equal workloads: the segments measured side by side
-        bars = [(f"{run['method']}, {meas['n']} segments", meas["method_summary"]),
-                (f"none, {meas['n']} segments", baseline)]
+        bars = [(own, meas["method_summary"]), ("none", baseline)]
+        title = f"time split (ms) of {meas['n']} segments each"
+    fig.layout.annotations[3].text = title
     last = list(TIME_COLOURS)[-1]
     for part, colour in TIME_COLOURS.items():
         totals = [f"{sum(b['time_ms'].values()):.0f} ms" if part == last else "" for _, b in bars]

@@ -20,6 +20,7 @@ from specviz.viz.common import as_trace, context_before, label, quoted, quoted_t
 from specviz.viz.residual import message_figure
 
 MAX_CHILDREN = 4  # trie branches shown per node (most frequent first); the rest are summed
+ROOT_TOKENS = 4  # tokens of the matched n-gram written under the trie's root
 MAX_DEPTH = 6
 CONTEXT_AROUND = 24  # context tokens shown on each side of a highlighted token; the rest is elided (…)
 STYLE = {
@@ -164,8 +165,11 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     if not st.match.get("n") or not st.match.get("trie"):
         return message_figure(f"step {st.index}: no n-gram match to draw", height=160)
     nodes = trie_placement(st)
-    suffix = label(trace, st.match[PATTERN][-1], 12) if len(st.match[PATTERN]) == 1 else "".join(
-        label(trace, t, 8) for t in st.match[PATTERN][-3:])
+    # the looked-up n-gram token by token, as the lesson's chapter names it (glued together, 'nn' '.' 'Module' '):'
+    # read ".Module):"); its last ROOT_TOKENS tokens, "…" before them when there are more
+    pattern = st.match[PATTERN]
+    suffix = ("…" if len(pattern) > ROOT_TOKENS else "") + "".join(
+        f"‘{label(trace, t, 12 if len(pattern) == 1 else 7)}’" for t in pattern[-ROOT_TOKENS:])
     ex, ey, px, py = [], [], [], []
     for nd in nodes:
         x0, y0 = (0, 0) if nd["parent"] < 0 else (nodes[nd["parent"]]["depth"], nodes[nd["parent"]]["row"])
