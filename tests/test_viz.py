@@ -275,7 +275,7 @@ def test_block_panel_shows_P_h_eta(traces):
     assert f"τ = last i with η_i ≤ h_i = {st.num_accepted} → {st.num_accepted} token(s) accepted" in title_text(fig)
     # the caption's colour word is the colour the dashes are drawn in (open symbols stroke in
     # marker.color, so an unset one took plotly's pink default)
-    from specviz.viz.residual import RATIO_COLOUR
+    from specviz.viz.accept_test import RATIO_COLOUR
 
     ratio = by_name["min(1, p/q)"].marker
     assert ratio.color == ratio.line.color == RATIO_COLOUR == {"grey": "#6b7280"}[title_word(fig)]

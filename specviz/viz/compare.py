@@ -11,14 +11,12 @@ import html
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from specviz import methods
 from specviz.compare import RULES, Comparison, same_draft_rules, table
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Trace
 
 from .compare_strips import prompt_label, scrub_html, strip_cells, strips_figure  # noqa: F401 (re-exported)
-from .stats import expected_tokens_per_step
+from .ksweep import configuration_styles, ksweep_figure, method_style  # noqa: F401 (re-exported)
 
 TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "coverage", "accept rate", "tokens/s",
                  "speedup", "speedup range (n)", "speedup (model)", "ms/step: draft / verify / sample",
@@ -228,138 +226,6 @@ def rules_figure(trace: Trace) -> go.Figure:
                              "font": {"size": 13}})
     fig.update_xaxes(title_text="drafting step", type="category")
     fig.update_yaxes(automargin=True, autorange="reversed")
-    return fig
-
-
-# ---- the k sweep ----------------------------------------------------------------------------
-# One colour and one marker per method (its registry entry's ``style``): no two built-in methods share either, and a
-# method keeps them whatever else is in the sweep (the k sweep is the only Compare figure coloured by method; strips
-# and rules are coloured by fate / count). Tableau 10 colours.
-# methods without a style of their own: colours and markers no built-in method uses, in order of first use
-EXTRA_STYLES = (("#111827", "x"), ("#0f766e", "star-square"), ("#a16207", "hourglass"), ("#4338ca", "bowtie"))
-_extra: dict[str, tuple[str, str]] = {}
-VARIANT_DASHES = ("solid", "dot", "dashdot", "longdashdot")  # a method's 2nd, 3rd ... verification / temperature
-# a method's 2nd, 3rd ... verification / temperature: a marker no method has, and a shade of the method's colour
-VARIANT_SYMBOLS = ("triangle-left", "triangle-right", "diamond-wide", "star-triangle-up", "square-x", "circle-x",
-                   "hexagram", "octagon", "diamond-tall", "star-diamond", "triangle-ne", "triangle-sw")
-VARIANT_SHADES = (-0.45, 0.4, -0.7, 0.6, -0.25, 0.25)  # < 0: towards black, > 0: towards white, by this share
-TREE_SYMBOLS = ("diamond-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")  # a method's trees
-DODGE = 0.07  # k units between the markers of neighbouring configurations at one k (equal values stay apart)
-
-
-def method_style(method: str) -> tuple[str, str]:
-    """(colour, marker symbol) of ``method``: its registry style, else the next unused EXTRA_STYLES entry."""
-    if method in methods.names() and methods.get(method).style is not None:
-        return methods.get(method).style
-    if method not in _extra:
-        _extra[method] = EXTRA_STYLES[len(_extra) % len(EXTRA_STYLES)]
-    return _extra[method]
-
-
-def _shade(colour: str, share: float) -> str:
-    """``colour`` (#rrggbb) mixed with black (share < 0) or white (share > 0) by |share|."""
-    rgb = [int(colour[i:i + 2], 16) for i in (1, 3, 5)]
-    end = 255 if share > 0 else 0
-    return "#" + "".join(f"{round(c + (end - c) * abs(share)):02x}" for c in rgb)
-
-
-def configuration_styles(groups: list[tuple[str, bool]]) -> list[tuple[str, str]]:
-    """(colour, marker symbol) per configuration group ``(method, is_tree)`` in drawing order, each colour and each
-    symbol used once: a method's first chain group gets its registry style (:func:`method_style`), its later ones
-    (another verification or temperature) a shade of its colour and a VARIANT_SYMBOLS marker, its trees the
-    TREE_SYMBOLS (hollow) in a shade when the plain colour is taken."""
-    used_colours: set[str] = set()
-    used_symbols: set[str] = {style[1] for m in methods.names() if (style := methods.get(m).style) is not None}
-    out, variants = [], iter(VARIANT_SYMBOLS)
-    trees: dict[str, int] = {}
-    for method, tree in groups:
-        colour, symbol = method_style(method)
-        if tree:
-            n = trees[method] = trees.get(method, -1) + 1
-            symbol = TREE_SYMBOLS[n % len(TREE_SYMBOLS)]
-        elif any(o == (colour, symbol) for o in out):  # the method's style is taken: a variant marker
-            symbol = next((v for v in variants if v not in used_symbols), "circle-dot")
-        if colour in used_colours:  # (past len(VARIANT_SHADES) + 1 groups of one method a colour repeats)
-            colour = next((c for c in (_shade(colour, share) for share in VARIANT_SHADES) if c not in used_colours),
-                          colour)
-        used_colours.add(colour)
-        used_symbols.add(symbol)
-        out.append((colour, symbol))
-    return out
-
-
-KSWEEP_THEORY = {  # convention -> (y axis title, the dashed curve's formula; E = (1 - a^(k+1)) / (1 - a))
-    "vllm": ("tokens per drafting step", "E = (1 − a^(k+1))/(1 − a)"),
-    "per_forward": ("tokens per verification step", "(1 − g) + g·E, g = coverage"),
-    "drafts_only": ("accepted drafts per drafting step", "E − 1"),
-}
-
-
-def _theory(convention: str, a: float, k: int, g: float) -> float:
-    e = expected_tokens_per_step(a, k)
-    return {"vllm": e, "per_forward": (1 - g) + g * e, "drafts_only": e - 1}[convention]
-
-
-def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Figure:
-    """Per method (and verification, temperature): mean acceptance length in ``convention`` (a key of
-    specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS) vs k with the i.i.d. theory at the method's pooled a
-    (accepted / verified positions over every k): E = (1 - a^(k+1)) / (1 - a) for vLLM's, E - 1 for
-    drafts only, (1 - g) + g E for per forward (g = the method's pooled draft coverage); and the
-    measured speedup vs k. A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of a
-    method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
-    describe a tree). ValueError for an unknown convention."""
-    label = table_columns(convention)[AL_COLUMN]
-    y_title, formula = KSWEEP_THEORY[convention]
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        f"{label} vs k (dashed: {formula})", "measured speedup over method none vs k"))
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in rows:  # a draft tree is its own group, drawn at k = its depth without the chain's i.i.d. theory
-        if r["method"] != "none":
-            tree = f" {r['tree_label']}" if r.get("tree_label") else ""
-            groups.setdefault(f"{r['method']}{tree} {r['verify']} T={r['temperature']:g}", []).append(r)
-    variants: dict[str, int] = {}  # method -> chain groups of it drawn so far (another verification / temperature)
-    styles = configuration_styles([(rs[0]["method"], bool(rs[0].get("tree_label"))) for rs in groups.values()])
-    for g, ((name, rs), (colour, symbol)) in enumerate(zip(groups.items(), styles)):
-        rs = sorted(rs, key=lambda r: r["k"])
-        tree = bool(rs[0].get("tree_label"))
-        if not tree:
-            variants[rs[0]["method"]] = variants.get(rs[0]["method"], -1) + 1
-        v = 0 if tree else variants[rs[0]["method"]]
-        line = {"color": colour, "dash": VARIANT_DASHES[v % len(VARIANT_DASHES)]}
-        # a white outline: markers drawn at one place stay told apart
-        marker = {"symbol": symbol, "size": 13, "color": colour, "line": {"width": 1, "color": "#ffffff"}}
-        ks = [r["k"] for r in rs]
-        if tree:  # a tree: a hollow symbol per k (one per tree of the method), no line to the chain's
-            marker = {"symbol": symbol, "size": 14, "color": colour, "line": {"width": 2}}
-        mode = "markers" if tree else "lines+markers"
-        # each configuration a little beside k (DODGE apart, centred on k): equal values (ngram and ngram_gpu
-        # draft the same tokens) are drawn side by side, not on top of each other; the hover gives the real k
-        xs = [k + (g - (len(groups) - 1) / 2) * DODGE for k in ks]
-        hover = {"customdata": ks, "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}<extra></extra>"}
-        fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"][convention] for r in rs], mode=mode,
-                                 name=name, line=line, marker=marker, legendgroup=name, **hover), row=1, col=1)
-        offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
-        a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
-        steps = sum(r["steps"] for r in rs)
-        g = sum(r["num_drafts"] for r in rs) / steps if steps else 0.0
-        if a is not None and len(ks) > 0 and not tree:
-            grid = list(range(1, max(ks) + 1))
-            extra = f", g = {g:.2f}" if convention == "per_forward" else ""
-            fig.add_trace(go.Scatter(x=grid, y=[_theory(convention, a, k, g) for k in grid], mode="lines",
-                                     line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
-                                     legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
-                                     "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
-        fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode=mode, name=name, line=line, marker=marker,
-                                 legendgroup=name, showlegend=False, **hover), row=1, col=2)
-    fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
-    fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
-    fig.update_yaxes(title_text=y_title, row=1, col=1)
-    fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
-    fig.update_layout(height=380, plot_bgcolor="#ffffff", margin={"l": 60, "r": 20, "t": 40, "b": 60},
-                      legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
-    if not groups:
-        fig.add_annotation(text="run a k sweep (several k per method) to draw this", showarrow=False, xref="paper",
-                           yref="paper", x=0.5, y=0.5, font={"color": "#6b7280"})
     return fig
 
 
