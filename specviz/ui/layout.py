@@ -307,8 +307,10 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         inputs = [state, *(controls[name] for name in RunRequest.fields()), *(c[name] for name in option_controls())]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
         source = [v["source_heading"], v["source_explain"]]
-        # the speedup over method none, measured after the run's views are drawn (they never wait for it)
-        measure_event = run_event.then(session.measure, [state], full, api_name="measure", concurrency_limit=4)
+        # the speedup over method none, measured after the run's views are drawn (they never wait for it); its
+        # progress is the progress line's own text, so no loading overlay covers the views meanwhile
+        measure_event = run_event.then(session.measure, [state], full, api_name="measure", concurrency_limit=4,
+                                       show_progress="hidden")
         run_btn.click(None, None, None, cancels=[measure_event], queue=False)  # a new Run ends the old measurement
         run_event.then(h.state_status, [state, c["method"]], [c["state_info"]], api_name="method_state")
         run_event.then(h.source_texts, [state], source, api_name="source_texts")
