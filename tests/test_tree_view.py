@@ -402,7 +402,7 @@ def test_decision_panel_of_greedy_and_typical_has_no_residual(verify):
 
 
 def test_meta_gives_the_geometry_the_presentation_fit_reads():
-    """specviz/ui/lesson.py svTreeFit computes a row pitch from meta.tree_rows and scales the boxes from
+    """specviz/ui/lesson_script.py svTreeFit computes a row pitch from meta.tree_rows and scales the boxes from
     tree_row_px / tree_box_font: they must be the figure's own rows (its y range) and sizing (its height, its
     boxes' font)."""
     fig = tv.tree_figure(tree_trace(), 0)
@@ -413,3 +413,12 @@ def test_meta_gives_the_geometry_the_presentation_fit_reads():
     assert fixed == 190 + tv.RULE_LINE_PX + tv.LEGEND_PX and not m["tree_compact"]
     fonts = {a.font.size for a in fig.layout.annotations if (a.name or "").startswith("node ")}
     assert fonts == {m["tree_box_font"]}
+    # the legend beside the tree: its rows and longest entry, the bottom margin without them, the depth columns
+    assert fig.layout.margin.b == m["tree_margin_b"] + m["tree_legend_px"]
+    assert m["tree_legend_chars"] == max(len(t.name) for t in fig.data if t.showlegend is not False and t.name)
+    hi_x = fig.layout.xaxis.range[1]
+    assert m["tree_columns"] == round(hi_x + 0.45) and m["tree_box_chars"] == tv.TOKEN_CHARS
+    # the definitions shortened to their first line: p and c named, the rest in the chapter and the rule line
+    defs = next(a.text for a in fig.layout.annotations if a.name == "definitions")
+    assert "<br>" in defs and defs.startswith(m["tree_defs_head"] + "<br>")
+    assert m["tree_defs_head"].startswith("p = the target's probability") and "c = exp(score)" in m["tree_defs_head"]

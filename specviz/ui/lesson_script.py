@@ -90,7 +90,8 @@ const svScale = (gd) => {
   if (L.height) up.height = svFitHeight(Math.round(L.height * grow));
   const panel = gd.closest('#sv-tree');
   if (tree && L.width && panel) up.width = Math.max(L.width, Math.min(Math.round(L.width * k), panel.clientWidth - 24));
-  if (tree) Object.assign(up, svTreeFit(L, up['margin.t'] || (L.margin && L.margin.t) || 0, up.height, k) || {});
+  if (tree) Object.assign(up, svTreeFit(L, up['margin.t'] || (L.margin && L.margin.t) || 0, up.height, k,
+                                        up.width || L.width) || {});
   const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
@@ -137,26 +138,43 @@ const svFitHeight = (h) => {
   return document.body.classList.contains('sv-present') && room < h && room >= h * (1 - %(shrink)s) ? room : h;
 };
 // presentation layout with a lesson on: a draft tree taller than the room below the chapter panel gets a row
-// pitch that fits (its title, definitions, rule line and legend keep their size and place): the node boxes'
-// text shrinks with the pitch (never over the layout's %(scale)sx, never under 0.9x), down to one line per box
-// (the numbers stay in the hover) when two lines do not fit at 1x; a tree that does not fit even so is left as it is
-// (L: the layout, its text sizes times tk; top: its top margin, height: its height, both as they will be drawn)
-const svTreeFit = (L, top, height, tk) => {
+// pitch that fits: the node boxes' text shrinks with the pitch (never over the layout's %(scale)sx, never under
+// 0.9x), down to one line per box (the numbers stay in the hover) when two lines do not fit at 1x; a tree that does
+// not fit even so is left as it is. Room for the rows: the definitions keep their first line (the pinned chapter
+// and the rule line say the rest) and the legend moves beside the tree where its columns keep room for one-line
+// boxes. L: the layout, its text sizes times tk; top, height, width: as they will be drawn
+const svTreeFit = (L, top, height, tk, width) => {
   const m = L.meta || {}, on = document.body.classList;
   if (!m.tree_rows || !on.contains('sv-present') || !on.contains('sv-lesson-on')) return null;
-  // the top margin as tall as its text needs: the title (8 px pad), the definitions' lines, 28 px for the rule line
-  const defs = (L.annotations || []).find((a) => a.name === 'definitions'), size = (f) => ((f && f.size) || 12) * tk;
-  const lines = defs ? String(defs.text).split('<br>').length : 0;
-  top = Math.min(top, Math.ceil(8 + 1.3 * size(L.title && L.title.font) + 8 + 1.3 * size(defs && defs.font) * lines + 28));
-  const room = svRoom(), fixed = top + ((L.margin && L.margin.b) || 0), pitch = (room - fixed) / m.tree_rows;
-  let s = Math.min(%(scale)s, pitch / m.tree_row_px), compact = m.tree_compact, font = m.tree_box_font;
-  if (s < 1 && !compact) [compact, font, s] = [true, 10, Math.min(%(scale)s, pitch / 22)];  // tree.py's one-line row
+  const anns = L.annotations || [], d = anns.findIndex((a) => a.name === 'definitions');
+  const size = (f) => ((f && f.size) || 12) * tk, head = d >= 0 && m.tree_defs_head;
+  // the top margin as tall as its text needs: the title (8 px pad), the definitions' line, 28 px for the rule line
+  const lines = d < 0 ? 0 : head ? head.split('<br>').length : String(anns[d].text).split('<br>').length;
+  top = Math.min(top, Math.ceil(8 + 1.3 * size(L.title && L.title.font) + 8 +
+                                1.3 * size(d >= 0 && anns[d].font) * lines + 28));
+  const room = svRoom(), legend = size(L.legend && L.legend.font), below = m.tree_margin_b + m.tree_legend_px;
+  const fit = (bottom) => {  // [one-line boxes, box font at 1x, scale] for the rows' pitch
+    const pitch = (room - top - bottom) / m.tree_rows;
+    let s = Math.min(%(scale)s, pitch / m.tree_row_px), compact = m.tree_compact, font = m.tree_box_font;
+    // two lines do not fit at 1x: tree.py's one-line row (22 px, 10 px text)
+    if (s < 1 && !compact) [compact, font, s] = [true, 10, Math.min(%(scale)s, pitch / 22)];
+    return [compact, font, s];
+  };
+  // beside: the legend a column right of the tree (its symbol, padding and longest entry); kept under the tree
+  // where a depth column would get less than its boxes (one-line: monospace, 0.6 em a character)
+  const besidePx = 60 + 0.55 * legend * m.tree_legend_chars;
+  let beside = true, [compact, font, s] = fit(m.tree_margin_b);
+  const column = compact ? 0.6 * Math.round(font * s) * m.tree_box_chars + 16 : m.tree_column_px * s;
+  if ((width - 20 - besidePx) / m.tree_columns < column) [beside, [compact, font, s]] = [false, fit(below)];
   if (s < 0.9 || (height <= room && s >= %(scale)s)) return null;
-  // the legend pinned to the figure's bottom edge, inside the bottom margin (as a paper-anchored legend below the
-  // plot area Plotly drew it over the lowest rows once the figure was shortened)
-  const up = {height: Math.floor(room), 'margin.t': top, 'legend.yref': 'container', 'legend.y': 0,
-              'legend.yanchor': 'bottom'};
-  (L.annotations || []).forEach((a, i) => {
+  // beside: top-aligned with the tree; under: pinned to the figure's bottom edge, inside the bottom margin (as a
+  // paper-anchored legend below the plot area Plotly drew it over the lowest rows once the figure was shortened)
+  const up = {height: Math.floor(room), 'margin.t': top, 'margin.b': beside ? m.tree_margin_b : below, ...(beside
+    ? {'legend.orientation': 'v', 'legend.x': 1.01, 'legend.xanchor': 'left', 'legend.yref': 'paper', 'legend.y': 1,
+       'legend.yanchor': 'top'}
+    : {'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom'})};
+  if (head) up[`annotations[${d}].text`] = head;
+  anns.forEach((a, i) => {
     if (!String(a.name || '').startsWith('node ')) return;
     up[`annotations[${i}].font.size`] = Math.round(font * s);
     if (compact && typeof a.text === 'string') up[`annotations[${i}].text`] = a.text.split('<br>')[0];
@@ -193,7 +211,8 @@ const svFit = (view) => {
   svCaptions();
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
     const stats = gd.layout && svStatsFit(gd.layout);
-    const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1) ||
+    const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1,
+                                      gd.layout.width) ||
                             stats);
     if (window.Plotly && t) {
       window.Plotly.relayout(gd, t);

@@ -56,6 +56,7 @@ SELECTED_BORDER = "#2563eb"
 TOKEN_CHARS = 9  # token text per box (then …)
 COLUMN_PX = 104  # horizontal room per depth column the box text is sized for
 MIN_WIDTH = 860  # px: the rule's one-line caption fits, also at the presentation layout's 1.45x text
+MARGIN_B = 10  # px under the plot area, the legend's rows aside
 LEGEND_PX = 60  # px under the plot area for the two legend rows (the presentation layout's 1.45x text included)
 RULE_LINE_PX = 24  # px above the plot area for the rule's line (room for the presentation layout's 1.45x text)
 
@@ -210,6 +211,7 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     verified_by = step_rule(trace, st)
     _legend(fig, rule, own_fate, verified_by == "greedy", trace)
     columns = max(d for d, _ in place.values()) + 1
+    defs = next(a.text for a in fig.layout.annotations if a.name == "definitions")
     row_px = 22 if compact else 40
     # the rule's line sits above the plot area, under the definitions (under the tree it met the legend once the
     # presentation layout enlarged the legend's text)
@@ -219,17 +221,24 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
         title={"text": _title(trace, st, nodes, path, rule), "font": {"size": 13}, "x": 0, "xanchor": "left",
                "y": 1, "yref": "container", "yanchor": "top", "pad": {"l": 10, "t": 8}},  # above the two text lines
         width=max(MIN_WIDTH, COLUMN_PX * columns + 40), height=int(190 + RULE_LINE_PX + LEGEND_PX + row_px * rows),
-        plot_bgcolor="#ffffff", margin={"l": 10, "r": 10, "t": 74 + RULE_LINE_PX, "b": 10 + LEGEND_PX},
+        plot_bgcolor="#ffffff", margin={"l": 10, "r": 10, "t": 74 + RULE_LINE_PX, "b": MARGIN_B + LEGEND_PX},
         hovermode="closest",
         clickmode="event",
         xaxis={"visible": False, "range": [-0.55, columns - 0.45], "fixedrange": True},
         yaxis={"visible": False, "range": [rows - 0.5, -0.5], "fixedrange": True},
         legend={"orientation": "h", "y": -0.02, "yanchor": "top", "font": {"size": 11}},
         meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule, "verified_by": verified_by,
-              # the geometry the presentation layout's fit reads (specviz/ui/lesson.py svTreeFit): rows of the
+              # the geometry the presentation layout's fit reads (specviz/ui/lesson_script.py svTreeFit): rows of the
               # layout, the row pitch (px) and box font (px) the boxes are sized for, one-line boxes or not
               "tree_rows": int(rows), "tree_row_px": row_px, "tree_box_font": 10 if compact else 11,
-              "tree_compact": compact},
+              "tree_compact": compact, "tree_columns": int(columns), "tree_column_px": COLUMN_PX,
+              "tree_box_chars": TOKEN_CHARS,
+              # the bottom margin without and with the legend's rows and the legend's longest entry (the fit may
+              # move the legend beside the tree); the definitions' first line (the fit shows only it: the pinned
+              # chapter and the rule line say the rest)
+              "tree_margin_b": MARGIN_B, "tree_legend_px": LEGEND_PX,
+              "tree_legend_chars": max(len(t.name) for t in fig.data if t.showlegend is not False and t.name),
+              "tree_defs_head": defs.split("<br>")[0]},
     )
     return fig
 
