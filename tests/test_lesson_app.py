@@ -385,3 +385,23 @@ def _check_fit(page, name: str) -> None:
     assert not any(cut.values()), cut
 
 
+
+
+def test_the_lesson_chapter_hides_on_the_compare_tab_and_comes_back(browser, app_url, pages):
+    """Presentation layout, a lesson on: the pinned chapter (a third of a 720 px screen) is hidden while the Compare
+    tab is shown, its top padding with it, and is back, at the same chapter, on the Single run tab."""
+    page, errors = _open(browser, app_url + "?present=1", 1280, 720, pages)
+    _run(page, "ngram", max_new=3)
+    page.click("#sv-lesson-start")
+    page.wait_for_selector(".sv-chapter")
+    index = page.evaluate("document.querySelector('.sv-chapter').dataset.index")
+    assert page.locator("#sv-lesson").first.is_visible()
+    page.get_by_role("tab", name="Compare").click()
+    page.wait_for_function("document.body.classList.contains('sv-lesson-away')", timeout=10_000)
+    assert not page.locator("#sv-lesson").first.is_visible()
+    assert page.evaluate("getComputedStyle(document.body).paddingTop") == "0px"
+    page.get_by_role("tab", name="Single run").click()
+    page.wait_for_function("!document.body.classList.contains('sv-lesson-away')", timeout=10_000)
+    assert page.locator("#sv-lesson").first.is_visible()
+    assert page.evaluate("document.querySelector('.sv-chapter').dataset.index") == index
+    assert not errors, errors

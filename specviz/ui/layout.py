@@ -113,6 +113,12 @@ class LenientNumber(gr.Number):
         return None if payload is None else self.round_to_precision(payload, self.precision)
 
 
+
+LESSON_AWAY_JS = """() => setTimeout(() => {
+  const single = document.getElementById('sv-run');
+  document.body.classList.toggle('sv-lesson-away', !single || single.offsetParent === null);
+}, 50)"""
+
 def _method_info() -> str:
     """The method radio's help: every registered method's one line."""
     return "; ".join(f"{m.name} = {m.summary}" for m in methods.all_methods())
@@ -303,6 +309,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
                 views = [v[n] for n in ("stream", "summary", "grid", "residual", "match", "trie", "stats", "speedup")]
                 full = [progress, *views, v["step"], v["position"], state]
             compare_ui.compare_tab(session.cache, state, full, tabs)
+        # the pinned lesson chapter belongs to the Single run tab: hidden while another tab is shown
+        tabs.change(None, None, None, js=LESSON_AWAY_JS)
         controls = {**c, "num_speculative_tokens": c["k"]}  # RunRequest's field names
         inputs = [state, *(controls[name] for name in RunRequest.fields()), *(c[name] for name in option_controls())]
         run_event = run_btn.click(session.run, inputs, full, api_name="run", concurrency_limit=4)
