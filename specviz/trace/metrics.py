@@ -181,9 +181,7 @@ class RunMetrics:
         1 + accepted / drafts, "per_forward" = tokens / verification steps, "drafts_only" = accepted / drafts.
         None when the convention divides by drafts and nothing was drafted, or by steps and there were none.
         Raises ValueError for an unknown convention."""
-        if convention not in ACCEPTANCE_LENGTH_CONVENTIONS:
-            raise ValueError(f"unknown acceptance-length convention {convention!r}; choose from "
-                             f"{', '.join(ACCEPTANCE_LENGTH_CONVENTIONS)}")
+        convention_label(convention)  # ValueError for an unknown convention
         if convention == "per_forward":
             return self.tokens_per_target_forward if self.num_steps else None
         if not self.num_drafts:
@@ -209,6 +207,15 @@ ACCEPTANCE_LENGTH_CONVENTIONS = {
                     "accepted draft tokens per drafting step, the emitted token not counted (= vLLM's AL − 1; the "
                     "count TensorRT-LLM's forced-acceptance setting takes, per InferenceX)"),
 }
+
+
+def convention_label(convention: str) -> str:
+    """The column label of ``convention`` (a key of :data:`ACCEPTANCE_LENGTH_CONVENTIONS`, e.g. "AL (vLLM)").
+    Raises ValueError for an unknown convention."""
+    if convention not in ACCEPTANCE_LENGTH_CONVENTIONS:
+        raise ValueError(f"unknown acceptance-length convention {convention!r}; choose from "
+                         f"{', '.join(ACCEPTANCE_LENGTH_CONVENTIONS)}")
+    return ACCEPTANCE_LENGTH_CONVENTIONS[convention][0]
 
 
 def acceptance_length(m: RunMetrics, convention: str = "vllm") -> float | None:

@@ -113,11 +113,12 @@ class LenientNumber(gr.Number):
         return None if payload is None else self.round_to_precision(payload, self.precision)
 
 
-
+# body.sv-lesson-away while the Single run tab is hidden (read after Gradio has switched the tab's display)
 LESSON_AWAY_JS = """() => setTimeout(() => {
   const single = document.getElementById('sv-run');
   document.body.classList.toggle('sv-lesson-away', !single || single.offsetParent === null);
 }, 50)"""
+
 
 def _method_info() -> str:
     """The method radio's help: every registered method's one line."""

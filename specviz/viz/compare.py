@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 
 from specviz.compare import RULES, Comparison, same_draft_rules, table
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Trace
+from specviz.trace.metrics import convention_label
 
 from .compare_strips import prompt_label, scrub_html, strip_cells, strips_figure  # noqa: F401 (re-exported)
 from .ksweep import configuration_styles, ksweep_figure, method_style  # noqa: F401 (re-exported)
@@ -122,11 +123,8 @@ def conditional_cell(row: dict[str, Any]) -> str:
 def table_columns(convention: str = "vllm") -> list[str]:
     """TABLE_COLUMNS with the acceptance-length column named for ``convention`` (a key of
     specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS; ValueError for another)."""
-    if convention not in ACCEPTANCE_LENGTH_CONVENTIONS:
-        raise ValueError(f"unknown acceptance-length convention {convention!r}; choose from "
-                         f"{', '.join(ACCEPTANCE_LENGTH_CONVENTIONS)}")
     cols = list(TABLE_COLUMNS)
-    cols[AL_COLUMN] = ACCEPTANCE_LENGTH_CONVENTIONS[convention][0]
+    cols[AL_COLUMN] = convention_label(convention)
     return cols
 
 

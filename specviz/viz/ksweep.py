@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz import methods
-from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
+from specviz.trace.metrics import convention_label
 
 from .stats import expected_tokens_per_step
 
@@ -92,10 +92,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     measured speedup vs k. A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of a
     method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
     describe a tree). ValueError for an unknown convention."""
-    if convention not in ACCEPTANCE_LENGTH_CONVENTIONS:
-        raise ValueError(f"unknown acceptance-length convention {convention!r}; choose from "
-                         f"{', '.join(ACCEPTANCE_LENGTH_CONVENTIONS)}")
-    label = ACCEPTANCE_LENGTH_CONVENTIONS[convention][0]  # the table's acceptance-length column header
+    label = convention_label(convention)  # the table's acceptance-length column header
     y_title, formula = KSWEEP_THEORY[convention]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
         f"{label} vs k (dashed: {formula})", "measured speedup over method none vs k"))
