@@ -287,7 +287,8 @@ def test_load_example_fills_the_controls(app_url):
 def test_closing_the_example_dropdown_without_a_pick_changes_nothing(app_url):
     client = Client(app_url, verbose=False)
     out = client.predict(None, api_name="/load_example")  # used to raise "unknown example None"
-    assert len(out) == 8
+    from specviz.ui.handlers import example_fields
+    assert len(out) == 2 + len(example_fields())  # the prompt, the settings, the progress line
     # an update that changes nothing: the prompt box keeps its text (the client reads the default)
     assert out[0] != "" and "unknown example" not in str(out)
 
@@ -582,9 +583,26 @@ def test_load_example_without_a_choice_is_a_no_op():
     examples = [{"name": "a", "prompt": "x = 1\n", "settings": {"method": "none"}}]
     for choice in (None, "", "no such example"):
         out = handlers.load_example(examples, choice)
-        assert len(out) == 1 + len(handlers.example_fields())
+        assert len(out) == 2 + len(handlers.example_fields())
         assert all(isinstance(o, type(gr.skip())) for o in out)
     assert handlers.load_example(examples, "a")[:2] == ("x = 1\n", "none")
+
+
+def test_an_example_clears_the_draft_tree_fields_and_shows_its_note():
+    from specviz.ui import handlers
+
+    examples = [{"name": "tree", "prompt": "x", "settings": {"method": "eagle3", "eagle_tree": "4, 6, 32"}},
+                {"name": "chain", "prompt": "y", "settings": {"method": "ngram"}, "note": "One draw."}]
+    fields = handlers.example_fields()
+    tree = dict(zip(fields, handlers.load_example(examples, "tree")[1:]))
+    assert tree["eagle_tree"] == "4, 6, 32" and tree["static_tree"] == "" and tree["tree_branches"] == 0
+    out = handlers.load_example(examples, "chain")
+    chain = dict(zip(fields, out[1:]))
+    assert (chain["method"], chain["eagle_tree"], chain["tree_branches"], chain["static_tree"]) == ("ngram", "", 0, "")
+    assert out[-1].endswith("One draw.")
+    bundled = handlers.load_examples(Path(__file__).resolve().parent.parent / "assets/examples/prompts.json")
+    for ex in bundled:  # every bundled example names only settings the controls have
+        assert set(ex["settings"]) <= set(fields), ex["name"]
 
 
 def test_stop_on_a_partial_snapshot_keeps_the_trace_consistent(app_url):

@@ -74,3 +74,28 @@ def test_brief_trace_records_p_as_not_recorded(decoders):
     assert again.to_dict() == tr.to_dict()
     page = token_stream_html(again)
     assert "p(x) = not recorded" in page and "p(x) = 0" not in page
+
+
+OUT_OF_RANGE = [  # a hand-edited trace: each probability a view draws, pushed out of [0, 1]
+    ("draft_block", lambda d: _first(d, lambda s: s["positions"])["positions"][0].update(p=7.5), "positions[0].p"),
+    ("draft_block", lambda d: _first(d, lambda s: s["positions"])["positions"][0].update(q=-0.2), "positions[0].q"),
+    ("draft_block", lambda d: _first(d, lambda s: s["positions"])["positions"][0].update(u=1.5), "positions[0].u"),
+    ("draft_block", lambda d: _first(d, lambda s: s["positions"])["positions"][0]["p_top"][0].__setitem__(1, 2.0),
+     "positions[0].p_top[0][1]"),
+    ("draft_block", lambda d: d["steps"][0]["emitted"].update(p=3.0), "emitted.p"),
+    ("draft_block", lambda d: _first(d, lambda s: s["nodes"])["nodes"][0].update(q=1.2), "nodes[0].q"),
+    ("draft_block", lambda d: _first(d, lambda s: s["block"])["block"]["eta"].__setitem__(0, 1.7), "block.eta[0]"),
+    ("draft_block", lambda d: d["metrics"].update(draft_acceptance_rate=1.3), "metrics.draft_acceptance_rate"),
+    ("ngram", lambda d: d["metrics"]["acceptance_rate_per_position"].__setitem__(0, -0.5),
+     "metrics.acceptance_rate_per_position[0]"),
+]
+
+
+@pytest.mark.parametrize("run, mutate, where", OUT_OF_RANGE, ids=[m[2] for m in OUT_OF_RANGE])
+def test_probabilities_out_of_range_are_refused(traces, run, mutate, where):
+    data = copy.deepcopy(traces[run])
+    assert Trace.from_json(json.dumps(data)).to_dict() == data  # the untouched trace loads (the control)
+    mutate(data)
+    with pytest.raises(TraceFormatError, match=r"between 0 and 1") as info:
+        Trace.from_json(json.dumps(data))
+    assert where in str(info.value)

@@ -53,7 +53,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .validate import (BLOCK_SCHEMA, METRICS_SCHEMA, TOP2_ROW, TOP_PAIR, TraceFormatError, check, check_int_list, check_list,
-                       check_obj, config_schema, load_json_capped, match_schema, take)
+                       check_metric_rates, check_obj, check_step_probabilities, config_schema, load_json_capped,
+                       match_schema, take)
 
 TRACE_VERSION = 2  # 2: steps have tree nodes; version-1 traces load (chain nodes built from positions)
 READABLE_VERSIONS = (1, 2)
@@ -243,6 +244,7 @@ class Trace:
         check_int_list(kw["output_token_ids"], "trace.output_token_ids")
         check(kw["config"], config_schema(), "trace.config")
         check(kw.get("metrics", {}), METRICS_SCHEMA, "trace.metrics")
+        check_metric_rates(kw.get("metrics", {}))
         check(kw.get("token_texts", {}), {str: str}, "trace.token_texts")
         _check_vocab(kw)
         return cls(**kw)
@@ -295,7 +297,9 @@ def _step_from_dict(data: Any, i: int, version: int = TRACE_VERSION) -> Step:
                        for j, n in enumerate(check_list(obj.get("nodes"), f"{where}.nodes"))]
         check_int_list(kw.get("accepted_path", []), f"{where}.accepted_path")
         _check_tree(kw, where)
-    return Step(**kw)
+    step = Step(**kw)
+    check_step_probabilities(step, where)
+    return step
 
 
 def _check_tree(kw: dict, where: str) -> None:

@@ -129,6 +129,7 @@ METRICS_SCHEMA = {
     "accepted_per_position": [int], "acceptance_rate_per_position": [float],
     "conditional_acceptance_rate": [float], "acceptance_histogram": [int], "time_ms": {str: float},
     "drafted_per_depth": [int], "acceptance_rate_per_depth": [float], "depth_acceptance_rate": float,
+    "alpha": (float, None), "draft_coverage": (float, None),
 }
 
 
@@ -192,6 +193,52 @@ def check(value: Any, schema: Any, where: str) -> None:
                 check(obj[key], sub, f"{where}.{key}")
     elif not _matches(value, schema):
         raise TraceFormatError(f"{where} must be {_describe_schema(schema)}, got {json.dumps(value)[:60]}")
+
+
+# ---- ranges: probabilities are probabilities ------------------------------------------------------------------------
+PROB_SLACK = 1e-4  # float32 softmax sums may exceed 1 by a few ulps; anything past this is not a probability
+_POSITION_PROBS = ("p", "q", "u", "accept_prob", "residual_mass")
+_NODE_PROBS = ("p", "q", "u", "accept_prob")
+_METRIC_RATES = ("draft_acceptance_rate", "depth_acceptance_rate", "alpha", "draft_coverage")
+_METRIC_RATE_LISTS = ("acceptance_rate_per_position", "conditional_acceptance_rate", "acceptance_rate_per_depth")
+
+
+def check_probability(value: Any, where: str) -> None:
+    """Raise TraceFormatError unless ``value`` (a finite number, or None: not recorded) lies in [0, 1]."""
+    if value is not None and not -PROB_SLACK <= value <= 1 + PROB_SLACK:
+        raise TraceFormatError(f"{where} is {value!r}; a probability must lie between 0 and 1")
+
+
+def check_step_probabilities(step: Any, where: str) -> None:
+    """Every probability a view draws from a parsed :class:`~specviz.trace.schema.Step` (p, q, u, min(1, p/q), Z,
+    the top-20 lists, the emitted token's p, tree nodes' p / q / u, block verification's h and eta) in [0, 1].
+    Raises:
+        TraceFormatError: naming the first field out of range (a hand-edited trace, say)."""
+    for j, pos in enumerate(step.positions):
+        at = f"{where}.positions[{j}]"
+        for name in _POSITION_PROBS:
+            check_probability(getattr(pos, name), f"{at}.{name}")
+        for name in ("p_top", "q_top", "residual_top"):
+            for r, pair in enumerate(getattr(pos, name)):
+                check_probability(pair[1], f"{at}.{name}[{r}][1]")
+    check_probability(step.emitted.p, f"{where}.emitted.p")
+    for r, pair in enumerate(step.emitted.top):
+        check_probability(pair[1], f"{where}.emitted.top[{r}][1]")
+    for j, node in enumerate(step.nodes):
+        for name in _NODE_PROBS:
+            check_probability(getattr(node, name), f"{where}.nodes[{j}].{name}")
+    for name in ("h", "eta"):
+        for r, v in enumerate((step.block or {}).get(name, [])):
+            check_probability(v, f"{where}.block.{name}[{r}]")
+
+
+def check_metric_rates(metrics: dict, where: str = "trace.metrics") -> None:
+    """The rates among a trace's metrics (acceptance rates, a, coverage) in [0, 1]. Raises TraceFormatError."""
+    for name in _METRIC_RATES:
+        check_probability(metrics.get(name), f"{where}.{name}")
+    for name in _METRIC_RATE_LISTS:
+        for r, v in enumerate(metrics.get(name) or []):
+            check_probability(v, f"{where}.{name}[{r}]")
 
 
 # ---- a whole trace's consistency, and the method-none summary an export carries ------------------------------

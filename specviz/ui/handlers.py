@@ -68,23 +68,29 @@ def load_examples(path: str | Path) -> list[dict[str, Any]]:
 
 
 CORE_EXAMPLE_FIELDS = ("method", "num_speculative_tokens", "verify", "temperature", "max_new_tokens")
+# an example sets or clears these: a tree left from an earlier pick would be ignored by the next method, with a warning
+TREE_FIELD_DEFAULTS = {"eagle_tree": "", "tree_branches": 0, "static_tree": ""}
 
 
 def example_fields() -> tuple[str, ...]:
-    """The controls an example sets, in :func:`load_example`'s order (then the methods' own option controls)."""
-    return (*CORE_EXAMPLE_FIELDS, *option_controls())
+    """The controls an example sets, in :func:`load_example`'s order: the core settings, the methods' own option
+    controls, then the draft-tree fields."""
+    return (*CORE_EXAMPLE_FIELDS, *option_controls(), *TREE_FIELD_DEFAULTS)
 
 
 def load_example(examples: list[dict[str, Any]], name: str) -> tuple[Any, ...]:
-    """The example's prompt and settings (gr.skip() for settings it leaves unset). No choice
-    (the dropdown closed without a pick: None or "") or an unknown name changes nothing."""
+    """The example's prompt, its settings in :func:`example_fields`' order, then the progress line (its ``note``, if
+    any). Settings it leaves unset are gr.skip(), except the draft-tree fields, which it clears. No choice (the
+    dropdown closed without a pick: None or "") or an unknown name changes nothing."""
     ex = next((e for e in examples if e["name"] == name), None) if name else None
     if ex is None:
         if name:
             gr.Warning(f"unknown example {name!r}")
-        return (gr.skip(),) * (1 + len(example_fields()))
+        return (gr.skip(),) * (2 + len(example_fields()))
     st = ex.get("settings", {})
-    return (ex["prompt"], *(st[f] if f in st else gr.skip() for f in example_fields()))
+    values = (st[f] if f in st else TREE_FIELD_DEFAULTS.get(f, gr.skip()) for f in example_fields())
+    note = f" {ex['note']}" if ex.get("note") else ""
+    return (ex["prompt"], *values, f"Example loaded: press Run.{note}")
 
 
 class SessionHandlers:

@@ -350,7 +350,8 @@ def build_app(target: str | None = None, draft: str | None = None, device: str |
         tree_ui.wire_tree(v, state, [run_event, replay_event])
         e["export"].click(h.export, [state, v["step"], v["position"]], [e["files"]], api_name="export")
         c["example"].input(partial(h.load_example, examples), [c["example"]],
-                           [c["prompt"], *(controls[name] for name in h.example_fields())], api_name="load_example")
+                           [c["prompt"], *(controls[name] for name in h.example_fields()), v["progress"]],
+                           api_name="load_example")
     return demo
 
 
