@@ -4,7 +4,7 @@ For random bf16 targets shaped like Llama-3.2-1B and Llama-3.1-8B (built from a 
 weights, no download) with a random 68M-class draft (2 layers x 512, tied embeddings, the target's
 128256-token vocabulary), batch 1, a random 32-token prompt:
 
-* HF ``generate`` (greedy, DynamicCache) and specviz method none, tracing on and off: tokens/s and the
+* HF ``generate`` (greedy; DynamicCache, and ``cache_implementation="static"``) and specviz method none, tracing on and off: tokens/s and the
   fraction of the HBM roofline, i.e. tok/s over (measured copy bandwidth / weight bytes per token).
   Weight bytes per token = 2 bytes x every parameter a 1-token forward reads: all of them except the
   input embedding table when it is not tied to the LM head (a lookup reads one row of it).
@@ -196,10 +196,13 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
 
     ids = torch.tensor([prompt], device=device)
     if "hf" in args.parts:
-        hf = lambda: target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,  # noqa: E731
-                                     max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
+        hf = functools.partial(target.generate, ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                               max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
         sec, out = median_wall(hf, device, args.repeats)
         row("hf generate", sec, out.shape[1] - ids.shape[1])
+        hf_static = functools.partial(hf, cache_implementation="static")  # HF's own StaticCache path
+        sec, out = median_wall(hf_static, device, args.repeats)
+        row("hf generate static cache", sec, out.shape[1] - ids.shape[1])
     none_rows = {}
     for detailed in (True, False):
         kw = dict(method="none", max_new_tokens=max_new, detailed_trace=detailed)

@@ -28,6 +28,10 @@
 #   ngram    benchmarks/bench_ngram_gpu.py --warm-up: ngram_gpu's draft ms per step over prompt lengths, against ngram
 #   badge    specviz compare, every method at k = 5, greedy, 3 bundled prompts x 128 tokens, bf16 (the losslessness
 #            badge, the timing marks, ngram_gpu beside ngram), to $OUT/badge
+#   roofline benchmarks/roofline.py: a decode token's kernel time by kind against the weight roofline and the GEMV
+#            floor (ROOF_SHAPES, default 8b,1b; ROOF_COMPILE: shapes also profiled compiled; T_ROOF: timeout)
+#   shapes   benchmarks/bench_shapes.py --quick: HF (dynamic and static cache) beside specviz none, synthetic speedups
+#            and their predictions, uncompiled and compiled (T_SHAPES: timeout)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP / T_BENCH (timeouts, s), K (pytest -k for tests),
 #   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz (logs-2.tgz, ... for later calls in one command); results under $OUT.
@@ -106,6 +110,14 @@ for stage in "$@"; do
       --methods "${METHODS:-ngram,ngram_gpu,suffix,draft_model,eagle,eagle3,medusa,mtp,dflash}" \
       --prompt-set "${BADGE_PROMPTS:-repetitive code}" --out "$OUT/badge" > "$L/badge.log" 2>&1
     echo "[badge] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/badge.log" | tail -40 ;;
+  roofline)
+    timeout ${T_ROOF:-300} python3 benchmarks/roofline.py --out "$OUT/roofline" --shapes ${ROOF_SHAPES:-8b,1b} \
+      --compile "${ROOF_COMPILE:-}" --commit "$COMMIT" > "$L/roofline.log" 2>&1
+    echo "[roofline] exit $?"; cat "$OUT/roofline/roofline.md" 2>/dev/null || tail -n 30 "$L/roofline.log" ;;
+  shapes)
+    timeout ${T_SHAPES:-400} python3 benchmarks/bench_shapes.py --out "$OUT/shapes" --quick --commit "$COMMIT" \
+      > "$L/shapes.log" 2>&1
+    echo "[shapes] exit $?"; cat "$OUT/shapes/bench_shapes.md" 2>/dev/null || tail -n 30 "$L/shapes.log" ;;
   ready)
     timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" > "$L/ready.log" 2>&1
     echo "[ready] exit $?"; grep -vE "app_log_tail" "$L/ready.log" | head -40 ;;

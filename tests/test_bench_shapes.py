@@ -47,3 +47,26 @@ def test_weight_bytes_count_the_lm_head_and_skip_an_untied_input_embedding():
 def test_expected_tokens_formula():
     assert bench_shapes.expected_tokens(0.8, 4) == pytest.approx(1 + 0.8 + 0.8**2 + 0.8**3 + 0.8**4)
     assert bench_shapes.expected_tokens(1.0, 4) == 5.0
+
+
+def test_roofline_dry_run_and_kernel_kinds(tmp_path):
+    import roofline
+
+    result = roofline.main(["--out", str(tmp_path), "--dry-run", "--compile", "dry", "--commit", "test"])
+    (shape,) = result["shapes"]
+    assert shape["weight_bytes_per_token"] > 0 and shape["roofline_ms"] > 0
+    assert [r["compile"] for r in shape["runners"]] == [False, True] and shape["runners"][1]["compiled"]
+    assert shape["gemv"] is None and "replay_ms" not in shape["runners"][0]  # graphs and the profiler need CUDA
+    assert "roofline" in (tmp_path / "roofline.md").read_text()
+    kinds = {  # kernel names as cuBLAS, FlashAttention, SDPA and inductor print them
+        "void gemv2T_kernel_val<int, int, __nv_bfloat16, float, 128, 16, 4, 4>": "gemm/gemv",
+        "nvjet_hsh_64x8_64x16_4x1_v_bz_splitK_TNT": "gemm/gemv",
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize64x64x64": "gemm/gemv",
+        "void pytorch_flash::flash_fwd_splitkv_kernel<Flash_fwd_kernel_traits<128>>": "attention",
+        "fmha_cutlassF_bf16_aligned_64x128_rf_sm80": "attention",
+        "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norm",
+        "triton_poi_fused_cat_cos_mul_sin_2": "rotary",
+        "void at::native::index_copy_kernel_impl<...>": "cache write",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "other elementwise",
+    }
+    assert {name: roofline.kind_of(name) for name in kinds} == kinds
