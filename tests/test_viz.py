@@ -541,3 +541,15 @@ def test_a_grid_longer_than_its_rows_says_which_steps_it_shows():
     title = step_grid_figure(tr, 20, 1).layout.title.text
     assert title == f"steps 8-29 of {VISIBLE_ROWS + 8} (drag to scroll) × draft positions", title  # the last 22
     assert len(title) * 7.5 <= 480  # fits the grid's half of a 1024 px page at 14 px
+
+
+def test_bar_labels_never_strand_one_letter():
+    from specviz.viz.residual import TICK_LINE, _two_lines
+
+    assert _two_lines("␣hidden") == "␣<br>hidden"  # the space mark alone, the word whole
+    assert _two_lines("attention") == "atten<br>tion"
+    assert _two_lines("abc") == "abc"
+    for word in ("␣return", "attention", "␣hidden", "x" * (TICK_LINE + 1), "&lt;|endoftext|&gt;"):
+        lines = _two_lines(word).split("<br>")
+        assert len(lines) <= 2 and all(len(x.replace("&lt;", "<").replace("&gt;", ">")) <= TICK_LINE for x in lines)
+        assert min(len(x) for x in lines) > 1 or lines[0] in "␣↵", word

@@ -129,6 +129,9 @@ def quoted(trace: Trace, token_id: int) -> str:
     return html.escape(f"‘{visible(token_text(trace, token_id))}’", quote=False)
 
 
+LONG_TOKEN = 12  # characters: a table's token longer than this may wrap (a shorter one stays whole: no "␣hidde / n")
+
+
 def token_code(trace: Trace, token_id: Any, style: str = "") -> str:
     """A token for the HTML tables (``<code>``; "—" for None): :func:`visible`'s text, HTML-escaped (a Python
     repr there showed "'\\n '" for a newline and 27 spaces, since HTML collapses the spaces), the raw piece's repr
@@ -137,7 +140,9 @@ def token_code(trace: Trace, token_id: Any, style: str = "") -> str:
         return "—"
     raw = html.escape(repr(token_text(trace, int(token_id))), quote=True)
     css = f" style='{style}'" if style else ""
-    return f"<code title='{raw}'{css}>{html.escape(visible(token_text(trace, int(token_id))), quote=False)}</code>"
+    text = visible(token_text(trace, int(token_id)))
+    long = " class='sv-long'" if len(text) > LONG_TOKEN else ""  # only a long token may break inside (app.css)
+    return f"<code title='{raw}'{long}{css}>{html.escape(text, quote=False)}</code>"
 
 
 def decision_slot(step: Step) -> int:

@@ -99,6 +99,15 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
 TICK_LINE = 6  # characters per line of a bar's label (ten bars share half a 1280 px page at 1.45x type)
 
 
+def _split_token(raw: str) -> list[str]:
+    """Two lines of a token of TICK_LINE + 1 .. 2 TICK_LINE characters: its leading space mark alone when the word
+    then fits one line ("␣" / "hidden"), else two halves ("attent" / "ion"), never one stray letter ("␣hidde" / "n")."""
+    if raw[0] in "␣↵" and len(raw) - 1 <= TICK_LINE:
+        return [raw[0], raw[1:]]
+    half = (len(raw) + 1) // 2
+    return [raw[:half], raw[half:]]
+
+
 def _two_lines(text: str) -> str:
     """A bar label (HTML-escaped, from :func:`~specviz.viz.common.label`) in lines of at most TICK_LINE characters,
     two at most (the rest cut, "…"); a " #id" suffix starts the second line."""
@@ -109,7 +118,7 @@ def _two_lines(text: str) -> str:
     if tail:
         lines = [head[:TICK_LINE], f"#{tail}"]
     else:
-        lines = [raw[:TICK_LINE], raw[TICK_LINE:]] if len(raw) <= 2 * TICK_LINE else \
+        lines = [raw] if len(raw) <= TICK_LINE else _split_token(raw) if len(raw) <= 2 * TICK_LINE else \
             [raw[:TICK_LINE], raw[TICK_LINE:2 * TICK_LINE - 1] + "…"]
     return "<br>".join(html_lib.escape(x, quote=False) for x in lines if x)
 
