@@ -86,7 +86,8 @@ def compare_main(args: Any) -> int:
             from specviz.precision import use_fp32_logits
 
             use_fp32_logits(decoder)
-        decoder.warm_up()
+        # no decoder.warm_up(): it captures every method's graphs (minutes on a GPU); iter_comparison warms each
+        # configuration it runs, outside the timed runs
         total = len(comparison.configs) * len(comparison.prompts) * len(comparison.seeds)
         for n, r in enumerate(iter_comparison(decoder, comparison), 1):
             print(f"[{n}/{total}] {comparison.configs[r.config].label} · prompt {r.prompt + 1} · seed {r.seed}: "
