@@ -4,6 +4,7 @@ presets, bad input, export + import (equal table), opening a run in the single-r
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -13,10 +14,19 @@ from gradio_client import Client, handle_file  # noqa: E402
 from test_app import app_url  # noqa: E402,F401  (the tiny-model app fixture)
 
 
+def _text(cell) -> str:
+    """What an HTML table cell shows (its tags dropped); other cells as they are."""
+    return re.sub(r"<[^>]+>", "", cell) if isinstance(cell, str) else cell
+
+
+def _hover(cell: str) -> str:
+    return " ".join(re.findall(r"title='([^']*)'", cell))
+
+
 API = ("compare", "compare_stop", "compare_preset", "compare_view", "compare_view_seed", "compare_scrub",
        "compare_pick", "compare_export", "compare_import", "compare_open", "compare_convention")
-# outputs of compare / compare_import: progress, table, strips, scrub, rules, ksweep, prompt, seed, run, position
-PROGRESS, TABLE, STRIPS, SCRUB, RULES, KSWEEP, PROMPT, SEED, RUN, POSITION = range(10)
+# outputs of compare / compare_import: progress, table, strips, scrub, rules, ksweep, prompt, seed, run, position, legend
+PROGRESS, TABLE, STRIPS, SCRUB, RULES, KSWEEP, PROMPT, SEED, RUN, POSITION, LEGEND = range(11)
 
 
 def _compare(client, methods=("ngram", "draft_model"), ks="2", verify=("auto",), temps="0", prompts=("set:0",),
@@ -35,8 +45,10 @@ def test_compare_runs_every_configuration_and_exports_a_comparison_that_imports_
     out = _compare(client)
     assert out[PROGRESS].startswith("**done** · 6/6 runs"), out[PROGRESS]
     rows = out[TABLE]["data"]
-    assert [r[0] for r in rows] == ["none T=0", "ngram k=2 greedy T=0", "draft_model k=2 greedy T=0"]
-    assert all(r[-1].startswith("✓ equal (2/2)") for r in rows[1:]), [r[-1] for r in rows]
+    assert [r[0] for r in rows] == ["none", "ngram", "draft_model"]  # what every row shares is in the legend
+    assert out[LEGEND].startswith("**Every row:** k = 2, greedy verification, T = 0.")
+    assert "timed 3× per prompt and seed" in out[LEGEND] and "compare them only within one comparison" in out[LEGEND]
+    assert all(_text(r[-1]) == "✓ equal (2/2)" for r in rows[1:]), [r[-1] for r in rows]
     # the cells stay numbers (the columns sort numerically) and show fixed decimals: 1.00, not 1
     speedup = out[TABLE]["headers"].index("speedup")
     shown = out[TABLE]["metadata"]["display_value"]
@@ -86,10 +98,9 @@ def test_trees_run_beside_the_chains_and_open_in_the_single_run_views(app_url):
                          "0", 8, "vllm", "2; [(0,), (1,), (0, 0)]", api_name="/compare")
     assert out[PROGRESS].startswith("**done** · 5/5 runs"), out[PROGRESS]
     rows = out[TABLE]["data"]
-    assert [r[0] for r in rows] == ["none T=0", "ngram k=2 greedy T=0", "draft_model k=2 greedy T=0",
-                                    "ngram tree 2 branches k=2 greedy T=0",
-                                    "draft_model static tree [(0,),(1,),(0,0)] k=2 greedy T=0"]
-    assert all(r[-1].startswith("✓ equal (1/1)") for r in rows[1:]), [r[-1] for r in rows]
+    assert [r[0] for r in rows] == ["none", "ngram", "draft_model", "ngram tree 2 branches",
+                                    "draft_model static tree [(0,),(1,),(0,0)]"]
+    assert all(_text(r[-1]) == "✓ equal (1/1)" for r in rows[1:]), [r[-1] for r in rows]
     assert "static tree [(0,),(1,),(0,0)]" in json.dumps(out[KSWEEP])
     opened = client.predict(4, 0, 0, api_name="/compare_open")
     assert "from the comparison" in opened[0] and "draft_model" in opened[0]
@@ -114,13 +125,15 @@ def test_sampled_comparison_with_seeds_reports_the_distribution_check(app_url):
     client = Client(app_url, verbose=False)
     few = _compare(client, methods=("draft_model",), verify=("standard",), temps="1.0", seeds="0,1,2", prompts=(),
                    max_new=4)
-    assert few[TABLE]["data"][1][-1] == "not enough samples (3 seeds; run ≥ 10)", few[TABLE]["data"]
+    badge = few[TABLE]["data"][1][-1]
+    assert _text(badge) == "few seeds" and "not enough samples (3 seeds; run ≥ 10)" in _hover(badge), badge
     # T = 0.3: the tiny models' p is peaked enough for tokens to repeat over 12 seeds (at T = 1 it is nearly flat)
     out = _compare(client, methods=("draft_model",), verify=("standard", "block"), temps="0.3", seeds="0-11",
                    prompts=(), max_new=6)
     rows = out[TABLE]["data"]
-    assert [r[0] for r in rows] == ["none T=0.3", "draft_model k=2 standard T=0.3", "draft_model k=2 block T=0.3"]
-    assert all(r[-1].startswith("≈ χ² per position p=") and "(12 seeds)" in r[-1] for r in rows[1:]), rows
+    assert [r[0] for r in rows] == ["none", "draft_model standard", "draft_model block"]  # k = 2, T = 0.3 alike
+    assert all(_text(r[-1]).startswith("≈ χ² p=") and "≈ χ² per position p=" in _hover(r[-1])
+               and "(12 seeds)" in _hover(r[-1]) for r in rows[1:]), rows
     rules = json.dumps(out[RULES])
     assert "greedy: mean acc. length" in rules and "block: mean acc. length" in rules
 

@@ -40,8 +40,15 @@ def test_compare_tab_runs_and_draws_every_view(browser, app_url):  # noqa: F811
                                                               page.locator("#sv-compare-tab fieldset").first.locator("label").all_inner_texts()])
     n_methods = len(methods)
     text = page.locator("#sv-compare-table").inner_text()
-    for label in ["none T=0", *(f"{m.strip()} k=5 greedy T=0" for m in methods)]:
-        assert label in text, (label, progress, text[:400])
+    for label in ["none", *(m.strip() for m in methods)]:  # k = 5, greedy, T = 0: every row's, in the legend
+        assert label in text.split(), (label, progress, text[:400])
+    assert "Every row: k = 5, greedy verification, T = 0." in page.locator("#sv-compare-legend").inner_text()
+    # one line per configuration: every row as tall as the shortest; the ✓ drawn by a font whose ✓ is a check
+    heights = page.evaluate("() => [...document.querySelectorAll('#sv-compare-table .virtual-row')]"
+                            ".map(r => r.getBoundingClientRect().height)")
+    assert len(heights) == n_methods + 1 and max(heights) <= min(heights) + 2, heights
+    glyph = page.evaluate("() => getComputedStyle(document.querySelector('#sv-compare-table .sv-glyph')).fontFamily")
+    assert glyph.startswith('"DejaVu Sans"'), glyph
     page.wait_for_selector("#sv-compare-strips .js-plotly-plot")
     labels = page.locator("#sv-compare-strips .ytick text").all_text_contents()
     assert "none T=0" in labels and len(labels) == n_methods + 1, labels
@@ -56,7 +63,8 @@ def test_compare_tab_runs_and_draws_every_view(browser, app_url):  # noqa: F811
     tips = page.evaluate("() => Object.fromEntries([...document.querySelectorAll('#sv-compare-table th')]"
                          ".map(th => [th.innerText.trim(), th.title]))")
     assert "1 + accepted / drafts" in tips.get("AL (vLLM)", ""), tips
-    assert all(tips.get(h) for h in ("tokens / forward", "coverage", "accept rate", "lossless")), tips
+    assert all(tips.get(h) for h in ("tok/fwd", "cov.", "accept", "range", "ms d·v·s", "c_i", "lossless")), tips
+    assert tips["ms d·v·s"].startswith("ms/step: draft / verify / sample: "), tips
     page.get_by_label("AL (per forward) = tokens / verification steps").check()
     page.wait_for_function("() => [...document.querySelectorAll('#sv-compare-table th')]"
                            ".some(th => th.innerText.trim() === 'AL (per forward)' && th.title.includes('every step'))",

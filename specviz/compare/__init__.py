@@ -8,16 +8,18 @@ as data), :mod:`~specviz.compare.cli` (``specviz compare``). Imports no gradio o
 """
 
 from .io import comparison_from_dict, load_comparison
-from .model import (COMPARISON_FORMAT, COMPARISON_VERSION, MAX_COMPARISON_BYTES, MAX_RUNS, Comparison,
+from .model import (BASELINE_TIMINGS, COMPARISON_FORMAT, COMPARISON_VERSION, MAX_COMPARISON_BYTES, MAX_RUNS, Comparison,
                     ComparisonFormatError, Prompt, RunConfig, RunResult, expand_configs, method_options, new_comparison,
                     plan, with_baselines)
 from .replay import RULES, same_draft_rules
 from .lossless import distribution_test, losslessness
 from .run import fresh_request_state, iter_comparison, run_comparison
-from .stats import pooled_metrics, pooled_row, predicted_speedup, run_ratios, table, table_csv, time_split, wilson_interval
+from .stats import (baseline_ratios, pooled_metrics, pooled_row, predicted_speedup, run_ratios, table, table_csv,
+                    time_split, wilson_interval)
 
-__all__ = ["COMPARISON_FORMAT", "COMPARISON_VERSION", "Comparison", "ComparisonFormatError", "MAX_COMPARISON_BYTES",
-           "MAX_RUNS", "Prompt", "RULES", "RunConfig", "RunResult", "comparison_from_dict", "distribution_test",
+__all__ = ["BASELINE_TIMINGS", "COMPARISON_FORMAT", "COMPARISON_VERSION", "Comparison", "ComparisonFormatError",
+           "MAX_COMPARISON_BYTES", "MAX_RUNS", "Prompt", "RULES", "RunConfig", "RunResult", "baseline_ratios",
+           "comparison_from_dict", "distribution_test",
            "expand_configs", "fresh_request_state", "iter_comparison", "load_comparison", "losslessness",
            "method_options", "new_comparison", "plan", "pooled_metrics", "pooled_row", "predicted_speedup",
            "run_comparison", "run_ratios", "same_draft_rules", "table", "table_csv", "time_split", "wilson_interval"]

@@ -89,8 +89,8 @@ def compare_main(args: Any) -> int:
         # no decoder.warm_up(): it captures every method's graphs (minutes on a GPU); iter_comparison warms each
         # configuration it runs, outside the timed runs
         total = len(comparison.configs) * len(comparison.prompts) * len(comparison.seeds)
-        for n, r in enumerate(iter_comparison(decoder, comparison), 1):
-            print(f"[{n}/{total}] {comparison.configs[r.config].label} · prompt {r.prompt + 1} · seed {r.seed}: "
+        for r in iter_comparison(decoder, comparison):
+            print(f"[{len(comparison.runs)}/{total}] {comparison.configs[r.config].label} · prompt {r.prompt + 1} · seed {r.seed}: "
                   f"{len(r.trace.output_token_ids)} tokens in {r.wall_s:.2f} s", file=sys.stderr)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

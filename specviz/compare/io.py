@@ -14,8 +14,8 @@ from specviz.config import VERIFY_METHODS
 from specviz.trace import Trace, TraceFormatError, load_json_capped
 from specviz.tree import BRANCHES_SUFFIX, DYNAMIC_SETTINGS, STATIC_SETTING, DraftTree
 
-from .model import (COMPARISON_FORMAT, COMPARISON_VERSION, MAX_COMPARISON_BYTES, MAX_RUNS, Comparison,
-                    ComparisonFormatError, Prompt, RunConfig, RunResult, method_options)
+from .model import (COMPARISON_FORMAT, COMPARISON_VERSION, MAX_BASELINE_TIMINGS, MAX_COMPARISON_BYTES, MAX_RUNS,
+                    Comparison, ComparisonFormatError, Prompt, RunConfig, RunResult, method_options)
 
 LEGACY_OPTIONS = ("prompt_lookup_min", "prompt_lookup_max")  # a config's own fields before options existed
 
@@ -108,7 +108,9 @@ def _run(data: Any, where: str, comparison: Comparison) -> RunResult:
     committed = [t for s in trace.steps for t in s.committed_token_ids]
     if committed != trace.output_token_ids:
         _fail(f"{where}.trace: output_token_ids disagree with the steps' committed tokens")
-    return RunResult(c, p, seed, trace, _num(obj.get("wall_s"), f"{where}.wall_s"))
+    timings = _list(obj.get("timings", []), f"{where}.timings", MAX_BASELINE_TIMINGS)
+    timings = [_num(t, f"{where}.timings[{i}]") for i, t in enumerate(timings)]
+    return RunResult(c, p, seed, trace, _num(obj.get("wall_s"), f"{where}.wall_s"), timings)
 
 
 def load_comparison(text: str | bytes, max_bytes: int = MAX_COMPARISON_BYTES) -> Comparison:
@@ -135,8 +137,10 @@ def comparison_from_dict(data: Any) -> Comparison:
         _fail("a comparison needs at least one configuration, prompt and seed")
     machine = _obj(obj.get("machine", {}), "machine")
     machine = {str(k): v for k, v in machine.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)}
+    # comparisons saved before method none was timed more than once carry no baseline_timings: one timing
+    timings = _int(obj.get("baseline_timings", 1), "baseline_timings", 1, MAX_BASELINE_TIMINGS)
     out = Comparison(configs, prompts, seeds, _int(obj.get("max_new_tokens"), "max_new_tokens", 1, 100_000),
-                     machine=machine)
+                     machine=machine, baseline_timings=timings)
     seen = set()
     for i, r in enumerate(_list(obj.get("runs"), "runs")):
         run = _run(r, f"runs[{i}]", out)

@@ -113,18 +113,27 @@ class Prompt:
 @dataclass
 class RunResult:
     """One finished run: indices into the comparison's configs and prompts, the seed, the trace and
-    ``wall_s``, the seconds measured around the whole request (prefill included)."""
+    ``wall_s``, the seconds measured around the whole request (prefill included). ``timings``: the decode tokens/s
+    of every timing of this request in running order when it was timed more than once (method none:
+    :attr:`Comparison.baseline_timings`), the trace and ``wall_s`` being the median timing's; [] when timed once."""
 
     config: int
     prompt: int
     seed: int
     trace: Trace
     wall_s: float
+    timings: list[float] = field(default_factory=list)
+
+
+BASELINE_TIMINGS = 3  # method none's timings per prompt and seed, spread over the running order (median kept)
+MAX_BASELINE_TIMINGS = 16
 
 
 @dataclass
 class Comparison:
-    """Configurations x prompts x seeds -> runs. ``machine``: where it ran (device, torch, date)."""
+    """Configurations x prompts x seeds -> runs. ``machine``: where it ran (device, torch, date).
+    ``baseline_timings``: how often method none is timed per prompt and seed (:func:`plan`; 1 in comparisons
+    saved before it was timed more than once)."""
 
     configs: list[RunConfig]
     prompts: list[Prompt]
@@ -132,6 +141,7 @@ class Comparison:
     max_new_tokens: int
     runs: list[RunResult] = field(default_factory=list)
     machine: dict[str, Any] = field(default_factory=dict)
+    baseline_timings: int = BASELINE_TIMINGS
 
     def runs_of(self, config: int) -> list[RunResult]:
         return [r for r in self.runs if r.config == config]
@@ -149,8 +159,10 @@ class Comparison:
         return {"format": COMPARISON_FORMAT, "version": COMPARISON_VERSION,
                 "configs": [_config_dict(c) for c in self.configs], "prompts": [asdict(p) for p in self.prompts],
                 "seeds": list(self.seeds), "max_new_tokens": self.max_new_tokens, "machine": dict(self.machine),
+                "baseline_timings": self.baseline_timings,
                 "runs": [{"config": r.config, "prompt": r.prompt, "seed": r.seed, "wall_s": r.wall_s,
-                          "trace": r.trace.to_dict()} for r in self.runs]}
+                          **({"timings": list(r.timings)} if r.timings else {}), "trace": r.trace.to_dict()}
+                         for r in self.runs]}
 
     def to_json(self) -> str:
         """JSON text; :func:`specviz.compare.io.load_comparison` reads it back."""
@@ -210,8 +222,9 @@ def expand_configs(chosen: Sequence[str], ks: Sequence[int], verifies: Sequence[
 
 
 def new_comparison(configs: Sequence[RunConfig], prompts: Sequence[Prompt | str], seeds: Sequence[int],
-                   max_new_tokens: int = 64) -> Comparison:
-    """A comparison with nothing run yet. Raises ValueError on no configurations / prompts / seeds,
+                   max_new_tokens: int = 64, baseline_timings: int = BASELINE_TIMINGS) -> Comparison:
+    """A comparison with nothing run yet (method none timed ``baseline_timings`` times per prompt and seed:
+    :func:`plan`). Raises ValueError on no configurations / prompts / seeds,
     an unknown method or verification, a bad k or temperature, or more than MAX_RUNS runs."""
     prompts = [p if isinstance(p, Prompt) else Prompt(f"prompt {i + 1}", str(p)) for i, p in enumerate(prompts)]
     if not configs or not prompts or not seeds:
@@ -237,13 +250,24 @@ def new_comparison(configs: Sequence[RunConfig], prompts: Sequence[Prompt | str]
     if len(full) * len(prompts) * len(seeds) > MAX_RUNS:
         raise ValueError(f"{len(full)} configurations x {len(prompts)} prompts x {len(seeds)} seeds is more than "
                          f"{MAX_RUNS} runs; use fewer")
-    return Comparison(list(full), list(prompts), seeds, int(max_new_tokens))
+    if not 1 <= int(baseline_timings) <= MAX_BASELINE_TIMINGS:
+        raise ValueError(f"baseline_timings must be in 1..{MAX_BASELINE_TIMINGS}, got {baseline_timings}")
+    return Comparison(list(full), list(prompts), seeds, int(max_new_tokens), baseline_timings=int(baseline_timings))
 
 
 def plan(comparison: Comparison) -> list[tuple[int, int, int]]:
-    """(config, prompt, seed) in running order: per prompt and seed, every configuration (method none
-    first), so slow drift of the machine's speed affects every configuration alike."""
-    order = sorted(range(len(comparison.configs)), key=lambda i: comparison.configs[i].method != "none")
+    """(config, prompt, seed) in running order: per prompt and seed, every configuration once, method none first and
+    again between even shares of the others and after them (``comparison.baseline_timings`` times in all, 1 when
+    it is the only configuration): a busy spell of the machine during one timing of method none then moves its
+    median, which every speedup of that prompt and seed is measured against, far less than it moved one timing. A
+    (config, prompt, seed) repeats in the list once per timing."""
+    nones = [i for i, c in enumerate(comparison.configs) if c.method == "none"]
+    others = [i for i, c in enumerate(comparison.configs) if c.method != "none"]
+    shares = max(int(comparison.baseline_timings), 1) - 1 if others else 0
+    order = list(nones)
+    for j in range(shares):  # the others in ``shares`` contiguous, nearly equal parts (fewer others: some empty)
+        order += others[j * len(others) // shares:(j + 1) * len(others) // shares] + nones
+    order += [] if shares else others
     return [(c, p, s) for p in range(len(comparison.prompts)) for s in comparison.seeds for c in order]
 
 

@@ -9,26 +9,35 @@ from typing import Any, Iterator
 from specviz import methods
 
 from .model import Comparison, RunResult, plan
+from .stats import decode_rate
 
 
 def iter_comparison(decoder: Any, comparison: Comparison, stop: threading.Event | None = None,
                    warm: bool = True) -> Iterator[RunResult]:
     """Run every (config, prompt, seed) of :func:`plan` not yet in ``comparison.runs`` on ``decoder``
-    (a loaded SpecDecoder), appending each result to ``comparison.runs`` and yielding it. A set
-    ``stop`` ends the comparison after the current run. Each run starts from :func:`fresh_request_state`: no
-    figure depends on what ran before (a method's state across requests starts empty). ``warm``: before a
-    configuration's first timed run, one untimed short request of it (:func:`warm_configuration`), so no row's
-    timings carry a first use's capture or compile. Raises ValueError for settings or prompts the engine refuses,
-    naming the configuration, prompt and seed (the runs before it are kept)."""
+    (a loaded SpecDecoder), appending each result to ``comparison.runs`` and yielding it. A request that
+    :func:`plan` lists more than once (method none, ``comparison.baseline_timings``) is yielded at its first timing;
+    each later timing updates that result in place (:func:`add_timing`: the trace kept is the median timing's) and
+    is not yielded. A set ``stop`` ends the comparison after the current run. Each run starts from
+    :func:`fresh_request_state`: no figure depends on what ran before (a method's state across requests starts
+    empty). ``warm``: before a configuration's first timed run, one untimed short request of it
+    (:func:`warm_configuration`), so no row's timings carry a first use's capture or compile. Raises ValueError for
+    settings or prompts the engine refuses, naming the configuration, prompt and seed (the runs before it are
+    kept)."""
     import torch
 
     if not comparison.machine:
         comparison.machine = {"device": str(decoder.device), "torch": torch.__version__,
                               "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    done = {(r.config, r.prompt, r.seed) for r in comparison.runs}
+    found = {(r.config, r.prompt, r.seed): r for r in comparison.runs}
+    seen: dict[tuple[int, int, int], int] = {}  # timings of each request met in the plan so far
+    kept: dict[tuple[int, int, int], list] = {}  # the traces of a repeated request's timings, while it runs
     warmed = {r.config for r in comparison.runs} if warm else set(range(len(comparison.configs)))
-    for c, p, s in plan(comparison):
-        if (c, p, s) in done:
+    for key in plan(comparison):
+        c, p, s = key
+        seen[key] = seen.get(key, 0) + 1
+        old = found.get(key)
+        if old is not None and seen[key] <= max(len(old.timings), 1):
             continue
         if stop is not None and stop.is_set():
             return
@@ -43,9 +52,30 @@ def iter_comparison(decoder: Any, comparison: Comparison, stop: threading.Event 
         except ValueError as exc:
             raise ValueError(f"{comparison.configs[c].label} on prompt {p + 1} ({comparison.prompts[p].name!r}), "
                              f"seed {s}: {exc}") from None
-        result = RunResult(c, p, s, trace, time.perf_counter() - t0)
+        wall = time.perf_counter() - t0
+        if old is not None:
+            add_timing(old, trace, wall, kept.setdefault(key, []))
+            continue
+        result = found[key] = RunResult(c, p, s, trace, wall)
         comparison.runs.append(result)
         yield result
+
+
+def add_timing(result: RunResult, trace: Any, wall_s: float, traces: list) -> None:
+    """One more timing of ``result``'s request (``trace``, ``wall_s``): its decode tokens/s joins ``result.timings``
+    and ``result`` keeps the trace and wall time of the median timing (of an even count, the faster of the middle
+    two). ``traces``: (rate, trace, wall_s) of the timings whose traces are still at hand, updated here (empty at the
+    request's first repeat; a timing of a saved comparison has its rate only and is never the one kept unless its
+    trace is the stored one)."""
+    if not traces:
+        traces.append((decode_rate(result.trace), result.trace, result.wall_s))
+    rates = list(result.timings) or [traces[0][0]]
+    rate = decode_rate(trace)
+    traces.append((rate, trace, wall_s))
+    result.timings = rates + [rate]
+    ranked = sorted(result.timings)
+    median = ranked[len(ranked) // 2]
+    _, result.trace, result.wall_s = min(traces, key=lambda t: abs(t[0] - median))
 
 
 WARM_UP_TOKENS = 16  # a warm-up request's length: enough to reach every draft length k' = k .. 0 of its last steps

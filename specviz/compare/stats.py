@@ -109,23 +109,36 @@ def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
 
 # ---- the table ----------------------------------------------------------------------------
 def run_ratios(comparison: Comparison, runs: list[RunResult], base: int | None) -> list[float]:
-    """Per (prompt, seed): this run's decode tokens/s ÷ method none's on the same prompt and seed (run next to it,
-    :func:`plan`). Their spread says how far one pooled ratio can be trusted on this machine; [] without a baseline."""
+    """Per (prompt, seed): this run's decode tokens/s ÷ method none's on the same prompt and seed (its median timing,
+    :func:`~specviz.compare.model.plan`). Their spread says how far one pooled ratio can be trusted on this machine;
+    [] without a baseline. Method none's own row: :func:`baseline_ratios` where it was timed more than once."""
     if base is None:
         return []
+    if runs and runs[0].config == base and any(r.timings for r in runs):
+        return baseline_ratios(runs)
     base_runs = {(r.prompt, r.seed): r for r in comparison.runs_of(base)}
     out = []
     for r in runs:
         b = base_runs.get((r.prompt, r.seed))
         if b is None:
             continue
-        mine, theirs = _decode_rate(r.trace), _decode_rate(b.trace)
+        mine, theirs = decode_rate(r.trace), decode_rate(b.trace)
         if mine > 0 and theirs > 0:
             out.append(mine / theirs)
     return out
 
 
-def _decode_rate(trace: Trace) -> float:
+def baseline_ratios(runs: list[RunResult]) -> list[float]:
+    """Every timing of method none's runs ÷ the run's kept (median) timing, in decode tokens/s: how far method none's
+    speed moved between its timings of one prompt and seed while the comparison ran (1.0 for a run timed once)."""
+    out = []
+    for r in runs:
+        kept = decode_rate(r.trace)
+        out += [t / kept for t in r.timings] if r.timings and kept > 0 else [1.0]
+    return out
+
+
+def decode_rate(trace: Trace) -> float:
     """Tokens / decode time of one run, as :func:`pooled_row` pools them (0 without decode time)."""
     return pooled_metrics([trace], 1).decode_tokens_per_second
 

@@ -19,8 +19,8 @@ from specviz import methods as registry
 from specviz.compare import (
     MAX_COMPARISON_BYTES,
 )
-from specviz.compare.stats import CELL_TIPS
 from specviz.viz import compare as vc
+from specviz.viz import compare_table as ct
 
 from .cache import DecoderCache
 
@@ -62,22 +62,7 @@ const svTitleHeaders = () => {
 };
 new MutationObserver(svTitleHeaders).observe(document.body, {childList: true, subtree: true});
 svTitleHeaders();
-""" % json.dumps(vc.COLUMN_FORMULAS, ensure_ascii=False)
-
-# the badge and timing-mark cells explain themselves on hover (gr.Dataframe cells have no tooltips of their own)
-CELL_TIPS_JS = """
-const svCellTips = %s;
-const svTitleCells = () => {
-  for (const td of document.querySelectorAll('#sv-compare-table td')) {
-    const text = (td.innerText || '').trim();
-    const key = Object.keys(svCellTips).find((k) => text.includes(k));
-    if (key && td.title !== svCellTips[key]) td.title = svCellTips[key];
-  }
-};
-new MutationObserver(svTitleCells).observe(document.body, {childList: true, subtree: true});
-svTitleCells();
-""" % json.dumps(CELL_TIPS, ensure_ascii=False)
-
+""" % json.dumps(ct.app_formulas(), ensure_ascii=False)
 
 # ---- layout --------------------------------------------------------------------------------
 def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, tabs: gr.Tabs) -> dict[str, Any]:
@@ -127,11 +112,12 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                         "SGLang, EAGLE's τ, Spec-Bench (every step counts) · drafts only: vLLM's "
                                         "AL − 1. Hover the AL header for the full definition.",
                                    elem_id="sv-compare-convention")
-        u["table"] = gr.Dataframe(headers=list(vc.TABLE_COLUMNS), interactive=False, wrap=True, max_height=1000,
+        u["table"] = gr.Dataframe(headers=ct.app_columns(), interactive=False, wrap=True, max_height=1000,
                                   datatype=TABLE_DATATYPES,
-                                  column_widths=list(vc.COLUMN_WIDTHS), elem_id="sv-compare-table",
+                                  column_widths=list(ct.APP_COLUMN_WIDTHS), elem_id="sv-compare-table",
                                   label="one row per configuration, pooled over prompts and seeds (hover a header for its formula, "
                                         "click it to sort)")
+        u["legend"] = gr.Markdown("", elem_id="sv-compare-legend")
         gr.Markdown("### Token strips: where each method drafted, was rejected, got a bonus")
         with gr.Row():
             u["prompt"] = gr.Dropdown([], label="prompt", elem_id="sv-compare-prompt")
@@ -140,7 +126,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                       elem_id="sv-compare-position")
         u["strips"] = gr.Plot(elem_id="sv-compare-strips", show_label=False)
         u["pick"] = gr.Textbox(elem_id="sv-compare-pick", elem_classes="sv-hidden", show_label=False, container=False)
-        u["scrub"] = gr.HTML(elem_id="sv-compare-scrub", js_on_load=PICK_CELL_JS + HEADER_TIPS_JS + CELL_TIPS_JS)
+        u["scrub"] = gr.HTML(elem_id="sv-compare-scrub", js_on_load=PICK_CELL_JS + HEADER_TIPS_JS)
         with gr.Row():
             u["run"] = gr.Dropdown([], label="configuration to open")
             open_btn = gr.Button("Open this run in the single-run views", elem_id="sv-compare-open")

@@ -24,6 +24,7 @@ from specviz.compare import (
 )
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
+from specviz.viz import compare_table as ct
 
 from .cache import DecoderCache, StopSignals
 from .outputs import full_outputs, md_text, new_state, upload_bytes
@@ -32,9 +33,9 @@ from .compare_config import MAX_NEW_TOKENS, _numbers, _prompts, build_configs, r
 
 
 # ---- views ---------------------------------------------------------------------------------
-CI_COLUMN = next(i for i, c in enumerate(vc.TABLE_COLUMNS) if c.startswith("c_i"))  # HTML: vc.conditional_cell
-TABLE_DATATYPES = ["html" if i == CI_COLUMN else "str" for i in range(len(vc.TABLE_COLUMNS))]
-OUTPUT_NAMES = ("progress", "table", "strips", "scrub", "rules", "ksweep", "prompt", "seed", "run", "position")
+TABLE_DATATYPES = ["html" if c in ct.HTML_COLUMNS else "str" for c in vc.TABLE_COLUMNS]  # ct.app_table_rows' cells
+OUTPUT_NAMES = ("progress", "table", "strips", "scrub", "rules", "ksweep", "prompt", "seed", "run", "position",
+                "legend")
 
 
 def convention_choices() -> list[tuple[str, str]]:
@@ -47,13 +48,13 @@ def _convention(value: Any) -> str:
 
 
 def _table(rows: list[dict[str, Any]], convention: str):
-    """The table as a pandas Styler: the cells keep their numbers (the columns sort numerically) and show them
-    with a fixed number of decimals (1.50, not 1.5; tokens/s one decimal), empty where there is no value."""
+    """The table (:func:`specviz.viz.compare_table.app_table_rows`, one line per configuration) as a pandas
+    Styler: the cells keep their numbers (the columns sort numerically) and show them with a fixed number of decimals
+    (1.50, not 1.5; tokens/s one decimal), empty where there is no value."""
     import pandas as pd
 
-    frame = pd.DataFrame(vc.table_rows(rows, convention), columns=vc.table_columns(convention))
-    frame[frame.columns[CI_COLUMN]] = [vc.conditional_cell(r) for r in rows]  # one line: intervals in the hover
-    decimals = {c: "{:.1f}" if c == "tokens/s" else "{:.2f}" for c in frame.columns
+    frame = pd.DataFrame(ct.app_table_rows(rows, convention), columns=ct.app_columns(convention))
+    decimals = {c: "{:.1f}" if c == ct.APP_HEADERS["tokens/s"] else "{:.2f}" for c in frame.columns
                 if c not in ("configuration", "runs") and frame[c].dtype.kind == "f"}
     colors = [vc.badge_color(row["lossless"]) for row in rows]  # the badge: red ✗, grey near-tie
     badge = frame.columns[-1]
@@ -79,7 +80,8 @@ def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = Non
                          value=next((r.config for r in c.runs if r.config > 0), 0))
     return (progress, _table(rows, convention), vc.strips_figure(c, prompt, seed, position),
             vc.scrub_html(c, prompt, seed, position), rules, vc.ksweep_figure(rows, convention), prompt_dd, seed_dd, run_dd,
-            gr.Slider(minimum=1, maximum=max(n, 2), value=position, step=1, interactive=n > 1))
+            gr.Slider(minimum=1, maximum=max(n, 2), value=position, step=1, interactive=n > 1),
+            ct.table_legend(rows, c.machine, c.baseline_timings))
 
 
 def _message(text: str):

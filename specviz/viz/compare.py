@@ -12,7 +12,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from specviz.compare import RULES, Comparison, same_draft_rules, table
+from specviz.compare import BASELINE_TIMINGS, RULES, Comparison, same_draft_rules, table
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Trace
 from specviz.trace.metrics import convention_label
 
@@ -24,9 +24,6 @@ TABLE_COLUMNS = ("configuration", "runs", "tokens / forward", "AL (vLLM)", "cove
                  "c_i (Wilson 95%, n), i = 1..k", "lossless")
 AL_COLUMN = TABLE_COLUMNS.index("AL (vLLM)")  # its header and values follow the convention switch
 TIME_COLUMN = TABLE_COLUMNS.index("ms/step: draft / verify / sample")  # ends with the row's timing mark, if any
-# each header word fits its column at 1280 px (12 px monospace, app.css): "runs", "coverage", "speedup" unbroken
-# (the app's c_i cell holds the rates only, intervals in its hover: the room goes to the configuration's name)
-COLUMN_WIDTHS = ("14%", "5%", "7%", "6%", "8%", "6%", "7%", "7%", "8%", "7%", "7%", "10%", "8%")
 # each header's formula, shown on hover (the table view and the HTML report)
 COLUMN_FORMULAS = {
     "configuration": "method [draft tree] k=num_speculative_tokens verification T=temperature (a tree's k: the most "
@@ -39,10 +36,13 @@ COLUMN_FORMULAS = {
     "accept rate": "draft acceptance rate = accepted draft tokens / drafted tokens (vLLM, SGLang, AIPerf); a tree "
                    "drafts every node, so its rate is per node drafted (low by design: one path is kept)",
     "tokens/s": "generated tokens / decode time (draft + verify + sample; prefill excluded), this machine",
-    "speedup": "measured: tokens/s ÷ tokens/s of method none at the same temperature, run in this comparison",
+    "speedup": "measured: tokens/s ÷ tokens/s of method none at the same temperature, run in this comparison (method "
+               "none timed several times per prompt and seed, the median timing kept); compare speedups only within "
+               "one comparison",
     "speedup range (n)": "per prompt and seed: tokens/s ÷ method none's on the same prompt and seed; the lowest–"
                          "highest of those ratios and n. 'noisy': they spread by more than half the median, so the "
-                         "speedup is not readable on this machine now (n 1: one run each, no spread to check it by)",
+                         "speedup is not readable on this machine now (n 1: one run each, no spread to check it by). "
+                         "Method none's row: each of its timings ÷ the median one of its prompt and seed",
     "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
                        "g = coverage, a = accepted / verified positions; a chain's model: empty for a tree",
     "ms/step: draft / verify / sample": "milliseconds per verification step: drafting (the proposer's propose and "
@@ -72,11 +72,15 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
   accepted at i / steps that verified position i, with the Wilson 95 % interval and n.
 - **tokens/s** = tokens / decode time (draft + verify + sample, prefill excluded), on this machine.
   **speedup** (measured) = tokens/s / tokens/s of method none at the same temperature, run in this comparison:
-  for each prompt and seed method none runs once, then every configuration once, one after another (the Run tab's
-  panel instead times several short interleaved pairs with method none and takes their median);
+  for each prompt and seed every configuration runs once, one after another, and method none runs before them,
+  between even shares of them and after them ({timings} timings), its median timing being the baseline, so one busy spell
+  during one timing of method none does not move every row (the Run tab's panel instead times several short
+  interleaved pairs with method none and takes their median). Speedups measured on a shared CPU move by about 15 %
+  between identical comparisons: compare them only within one comparison;
   **speedup range (n)** = the lowest and highest of the per-(prompt, seed) ratios, and n. With n = 1 the speedup is
   one unchecked sample (add seeds or prompts before reading it), and "noisy" marks ratios that spread by more than
-  half their median (the machine was busy: not readable).
+  half their median (the machine was busy: not readable); method none's row gives the spread of its own timings
+  around their median.
   **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
   ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
   costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
@@ -89,7 +93,7 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
   none's (runs that stopped count as one more outcome; rare tokens merged), the smallest p-value times the number of
   positions tested (Bonferroni); ✗ below 0.01. It needs at least 10 seeds ("not enough samples" otherwise), finds
   only biases large enough to show in the seeds run, and never proves losslessness.
-"""
+""".replace("{timings}", str(BASELINE_TIMINGS))
 
 
 def _fmt(x: Any, spec: str = ".2f") -> str:
@@ -106,18 +110,11 @@ def _conditional(row: dict[str, Any]) -> str:
 
 
 def conditional_compact(row: dict[str, Any]) -> str:
-    """c_1 … c_k as their rates only, ``.92 .85 .70`` (— for a position no step verified): one short line per
-    configuration on a projector; :func:`conditional_cell` puts the intervals and n in its hover."""
+    """c_1 … c_k as their rates only, ``.92 .85 .70`` (— for a position no step verified)."""
     def p(x: float) -> str:
         return f"{x:.2f}".lstrip("0") if x < 1 else "1"
 
     return " ".join(p(c["rate"]) if c["rate"] is not None else "—" for c in row["conditional"]) or "—"
-
-
-def conditional_cell(row: dict[str, Any]) -> str:
-    """The app table's c_i cell (HTML): :func:`conditional_compact`, with the rates' Wilson 95 % intervals and n
-    (the report's form) as its hover."""
-    return f"<span title='{html.escape(_conditional(row))}'>{html.escape(conditional_compact(row))}</span>"
 
 
 def table_columns(convention: str = "vllm") -> list[str]:

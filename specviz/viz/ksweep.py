@@ -84,6 +84,15 @@ def _theory(convention: str, a: float, k: int, g: float) -> float:
     return {"vllm": e, "per_forward": (1 - g) + g * e, "drafts_only": e - 1}[convention]
 
 
+def category_names(groups: list[str]) -> dict[str, str]:
+    """Each k-sweep group's name ("method [tree] verify T=t") without the verification and temperature when every
+    group has the same ones: the x axis's categories when a comparison has one k."""
+    split = [g.rsplit(" ", 2) for g in groups]
+    keep_verify = len({v for _, v, _ in split}) > 1
+    keep_t = len({t for _, _, t in split}) > 1
+    return {g: " ".join([m] + ([v] if keep_verify else []) + ([t] if keep_t else [])) for g, (m, v, t) in zip(groups, split)}
+
+
 def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Figure:
     """Per method (and verification, temperature): mean acceptance length in ``convention`` (a key of
     specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS) vs k with the i.i.d. theory at the method's pooled a
@@ -91,7 +100,9 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     drafts only, (1 - g) + g E for per forward (g = the method's pooled draft coverage); and the
     measured speedup vs k. A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of a
     method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
-    describe a tree). ValueError for an unknown convention."""
+    describe a tree). When every row has the same k, the x axes are the configurations instead
+    (:func:`category_names`), one marker each, the theory a dash beside a chain's marker: one k spread over an axis
+    read as several k. ValueError for an unknown convention."""
     label = convention_label(convention)  # the table's acceptance-length column header
     y_title, formula = KSWEEP_THEORY[convention]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
@@ -103,6 +114,9 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
             groups.setdefault(f"{r['method']}{tree} {r['verify']} T={r['temperature']:g}", []).append(r)
     variants: dict[str, int] = {}  # method -> chain groups of it drawn so far (another verification / temperature)
     styles = configuration_styles([(rs[0]["method"], bool(rs[0].get("tree_label"))) for rs in groups.values()])
+    one_k = {r["k"] for rs in groups.values() for r in rs}
+    one_k = one_k.pop() if len(one_k) == 1 else None  # a single k: one category per configuration, no k axis
+    names = category_names(list(groups))
     for g, ((name, rs), (colour, symbol)) in enumerate(zip(groups.items(), styles)):
         rs = sorted(rs, key=lambda r: r["k"])
         tree = bool(rs[0].get("tree_label"))
@@ -118,7 +132,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         mode = "markers" if tree else "lines+markers"
         # each configuration a little beside k (DODGE apart, centred on k): equal values (ngram and ngram_gpu
         # draft the same tokens) are drawn side by side, not on top of each other; the hover gives the real k
-        xs = [k + (g - (len(groups) - 1) / 2) * DODGE for k in ks]
+        xs = [names[name]] * len(ks) if one_k is not None else [k + (g - (len(groups) - 1) / 2) * DODGE for k in ks]
         hover = {"customdata": ks, "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}<extra></extra>"}
         fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"][convention] for r in rs], mode=mode,
                                  name=name, line=line, marker=marker, legendgroup=name, **hover), row=1, col=1)
@@ -126,7 +140,14 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
         steps = sum(r["steps"] for r in rs)
         g = sum(r["num_drafts"] for r in rs) / steps if steps else 0.0
-        if a is not None and len(ks) > 0 and not tree:
+        if a is not None and one_k is not None and not tree:  # the theory at k: a dash beside the marker
+            extra = f", g = {g:.2f}" if convention == "per_forward" else ""
+            fig.add_trace(go.Scatter(x=[names[name]], y=[_theory(convention, a, one_k, g)], mode="markers",
+                                     marker={"symbol": "line-ew", "size": 26, "line": {"width": 2, "color": colour}},
+                                     name=f"theory a = {a:.2f}{extra}", legendgroup=name, showlegend=False,
+                                     hovertemplate=f"a = {a:.2f}{extra}, k = {one_k}: %{{y:.2f}}<extra>theory</extra>"),
+                          row=1, col=1)
+        elif a is not None and len(ks) > 0 and not tree:
             grid = list(range(1, max(ks) + 1))
             extra = f", g = {g:.2f}" if convention == "per_forward" else ""
             fig.add_trace(go.Scatter(x=grid, y=[_theory(convention, a, k, g) for k in grid], mode="lines",
@@ -136,11 +157,17 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode=mode, name=name, line=line, marker=marker,
                                  legendgroup=name, showlegend=False, **hover), row=1, col=2)
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
-    fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
     fig.update_layout(height=380, plot_bgcolor="#ffffff", margin={"l": 60, "r": 20, "t": 40, "b": 60},
                       legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
+    if one_k is not None:  # the axis names every configuration: no legend, k in the titles
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(names.values()), tickangle=-30)
+        fig.layout.annotations[0].text = f"{label} at k = {one_k} (dash: {formula})"
+        fig.layout.annotations[1].text = "measured speedup over method none"
+        fig.update_layout(showlegend=False)
+    else:
+        fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
     if not groups:
         fig.add_annotation(text="run a k sweep (several k per method) to draw this", showarrow=False, xref="paper",
                            yref="paper", x=0.5, y=0.5, font={"color": "#6b7280"})

@@ -1,0 +1,194 @@
+"""The Compare tab's table, one line per configuration on a projector: short headers (the full name and formula on
+hover, and a legend line under the table), configuration names without what every row shares (the legend names it),
+the speedup range and the time split as short text with a flag icon, the losslessness badge cut short, and the
+conditional acceptance c_i as tiny bars; everything left out of a cell is in its hover. Numbers are those of
+:func:`specviz.viz.compare.table_rows`, rounded alike. Pure functions of :func:`specviz.compare.table` rows.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+from specviz.compare.stats import CELL_TIPS
+from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
+from specviz.trace.metrics import convention_label
+
+from .compare import (COLUMN_FORMULAS, TABLE_COLUMNS, _conditional, _spread, conditional_compact, table_columns,
+                      table_rows)
+
+APP_HEADERS = {  # TABLE_COLUMNS -> the app's header (the acceptance-length column keeps its convention's label)
+    "configuration": "configuration", "runs": "runs", "tokens / forward": "tok/fwd", "coverage": "cov.",
+    "accept rate": "accept", "tokens/s": "tok/s", "speedup": "speedup", "speedup range (n)": "range",
+    "speedup (model)": "model", "ms/step: draft / verify / sample": "ms d·v·s",
+    "c_i (Wilson 95%, n), i = 1..k": "c_i", "lossless": "lossless",
+}
+# one line per row in the 1214 px the table gets at 1280 px and wider (14 px cells, 12 px headers, app.css): a
+# 15-character name, "0.16–13.28 ⚠", "36.2·391.7·22.9 ⚠", 8 bars and "✓ equal (3/3)" each fit their column
+APP_COLUMN_WIDTHS = ("13.5%", "4.5%", "6.5%", "8%", "4.5%", "5.5%", "5.5%", "6.5%", "10.5%", "5%", "13.5%", "5.5%",
+                     "11%")
+HTML_COLUMNS = ("speedup range (n)", "ms/step: draft / verify / sample", "c_i (Wilson 95%, n), i = 1..k", "lossless")
+GLYPHS = "✓✗≈⚠"  # drawn in a font whose ✓ is a check (the table's monospace one draws it as √): app.css .sv-glyph
+BADGE_MAX = 16  # a longer losslessness badge is cut (its whole text is in the hover)
+CPU_SPREAD_NOTE = ("compare them only within one comparison: on a busy CPU identical comparisons have moved by about "
+                   "15 %")
+
+
+def app_columns(convention: str = "vllm") -> list[str]:
+    """The app table's headers in TABLE_COLUMNS order (the acceptance length named for ``convention``; ValueError
+    for an unknown one)."""
+    return [APP_HEADERS.get(c, c) for c in table_columns(convention)]
+
+
+def app_formulas() -> dict[str, str]:
+    """Each app header's hover: the column's full name and formula (COLUMN_FORMULAS), every convention's AL too."""
+    out = {APP_HEADERS[c]: (COLUMN_FORMULAS[c] if APP_HEADERS[c] == c else f"{c}: {COLUMN_FORMULAS[c]}")
+           for c in TABLE_COLUMNS if c in APP_HEADERS}
+    out.update({label: COLUMN_FORMULAS[label] for label, _, _ in ACCEPTANCE_LENGTH_CONVENTIONS.values()})
+    return out
+
+
+def glyphs(text: str) -> str:
+    """``text`` HTML-escaped, each of GLYPHS in a ``sv-glyph`` span."""
+    return "".join(f"<span class='sv-glyph'>{ch}</span>" if ch in GLYPHS else html.escape(ch) for ch in text)
+
+
+def _tip(text: str, body: str, cls: str = "") -> str:
+    """``body`` (HTML) in a span whose hover is ``text``."""
+    return f"<span{f' class={cls!r}' if cls else ''} title='{html.escape(text)}'>{body}</span>"
+
+
+def _flag(text: str) -> str:
+    return _tip(text, "⚠", "sv-glyph sv-flag")
+
+
+# ---- what every row shares ------------------------------------------------------------------
+def shared(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every row has alike and its name can leave out: {"k", "verify"} over the rows that draft (when there are
+    some), "temperature" over all rows; a key is absent where rows differ."""
+    drafting = [r for r in rows if r["method"] != "none"]
+    out: dict[str, Any] = {}
+    for key in ("k", "verify"):
+        if drafting and len({r[key] for r in drafting}) == 1:
+            out[key] = drafting[0][key]
+    if rows and len({r["temperature"] for r in rows}) == 1:
+        out["temperature"] = rows[0]["temperature"]
+    return out
+
+
+def short_label(row: dict[str, Any], common: dict[str, Any]) -> str:
+    """The row's configuration name (:attr:`specviz.compare.RunConfig.label`'s parts) without the parts in
+    ``common`` (:func:`shared`): "M k=5 greedy T=0" is "M" when every row has k = 5, greedy, T = 0."""
+    parts = [row["method"]]
+    if row["method"] != "none":
+        parts += [row["tree_label"]] if row.get("tree_label") else []
+        parts += [] if "k" in common else [f"k={row['k']}"]
+        parts += [] if "verify" in common else [row["verify"]]
+    parts += [] if "temperature" in common else [f"T={row['temperature']:g}"]
+    return " ".join(parts)
+
+
+# ---- cells ---------------------------------------------------------------------------------
+def range_cell(row: dict[str, Any]) -> str | None:
+    """The speedup range as "0.90–1.19" (n in the hover), a ⚠ after a noisy one or a single sample; method none's
+    row: its own timings' spread. None without a spread."""
+    s = row.get("speedup_spread")
+    text = _spread(s)
+    if text is None:
+        return None
+    if row["method"] == "none":
+        why = ("method none's timings (several per prompt and seed, spread over the comparison) ÷ that prompt and "
+               "seed's median one: how far the baseline's speed moved while the comparison ran")
+    else:
+        why = "lowest–highest of the per-(prompt, seed) ratios tokens/s ÷ method none's, and n"
+    tip = f"{text}: {why}"
+    if s["n"] == 1:
+        return _tip(tip, "n 1") + " " + _flag("one sample, unchecked: add seeds or prompts before reading it")
+    shown = _tip(tip, f"{s['low']:.2f}–{s['high']:.2f}")
+    return shown + (" " + _flag(f"noisy: these ratios spread by more than half their median ({s['low']:.2f}–"
+                                f"{s['high']:.2f}, n {s['n']}), so the speedups are not readable on this machine now")
+                    if s["noisy"] else "")
+
+
+def time_cell(row: dict[str, Any]) -> str:
+    """ms per step as "0.4·25.9·1.4" (draft · verify · sample), a ⚠ with the timing check's detail after it when a
+    timed run held a one-time cost (:func:`specviz.compare.stats.timing_check`)."""
+    ms = row["ms_per_step"]
+    text = f"{ms['draft']:.1f}·{ms['verify']:.1f}·{ms['sample']:.1f}"
+    cell = _tip(f"ms per step: draft {ms['draft']:.1f} / verify {ms['verify']:.1f} / sample {ms['sample']:.1f}", text)
+    timing = row.get("timing") or {}
+    if not timing.get("mark"):
+        return cell
+    tips = [tip for key, tip in CELL_TIPS.items() if key in timing["mark"]]
+    return cell + " " + _flag(f"{timing['mark']}: {timing.get('detail', '')}. {' '.join(tips)}".strip())
+
+
+def conditional_bars(row: dict[str, Any]) -> str:
+    """c_1 … c_k as tiny bars (height = rate; a position no step verified: a hollow bar), the rates, their Wilson
+    95 % intervals and n in the hover; "—" without drafts."""
+    if not row["conditional"]:
+        return "—"
+    bars = "".join("<i class='sv-ci-none'></i>" if c["rate"] is None else
+                   f"<i style='height:{max(100 * c['rate'], 6):.0f}%'></i>" for c in row["conditional"])
+    return _tip(f"c_i = {conditional_compact(row)}\n{_conditional(row)}", bars, "sv-ci")
+
+
+def short_badge(badge: str) -> str:
+    """The losslessness badge in at most BADGE_MAX characters: "≈ near-tie" for a 16-bit near-tie, "≈ χ² p=0.34"
+    for the distribution test, "few seeds" for too few samples, "✗ synthetic", else cut with "…"."""
+    if badge.startswith("≈ equal:"):
+        return "≈ near-tie"
+    if badge.startswith("not lossless (synthetic)"):
+        return "✗ synthetic"
+    if badge.startswith("not enough samples"):
+        return "few seeds"
+    test = re.match(r"^(\S) χ² per position (p=\S+)", badge)
+    if test:
+        return f"{test.group(1)} χ² {test.group(2)}"
+    return badge if len(badge) <= BADGE_MAX else badge[:BADGE_MAX - 1] + "…"
+
+
+def badge_cell(row: dict[str, Any]) -> str:
+    """:func:`short_badge` with the whole badge, its detail and what its mark means in the hover."""
+    badge, detail = row["lossless"]["badge"], row["lossless"].get("detail", "")
+    tips = [tip for key, tip in CELL_TIPS.items() if key in badge]
+    return _tip(" ".join([f"{badge}: {detail}", *tips]), glyphs(short_badge(badge)))
+
+
+def app_table_rows(rows: list[dict[str, Any]], convention: str = "vllm") -> list[list[Any]]:
+    """The app table's rows in :func:`app_columns` order: the numbers of :func:`specviz.viz.compare.table_rows`
+    (numbers stay numbers, so the columns sort), a short name (:func:`short_label`) and HTML cells for the columns
+    of HTML_COLUMNS (:func:`range_cell`, :func:`time_cell`, :func:`conditional_bars`, :func:`badge_cell`)."""
+    common = shared(rows)
+    cells = {"speedup range (n)": range_cell, "ms/step: draft / verify / sample": time_cell,
+             "c_i (Wilson 95%, n), i = 1..k": conditional_bars, "lossless": badge_cell}
+    out = []
+    for row, values in zip(rows, table_rows(rows, convention)):
+        values[0] = short_label(row, common)
+        for col, cell in cells.items():
+            values[TABLE_COLUMNS.index(col)] = cell(row)
+        out.append(values)
+    return out
+
+
+def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = None, baseline_timings: int = 1) -> str:
+    """The line under the app table (Markdown): what every row shares (:func:`shared`), the short headers spelt out,
+    and how far its measured speedups can be compared: against method none timed ``baseline_timings`` times per
+    prompt and seed on ``machine``'s device, within this comparison only. "" without rows."""
+    if not rows:
+        return ""
+    common = shared(rows)
+    alike = [f"k = {common['k']}"] if "k" in common else []
+    alike += [f"{common['verify']} verification"] if "verify" in common else []
+    alike += [f"T = {common['temperature']:g}"] if "temperature" in common else []
+    device = str((machine or {}).get("device", "this machine"))
+    timed = (f"timed {baseline_timings}× per prompt and seed, spread over the comparison (the median counts)"
+             if baseline_timings > 1 else "timed once per prompt and seed")
+    where = f"on {device}, now: {CPU_SPREAD_NOTE}" if device.startswith("cpu") else f"on {device}, now"
+    return ((f"**Every row:** {', '.join(alike)}. " if alike else "")
+            + "**tok/fwd** tokens per target forward · **cov.** draft coverage · **accept** draft acceptance rate · "
+              "**range** lowest–highest speedup over the prompts and seeds · **model** Leviathan et al.'s predicted "
+              "speedup · **ms d·v·s** ms per step: draft · verify · sample · **c_i** acceptance at draft position i "
+              "given 1..i-1 (bars, i = 1..k) · ⚠ a noisy or slow timing · hover a header or a cell for the rest.  \n"
+            + f"**Speedups** are tokens/s ÷ method none's, {timed}, {where}.")

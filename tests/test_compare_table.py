@@ -1,0 +1,128 @@
+"""The Compare tab's table on a projector: one line per configuration (short names and headers, the time split as
+"0.4·25.9·1.4", flags as icons, c_i as tiny bars; what a cell leaves out in its hover), the same numbers as the
+report's table, the ✓ in a font that draws it as a check, and the k sweep of a single k drawn per configuration."""
+
+from __future__ import annotations
+
+import re
+
+from test_compare import _comparison, _none_trace, _trace, _step, trace_a, trace_b
+
+from specviz.compare import RunConfig, table
+from specviz.viz.compare import TABLE_COLUMNS, _conditional, table_rows
+from specviz.viz.compare_table import (APP_COLUMN_WIDTHS, APP_HEADERS, HTML_COLUMNS, app_columns, app_formulas,
+                                       app_table_rows, short_badge, table_legend)
+from specviz.viz.ksweep import ksweep_figure
+
+TABLE_PX, CHAR_PX, HEADER_CHAR_PX, PAD_PX = 1214, 8.5, 7.3, 20  # the app's table at 1280 px: 14 px cells, 12 px heads
+
+
+def _text(cell, column: str = "") -> str:
+    """What a cell shows: its HTML without the tags, a number as the table formats it (in ``column``)."""
+    if isinstance(cell, str):
+        return re.sub(r"<[^>]+>", "", cell)
+    return "" if cell is None else str(cell) if isinstance(cell, int) else f"{cell:.{1 if column == 'tokens/s' else 2}f}"
+
+
+def _hover(cell: str) -> str:
+    return " ".join(re.findall(r"title='([^']*)'", cell))
+
+
+def _rows():
+    spec = [trace_a(), trace_b()]
+    none = [_none_trace([5, 6, 7, 8, 9, 1, 4, 7]), _none_trace([9])]
+    return table(_comparison(spec, none))
+
+
+def test_every_cell_fits_its_column_on_one_line_and_keeps_the_reports_numbers():
+    rows = _rows()
+    app, report = app_table_rows(rows), table_rows(rows)
+    assert [r[0] for r in app] == ["none", "ngram"]  # k=3, greedy and T=0 are every row's: the legend says so
+    assert "k = 3, greedy verification, T = 0" in table_legend(rows)
+    for a, full in zip(app, report):  # the numbers are the report's, rounded alike
+        assert [a[i] for i, c in enumerate(TABLE_COLUMNS) if c not in HTML_COLUMNS][1:] == \
+               [full[i] for i, c in enumerate(TABLE_COLUMNS) if c not in HTML_COLUMNS][1:]
+    ngram = dict(zip(TABLE_COLUMNS, app[1]))
+    assert _text(ngram["ms/step: draft / verify / sample"]) == "1.0·10.0·1.0"
+    assert "draft 1.0 / verify 10.0 / sample 1.0" in _hover(ngram["ms/step: draft / verify / sample"])
+    bars = ngram["c_i (Wilson 95%, n), i = 1..k"]
+    assert bars.count("<i ") == len(rows[1]["conditional"]) == 3 and _conditional(rows[1]) in _hover(bars)
+    assert _text(ngram["lossless"]) == "✓ equal (2/2)" and "<span class='sv-glyph'>✓</span>" in ngram["lossless"]
+    for row in app:  # each cell's text fits its column at 14 px, each header its own at 12 px
+        for cell, width, head, column in zip(row, APP_COLUMN_WIDTHS, app_columns(), TABLE_COLUMNS):
+            room = float(width[:-1]) / 100 * TABLE_PX - PAD_PX
+            assert len(_text(cell, column).strip()) * CHAR_PX <= room, (cell, width)
+            assert len(head) * HEADER_CHAR_PX <= room, (head, width)
+    tips = app_formulas()
+    assert all(tips.get(h) for h in app_columns()) and tips["tok/fwd"].startswith("tokens / forward: ")
+
+
+def test_flags_are_icons_with_the_detail_in_their_hover():
+    spec = [_none_trace([1, 2], ms=(0.0, 5.0, 0.0)), _none_trace([1, 2], ms=(0.0, 10.0, 0.0))]
+    none = [_none_trace([1, 2], ms=(0.0, 10.0, 0.0)), _none_trace([1, 2], ms=(0.0, 10.0, 0.0))]
+    rows = table(_comparison(spec, none))
+    rows[1]["timing"] = {"mark": "⚠ 2 slow step(s)", "detail": "2 step(s) took over 10x the row's median step"}
+    cells = dict(zip(TABLE_COLUMNS, app_table_rows(rows)[1]))
+    speedup_range = cells["speedup range (n)"]
+    assert _text(speedup_range) == "1.00–2.00 ⚠" and "1.00–2.00 (n 2) noisy" in _hover(speedup_range)
+    time = cells["ms/step: draft / verify / sample"]
+    assert _text(time) == "0.0·7.5·0.0 ⚠" and "2 step(s) took over 10x" in _hover(time)
+    one = table(_comparison(spec[:1], none[:1]))
+    assert _text(app_table_rows(one)[1][TABLE_COLUMNS.index("speedup range (n)")]) == "n 1 ⚠"
+
+
+def test_long_badges_are_cut_with_the_whole_badge_in_the_hover():
+    near = "≈ equal: bf16 near-tie at token 12 (gap 0.0039 / 0.0078)"
+    assert short_badge(near) == "≈ near-tie"
+    assert short_badge("≈ χ² per position p=0.34 (12 seeds)") == "≈ χ² p=0.34"
+    assert short_badge("✗ χ² per position p=0.0012 (12 seeds)") == "✗ χ² p=0.0012"
+    assert short_badge("not enough samples (3 seeds; run ≥ 10)") == "few seeds"
+    assert short_badge("not lossless (synthetic) · ≈ χ² per position p=0.5 (10 seeds)") == "✗ synthetic"
+    assert short_badge("✓ equal (3/3)") == "✓ equal (3/3)" and short_badge("baseline") == "baseline"
+
+
+def test_names_keep_what_differs_between_rows():
+    rows = _rows()
+    rows[1] = dict(rows[1], verify="standard", temperature=0.8)
+    rows.append(dict(rows[1], k=5, tree_label="tree 2 branches", verify="block"))
+    assert [r[0] for r in app_table_rows(rows)] == ["none T=0", "ngram k=3 standard T=0.8",
+                                                    "ngram tree 2 branches k=5 block T=0.8"]
+    assert not table_legend(rows).startswith("**Every row")
+
+
+def test_the_legend_says_speedups_compare_only_within_one_comparison():
+    rows = _rows()
+    cpu = table_legend(rows, {"device": "cpu"}, 3)
+    assert "timed 3× per prompt and seed" in cpu and "compare them only within one comparison" in cpu
+    assert "within one comparison" not in table_legend(rows, {"device": "cuda:0"}, 3)
+    assert table_legend([]) == ""
+    assert set(APP_HEADERS) <= set(TABLE_COLUMNS)
+
+
+def _row(method: str, k: int, speedup: float = 1.1) -> dict:
+    return {"method": method, "verify": "greedy", "temperature": 0.0, "k": k, "label": f"{method} k={k}",
+            "acceptance_length": {"vllm": 1.5, "per_forward": 1.4, "drafts_only": 0.5}, "speedup": speedup,
+            "conditional": [{"n": 10}] * k, "num_accepted_tokens": 5, "steps": 20, "num_drafts": 10}
+
+
+def test_a_single_k_is_drawn_per_configuration_not_spread_around_k():
+    """All methods at k = 5 spread nine markers over ±0.8 around k = 5 (a dodge), read as different k values. With a
+    single k both panels put the configurations on a categorical axis, the theory a dash at each chain."""
+    methods = ("ngram", "ngram_gpu", "suffix", "draft_model")
+    fig = ksweep_figure([_row(m, 5) for m in methods])
+    assert fig.layout.xaxis.type == fig.layout.xaxis2.type == "category"
+    assert "at k = 5" in fig.layout.annotations[0].text and fig.layout.showlegend is False
+    measured = [d for d in fig.data if d.showlegend is not False]
+    assert [list(d.x) for d in measured] == [[m] for m in methods]
+    theory = [d for d in fig.data if d.name.startswith("theory")]
+    assert len(theory) == len(methods) and all(d.marker.symbol == "line-ew" for d in theory)
+    sweep = ksweep_figure([_row(m, k) for m in methods for k in (2, 4)])  # several k: the sweep as before
+    assert sweep.layout.xaxis.type != "category"
+    assert all(abs(x - k) < 0.5 for d in sweep.data if d.customdata is not None for x, k in zip(d.x, d.customdata))
+
+
+def test_positions_no_step_verified_are_hollow_bars_and_method_none_has_none():
+    rows = table(_comparison([_trace([_step(0, [], 0, [5])])], [_none_trace([5])], RunConfig("ngram", 3, "greedy", 0.0)))
+    none, ngram = (r[TABLE_COLUMNS.index("c_i (Wilson 95%, n), i = 1..k")] for r in app_table_rows(rows))
+    assert none == "—"
+    assert ngram.count("<i class='sv-ci-none'>") == 3 and "— (n0)" in _hover(ngram)
