@@ -110,13 +110,15 @@ class SpecDecoder:
 
     def warm_up(self, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS, verify_methods: Sequence[str] = VERIFY_METHODS,
                 temperatures: Sequence[float] = (0.8, 1.0), synthetic_rates: Sequence[float] = (0.8, 0.6, 0.4, 0.3, 0.2),
-                progress: Callable[[str], None] | None = None) -> dict[str, float]:
-        """Pay the one-time costs before the first real request (:func:`specviz.warmup.warm_up`), holding the device
-        lock throughout. Returns {"seconds", "capture_s", "graphs"}."""
+                progress: Callable[[str], None] | None = None,
+                method_names: Sequence[str] | None = None) -> dict[str, float]:
+        """Pay the one-time costs before the first real request (:func:`specviz.warmup.warm_up`; ``method_names``:
+        only these methods' drafters), holding the device lock throughout. Returns {"seconds", "capture_s", "graphs"}."""
         from .warmup import warm_up
 
         with device_lock(self.device):  # no other thread's CUDA work may run while graphs are captured
-            return warm_up(self, max_speculative_tokens, verify_methods, temperatures, synthetic_rates, progress)
+            return warm_up(self, max_speculative_tokens, verify_methods, temperatures, synthetic_rates, progress,
+                           method_names=method_names)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Prompt text or token ids -> ids. Raises ValueError on an empty or invalid prompt."""

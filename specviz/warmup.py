@@ -178,8 +178,10 @@ def warm_up_specs(vocab: int, max_speculative_tokens: int, verify_methods: Seque
 def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
             verify_methods: Sequence[str] = VERIFY_METHODS, temperatures: Sequence[float] = (0.8, 1.0),
             synthetic_rates: Sequence[float] = (0.8, 0.6, 0.4, 0.3, 0.2),
-            progress: Callable[[str], None] | None = None, gate: Gate | None = None) -> dict[str, float]:
-    """See the module docstring. In the foreground (``gate`` None) the caller holds the device lock throughout
+            progress: Callable[[str], None] | None = None, gate: Gate | None = None,
+            method_names: Sequence[str] | None = None) -> dict[str, float]:
+    """See the module docstring. ``method_names``: warm only these methods' drafters (None: every method whose
+    models are loaded); the target's widths and the verifiers are warmed either way. In the foreground (``gate`` None) the caller holds the device lock throughout
     (:meth:`specviz.engine.SpecDecoder.warm_up`); with ``gate`` each unit waits for the requests registered with it
     and takes the device lock itself (:class:`specviz.ui.cache.DecoderCache` runs it so on a background thread).
 
@@ -193,7 +195,8 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
     warm.request("none", max_new_tokens=3)
     captured = warm.runner(decoder.target_model, range(1, k_max + 2), trees=True)
     for method in methods.all_methods():
-        if method.warm_up is not None and method.missing(decoder) is None:
+        wanted = method_names is None or method.name in method_names
+        if wanted and method.warm_up is not None and method.missing(decoder) is None:
             warm.method_name = method.name
             say(f"warm-up: method {method.name}")
             captured += method.warm_up(warm)

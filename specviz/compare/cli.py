@@ -86,8 +86,12 @@ def compare_main(args: Any) -> int:
             from specviz.precision import use_fp32_logits
 
             use_fp32_logits(decoder)
-        # no decoder.warm_up(): it captures every method's graphs (minutes on a GPU); iter_comparison warms each
-        # configuration it runs, outside the timed runs
+        # only what this comparison runs: every method's graphs take minutes on a GPU (iter_comparison then runs
+        # each configuration once more, untimed, for what a warm-up cannot foresee)
+        cfgs = [c.resolved() for c in comparison.configs]
+        decoder.warm_up(max(c.num_speculative_tokens for c in cfgs), sorted({c.verify for c in cfgs}),
+                        sorted({c.temperature for c in cfgs if c.temperature > 0}) or (0.8,),
+                        method_names=sorted({c.method for c in cfgs}))
         total = len(comparison.configs) * len(comparison.prompts) * len(comparison.seeds)
         for r in iter_comparison(decoder, comparison):
             print(f"[{len(comparison.runs)}/{total}] {comparison.configs[r.config].label} · prompt {r.prompt + 1} · seed {r.seed}: "
