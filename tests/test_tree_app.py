@@ -137,12 +137,12 @@ TREE_TEXT_JS = """() => { const gd = document.querySelector('#sv-tree .js-plotly
             summary: document.querySelector('#sv-summary').innerText}; }"""
 
 
-def _run_static_tree(page, tree: str = STATIC_TREE, k: int = 3) -> None:
+def _run_static_tree(page, tree: str = STATIC_TREE, k: int = 3, max_new: int = 4) -> None:
     from test_lesson_app import PROMPT
 
     page.locator("#sv-prompt textarea").fill(PROMPT)
     page.get_by_label("draft_model", exact=True).check()
-    for label, value in (("temperature", 1.0), ("number input for max new tokens", 4),
+    for label, value in (("temperature", 1.0), ("number input for max new tokens", max_new),
                          ("number input for num_speculative_tokens (k)", k)):
         box = page.get_by_label(label, exact=True)
         box.fill(str(value))
@@ -241,4 +241,50 @@ def test_a_tall_tree_fits_below_the_chapter_panel_in_the_presentation_layout(bro
     two_lines = [a["name"] for a in layout["annotations"] if a.get("name", "").startswith("node ") and "<br>" in a["text"]]
     # every drafted node (and the step's own token) keeps its p / c line outside the presentation layout
     assert len(two_lines) == layout["meta"]["tree_nodes"] + 1, (two_lines, layout["meta"])
+    assert not errors, errors
+
+
+# 31 nodes, 7 deep: a chain of rank-0 children, three siblings at every depth and a child under the root's three
+# (the size of the EAGLE-2 tree 4, 6, 32 a lecturer found unreadable: up to 20 rows)
+BIG_TREE = "[" + ", ".join(
+    [str(tuple([0] * d)) for d in range(1, 8)] + [str(tuple([0] * (d - 1) + [r])) for d in range(1, 8) for r in (1, 2, 3)]
+    + [str((r, 0)) for r in (1, 2, 3)]) + "]"
+# the node boxes drawn: their font size (px) and whether they keep their numbers' line
+BOX_SIZES_JS = """() => { const gd = document.querySelector('#sv-tree .js-plotly-plot');
+    return gd.layout.annotations.filter((a) => String(a.name).startsWith('node ') && a.visible !== false)
+      .map((a) => [a.font.size, a.name === 'node -1' || String(a.text).includes('<br>')]); }"""  # the root: one line
+SHORT_NOTES_JS = """() => document.querySelector('#sv-tree .js-plotly-plot').layout.annotations
+    .filter((a) => String(a.name).startsWith('more ') && a.visible).length"""
+
+
+def test_a_31_node_tree_is_whole_and_readable_in_every_tree_chapter(browser, app_url, pages):
+    """?present=1 at 1280x720, a 31-node tree 7 deep: at each chapter that highlights the tree (the draft and the
+    forward), the whole figure is below the chapter panel and inside the viewport, in the short arrangement (the
+    path, two siblings a depth, "+N more"), every drawn box at least PRESENT_MIN_LABEL_PX with its p / c line.
+    Screenshots: screenshots-tmp/tree-big-present-*.png."""
+    from test_lesson_app import SHOTS, _open, under_panel
+
+    from specviz.ui.lesson_script import PRESENT_MIN_LABEL_PX
+
+    assert BIG_TREE.count("(") == 31
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page, errors = _open(browser, app_url + "?present=1", 1280, 720, pages)
+    _run_static_tree(page, BIG_TREE, k=7, max_new=12)  # a request's last steps draft no deeper than its tokens left
+    page.click("#sv-lesson-start")
+    page.wait_for_selector(".sv-chapter")
+    seen = []
+    for n in range(1, 5):
+        page.locator("body").press("ArrowRight")
+        page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{n}'", timeout=20_000)
+        if page.evaluate("document.querySelector('.sv-chapter').dataset.focus") != "sv-tree":
+            continue
+        away = under_panel(page, "#sv-tree", frame=True)
+        page.screenshot(path=str(SHOTS / f"tree-big-present-{n}.png"))
+        boxes = page.evaluate(BOX_SIZES_JS)
+        seen.append(n)
+        assert page.evaluate("document.querySelector('#sv-tree .js-plotly-plot').layout.meta.tree_nodes") == 31
+        assert not away, (n, away)
+        assert boxes and all(size >= PRESENT_MIN_LABEL_PX and two for size, two in boxes), (n, boxes)
+        assert page.evaluate(SHORT_NOTES_JS) > 0, n
+    assert len(seen) == 2, seen  # the draft and the forward chapters
     assert not errors, errors

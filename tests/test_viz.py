@@ -335,8 +335,16 @@ def test_ngram_match_and_trie(traces):
     table = html.unescape(source_html(other, st.index))  # the draft model's own view, found by its method
     assert table.count("<tr data-position=") == len(st.draft_token_ids)
     assert f"<td>{fmt_prob(st.positions[0].q)}</td>" in table
-    assert "candidates and q for each drafted position" in source_figure(other, st.index).layout.annotations[0].text.replace(
-        "<br>", " ")
+    # beside it the same candidates drawn: a bar chart a drafted position, the drafted token's bar orange
+    from specviz.methods.draft_model.view import DRAFTED_COLOUR, TOP
+
+    fig = source_figure(other, st.index)
+    bars = [d for d in fig.data if d.type == "bar"]
+    assert len(bars) == len(st.positions)
+    for bar, pos in zip(bars, st.positions):
+        top = [(int(t), float(q)) for t, q in pos.q_top[:TOP]][::-1]
+        assert list(bar.x) == [q for _, q in top]
+        assert [c == DRAFTED_COLOUR for c in bar.marker.color] == [t == pos.token_id for t, _ in top]
 
 
 def test_suffix_candidates_table(traces):

@@ -8,6 +8,7 @@ PRESENT_FONT_SCALE = 1.45  # presentation layout: text inside every Plotly figur
 PRESENT_HEIGHT_SCALE = 1.15  # and each figure this many times taller, for the larger text
 PRESENT_MIN_FIGURE_PX = 380  # but, while a lesson runs, no taller than the viewport below the chapter panel (>= this)
 PRESENT_MAX_SHRINK = 0.25  # unless that takes more than this share of its height (the 2 x 2 statistics: left as is)
+PRESENT_MIN_LABEL_PX = 14  # a draft tree's node labels fitted below the chapter panel no smaller than this
 
 # Highlights the view the chapter talks about, scrolls it into view below the (sticky) chapter
 # panel, binds the keyboard once, and turns the presentation layout on (?present=1 or data-present).
@@ -90,8 +91,8 @@ const svScale = (gd) => {
   if (L.height) up.height = svFitHeight(Math.round(L.height * grow));
   const panel = gd.closest('#sv-tree');
   if (tree && L.width && panel) up.width = Math.max(L.width, Math.min(Math.round(L.width * k), panel.clientWidth - 24));
-  if (tree) Object.assign(up, svTreeFit(L, up['margin.t'] || (L.margin && L.margin.t) || 0, up.height, k,
-                                        up.width || L.width) || {});
+  const fit = tree && svTreeFit(L, up['margin.t'] || (L.margin && L.margin.t) || 0, up.height, k, up.width || L.width);
+  if (fit) { Object.assign(up, fit.layout); svTreeShow(gd, fit.short); }
   const texts = (gd.data || []).map((t, i) => [i, t.textfont && t.textfont.size]).filter(([, v]) => v);
   if (texts.length) window.Plotly.restyle(gd, {'textfont.size': texts.map(([, v]) => Math.round(v * k))},
                                           texts.map(([i]) => i));
@@ -138,11 +139,14 @@ const svFitHeight = (h) => {
   return document.body.classList.contains('sv-present') && room < h && room >= h * (1 - %(shrink)s) ? room : h;
 };
 // presentation layout with a lesson on: a draft tree taller than the room below the chapter panel gets a row
-// pitch that fits: the node boxes' text shrinks with the pitch (never over the layout's %(scale)sx, never under
-// 0.9x), down to one line per box (the numbers stay in the hover) when two lines do not fit at 1x; a tree that does
-// not fit even so is left as it is. Room for the rows: the definitions keep their first line (the pinned chapter
-// and the rule line say the rest) and the legend moves beside the tree where its columns keep room for one-line
-// boxes. L: the layout, its text sizes times tk; top, height, width: as they will be drawn
+// pitch that fits, its boxes' text as large as the pitch and the depth columns allow (never over the layout's
+// %(scale)sx). In order: the whole tree with two-line boxes (token, then p and q or c); else the tree's short
+// arrangement (meta.tree_short, specviz/viz/tree_short.py: the accepted path, two siblings a depth and "+N more") with
+// two-line boxes, else with one-line boxes (the numbers stay in the hover); each only with labels of %(label)s px or
+// more. A tree that fits none so is fitted as before that minimum (boxes down to 0.9x) or left as it is. Room for
+// the rows: the definitions keep their first line (the pinned chapter and the rule line say the rest) and the legend
+// moves beside the tree where its columns keep room for the boxes. L: the layout, its text sizes times tk; top,
+// height, width: as they will be drawn. Returns {layout: the relayout, short: the short arrangement or not} or null
 const svTreeFit = (L, top, height, tk, width) => {
   const m = L.meta || {}, on = document.body.classList;
   if (!m.tree_rows || !on.contains('sv-present') || !on.contains('sv-lesson-on')) return null;
@@ -153,33 +157,58 @@ const svTreeFit = (L, top, height, tk, width) => {
   top = Math.min(top, Math.ceil(8 + 1.3 * size(L.title && L.title.font) + 8 +
                                 1.3 * size(d >= 0 && anns[d].font) * lines + 28));
   const room = svRoom(), legend = size(L.legend && L.legend.font), below = m.tree_margin_b + m.tree_legend_px;
-  const fit = (bottom) => {  // [one-line boxes, box font at 1x, scale] for the rows' pitch
-    const pitch = (room - top - bottom) / m.tree_rows;
-    let s = Math.min(%(scale)s, pitch / m.tree_row_px), compact = m.tree_compact, font = m.tree_box_font;
-    // two lines do not fit at 1x: tree.py's one-line row (22 px, 10 px text)
-    if (s < 1 && !compact) [compact, font, s] = [true, 10, Math.min(%(scale)s, pitch / 22)];
-    return [compact, font, s];
+  // beside: the legend a column right of the tree (its symbol, padding and longest entry)
+  const besidePx = 60 + 0.55 * legend * m.tree_legend_chars, oneLinePx = 0.6 * 10 * m.tree_box_chars + 7;
+  const plan = (rows, beside) => {  // the boxes' size for rows at that pitch, in columns that wide
+    const pitch = (room - top - (beside ? m.tree_margin_b : below)) / rows;
+    const column = (width - 20 - (beside ? besidePx : 0)) / m.tree_columns;
+    let compact = m.tree_compact, font = m.tree_box_font;
+    let s = Math.min(%(scale)s, pitch / m.tree_row_px, compact ? column / oneLinePx : column / (m.tree_box_px || 1));
+    // two lines too small: tree.py's one-line row (22 px, 10 px text)
+    if (!compact && font * s < %(label)s) [compact, font, s] = [true, 10, Math.min(%(scale)s, pitch / 22, column / oneLinePx)];
+    return {rows, beside, compact, font, s, label: font * s};
   };
-  // beside: the legend a column right of the tree (its symbol, padding and longest entry); kept under the tree
-  // where a depth column would get less than its boxes (one-line: monospace, 0.6 em a character)
-  const besidePx = 60 + 0.55 * legend * m.tree_legend_chars;
-  let beside = true, [compact, font, s] = fit(m.tree_margin_b);
-  const column = compact ? 0.6 * Math.round(font * s) * m.tree_box_chars + 16 : m.tree_column_px * s;
-  if ((width - 20 - besidePx) / m.tree_columns < column) [beside, [compact, font, s]] = [false, fit(below)];
-  if (s < 0.9 || (height <= room && s >= %(scale)s)) return null;
+  const best = (rows) => [plan(rows, true), plan(rows, false)].sort((a, b) => (a.compact - b.compact) || (b.s - a.s))[0];
+  const short = m.tree_short, full = best(m.tree_rows), brief = short && best(short.rows);
+  const readable = (p) => p && p.label >= %(label)s - 0.5;
+  let pick = full, useShort = false;
+  if (!(readable(full) && (!full.compact || m.tree_compact)) && readable(brief)) [pick, useShort] = [brief, true];
+  else if (!readable(full) && full.s < 0.9) return null;
+  if (!useShort && height <= room && pick.s >= %(scale)s && !(short && L.yaxis && L.yaxis.range &&
+                                                               L.yaxis.range[0] !== m.tree_rows - 0.5)) return null;
+  const {beside, compact, font, s} = pick;
   // beside: top-aligned with the tree; under: pinned to the figure's bottom edge, inside the bottom margin (as a
   // paper-anchored legend below the plot area Plotly drew it over the lowest rows once the figure was shortened)
   const up = {height: Math.floor(room), 'margin.t': top, 'margin.b': beside ? m.tree_margin_b : below, ...(beside
     ? {'legend.orientation': 'v', 'legend.x': 1.01, 'legend.xanchor': 'left', 'legend.yref': 'paper', 'legend.y': 1,
        'legend.yanchor': 'top'}
-    : {'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom'})};
+    : {'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom'}),
+    'yaxis.range': [(useShort ? short.rows : m.tree_rows) - 0.5, -0.5]};
   if (head) up[`annotations[${d}].text`] = head;
+  const at = short ? (useShort ? short.at : short.full) : null, num = Math.round((m.tree_num_font || 9) * s);
   anns.forEach((a, i) => {
-    if (!String(a.name || '').startsWith('node ')) return;
+    const name = String(a.name || '');
+    if (name.startsWith('more ')) {
+      Object.assign(up, {[`annotations[${i}].visible`]: useShort, [`annotations[${i}].font.size`]: Math.round(font * s)});
+      return;
+    }
+    if (!name.startsWith('node ')) return;
     up[`annotations[${i}].font.size`] = Math.round(font * s);
-    if (compact && typeof a.text === 'string') up[`annotations[${i}].text`] = a.text.split('<br>')[0];
+    if (typeof a.text === 'string')
+      up[`annotations[${i}].text`] = compact ? a.text.split('<br>')[0] : a.text.replace(/font-size:\s*[0-9.]+px/g, `font-size:${num}px`);
+    if (!at) return;
+    const xy = at[name];
+    up[`annotations[${i}].visible`] = !!xy;
+    if (xy) Object.assign(up, {[`annotations[${i}].x`]: xy[0], [`annotations[${i}].y`]: xy[1]});
   });
-  return up;
+  return {layout: up, short: useShort};
+};
+// the traces of the tree's arrangement in use shown (meta "tree-full" or "tree-short"), the other's hidden
+const svTreeShow = (gd, short) => {
+  const idx = (gd.data || []).map((t, i) => [t.meta, i]).filter(([m]) => m === 'tree-full' || m === 'tree-short');
+  const want = idx.map(([m]) => (m === 'tree-short') === short);
+  if (window.Plotly && idx.some(([, i], n) => (gd.data[i].visible !== false) !== want[n]))
+    window.Plotly.restyle(gd, {visible: want}, idx.map(([, i]) => i));
 };
 // presentation layout with a lesson on: the 2 x 2 statistics figure, taller than the room below the chapter panel,
 // is given that height and the compact geometry of its meta.stats_fit (specviz/viz/stats.py PRESENT_FIT: pixel
@@ -211,9 +240,10 @@ const svFit = (view) => {
   svCaptions();
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
     const stats = gd.layout && svStatsFit(gd.layout);
-    const t = gd.layout && (svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1,
-                                      gd.layout.width) ||
-                            stats);
+    const fit = gd.layout && svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1,
+                                       gd.layout.width);
+    if (fit) svTreeShow(gd, fit.short);
+    const t = (fit && fit.layout) || stats;
     if (window.Plotly && t) {
       window.Plotly.relayout(gd, t);
       // the compact rows have no room for the star's label above it (it ran into the panel's title)
@@ -254,4 +284,4 @@ if (!window.svLessonKeys) {
   });
 }
 """ % {"scale": PRESENT_FONT_SCALE, "grow": PRESENT_HEIGHT_SCALE, "least": PRESENT_MIN_FIGURE_PX,
-                                        "shrink": PRESENT_MAX_SHRINK})
+                                        "shrink": PRESENT_MAX_SHRINK, "label": PRESENT_MIN_LABEL_PX})

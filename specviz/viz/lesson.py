@@ -33,13 +33,14 @@ import statistics
 
 from specviz import methods
 from specviz.trace import Step, Trace
+from specviz.trace.metrics import counted
 
-from .common import as_trace, fmt_prob, metrics_of
+from .common import as_trace, fmt_prob, metrics_of, quoted
 from .source import hook, view_module
 from .stats import rate_set, rates_html
 
-from .lesson_base import (FOCUS_VIEWS, TOP_CANDIDATES, VERIFY_TEXT, VIEW_NAMES, Chapter, _method,  # noqa: F401
-                          _rejected_before, _row_node, _toks, _top, _verify, is_tree)
+from .lesson_base import (CUT_COUNTING, FOCUS_VIEWS, TOP_CANDIDATES, VERIFY_TEXT, VIEW_NAMES, Chapter,  # noqa: F401
+                          _method, _rejected_before, _row_node, _toks, _top, _verify, is_tree)
 from .lesson_decision import outcome_chapter, test_chapters, test_sentence  # noqa: F401 (re-exported)
 
 
@@ -120,15 +121,32 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
 
 
 # ---- 2. the target forward ------------------------------------------------------------------
+FORWARD_KINDS = {True: "tree forwards", False: "forwards over a chain of drafts"}
+SPREAD = 2.0  # forward times this many times apart: the chapter says why they vary
+
+
 def _forward_ms(trace: Trace, st: Step) -> str:
-    """'This forward took X ms ...' with the run's median beside it: one step's time is a single sample (on a busy
-    machine it can be many times the median). '' when the step has no verify time."""
+    """'This forward took X ms', then the range and median of the run's forwards of the same kind (a tree or a chain;
+    a forward's time grows with the tokens it checks) and, where they lie more than SPREAD times apart, why (warm-up
+    in the first steps, other work on the machine): one step's time is one sample. '' when the step has no verify
+    time."""
     ms = st.timings_ms.get("verify")
     if not ms:
         return ""
-    all_ms = [s.timings_ms["verify"] for s in trace.steps if s.timings_ms.get("verify")]
-    return (f"This forward took {ms:.1f} ms on the machine that recorded the run (one measurement; the median over the "
-            f"run's {len(all_ms)} steps is {statistics.median(all_ms):.1f} ms).")
+    same = [(s.index, s.timings_ms["verify"]) for s in trace.steps
+            if s.timings_ms.get("verify") and s.is_tree == st.is_tree and bool(s.draft_token_ids)]
+    text = f"This forward took {ms:.1f} ms on the machine that recorded the run"
+    times = [t for _, t in same]
+    if len(times) < 2:
+        return text + "."
+    lo, hi = min(times), max(times)
+    text += (f"; the run's {len(times)} {FORWARD_KINDS[st.is_tree]} took {lo:.1f}–{hi:.1f} ms (median "
+             f"{statistics.median(times):.1f} ms).")
+    if hi < SPREAD * lo:
+        return text
+    slowest = max(same, key=lambda it: it[1])[0]
+    why = "warm-up in the first steps" if slowest < 2 else "other work running at the same time"
+    return text + f" Times this far apart come from the machine ({why}), not the method: one step's time is one sample."
 
 
 def forward_chapter(trace: Trace, st: Step) -> Chapter:
@@ -152,15 +170,21 @@ def forward_chapter(trace: Trace, st: Step) -> Chapter:
 
 # ---- 5. what was committed ------------------------------------------------------------------
 def commit_chapter(trace: Trace, st: Step) -> Chapter:
+    """What ``st`` committed, counted as every metric counts it (:func:`specviz.trace.metrics.counted`): accepted
+    draft tokens + 1 token of the step's own. A step cut by the stop says what was dropped and that its last kept
+    token is counted as its own token."""
     done = sum(len(s.committed_token_ids) for s in trace.steps[: st.index + 1])
-    n, acc = len(st.committed_token_ids), st.num_accepted
-    own = {"recovered": "recovered", "bonus": "bonus", "target": "target"}.get(st.emitted.kind, st.emitted.kind)
-    text = (f"Step {st.index} commits {n} token(s): {_toks(trace, st.committed_token_ids)} "
-            f"({acc} accepted draft token(s) + 1 {own} token). After {st.index + 1} target forward(s) the output has "
-            f"{done} token(s), {done / (st.index + 1):.2f} per forward.")
-    if n < acc + 1:
-        text += (f" The request stopped ({html.escape(trace.stop_reason or 'stop')}) inside this step, so only {n} "
-                 f"of its {acc + 1} tokens were kept.")
+    n, acc = len(st.committed_token_ids), counted(st)[0]
+    own = st.emitted.kind
+    toks = _toks(trace, st.committed_token_ids)
+    if st.emitted_committed:
+        text = f"Step {st.index} commits {n} token(s): {toks} ({acc} accepted draft token(s) + 1 {own} token)."
+    else:
+        text = (f"Step {st.index} commits {n} token(s): {toks}. The request stopped "
+                f"({html.escape(trace.stop_reason or 'stop')}) inside this step, so only {n} of the "
+                f"{st.num_accepted + 1} tokens it produced were kept (its {own} token {quoted(trace, st.emitted.token_id)} "
+                f"was dropped). {CUT_COUNTING}: {acc} accepted draft token(s) + 1 = {n}.")
+    text += f" After {st.index + 1} target forward(s) the output has {done} token(s), {done / (st.index + 1):.2f} per forward."
     return Chapter("commit", f"Step {st.index}: {n} token(s) committed", text, st.index, None, "stream")
 
 
@@ -191,11 +215,17 @@ def step_chapters(trace: Trace, st: Step, every_position: bool = False) -> list[
 def brief_chapter(trace: Trace, st: Step) -> Chapter:
     """One chapter for a whole step (the brief lesson's later steps): what was drafted, and what was committed."""
     draft, commit = draft_chapter(trace, st), commit_chapter(trace, st)
-    k = st.num_drafted
-    title = (f"Step {st.index}: {st.num_accepted} of {k} draft token(s) accepted, + 1 {st.emitted.kind} token"
-             if k else f"Step {st.index}: nothing drafted, 1 target token")
+    k, acc = st.num_drafted, counted(st)[0]
+    if not k:
+        title = f"Step {st.index}: nothing drafted, 1 target token"
+    elif st.emitted_committed:
+        title = f"Step {st.index}: {acc} of {k} draft token(s) accepted, + 1 {st.emitted.kind} token"
+    else:  # its last kept token is its own (the metrics' count); the panels select that slot
+        title = (f"Step {st.index}: {acc} of {k} draft token(s) accepted, + 1: the last kept "
+                 f"{quoted(trace, st.committed_token_ids[-1])}; cut by the stop")
     what = draft.title.split(": ", 1)[-1]  # e.g. "the proposer drafts 3 token(s)"
-    return Chapter("step", title, f"{what[:1].upper()}{what[1:]}. {commit.text}", st.index, None, "grid")
+    position = None if st.emitted_committed or not st.committed_token_ids else acc + 1
+    return Chapter("step", title, f"{what[:1].upper()}{what[1:]}. {commit.text}", st.index, position, "grid")
 
 
 BRIEF_FULL_STEPS = 2  # a brief lesson tells this many steps in full, then one chapter a step

@@ -17,6 +17,8 @@ VIEW_NAMES = {"stream": "token stream", "grid": "step grid", "residual": "residu
               "stats": "statistics", "tree": "draft tree"}
 DECISION_VIEW = "p and q view (no residual is drawn here)"
 TOP_CANDIDATES = 3  # draft candidates / residual entries named in a sentence
+# how the metrics (specviz.trace.metrics.counted) count a step the stop cut, in one clause
+CUT_COUNTING = "Counted as every statistic counts a cut step, its last kept token is the step's own token"
 
 VERIFY_TEXT = {
     "greedy": ("greedy verification: a draft token is accepted iff it is the target's argmax; the output equals "

@@ -4,6 +4,9 @@ the target's argmax), and the token the step drew itself (recovered from the res
 
 from __future__ import annotations
 
+import html
+import re
+from dataclasses import replace
 
 from specviz.trace import Position, Step, Trace
 
@@ -130,6 +133,22 @@ def _prob_in(pairs: list[list[float]], token: int) -> float | None:
 
 
 def outcome_chapter(trace: Trace, st: Step) -> Chapter:
+    """The step's own token: the recovered token and its residual, the bonus token, or the target's token without a
+    draft. In a step the stop cut (:attr:`specviz.trace.Step.emitted_committed` False) the token was drawn, then
+    dropped: the chapter says so, and never that the step yields it."""
+    c = _outcome(trace, st)
+    if st.emitted_committed:
+        return c
+    y, last = quoted(trace, st.emitted.token_id), quoted(trace, st.committed_token_ids[-1]) if st.committed_token_ids else ""
+    cut = (f" But the request stopped ({html.escape(trace.stop_reason or 'stop')}) inside this step"
+           + (f", at {last}" if last else "") + f", so {y} was dropped: it is not in the output.")
+    return replace(c, title=f"{c.title}, dropped at the stop", text=re.sub(_YIELDS, "", c.text) + cut)
+
+
+_YIELDS = r" The step yields \d+ tokens from one target forward\."
+
+
+def _outcome(trace: Trace, st: Step) -> Chapter:
     k, e, verify = len(st.draft_token_ids), st.emitted, _verify(trace)
     y, slot = quoted(trace, e.token_id), st.num_accepted + 1
     if k == 0:

@@ -148,13 +148,14 @@ def _title(trace: Trace, step: Step, i: int) -> str:
 
 def decision_heading(trace: Trace, step: Step, i: int) -> str:
     """The caption's heading for slot ``i`` of ``step``: one question per decision (accepted,
-    rejected, unused, recovered, bonus, plain target token)."""
+    rejected, unused, recovered, bonus, plain target token); a bonus token the stop dropped is said to be dropped."""
     k = len(step.draft_token_ids)
     own = quoted(trace, step.emitted.token_id)
     if k == 0:
         return f"Nothing drafted: where did {own} come from?"
     if i > k:
-        return f"Where did the bonus token {own} come from?"
+        dropped = "" if step.emitted_committed else " (dropped: the request stopped first)"
+        return f"Where did the bonus token {own} come from?{dropped}"
     x, fate = quoted(trace, step.draft_token_ids[i - 1]), position_fate(step, i)
     if fate == "rejected":
         if trace.config.get("verify") == "greedy":

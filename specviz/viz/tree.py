@@ -33,6 +33,7 @@ from specviz.trace import Step, Trace
 
 from .common import FATE_STYLE, as_trace, context_before, emitted_fate, fate_label, fmt_prob, label, quoted, short_prob
 from .residual import P_COLOUR, Q_COLOUR, WRAP, message_figure
+from .tree_short import add_short, box_px
 from .tree_layout import (EMITTED, ROOT, ViewNode, _children, node_for_position, position_for_node,  # noqa: F401
                           row_rejected, step_tree, tree_layout)
 
@@ -59,6 +60,7 @@ MIN_WIDTH = 860  # px: the rule's one-line caption fits, also at the presentatio
 MARGIN_B = 10  # px under the plot area, the legend's rows aside
 LEGEND_PX = 60  # px under the plot area for the two legend rows (the presentation layout's 1.45x text included)
 RULE_LINE_PX = 24  # px above the plot area for the rule's line (room for the presentation layout's 1.45x text)
+BOX_FONT, NUM_FONT = 11, 9  # px: a two-line box's token line and its numbers' line
 
 
 def _num(x: float | None) -> str:
@@ -203,11 +205,12 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     compact = rows > 28  # big trees: one line per box
     for n in boxes:
         _box(fig, trace, n, place[n.id], rule, compact, selected == n.id)
+    hovers = [_hover(trace, st, n, rule, by_id) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes]
     fig.add_trace(go.Scatter(
         x=[place[n.id][0] for n in boxes], y=[place[n.id][1] for n in boxes], mode="markers", name="nodes",
-        showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text",
-        hovertext=[_hover(trace, st, n, rule, by_id) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes],
-        marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}))
+        showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text", hovertext=hovers,
+        marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}, meta="tree-full"))
+    short = add_short(fig, nodes, path, emitted, boxes, hovers, _edges, place)
     verified_by = step_rule(trace, st)
     _legend(fig, rule, own_fate, verified_by == "greedy", trace)
     columns = max(d for d, _ in place.values()) + 1
@@ -230,7 +233,7 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
         meta={"tree_nodes": len(nodes), "accepted_path": path, "tree_rule": rule, "verified_by": verified_by,
               # the geometry the presentation layout's fit reads (specviz/ui/lesson_script.py svTreeFit): rows of the
               # layout, the row pitch (px) and box font (px) the boxes are sized for, one-line boxes or not
-              "tree_rows": int(rows), "tree_row_px": row_px, "tree_box_font": 10 if compact else 11,
+              "tree_rows": int(rows), "tree_row_px": row_px, "tree_box_font": 10 if compact else BOX_FONT,
               "tree_compact": compact, "tree_columns": int(columns), "tree_column_px": COLUMN_PX,
               "tree_box_chars": TOKEN_CHARS,
               # the bottom margin without and with the legend's rows and the legend's longest entry (the fit may
@@ -238,7 +241,10 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
               # chapter and the rule line say the rest)
               "tree_margin_b": MARGIN_B, "tree_legend_px": LEGEND_PX,
               "tree_legend_chars": max(len(t.name) for t in fig.data if t.showlegend is not False and t.name),
-              "tree_defs_head": defs.split("<br>")[0]},
+              "tree_defs_head": defs.split("<br>")[0],
+              # the short arrangement (tree_short.py) and the widest two-line box at 1x (px), for columns too
+              # narrow for the boxes at the presentation size
+              "tree_short": short, "tree_box_px": round(max(_box_px(trace, n, rule) for n in boxes), 1), "tree_num_font": NUM_FONT},
     )
     return fig
 
@@ -250,8 +256,10 @@ def _root_hover(trace: Trace, n: ViewNode, st: Step) -> str:
             "<br><i>click: its p / residual panel</i>")
 
 
-def _edges(fig: go.Figure, place, nodes: list[ViewNode], emitted: ViewNode) -> None:
-    """Parent -> child lines, one trace per child fate (the step's own token: its stream colour)."""
+def _edges(fig: go.Figure, place, nodes: list[ViewNode], emitted: ViewNode, meta: str = "tree-full",
+           visible: bool = True) -> None:
+    """Parent -> child lines, one trace per child fate (the step's own token: its stream colour); the traces carry
+    ``meta`` (which arrangement they draw) and ``visible``."""
     groups: dict[str, tuple[list, list]] = {}
     for n in [*nodes, emitted]:
         key = n.fate if n.fate in EDGE_STYLE else "own"
@@ -262,7 +270,7 @@ def _edges(fig: go.Figure, place, nodes: list[ViewNode], emitted: ViewNode) -> N
     for key, (xs, ys) in groups.items():
         colour, width, dash = EDGE_STYLE.get(key, (FATE_STYLE[emitted.fate][1], 2.0, "solid"))
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
-                                 line={"color": colour, "width": width, "dash": dash}))
+                                 line={"color": colour, "width": width, "dash": dash}, meta=meta, visible=visible))
 
 
 def _box(fig: go.Figure, trace: Trace, n: ViewNode, xy: tuple[int, float], rule: str, compact: bool,
@@ -270,22 +278,33 @@ def _box(fig: go.Figure, trace: Trace, n: ViewNode, xy: tuple[int, float], rule:
     """One node's text box (an annotation; clicks pass through to the invisible marker below)."""
     if n.id == ROOT:
         fill, colour, border = NODE_STYLE["root"]
-        lines = [f"root {label(trace, n.token_id, TOKEN_CHARS - 3)}"]
     elif n.id == EMITTED:
         fill, colour = FATE_STYLE[n.fate][0], FATE_STYLE[n.fate][1]
         border = colour
-        lines = [label(trace, n.token_id, TOKEN_CHARS), f"p {_num(n.p)}"]
     else:
         fill, colour, border = NODE_STYLE.get(n.fate, NODE_STYLE["unvisited"])
-        lines = [label(trace, n.token_id, TOKEN_CHARS), _second_line(n, rule)]
+    lines = _box_lines(trace, n, rule)
     if compact:
         lines = lines[:1]
-    text = "<b>" + lines[0] + "</b>" + "".join(f"<br><span style='font-size:9px'>{html.escape(t)}</span>"
+    text = "<b>" + lines[0] + "</b>" + "".join(f"<br><span style='font-size:{NUM_FONT}px'>{html.escape(t)}</span>"
                                                for t in lines[1:])
     fig.add_annotation(x=xy[0], y=xy[1], text=text, showarrow=False, bgcolor=fill, bordercolor=
                        SELECTED_BORDER if selected else border, borderwidth=3 if selected else 1.5, borderpad=2,
-                       font={"size": 10 if compact else 11, "color": colour, "family": "monospace"}, align="center",
+                       font={"size": 10 if compact else BOX_FONT, "color": colour, "family": "monospace"}, align="center",
                        name=f"node {n.id}")
+
+
+def _box_lines(trace: Trace, n: ViewNode, rule: str) -> list[str]:
+    """A node box's lines as plain text: the token, then its numbers (none for the root)."""
+    if n.id == ROOT:
+        return [f"root {label(trace, n.token_id, TOKEN_CHARS - 3)}"]
+    return [label(trace, n.token_id, TOKEN_CHARS), f"p {_num(n.p)}" if n.id == EMITTED else _second_line(n, rule)]
+
+
+def _box_px(trace: Trace, n: ViewNode, rule: str) -> float:
+    """The width (px) of ``n``'s two-line box at the figure's own sizes."""
+    lines = _box_lines(trace, n, rule)
+    return box_px([(lines[0], BOX_FONT), *((t, NUM_FONT) for t in lines[1:])])
 
 
 def box_text_chars(fig: go.Figure) -> int:

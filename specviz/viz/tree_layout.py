@@ -109,3 +109,33 @@ def position_for_node(step: Step, node: int) -> int | None:
     if rule == "chain" and 0 <= node < len(nodes):
         return node + 1
     return path.index(node) + 1 if node in path else None
+
+
+PRUNED_ALTERNATIVES = 2  # siblings of each accepted-path node the short arrangement shows (then "+N more")
+
+
+def pruned_layout(nodes: list[ViewNode], path: list[int],
+                  alternatives: int = PRUNED_ALTERNATIVES) -> tuple[dict[int, tuple[int, float]], dict[int, tuple[int, int]]]:
+    """The short arrangement of a step's tree (the presentation layout's lesson shows it where the whole tree does
+    not fit at a readable size): (place, more). place = {node id: (depth, row)} for ROOT, the accepted path and
+    EMITTED on row 0, and under each of them at most ``alternatives`` siblings (the other children of the path node
+    before it: tested-and-rejected first, then in the verifier's order) on rows 1, 2, ...; more = {depth: (row, n)}:
+    the n drafted nodes of that depth not placed, to be noted "+n more" at that row (the row under the depth's
+    placed siblings). Every drafted node is placed or counted exactly once; rows = 1 + the largest row used."""
+    kids = _children(nodes)
+    kids.setdefault(path[-1] if path else ROOT, []).append(EMITTED)
+    by_id = {n.id: n for n in nodes}
+    place: dict[int, tuple[int, float]] = {ROOT: (0, 0.0), EMITTED: (len(path) + 1, 0.0)}
+    place.update({node: (d, 0.0) for d, node in enumerate(path, start=1)})
+    for parent in (ROOT, *path):
+        others = [c for c in kids.get(parent, []) if c not in place]
+        others.sort(key=lambda c: (by_id[c].fate != "rejected", c))  # the tested ones first, then the verifier's order
+        for row, c in enumerate(others[:alternatives], start=1):
+            place[c] = (by_id[c].depth, float(row))
+    more: dict[int, tuple[int, int]] = {}
+    for d in sorted({n.depth for n in nodes}):
+        hidden = sum(1 for n in nodes if n.depth == d and n.id not in place)
+        if hidden:
+            used = [y for node, (x, y) in place.items() if x == d and node != EMITTED]
+            more[d] = (int(max(used, default=0)) + 1, hidden)
+    return place, more

@@ -5,9 +5,12 @@ sampled from q = softmax(logits / T) (specviz/methods/draft_model/proposer.py)."
 
 from __future__ import annotations
 
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, fmt_prob, quoted, quoted_tokens, token_code, top_pairs
+from specviz.viz.common import as_trace, fmt_prob, label, quoted, quoted_tokens, short_prob, token_code, top_pairs
 from specviz.viz.residual import message_figure
 
 TOP = 5  # candidates listed per position
@@ -29,8 +32,9 @@ def draft_candidates_html(trace: Trace, step: Step) -> str:
     rows = []
     for pos in step.positions:
         cands = " ".join(
-            token_code(trace, int(t), "font-weight:bold;background:#fed7aa" if int(t) == pos.token_id else "")
-            + f"&nbsp;{fmt_prob(float(q))}" for t, q in pos.q_top[:TOP])
+            "<span class='sv-cand'>"
+            + token_code(trace, int(t), "font-weight:bold;background:#fed7aa" if int(t) == pos.token_id else "")
+            + f"&nbsp;{fmt_prob(float(q))}</span>" for t, q in pos.q_top[:TOP])
         rows.append(f"<tr data-position='{pos.index}'><td>x{pos.index}</td>"
                     f"<td>{token_code(trace, pos.token_id)}</td>"
                     f"<td>{fmt_prob(pos.q)}</td><td>{cands or '—'}</td><td>{fmt_prob(pos.p)}</td></tr>")
@@ -55,10 +59,50 @@ def panel_html(trace, step: int, position: int | None = None) -> str:
             "(the request's last step drafts no further than max_new_tokens), and the target decoded one token.</div>")
 
 
-def panel_figure(trace, step: int):
-    st = as_trace(trace).steps[step]
-    return message_figure(f"step {st.index}: the draft model's candidates and q for each drafted position are "
-                          "in the table at left", height=160)
+DRAFTED_COLOUR, OTHER_COLOUR = "#fb923c", "#cbd5e1"  # the drafted token's bar (the table's highlight), the others
+PANEL_COLUMNS = 2  # drafted positions side by side
+PANEL_ROW_PX = 125  # px per row of positions: TOP bars, their labels and the position's title (two rows fit below the
+# presentation layout's chapter at 1280x720)
+
+
+def candidates_figure(trace, step: int) -> go.Figure:
+    """The draft's top candidates (q) at each drafted position of ``step``, one small bar chart a position (at most
+    :data:`TOP` bars, the drafted token's bar orange, q printed on each bar) titled with the drafted token and its
+    q: the table's candidates drawn. A message figure for a step without per-position details.
+    Raises IndexError if ``step`` is not a step of the trace."""
+    trace = as_trace(trace)
+    st = trace.steps[step]
+    if not st.positions or not any(pos.q_top for pos in st.positions):
+        return message_figure(f"step {st.index}: no draft candidates recorded for this step", height=160)
+    cols = min(PANEL_COLUMNS, len(st.positions))
+    rows = -(-len(st.positions) // cols)
+    titles = [f"x{pos.index} = {label(trace, pos.token_id)} (q {short_prob(pos.q)})" for pos in st.positions]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.22,
+                        vertical_spacing=0.5 / rows)
+    for n, pos in enumerate(st.positions):
+        top = [(int(t), float(q)) for t, q in pos.q_top[:TOP]][::-1]  # the most likely at the top
+        fig.add_trace(go.Bar(
+            x=[q for _, q in top], y=[f"{label(trace, t)} #{i}" for i, (t, _) in enumerate(top)], orientation="h",
+            marker_color=[DRAFTED_COLOUR if t == pos.token_id else OTHER_COLOUR for t, _ in top],
+            text=[short_prob(q) for _, q in top], textposition="outside", cliponaxis=False, showlegend=False,
+            hovertext=[f"{quoted(trace, t)}: q = {fmt_prob(q)}" for t, q in top], hoverinfo="text"),
+            row=n // cols + 1, col=n % cols + 1)
+    fig.update_yaxes(tickmode="array", automargin=True)
+    for axis in fig.layout:  # tick labels without the " #i" that keeps equal tokens apart
+        if axis.startswith("yaxis"):
+            ticks = [t for tr in fig.data if tr.yaxis == ("y" + axis[5:]) for t in tr.y]
+            fig.layout[axis].update(tickvals=ticks, ticktext=[t.rsplit(" #", 1)[0] for t in ticks])
+    fig.update_xaxes(range=[0, 1.3], showticklabels=False, showgrid=False)
+    fig.update_annotations(font={"size": 12})  # the subplot titles
+    fig.update_layout(
+        title={"text": f"<b>step {st.index}: the draft's top candidates (q) at each drafted position</b>",
+               "font": {"size": 13}, "x": 0, "xanchor": "left"},
+        height=56 + PANEL_ROW_PX * rows, margin={"l": 10, "r": 10, "t": 56, "b": 6}, plot_bgcolor="#ffffff",
+        bargap=0.25, font={"size": 11})
+    return fig
+
+
+panel_figure = candidates_figure  # the view contract (specviz.methods.base)
 
 
 def draft_why(trace: Trace, st: Step) -> str | None:
