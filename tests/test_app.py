@@ -627,7 +627,8 @@ def test_wall_time_row_says_where_the_trace_came_from(decoders, tmp_path):
     CLI's or an export), a comparison's run and the HTML report say "as recorded"."""
     from specviz.ui import handlers as h
     from specviz.ui.outputs import full_outputs
-    from specviz.viz.stats import WALL_TIME_RECORDED, WALL_TIME_STREAMED, run_summary, speedup_html
+    from specviz.viz.speed import WALL_TIME_RECORDED, WALL_TIME_STREAMED, speedup_html
+    from specviz.viz.stats import run_summary
 
     trace = decoders["llama"].generate(PROMPT, method="ngram", num_speculative_tokens=3, max_new_tokens=4,
                                        prompt_lookup_min=1)

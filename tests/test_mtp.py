@@ -229,6 +229,7 @@ def test_sampling_is_lossless_per_position(small_decoder, verify, sampling):
 def test_mtp_view(mtp_decoders):
     """The chain of MTP steps: per step the constant position, the target layer and positions it read,
     the hidden state and token fed, the drafted token, its confidence and the target's decision."""
+    from specviz.methods.eagle.view import CELL
     from specviz.viz.source import source_figure, source_html
 
     dec = mtp_decoders["eager"]
@@ -238,7 +239,7 @@ def test_mtp_view(mtp_decoders):
     n = st.match["root_position"]
     L = dec.heads["mtp"].config.kv_layer
     assert "sv-mtp" in page and page.count("<tr data-mtp-step=") == len(st.draft_token_ids)
-    assert page.count(f"<td style='padding:2px 6px;text-align:left'>L{L} 0..{n - 1}</td>") == len(st.draft_token_ids)
+    assert page.count(f"<td {CELL}>L{L} 0..{n - 1}</td>") == len(st.draft_token_ids)
     assert "trained by specviz (no public recipe)" in page
     for s in st.match["steps"]:
         assert s["position"] == n - 1 and 0.0 <= s["draft_prob"] <= s["head_top_prob"] <= 1.0

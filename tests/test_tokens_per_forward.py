@@ -8,7 +8,8 @@ import re
 
 from specviz.trace import TOKENS_PER_FORWARD_FORMULA, tokens_per_target_forward
 from specviz.ui.views import summary_markdown
-from specviz.viz.stats import run_summary, speedup_html
+from specviz.viz.speed import speedup_html
+from specviz.viz.stats import run_summary
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a"
 
@@ -46,7 +47,7 @@ def test_speedup_note_never_says_speculation_loses_beside_a_pooled_gain():
     """The new-user report: "... = 1.10x (the segments pooled). Here speculation loses" (the sentence followed the
     0.95x median alone). When the median and the pooled ratio fall on different sides of 1x the note says the
     difference is within the noise; when both are below 1x it explains the loss."""
-    from specviz.viz.stats import _speedup_note
+    from specviz.viz.speed import _speedup_note
 
     def note(median, seg_draft_ms):
         base = _summary(32, 32, 0.0, 320.0, 0.0)  # method none: 10 ms a token

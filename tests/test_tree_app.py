@@ -126,6 +126,7 @@ def test_static_tree_control():
 
 from test_app import app_url  # noqa: E402,F401  (the tiny-model app fixture)
 from test_lesson_app import browser, pages  # noqa: E402,F401  (headless Chromium, pages closed after a test)
+from helpers import progress  # noqa: E402
 
 
 # ---- the browser: a static tree of the draft model (tiny models), at 1024 px and in the presentation layout ----
@@ -287,4 +288,39 @@ def test_a_31_node_tree_is_whole_and_readable_in_every_tree_chapter(browser, app
         assert boxes and all(size >= PRESENT_MIN_LABEL_PX and two for size, two in boxes), (n, boxes)
         assert page.evaluate(SHORT_NOTES_JS) > 0, n
     assert len(seen) == 2, seen  # the draft and the forward chapters
+    assert not errors, errors
+
+
+def test_a_tree_runs_statistics_chapter_fits_below_the_chapter_panel(browser, app_url, pages):
+    """?present=1 at 1280x720, the lesson's statistics chapter of a tree run (its rate set has a fifth rate, so the
+    chapter panel is taller than a chain's): the statistics figure is below the panel and inside the viewport, in
+    one row of four panels (PRESENT_FIT strip), no text over another, and no chain theory curve (a lecturer saw the
+    figure run 360 px off the screen, axis titles over panel titles). Screenshot: lesson-present-tree-stats.png."""
+    from layout_checks import OVERLAPS_JS
+    from test_lesson_app import FIT_JS, SHOTS, _open, under_panel
+
+    from specviz.viz.stats import PRESENT_FIT
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page, errors = _open(browser, app_url + "?present=1", 1280, 720, pages)
+    page.wait_for_function("document.querySelector('#sv-lesson-brief input').checked", timeout=20_000)
+    _run_static_tree(page, BIG_TREE, k=7, max_new=6)
+    page.click("#sv-lesson-start")
+    page.wait_for_selector(".sv-chapter")
+    count = int(page.evaluate("document.querySelector('.sv-chapter').dataset.count"))
+    for n in range(1, count):
+        page.locator("body").press("ArrowRight")
+        page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{n}'", timeout=20_000)
+    assert page.evaluate("document.querySelector('.sv-chapter').dataset.focus") == "sv-stats"
+    text = page.locator(".sv-chapter").inner_text()
+    assert "per-depth acceptance" in text, (text, progress(page))  # the tree's longer rate set
+    away = under_panel(page, "#sv-stats", frame=True)
+    page.screenshot(path=str(SHOTS / "lesson-present-tree-stats.png"))
+    assert not away, away
+    layout = page.evaluate("document.querySelector('#sv-stats .js-plotly-plot').layout")
+    assert layout["xaxis4"]["domain"] == PRESENT_FIT["strip"]["columns"][3], layout["xaxis4"]["domain"]
+    assert not page.evaluate(OVERLAPS_JS, "#sv-stats")
+    assert not page.evaluate(FIT_JS, "#sv-stats")
+    names = page.evaluate("document.querySelector('#sv-stats .js-plotly-plot').data.map((t) => t.name || '')")
+    assert not any(n.startswith("theory") for n in names), names
     assert not errors, errors

@@ -17,7 +17,8 @@ from specviz.viz import explain
 from specviz.viz.grid import CHAR_EM, PLOT_PX, cell_font, cell_label, grid_cells, step_grid_figure
 from specviz.methods.medusa.view import medusa_html
 from specviz.viz.source import draft_limit, draft_limit_note
-from specviz.viz.stats import run_summary, speedup_html
+from specviz.viz.speed import speedup_html
+from specviz.viz.stats import run_summary
 from specviz.ui.views import summary_markdown
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"

@@ -523,18 +523,50 @@ def test_block_rescue_is_marked():
 
 def test_stats_figure_names_its_panel_titles_for_the_presentation_fit(traces):
     """specviz/ui/lesson.py svStatsFit moves the four panel titles (by name) to the compact geometry of
-    meta.stats_fit, whose rows must keep at least min_row_px at the 1280x720 room it was drawn for."""
+    meta.stats_fit, whose rows must keep at least min_row_px at the 1280x720 room it was drawn for; its one-row
+    arrangement (strip) gives each panel a column with titles short enough for it."""
     from specviz.viz.stats import PRESENT_FIT
 
     fig = stats_figure(next(iter(traces.values())))
     names = [a.name for a in fig.layout.annotations if (a.name or "").startswith("subplot-title-")]
     assert names == [f"subplot-title-{i}" for i in range(4)]
-    assert fig.layout.meta["stats_fit"] == PRESENT_FIT
-    f = PRESENT_FIT
+    f = fig.layout.meta["stats_fit"]
+    assert {k: v for k, v in f.items() if k != "strip"} == {k: v for k, v in PRESENT_FIT.items() if k != "strip"}
     area = 380 - f["top_px"] - f["axis_px"] - f["legend_px"]  # about the room under a long statistics chapter
     assert (area - f["axis_px"] - f["title_px"]) / 2 >= f["min_row_px"]
     (a0, a1), (b0, b1) = f["columns"]
     assert 0 <= a0 < a1 < b0 < b1 <= 1
+    strip = f["strip"]
+    edges = [x for c in strip["columns"] for x in c]
+    assert edges == sorted(edges) and edges[0] >= 0 and edges[-1] <= 1 and len(strip["columns"]) == 4
+    # the trace's own time-axis title says what was timed (the whole run here: no baseline)
+    assert strip["x_titles"][3] == "ms, the whole run"
+    plot_px = strip["min_width"] - 80  # the figure's l + r margins
+    for (c0, c1), title, axis in zip(strip["columns"], strip["titles"], strip["x_titles"]):
+        column = (c1 - c0) * plot_px + 60  # a title may reach into the gaps beside its column
+        assert len(title) * 0.55 * strip["titles"] <= column, title  # about 0.55 em a character (Open Sans)
+        assert len(axis) * 0.55 * strip["font"] <= column, axis
+
+
+def test_stats_legend_is_grouped_by_panel_and_a_tree_draws_no_chain_curve(traces):
+    """The legend's entries sit under their panel's group title (a lecturer could not tell which entry belonged to
+    which panel); a tree run has no (1 - a^(k+1)) / (1 - a) curve (the i.i.d. chain model does not describe it),
+    a note says so, and its star stays."""
+    from specviz.viz.stats import LEGEND_GROUPS, TREE_NO_THEORY, is_tree_run
+
+    chain = next(t for t in traces.values() if any(s.draft_token_ids for s in t.steps))
+    fig = stats_figure(chain)
+    shown = [t for t in fig.data if t.showlegend is not False]
+    assert shown and all(t.legendgroup in LEGEND_GROUPS for t in shown)
+    assert {t.legendgrouptitle.text for t in shown} == set(LEGEND_GROUPS.values())
+    assert any((t.name or "").startswith("theory") for t in fig.data) and not is_tree_run(chain)
+    from test_tree_view import tree_trace
+
+    tree = tree_trace()
+    assert is_tree_run(tree)
+    fig = stats_figure(tree)
+    assert not any((t.name or "").startswith("theory") for t in fig.data)
+    assert [a.text for a in fig.layout.annotations if a.name == "tree-no-theory"] == [TREE_NO_THEORY]
 
 
 def test_a_grid_longer_than_its_rows_says_which_steps_it_shows():

@@ -213,33 +213,44 @@ const svTreeShow = (gd, short) => {
 // presentation layout with a lesson on: the 2 x 2 statistics figure, taller than the room below the chapter panel,
 // is given that height and the compact geometry of its meta.stats_fit (specviz/viz/stats.py PRESENT_FIT: pixel
 // room for each row's titles, ticks and axis titles and for the legend, the text a little smaller than the layout's
-// %(scale)sx); left as it is when its rows would get less than min_row_px
-const svStatsFit = (L) => {
+// %(scale)sx). A figure at least strip.min_width px wide puts its four panels in one row (strip: each column's domain
+// and short titles), whose plots are as tall as the room less the titles, axes and legend; a narrower one keeps
+// two rows, left as it is when they would get less than min_row_px. width: the figure's width as drawn
+const svStatsFit = (L, width) => {
   const f = L.meta && L.meta.stats_fit, on = document.body.classList;
   if (!f || !on.contains('sv-present') || !on.contains('sv-lesson-on')) return null;
   const room = Math.floor(svRoom()), bottom = f.axis_px + f.legend_px, area = room - f.top_px - bottom;
+  if (L.height <= room) return null;
+  const s = f.strip, strip = s && width >= s.min_width && area >= f.min_row_px;
   const gap = (f.axis_px + f.title_px) / area, row = (1 - gap) / 2;
-  if (L.height <= room || row * area < f.min_row_px) return null;
-  const [c1, c2] = f.columns, up = {height: room, 'font.size': f.font, 'legend.font.size': f.legend,
+  if (!strip && row * area < f.min_row_px) return null;
+  const [c1, c2] = f.columns, cols = strip ? s.columns : [c1, c2, c1, c2], z = strip ? s : f;
+  const up = {height: room, 'font.size': z.font, 'legend.font.size': z.legend, 'legend.grouptitlefont.size': z.legend,
     'margin.t': f.top_px, 'margin.b': bottom, 'legend.yref': 'container', 'legend.y': 0, 'legend.yanchor': 'bottom'};
-  [c1, c2, c1, c2].forEach((c, i) => { up[`xaxis${i ? i + 1 : ''}.domain`] = c; });
-  [[1 - row, 1], [1 - row, 1], [0, row], [0, row]].forEach((d, i) => { up[`yaxis${i ? i + 1 : ''}.domain`] = d; });
+  const rows = strip ? [[0, 1], [0, 1], [0, 1], [0, 1]] : [[1 - row, 1], [1 - row, 1], [0, row], [0, row]];
+  cols.forEach((c, i) => {
+    const ax = i ? i + 1 : '';
+    up[`xaxis${ax}.domain`] = c;
+    up[`yaxis${ax}.domain`] = rows[i];
+    if (strip && s.x_titles[i]) up[`xaxis${ax}.title.text`] = s.x_titles[i];
+  });
   for (const key of Object.keys(L).filter((key) => /^[xy]axis[0-9]*$/.test(key)))
-    Object.assign(up, {[`${key}.tickfont.size`]: f.font, [`${key}.title.font.size`]: f.font});
+    Object.assign(up, {[`${key}.tickfont.size`]: z.font, [`${key}.title.font.size`]: z.font});
   (L.annotations || []).forEach((a, i) => {
     const t = /^subplot-title-([0-3])$/.exec(a.name || '');
-    up[`annotations[${i}].font.size`] = t ? f.titles : f.font;
+    up[`annotations[${i}].font.size`] = t ? z.titles : z.font;
     if (!t) return;
-    const c = [c1, c2][t[1] %% 2];
+    const c = cols[t[1]];
     up[`annotations[${i}].x`] = (c[0] + c[1]) / 2;
-    up[`annotations[${i}].y`] = t[1] < 2 ? 1 : row;
+    up[`annotations[${i}].y`] = rows[t[1]][1];
+    if (strip) up[`annotations[${i}].text`] = s.titles[t[1]];
   });
   return up;
 };
 const svFit = (view) => {
   svCaptions();
   for (const gd of view.querySelectorAll('.js-plotly-plot')) {
-    const stats = gd.layout && svStatsFit(gd.layout);
+    const stats = gd.layout && svStatsFit(gd.layout, gd.getBoundingClientRect().width);
     const fit = gd.layout && svTreeFit(gd.layout, (gd.layout.margin && gd.layout.margin.t) || 0, gd.layout.height, 1,
                                        gd.layout.width);
     if (fit) svTreeShow(gd, fit.short);

@@ -117,7 +117,7 @@ def all_views(trace: Trace, step: int | None, position: int | None,
               baseline: dict[str, Any] | None, no_baseline: str | None = None, streamed: bool = False) -> Views:
     """Every view of ``trace`` at (step, position) (clamped). ``baseline``: the method-none comparison;
     ``no_baseline``: without one, what the speedup panel says instead; ``streamed``: the trace was just streamed
-    into the app (its wall time includes the redraws; :func:`~specviz.viz.stats.speedup_html`)."""
+    into the app (its wall time includes the redraws; :func:`~specviz.viz.speed.speedup_html`)."""
     if not trace.steps:
         return empty_views("The run produced no steps.")
     s, i = clamp_selection(trace, step, position)

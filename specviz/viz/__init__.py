@@ -6,14 +6,8 @@ from specviz.viz.common import FATE_STYLE, FATES, as_trace, token_events
 from specviz.viz.export import figure_png, figures, report_html
 from specviz.viz.grid import grid_cells, step_grid_figure
 from specviz.viz.residual import clamp_selection, message_figure, residual_figure
-from specviz.viz.stats import (
-    estimated_alpha,
-    expected_tokens_per_step,
-    run_summary,
-    speedup_html,
-    stats_figure,
-    step_costs,
-)
+from specviz.viz.speed import speedup_html, step_costs
+from specviz.viz.stats import estimated_alpha, expected_tokens_per_step, run_summary, stats_figure
 from specviz.viz.stream import legend_html, token_stream_html
 
 __all__ = [

@@ -21,7 +21,8 @@ from .common import as_trace
 from .grid import step_grid_figure
 from .source import source_figure, source_html
 from .residual import clamp_selection, residual_figure
-from .stats import rate_set, rates_html, run_summary, speedup_html, stats_figure
+from .speed import speedup_html
+from .stats import rate_set, rates_html, run_summary, stats_figure
 from .stream import token_stream_html
 
 SETTINGS_SHOWN = ("method", "num_speculative_tokens", "verify", "temperature", "top_k", "top_p", "max_new_tokens",

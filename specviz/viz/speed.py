@@ -1,10 +1,12 @@
-"""The measured part of the speedup panel: the method-none comparison made beside a run
-(:func:`specviz.speedup.measure_speedup`), with its spread, and notes on what the timings exclude."""
+"""The speedup panel: the table of this run against method none (:func:`speedup_html`), the measured comparison made
+beside a run (:func:`specviz.speedup.measure_speedup`) with its spread, and notes on what the timings exclude."""
 
 from __future__ import annotations
 
 import html
 from typing import Any
+
+from specviz.trace import TOKENS_PER_FORWARD_FORMULA
 
 
 def measured_html(measurement: dict[str, Any]) -> str:
@@ -66,3 +68,133 @@ def graph_notes_html(notes: list[str] | None) -> str:
     items = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     return (f"<div style='font-size:13px;color:#b45309'>Not every forward ran from a CUDA graph (correct tokens, lower "
             f"tokens/s):<ul style='margin:2px 0 0 18px'>{items}</ul></div>")
+
+
+SPEEDUP_ROWS = (("generated tokens", "tokens", "{:d}"),
+                ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
+                ("verification steps (target forwards after the prefill)", "steps", "{:d}"),
+                ("tokens per target forward = tokens / verification steps", "tokens_per_forward", "{:.2f}"),
+                ("decode time (s): draft + verify + sample", "decode_s", "{:.2f}"),
+                ("tokens / s over the decode time", "decode_tokens_per_second", "{:.1f}"),
+                ("wall time (s)", "wall_time_s", "{:.2f}"))
+# the wall-time row's label: what the engine's wall clock (the whole request) includes, by where the trace came from
+WALL_TIME_STREAMED = "wall time (s) of the whole request, incl. prefill and the app's redraws between steps"
+WALL_TIME_RECORDED = "wall time (s) of the whole request, as recorded (incl. prefill)"
+PAIR_RATIO_HELP = ("Each interleaved pair times one segment of this method and one of method none on the same "
+                   "request; its ratio is (segment tokens / decode time of this method) ÷ (the same for method none). "
+                   "The headline is the median of these ratios (one disturbed pair cannot move it); the pooled "
+                   "ratio divides all segments' tokens / s instead. The whole run's own tokens / s is not part of "
+                   "the comparison: it ran at another time, with the app redrawing between steps.")
+CELL_STYLE = "padding:4px 10px;text-align:right"
+
+
+def _columns(run: dict[str, Any], baseline: dict[str, Any] | None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(heading, hover, summary) per table column: with a side-by-side measurement the timed segments of
+    both methods (what the headline is computed from), then the whole run; else the run and the baseline."""
+    meas = (baseline or {}).get("measurement")
+    if not meas:
+        return [(f"this run: {run['method']}", "", run)] + ([("method none", "", baseline)] if baseline else [])
+    seg = f"{meas['n']} × its first {meas['segment_tokens']} tokens"
+    return [(f"{run['method']}: {seg} (timed)", PAIR_RATIO_HELP, meas["method_summary"]),
+            (f"method none: {seg} (timed)", PAIR_RATIO_HELP, baseline),
+            ("this run, whole (recorded and drawn; not timed against none)", PAIR_RATIO_HELP, run)]
+
+
+def _pair_row(meas: dict[str, Any]) -> str:
+    """The row the headline is computed from: each pair's tokens/s ratio, their median, the pooled ratio."""
+    pooled = _ratio(meas["method_summary"].get("decode_tokens_per_second", 0.0),
+                    meas.get("none_decode_tokens_per_second", 0.0))
+    per_pair = ", ".join(f"{r:.2f}" for r in meas["ratios"])
+    text = f"per pair {per_pair} → median <b>{meas['median']:.2f}×</b> (the headline)"
+    if pooled:
+        text += f"; pooled {pooled:.2f}×"
+    return (f"<tr class='sv-pair-ratios' title='{html.escape(PAIR_RATIO_HELP)}'><td style='padding:4px 10px'>tokens / s "
+            f"ratio, this method ÷ none</td><td colspan='2' style='{CELL_STYLE}'>{text}</td>"
+            f"<td style='{CELL_STYLE};color:#9ca3af'>–</td></tr>")
+
+
+def speedup_html(run: dict[str, Any], baseline: dict[str, Any] | None, missing: str | None = None,
+                 streamed: bool = False) -> str:
+    """HTML table comparing :func:`run_summary` of this run with the method "none" baseline.
+
+    Tokens per target forward (tokens / verification steps) is the hardware-independent gain;
+    tokens/s over the decode time (draft + verify + sample) is what this machine measured for
+    the decoding itself (the app's streaming redraws between steps are not counted). Without a
+    ``baseline`` the table has one column and the note ``missing`` (default: how to get one) says why.
+    A baseline measured beside the run (``baseline["measurement"]``, :mod:`specviz.speedup`) is
+    shown as the median ratio with its spread; the table then shows the numbers that headline is
+    computed from: the timed segments of this method (``measurement["method_summary"]``) and of
+    method none (``baseline``), a row of the per-pair tokens/s ratios with their median (the
+    headline) and pooled ratio, and the whole run in a last column labelled as not timed against
+    none (:data:`PAIR_RATIO_HELP`, also the columns' hover). ``streamed``: the run was just streamed into the app
+    (which redrew its views between steps, inside the wall time: :data:`WALL_TIME_STREAMED`); else (an uploaded trace,
+    the CLI's, a comparison's run, a report) the wall time is labelled as recorded (:data:`WALL_TIME_RECORDED`)."""
+    cols = _columns(run, baseline)
+    head = "".join(f"<th style='{CELL_STYLE}'" + (f" title='{html.escape(tip)}'" if tip else "")
+                   + f">{html.escape(n)}</th>" for n, tip, _ in cols)
+    body = ""
+    wall = WALL_TIME_STREAMED if streamed else WALL_TIME_RECORDED  # what the whole request's clock includes
+    for name, key, fmt in SPEEDUP_ROWS:
+        name = wall if key == "wall_time_s" else name
+        cells = "".join(f"<td style='{CELL_STYLE}'>{fmt.format(c.get(key, 0))}</td>" for _, _, c in cols)
+        hover = f" title='{html.escape(TOKENS_PER_FORWARD_FORMULA)}'" if key == "tokens_per_forward" else ""
+        body += f"<tr{hover}><td style='padding:4px 10px'>{name}</td>{cells}</tr>"
+        if key == "decode_tokens_per_second" and (baseline or {}).get("measurement"):
+            meas = dict(baseline["measurement"], none_decode_tokens_per_second=baseline.get("decode_tokens_per_second", 0.0))
+            body += _pair_row(meas)
+    note = ("<p style='color:#6b7280'>No method-none baseline for this trace: tick “compare with method none” "
+            "(advanced settings) and run to measure the speedup.</p>")
+    if missing:
+        note = f"<p style='color:#6b7280'>{html.escape(missing)}</p>"
+    if baseline:
+        note = _speedup_note(run, baseline)
+    return (f"<div class='sv-speedup'><table style='border-collapse:collapse;font-size:14px'>"
+            f"<tr><th></th>{head}</tr>{body}</table>{note}</div>")
+
+
+def step_costs(run: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float]:
+    """This run's time per verification step split into draft / verify / sample, in units of
+    one step of the method-none ``baseline`` (both :func:`run_summary` dicts), and their sum
+    "total". Then tokens/s speedup = (tokens per target forward ratio) / total, exactly."""
+    unit = 1e3 * baseline["decode_s"] / baseline["steps"] if baseline.get("steps") and baseline.get("decode_s") else 0.0
+    steps = run.get("steps") or 0
+    parts = {k: (run["time_ms"].get(k, 0.0) / steps / unit if steps and unit else 0.0)
+             for k in ("draft", "verify", "sample")}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
+    """Both speedups and why they differ on this machine, from the measured step costs."""
+    fwd = _ratio(run["tokens_per_forward"], baseline["tokens_per_forward"])
+    meas = baseline.get("measurement")
+    seg = meas["method_summary"] if meas else run  # the cost split: from the segments measured side by side
+    tps = _ratio(run.get("decode_tokens_per_second", 0.0), baseline.get("decode_tokens_per_second", 0.0))
+    c = step_costs(seg, baseline)
+    whole = " (this run, whole: a count, it needs no timing)" if meas else ""
+    note = (f"<p><b>{fwd:.2f}× tokens per target forward</b> over method none{whole}: the speedup if a forward cost the "
+            "same however many tokens it verifies and drafting were free (large targets on a GPU come close).</p>")
+    note += (measured_html(meas) + run_vs_segments_html(run, meas) if meas else
+             f"<p><b>Measured on this machine: {tps:.2f}× tokens/s</b> (one run of each, no spread recorded).</p>")
+    fwd = _ratio(seg["tokens_per_forward"], baseline["tokens_per_forward"])
+    if c["total"] > 0:
+        note += (f"<p style='font-size:13px'>Why they differ: one step of this {'method' if meas else 'run'} costs <b>{c['total']:.2f}</b> "
+                 f"steps of method none (drafting {c['draft']:.2f} + verify forward of up to k+1 tokens "
+                 f"{c['verify']:.2f} + sampler and record {c['sample']:.2f}), and yields {fwd:.2f}× the tokens: "
+                 f"{fwd:.2f} / {c['total']:.2f} = {fwd / c['total']:.2f}×{' (the segments pooled)' if meas else ''}.")
+        headline, pooled = (meas["median"] if meas else tps), fwd / c["total"]
+        if (headline < 1) != (pooled < 1):  # the median of the pairs and the pooled segments disagree
+            note += (f" The headline ({headline:.2f}×, the median of the pairs) and the segments pooled "
+                     f"({pooled:.2f}×) fall on different sides of 1×: on this machine, now, the difference between "
+                     "speculation and method none is within the noise.")
+        elif headline < 1:
+            note += (" Here speculation loses: the drafting and the wider verify forward cost more than the target "
+                     "forwards they save. That happens when the target is small (its forward is cheap, barely more "
+                     "than the draft's) or runs on a CPU (where a forward's cost grows with the tokens it checks); "
+                     "tokens per target forward is the number that carries over to a large target on a GPU.")
+        note += "</p>"
+    return note
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0

@@ -23,7 +23,8 @@ from specviz.viz.common import (ONE_HOT_NOTE, as_trace, metrics_of, nothing_draf
 from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
-CELL = "style='padding:2px 6px;text-align:left'"  # compact cells (the panel is half the page wide)
+# compact cells: seven columns in the half-page panel, 447 px wide at a 1024 px window
+CELL = "style='padding:2px 4px;text-align:left'"
 FATE_COLOUR = {"accepted": "#16a34a", "rejected": "#dc2626", "not verified": "#9ca3af"}
 
 
@@ -83,7 +84,7 @@ def eagle_html(trace: Trace | dict[str, Any], step: int, position: int | None = 
                                                               "feature fed @ position", "token fed")) + "</tr>"
     # wraps inside the half-page panel (at 1024 px it scrolled sideways, hiding the last columns)
     note += head_source_html(trace)  # the loaded head's layout and source (heads.formats)
-    return (f"<div class='sv-match sv-eagle'>{note}<table style='font-size:13px;border-collapse:collapse;"
+    return (f"<div class='sv-match sv-eagle'>{note}<table style='font-size:12px;border-collapse:collapse;"
             f"width:100%' cellpadding='3'>{head}{''.join(rows)}</table></div>")
 
 
