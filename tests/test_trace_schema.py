@@ -18,6 +18,9 @@ RUNS = {
     "suffix": dict(method="suffix"),
     "draft_block": dict(method="draft_model", temperature=0.8, verify="block"),
     "none": dict(method="none"),
+    "draft_standard": dict(method="draft_model", temperature=0.8, verify="standard"),
+    "draft_tree": dict(method="draft_model", temperature=1.0, verify="standard",
+                       speculative_token_tree="[(0,), (1,), (0, 0), (0, 1), (1, 0)]"),
 }
 
 
@@ -99,3 +102,45 @@ def test_probabilities_out_of_range_are_refused(traces, run, mutate, where):
     with pytest.raises(TraceFormatError, match=r"between 0 and 1") as info:
         Trace.from_json(json.dumps(data))
     assert where in str(info.value)
+
+
+def _rejected(data):
+    """(position dict, step dict) of the first chain position a step rejected."""
+    st = _first(data, lambda s: s["num_accepted"] < len(s["draft_token_ids"]))
+    return st["positions"][st["num_accepted"]], st
+
+
+def _u_below(d):
+    pos, _ = _rejected(d)
+    assert pos["accept_prob"] > 0, pos  # room for a u below it
+    pos["u"] = pos["accept_prob"] / 2  # a lecturer's edit: rejected, yet u < min(1, p/q)
+
+
+def _tree_node_flipped(d):
+    node = next(n for s in d["steps"] for n in s["nodes"] if n["fate"] == "rejected" and n["u"] is not None
+                and n["accept_prob"] and n["accept_prob"] > 0)
+    node["u"] = node["accept_prob"] / 2
+
+
+def _block_tau(d):
+    st = _first(d, lambda s: s["block"] and s["num_accepted"] < len(s["draft_token_ids"]))
+    st["block"]["eta"] = [0.0] * len(st["block"]["eta"])  # every eta_i <= h_i: tau = k, not num_accepted
+
+
+CONTRADICTIONS = [("draft_standard", _u_below, "u = "), ("draft_tree", _tree_node_flipped, "nodes["),
+                  ("draft_block", _block_tau, "eta_i <= h_i")]
+
+
+@pytest.mark.parametrize("run, mutate, says", CONTRADICTIONS, ids=[c[0] for c in CONTRADICTIONS])
+def test_a_decision_contradicting_its_numbers_is_refused(traces, run, mutate, says):
+    """An uploaded trace whose decision disagrees with its own u and acceptance probability (a lecturer's trial:
+    the app then printed "u = 0.05 > min(1, p/q) = 0.1306: rejected") is refused at upload, naming the field; the
+    untouched trace passes (the control)."""
+    from specviz.trace.validate import check_consistency
+
+    data = copy.deepcopy(traces[run])
+    check_consistency(Trace.from_json(json.dumps(data)))
+    mutate(data)
+    with pytest.raises(TraceFormatError, match="contradicts its own numbers") as info:
+        check_consistency(Trace.from_json(json.dumps(data)))
+    assert says in str(info.value)

@@ -245,7 +245,8 @@ def check_metric_rates(metrics: dict, where: str = "trace.metrics") -> None:
 def check_consistency(trace: Any) -> None:
     """Refuse a :class:`~specviz.trace.schema.Trace` whose parts disagree (``Trace.from_json`` checks only the types): step
     indices 0..n-1; per step, one position per draft token and num_accepted within the draft;
-    output_token_ids equal to every step's committed tokens in order.
+    output_token_ids equal to every step's committed tokens in order; every decision as its numbers say
+    (:func:`check_decisions`).
     Raises:
         TraceFormatError: what disagrees, with the step where it does.
     """
@@ -263,6 +264,42 @@ def check_consistency(trace: Any) -> None:
     if trace.output_token_ids != committed:
         raise TraceFormatError(f"output_token_ids has {len(trace.output_token_ids)} tokens but the steps commit "
                                f"{len(committed)} (or different ones): the trace is inconsistent")
+    verify = str(trace.config.get("verify", ""))
+    for n, st in enumerate(trace.steps):
+        check_decisions(st, verify, f"steps[{n}]")
+
+
+# the rules whose recorded decision is u <= the acceptance probability (specviz/sampling: u <= min(1, p/q); synthetic
+# u <= a_i / a_(i-1)); greedy and typical draw no uniform, block decides on eta and h (checked on its own)
+_UNIFORM_RULES = ("standard", "synthetic")
+
+
+def check_decisions(step: Any, verify: str, where: str) -> None:
+    """Each recorded decision agrees with the numbers the views print beside it: a chain position tested under
+    standard or synthetic verification (positions 1..num_accepted + 1) is accepted iff u <= accept_prob; a tree node
+    accepted or rejected with its u and acceptance probability recorded, the same; a block-verified step accepts
+    tau = the last i with eta_i <= h_i (Sun et al. 2024). Raises TraceFormatError naming the first disagreement (the
+    app would print "u = 0.05 > 0.13: rejected")."""
+    def test(u: float, thr: float, accepted: bool, at: str) -> None:
+        if (u <= thr) != accepted:
+            rel = "≤" if u <= thr else ">"
+            raise TraceFormatError(f"{at} is {'accepted' if accepted else 'rejected'} but its u = {u:g} {rel} its "
+                                   f"acceptance probability {thr:g}: the decision contradicts its own numbers")
+
+    if step.is_tree:
+        for j, node in enumerate(step.nodes):
+            if node.fate in ("accepted", "rejected") and node.u is not None and node.accept_prob is not None:
+                test(node.u, node.accept_prob, node.fate == "accepted", f"{where}.nodes[{j}]")
+        return
+    if verify in _UNIFORM_RULES:
+        for j, pos in enumerate(step.positions[: step.num_accepted + 1]):
+            test(pos.u, pos.accept_prob, pos.accepted, f"{where}.positions[{j}]")
+    h, eta = (step.block or {}).get("h"), (step.block or {}).get("eta")
+    if verify == "block" and h and eta:
+        tau = max([i + 1 for i, (e, hi) in enumerate(zip(eta, h)) if e <= hi], default=0)
+        if tau != step.num_accepted:
+            raise TraceFormatError(f"{where}.num_accepted is {step.num_accepted} but block verification's last i with "
+                                   f"eta_i <= h_i is {tau}: the decision contradicts its own numbers")
 
 
 BASELINE_KEY = "baseline_none"  # trace.metrics key of an exported run's method-none comparison
