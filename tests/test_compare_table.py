@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from test_compare import _comparison, _none_trace, _trace, _step, trace_a, trace_b
 
 from specviz.compare import RunConfig, table
@@ -119,6 +121,24 @@ def test_a_single_k_is_drawn_per_configuration_not_spread_around_k():
     sweep = ksweep_figure([_row(m, k) for m in methods for k in (2, 4)])  # several k: the sweep as before
     assert sweep.layout.xaxis.type != "category"
     assert all(abs(x - k) < 0.5 for d in sweep.data if d.customdata is not None for x, k in zip(d.x, d.customdata))
+
+
+def test_measured_speedups_carry_the_tables_range_as_bars():
+    """Each measured speedup is drawn with a bar from the lowest to the highest per-(prompt, seed) ratio (the
+    table's range column), its hover says n and the noisy flag (a lecturer saw bare points rank ngram over ngram_gpu,
+    which draft the same tokens, while the table flagged both ⚠ noisy); a row without a spread draws no bar."""
+    from specviz.speedup import spread
+    from specviz.viz.ksweep import SPEEDUP_TITLE
+
+    quiet, noisy = _row("ngram", 5, 1.3), _row("ngram_gpu", 5, 1.2)
+    quiet["speedup_spread"], noisy["speedup_spread"] = spread([1.25, 1.3, 1.35]), spread([0.95, 1.2, 1.85])
+    fig = ksweep_figure([quiet, noisy, _row("suffix", 5, 1.1)])
+    assert fig.layout.annotations[1].text == SPEEDUP_TITLE
+    q, n, bare = [d for d in fig.data if d.xaxis == "x2"]  # one speedup trace per configuration, in order
+    assert list(q.error_y.array) == pytest.approx([0.05]) and list(q.error_y.arrayminus) == pytest.approx([0.05])
+    assert list(n.error_y.array) == pytest.approx([0.65]) and list(n.error_y.arrayminus) == pytest.approx([0.25])
+    assert "noisy" in n.text[0] and "n 3" in n.text[0] and "noisy" not in q.text[0]
+    assert bare.error_y.array is None and bare.text[0] == " (no range)"
 
 
 def test_positions_no_step_verified_are_hollow_bars_and_method_none_has_none():

@@ -191,3 +191,21 @@ def test_every_bundled_compare_prompt_gives_the_target_something_to_continue(bun
     for prompt in data if isinstance(data, list) else data["prompts"]:
         out = bundled.generate(prompt["text"], method="none", max_new_tokens=4)
         assert len(out.output_token_ids) == 4, (prompt["name"], out.stop_reason)
+
+
+def test_a_noisy_measurement_leads_with_its_warning_not_a_bold_number():
+    """A noisy median (pairs 0.70, 1.87, 1.96: a lecturer's EAGLE-3 run) is not a headline: the warning comes
+    first and the median is in plain type, in the paragraph and in the table's pair row; a quiet one stays bold."""
+    from specviz.speedup import spread
+    from specviz.viz.speed import _pair_row, measured_html
+
+    def measurement(ratios):
+        return {**spread(ratios), "pairs": len(ratios), "segment_tokens": 32, "cost_s": 2.0, "ratios": ratios,
+                "method_summary": {"decode_tokens_per_second": 10.0}, "none_decode_tokens_per_second": 8.0}
+
+    noisy, quiet = measurement([0.70, 1.87, 1.96]), measurement([1.20, 1.22, 1.25])
+    text = measured_html(noisy)
+    assert noisy["noisy"] and text.index("Too noisy to read") < text.index("Measured beside this run: 1.87×")
+    assert "<b>Measured beside" not in text and "<b>1.87×</b>" not in _pair_row(noisy)
+    assert "<b>Measured beside this run: 1.22× tokens/s</b>" in measured_html(quiet)
+    assert "Too noisy" not in measured_html(quiet) and "<b>1.22×</b>" in _pair_row(quiet)

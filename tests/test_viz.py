@@ -542,7 +542,7 @@ def test_stats_figure_names_its_panel_titles_for_the_presentation_fit(traces):
     # the trace's own time-axis title says what was timed (the whole run here: no baseline)
     assert strip["x_titles"][3] == "ms, the whole run"
     plot_px = strip["min_width"] - 80  # the figure's l + r margins
-    for (c0, c1), title, axis in zip(strip["columns"], strip["titles"], strip["x_titles"]):
+    for (c0, c1), title, axis in zip(strip["columns"], strip["panel_titles"], strip["x_titles"]):
         column = (c1 - c0) * plot_px + 60  # a title may reach into the gaps beside its column
         assert len(title) * 0.55 * strip["titles"] <= column, title  # about 0.55 em a character (Open Sans)
         assert len(axis) * 0.55 * strip["font"] <= column, axis

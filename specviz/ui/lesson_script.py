@@ -243,7 +243,7 @@ const svStatsFit = (L, width) => {
     const c = cols[t[1]];
     up[`annotations[${i}].x`] = (c[0] + c[1]) / 2;
     up[`annotations[${i}].y`] = rows[t[1]][1];
-    if (strip) up[`annotations[${i}].text`] = s.titles[t[1]];
+    if (strip) up[`annotations[${i}].text`] = s.panel_titles[t[1]];
   });
   return up;
 };

@@ -40,6 +40,10 @@ FATE_STYLE: dict[str, tuple[str, str, str]] = {
     "cut": ("#ffffff", "#9ca3af", "dropped at the stop (EOS / max tokens)"),
 }
 
+# px at a figure's top kept free for Plotly's toolbar (drawn at the top right on hover): titles start below it, where
+# the toolbar covered the Compare tab's panel titles
+MODEBAR_PX = 28
+
 
 def fate_label(fate: str, trace: Trace | None = None) -> str:
     """The legend label of ``fate``; under greedy verification (temperature 0) the token after a

@@ -16,6 +16,7 @@ from specviz.compare import BASELINE_TIMINGS, RULES, Comparison, same_draft_rule
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Trace
 from specviz.trace.metrics import convention_label
 
+from .common import MODEBAR_PX
 from .compare_strips import prompt_label, scrub_html, strip_cells, strips_figure  # noqa: F401 (re-exported)
 from .ksweep import configuration_styles, ksweep_figure, method_style  # noqa: F401 (re-exported)
 
@@ -214,11 +215,12 @@ def rules_figure(trace: Trace) -> go.Figure:
                                colorbar={"title": {"text": "accepted"}, "thickness": 12},
                                hovertemplate="step %{x}: %{text} of the draft accepted<extra>%{y}</extra>"))
     cfg = trace.config
-    fig.update_layout(height=260, margin={"l": 10, "r": 10, "t": 50, "b": 40}, plot_bgcolor="#f3f4f6",
+    fig.update_layout(height=260 + MODEBAR_PX, margin={"l": 10, "r": 10, "t": 50 + MODEBAR_PX, "b": 40},
+                      plot_bgcolor="#f3f4f6",
                       title={"text": f"one run's drafts and uniforms ({cfg.get('method')} k={cfg.get('num_speculative_tokens')}, "
                                      f"recorded with {cfg.get('verify')}, T={cfg.get('temperature')}, seed "
                                      f"{cfg.get('seed')}): accepted per step by each rule",
-                             "font": {"size": 13}})
+                             "font": {"size": 13}, "yref": "paper", "y": 1, "yanchor": "bottom", "pad": {"b": 8}})
     fig.update_xaxes(title_text="drafting step", type="category")
     fig.update_yaxes(automargin=True, autorange="reversed")
     return fig

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from specviz.compare import Comparison
 from specviz.trace import Trace
 
-from .common import FATE_STYLE, emitted_fate, quoted
+from .common import FATE_STYLE, MODEBAR_PX, emitted_fate, quoted
 
 STRIP_FATES = ("accepted", "recovered", "bonus", "target")  # fates a committed token can have
 STRIP_TEXT_MAX = 40  # wider strips show colours only (tokens on hover and in the scrubber's table)
@@ -86,12 +86,13 @@ def strips_figure(comparison: Comparison, prompt: int, seed: int, position: int 
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[f][0]}))
     if position is not None and 1 <= position <= n:
         fig.add_vrect(x0=position - 0.5, x1=position + 0.5, line={"color": "#111827", "width": 2}, fillcolor="rgba(0,0,0,0)")
-    fig.update_layout(height=110 + 40 * max(len(rows), 1), margin={"l": 10, "r": 10, "t": 30, "b": 40},
+    fig.update_layout(height=110 + MODEBAR_PX + 40 * max(len(rows), 1),
+                      margin={"l": 10, "r": 10, "t": 30 + MODEBAR_PX, "b": 40},
                       plot_bgcolor="#ffffff", legend={"orientation": "h", "y": -0.25 if len(rows) > 3 else -0.6,
                                                       "font": {"size": 11}},
                       title={"text": f"{html.escape(prompt_label(comparison, prompt))}, seed {seed}: each cell is one output token; a dark tick "
                                      "starts a target forward" + ("" if n <= STRIP_TEXT_MAX else " (tokens on hover)"),
-                             "font": {"size": 13}})
+                             "font": {"size": 13}, "yref": "paper", "y": 1, "yanchor": "bottom", "pad": {"b": 8}})
     fig.update_xaxes(title_text="output position", dtick=4 if n > 16 else 1, range=[0.5, n + 0.5])
     fig.update_yaxes(autorange="reversed", automargin=True)
     return fig

@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from specviz import methods
 from specviz.trace.metrics import convention_label
 
+from .common import MODEBAR_PX
 from .stats import expected_tokens_per_step
 
 # ---- the k sweep ----------------------------------------------------------------------------
@@ -93,12 +94,34 @@ def category_names(groups: list[str]) -> dict[str, str]:
     return {g: " ".join([m] + ([v] if keep_verify else []) + ([t] if keep_t else [])) for g, (m, v, t) in zip(groups, split)}
 
 
+# the speedup panel's title: each point is the comparison's speedup, its bar the range the table's "range" column gives
+SPEEDUP_TITLE = "measured speedup over method none (bar: lowest–highest ratio)"
+
+
+def _range_bars(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
+    """Error bars from each row's speedup_spread (lowest to highest per-(prompt, seed) ratio, as the table's range
+    column) and per row the hover's note: the range and n, "noisy" as the table flags it. None: no row has a spread."""
+    up, down, notes = [], [], []
+    for r in rows:
+        s, v = r.get("speedup_spread"), r["speedup"]
+        if not s or not s.get("n"):
+            up.append(0.0), down.append(0.0), notes.append(" (no range)")
+            continue
+        up.append(max(s["high"] - v, 0.0)), down.append(max(v - s["low"], 0.0))
+        flag = ", ⚠ noisy: not readable on this machine now" if s["noisy"] else ""
+        notes.append(f" (range {s['low']:.2f}–{s['high']:.2f}, n {s['n']}{flag})")
+    if not any(up) and not any(down):
+        return None, notes
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1.5, "width": 5}, notes
+
+
 def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Figure:
     """Per method (and verification, temperature): mean acceptance length in ``convention`` (a key of
     specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS) vs k with the i.i.d. theory at the method's pooled a
     (accepted / verified positions over every k): E = (1 - a^(k+1)) / (1 - a) for vLLM's, E - 1 for
     drafts only, (1 - g) + g E for per forward (g = the method's pooled draft coverage); and the
-    measured speedup vs k. A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of a
+    measured speedup vs k, each point with a bar from the lowest to the highest per-(prompt, seed) ratio (the table's
+    range column; the hover gives n and the table's noisy flag). A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of a
     method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
     describe a tree). When every row has the same k, the x axes are the configurations instead
     (:func:`category_names`), one marker each, the theory a dash beside a chain's marker: one k spread over an axis
@@ -106,7 +129,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     label = convention_label(convention)  # the table's acceptance-length column header
     y_title, formula = KSWEEP_THEORY[convention]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        f"{label} vs k (dashed: {formula})", "measured speedup over method none vs k"))
+        f"{label} vs k (dashed: {formula})", SPEEDUP_TITLE + " vs k"))
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:  # a draft tree is its own group, drawn at k = its depth without the chain's i.i.d. theory
         if r["method"] != "none":
@@ -154,17 +177,22 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                                      line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
                                      legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
                                      "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
+        bars, noisy = _range_bars(rs)
+        # the range note rides in text (the mode draws no text): customdata stays each point's k
+        speed_hover = {"customdata": ks, "text": noisy,
+                       "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}×%{{text}}<extra></extra>"}
         fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode=mode, name=name, line=line, marker=marker,
-                                 legendgroup=name, showlegend=False, **hover), row=1, col=2)
+                                 legendgroup=name, showlegend=False, error_y=bars, **speed_hover), row=1, col=2)
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
-    fig.update_layout(height=380, plot_bgcolor="#ffffff", margin={"l": 60, "r": 20, "t": 40, "b": 60},
+    fig.update_layout(height=380 + MODEBAR_PX, plot_bgcolor="#ffffff",
+                      margin={"l": 60, "r": 20, "t": 40 + MODEBAR_PX, "b": 60},
                       legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
     if one_k is not None:  # the axis names every configuration: no legend, k in the titles
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(names.values()), tickangle=-30)
         fig.layout.annotations[0].text = f"{label} at k = {one_k} (dash: {formula})"
-        fig.layout.annotations[1].text = "measured speedup over method none"
+        fig.layout.annotations[1].text = SPEEDUP_TITLE
         fig.update_layout(showlegend=False)
     else:
         fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)

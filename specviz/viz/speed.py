@@ -10,8 +10,8 @@ from specviz.trace import TOKENS_PER_FORWARD_FORMULA
 
 
 def measured_html(measurement: dict[str, Any]) -> str:
-    """One paragraph: the median tokens/s ratio over the interleaved segment pairs, its range and
-    n, what the measurement cost, and a warning when the range is too wide to read.
+    """One paragraph: the median tokens/s ratio over the interleaved segment pairs (in bold), its range and
+    n, what the measurement cost; when the range is too wide to read, the warning first and the median in plain type.
 
     Args:
         measurement: ``baseline_none["measurement"]`` (keys pairs, segment_tokens, ratios, median,
@@ -22,13 +22,16 @@ def measured_html(measurement: dict[str, Any]) -> str:
             "none, in alternating order")
     spread = "one pair: no spread" if n < 2 else f"range {m['low']:.2f}–{m['high']:.2f}× over the {n} pairs"
     short = f" (the time budget ended it after {n} of {m['pairs']} pairs)" if n < int(m["pairs"]) else ""
-    out = (f"<p><b>Measured beside this run: {m['median']:.2f}× tokens/s</b> ({what}; {spread}; the measurement "
-           f"took {m['cost_s']:.1f} s{short}).</p>")
-    if m["noisy"]:
-        out += (f"<p style='color:#b45309'><b>Too noisy to read:</b> the pairs disagree by more than half the median "
-                f"({m['low']:.2f}× to {m['high']:.2f}×); the machine was probably busy with something else. "
-                "Run again when it is idle, or raise the comparison pairs (advanced settings).</p>")
-    return out
+    headline = f"Measured beside this run: {m['median']:.2f}× tokens/s"
+    detail = f"({what}; {spread}; the measurement took {m['cost_s']:.1f} s{short})."
+    if not m["noisy"]:
+        return f"<p><b>{headline}</b> {detail}</p>"
+    # a noisy median is not a headline: the warning leads and the number stays in plain type (a room remembers the
+    # bold number, not the warning beside it)
+    out = (f"<p style='color:#b45309' class='sv-noisy'><b>Too noisy to read:</b> the pairs disagree by more than half "
+           f"the median ({m['low']:.2f}× to {m['high']:.2f}×); the machine was probably busy with something else. "
+           "Run again when it is idle, or raise the comparison pairs (advanced settings).</p>")
+    return out + f"<p>{headline} {detail}</p>"
 
 
 def run_vs_segments_html(run: dict[str, Any], measurement: dict[str, Any]) -> str:
@@ -105,7 +108,8 @@ def _pair_row(meas: dict[str, Any]) -> str:
     pooled = _ratio(meas["method_summary"].get("decode_tokens_per_second", 0.0),
                     meas.get("none_decode_tokens_per_second", 0.0))
     per_pair = ", ".join(f"{r:.2f}" for r in meas["ratios"])
-    text = f"per pair {per_pair} → median <b>{meas['median']:.2f}×</b> (the headline)"
+    median = f"{meas['median']:.2f}×" if meas["noisy"] else f"<b>{meas['median']:.2f}×</b>"  # noisy: no bold number
+    text = f"per pair {per_pair} → median {median} (the headline)"
     if pooled:
         text += f"; pooled {pooled:.2f}×"
     return (f"<tr class='sv-pair-ratios' title='{html.escape(PAIR_RATIO_HELP)}'><td style='padding:4px 10px'>tokens / s "

@@ -32,7 +32,7 @@ TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
 PRESENT_FIT = {"font": 13, "titles": 15, "legend": 13, "top_px": 26, "axis_px": 44, "title_px": 24,
                "legend_px": 88, "columns": [[0.0, 0.42], [0.6, 1.0]], "min_row_px": 60, "unlabel": "measured",
                "strip": {"min_width": 1100, "font": 15, "titles": 17, "legend": 14, "columns": [[0.0, 0.2], [0.27, 0.47], [0.54, 0.74], [0.84, 1.0]],
-                         "titles": ["accepted drafts per step", "acceptance by position", "tokens per step vs a",
+                         "panel_titles": ["accepted drafts per step", "acceptance by position", "tokens per step vs a",
                                     "time split (ms)"],
                          "x_titles": ["accepted tokens in the step", "draft position i", "acceptance rate a", None]}}
 # the legend's groups, one per panel that has a legend: (legendgroup, its title)
