@@ -254,6 +254,12 @@ def test_a_tree_step_is_taught_as_a_tree():
     assert "1 sibling(s)" in tests[1] and "sibling(s) tested" not in tests[0]  # node 3 after node 2; node 0 first
     assert "residual distribution of rule A" in plain(by_kind["outcome"][0].text)
     assert all(c.focus in FOCUS_VIEWS for c in chapters)
+    assert "caps every path" not in plain(draft.text)  # its depth setting 2 drafted 2 levels: not capped
+    # an EAGLE-2 tree whose depth setting reaches deeper than k (a lecturer's "4, 6, 32" at k = 6 read "6 deep")
+    st.match = {**st.match, "depth": 4, "levels": 2}
+    capped = next(c for c in lesson_chapters(tr) if c.kind == "draft")
+    assert "depth setting 4 would draft 5 deep" in plain(capped.text)
+    assert "k = 3 caps every path at 3 drafts: set k = 5 for the whole tree." in plain(capped.text)
 
 
 def test_a_brief_lesson_tells_the_first_steps_in_full_then_one_chapter_a_step(traces):

@@ -313,6 +313,11 @@ def test_presentation_layout_shows_run_and_the_chapter_at_1280x720(browser, app_
                                                                _nothing_clipped_or_overlapping(pg, clashes)))
     assert stats == [[]], stats
     assert clashes == [], clashes
+    # the chapter title in the full Bold face (app.css sv-bold): in gradio's SemiBold subset its first capital
+    # came from another font ('A real run' drew a smaller 'A')
+    family = page.evaluate("getComputedStyle(document.querySelector('.sv-chapter-title')).fontFamily")
+    assert family.replace('"', "").startswith("sv-bold,"), family
+    assert page.evaluate("[...document.fonts].some((f) => f.family === 'sv-bold' && f.status === 'loaded')")
     # the server told the lesson briefly (steps after the first two in one chapter each): unticking gives more chapters
     steps = {c["step"] for c in seen if c["step"]}
     if len(steps) > 2:

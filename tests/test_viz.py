@@ -593,3 +593,24 @@ def test_bar_labels_never_strand_one_letter():
         lines = _two_lines(word).split("<br>")
         assert len(lines) <= 2 and all(len(x.replace("&lt;", "<").replace("&gt;", ">")) <= TICK_LINE for x in lines)
         assert min(len(x) for x in lines) > 1 or lines[0] in "␣↵", word
+
+
+def test_a_second_line_of_bar_labels_gets_room_below_the_bars():
+    """A two-line bar label ('␣' / 'hidden') keeps its second line clear of what lies below the bars: the legend (a
+    greedy step, where it hid 'hidden') or the accept test's row (moved down by TWO_LINE_GAP); one-line labels keep
+    the usual geometry. The labels grow less than the rest in the presentation layout (meta.tick_scale)."""
+    from specviz.viz.residual import PRESENT_BAR_TICK_SCALE, TWO_LINE_GAP
+
+    def figure(texts: dict[str, str], verify: str):
+        tr = handmade()
+        tr.token_texts.update(texts)
+        tr.config = {**tr.config, "verify": verify}
+        return residual_figure(tr, 0, 3)
+
+    short, long = figure({}, "standard"), figure({"12": " hidden"}, "standard")
+    assert "<br>" not in "".join(short.layout.xaxis.ticktext) and "␣<br>hidden" in long.layout.xaxis.ticktext
+    assert long.layout.yaxis.domain[0] == pytest.approx(short.layout.yaxis.domain[0] + TWO_LINE_GAP)
+    assert long.layout.yaxis2.domain == short.layout.yaxis2.domain  # the accept test's row stays where it was
+    assert long.layout.meta["tick_scale"] == {"xaxis": PRESENT_BAR_TICK_SCALE}
+    greedy_short, greedy_long = figure({}, "greedy"), figure({"12": " hidden"}, "greedy")
+    assert greedy_long.layout.legend.y < greedy_short.layout.legend.y

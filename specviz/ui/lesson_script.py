@@ -80,9 +80,12 @@ const svScale = (gd) => {
   });
   if (L.margin && L.margin.t) up['margin.t'] = Math.round(L.margin.t * k);  // room for a caption written above the plot
   Object.assign(up, svCaption(gd, up['margin.t']) || {});
+  // meta.tick_scale: {axis: scale} for an axis whose tick labels grow less (the residual view's ten bar labels)
+  const tickScale = (L.meta && L.meta.tick_scale) || {};
   for (const key of Object.keys(L).filter((key) => /^[xy]axis[0-9]*$/.test(key))) {
     const ax = L[key];
-    if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
+    if (tickScale[key]) up[`${key}.tickfont.size`] = Math.round(((ax.tickfont && ax.tickfont.size) || base) * tickScale[key]);
+    else if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
   }
   // the draft tree's rows and columns are sized for its boxes' text: they grow with it (columns up to the
   // width of the tree's panel)

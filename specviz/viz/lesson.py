@@ -56,8 +56,17 @@ def _tree_draft_why(trace: Trace, st: Step) -> str:
            "Its children are the draft's top-ranked tokens, chosen deterministically, so the verifier treats their "
            "q as one-hot (q = 1); the draft's own confidence in each is in the draft-tree view's hover.")
     return (f"The proposer {html.escape(_method(trace, st))} drafted <b>a tree of {len(st.nodes)} nodes</b>, "
-            f"{depth} deep: {kind}. {how} The other views show the step's row: the accepted path, then the last "
-            f"child tested: {_toks(trace, st.draft_token_ids)}.")
+            f"{depth} deep: {kind}.{_capped(trace, m)} {how} The other views show the step's row: the accepted path, "
+            f"then the last child tested: {_toks(trace, st.draft_token_ids)}.")
+
+
+def _capped(trace: Trace, m: dict) -> str:
+    """" ..." when k capped an EAGLE-2 tree (its depth setting d drafts d + 1 deep; the engine stops at k), else ""."""
+    d, levels, k = m.get("depth"), m.get("levels"), trace.config.get("num_speculative_tokens")
+    if m.get("tree") != "dynamic" or not isinstance(d, int) or not isinstance(levels, int) or levels >= d:
+        return ""
+    return (f" Its depth setting {d} would draft {d + 1} deep (the root's children, then {d} levels), but "
+            f"k = {k} caps every path at {k} drafts: set k = {d + 1} for the whole tree.")
 
 
 def intro_chapter(trace: Trace) -> Chapter:

@@ -82,7 +82,8 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
     ticks = [f"{s} #{t}" if ticks.count(s) > 1 else s for s, t in zip(ticks, toks)]  # tell equal-looking tokens apart
     # level labels in at most two short lines: rotated, a long one ('<|endoftext|>') ran into its neighbour and, at
     # the presentation layout's size, into the test row below
-    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=[_two_lines(t) for t in ticks], tickangle=0, row=1, col=1)
+    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=[_two_lines(t) for t in ticks], tickangle=0,
+                     tickfont={"size": 12}, row=1, col=1)
     top = max([max(d.get(t, 0.0) for t in toks) for _, _, d in series] + [0.05])
     # headroom above the tallest bar for the marks' labels, but no probability ticks past it (never "1.4")
     fig.update_yaxes(title_text="probability", range=[0, top * (1.22 + 0.16 * len(marks))], tickmode="array",
@@ -97,6 +98,10 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
 
 
 TICK_LINE = 6  # characters per line of a bar's label (ten bars share half a 1280 px page at 1.45x type)
+TWO_LINE_GAP = 0.06  # more of the figure's height between the bars and the row below when a label takes two lines
+# the bar labels' scale in the presentation layout (specviz/ui/lesson_script.py svScale; the rest of the text 1.45x):
+# ten labels such as '↵␣×11' at 1.45x ran into each other across half a 1280 px screen
+PRESENT_BAR_TICK_SCALE = 1.15
 
 
 def _split_token(raw: str) -> list[str]:
@@ -299,13 +304,20 @@ def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
                        font={"size": 14, "color": "#111827"})
     height, top = (680 if has_block else 480), 26 + 19 * (len(head) + len(small))
     bottom = BLOCK_LEGEND_PX + 40 if has_block else 40  # the block panel's legend sits below its caption
-    legend_y = -BLOCK_LEGEND_PX / max(height - top - bottom, 1) if has_block else (-0.13 if gauge else -0.06)
+    two_lines = "<br>" in "".join(fig.layout.xaxis.ticktext or ())
+    if two_lines and len(fig.layout.yaxis.domain or ()) == 2 and fig.layout.yaxis.domain[0] > 0:
+        # a second line of bar labels needs the room above the row below (it ran under the accept test's bar)
+        lo, hi = fig.layout.yaxis.domain
+        fig.layout.yaxis.domain = (lo + TWO_LINE_GAP, hi)
+    legend_y = (-BLOCK_LEGEND_PX / max(height - top - bottom, 1) if has_block else
+                -0.13 if gauge or two_lines else -0.06)  # under a second line of bar labels (it hid 'hidden')
     fig.update_layout(
         height=height, barmode="group", plot_bgcolor="#ffffff",
         margin={"l": 55, "r": 10, "t": top, "b": bottom},
         legend={"orientation": "h", "y": legend_y, "yanchor": "top", "font": {"size": 11}},
         # the presentation layout, while a lesson's chapter (which says the rest) is pinned above: the caption's
         # bold question only, in a top margin this tall (specviz/ui/lesson.py svScale), so the bars keep the room
-        meta={"caption_head": "<br>".join(f"<b>{w}</b>" for w in head), "caption_head_px": 26 + 19 * len(head)},
+        meta={"caption_head": "<br>".join(f"<b>{w}</b>" for w in head), "caption_head_px": 26 + 19 * len(head),
+              "tick_scale": {"xaxis": PRESENT_BAR_TICK_SCALE}},
     )
     return fig
