@@ -291,6 +291,13 @@ def test_a_31_node_tree_is_whole_and_readable_in_every_tree_chapter(browser, app
     assert not errors, errors
 
 
+# a figure's texts reaching past its Gradio block (which clips them: the time panel's "2405 ms" read "2405 m")
+IN_BLOCK_JS = """(sel) => { const box = document.querySelector(sel).getBoundingClientRect();
+    return [...document.querySelectorAll(sel + ' .main-svg text')].filter((t) => t.textContent.trim())
+      .map((t) => [t.textContent, t.getBoundingClientRect()]).filter(([, r]) => r.width && (r.right > box.right - 2
+      || r.left < box.left + 2)).map(([s, r]) => `${s} [${Math.round(r.left)}..${Math.round(r.right)}]`); }"""
+
+
 def test_a_tree_runs_statistics_chapter_fits_below_the_chapter_panel(browser, app_url, pages):
     """?present=1 at 1280x720, the lesson's statistics chapter of a tree run (its rate set has a fifth rate, so the
     chapter panel is taller than a chain's): the statistics figure is below the panel and inside the viewport, in
@@ -321,6 +328,7 @@ def test_a_tree_runs_statistics_chapter_fits_below_the_chapter_panel(browser, ap
     assert layout["xaxis4"]["domain"] == PRESENT_FIT["strip"]["columns"][3], layout["xaxis4"]["domain"]
     assert not page.evaluate(OVERLAPS_JS, "#sv-stats")
     assert not page.evaluate(FIT_JS, "#sv-stats")
+    assert not page.evaluate(IN_BLOCK_JS, "#sv-stats")
     names = page.evaluate("document.querySelector('#sv-stats .js-plotly-plot').data.map((t) => t.name || '')")
     assert not any(n.startswith("theory") for n in names), names
     assert not errors, errors

@@ -237,6 +237,8 @@ const svStatsFit = (L, width) => {
     up[`yaxis${ax}.domain`] = rows[i];
     if (strip && s.x_titles[i]) up[`xaxis${ax}.title.text`] = s.x_titles[i];
   });
+  const time = L.xaxis4 && L.xaxis4.range;
+  if (strip && time) Object.assign(up, {'xaxis4.range': [time[0], time[1] * s.time_range_scale], 'xaxis4.nticks': 4});
   for (const key of Object.keys(L).filter((key) => /^[xy]axis[0-9]*$/.test(key)))
     Object.assign(up, {[`${key}.tickfont.size`]: z.font, [`${key}.title.font.size`]: z.font});
   (L.annotations || []).forEach((a, i) => {
