@@ -1,10 +1,11 @@
 """Retake the README's overview screenshot: the app on the bundled demo models after the first
 example prompt (n-gram, greedy); with ``--compare``, the Compare tab's screenshot instead: the preset
 "all methods, greedy, k=5" on the bundled prompts the tab starts with, 64 new tokens (``--preset NAME``: another
-preset; ``--shot PATH``: where the png goes; ``--element ID``: only that element, e.g. sv-compare-ksweep). Needs
-Debian's /usr/bin/chromium; run from the repo root:
+preset; ``--shot PATH``: where the png goes; ``--element ID``: only that element, e.g. sv-compare-ksweep;
+``--present``: the presentation layout at 1280x720). Needs Debian's /usr/bin/chromium; run from the repo root:
 
-    .venv/bin/python scripts/readme_screenshot.py [--compare [--prompts N] [--preset NAME] [--shot PATH] [--element ID]]
+    .venv/bin/python scripts/readme_screenshot.py [--compare [--prompts N] [--preset NAME] [--shot PATH] [--element ID]
+                                                  [--present]]
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def compare(page) -> None:
 
 def main() -> None:
     example = json.loads((ROOT / "assets/examples/prompts.json").read_text())["examples"][0]
-    with app_page(build_app(), 7879, 1400, 1000) as page:
+    present = "--present" in sys.argv[1:]
+    with app_page(build_app(present=present), 7879, *((1280, 720) if present else (1400, 1000))) as page:
         if "--compare" in sys.argv[1:]:
             compare(page)
             return

@@ -133,7 +133,7 @@ def test_measured_speedups_carry_the_tables_range_as_bars():
     quiet, noisy = _row("ngram", 5, 1.3), _row("ngram_gpu", 5, 1.2)
     quiet["speedup_spread"], noisy["speedup_spread"] = spread([1.25, 1.3, 1.35]), spread([0.95, 1.2, 1.85])
     fig = ksweep_figure([quiet, noisy, _row("suffix", 5, 1.1)])
-    assert fig.layout.annotations[1].text == SPEEDUP_TITLE
+    assert fig.layout.annotations[1].text == SPEEDUP_TITLE.format("")
     q, n, bare = [d for d in fig.data if d.xaxis == "x2"]  # one speedup trace per configuration, in order
     assert list(q.error_y.array) == pytest.approx([0.05]) and list(q.error_y.arrayminus) == pytest.approx([0.05])
     assert list(n.error_y.array) == pytest.approx([0.65]) and list(n.error_y.arrayminus) == pytest.approx([0.25])

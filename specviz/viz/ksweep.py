@@ -95,7 +95,7 @@ def category_names(groups: list[str]) -> dict[str, str]:
 
 
 # the speedup panel's title: each point is the comparison's speedup, its bar the range the table's "range" column gives
-SPEEDUP_TITLE = "measured speedup over method none (bar: lowest–highest ratio)"
+SPEEDUP_TITLE = "measured speedup over none{} (bar: range)"  # {}: " vs k" in a sweep; as long as the AL panel's
 
 
 def _range_bars(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -129,7 +129,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     label = convention_label(convention)  # the table's acceptance-length column header
     y_title, formula = KSWEEP_THEORY[convention]
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        f"{label} vs k (dashed: {formula})", SPEEDUP_TITLE + " vs k"))
+        f"{label} vs k (dashed: {formula})", SPEEDUP_TITLE.format(" vs k")))
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:  # a draft tree is its own group, drawn at k = its depth without the chain's i.i.d. theory
         if r["method"] != "none":
@@ -192,7 +192,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     if one_k is not None:  # the axis names every configuration: no legend, k in the titles
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(names.values()), tickangle=-30)
         fig.layout.annotations[0].text = f"{label} at k = {one_k} (dash: {formula})"
-        fig.layout.annotations[1].text = SPEEDUP_TITLE
+        fig.layout.annotations[1].text = SPEEDUP_TITLE.format("")
         fig.update_layout(showlegend=False)
     else:
         fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
