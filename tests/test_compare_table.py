@@ -128,7 +128,7 @@ def test_measured_speedups_carry_the_tables_range_as_bars():
     table's range column), its hover says n and the noisy flag (a lecturer saw bare points rank ngram over ngram_gpu,
     which draft the same tokens, while the table flagged both ⚠ noisy); a row without a spread draws no bar."""
     from specviz.speedup import spread
-    from specviz.viz.ksweep import SPEEDUP_TITLE
+    from specviz.viz.ksweep import SINGLE_NOTE, SPEEDUP_TITLE
 
     quiet, noisy = _row("ngram", 5, 1.3), _row("ngram_gpu", 5, 1.2)
     quiet["speedup_spread"], noisy["speedup_spread"] = spread([1.25, 1.3, 1.35]), spread([0.95, 1.2, 1.85])
@@ -139,6 +139,16 @@ def test_measured_speedups_carry_the_tables_range_as_bars():
     assert list(n.error_y.array) == pytest.approx([0.65]) and list(n.error_y.arrayminus) == pytest.approx([0.25])
     assert "noisy" in n.text[0] and "n 3" in n.text[0] and "noisy" not in q.text[0]
     assert bare.error_y.array is None and bare.text[0] == " (no range)"
+    assert not [a for a in fig.layout.annotations if a.name == "single-sample"] and q.mode != "markers"
+    # one prompt and one seed: every point is one sample; drawn faded, without the lines that read as a ranking
+    # (a lecturer saw clean lines order three methods within the baseline's own spread)
+    one = [dict(_row(m, k, 1.0 + k / 10), speedup_spread=spread([1.0 + k / 10])) for m in ("ngram", "suffix")
+           for k in (1, 3)]
+    fig = ksweep_figure(one)
+    speed = [d for d in fig.data if d.xaxis == "x2"]
+    assert len(speed) == 2 and all(d.mode == "markers" and d.marker.opacity == 0.45 for d in speed)
+    assert all("n = 1" in t for d in speed for t in d.text)
+    assert [a.text for a in fig.layout.annotations if a.name == "single-sample"] == [f"faded: {SINGLE_NOTE}"]
 
 
 def test_positions_no_step_verified_are_hollow_bars_and_method_none_has_none():

@@ -209,3 +209,8 @@ def test_a_noisy_measurement_leads_with_its_warning_not_a_bold_number():
     assert "<b>Measured beside" not in text and "<b>1.87×</b>" not in _pair_row(noisy)
     assert "<b>Measured beside this run: 1.22× tokens/s</b>" in measured_html(quiet)
     assert "Too noisy" not in measured_html(quiet) and "<b>1.22×</b>" in _pair_row(quiet)
+    # a range across 1x (pairs 1.18, 1.28, 0.77: one pair slower than method none) is no speedup either, though not
+    # "noisy" by its width (a lecturer read a bold 1.18x beside a pooled 1.02x)
+    across = measurement([1.18, 1.28, 0.77])
+    assert not across["noisy"] and "slower than method none" in measured_html(across)
+    assert "<b>Measured beside" not in measured_html(across) and "<b>1.18×</b>" not in _pair_row(across)

@@ -98,6 +98,14 @@ def category_names(groups: list[str]) -> dict[str, str]:
 SPEEDUP_TITLE = "measured speedup over none{} (bar: range)"  # {}: " vs k" in a sweep; as long as the AL panel's
 
 
+SINGLE_NOTE = "one sample each (n = 1), no range: not comparable; add prompts or seeds"
+
+
+def _single(rows: list[dict[str, Any]]) -> bool:
+    """Whether every row's speedup rests on one per-(prompt, seed) ratio (no range to draw)."""
+    return all(r.get("speedup_spread") and r["speedup_spread"].get("n", 0) == 1 for r in rows)
+
+
 def _range_bars(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[str]]:
     """Error bars from each row's speedup_spread (lowest to highest per-(prompt, seed) ratio, as the table's range
     column) and per row the hover's note: the range and n, "noisy" as the table flags it. None: no row has a spread."""
@@ -106,6 +114,9 @@ def _range_bars(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list
         s, v = r.get("speedup_spread"), r["speedup"]
         if not s or not s.get("n"):
             up.append(0.0), down.append(0.0), notes.append(" (no range)")
+            continue
+        if s["n"] < 2:
+            up.append(0.0), down.append(0.0), notes.append(f" ({SINGLE_NOTE})")
             continue
         up.append(max(s["high"] - v, 0.0)), down.append(max(v - s["low"], 0.0))
         flag = ", ⚠ noisy: not readable on this machine now" if s["noisy"] else ""
@@ -140,6 +151,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     one_k = {r["k"] for rs in groups.values() for r in rs}
     one_k = one_k.pop() if len(one_k) == 1 else None  # a single k: one category per configuration, no k axis
     names = category_names(list(groups))
+    single_any = False
     for g, ((name, rs), (colour, symbol)) in enumerate(zip(groups.items(), styles)):
         rs = sorted(rs, key=lambda r: r["k"])
         tree = bool(rs[0].get("tree_label"))
@@ -181,8 +193,15 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         # the range note rides in text (the mode draws no text): customdata stays each point's k
         speed_hover = {"customdata": ks, "text": noisy,
                        "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}×%{{text}}<extra></extra>"}
-        fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode=mode, name=name, line=line, marker=marker,
+        single = _single(rs)  # one sample a point: faded markers and no line, which would draw a ranking
+        single_any = single_any or single
+        fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if single else mode, name=name,
+                                 line=line, marker={**marker, "opacity": 0.45} if single else marker,
                                  legendgroup=name, showlegend=False, error_y=bars, **speed_hover), row=1, col=2)
+    if single_any:
+        fig.add_annotation(text=f"faded: {SINGLE_NOTE}", name="single-sample", showarrow=False, xref="x2 domain",
+                           yref="y2 domain", x=0.5, y=1.0, yanchor="top", font={"size": 11, "color": "#b45309"},
+                           bgcolor="rgba(255,255,255,0.85)")
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)

@@ -11,7 +11,8 @@ from specviz.trace import TOKENS_PER_FORWARD_FORMULA
 
 def measured_html(measurement: dict[str, Any]) -> str:
     """One paragraph: the median tokens/s ratio over the interleaved segment pairs (in bold), its range and
-    n, what the measurement cost; when the range is too wide to read, the warning first and the median in plain type.
+    n, what the measurement cost; when it is :func:`inconclusive` (too wide a range, or one that crosses 1x), the
+    warning first and the median in plain type.
 
     Args:
         measurement: ``baseline_none["measurement"]`` (keys pairs, segment_tokens, ratios, median,
@@ -24,14 +25,26 @@ def measured_html(measurement: dict[str, Any]) -> str:
     short = f" (the time budget ended it after {n} of {m['pairs']} pairs)" if n < int(m["pairs"]) else ""
     headline = f"Measured beside this run: {m['median']:.2f}× tokens/s"
     detail = f"({what}; {spread}; the measurement took {m['cost_s']:.1f} s{short})."
-    if not m["noisy"]:
+    if not inconclusive(m):
         return f"<p><b>{headline}</b> {detail}</p>"
-    # a noisy median is not a headline: the warning leads and the number stays in plain type (a room remembers the
-    # bold number, not the warning beside it)
-    out = (f"<p style='color:#b45309' class='sv-noisy'><b>Too noisy to read:</b> the pairs disagree by more than half "
-           f"the median ({m['low']:.2f}× to {m['high']:.2f}×); the machine was probably busy with something else. "
-           "Run again when it is idle, or raise the comparison pairs (advanced settings).</p>")
+    # an inconclusive median is not a headline: the warning leads and the number stays in plain type (a room
+    # remembers the bold number, not the warning beside it)
+    if m["noisy"]:
+        why = (f"the pairs disagree by more than half the median ({m['low']:.2f}× to {m['high']:.2f}×); the machine "
+               "was probably busy with something else")
+    else:
+        why = (f"one pair ran slower than method none and another faster ({m['low']:.2f}× to {m['high']:.2f}×), so "
+               "these pairs cannot tell whether this method is faster here")
+    out = (f"<p style='color:#b45309' class='sv-noisy'><b>Too noisy to read:</b> {why}. Run again when the machine is "
+           "idle, or raise the comparison pairs (advanced settings); tokens per target forward above does not "
+           "depend on the machine.</p>")
     return out + f"<p>{headline} {detail}</p>"
+
+
+def inconclusive(m: dict[str, Any]) -> bool:
+    """Whether a measurement (keys low, high, n, noisy) cannot be read as a speedup: its pairs spread by more than
+    half their median (noisy), or one pair was slower than method none and another faster (the range crosses 1x)."""
+    return bool(m["noisy"]) or (int(m["n"]) >= 2 and m["low"] < 1.0 < m["high"])
 
 
 def run_vs_segments_html(run: dict[str, Any], measurement: dict[str, Any]) -> str:
@@ -108,7 +121,8 @@ def _pair_row(meas: dict[str, Any]) -> str:
     pooled = _ratio(meas["method_summary"].get("decode_tokens_per_second", 0.0),
                     meas.get("none_decode_tokens_per_second", 0.0))
     per_pair = ", ".join(f"{r:.2f}" for r in meas["ratios"])
-    median = f"{meas['median']:.2f}×" if meas["noisy"] else f"<b>{meas['median']:.2f}×</b>"  # noisy: no bold number
+    # an inconclusive measurement has no bold number
+    median = f"{meas['median']:.2f}×" if inconclusive(meas) else f"<b>{meas['median']:.2f}×</b>"
     text = f"per pair {per_pair} → median {median} (the headline)"
     if pooled:
         text += f"; pooled {pooled:.2f}×"
