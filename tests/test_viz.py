@@ -579,7 +579,13 @@ def test_a_grid_longer_than_its_rows_says_which_steps_it_shows():
     tr.steps = [dataclasses.replace(tr.steps[1], index=i) for i in range(VISIBLE_ROWS + 8)]  # 30 one-token steps
     tr.output_token_ids = [t for s in tr.steps for t in s.committed_token_ids]
     title = step_grid_figure(tr, 20, 1).layout.title.text
-    assert title == f"steps 8-29 of {VISIBLE_ROWS + 8} (drag to scroll) × draft positions", title  # the last 22
+    assert title == f"steps 15-29 of {VISIBLE_ROWS + 8} (drag to scroll) × draft positions", title
+    # a late step in the upper half of the window, which runs past the last step (step 23 of 26 sat in row 19 of
+    # 22, under the fold below a lesson's chapter panel at 1280x720, where 15 rows show)
+    fig = step_grid_figure(tr, 27, 1)
+    lo, hi = sorted(fig.layout.yaxis.range)
+    assert 27 - lo <= VISIBLE_ROWS // 2 and hi - lo == VISIBLE_ROWS and "steps 19-29 of" in fig.layout.title.text
+    assert step_grid_figure(tr, 2, 1).layout.title.text.startswith("steps 0-21 of")
     assert len(title) * 7.5 <= 480  # fits the grid's half of a 1024 px page at 14 px
 
 

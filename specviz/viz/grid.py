@@ -163,12 +163,15 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[fate][0],
                                          "line": {"width": 1, "color": "#6b7280"}}))
     rows = min(max(n, 1), VISIBLE_ROWS)
-    top = 0 if selected_step is None else max(0, min(selected_step - rows // 2, n - rows))
+    # the selected step a quarter down the window, which may run past the last step by up to half its rows: a late
+    # step sat near the bottom, under the fold below a lesson's pinned chapter at 1280x720
+    top = 0 if selected_step is None or n <= rows else max(0, min(selected_step - rows // 4, n - rows // 2))
+    last = min(top + rows, n) - 1
     fig.update_layout(
         height=max(150 + ROW_PX * rows, MIN_HEIGHT), margin={"l": 60, "r": 10, "t": 40, "b": 40},
         # more steps than rows: which ones are shown (the view follows the selected step; dragging pans it)
         title={"text": f"{n} verification steps × draft positions" if n <= rows else
-               f"steps {top}-{top + rows - 1} of {n} (drag to scroll) × draft positions", "font": {"size": 14}},
+               f"steps {top}-{last} of {n} (drag to scroll) × draft positions", "font": {"size": 14}},
         xaxis={"tickmode": "array", "tickvals": list(range(ncol)), "ticktext": x_labels, "side": "top",
                "fixedrange": True},
         yaxis={"title": "step", "range": [top + rows - 0.5, top - 0.5], "dtick": 1 if rows <= 25 else 5},

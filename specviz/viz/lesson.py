@@ -154,7 +154,10 @@ def _forward_ms(trace: Trace, st: Step) -> str:
     if hi < SPREAD * lo:
         return text
     slowest = max(same, key=lambda it: it[1])[0]
-    why = "warm-up in the first steps" if slowest < 2 else "other work running at the same time"
+    # a later slow step is not only other work: a first run also pays one-time costs mid-run (a new shape's first
+    # forward, the allocator growing)
+    why = ("warm-up in the first steps" if slowest < 2 else
+           "a one-time cost such as a new shape's first forward, or other work running at the same time")
     return text + f" Times this far apart come from the machine ({why}), not the method: one step's time is one sample."
 
 
