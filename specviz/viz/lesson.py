@@ -155,9 +155,8 @@ def _forward_ms(trace: Trace, st: Step) -> str:
         return text
     slowest = max(same, key=lambda it: it[1])[0]
     # a later slow step is not only other work: a first run also pays one-time costs mid-run (a new shape's first
-    # forward, the allocator growing)
-    why = ("warm-up in the first steps" if slowest < 2 else
-           "a one-time cost such as a new shape's first forward, or other work running at the same time")
+    # forward, the allocator growing); the chapter's length decides the room a tree figure gets below it
+    why = "warm-up in the first steps" if slowest < 2 else "a one-time cost or other work"  # short: the tree fits below
     return text + f" Times this far apart come from the machine ({why}), not the method: one step's time is one sample."
 
 
