@@ -84,7 +84,8 @@ const svScale = (gd) => {
   const tickScale = (L.meta && L.meta.tick_scale) || {};
   for (const key of Object.keys(L).filter((key) => /^[xy]axis[0-9]*$/.test(key))) {
     const ax = L[key];
-    if (tickScale[key]) up[`${key}.tickfont.size`] = Math.round(((ax.tickfont && ax.tickfont.size) || base) * tickScale[key]);
+    const own = (ax.tickfont && ax.tickfont.size) || base;
+    if (tickScale[key]) up[`${key}.tickfont.size`] = Math.round(own * tickScale[key]);
     else if (ax.tickfont && ax.tickfont.size) up[`${key}.tickfont.size`] = size(ax.tickfont);
   }
   // the draft tree's rows and columns are sized for its boxes' text: they grow with it (columns up to the

@@ -132,8 +132,9 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     (accepted / verified positions over every k): E = (1 - a^(k+1)) / (1 - a) for vLLM's, E - 1 for
     drafts only, (1 - g) + g E for per forward (g = the method's pooled draft coverage); and the
     measured speedup vs k, each point with a bar from the lowest to the highest per-(prompt, seed) ratio (the table's
-    range column; the hover gives n and the table's noisy flag). A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of a
-    method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
+    range column; the hover gives n and the table's noisy flag; a configuration of one sample per point drawn faded,
+    without lines, with a note). A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of
+    a method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
     describe a tree). When every row has the same k, the x axes are the configurations instead
     (:func:`category_names`), one marker each, the theory a dash beside a chain's marker: one k spread over an axis
     read as several k. ValueError for an unknown convention."""
@@ -192,7 +193,8 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         bars, noisy = _range_bars(rs)
         # the range note rides in text (the mode draws no text): customdata stays each point's k
         speed_hover = {"customdata": ks, "text": noisy,
-                       "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}×%{{text}}<extra></extra>"}
+                       "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}×%{{text}}"
+                                        "<extra></extra>"}
         single = _single(rs)  # one sample a point: faded markers and no line, which would draw a ranking
         single_any = single_any or single
         fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if single else mode, name=name,

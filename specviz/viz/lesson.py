@@ -61,7 +61,8 @@ def _tree_draft_why(trace: Trace, st: Step) -> str:
 
 
 def _capped(trace: Trace, m: dict) -> str:
-    """" ..." when k capped an EAGLE-2 tree (its depth setting d drafts d + 1 deep; the engine stops at k), else ""."""
+    """The sentence that says k capped an EAGLE-2 tree (its depth setting d drafts d + 1 deep; the engine stops at
+    k), or "" when it did not."""
     d, levels, k = m.get("depth"), m.get("levels"), trace.config.get("num_speculative_tokens")
     if m.get("tree") != "dynamic" or not isinstance(d, int) or not isinstance(levels, int) or levels >= d:
         return ""
@@ -155,8 +156,8 @@ def _forward_ms(trace: Trace, st: Step) -> str:
         return text
     slowest = max(same, key=lambda it: it[1])[0]
     # a later slow step is not only other work: a first run also pays one-time costs mid-run (a new shape's first
-    # forward, the allocator growing); the chapter's length decides the room a tree figure gets below it
-    why = "warm-up in the first steps" if slowest < 2 else "a one-time cost or other work"  # short: the tree fits below
+    # forward); kept short, as the chapter's length decides the room a tree figure gets below it
+    why = "warm-up in the first steps" if slowest < 2 else "a one-time cost or other work"
     return text + f" Times this far apart come from the machine ({why}), not the method: one step's time is one sample."
 
 

@@ -32,9 +32,10 @@ TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
 # time axis's range this much longer (its narrow column had no room for the "2405 ms" totals beside the bars)
 PRESENT_FIT = {"font": 13, "titles": 15, "legend": 13, "top_px": 26, "axis_px": 44, "title_px": 24,
                "legend_px": 88, "columns": [[0.0, 0.42], [0.6, 1.0]], "min_row_px": 60, "unlabel": "measured",
-               "strip": {"min_width": 1100, "font": 15, "titles": 17, "legend": 14, "time_range_scale": 1.3, "columns": [[0.0, 0.2], [0.27, 0.47], [0.54, 0.74], [0.84, 1.0]],
+               "strip": {"min_width": 1100, "font": 15, "titles": 17, "legend": 14, "time_range_scale": 1.3,
+                         "columns": [[0.0, 0.2], [0.27, 0.47], [0.54, 0.74], [0.84, 1.0]],
                          "panel_titles": ["accepted drafts per step", "acceptance by position", "tokens per step vs a",
-                                    "time split (ms)"],
+                                          "time split (ms)"],
                          "x_titles": ["accepted tokens in the step", "draft position i", "acceptance rate a", None]}}
 # the legend's groups, one per panel that has a legend: (legendgroup, its title)
 LEGEND_GROUPS = {"position": "by draft position", "theory": "tokens per drafting step", "time": "time split"}
@@ -201,7 +202,8 @@ def stats_figure(trace: Trace | dict[str, Any], baseline: dict[str, Any] | None 
     time_axis = _time_panel(fig, m.summary(), baseline)
     for i, title in enumerate(fig.layout.annotations[:4]):  # make_subplots' titles, named for the fit
         title.name = f"subplot-title-{i}"
-    fit = {**PRESENT_FIT, "strip": {**PRESENT_FIT["strip"], "x_titles": [*PRESENT_FIT["strip"]["x_titles"][:3], time_axis]}}
+    strip = PRESENT_FIT["strip"]
+    fit = {**PRESENT_FIT, "strip": {**strip, "x_titles": [*strip["x_titles"][:3], time_axis]}}
     # one legend, grouped by panel (each group titled): a flat list left the reader to match entries to panels
     fig.update_layout(height=620, plot_bgcolor="#ffffff", barmode="stack", margin={"l": 60, "r": 20, "t": 40, "b": 60},
                       legend={"orientation": "h", "y": -0.17, "font": {"size": 11}, "traceorder": "grouped",
@@ -216,8 +218,8 @@ def _group(name: str) -> dict[str, Any]:
 
 
 def is_tree_run(trace: Trace) -> bool:
-    """True when a step drafted a tree (a node whose parent is not the node before it), not a chain."""
-    return any(n.parent != n.id - 1 for s in trace.steps for n in (s.nodes or ()))
+    """True when a step drafted a tree, not a chain (:attr:`specviz.trace.Step.is_tree`)."""
+    return any(s.is_tree for s in trace.steps)
 
 
 def _theory_panel(fig: go.Figure, m: RunMetrics, k: int, tree: bool) -> None:
@@ -231,8 +233,8 @@ def _theory_panel(fig: go.Figure, m: RunMetrics, k: int, tree: bool) -> None:
     else:
         grid = [i / 50 for i in range(51)]
         fig.add_trace(go.Scatter(x=grid, y=[expected_tokens_per_step(a, kk) for a in grid], mode="lines",
-                                 name=f"theory (1 − a^(k+1))/(1 − a), k = {kk}", line={"color": "#6b7280", "dash": "dash"},
-                                 **_group("theory")), row=2, col=1)
+                                 name=f"theory (1 − a^(k+1))/(1 − a), k = {kk}",
+                                 line={"color": "#6b7280", "dash": "dash"}, **_group("theory")), row=2, col=1)
     alpha = m.alpha
     if alpha is not None:
         fig.add_trace(go.Scatter(x=[alpha], y=[m.mean_acceptance_length], mode="markers+text",
