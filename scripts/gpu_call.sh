@@ -27,12 +27,15 @@
 #   smollm2  scripts/smollm2_speedup.py on CUDA: none / ngram / suffix, the app's speedup measurement, to $OUT/smollm2
 #   ngram    benchmarks/bench_ngram_gpu.py --warm-up: ngram_gpu's draft ms per step over prompt lengths, against ngram
 #   badge    specviz compare, every method at k = 5, greedy, 3 bundled prompts x 128 tokens, bf16 (the losslessness
-#            badge, the timing marks, ngram_gpu beside ngram), to $OUT/badge
+#            badge, the timing marks, ngram_gpu beside ngram), to $OUT/badge$BADGE_TAG; HEADS: --head METHOD=DIR items
 #   roofline benchmarks/roofline.py: a decode token's kernel time by kind against the weight roofline and the GEMV
 #            floor (ROOF_SHAPES, default 8b,1b; ROOF_COMPILE: shapes also profiled compiled; T_ROOF: timeout)
 #   shapes   benchmarks/bench_shapes.py --quick: HF (dynamic and static cache) beside specviz none, synthetic speedups
 #            and their predictions, uncompiled and compiled (T_SHAPES: timeout)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
+#   heads    specviz train heads on the bundled target, one process per method of HEAD_KINDS side by side (default
+#            eagle3,dflash,medusa,mtp; HEAD_BUDGET_S each, HEAD_SET: --set items), each then measured held out
+#            through the engine; heads and logs to /tmp/specviz-heads/METHOD (kept for later calls) and $OUT/heads.tar
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP / T_BENCH (timeouts, s), K (pytest -k for tests),
 #   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz (logs-2.tgz, ... for later calls in one command); results under $OUT.
 set -uo pipefail
@@ -108,8 +111,21 @@ for stage in "$@"; do
   badge)
     timeout ${T_BADGE:-300} python3 -m specviz compare --device cuda -k 5 --verify greedy --max-new-tokens 128 \
       --methods "${METHODS:-ngram,ngram_gpu,suffix,draft_model,eagle,eagle3,medusa,mtp,dflash}" \
-      --prompt-set "${BADGE_PROMPTS:-repetitive code}" --out "$OUT/badge" > "$L/badge.log" 2>&1
-    echo "[badge] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/badge.log" | tail -40 ;;
+      --prompt-set "${BADGE_PROMPTS:-repetitive code}" $(for h in ${HEADS:-}; do echo --head $h; done) \
+      --out "$OUT/badge${BADGE_TAG:-}" > "$L/badge${BADGE_TAG:-}.log" 2>&1
+    echo "[badge${BADGE_TAG:-}] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/badge${BADGE_TAG:-}.log" | tail -40 ;;
+  heads)
+    W=/tmp/specviz-heads; HK=${HEAD_KINDS:-eagle3,dflash,medusa,mtp}
+    for kind in ${HK//,/ }; do
+      mkdir -p "$W/$kind"
+      (timeout ${T_HEADS:-560} python3 -m specviz.train heads --kinds "$kind" --target assets/models/specviz-target \
+         --out "$W/$kind" --time-budget-s ${HEAD_BUDGET_S:-330} --device cuda \
+         $(for s in ${HEAD_SET:-}; do echo --set $s; done) > "$W/$kind/train.log" 2>&1
+       echo "$kind exit $?" >> "$W/$kind/train.log") &
+    done
+    wait
+    for kind in ${HK//,/ }; do echo "== $kind"; grep -vE "^(STAGE|USDT|\[W)|warn|it/s" "$W/$kind/train.log" | tail -c 1500; done
+    (cd "$W" && tar cf - .) > "$OUT/heads.tar"; echo "[heads] $(du -h "$OUT/heads.tar" | cut -f1)" ;;
   roofline)
     timeout ${T_ROOF:-300} python3 benchmarks/roofline.py --out "$OUT/roofline" --shapes ${ROOF_SHAPES:-8b,1b} \
       --compile "${ROOF_COMPILE:-}" --commit "$COMMIT" > "$L/roofline.log" 2>&1

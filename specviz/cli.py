@@ -171,6 +171,7 @@ def _compare_parser(sub: Any) -> None:
     c.add_argument("--target", default=None, help="target model: a dir, a .gguf file or a preset (smollm2; default: "
                    "bundled demo target)")
     c.add_argument("--draft", default=None, help="draft model, like --target (method draft_model)")
+    add_head_arguments(c)
     c.add_argument("--methods", default=",".join(m.name for m in methods.all_methods() if m.name != "none" and m.head is None),
                    help="comma-separated methods (default: every method that needs no head; method none is always run "
                         "as the baseline)")

@@ -1,4 +1,5 @@
-"""Command-line arguments the CLI (``specviz generate``) and the app (``specviz app``) share: the heads to load."""
+"""Command-line arguments the CLI (``specviz generate``, ``specviz compare``) and the app (``specviz app``) share:
+the heads to load."""
 
 from __future__ import annotations
 

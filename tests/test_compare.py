@@ -11,6 +11,7 @@ import math
 import re
 
 import pytest
+import torch
 
 from specviz.compare import (
     Comparison,
@@ -617,3 +618,28 @@ def test_a_comparison_does_not_depend_on_what_ran_before(decoders):
     run_comparison(dec, new_comparison([RunConfig("suffix", 8), RunConfig("ngram", 3)], prompts, [0], 16))
     assert len(dec.request_state("suffix")) >= len(prompts)
     assert figures() == first
+
+
+def test_cli_compare_takes_a_head_for_a_head_method(tiny_dirs, tmp_path, capsys):
+    """`specviz compare --head METHOD=DIR` compares a user's head (here a new random Medusa head on the tiny target);
+    a head directory that does not exist is refused with the loader's message and exit code 2."""
+    from specviz.cli import main
+    from specviz.engine import SpecDecoder
+    from specviz.heads.io import save_any
+    from specviz.train.heads import new_head
+
+    target, _ = tiny_dirs["llama"]
+    model = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32").target_model
+    torch.manual_seed(0)
+    save_any(new_head("medusa", model), tmp_path / "medusa", dtype=torch.float32)
+    out = tmp_path / "cmp"
+    code = main(["compare", "--target", str(target), "--methods", "medusa", "--head", f"medusa={tmp_path / 'medusa'}",
+                 "-k", "3", "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--device", "cpu",
+                 "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert [r["label"] for r in rows] == ["none T=0", "medusa k=3 greedy T=0"]
+    assert rows[1]["lossless"].startswith("✓")
+    code = main(["compare", "--target", str(target), "--methods", "medusa", "--head", f"medusa={tmp_path / 'nope'}",
+                 "--prompt", "x", "--device", "cpu", "--out", str(out)])
+    assert code == 2 and "nope" in capsys.readouterr().err

@@ -200,3 +200,14 @@ def test_cuda_training_steps_and_ttt_equals_chain(kind):
         _, chain = chain_logits(head, feats[0, : t + 1], x[0, : t + 2], S, forced=x[0, t + 2 : t + 1 + S])
         for s in range(S):
             assert torch.allclose(steps[s][1][0, t], chain[s], atol=1e-3, rtol=1e-3), (t, s)
+
+
+def test_python_m_specviz_train_heads_reaches_the_heads_cli(monkeypatch, capsys):
+    """`python -m specviz.train heads ...` (sys.argv, no argv passed) reaches the heads CLI, not the recipe's parser."""
+    from specviz.train.__main__ import main
+
+    monkeypatch.setattr("sys.argv", ["python -m specviz.train", "heads", "--help"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 0
+    assert "specviz train heads" in capsys.readouterr().out

@@ -73,6 +73,7 @@ def configs_from_args(args: Any) -> list[RunConfig]:
 
 
 def compare_main(args: Any) -> int:
+    from specviz.cli_args import heads_from_args
     from specviz.engine import SpecDecoder
 
     try:
@@ -81,7 +82,9 @@ def compare_main(args: Any) -> int:
             prompts += load_prompt_set(args.prompt_set)
         comparison = new_comparison(configs_from_args(args), prompts, _list(args.seeds, int, "--seeds"),
                                     args.max_new_tokens)
-        decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype)
+        heads = heads_from_args(args)
+        decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
+                                              heads=heads or None)
         if getattr(args, "fp32_logits", False):
             from specviz.precision import use_fp32_logits
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from specviz.train.configs import PRESETS
 
 
 def main(argv: list[str] | None = None) -> dict:
-    if argv and argv[0] == "heads":
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["heads"]:
         from specviz.train.heads_cli import main as heads_main
 
         return heads_main(argv[1:])
