@@ -33,6 +33,8 @@
 #   shapes   benchmarks/bench_shapes.py --quick: HF (dynamic and static cache) beside specviz none, synthetic speedups
 #            and their predictions, uncompiled and compiled (T_SHAPES: timeout)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
+#   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
+#            shape (random weights) in the app, eagle3 synthetic / greedy beside none (needs pip_g, pip_p, pip_r)
 #   heads    specviz train heads on the bundled target, one process per method of HEAD_KINDS side by side (default
 #            eagle3,dflash,medusa,mtp; HEAD_BUDGET_S each, HEAD_SET: --set items), each then measured held out
 #            through the engine; heads and logs to /tmp/specviz-heads/METHOD (kept for later calls) and $OUT/heads.tar
@@ -114,6 +116,9 @@ for stage in "$@"; do
       --prompt-set "${BADGE_PROMPTS:-repetitive code}" $(for h in ${HEADS:-}; do echo --head $h; done) \
       --out "$OUT/badge${BADGE_TAG:-}" > "$L/badge${BADGE_TAG:-}.log" 2>&1
     echo "[badge${BADGE_TAG:-}] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/badge${BADGE_TAG:-}.log" | tail -40 ;;
+  big_eagle3)
+    timeout ${T_BIG:-420} python3 scripts/gpu_big_eagle3.py --out "$OUT/big_eagle3.json" > "$L/big_eagle3.log" 2>&1
+    echo "[big_eagle3] exit $?"; grep -E '^(progress|\{"method)' "$L/big_eagle3.log" | cut -c1-700; rm -rf /tmp/big-eagle3 ;;
   heads)
     W=/tmp/specviz-heads; HK=${HEAD_KINDS:-eagle3,dflash,medusa,mtp}
     for kind in ${HK//,/ }; do
