@@ -135,7 +135,7 @@ def test_training_forward_equals_inference_per_block():
 
 
 def test_smoke_cli_trains_saves_and_reports_heldout_acceptance(tmp_path):
-    """``python -m specviz.train.heads --kinds dflash --smoke``: the loss falls, per-slot held-out
+    """``specviz train heads --kinds dflash --smoke``: the loss falls, per-slot held-out
     agreement is logged, the saved head loads and drafts, and the held-out greedy mean acceptance
     length is computed by real decoding (outputs equal method none's)."""
     target_dir = save_model("llama", tmp_path / "target", seed=0, layers=8, hidden=64)

@@ -1,5 +1,5 @@
 """Trainers of the medusa and mtp heads: the label alignment of the MTP unroll (constant
-position, data tokens, labels at t+1+s), and a smoke run of ``python -m specviz.train.heads --kinds
+position, data tokens, labels at t+1+s), and a smoke run of ``specviz train heads --kinds
 medusa,mtp`` on a tiny target that trains, saves, loads, and measures held-out acceptance through
 the engine next to the other methods."""
 

@@ -393,3 +393,34 @@ def test_every_medusa_candidate_has_its_text(medusa_decoders):
                list(dec.iter_generate(PROMPT, method="medusa", num_speculative_tokens=4, max_new_tokens=12))[-1]):
         cands = {c[0] for st in tr.steps for h in (st.match or {}).get("heads", []) for c in h["candidates"]}
         assert cands and all(str(t) in tr.token_texts for t in cands)
+
+
+@pytest.mark.parametrize("layers, lm_heads, bias, truncated", [(1, "target", True, False), (2, "target", False, False),
+                                                                (1, "per_head", True, True), (2, "shared", True, False)])
+def test_batched_forward_equals_each_head_alone(medusa_decoders, layers, lm_heads, bias, truncated):
+    """forward (the drafting path: K heads' ResBlocks as batched matmuls, one LM head GEMM) == head_logits per head,
+    for every layout's shape (ResBlock layers, own / shared / target LM heads, fc bias, a truncated head vocabulary);
+    and a weight changed after a forward is seen by the next one (the stacked weights are rebuilt)."""
+    import dataclasses
+
+    dec = medusa_decoders["eager"]
+    model = dec.target_model
+    base = medusa_config_from_target(model.config, num_heads=3, num_layers=layers)
+    cfg = dataclasses.replace(base, fc_bias=bias, lm_heads=lm_heads,
+                              head_vocab_size=model.config.vocab_size // 2 if truncated else None)
+    torch.manual_seed(7)
+    head = MedusaHead(cfg, model)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    if truncated:
+        head.token_map = torch.randperm(model.config.vocab_size)[: cfg.head_vocab_size]
+    f = torch.randn(2, 5, cfg.hidden_size)
+    alone = torch.stack([head.head_logits(f, i).float() for i in range(cfg.num_heads)])
+    together = head(f)
+    assert together.shape == (3, 2, 5, model.config.vocab_size)
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    assert torch.equal(together.isinf(), alone.isinf()) and bool(together.isinf().any()) == truncated
+    with torch.no_grad():
+        head.blocks[1][0].linear.weight.add_(1.0)
+    torch.testing.assert_close(head(f)[1], head.head_logits(f, 1).float(), rtol=1e-5, atol=1e-5)

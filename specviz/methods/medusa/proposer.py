@@ -60,6 +60,7 @@ class MedusaProposer:
         self.num_heads = int(head.config.num_heads)
         self.num_speculative_tokens = int(num_speculative_tokens)
         self.paths = None if tree is None else parse_choices(tree, max_depth=self.num_heads, max_rank=MEDUSA_TOP_K)
+        self._indices: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -98,12 +99,20 @@ class MedusaProposer:
             paths = [p for p in self.paths if len(p) <= k]  # near max_new_tokens: drop the deepest nodes
             nodes = [(len(p) - 1, p[-1]) for p in paths]
             parents = choices_parents(paths)
-        heads_idx = to_device(torch.tensor([h for h, _ in nodes], dtype=torch.long), cand.device)  # queued, no wait
-        rank_idx = to_device(torch.tensor([r for _, r in nodes], dtype=torch.long), cand.device)
+        heads_idx, rank_idx = self._node_index(nodes, cand.device)
         tokens = cand[heads_idx, rank_idx]  # [N] on the device, no host wait
         details = self._describe(n, int(token_ids[n]), nodes, parents, context)
         self._pending = (details, HostCopy(probs), HostCopy(cand))  # queued now, read by observe without a wait
         return Draft(token_ids=tokens, details=details, parents=parents, tree_rule="topk")
+
+    def _node_index(self, nodes: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(head, rank) int64 [N] each on ``device``, kept per node list: a chain or tree repeats its nodes every step,
+        so the host builds and copies them once."""
+        key = (tuple(nodes), str(device))
+        if key not in self._indices:
+            self._indices[key] = (to_device(torch.tensor([h for h, _ in nodes], dtype=torch.long), device),
+                                  to_device(torch.tensor([r for _, r in nodes], dtype=torch.long), device))
+        return self._indices[key]
 
     def _describe(self, n: int, root: int, nodes, parents, ctx: StepContext | None) -> dict[str, Any]:
         """Plain data for the trace (``step.match``) and :mod:`specviz.methods.medusa.view`: every head's top
