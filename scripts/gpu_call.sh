@@ -51,7 +51,7 @@ for stage in "$@"; do
     echo "[$stage] exit $?"; export PYTHONPATH=/root/gpu-site ;;
   tests)
     timeout ${T_TESTS:-480} python3 -m pytest -v -p no:cacheprovider --tb=short -rfEs --continue-on-collection-errors \
-      -m "gpu${K:+ and ($K)}" ${TEST_FILES:-tests} ${IGNORE:+$(for f in $IGNORE; do echo --ignore=$f; done)} \
+      -m gpu ${K:+-k "$K"} ${TEST_FILES:-tests} ${IGNORE:+$(for f in $IGNORE; do echo --ignore=$f; done)} \
       > "$L/tests.log" 2>&1
     echo "[tests] exit $? $(grep -c ' PASSED' $L/tests.log) passed $(grep -cE ' FAILED| ERROR' $L/tests.log) failed"
     grep -E "^E  |FAILED|ERROR|host reads per step|passed|failed" "$L/tests.log" | cut -c1-600 | tail -30 ;;
