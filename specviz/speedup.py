@@ -9,8 +9,9 @@ machine's speed cancels. Each pair gives one ratio of decode tokens/s (tokens / 
 sample time), the engine's own per-step time, the proposer's observe counted in draft: no prefill, no
 time between steps, and not the trace's recording: its event publication and the queueing of a tree step's
 detailed record, which run in the next steps' overlap with the GPU); the headline
-is the median ratio, shown with its range over the pairs; a range wider than ``NOISY_SPREAD`` of the
-median is too noisy to read. Spec-Bench reports mean +- std over 3 runs; vLLM's
+is the median ratio, shown with its range over the pairs; an interquartile range wider than ``NOISY_IQR`` of the
+median is too noisy to read (the range grows with the number of pairs, so a rule on it flags more pairs more often;
+with 3 pairs the IQR is half the range). Spec-Bench reports mean +- std over 3 runs; vLLM's
 ``benchmarks/sweep/tune_speculative_k.py`` uses the median and MAD of repeated runs.
 
 Pure engine code (no UI imports); :mod:`specviz.ui.handlers` calls it and stores the result in the
@@ -28,7 +29,7 @@ from .trace import RunMetrics, Trace
 DEFAULT_PAIRS = 3
 DEFAULT_SEGMENT_TOKENS = 32
 DEFAULT_BUDGET_S = 20.0  # no new pair starts after this (the first pair always runs)
-NOISY_SPREAD = 0.5  # (max ratio - min ratio) / median above this: "too noisy to read"
+NOISY_IQR = 0.25  # interquartile range of the ratios / their median above this: "too noisy to read"
 _SAMPLING = ("temperature", "top_k", "top_p", "max_new_tokens", "seed", "sampler_backend", "detailed_trace")
 
 
@@ -43,14 +44,15 @@ def _decode_rate(trace: Trace) -> float:
 
 
 def spread(ratios: list[float]) -> dict[str, Any]:
-    """median, low (min), high (max), n and noisy ((high - low) / median > NOISY_SPREAD, or no
-    ratio at all) of a list of ratios."""
+    """median, low (min), high (max), n and noisy (interquartile range / median > NOISY_IQR, quartiles
+    interpolated between the ratios (``statistics.quantiles`` "inclusive"), or no ratio at all) of a list of
+    ratios. One ratio is not noisy: it has no spread to judge (the views say so by its n)."""
     if not ratios:
         return {"median": 0.0, "low": 0.0, "high": 0.0, "n": 0, "noisy": True}
     med = statistics.median(ratios)
-    lo, hi = min(ratios), max(ratios)
-    return {"median": med, "low": lo, "high": hi, "n": len(ratios),
-            "noisy": med <= 0 or (hi - lo) / med > NOISY_SPREAD}
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (med, med, med)
+    return {"median": med, "low": min(ratios), "high": max(ratios), "n": len(ratios),
+            "noisy": med <= 0 or (q3 - q1) / med > NOISY_IQR}
 
 
 def measure_speedup(decoder: Any, prompt: str, settings: dict[str, Any], pairs: int = DEFAULT_PAIRS,

@@ -95,8 +95,13 @@ def test_method_nones_row_shows_how_far_its_own_timings_moved():
     list(iter_comparison(FakeDecoder([10.0, 20.0, 8.0, 10.0, 10.0, 10.0]), c, warm=False))
     none = table(c)[0]
     s = none["speedup_spread"]  # prompt a: 100, 50, 125 tokens/s around the median 100; prompt b: all 100
-    assert (s["n"], s["low"], s["high"]) == (6, pytest.approx(0.5), pytest.approx(1.25)) and s["noisy"]
+    assert (s["n"], s["low"], s["high"]) == (6, pytest.approx(0.5), pytest.approx(1.25))
+    # one slow timing of six moves the range, not the middle half: not noisy (a range rule fires more often as n grows)
+    assert not s["noisy"]
     assert none["speedup"] == pytest.approx(1.0)
+    c2 = new_comparison(_configs(2), [Prompt("a", "x"), Prompt("b", "y")], [0], 8)
+    list(iter_comparison(FakeDecoder([10.0, 20.0, 8.0, 10.0, 5.0, 14.0]), c2, warm=False))
+    assert table(c2)[0]["speedup_spread"]["noisy"]  # ratios 0.5, 0.71, 1, 1, 1.25, 2: the middle half spreads
     assert table(c)[1]["speedup_spread"]["n"] == 2  # a drafting row: one ratio per (prompt, seed), as before
 
 

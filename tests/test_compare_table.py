@@ -156,3 +156,28 @@ def test_positions_no_step_verified_are_hollow_bars_and_method_none_has_none():
     none, ngram = (r[TABLE_COLUMNS.index("c_i (Wilson 95%, n), i = 1..k")] for r in app_table_rows(rows))
     assert none == "—"
     assert ngram.count("<i class='sv-ci-none'>") == 3 and "— (n0)" in _hover(ngram)
+
+
+def test_the_k_sweep_counts_every_step_so_a_rarely_drafting_method_does_not_top_it():
+    """A lecturer's k sweep ranked ngram first by vLLM's AL (4.45, counted over the 19 % of steps that drafted) over
+    draft_model (3.29), while ngram gave 1.66 tokens per target forward against 3.25. The left panel now plots tokens
+    per target forward whatever the table's convention; the hover gives the convention's AL and the coverage. The
+    speedup panel says overlapping bars do not rank, and names a small n."""
+    from specviz.speedup import spread
+    from specviz.viz.ksweep import OVERLAP_NOTE
+
+    ngram = dict(_row("ngram", 8, 1.4), acceptance_length={"vllm": 4.45, "per_forward": 1.66, "drafts_only": 3.45},
+                 steps=100, num_drafts=19, speedup_spread=spread([0.9, 1.4, 1.9]))
+    dm = dict(_row("draft_model", 8, 1.3), acceptance_length={"vllm": 3.29, "per_forward": 3.25, "drafts_only": 2.29},
+              steps=100, num_drafts=98, speedup_spread=spread([0.9, 1.3, 1.5]))
+    for convention in ("vllm", "drafts_only", "per_forward"):
+        fig = ksweep_figure([ngram, dm, dict(ngram, k=5), dict(dm, k=5)], convention)
+        left = {d.name.split()[0]: d for d in fig.data if d.xaxis == "x" and d.showlegend is not False}
+        assert list(left["ngram"].y) == [1.66, 1.66] and list(left["draft_model"].y) == [3.25, 3.25]
+        assert fig.layout.annotations[0].text.startswith("tokens per forward vs k")
+        assert "drafted at 19% of steps" in left["ngram"].text[0]
+    assert "AL (vLLM) 4.45" in ksweep_figure([ngram, dm], "vllm").data[0].text[0]
+    notes = [a.text for a in fig.layout.annotations if a.name == "overlap-note"]
+    assert notes == [f"few samples (n = 3 per point): {OVERLAP_NOTE}"]
+    many = [dict(r, speedup_spread=spread([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])) for r in (ngram, dm)]
+    assert [a.text for a in ksweep_figure(many).layout.annotations if a.name == "overlap-note"] == [OVERLAP_NOTE]

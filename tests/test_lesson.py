@@ -354,3 +354,28 @@ def test_the_chapter_panel_names_the_view_it_highlights(traces):
     chapters = lesson_chapters(dm)
     recovered = [n for n, c in enumerate(chapters) if c.kind == "outcome" and "recovered token" in c.title]
     assert recovered and all("highlighted: the residual view" in chapter_html(chapters, n) for n in recovered)
+
+
+def test_a_greedy_tree_steps_tests_walk_the_tree_in_the_draft_tree_view(decoders):
+    """A lecturer's EAGLE-2 tree lesson highlighted the step grid with a chain's words ("positions 1–5") in its test
+    chapters. A greedy tree step's tests now highlight the draft-tree view and tell the walk down the tree by depth;
+    a stop short of a leaf names the depth where no child matched, and the nodes below stay unchecked."""
+    tree = "[(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]"
+    tr = decoders["llama"].generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=24,
+                                    speculative_token_tree=tree)
+    chapters = lesson_chapters(tr)
+    trees = [st for st in tr.steps if st.is_tree and st.draft_token_ids]
+    assert trees
+    for st in trees:
+        tests = [c for c in chapters if c.step == st.index and c.kind == "test"]
+        outcome = next(c for c in chapters if c.step == st.index and c.kind == "outcome")
+        assert tests and all(c.focus == "tree" and "position" not in c.title for c in tests), [c.title for c in tests]
+        for c in tests:
+            text = plain(c.text)
+            assert "depth" in text and "draft token(s) after it" not in text, text
+        if st.num_accepted > 1:
+            assert "walks the tree from the root" in plain(tests[0].text)
+        if st.num_accepted < len(st.draft_token_ids):
+            assert outcome.focus == "tree" and f"no child matched at depth {st.num_accepted + 1}" in outcome.title
+            assert "The nodes below it are never checked." in plain(tests[-1].text)
+    assert any(st.num_accepted < len(st.draft_token_ids) for st in trees)  # the stop case ran

@@ -141,10 +141,11 @@ def test_section_three_is_named_for_the_method_that_ran(medusa5):
 
 def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
     from specviz.speedup import measure_speedup
+    from specviz.viz.speed import inconclusive
 
     settings = {"method": "ngram", "num_speculative_tokens": 5, "max_new_tokens": 32}
     run = bundled.generate(PROMPT, **settings)
-    base = measure_speedup(bundled, PROMPT, settings, pairs=2)
+    base = measure_speedup(bundled, PROMPT, settings, pairs=3)
     meas = base["measurement"]
     page = speedup_html(run_summary(run), base)
     text = " ".join(re.sub(r"<[^>]+>", " ", page).split())
@@ -154,14 +155,15 @@ def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
                      "this run, whole (recorded and drawn; not timed against none)"]
     own = run_summary(run)["decode_tokens_per_second"]
     assert (f"What the segments time: the request's first {meas['segment_tokens']} tokens (of the "
-            f"{len(run.output_token_ids)} this run generated), decoded again 2 times") in text
+            f"{len(run.output_token_ids)} this run generated), decoded again {meas['n']} times") in text
     assert f"Why this run's own rate ({own:.1f} tokens / s) differs" in text and "busy with other work" in text
     tps = re.search(r"tokens / s over the decode time</td>((?:<td[^>]*>[^<]*</td>){3})", page).group(1)
     shown = [float(x) for x in re.findall(r">([\d.]+)<", tps)]
     assert shown[:2] == [round(meas["method_summary"]["decode_tokens_per_second"], 1),
                          round(base["decode_tokens_per_second"], 1)]
     per_pair = ", ".join(f"{r:.2f}" for r in meas["ratios"])
-    assert f"per pair {per_pair} → median {meas['median']:.2f}× (the headline)" in text
+    label = "(not a reading: see the warning)" if inconclusive(meas) else "(the headline)"  # a busy CPU: either
+    assert f"per pair {per_pair} → median {meas['median']:.2f}× {label}" in text
     assert f"Measured beside this run: {meas['median']:.2f}× tokens/s" in text
     assert "pooled" in text and "The headline is the median of these ratios" in page  # defined in the hover
 
@@ -214,3 +216,29 @@ def test_a_noisy_measurement_leads_with_its_warning_not_a_bold_number():
     across = measurement([1.18, 1.28, 0.77])
     assert not across["noisy"] and "slower than method none" in measured_html(across)
     assert "<b>Measured beside" not in measured_html(across) and "<b>1.18×</b>" not in _pair_row(across)
+
+
+def test_more_pairs_never_make_a_measurement_look_worse_and_one_pair_is_no_headline():
+    """A lecturer's trial: nine consistent pairs (2.05x-3.62x, median 2.60x) read "Too noisy", because the range grows
+    with the number of pairs, while one pair (no spread at all) was a bold headline. Now the noise rule reads the
+    interquartile range, and fewer than 3 pairs lead with "too few pairs to judge"."""
+    from specviz.speedup import spread
+    from specviz.viz.speed import _pair_row, measured_html, run_vs_segments_html
+
+    def measurement(ratios):
+        return {**spread(ratios), "pairs": len(ratios), "segment_tokens": 32, "cost_s": 2.0, "ratios": ratios,
+                "method_summary": {"decode_tokens_per_second": 10.0}, "none_decode_tokens_per_second": 4.0}
+
+    nine = measurement([2.05, 2.30, 2.45, 2.55, 2.60, 2.62, 2.80, 3.10, 3.62])
+    assert not nine["noisy"] and "<b>Measured beside this run: 2.60× tokens/s</b>" in measured_html(nine)
+    three = measurement([2.05, 2.60, 3.62])  # the same extremes over 3 pairs: the middle half is wide
+    assert three["noisy"] and measured_html(three).startswith("<p style='color:#b45309' class='sv-noisy'><b>Too noisy")
+    for ratios in ([2.56], [2.4, 2.7]):
+        few = measurement(ratios)
+        text = measured_html(few)
+        assert text.index("Too few pairs to judge") < text.index("Measured beside this run")
+        assert "<b>Measured beside" not in text and "(not a reading: see the warning)" in _pair_row(few)
+    one = measured_html(measurement([2.56]))
+    assert "one pair of 32-token segments" in one and "median of 1" not in one and "alternating" not in one
+    why = run_vs_segments_html({"decode_tokens_per_second": 5.0, "tokens": 64}, nine)
+    assert "it was the first run" not in why and "the first run of new settings also pays" in why

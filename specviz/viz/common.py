@@ -35,7 +35,7 @@ FATE_STYLE: dict[str, tuple[str, str, str]] = {
     "rejected": ("#f4a6a6", "#7f1d1d", "rejected draft token"),
     "unused": ("#f3f4f6", "#9ca3af", "draft token after the rejection (unused)"),
     "recovered": ("#fcd581", "#7c4a03", "recovered token (from the residual)"),
-    "bonus": ("#9ecbff", "#0b3d91", "bonus token (all drafts accepted)"),
+    "bonus": ("#9ecbff", "#0b3d91", "bonus token (every draft on its row accepted)"),
     "target": ("#dde3ea", "#111827", "target token (no draft this step)"),
     "cut": ("#ffffff", "#9ca3af", "dropped at the stop (EOS / max tokens)"),
 }

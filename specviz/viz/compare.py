@@ -41,9 +41,10 @@ COLUMN_FORMULAS = {
                "none timed several times per prompt and seed, the median timing kept); compare speedups only within "
                "one comparison",
     "speedup range (n)": "per prompt and seed: tokens/s ÷ method none's on the same prompt and seed; the lowest–"
-                         "highest of those ratios and n. 'noisy': they spread by more than half the median, so the "
-                         "speedup is not readable on this machine now (n 1: one run each, no spread to check it by). "
-                         "Method none's row: each of its timings ÷ the median one of its prompt and seed",
+                         "highest of those ratios and n. 'noisy': their middle half (quartile to quartile) spans more "
+                         "than a quarter of the median, so the speedup is not readable on this machine now (n 1: one "
+                         "run each, no spread to check it by). Method none's row: each of its timings ÷ the median "
+                         "one of its prompt and seed",
     "speedup (model)": "Leviathan et al.: ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), "
                        "g = coverage, a = accepted / verified positions; a chain's model: empty for a tree",
     "ms/step: draft / verify / sample": "milliseconds per verification step: drafting (the proposer's propose and "
@@ -79,9 +80,9 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
   interleaved pairs with method none and takes their median). Speedups measured on a shared CPU move by about 15 %
   between identical comparisons: compare them only within one comparison;
   **speedup range (n)** = the lowest and highest of the per-(prompt, seed) ratios, and n. With n = 1 the speedup is
-  one unchecked sample (add seeds or prompts before reading it), and "noisy" marks ratios that spread by more than
-  half their median (the machine was busy: not readable); method none's row gives the spread of its own timings
-  around their median.
+  one unchecked sample (add seeds or prompts before reading it), and "noisy" marks ratios whose middle half spans
+  more than a quarter of their median (the machine was busy: not readable); method none's row gives the spread of
+  its own timings around their median.
   **speedup (model)** = Leviathan et al.'s prediction from the measured acceptance a and drafting time:
   ((1-g) + g (1 - a^(k+1))/(1 - a)) / (1 + t_draft / t_none), g = coverage; it assumes a k+1-token verify forward
   costs one plain step and the sampler is free. The ms/step split shows where the difference goes.
@@ -160,8 +161,8 @@ def badge_color(lossless: dict[str, Any]) -> str:
 
 
 def _spread(s: dict[str, Any] | None) -> str | None:
-    """"0.92–1.61 (n 5)", with "noisy" when the ratios spread by more than half their median; "n 1: one sample,
-    unchecked"."""
+    """"0.92–1.61 (n 5)", with "noisy" when the ratios' middle half spans more than a quarter of their median;
+    "n 1: one sample, unchecked"."""
     if not s or not s.get("n"):
         return None
     if s["n"] == 1:

@@ -106,8 +106,9 @@ def range_cell(row: dict[str, Any]) -> str | None:
     if s["n"] == 1:
         return _tip(tip, "n 1") + " " + _flag("one sample, unchecked: add seeds or prompts before reading it")
     shown = _tip(tip, f"{s['low']:.2f}–{s['high']:.2f}")
-    return shown + (" " + _flag(f"noisy: these ratios spread by more than half their median ({s['low']:.2f}–"
-                                f"{s['high']:.2f}, n {s['n']}), so the speedups are not readable on this machine now")
+    return shown + (" " + _flag(f"noisy: the middle half of these ratios spans more than a quarter of their median "
+                                f"({s['low']:.2f}–{s['high']:.2f}, n {s['n']}), so the speedups are not readable on "
+                                "this machine now")
                     if s["noisy"] else "")
 
 

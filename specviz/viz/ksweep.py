@@ -1,6 +1,6 @@
-"""The k sweep of a comparison (:mod:`specviz.compare`): mean acceptance length (or tokens per forward) against
-num_speculative_tokens, one colour and marker per configuration, with the i.i.d. theory curve
-E = (1 - a^(k+1)) / (1 - a) for chains. Pure functions of table rows; plotly only."""
+"""The k sweep of a comparison (:mod:`specviz.compare`): tokens per target forward against num_speculative_tokens,
+one colour and marker per configuration, with the i.i.d. theory curve (1 - g) + g E, E = (1 - a^(k+1)) / (1 - a),
+for chains, and the measured speedup. Pure functions of table rows; plotly only."""
 
 from __future__ import annotations
 
@@ -73,16 +73,14 @@ def configuration_styles(groups: list[tuple[str, bool]]) -> list[tuple[str, str]
     return out
 
 
-KSWEEP_THEORY = {  # convention -> (y axis title, the dashed curve's formula; E = (1 - a^(k+1)) / (1 - a))
-    "vllm": ("tokens per drafting step", "E = (1 − a^(k+1))/(1 − a)"),
-    "per_forward": ("tokens per verification step", "(1 − g) + g·E, g = coverage"),
-    "drafts_only": ("accepted drafts per drafting step", "E − 1"),
-}
+# the left panel: tokens per target forward (every step counts), whatever acceptance-length convention the table
+# shows: vLLM's AL counts only the steps that drafted, so a method that rarely drafts (ngram: 19 % of the steps in a
+# lecturer's sweep, AL 4.45 against draft_model's 3.29 at 1.66 against 3.25 tokens per forward) topped the sweep
+KSWEEP_Y = ("tokens per target forward", "tokens per forward", "(1 − g) + g·E")  # axis, title, theory
 
 
-def _theory(convention: str, a: float, k: int, g: float) -> float:
-    e = expected_tokens_per_step(a, k)
-    return {"vllm": e, "per_forward": (1 - g) + g * e, "drafts_only": e - 1}[convention]
+def _theory(a: float, k: int, g: float) -> float:
+    return (1 - g) + g * expected_tokens_per_step(a, k)
 
 
 def category_names(groups: list[str]) -> dict[str, str]:
@@ -99,6 +97,17 @@ SPEEDUP_TITLE = "measured speedup over none{} (bar: range)"  # {}: " vs k" in a 
 
 
 SINGLE_NOTE = "one sample each (n = 1), no range: not comparable; add prompts or seeds"
+FEW_SAMPLES = 5  # fewer per-(prompt, seed) ratios per point: the note calls them few
+OVERLAP_NOTE = "where bars overlap, the plot does not rank those methods"
+
+
+def _overlap_note(rows: list[dict[str, Any]]) -> str:
+    """The speedup panel's note for points with a range: overlapping bars do not rank, and n when it is small."""
+    ns = sorted({s["n"] for r in rows if (s := r.get("speedup_spread")) and s.get("n", 0) > 1})
+    if not ns or ns[0] >= FEW_SAMPLES:
+        return OVERLAP_NOTE
+    few = f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}"
+    return f"few samples ({few} per point): {OVERLAP_NOTE}"
 
 
 def _single(rows: list[dict[str, Any]]) -> bool:
@@ -127,21 +136,22 @@ def _range_bars(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list
 
 
 def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Figure:
-    """Per method (and verification, temperature): mean acceptance length in ``convention`` (a key of
-    specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS) vs k with the i.i.d. theory at the method's pooled a
-    (accepted / verified positions over every k): E = (1 - a^(k+1)) / (1 - a) for vLLM's, E - 1 for
-    drafts only, (1 - g) + g E for per forward (g = the method's pooled draft coverage); and the
-    measured speedup vs k, each point with a bar from the lowest to the highest per-(prompt, seed) ratio (the table's
-    range column; the hover gives n and the table's noisy flag; a configuration of one sample per point drawn faded,
-    without lines, with a note). A draft tree's rows are their own group, drawn as a hollow symbol (one per tree of
+    """Per method (and verification, temperature): tokens per target forward vs k (every step counts: AL per forward)
+    with the i.i.d. theory (1 - g) + g E, E = (1 - a^(k+1)) / (1 - a), at the method's pooled a (accepted / verified
+    positions over every k) and draft coverage g; the hover adds the table's acceptance length in ``convention`` (a
+    key of specviz.trace.ACCEPTANCE_LENGTH_CONVENTIONS) and the coverage; and the measured speedup vs k, each point
+    with a bar from the lowest to the highest per-(prompt, seed) ratio (the table's range column; the hover gives n
+    and the table's noisy flag; a configuration of one sample per point drawn faded, without lines, with a note;
+    otherwise a note that overlapping bars do not rank, saying when n < :data:`FEW_SAMPLES`). A draft tree's rows
+    are their own group, drawn as a hollow symbol (one per tree of
     a method: TREE_SYMBOLS) at k = the tree's depth, with no theory curve (the i.i.d. chain model does not
     describe a tree). When every row has the same k, the x axes are the configurations instead
     (:func:`category_names`), one marker each, the theory a dash beside a chain's marker: one k spread over an axis
     read as several k. ValueError for an unknown convention."""
-    label = convention_label(convention)  # the table's acceptance-length column header
-    y_title, formula = KSWEEP_THEORY[convention]
+    label = convention_label(convention)  # the table's acceptance-length column header: in the hover
+    y_title, short, formula = KSWEEP_Y
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        f"{label} vs k (dashed: {formula})", SPEEDUP_TITLE.format(" vs k")))
+        f"{short} vs k (dashed: {formula})", SPEEDUP_TITLE.format(" vs k")))
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in rows:  # a draft tree is its own group, drawn at k = its depth without the chain's i.i.d. theory
         if r["method"] != "none":
@@ -169,24 +179,28 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         # each configuration a little beside k (DODGE apart, centred on k): equal values (ngram and ngram_gpu
         # draft the same tokens) are drawn side by side, not on top of each other; the hover gives the real k
         xs = [names[name]] * len(ks) if one_k is not None else [k + (g - (len(groups) - 1) / 2) * DODGE for k in ks]
-        hover = {"customdata": ks, "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: %{{y:.2f}}<extra></extra>"}
-        fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"][convention] for r in rs], mode=mode,
+        # the table's convention and the coverage ride in text: a rarely drafting method's vLLM AL is high
+        al_text = [f"<br>{label} {r['acceptance_length'][convention]:.2f}, drafted at "
+                   f"{r['num_drafts'] / r['steps']:.0%} of steps" if r.get("steps") else "" for r in rs]
+        hover = {"customdata": ks, "text": al_text, "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: "
+                 "%{y:.2f} tokens per forward%{text}<extra></extra>"}
+        fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"]["per_forward"] for r in rs], mode=mode,
                                  name=name, line=line, marker=marker, legendgroup=name, **hover), row=1, col=1)
         offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
         a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
         steps = sum(r["steps"] for r in rs)
         g = sum(r["num_drafts"] for r in rs) / steps if steps else 0.0
         if a is not None and one_k is not None and not tree:  # the theory at k: a dash beside the marker
-            extra = f", g = {g:.2f}" if convention == "per_forward" else ""
-            fig.add_trace(go.Scatter(x=[names[name]], y=[_theory(convention, a, one_k, g)], mode="markers",
+            extra = f", g = {g:.2f}"
+            fig.add_trace(go.Scatter(x=[names[name]], y=[_theory(a, one_k, g)], mode="markers",
                                      marker={"symbol": "line-ew", "size": 26, "line": {"width": 2, "color": colour}},
                                      name=f"theory a = {a:.2f}{extra}", legendgroup=name, showlegend=False,
                                      hovertemplate=f"a = {a:.2f}{extra}, k = {one_k}: %{{y:.2f}}<extra>theory</extra>"),
                           row=1, col=1)
         elif a is not None and len(ks) > 0 and not tree:
             grid = list(range(1, max(ks) + 1))
-            extra = f", g = {g:.2f}" if convention == "per_forward" else ""
-            fig.add_trace(go.Scatter(x=grid, y=[_theory(convention, a, k, g) for k in grid], mode="lines",
+            extra = f", g = {g:.2f}"
+            fig.add_trace(go.Scatter(x=grid, y=[_theory(a, k, g) for k in grid], mode="lines",
                                      line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
                                      legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
                                      "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
@@ -200,10 +214,11 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if single else mode, name=name,
                                  line=line, marker={**marker, "opacity": 0.45} if single else marker,
                                  legendgroup=name, showlegend=False, error_y=bars, **speed_hover), row=1, col=2)
-    if single_any:
-        fig.add_annotation(text=f"faded: {SINGLE_NOTE}", name="single-sample", showarrow=False, xref="x2 domain",
-                           yref="y2 domain", x=0.5, y=1.0, yanchor="top", font={"size": 11, "color": "#b45309"},
-                           bgcolor="rgba(255,255,255,0.85)")
+    note = f"faded: {SINGLE_NOTE}" if single_any else _overlap_note(rows) if groups else ""
+    if note:
+        fig.add_annotation(text=note, name="single-sample" if single_any else "overlap-note", showarrow=False,
+                           xref="x2 domain", yref="y2 domain", x=0.5, y=1.0, yanchor="top",
+                           font={"size": 11, "color": "#b45309"}, bgcolor="rgba(255,255,255,0.85)")
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
@@ -212,7 +227,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                       legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
     if one_k is not None:  # the axis names every configuration: no legend, k in the titles
         fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(names.values()), tickangle=-30)
-        fig.layout.annotations[0].text = f"{label} at k = {one_k} (dash: {formula})"
+        fig.layout.annotations[0].text = f"{short} at k = {one_k} (dash: {formula})"
         fig.layout.annotations[1].text = SPEEDUP_TITLE.format("")
         fig.update_layout(showlegend=False)
     else:

@@ -19,7 +19,8 @@ the draft chapter names the tree (nodes, depth, how its children were chosen), t
 the tree attention, the tests the rule the step used on its row (rule A: u <= r(x), r the target's
 p at the parent with the siblings rejected before x removed and renormalised; rule B: SpecInfer's
 u <= min(1, r(x)/q(x))), the outcome the residual of rule A (p with every tested child removed) or
-the bonus at a leaf; these chapters highlight the draft-tree view.
+the bonus at a leaf. The draft and forward chapters highlight the draft-tree view, and so do a greedy step's tests
+and outcome (the walk down the tree by depth); rule A / B tests highlight the row's p and q view.
 
 A run starts with an ``intro`` chapter and ends with ``stats`` (metrics from ``trace.metrics``,
 defined in specviz/trace/metrics.py). Each chapter names the step and position it selects in the

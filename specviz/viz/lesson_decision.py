@@ -23,6 +23,13 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
     """The acceptance test of one drafted position, with the trace's numbers."""
     verify, x = _verify(trace), quoted(trace, pos.token_id)
     i = pos.index
+    if verify == "greedy" and is_tree(st):  # the walk down the tree: the argmax picks the child to follow
+        if pos.accepted:
+            return (f"At depth {i} the target's argmax is {x} (p = {fmt_prob(pos.p)}), and a child drafted it: {x} is "
+                    "accepted and the walk goes on below it.")
+        best = quoted(trace, _argmax(pos)) if _argmax(pos) is not None else "another token"
+        return (f"At depth {i} the target's argmax is {best}; no child there drafted it ({x} did not match), so the "
+                "walk stops.")
     if verify == "greedy":
         top = _argmax(pos)
         if pos.accepted:
@@ -84,10 +91,19 @@ def _no_residual(trace: Trace, st: Step | None = None) -> str:
 
 def _accepted_greedy(trace: Trace, st: Step, last: int) -> Chapter:
     """One chapter for a greedy step's accepted positions 1..``last`` (each test alike: the draft token is the
-    target's argmax); it highlights the step grid, whose row shows them all."""
+    target's argmax); it highlights the step grid, whose row shows them all, or for a tree the draft-tree view, whose
+    accepted path does."""
     ps = [pos.p for pos in st.positions[:last]]
     p_text = ("At temperature 0 the target's p is one-hot: p = 1 at each." if all(p >= 1.0 for p in ps) else
               "The target's p of each: " + ", ".join(fmt_prob(p) for p in ps) + ".")
+    if is_tree(st):
+        text = (f"Greedy verification walks the tree from the root: at each depth it takes the target's argmax and "
+                f"follows the child that drafted it. A child matched at depths 1–{last}: "
+                f"{_toks(trace, [pos.token_id for pos in st.positions[:last]])}, the accepted path. The nodes beside "
+                f"the path are never tested: once the argmax is known, only the child equal to it can be accepted. "
+                f"{p_text} The draft-tree view shows the path.")
+        return Chapter("test", f"Step {st.index}, depths 1–{last}: the target's argmax matched a child at each depth",
+                       text, st.index, last, "tree")
     text = (f"Greedy verification at positions 1–{last}: each draft token is the target's argmax, so all {last} are "
             f"accepted: {_toks(trace, st.draft_token_ids[:last])}. {p_text} These tests look alike, so they share "
             "this chapter (the lesson's “every position” box tells them one by one); the step grid's row shows them.")
@@ -112,10 +128,15 @@ def test_chapters(trace: Trace, st: Step, every_position: bool = False) -> list[
         verdict = ("passes" if st.block["eta"][pos.index - 1] <= st.block["h"][pos.index - 1] else "fails") \
             if block else ("accepted" if pos.accepted else "rejected")
         text = test_sentence(trace, st, pos)
-        if not block and not pos.accepted and pos.index < k:
+        if is_tree(st) and not pos.accepted:
+            text += " The nodes below it are never checked."
+        elif not block and not pos.accepted and pos.index < k:
             text += f" The {k - pos.index} draft token(s) after it are never checked."
-        out.append(Chapter("test", f"Step {st.index}, position {pos.index}: {quoted(trace, pos.token_id)} {verdict}",
-                           text, st.index, pos.index, "residual", _no_residual(trace)))
+        where = f"depth {pos.index}" if is_tree(st) else f"position {pos.index}"
+        # a tree's tests walk its accepted path: the draft-tree view shows it (the residual view one row of it)
+        view = ("tree", "") if is_tree(st) and _verify(trace) == "greedy" else ("residual", _no_residual(trace))
+        out.append(Chapter("test", f"Step {st.index}, {where}: {quoted(trace, pos.token_id)} {verdict}",
+                           text, st.index, pos.index, *view))
     if block and k:
         tau, tokenwise = int(st.block.get("tau", st.num_accepted)), tokenwise_accepted(st)
         extra = (f" Block verification keeps {tau - tokenwise} token(s) (★ in the grid) that token-wise verification "
@@ -171,6 +192,12 @@ def _outcome(trace: Trace, st: Step) -> Chapter:
         text = (f"Draft position {slot} failed the typical test, so the step draws its own token from the target's p_{slot} "
                 f"itself, not from a residual: {y} (p = {fmt_prob(e.p)}). Typical acceptance is lossy: the output does "
                 "not follow the target's distribution exactly.")
+    elif verify == "greedy" and is_tree(st):
+        title = f"Step {st.index}: no child matched at depth {slot}; the target's argmax {y} is the step's own token"
+        text = (f"At depth {slot} no drafted child equals the target's argmax, so the walk stops and the step emits the "
+                f"argmax itself: {y} (p = {fmt_prob(e.p)}). No residual is sampled: greedy verification has no "
+                f"randomness. The step yields {st.num_accepted + 1} tokens from one target forward.")
+        return Chapter("outcome", title, text, st.index, slot, "tree")
     elif verify == "greedy":
         title = f"Step {st.index}: the target's argmax {y} replaces the rejected token"
         text = (f"Draft position {slot} was rejected. At temperature 0 the step emits the target's argmax there "

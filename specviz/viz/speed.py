@@ -11,16 +11,17 @@ from specviz.trace import TOKENS_PER_FORWARD_FORMULA
 
 def measured_html(measurement: dict[str, Any]) -> str:
     """One paragraph: the median tokens/s ratio over the interleaved segment pairs (in bold), its range and
-    n, what the measurement cost; when it is :func:`inconclusive` (too wide a range, or one that crosses 1x), the
-    warning first and the median in plain type.
+    n, what the measurement cost; when it is :func:`inconclusive` (fewer than :data:`MIN_PAIRS` pairs, a wide
+    interquartile range, or a range that crosses 1x), the warning first and the median in plain type.
 
     Args:
         measurement: ``baseline_none["measurement"]`` (keys pairs, segment_tokens, ratios, median,
             low, high, n, noisy, cost_s)."""
     m = measurement
     n, seg = int(m["n"]), int(m["segment_tokens"])
-    what = (f"median of {n} interleaved pair{'s' if n != 1 else ''} of {seg}-token segments: this method and method "
-            "none, in alternating order")
+    what = (f"one pair of {seg}-token segments: this method and method none" if n == 1 else
+            f"median of {n} interleaved pairs of {seg}-token segments: this method and method none, in alternating "
+            "order")
     spread = "one pair: no spread" if n < 2 else f"range {m['low']:.2f}–{m['high']:.2f}× over the {n} pairs"
     short = f" (the time budget ended it after {n} of {m['pairs']} pairs)" if n < int(m["pairs"]) else ""
     headline = f"Measured beside this run: {m['median']:.2f}× tokens/s"
@@ -29,22 +30,34 @@ def measured_html(measurement: dict[str, Any]) -> str:
         return f"<p><b>{headline}</b> {detail}</p>"
     # an inconclusive median is not a headline: the warning leads and the number stays in plain type (a room
     # remembers the bold number, not the warning beside it)
-    if m["noisy"]:
-        why = (f"the pairs disagree by more than half the median ({m['low']:.2f}× to {m['high']:.2f}×); the machine "
-               "was probably busy with something else")
+    if n < MIN_PAIRS:
+        title = "Too few pairs to judge"
+        why = (f"{'one pair shows' if n == 1 else 'two pairs show'} no noise it could be checked against, and two "
+               "identical runs on one machine can differ by 2x")
+        advice = f"Raise the comparison pairs to {MIN_PAIRS} or more (advanced settings)"
+    elif m["noisy"]:
+        title = "Too noisy to read"
+        why = (f"the middle half of the pairs spans more than a quarter of their median ({m['low']:.2f}× to "
+               f"{m['high']:.2f}×): other work on the machine, or a first-use cost, slowed some segments")
+        advice = "Run again when the machine is idle"
     else:
+        title = "Too noisy to read"
         why = (f"one pair ran slower than method none and another faster ({m['low']:.2f}× to {m['high']:.2f}×), so "
                "these pairs cannot tell whether this method is faster here")
-    out = (f"<p style='color:#b45309' class='sv-noisy'><b>Too noisy to read:</b> {why}. Run again when the machine is "
-           "idle, or raise the comparison pairs (advanced settings); tokens per target forward above does not "
-           "depend on the machine.</p>")
+        advice = "Run again when the machine is idle, or with more comparison pairs (advanced settings)"
+    out = (f"<p style='color:#b45309' class='sv-noisy'><b>{title}:</b> {why}. {advice}; tokens per target forward "
+           "above does not depend on the machine.</p>")
     return out + f"<p>{headline} {detail}</p>"
 
 
+MIN_PAIRS = 3  # fewer pairs show too little of the machine's noise to read their median as a speedup
+
+
 def inconclusive(m: dict[str, Any]) -> bool:
-    """Whether a measurement (keys low, high, n, noisy) cannot be read as a speedup: its pairs spread by more than
-    half their median (noisy), or one pair was slower than method none and another faster (the range crosses 1x)."""
-    return bool(m["noisy"]) or (int(m["n"]) >= 2 and m["low"] < 1.0 < m["high"])
+    """Whether a measurement (keys low, high, n, noisy) cannot be read as a speedup: fewer than :data:`MIN_PAIRS`
+    pairs, pairs too spread to read (noisy: :func:`specviz.speedup.spread`), or one pair slower than method none and
+    another faster (the range crosses 1x)."""
+    return int(m["n"]) < MIN_PAIRS or bool(m["noisy"]) or m["low"] < 1.0 < m["high"]
 
 
 def run_vs_segments_html(run: dict[str, Any], measurement: dict[str, Any]) -> str:
@@ -60,8 +73,8 @@ def run_vs_segments_html(run: dict[str, Any], measurement: dict[str, Any]) -> st
             f"{seg} tokens (of the {run.get('tokens', 0)} this run generated), decoded again {n} time{'s' * (n != 1)} "
             f"with this method and {n} time{'s' * (n != 1)} with method none, back to back. <b>Why this run's own "
             f"rate ({own:.1f} tokens / s) differs from the segments' ({timed:.1f}):</b> the run recorded every step in "
-            "full detail while the app drew its views between steps; it was the first run with these settings, so it "
-            "paid one-time set-up costs the segments did not; and the machine may have been busy with other work "
+            "full detail while the app drew its views between steps; the first run of new settings also pays "
+            "one-time set-up costs the segments do not; and the machine may have been busy with other work "
             "while it ran. The segments meet the same conditions for both methods, so compare them with each other, "
             "not with the run.</p>")
 
@@ -122,8 +135,10 @@ def _pair_row(meas: dict[str, Any]) -> str:
                     meas.get("none_decode_tokens_per_second", 0.0))
     per_pair = ", ".join(f"{r:.2f}" for r in meas["ratios"])
     # an inconclusive measurement has no bold number
-    median = f"{meas['median']:.2f}×" if inconclusive(meas) else f"<b>{meas['median']:.2f}×</b>"
-    text = f"per pair {per_pair} → median {median} (the headline)"
+    if inconclusive(meas):
+        text = f"per pair {per_pair} → median {meas['median']:.2f}× (not a reading: see the warning)"
+    else:
+        text = f"per pair {per_pair} → median <b>{meas['median']:.2f}×</b> (the headline)"
     if pooled:
         text += f"; pooled {pooled:.2f}×"
     return (f"<tr class='sv-pair-ratios' title='{html.escape(PAIR_RATIO_HELP)}'><td style='padding:4px 10px'>tokens / s "
