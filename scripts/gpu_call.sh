@@ -36,8 +36,9 @@
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
 #            shape (random weights) in the app, eagle3 synthetic / greedy beside none (needs pip_g, pip_p, pip_r)
 #   heads    specviz train heads on the bundled target, one process per method of HEAD_KINDS side by side (default
-#            eagle3,dflash,medusa,mtp; HEAD_BUDGET_S each, HEAD_SET: --set items), each then measured held out
-#            through the engine; heads and logs to /tmp/specviz-heads/METHOD (kept for later calls) and $OUT/heads.tar
+#            eagle3,dflash,medusa,mtp; HEAD_BUDGET_S each, HEAD_SET: --set items, HEAD_ARGS: more options, e.g.
+#            "--no-eval --mal-prompts 0" to measure them elsewhere); heads and logs to /tmp/specviz-heads/METHOD
+#            (kept for later calls) and $OUT/heads.tar
 # Environment: ONLY (app rows), SOAK (default 200), T_TESTS / T_APP / T_BENCH (timeouts, s), K (pytest -k for tests),
 #   METHODS, REPEATS, RUNNERS (bench methods, timed pairs, runners: static and/or static+compile), SETTINGS (timeline settings). Logs go to $OUT/logs.tgz (logs-2.tgz, ... for later calls in one command); results under $OUT.
 set -uo pipefail
@@ -125,7 +126,7 @@ for stage in "$@"; do
       mkdir -p "$W/$kind"
       (timeout ${T_HEADS:-560} python3 -m specviz.train heads --kinds "$kind" --target assets/models/specviz-target \
          --out "$W/$kind" --time-budget-s ${HEAD_BUDGET_S:-330} --device cuda \
-         $(for s in ${HEAD_SET:-}; do echo --set $s; done) > "$W/$kind/train.log" 2>&1
+         $(for s in ${HEAD_SET:-}; do echo --set $s; done) ${HEAD_ARGS:-} > "$W/$kind/train.log" 2>&1
        echo "$kind exit $?" >> "$W/$kind/train.log") &
     done
     wait
