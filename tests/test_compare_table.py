@@ -181,3 +181,10 @@ def test_the_k_sweep_counts_every_step_so_a_rarely_drafting_method_does_not_top_
     assert notes == [f"few samples (n = 3 per point): {OVERLAP_NOTE}"]
     many = [dict(r, speedup_spread=spread([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])) for r in (ngram, dm)]
     assert [a.text for a in ksweep_figure(many).layout.annotations if a.name == "overlap-note"] == [OVERLAP_NOTE]
+
+
+def test_a_row_without_an_acceptance_length_yet_draws():
+    """Mid-comparison a row may have no acceptance length yet (None): the k sweep draws it without the hover's AL."""
+    row = dict(_row("ngram", 3), acceptance_length={"vllm": None, "per_forward": None, "drafts_only": None})
+    fig = ksweep_figure([row, _row("suffix", 3)], "vllm")
+    assert fig.data[0].text[0] == "<br>drafted at 50% of steps"

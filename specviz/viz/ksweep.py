@@ -135,6 +135,15 @@ def _range_bars(rows: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list
     return {"type": "data", "symmetric": False, "array": up, "arrayminus": down, "thickness": 1.5, "width": 5}, notes
 
 
+def _al_note(row: dict[str, Any], label: str, convention: str) -> str:
+    """The hover's line: the table's acceptance length in ``convention`` and the share of steps that drafted ("" for
+    a row with neither yet, e.g. mid-run)."""
+    al, steps = row["acceptance_length"].get(convention), row.get("steps")
+    parts = ([f"{label} {al:.2f}"] if al is not None else []) + (
+        [f"drafted at {row['num_drafts'] / steps:.0%} of steps"] if steps else [])
+    return "<br>" + ", ".join(parts) if parts else ""
+
+
 def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Figure:
     """Per method (and verification, temperature): tokens per target forward vs k (every step counts: AL per forward)
     with the i.i.d. theory (1 - g) + g E, E = (1 - a^(k+1)) / (1 - a), at the method's pooled a (accepted / verified
@@ -180,8 +189,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         # draft the same tokens) are drawn side by side, not on top of each other; the hover gives the real k
         xs = [names[name]] * len(ks) if one_k is not None else [k + (g - (len(groups) - 1) / 2) * DODGE for k in ks]
         # the table's convention and the coverage ride in text: a rarely drafting method's vLLM AL is high
-        al_text = [f"<br>{label} {r['acceptance_length'][convention]:.2f}, drafted at "
-                   f"{r['num_drafts'] / r['steps']:.0%} of steps" if r.get("steps") else "" for r in rs]
+        al_text = [_al_note(r, label, convention) for r in rs]
         hover = {"customdata": ks, "text": al_text, "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: "
                  "%{y:.2f} tokens per forward%{text}<extra></extra>"}
         fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"]["per_forward"] for r in rs], mode=mode,
