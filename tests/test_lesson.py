@@ -379,3 +379,18 @@ def test_a_greedy_tree_steps_tests_walk_the_tree_in_the_draft_tree_view(decoders
             assert outcome.focus == "tree" and f"no child matched at depth {st.num_accepted + 1}" in outcome.title
             assert "The nodes below it are never checked." in plain(tests[-1].text)
     assert any(st.num_accepted < len(st.draft_token_ids) for st in trees)  # the stop case ran
+
+
+def test_the_forward_chapter_marks_the_p_no_test_reads(traces):
+    """A lecturer read "p(x4) = 1, p(x5) = 1" beside a rejection at x3 as "p = 1, not accepted": the forward chapter
+    now marks the positions past the first rejection as never tested (block verification tests every one)."""
+    from specviz.viz.lesson import forward_chapter
+
+    tr = traces["dm_greedy"]
+    st = next(s for s in tr.steps if s.num_accepted + 1 < len(s.draft_token_ids))
+    text = plain(forward_chapter(tr, st).text)
+    k, tested = len(st.draft_token_ids), st.num_accepted + 1
+    assert text.count("(never tested)") == k - tested and f"p(x{tested + 1}) = " in text
+    assert f"p(x{tested}) = {fmt_prob(st.positions[tested - 1].p)}," in text or tested == k
+    block = traces["dm_block"]
+    assert all("never tested" not in plain(forward_chapter(block, s).text) for s in block.steps if s.draft_token_ids)

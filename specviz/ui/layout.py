@@ -174,9 +174,8 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
         c["top_p"] = LenientNumber(1.0, label="top-p (1 = off)", minimum=0.01, maximum=1.0, step=0.05)
     with gr.Row():
         c["max_new_tokens"] = LenientSlider(1, MAX_UI_NEW_TOKENS, value=96, step=1, label="max new tokens",
-                                            elem_id="sv-max-new", info=f"1-{MAX_UI_NEW_TOKENS} in the app (typed "
-                                            "above: runs the cap, with a note); the API and CLI take up to the "
-                                            "model's context")
+                                            elem_id="sv-max-new", info=f"1-{MAX_UI_NEW_TOKENS} in the app; more "
+                                            "runs the cap, with a note")
         c["seed"] = LenientNumber(0, label="seed", precision=0, minimum=0)
     for title, group in _option_groups():  # each method's own settings, from its options dataclass
         with gr.Accordion(title, open=False):

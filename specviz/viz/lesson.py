@@ -171,7 +171,10 @@ def forward_chapter(trace: Trace, st: Step) -> Chapter:
         return Chapter("forward", f"Step {st.index}: one target forward checks all {len(st.nodes)} nodes", text,
                        st.index, 1, "tree")
     k = len(st.draft_token_ids)
-    ps = ", ".join(f"p(x{i}) = {fmt_prob(p.p)}" for i, p in enumerate(st.positions[:k], start=1))
+    # past the first rejection the forward computed p, but no test reads it (block verification tests every position)
+    tested = k if _verify(trace) == "block" else st.num_accepted + 1
+    ps = ", ".join(f"p(x{i}) = {fmt_prob(p.p)}" + (" (never tested)" if i > tested else "")
+                   for i, p in enumerate(st.positions[:k], start=1))
     text = (f"The target runs <b>one</b> forward over the context plus the {k} draft token(s). It returns all "
             f"{k + 1} next-token distributions p_1 … p_{k + 1} at once (p_{k + 1} is the bonus slot, used only if "
             "every draft token is accepted). "
