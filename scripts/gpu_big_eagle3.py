@@ -98,7 +98,8 @@ def write_head(path: Path, c: dict, device: torch.device, seed: int) -> dict:
                "midlayer.self_attn.v_proj.weight": w(kv, 2 * H), "midlayer.self_attn.o_proj.weight": w(H, H),
                "midlayer.mlp.gate_proj.weight": w(I, H), "midlayer.mlp.up_proj.weight": w(I, H),
                "midlayer.mlp.down_proj.weight": w(H, I), "midlayer.hidden_norm.weight": ones.clone(),
-               "midlayer.input_layernorm.weight": ones.clone(), "midlayer.post_attention_layernorm.weight": ones.clone(),
+               "midlayer.input_layernorm.weight": ones.clone(),
+               "midlayer.post_attention_layernorm.weight": ones.clone(),
                "fc.weight": w(H, 3 * H), "norm.weight": ones.clone(), "lm_head.weight": w(Vd, H),
                "d2t": used - torch.arange(Vd), "t2d": t2d}  # d2t holds offsets, as SafeAILab writes it
     path.mkdir(parents=True, exist_ok=True)
@@ -129,7 +130,8 @@ def main() -> None:
     ap.add_argument("--rates", default="0.8, 0.8, 0.8, 0.8", help="synthetic conditional acceptance per position")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=400.0)
-    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: checks this script, measures nothing")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shapes on the CPU: checks this script, measures nothing")
     a = ap.parse_args()
     from gradio_client import Client
 

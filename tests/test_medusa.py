@@ -395,8 +395,8 @@ def test_every_medusa_candidate_has_its_text(medusa_decoders):
         assert cands and all(str(t) in tr.token_texts for t in cands)
 
 
-@pytest.mark.parametrize("layers, lm_heads, bias, truncated", [(1, "target", True, False), (2, "target", False, False),
-                                                                (1, "per_head", True, True), (2, "shared", True, False)])
+@pytest.mark.parametrize("layers, lm_heads, bias, truncated", [
+    (1, "target", True, False), (2, "target", False, False), (1, "per_head", True, True), (2, "shared", True, False)])
 def test_batched_forward_equals_each_head_alone(medusa_decoders, layers, lm_heads, bias, truncated):
     """forward (the drafting path: K heads' ResBlocks as batched matmuls, one LM head GEMM) == head_logits per head,
     for every layout's shape (ResBlock layers, own / shared / target LM heads, fc bias, a truncated head vocabulary);

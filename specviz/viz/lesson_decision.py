@@ -194,8 +194,8 @@ def _outcome(trace: Trace, st: Step) -> Chapter:
                 "not follow the target's distribution exactly.")
     elif verify == "greedy" and is_tree(st):
         title = f"Step {st.index}: no child matched at depth {slot}; the target's argmax {y} is the step's own token"
-        text = (f"At depth {slot} no drafted child equals the target's argmax, so the walk stops and the step emits the "
-                f"argmax itself: {y} (p = {fmt_prob(e.p)}). No residual is sampled: greedy verification has no "
+        text = (f"At depth {slot} no drafted child equals the target's argmax, so the walk stops and the step emits "
+                f"the argmax itself: {y} (p = {fmt_prob(e.p)}). No residual is sampled: greedy verification has no "
                 f"randomness. The step yields {st.num_accepted + 1} tokens from one target forward.")
         return Chapter("outcome", title, text, st.index, slot, "tree")
     elif verify == "greedy":
