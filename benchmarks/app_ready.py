@@ -40,6 +40,17 @@ def _wait_for_server(url: str, proc: subprocess.Popen, timeout: float) -> None:
     raise TimeoutError(f"no answer from {url} within {timeout} s")
 
 
+def stop_app(proc: subprocess.Popen, timeout: float = 20.0) -> str:
+    """Terminate the launched app (kill it after ``timeout`` s) and return everything it printed."""
+    proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return out or ""
+
+
 def _first_example_request() -> tuple:
     from specviz.ui.run import RunRequest
 
@@ -106,13 +117,7 @@ def main() -> None:
         res["warm_up_done_s"], res["warm_up_line"] = round(time.time() - t0, 1), line[:300]
         res["second_run"] = _run(client, request)
     finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        res["app_log_tail"] = out[-1500:]
+        res["app_log_tail"] = stop_app(proc)[-1500:]
     print(json.dumps(res, indent=1))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -135,7 +135,7 @@ def main() -> None:
     a = ap.parse_args()
     from gradio_client import Client
 
-    from app_ready import _wait_for_server
+    from app_ready import _wait_for_server, stop_app
     from load_app import exported, free_port
     from specviz.ui.run import RunRequest
 
@@ -185,13 +185,7 @@ def main() -> None:
             print(json.dumps(runs[-1]), flush=True)
         res["runs"] = runs
     finally:
-        proc.terminate()
-        try:
-            out, _ = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, _ = proc.communicate()
-        res["app_log_tail"] = out[-2000:]
+        res["app_log_tail"] = stop_app(proc, timeout=30)[-2000:]
     print(json.dumps(res, indent=1))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1))
