@@ -127,7 +127,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default="/tmp/big-eagle3", help="where the target and head are written")
-    ap.add_argument("--rates", default="0.8, 0.8, 0.8, 0.8", help="synthetic conditional acceptance per position")
+    ap.add_argument("--rates", default="0.8, 0.64, 0.512, 0.4096",
+                    help="synthetic_rates: the unconditional acceptance a_i of draft position i (i.i.d. a = 0.8: a^i)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--timeout", type=float, default=400.0)
     ap.add_argument("--dry-run", action="store_true",
