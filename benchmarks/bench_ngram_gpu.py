@@ -5,9 +5,10 @@ Triton compile per context length, k or (prompt_lookup_min, max), a rebuilt buff
 
 * kernel: ``ngram_match_triton`` alone on contexts of several lengths, k and n ranges, in that order: the first
   call of each shape and the median of the later calls (synchronised), and how many variants Triton compiled;
-* decode: the bundled models, method ngram_gpu then ngram on prompts of several lengths (a code prompt repeated),
-  each request twice: draft ms per step (median and max over the steps of the request, from the trace), the
-  capture / compile ms the engine kept out of the step times, and tokens/s.
+* decode: the bundled models, method ngram_gpu (twice), ngram_gpu with pad=False ("exact": k' read on the host, the
+  verifier's width k' + 1) and ngram on prompts of several lengths (a code prompt repeated): draft ms per step
+  (median and max over the steps of the request, from the trace), the capture / compile ms the engine kept out of
+  the step times, and tokens/s.
 
 With one compiled variant per device the first request of each new length costs what the later ones do (only the
 process's very first call compiles). ``--warm-up`` runs ``SpecDecoder.warm_up()`` first, as the app does.
@@ -20,6 +21,7 @@ process's very first call compiles). ``--warm-up`` runs ``SpecDecoder.warm_up()`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -71,6 +73,28 @@ def kernel_part(lengths: list[int], device: torch.device, repeats: int) -> list[
     return rows
 
 
+@contextlib.contextmanager
+def _exact_width(on: bool):
+    """While ``on``: ngram_gpu proposers built with pad=False ("ngram_gpu exact"): one host read of k' per step, so
+    the verifier runs k' + 1 rows (1 on a step without a match) instead of k + 1 padded rows (the default on CUDA,
+    which keeps k' on the device). Shows what the fixed width costs beside ngram, which verifies k' + 1 rows."""
+    from specviz.methods.ngram_gpu import proposer
+
+    if not on:
+        yield
+        return
+    original = proposer.NgramGPUProposer.__init__
+
+    def exact(self, *args, **kwargs):
+        original(self, *args, **{**kwargs, "pad": False})
+
+    proposer.NgramGPUProposer.__init__ = exact
+    try:
+        yield
+    finally:
+        proposer.NgramGPUProposer.__init__ = original
+
+
 def decode_part(lengths: list[int], max_new_tokens: int, warm: bool) -> list[dict]:
     from specviz import SpecDecoder
     from specviz.kernels import ngram_matcher as nm
@@ -82,10 +106,11 @@ def decode_part(lengths: list[int], max_new_tokens: int, warm: bool) -> list[dic
     rows = []
     for L in lengths:
         prompt = (unit * (L // len(unit) + 1))[:L]
-        for method in ("ngram_gpu", "ngram_gpu", "ngram"):
+        for method in ("ngram_gpu", "ngram_gpu", "ngram_gpu exact", "ngram"):
             c0 = nm.compile_seconds
-            tr = dec.generate(prompt, method=method, num_speculative_tokens=5, temperature=0.0,
-                              max_new_tokens=max_new_tokens)
+            with _exact_width(method.endswith("exact")):
+                tr = dec.generate(prompt, method=method.split()[0], num_speculative_tokens=5, temperature=0.0,
+                                  max_new_tokens=max_new_tokens)
             draft = [s.timings_ms.get("draft", 0.0) for s in tr.steps]
             dec_s = sum(tr.metrics["time_ms"].values()) / 1e3
             rows.append({"L": L, "method": method, "steps": len(tr.steps),
