@@ -178,7 +178,7 @@ def test_the_k_sweep_counts_every_step_so_a_rarely_drafting_method_does_not_top_
         assert "drafted at 19% of steps" in left["ngram"].text[0]
     assert "AL (vLLM) 4.45" in ksweep_figure([ngram, dm], "vllm").data[0].text[0]
     notes = [a.text for a in fig.layout.annotations if a.name == "overlap-note"]
-    assert notes == [f"few samples (n = 3 per point): {OVERLAP_NOTE}"]
+    assert notes == [f"n = 3 per point (few): {OVERLAP_NOTE}"]
     many = [dict(r, speedup_spread=spread([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])) for r in (ngram, dm)]
     assert [a.text for a in ksweep_figure(many).layout.annotations if a.name == "overlap-note"] == [OVERLAP_NOTE]
 

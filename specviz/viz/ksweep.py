@@ -98,7 +98,7 @@ SPEEDUP_TITLE = "measured speedup over none{} (bar: range)"  # {}: " vs k" in a 
 
 SINGLE_NOTE = "one sample each (n = 1), no range: not comparable; add prompts or seeds"
 FEW_SAMPLES = 5  # fewer per-(prompt, seed) ratios per point: the note calls them few
-OVERLAP_NOTE = "where bars overlap, the plot does not rank those methods"
+OVERLAP_NOTE = "overlapping bars do not rank the methods"
 
 
 def _overlap_note(rows: list[dict[str, Any]]) -> str:
@@ -107,7 +107,7 @@ def _overlap_note(rows: list[dict[str, Any]]) -> str:
     if not ns or ns[0] >= FEW_SAMPLES:
         return OVERLAP_NOTE
     few = f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}"
-    return f"few samples ({few} per point): {OVERLAP_NOTE}"
+    return f"{few} per point (few): {OVERLAP_NOTE}"
 
 
 def _single(rows: list[dict[str, Any]]) -> bool:
