@@ -394,3 +394,26 @@ def test_the_forward_chapter_marks_the_p_no_test_reads(traces):
     assert f"p(x{tested}) = {fmt_prob(st.positions[tested - 1].p)}," in text or tested == k
     block = traces["dm_block"]
     assert all("never tested" not in plain(forward_chapter(block, s).text) for s in block.steps if s.draft_token_ids)
+
+
+def test_a_greedy_tree_lesson_names_the_siblings_tested_and_rejected_before_the_path():
+    """Trial 6: the lesson said "the nodes beside the path are never tested" while the tree view drew a higher-ranked
+    sibling as rejected and a counted it. Children are tested in their order: the hand-built tree's path 0 -> 3 went
+    through node 3 after its sibling node 2 (token 12) was tested and rejected; at depth 3 both children (16, 17)
+    were rejected. The chapters say so; the last accepted node with children says the walk goes on."""
+    from test_tree_view import tree_trace
+
+    tr = tree_trace()
+    tr.config = {**tr.config, "verify": "greedy", "temperature": 0.0}
+    st = tr.steps[0]
+    st.positions.append(Position(3, 17, 0.0, 1.0, None, 0.0, False, 1.0, [[18, 1.0]], [[17, 1.0]], [[18, 1.0]]))
+    tr.metrics = compute_metrics(tr.steps, 3)
+    chapters = [c for c in lesson_chapters(tr, every_position=True) if c.step == 0]
+    tests = [plain(c.text) for c in chapters if c.kind == "test"]
+    assert len(tests) == 3 and all(c.focus == "tree" for c in chapters if c.kind == "test")
+    assert "Tested and rejected before it" not in tests[0] and "walk goes on below it" in tests[0]
+    assert "Tested and rejected before it: ‘t12’." in tests[1] and "walk goes on below it" in tests[1]
+    assert "no child there is ‘t18’" in tests[2] and "Tested and rejected before it: ‘t16’." in tests[2]
+    assert "‘t17’, the last child, is rejected too" in tests[2]
+    folded = [plain(c.text) for c in lesson_chapters(tr) if c.step == 0 and c.kind == "test"][0]
+    assert "tests each node's children in their order" in folded and "‘t12’ at depth 2" in folded

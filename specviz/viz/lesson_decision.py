@@ -15,6 +15,23 @@ from .common import fmt_prob, quoted, tokenwise_accepted
 
 
 # ---- 3. the acceptance test -----------------------------------------------------------------
+GREEDY_TREE_WALK = ("Greedy verification walks the tree from the root and tests each node's children in their order "
+                    "(the draft's ranking): at T = 0 the target's p is one-hot, so a child that is not the target's "
+                    "argmax is rejected and the first child that is the argmax is accepted; the walk goes on below "
+                    "it. The children after it, and every node below a rejected child, are never tested.")
+
+
+def _rejected_siblings(st: Step, node) -> list[int]:
+    """Token ids of the siblings of ``node`` tested and rejected before it (children are tested in node order)."""
+    return [n.token_id for n in st.nodes if n.parent == node.parent and n.id < node.id and n.fate == "rejected"]
+
+
+def _tried_before(trace: Trace, st: Step, node) -> str:
+    """" Tested and rejected before it: 'a' 'b'." for the siblings of ``node`` rejected before it, else ""."""
+    before = _rejected_siblings(st, node)
+    return f" Tested and rejected before it: {_toks(trace, before)}." if before else ""
+
+
 def _argmax(pos: Position) -> int | None:
     return int(max(pos.p_top, key=lambda tv: tv[1])[0]) if pos.p_top else None
 
@@ -23,13 +40,17 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
     """The acceptance test of one drafted position, with the trace's numbers."""
     verify, x = _verify(trace), quoted(trace, pos.token_id)
     i = pos.index
-    if verify == "greedy" and is_tree(st):  # the walk down the tree: the argmax picks the child to follow
+    if verify == "greedy" and is_tree(st):  # the walk down the tree: children tested in their order
+        node = _row_node(st, i)
+        tried = _tried_before(trace, st, node) if node is not None else ""
         if pos.accepted:
-            return (f"At depth {i} the target's argmax is {x} (p = {fmt_prob(pos.p)}), and a child drafted it: {x} is "
-                    "accepted and the walk goes on below it.")
+            below = ("the walk goes on below it" if node is not None and any(n.parent == node.id for n in st.nodes)
+                     else "it is a leaf, so the walk ends here")
+            return (f"At depth {i} the target's argmax is {x} (p = {fmt_prob(pos.p)}).{tried} The child {x} equals it "
+                    f"and is accepted; {below}.")
         best = quoted(trace, _argmax(pos)) if _argmax(pos) is not None else "another token"
-        return (f"At depth {i} the target's argmax is {best}; no child there drafted it ({x} did not match), so the "
-                "walk stops.")
+        return (f"At depth {i} the target's argmax is {best}; no child there is {best}.{tried} {x}, the last child, "
+                "is rejected too, so the walk stops.")
     if verify == "greedy":
         top = _argmax(pos)
         if pos.accepted:
@@ -97,12 +118,14 @@ def _accepted_greedy(trace: Trace, st: Step, last: int) -> Chapter:
     p_text = ("At temperature 0 the target's p is one-hot: p = 1 at each." if all(p >= 1.0 for p in ps) else
               "The target's p of each: " + ", ".join(fmt_prob(p) for p in ps) + ".")
     if is_tree(st):
-        text = (f"Greedy verification walks the tree from the root: at each depth it takes the target's argmax and "
-                f"follows the child that drafted it. A child matched at depths 1–{last}: "
-                f"{_toks(trace, [pos.token_id for pos in st.positions[:last]])}, the accepted path. The nodes beside "
-                f"the path are never tested: once the argmax is known, only the child equal to it can be accepted. "
-                f"{p_text} The draft-tree view shows the path.")
-        return Chapter("test", f"Step {st.index}, depths 1–{last}: the target's argmax matched a child at each depth",
+        rejected = [(d, _rejected_siblings(st, node)) for d in range(1, last + 1) if (node := _row_node(st, d))]
+        named = "; ".join(f"{_toks(trace, ids)} at depth {d}" for d, ids in rejected if ids)
+        named = f"Ranked before the accepted child, tested and rejected: {named}." if named else ""
+        text = (f"{GREEDY_TREE_WALK} Here a child was accepted at depths 1–{last}: "
+                f"{_toks(trace, [pos.token_id for pos in st.positions[:last]])}, the accepted path. "
+                + (f"{named} " if named else "Each was its node's first child, so no sibling was tested. ")
+                + f"{p_text} The draft-tree view shows the path.")
+        return Chapter("test", f"Step {st.index}, depths 1–{last}: the target's argmax found a child at each depth",
                        text, st.index, last, "tree")
     text = (f"Greedy verification at positions 1–{last}: each draft token is the target's argmax, so all {last} are "
             f"accepted: {_toks(trace, st.draft_token_ids[:last])}. {p_text} These tests look alike, so they share "
