@@ -140,13 +140,16 @@ def test_measured_speedups_carry_the_tables_range_as_bars():
     assert "noisy" in n.text[0] and "n 3" in n.text[0] and "noisy" not in q.text[0]
     assert bare.error_y.array is None and bare.text[0] == " (no range)"
     assert not [a for a in fig.layout.annotations if a.name == "single-sample"] and q.mode != "markers"
+    # a noisy point is faded like a single sample (trial 6: on a projector nobody hovers), a quiet one is not
+    assert list(n.marker.opacity) == [0.45] and list(q.marker.opacity) == [1.0]
+    assert "faded: noisy" in [a.text for a in fig.layout.annotations if a.name == "overlap-note"][0]
     # one prompt and one seed: every point is one sample; drawn faded, without the lines that read as a ranking
     # (a lecturer saw clean lines order three methods within the baseline's own spread)
     one = [dict(_row(m, k, 1.0 + k / 10), speedup_spread=spread([1.0 + k / 10])) for m in ("ngram", "suffix")
            for k in (1, 3)]
     fig = ksweep_figure(one)
     speed = [d for d in fig.data if d.xaxis == "x2"]
-    assert len(speed) == 2 and all(d.mode == "markers" and d.marker.opacity == 0.45 for d in speed)
+    assert len(speed) == 2 and all(d.mode == "markers" and list(d.marker.opacity) == [0.45, 0.45] for d in speed)
     assert all("n = 1" in t for d in speed for t in d.text)
     assert [a.text for a in fig.layout.annotations if a.name == "single-sample"] == [f"faded: {SINGLE_NOTE}"]
 
@@ -178,7 +181,10 @@ def test_the_k_sweep_counts_every_step_so_a_rarely_drafting_method_does_not_top_
         assert "drafted at 19% of steps" in left["ngram"].text[0]
     assert "AL (vLLM) 4.45" in ksweep_figure([ngram, dm], "vllm").data[0].text[0]
     notes = [a.text for a in fig.layout.annotations if a.name == "overlap-note"]
-    assert notes == [f"n = 3 per point (few): {OVERLAP_NOTE}"]
+    assert notes == [f"n = 3 per point (few) · faded: noisy, not readable<br>{OVERLAP_NOTE}"]
+    none = dict(_row("none", 8, 1.0), speedup_spread=spread([1.0] * 9))  # not drawn: its n 9 is not the points'
+    assert "n = 3 per point" in [a.text for a in ksweep_figure([none, ngram, dm]).layout.annotations
+                                 if a.name == "overlap-note"][0]
     many = [dict(r, speedup_spread=spread([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])) for r in (ngram, dm)]
     assert [a.text for a in ksweep_figure(many).layout.annotations if a.name == "overlap-note"] == [OVERLAP_NOTE]
 

@@ -101,13 +101,24 @@ FEW_SAMPLES = 5  # fewer per-(prompt, seed) ratios per point: the note calls the
 OVERLAP_NOTE = "overlapping bars do not rank the methods"
 
 
+NOISY_NOTE = "faded: noisy, not readable"
+
+
 def _overlap_note(rows: list[dict[str, Any]]) -> str:
-    """The speedup panel's note for points with a range: overlapping bars do not rank, and n when it is small."""
-    ns = sorted({s["n"] for r in rows if (s := r.get("speedup_spread")) and s.get("n", 0) > 1})
-    if not ns or ns[0] >= FEW_SAMPLES:
-        return OVERLAP_NOTE
-    few = f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}"
-    return f"{few} per point (few): {OVERLAP_NOTE}"
+    """The speedup panel's note for the drawn points with a range (method none's row is not drawn): overlapping bars
+    do not rank, n when it is small, and that faded points are noisy; two lines, so that it fits a half-width panel
+    in the presentation layout's type."""
+    drawn = [s for r in rows if r["method"] != "none" and (s := r.get("speedup_spread")) and s.get("n", 0) > 1]
+    ns = sorted({s["n"] for s in drawn})
+    few = "" if not ns or ns[0] >= FEW_SAMPLES else (f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}")
+    first = " · ".join(([f"{few} per point (few)"] if few else []) + ([NOISY_NOTE] if any(s["noisy"] for s in drawn)
+                                                                       else []))
+    return f"{first}<br>{OVERLAP_NOTE}" if first else OVERLAP_NOTE
+
+
+def _faded(rows: list[dict[str, Any]]) -> list[float]:
+    """Marker opacity per speedup point: faded (0.45) where its ratios are noisy or a single sample."""
+    return [0.45 if (s := r.get("speedup_spread")) and (s.get("noisy") or s.get("n") == 1) else 1.0 for r in rows]
 
 
 def _single(rows: list[dict[str, Any]]) -> bool:
@@ -220,7 +231,7 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         single = _single(rs)  # one sample a point: faded markers and no line, which would draw a ranking
         single_any = single_any or single
         fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if single else mode, name=name,
-                                 line=line, marker={**marker, "opacity": 0.45} if single else marker,
+                                 line=line, marker={**marker, "opacity": _faded(rs)},
                                  legendgroup=name, showlegend=False, error_y=bars, **speed_hover), row=1, col=2)
     note = f"faded: {SINGLE_NOTE}" if single_any else _overlap_note(rows) if groups else ""
     if note:
