@@ -231,8 +231,10 @@ def test_more_pairs_never_make_a_measurement_look_worse_and_one_pair_is_no_headl
 
     nine = measurement([2.05, 2.30, 2.45, 2.55, 2.60, 2.62, 2.80, 3.10, 3.62])
     assert not nine["noisy"] and "<b>Measured beside this run: 2.60× tokens/s</b>" in measured_html(nine)
+    assert "A rerun of the same request can land outside this range" in measured_html(nine)  # not a CI (trial 6)
     three = measurement([2.05, 2.60, 3.62])  # the same extremes over 3 pairs: the middle half is wide
     assert three["noisy"] and measured_html(three).startswith("<p style='color:#b45309' class='sv-noisy'><b>Too noisy")
+    assert "the middle half of the pairs (2.33× to 3.11×; all of them 2.05× to 3.62×)" in measured_html(three)
     for ratios in ([2.56], [2.4, 2.7]):
         few = measurement(ratios)
         text = measured_html(few)

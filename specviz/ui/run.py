@@ -170,7 +170,8 @@ def _run(cache: DecoderCache, signals: StopSignals, state: dict[str, Any] | None
 
 
 def _done(trace: Trace) -> str:
-    return (f"**done** · {len(trace.output_token_ids)} tokens in {len(trace.steps)} steps, {trace.wall_time_s:.1f} s "
+    n, steps = len(trace.output_token_ids), len(trace.steps)
+    return (f"**done** · {n} token{'s' * (n != 1)} in {steps} step{'s' * (steps != 1)}, {trace.wall_time_s:.1f} s "
             f"(stop: {trace.stop_reason})")
 
 

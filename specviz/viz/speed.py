@@ -4,6 +4,7 @@ beside a run (:func:`specviz.speedup.measure_speedup`) with its spread, and note
 from __future__ import annotations
 
 import html
+import statistics
 from typing import Any
 
 from specviz.trace import TOKENS_PER_FORWARD_FORMULA
@@ -26,19 +27,22 @@ def measured_html(measurement: dict[str, Any]) -> str:
     short = f" (the time budget ended it after {n} of {m['pairs']} pairs)" if n < int(m["pairs"]) else ""
     headline = f"Measured beside this run: {m['median']:.2f}× tokens/s"
     detail = f"({what}; {spread}; the measurement took {m['cost_s']:.1f} s{short})."
-    if not inconclusive(m):
-        return f"<p><b>{headline}</b> {detail}</p>"
+    if not inconclusive(m):  # a clean range is not a confidence interval: say how far a rerun may move
+        return (f"<p><b>{headline}</b> {detail} A rerun of the same request can land outside this range: compare "
+                "methods within one comparison (the Compare tab).</p>")
     # an inconclusive median is not a headline: the warning leads and the number stays in plain type (a room
     # remembers the bold number, not the warning beside it)
     if n < MIN_PAIRS:
         title = "Too few pairs to judge"
-        why = (f"{'one pair shows' if n == 1 else 'two pairs show'} no noise it could be checked against, and two "
-               "identical runs on one machine can differ by 2x")
+        why = (f"{'one pair shows no spread' if n == 1 else 'two pairs are too few'} to judge the machine's noise "
+               "by, and two identical runs on one machine can differ by 2x")
         advice = f"Raise the comparison pairs to {MIN_PAIRS} or more (advanced settings)"
     elif m["noisy"]:
         title = "Too noisy to read"
-        why = (f"the middle half of the pairs spans more than a quarter of their median ({m['low']:.2f}× to "
-               f"{m['high']:.2f}×): other work on the machine, or a first-use cost, slowed some segments")
+        q1, _, q3 = statistics.quantiles(m["ratios"], n=4, method="inclusive")
+        why = (f"the middle half of the pairs ({q1:.2f}× to {q3:.2f}×; all of them {m['low']:.2f}× to "
+               f"{m['high']:.2f}×) spans more than a quarter of their median: other work on the machine, or a "
+               "first-use cost, slowed some segments")
         advice = "Run again when the machine is idle"
     else:
         title = "Too noisy to read"

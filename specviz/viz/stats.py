@@ -263,8 +263,9 @@ def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | 
     short = "ms, the whole run" + (" each" if baseline else "")
     if meas:  # equal workloads: the segments measured side by side
         bars = [(own, meas["method_summary"]), ("none", baseline)]
-        title = f"time split (ms) of {meas['n']} segments each"
-        short = f"ms, {meas['n']} timed segments each"
+        seg = "segment" if meas["n"] == 1 else "segments"
+        title = f"time split (ms) of {meas['n']} {seg} each"
+        short = f"ms, {meas['n']} timed {seg} each"
     fig.layout.annotations[3].text = title
     last = list(TIME_COLOURS)[-1]
     for part, colour in TIME_COLOURS.items():
