@@ -643,3 +643,15 @@ def test_cli_compare_takes_a_head_for_a_head_method(tiny_dirs, tmp_path, capsys)
     code = main(["compare", "--target", str(target), "--methods", "medusa", "--head", f"medusa={tmp_path / 'nope'}",
                  "--prompt", "x", "--device", "cpu", "--out", str(out)])
     assert code == 2 and "nope" in capsys.readouterr().err
+
+
+def test_seed_ranges_and_their_errors():
+    """'0-4' is a range; '5-1' says the range runs backwards (trial 6 read 'must be comma-separated ints' for a field
+    whose label advertises ranges), and a bad value names ranges too."""
+    from specviz.compare.cli import _list
+
+    assert _list("0-2,7", int, "seeds") == [0, 1, 2, 7]
+    with pytest.raises(ValueError, match=r"seeds: the range '5-1' runs backwards; write it low-high, e.g. 1-5"):
+        _list("5-1", int, "seeds")
+    with pytest.raises(ValueError, match=r"seeds must be comma-separated ints or ranges \(e.g. 1,2,4 or 0-4\)"):
+        _list("a", int, "seeds")

@@ -29,15 +29,20 @@ def _list(text: str | None, cast: type, what: str) -> list[Any]:
         for part in str(text).split(","):
             part = part.strip()
             if cast is int and "-" in part[1:]:
-                lo, hi = part.split("-", 1)
-                out.extend(range(int(lo), int(hi) + 1))
+                lo, hi = (int(v) for v in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError(f"{what}: the range {part!r} runs backwards; write it low-high, e.g. {hi}-{lo}")
+                out.extend(range(lo, hi + 1))
             elif part:
                 out.append(cast(part))
         if not out:
             raise ValueError
         return out
-    except ValueError:
-        raise ValueError(f"{what} must be comma-separated {cast.__name__}s (e.g. 1,2,4), got {text!r}") from None
+    except ValueError as exc:
+        if "runs backwards" in str(exc):
+            raise
+        form = "ints or ranges (e.g. 1,2,4 or 0-4)" if cast is int else f"{cast.__name__}s (e.g. 1,2,4)"
+        raise ValueError(f"{what} must be comma-separated {form}, got {text!r}") from None
 
 
 def load_prompt_set(name: str, path: Path = PROMPT_SET) -> list[Prompt]:
