@@ -247,6 +247,8 @@ def test_run_summary_says_what_the_rate_means_for_trees():
     assert rates["draft_acceptance_rate"].numbers == "2 / 8"
     assert "per node drafted: a tree drafts 8 nodes per step" in rates["draft_acceptance_rate"].note
     assert "at most its depth can be accepted" in rates["draft_acceptance_rate"].note
+    # the name says it too: the presentation lesson hides the notes (a lecturer read 0.16 as a failing tree)
+    assert rates["draft_acceptance_rate"].name == "draft acceptance rate per node (alternatives count)"
     depth = rates["depth_acceptance_rate"]
     assert depth.value == pytest.approx(2 / 3) and depth.numbers == "2 / 3" and "1: 1/1, 2: 1/1, 3: 0/1" in depth.note
     text = rates_markdown(list(rates.values()))
