@@ -417,3 +417,19 @@ def test_a_greedy_tree_lesson_names_the_siblings_tested_and_rejected_before_the_
     assert "‘t17’, the last child, is rejected too" in tests[2]
     folded = [plain(c.text) for c in lesson_chapters(tr) if c.step == 0 and c.kind == "test"][0]
     assert "tests each node's children in their order" in folded and "‘t12’ at depth 2" in folded
+
+
+def test_a_draft_shortened_by_max_new_tokens_says_so(traces):
+    """Trial 6: the last step of a k = 5 run drafted 1 token and the chapter said only "drafts 1 token(s)"."""
+    from specviz.viz.lesson import draft_chapter
+
+    tr = traces["dm_greedy"]  # k = 3, 14 new tokens
+    short = [s for s in tr.steps if 0 < len(s.draft_token_ids) < 3]
+    assert short, [len(s.draft_token_ids) for s in tr.steps]
+    st = short[-1]
+    left = 14 - sum(len(s.committed_token_ids) for s in tr.steps[: st.index])
+    text = plain(draft_chapter(tr, st).text)
+    want = f"Only {left} token(s) were left before max new tokens = 14, so the step drafts {left - 1} instead of k = 3"
+    assert want in text
+    full = next(s for s in tr.steps if len(s.draft_token_ids) == 3)
+    assert "were left before max new tokens" not in plain(draft_chapter(tr, full).text)

@@ -127,8 +127,21 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
         return Chapter("draft", f"Step {st.index}: the proposer drafts a tree of {len(st.nodes)} nodes",
                        _tree_draft_why(trace, st), st.index, 1, "tree")
     focus = getattr(view_module(trace), "LESSON_FOCUS", "grid")  # the view that shows where this draft came from
-    return Chapter("draft", f"Step {st.index}: the proposer drafts {k} token(s)", _draft_why(trace, st), st.index, 1,
-                   focus)
+    text = _draft_why(trace, st) + _capped_by_end(trace, st)
+    return Chapter("draft", f"Step {st.index}: the proposer drafts {k} token(s)", text, st.index, 1, focus)
+
+
+def _capped_by_end(trace: Trace, st: Step) -> str:
+    """The sentence for a step whose draft max_new_tokens shortened (the engine drafts at most the tokens left
+    minus the step's own one), else ""."""
+    k_cfg, max_new = trace.config.get("num_speculative_tokens"), trace.config.get("max_new_tokens")
+    if not isinstance(k_cfg, int) or not isinstance(max_new, int):
+        return ""
+    left = max_new - sum(len(s.committed_token_ids) for s in trace.steps[: st.index])
+    if len(st.draft_token_ids) >= k_cfg or len(st.draft_token_ids) != left - 1:
+        return ""
+    return (f" Only {left} token(s) were left before max new tokens = {max_new}, so the step drafts {left - 1} "
+            f"instead of k = {k_cfg}: its own token fills the last place.")
 
 
 # ---- 2. the target forward ------------------------------------------------------------------
