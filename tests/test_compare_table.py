@@ -185,6 +185,8 @@ def test_the_k_sweep_counts_every_step_so_a_rarely_drafting_method_does_not_top_
     none = dict(_row("none", 8, 1.0), speedup_spread=spread([1.0] * 9))  # not drawn: its n 9 is not the points'
     assert "n = 3 per point" in [a.text for a in ksweep_figure([none, ngram, dm]).layout.annotations
                                  if a.name == "overlap-note"][0]
+    lo, hi = fig.layout.yaxis2.range  # every whisker inside the panel (trial 6: autorange cut the top ones), and 1x
+    assert lo < 0.9 and hi > 1.9
     many = [dict(r, speedup_spread=spread([1.0, 1.1, 1.2, 1.3, 1.4, 1.5])) for r in (ngram, dm)]
     assert [a.text for a in ksweep_figure(many).layout.annotations if a.name == "overlap-note"] == [OVERLAP_NOTE]
 

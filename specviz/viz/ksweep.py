@@ -116,6 +116,19 @@ def _overlap_note(rows: list[dict[str, Any]]) -> str:
     return f"{first}<br>{OVERLAP_NOTE}" if first else OVERLAP_NOTE
 
 
+def _speed_span(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """The speedup axis's range: every drawn point and range bar and 1x, with 8 % room below and, for the panel's
+    note, 25 % above. None when no row is drawn."""
+    drawn = [r for r in rows if r["method"] != "none" and r.get("speedup") is not None]
+    if not drawn:
+        return None
+    values = [1.0] + [r["speedup"] for r in drawn]
+    values += [v for r in drawn if (s := r.get("speedup_spread")) and s.get("n") for v in (s["low"], s["high"])]
+    lo, hi = min(values), max(values)
+    pad = (hi - lo) or 0.5
+    return lo - 0.08 * pad, hi + 0.25 * pad
+
+
 def _faded(rows: list[dict[str, Any]]) -> list[float]:
     """Marker opacity per speedup point: faded (0.45) where its ratios are noisy or a single sample."""
     return [0.45 if (s := r.get("speedup_spread")) and (s.get("noisy") or s.get("n") == 1) else 1.0 for r in rows]
@@ -239,6 +252,9 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                            xref="x2 domain", yref="y2 domain", x=0.5, y=1.0, yanchor="top",
                            font={"size": 11, "color": "#b45309"}, bgcolor="rgba(255,255,255,0.85)")
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
+    span = _speed_span(rows)
+    if span is not None:  # the whole range bars, 1x and room for the note under the title (autorange cut whiskers)
+        fig.update_yaxes(range=list(span), row=1, col=2)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
     fig.update_layout(height=380 + MODEBAR_PX, plot_bgcolor="#ffffff",
