@@ -2,6 +2,8 @@
 # One device call, made of named stages, so each session's calls are a list of stages rather than a new script.
 # Usage (on the device, from the repository root):  bash scripts/gpu_call.sh COMMIT STAGE [STAGE ...]
 # Stages:
+#   (a pip_X stage exports PYTHONPATH=/root/gpu-site for the later stages of ITS gpu_call.sh only: a later
+#   gpu_call.sh in the same command, or a later call, needs `export PYTHONPATH=/root/gpu-site` first)
 #   pip_X    install the wheels of .gpu-wheels/X (carry [".gpu-wheels/X"]) into /root/gpu-site: the bundles of
 #            ../shared/tools/gpu-app-wheels.sh, split so that each fits beside the working tree (g: gradio, p: plotly,
 #            r: the rest)
