@@ -49,11 +49,11 @@ def test_speedup_note_never_says_speculation_loses_beside_a_pooled_gain():
     difference is within the noise; when both are below 1x it explains the loss."""
     from specviz.viz.speed import _speedup_note
 
-    def note(median, seg_draft_ms):
+    def note(median, seg_draft_ms, spread=0.02):
         base = _summary(32, 32, 0.0, 320.0, 0.0)  # method none: 10 ms a token
         seg = _summary(32, 10, seg_draft_ms, 100.0, 10.0)  # 3.2 tokens a step
-        meas = {"median": median, "low": median * 0.8, "high": median * 1.2, "n": 3, "pairs": 3, "segment_tokens": 32,
-                "ratios": [median] * 3, "noisy": False, "cost_s": 1.0, "method_summary": seg}
+        meas = {"median": median, "low": median * (1 - spread), "high": median * (1 + spread), "n": 3, "pairs": 3,
+                "segment_tokens": 32, "ratios": [median] * 3, "noisy": False, "cost_s": 1.0, "method_summary": seg}
         text = _speedup_note(seg, {**base, "measurement": meas})
         return " ".join(re.sub(r"<[^>]+>", " ", text).split())
 
@@ -64,6 +64,10 @@ def test_speedup_note_never_says_speculation_loses_beside_a_pooled_gain():
     assert "Here speculation loses" in both_lose and "within the noise" not in both_lose
     both_win = note(1.6, 50.0)
     assert "speculation loses" not in both_win and "within the noise" not in both_win
+    # pairs on both sides of 1x are no reading (trial 7: "Too noisy to read" above a bold "Here speculation loses"):
+    # the step-cost split of those segments is withheld, and no verdict is drawn from it
+    across = note(0.8, 300.0, spread=0.5)
+    assert "Why they differ: not readable from these segments" in across and "speculation loses" not in across
 
 
 def test_lossy_verification_says_so_in_the_summary(self_decoders):

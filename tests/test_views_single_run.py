@@ -240,6 +240,8 @@ def test_more_pairs_never_make_a_measurement_look_worse_and_one_pair_is_no_headl
         text = measured_html(few)
         assert text.index("Too few pairs to judge") < text.index("Measured beside this run")
         assert "<b>Measured beside" not in text and "(not a reading: see the warning)" in _pair_row(few)
+    cut = measured_html({**measurement([2.4, 2.7]), "pairs": 3})  # trial 7: "raise the pairs to 3" with 3 set
+    assert "The time budget ended the measurement after 2 of 3 pairs" in cut and "Raise the comparison" not in cut
     one = measured_html(measurement([2.56]))
     assert "one pair of 32-token segments" in one and "median of 1" not in one and "alternating" not in one
     why = run_vs_segments_html({"decode_tokens_per_second": 5.0, "tokens": 64}, nine)

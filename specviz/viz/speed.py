@@ -36,7 +36,9 @@ def measured_html(measurement: dict[str, Any]) -> str:
         title = "Too few pairs to judge"
         why = (f"{'one pair shows no spread' if n == 1 else 'two pairs are too few'} to judge the machine's noise "
                "by, and two identical runs on one machine can differ by 2x")
-        advice = f"Raise the comparison pairs to {MIN_PAIRS} or more (advanced settings)"
+        advice = (f"The time budget ended the measurement after {n} of {m['pairs']} pairs: fewer new tokens make each "
+                  "pair shorter" if n < int(m["pairs"]) else
+                  f"Raise the comparison pairs to {MIN_PAIRS} or more (advanced settings)")
     elif m["noisy"]:
         title = "Too noisy to read"
         q1, _, q3 = statistics.quantiles(m["ratios"], n=4, method="inclusive")
@@ -214,7 +216,12 @@ def _speedup_note(run: dict[str, Any], baseline: dict[str, Any]) -> str:
     note += (measured_html(meas) + run_vs_segments_html(run, meas) if meas else
              f"<p><b>Measured on this machine: {tps:.2f}× tokens/s</b> (one run of each, no spread recorded).</p>")
     fwd = _ratio(seg["tokens_per_forward"], baseline["tokens_per_forward"])
-    if c["total"] > 0:
+    unreadable = bool(meas) and inconclusive(meas)
+    if c["total"] > 0 and unreadable:  # the split of unreadable segments is no explanation: say only that
+        note += (f"<p style='font-size:13px'>Why they differ: not readable from these segments. Their step costs "
+                 f"(one step = {c['total']:.2f} steps of method none) come from the same timings the warning above "
+                 "rejects; tokens per target forward is the number to read.</p>")
+    elif c["total"] > 0:
         note += (f"<p style='font-size:13px'>Why they differ: one step of this {'method' if meas else 'run'} costs <b>{c['total']:.2f}</b> "
                  f"steps of method none (drafting {c['draft']:.2f} + verify forward of up to k+1 tokens "
                  f"{c['verify']:.2f} + sampler and record {c['sample']:.2f}), and yields {fwd:.2f}× the tokens: "
