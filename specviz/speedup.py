@@ -55,6 +55,12 @@ def spread(ratios: list[float]) -> dict[str, Any]:
             "noisy": med <= 0 or (q3 - q1) / med > NOISY_IQR}
 
 
+def crosses_one(s: dict[str, Any]) -> bool:
+    """Whether a :func:`spread`'s ratios lie on both sides of 1x (some pairs or prompts slower than method none, others
+    faster): such a median says nothing about which way the method goes."""
+    return s.get("n", 0) >= 2 and s["low"] < 1.0 < s["high"]
+
+
 def measure_speedup(decoder: Any, prompt: str, settings: dict[str, Any], pairs: int = DEFAULT_PAIRS,
                     segment_tokens: int = DEFAULT_SEGMENT_TOKENS, budget_s: float = DEFAULT_BUDGET_S,
                     progress: Callable[[int, int], None] | None = None, **extra: Any) -> dict[str, Any]:

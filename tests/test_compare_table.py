@@ -167,7 +167,7 @@ def test_the_k_sweep_counts_every_step_so_a_rarely_drafting_method_does_not_top_
     per target forward whatever the table's convention; the hover gives the convention's AL and the coverage. The
     speedup panel says overlapping bars do not rank, and names a small n."""
     from specviz.speedup import spread
-    from specviz.viz.ksweep import OVERLAP_NOTE
+    from specviz.viz.ksweep import NOISY_NOTE, OVERLAP_NOTE
 
     ngram = dict(_row("ngram", 8, 1.4), acceptance_length={"vllm": 4.45, "per_forward": 1.66, "drafts_only": 3.45},
                  steps=100, num_drafts=19, speedup_spread=spread([0.9, 1.4, 1.9]))
@@ -181,7 +181,7 @@ def test_the_k_sweep_counts_every_step_so_a_rarely_drafting_method_does_not_top_
         assert "drafted at 19% of steps" in left["ngram"].text[0]
     assert "AL (vLLM) 4.45" in ksweep_figure([ngram, dm], "vllm").data[0].text[0]
     notes = [a.text for a in fig.layout.annotations if a.name == "overlap-note"]
-    assert notes == [f"n = 3 per point (few) · faded: noisy, not readable<br>{OVERLAP_NOTE}"]
+    assert notes == [f"n = 3 per point (few) · {NOISY_NOTE}<br>{OVERLAP_NOTE}"]
     none = dict(_row("none", 8, 1.0), speedup_spread=spread([1.0] * 9))  # not drawn: its n 9 is not the points'
     assert "n = 3 per point" in [a.text for a in ksweep_figure([none, ngram, dm]).layout.annotations
                                  if a.name == "overlap-note"][0]
@@ -196,3 +196,22 @@ def test_a_row_without_an_acceptance_length_yet_draws():
     row = dict(_row("ngram", 3), acceptance_length={"vllm": None, "per_forward": None, "drafts_only": None})
     fig = ksweep_figure([row, _row("suffix", 3)], "vllm")
     assert fig.data[0].text[0] == "<br>drafted at 50% of steps"
+
+
+def test_a_range_across_one_is_flagged_and_faded_like_a_noisy_one():
+    """Trial 7: ngram k=3 at 0.98–1.70 (not noisy by its middle half) looked readable in the table and the k sweep,
+    and the next identical comparison put it elsewhere; the single-run panel already calls such a range no reading.
+    A drafting row's range across 1x is flagged in the table and faded in the figure; method none's own is not."""
+    from specviz.speedup import spread
+    from specviz.viz.compare_table import range_cell
+
+    across = dict(_row("ngram", 3, 1.3), speedup_spread=spread([0.9, 1.3, 1.4]))
+    assert not across["speedup_spread"]["noisy"]
+    assert "crosses 1×" in range_cell(across) and "⚠" in range_cell(across)
+    above = dict(_row("suffix", 3, 1.3), speedup_spread=spread([1.2, 1.3, 1.4]))
+    assert "⚠" not in range_cell(above)
+    none = dict(_row("none", 1, 1.0), speedup_spread=spread([0.9, 1.0, 1.1]))
+    assert "crosses" not in range_cell(none)
+    fig = ksweep_figure([across, above])
+    speed = {d.name.split()[0]: d for d in fig.data if d.xaxis == "x2"}
+    assert list(speed["ngram"].marker.opacity) == [0.45] and list(speed["suffix"].marker.opacity) == [1.0]

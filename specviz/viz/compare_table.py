@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from specviz.compare.stats import CELL_TIPS
+from specviz.speedup import crosses_one
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.trace.metrics import convention_label
 
@@ -106,10 +107,15 @@ def range_cell(row: dict[str, Any]) -> str | None:
     if s["n"] == 1:
         return _tip(tip, "n 1") + " " + _flag("one sample, unchecked: add seeds or prompts before reading it")
     shown = _tip(tip, f"{s['low']:.2f}–{s['high']:.2f}")
-    return shown + (" " + _flag(f"noisy: the middle half of these ratios spans more than a quarter of their median "
-                                f"({s['low']:.2f}–{s['high']:.2f}, n {s['n']}), so the speedups are not readable on "
-                                "this machine now")
-                    if s["noisy"] else "")
+    if s["noisy"]:
+        return shown + " " + _flag(f"noisy: the middle half of these ratios spans more than a quarter of their median "
+                                   f"(all of them {s['low']:.2f}–{s['high']:.2f}, n {s['n']}), so the speedups are not "
+                                   "readable on this machine now")
+    if row["method"] != "none" and crosses_one(s):
+        return shown + " " + _flag(f"crosses 1×: on one prompt or seed slower than method none, on another faster "
+                                   f"({s['low']:.2f}–{s['high']:.2f}): this speedup does not say which")
+    return shown
+
 
 
 def time_cell(row: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz import methods
+from specviz.speedup import crosses_one
 from specviz.trace.metrics import convention_label
 
 from .common import MODEBAR_PX
@@ -101,7 +102,7 @@ FEW_SAMPLES = 5  # fewer per-(prompt, seed) ratios per point: the note calls the
 OVERLAP_NOTE = "overlapping bars do not rank the methods"
 
 
-NOISY_NOTE = "faded: noisy, not readable"
+NOISY_NOTE = "faded: noisy or across 1×, not readable"
 
 
 def _overlap_note(rows: list[dict[str, Any]]) -> str:
@@ -111,8 +112,8 @@ def _overlap_note(rows: list[dict[str, Any]]) -> str:
     drawn = [s for r in rows if r["method"] != "none" and (s := r.get("speedup_spread")) and s.get("n", 0) > 1]
     ns = sorted({s["n"] for s in drawn})
     few = "" if not ns or ns[0] >= FEW_SAMPLES else (f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}")
-    first = " · ".join(([f"{few} per point (few)"] if few else []) + ([NOISY_NOTE] if any(s["noisy"] for s in drawn)
-                                                                       else []))
+    faded = any(s["noisy"] or crosses_one(s) for s in drawn)
+    first = " · ".join(([f"{few} per point (few)"] if few else []) + ([NOISY_NOTE] if faded else []))
     return f"{first}<br>{OVERLAP_NOTE}" if first else OVERLAP_NOTE
 
 
@@ -130,8 +131,9 @@ def _speed_span(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
 
 
 def _faded(rows: list[dict[str, Any]]) -> list[float]:
-    """Marker opacity per speedup point: faded (0.45) where its ratios are noisy or a single sample."""
-    return [0.45 if (s := r.get("speedup_spread")) and (s.get("noisy") or s.get("n") == 1) else 1.0 for r in rows]
+    """Marker opacity per speedup point: faded (0.45) where its ratios are noisy, cross 1x or are a single sample."""
+    return [0.45 if (s := r.get("speedup_spread")) and (s.get("noisy") or s.get("n") == 1 or crosses_one(s)) else 1.0
+            for r in rows]
 
 
 def _single(rows: list[dict[str, Any]]) -> bool:

@@ -7,6 +7,7 @@ import html
 import statistics
 from typing import Any
 
+from specviz.speedup import crosses_one
 from specviz.trace import TOKENS_PER_FORWARD_FORMULA
 
 
@@ -63,7 +64,7 @@ def inconclusive(m: dict[str, Any]) -> bool:
     """Whether a measurement (keys low, high, n, noisy) cannot be read as a speedup: fewer than :data:`MIN_PAIRS`
     pairs, pairs too spread to read (noisy: :func:`specviz.speedup.spread`), or one pair slower than method none and
     another faster (the range crosses 1x)."""
-    return int(m["n"]) < MIN_PAIRS or bool(m["noisy"]) or m["low"] < 1.0 < m["high"]
+    return int(m["n"]) < MIN_PAIRS or bool(m["noisy"]) or crosses_one(m)
 
 
 def run_vs_segments_html(run: dict[str, Any], measurement: dict[str, Any]) -> str:
