@@ -149,10 +149,23 @@ def _run_static_tree(page, tree: str = STATIC_TREE, k: int = 3, max_new: int = 4
         box.fill(str(value))
         box.press("Enter")
     page.get_by_text("draft tree (instead of a chain)").click()
-    page.locator("#sv-static-tree textarea").fill(tree)
-    page.locator("#sv-static-tree textarea").press("Tab")  # commit the text (on a loaded machine a click can beat it)
+    box = page.locator("#sv-static-tree textarea")
+    for _ in range(3):  # the accordion mounts its fields as it opens: text filled into one it then replaced is lost
+        box.fill(tree)
+        box.press("Tab")  # commit the text (on a loaded machine a click can beat it)
+        page.wait_for_timeout(200)
+        if box.input_value() == tree:
+            break
+    assert box.input_value() == tree
     page.click("#sv-run")
     page.wait_for_function("document.querySelector('#sv-progress').innerText.includes('done ·')", timeout=120_000)
+    # the run drafted trees (a chain, the symptom of a lost field, also draws in the tree view)
+    try:
+        page.wait_for_function("document.querySelector('#sv-summary').innerText.includes('per-depth acceptance')",
+                               timeout=20_000)
+    except Exception:  # noqa: BLE001 - say what went wrong, not only that a wait timed out
+        raise AssertionError(("the static tree did not reach the run",
+                              page.locator("#sv-summary").inner_text()[:300])) from None
     # the tree view redraws after the run's last output (the selected step's change event): wait for the figure of
     # the step the step slider selects, not whichever figure an earlier update drew (a race seen on a busy CPU)
     page.wait_for_function("() => { const gd = document.querySelector('#sv-tree .js-plotly-plot');"
