@@ -50,9 +50,18 @@ def spread(ratios: list[float]) -> dict[str, Any]:
     if not ratios:
         return {"median": 0.0, "low": 0.0, "high": 0.0, "n": 0, "noisy": True}
     med = statistics.median(ratios)
-    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (med, med, med)
+    q1, q3 = quartiles(ratios)
     return {"median": med, "low": min(ratios), "high": max(ratios), "n": len(ratios),
             "noisy": med <= 0 or (q3 - q1) / med > NOISY_IQR}
+
+
+def quartiles(ratios: list[float]) -> tuple[float, float]:
+    """(first, third) quartile of one or more ratios, interpolated between them (``statistics.quantiles``
+    "inclusive"); one ratio is both."""
+    if len(ratios) < 2:
+        return ratios[0], ratios[0]
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q1, q3
 
 
 def crosses_one(s: dict[str, Any]) -> bool:

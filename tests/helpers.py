@@ -176,6 +176,19 @@ def set_box(page, label: str, value) -> None:
     box.press("Enter")
 
 
+def fill_until_kept(box, value: str, commit: str = "Enter", tries: int = 3) -> None:
+    """Fill the input ``box`` (a locator) with ``value``, pressing ``commit``, until it keeps the value: an accordion
+    mounts its fields as it opens, so text filled into one it then replaces is lost (a chain ran where a static tree
+    was typed, an ngram run kept prompt_lookup_min = 2). Asserts the value stuck."""
+    for _ in range(tries):
+        box.fill(value)
+        box.press(commit)
+        box.page.wait_for_timeout(200)
+        if box.input_value() == value:
+            return
+    assert box.input_value() == value, (box.input_value(), value)
+
+
 def progress(page) -> str:
     """The app's progress line."""
     return page.locator("#sv-progress").inner_text()

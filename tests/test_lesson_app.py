@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import CHROMIUM, SHOTS, chromium, open_page, set_box
+from helpers import CHROMIUM, SHOTS, chromium, fill_until_kept, open_page, set_box
 from layout_checks import CLIPPED_JS, OVERLAPS_JS
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -118,13 +118,7 @@ def _run(page, method: str, verify: str = "auto", temperature: float = 0.0, max_
         set_box(page, label, value)
     if method.startswith("ngram"):  # prompt lookup on single tokens: the tiny models' text rarely repeats longer runs
         page.get_by_text("n-gram (prompt lookup) settings").click()
-        box = page.get_by_label("number input for prompt_lookup_min", exact=True)
-        for _ in range(3):  # the accordion mounts its fields as it opens: a value set in one it then replaced is lost
-            set_box(page, "number input for prompt_lookup_min", "1")
-            page.wait_for_timeout(200)
-            if box.input_value() == "1":
-                break
-        assert box.input_value() == "1"
+        fill_until_kept(page.get_by_label("number input for prompt_lookup_min", exact=True), "1")
     if verify != "auto":
         page.get_by_label("Verification").click()
         page.get_by_role("option", name=verify, exact=True).click()

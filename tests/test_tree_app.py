@@ -126,7 +126,7 @@ def test_static_tree_control():
 
 from test_app import app_url  # noqa: E402,F401  (the tiny-model app fixture)
 from test_lesson_app import browser, pages  # noqa: E402,F401  (headless Chromium, pages closed after a test)
-from helpers import progress  # noqa: E402
+from helpers import fill_until_kept, progress  # noqa: E402
 
 
 # ---- the browser: a static tree of the draft model (tiny models), at 1024 px and in the presentation layout ----
@@ -149,14 +149,8 @@ def _run_static_tree(page, tree: str = STATIC_TREE, k: int = 3, max_new: int = 4
         box.fill(str(value))
         box.press("Enter")
     page.get_by_text("draft tree (instead of a chain)").click()
-    box = page.locator("#sv-static-tree textarea")
-    for _ in range(3):  # the accordion mounts its fields as it opens: text filled into one it then replaced is lost
-        box.fill(tree)
-        box.press("Tab")  # commit the text (on a loaded machine a click can beat it)
-        page.wait_for_timeout(200)
-        if box.input_value() == tree:
-            break
-    assert box.input_value() == tree
+    # Tab commits the text (on a loaded machine a click can beat it)
+    fill_until_kept(page.locator("#sv-static-tree textarea"), tree, commit="Tab")
     page.click("#sv-run")
     page.wait_for_function("document.querySelector('#sv-progress').innerText.includes('done ·')", timeout=120_000)
     # the run drafted trees (a chain, the symptom of a lost field, also draws in the tree view)

@@ -4,10 +4,9 @@ beside a run (:func:`specviz.speedup.measure_speedup`) with its spread, and note
 from __future__ import annotations
 
 import html
-import statistics
 from typing import Any
 
-from specviz.speedup import crosses_one
+from specviz.speedup import crosses_one, quartiles
 from specviz.trace import TOKENS_PER_FORWARD_FORMULA
 
 
@@ -42,7 +41,7 @@ def measured_html(measurement: dict[str, Any]) -> str:
                   f"Raise the comparison pairs to {MIN_PAIRS} or more (advanced settings)")
     elif m["noisy"]:
         title = "Too noisy to read"
-        q1, _, q3 = statistics.quantiles(m["ratios"], n=4, method="inclusive")
+        q1, q3 = quartiles(m["ratios"])
         why = (f"the middle half of the pairs ({q1:.2f}× to {q3:.2f}×; all of them {m['low']:.2f}× to "
                f"{m['high']:.2f}×) spans more than a quarter of their median: other work on the machine, or a "
                "first-use cost, slowed some segments")

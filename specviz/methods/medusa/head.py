@@ -128,6 +128,7 @@ class MedusaHead(SharedTargetMixin, nn.Module):
         else:
             self.token_map = None
         self._shared = None  # (embedding, LM head) of the target: SharedTargetMixin.attach
+        self._stack_cache: dict[int, tuple] = {}  # ResBlock layer -> (weights' key, stacked W, stacked b)
         if target is not None:
             self.attach(target)
 
@@ -157,7 +158,7 @@ class MedusaHead(SharedTargetMixin, nn.Module):
         weight changes (training, a load, a move)."""
         linears = [blocks[j].linear for blocks in self.blocks]
         key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
-        cache = self.__dict__.setdefault("_stack_cache", {})
+        cache = self._stack_cache
         if cache.get(j, (None,))[0] != key:
             w = torch.stack([lin.weight.detach() for lin in linears])
             b = None if linears[0].bias is None else torch.stack([lin.bias.detach() for lin in linears])[:, None]
