@@ -161,8 +161,6 @@ def test_tree_nodes_are_top_candidates_of_each_head(medusa_decoders):
         MedusaProposer(head, 4, tree="[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)]")
 
 
-@pytest.mark.skipif(not hasattr(__import__("specviz.engine").engine.GenerationConfig, "speculative_token_tree"),
-                    reason="the engine verifies trees once tree-core lands (speculative_token_tree)")
 @pytest.mark.parametrize("runner", ("eager", "static"))
 def test_tree_greedy_equals_plain_greedy(medusa_decoders, runner):
     """Medusa's static tree through the engine: greedy output equals method none's (fp32)."""
@@ -357,8 +355,6 @@ def test_bundled_heads_greedy_equals_plain_greedy(runner):
             assert sum(s.num_accepted for s in got.steps) > 0, (kind, prompt)
 
 
-@pytest.mark.skipif(not hasattr(__import__("specviz.engine").engine.GenerationConfig, "speculative_token_tree"),
-                    reason="the engine verifies trees once tree-core lands (speculative_token_tree)")
 def test_tree_sampling_is_lossless_per_position(small_decoder):
     """T > 0, a static Medusa tree (top-k children of each head: rule A, q one-hot), verify standard: the
     first and second generated tokens are distributed as the target's (chi-square, 400 runs, p > 0.001);

@@ -215,6 +215,27 @@ def test_per_depth_acceptance_of_a_hand_built_tree():
     assert both["draft_acceptance_rate"] == pytest.approx(3 / 11)
 
 
+def test_a_path_that_ends_at_a_leaf_tests_nothing_deeper():
+    """SPEC's path 1 -> 4 ends at a leaf at depth 2 of a depth-3 tree: the emitted token is a bonus, no child was
+    tested at depth 3, so a = 2 accepted / 2 verified positions and position 3 is not offered (it counted the tree's
+    depth: a = 2 / 3, a rejection no chapter shows). The path 0 -> 3 rejected both children at depth 3: 2 / 3."""
+    from dataclasses import replace
+
+    from specviz.trace import compute_metrics
+
+    step = tree_trace().steps[0]
+    leaf = replace(step, accepted_path=[1, 4], num_accepted=2, draft_token_ids=[11, 14],
+                   emitted=Emitted(position=3, token_id=18, kind="bonus", p=0.4, top=[[18, 0.5]]),
+                   committed_token_ids=[11, 14, 18])
+    m = compute_metrics([leaf], 3)
+    assert m["num_verified_positions"] == 2 and m["alpha"] == 1.0
+    assert m["offered_per_position"] == [1, 1, 0] and m["conditional_acceptance_rate"] == [1.0, 1.0, 0.0]
+    assert m["drafted_per_depth"] == [1, 1, 1]  # depth 3 was drafted (elsewhere in the tree), just not on this path
+    rejected = compute_metrics([step], 3)
+    assert rejected["num_verified_positions"] == 3 and rejected["alpha"] == pytest.approx(2 / 3)
+    assert rejected["offered_per_position"] == [1, 1, 1]
+
+
 def test_per_depth_acceptance_counts_committed_depths_only():
     """The request stopped (an EOS) at the tree's second accepted token: the step kept two tokens, the last counted
     as its own (accepted = committed - 1 = 1), so depths 2 and 3 are discarded (neither accepted nor drafted for the

@@ -50,6 +50,16 @@ def counted(step: Step) -> tuple[int, int, int]:
     return accepted, sum(1 for d in depths if d > accepted), accepted
 
 
+def tested_depth(step: Step) -> int:
+    """The deepest position of a drafting step where the verifier tested a draft: accepted + 1 after a rejection,
+    accepted when the accepted path ended at a leaf (the emitted token is a bonus: a tree path shorter than the
+    tree's depth offered no child there) or when the stop cut the step (:func:`counted`)."""
+    accepted, _, kept = counted(step)
+    if step.emitted_committed and step.emitted.kind == "bonus":
+        return accepted
+    return min(accepted + 1, kept)
+
+
 @dataclass(frozen=True)
 class RunMetrics:
     """A run's (or pooled runs') metrics: vLLM's spec-decode counters from committed tokens, the rates built on
@@ -58,7 +68,7 @@ class RunMetrics:
     Counts (ints): num_steps (verification steps = target forwards after the prefill), num_drafts (steps that
     drafted), num_draft_tokens (drafted nodes), num_discarded_draft_tokens, num_accepted_tokens (:func:`counted`),
     num_generated_tokens (committed), num_drafting_step_tokens (committed tokens of drafting steps =
-    num_drafts + num_accepted_tokens), num_verified_positions (per drafting step min(accepted + 1, kept depth)),
+    num_drafts + num_accepted_tokens), num_verified_positions (per drafting step :func:`tested_depth`),
     num_cut_steps (steps cut by the stop), target_forward_passes (the prefill, when the prompt has more than one
     token, + one per step: the engine's count, also for a run stopped early).
     Rates: mean_acceptance_length (vLLM: 1 + accepted / drafts = committed tokens of drafting steps / drafts; 1.0
@@ -129,12 +139,13 @@ class RunMetrics:
         rows = [counted(s) for s in drafting]
         acc = [a for a, _, _ in rows]
         kept = [d for _, _, d in rows]
+        tested = [tested_depth(s) for s in drafting]
         drafts, accepted = len(drafting), sum(acc)
         draft_tokens, discarded = sum(s.num_drafted for s in drafting), sum(d for _, d, _ in rows)
         per_pos = [sum(1 for a in acc if a >= i + 1) for i in range(k)]
-        offered = [sum(1 for a, n in zip(acc, kept) if n >= i + 1 and a >= i) for i in range(k)]
+        offered = [sum(1 for t in tested if t >= i + 1) for i in range(k)]
         reached = [sum(1 for n in kept if n >= i + 1) for i in range(k)]
-        verified = sum(min(a + 1, n) for a, n in zip(acc, kept))
+        verified = sum(tested)
         generated = sum(len(s.committed_token_ids) for s in steps)
         time_ms = {key: sum(float(s.timings_ms.get(key, 0.0)) for s in steps) for key in TIME_PARTS}
         decode_s = sum(time_ms.values()) / 1e3

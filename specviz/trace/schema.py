@@ -25,7 +25,8 @@ the sampler's tokens); specviz takes the same count over the committed tokens, s
   counts); acceptance_rate_per_position[i] = that / num_drafts (unconditional);
   conditional_acceptance_rate[i] = P(accept i+1 | accepted i) = accepted_per_position[i] /
   offered_per_position[i], where offered_per_position[i] = #drafting steps whose position i+1 was
-  drafted, not discarded, and reached (accepted >= i).
+  drafted, not discarded, and reached (accepted >= i); a tree path that ended at a leaf (bonus token)
+  offered nothing past it (:func:`specviz.trace.metrics.tested_depth`).
 * drafted_per_depth[i] = #drafting steps whose draft reached depth (position) i+1, not discarded;
   acceptance_rate_per_depth[i] = accepted_per_position[i] / drafted_per_depth[i];
   depth_acceptance_rate = num_accepted_tokens / sum(drafted_per_depth) (accepted / depths drafted).
