@@ -41,7 +41,7 @@ def load_parts(target: str | None, draft: str | None, device: Any, dtype: Any, r
     draft_model = load_model(draft, dev, dt) if draft is not None else None
     names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1],
              "model_sources": {"target": source_info(target), **({"draft": source_info(draft)} if draft else {})}}
-    loaded, errors, dirs = load_heads(target_model, heads, bundled=bundled_target and heads is None)
+    loaded, errors, dirs = load_heads(target_model, heads, bundled=bundled_target)
     names.update({f"{name}_head": str(dirs[name]) for name in loaded})
     return dict(target_model=target_model, tokenizer=load_tokenizer(target), draft_model=draft_model,
                 draft_tokenizer=load_tokenizer(draft) if draft is not None else None,

@@ -273,3 +273,21 @@ def test_bf16_eagle_heads_keep_fp32_rope_frequencies():
 
     rot = MtpHead(mtp_config_from_target(target.config), target).to(torch.bfloat16).rotary_emb
     assert rot.inv_freq.dtype == torch.float32
+
+
+def test_a_given_head_replaces_only_its_methods_bundled_head(tmp_path):
+    """On the bundled target, heads={"eagle": DIR} loads DIR as eagle's head and keeps every other bundled head (it
+    replaced them all: comparing one head of your own against the bundled rest failed with "eagle3 needs a head")."""
+    from specviz.loading import bundled_heads, load_parts
+
+    there = {m for m, d in bundled_heads().items() if (d / "config.json").exists()}
+    if not {"eagle", "eagle3"} <= there:
+        pytest.skip("the bundled EAGLE heads are not in this checkout")
+    parts = load_parts(None, None, "cpu", "float32", "eager", 256, None, False)
+    head = build_head(head_config_from_target(parts["target_model"].config, "eagle"))
+    save_head(head, tmp_path / "eagle")
+    got = load_parts(None, None, "cpu", "float32", "eager", 256, {"eagle": str(tmp_path / "eagle")}, False)
+    assert set(got["heads"]) == set(parts["heads"]) == there
+    assert got["names"]["eagle_head"] == str(tmp_path / "eagle") and got["names"]["eagle3_head"].endswith("eagle3")
+    w = next(iter(head.state_dict().values()))
+    assert torch.equal(next(iter(got["heads"]["eagle"].state_dict().values())).cpu(), w.bfloat16().float())  # saved bf16
