@@ -27,25 +27,36 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--split", default=None, help="only this split of the prompts file (default: every split)")
+    ap.add_argument("--head", action="append", default=[], metavar="METHOD=DIR",
+                    help="this head replaces the method's bundled head (repeatable)")
+    ap.add_argument("--tree", action="append", default=[], metavar="METHOD",
+                    help="also measure METHOD with its default static tree (medusa: DEFAULT_MEDUSA_TREE)")
     a = ap.parse_args()
     from specviz import SpecDecoder
     from specviz.train.evaluate import load_prompts
 
-    dec = SpecDecoder.from_pretrained(device=a.device, dtype=a.dtype)
+    from specviz.methods.medusa.proposer import DEFAULT_MEDUSA_TREE
+
+    heads = dict(h.split("=", 1) for h in a.head) or None
+    dec = SpecDecoder.from_pretrained(device=a.device, dtype=a.dtype, heads=heads)
+    trees = {"medusa": DEFAULT_MEDUSA_TREE}
+    runs = [(m, None) for m in a.methods.split(",")] + [(m, trees[m]) for m in a.tree]
     prompts = load_prompts(a.prompts)
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": a.device, "dtype": a.dtype,
-           "max_new_tokens": a.max_new_tokens, "splits": {}}
-    for split in sorted({s for s, _ in prompts}):
+           "max_new_tokens": a.max_new_tokens, "heads": dec.names, "splits": {}}
+    for split in sorted({s for s, _ in prompts if a.split in (None, s)}):
         chosen = [p for s, p in prompts if s == split][: a.limit]
         base = [list(dec.generate(p.text, method="none", max_new_tokens=a.max_new_tokens).output_token_ids)
                 for p in chosen]
         out = {}
-        for method in a.methods.split(","):
+        for method, tree in runs:
             for k in [int(x) for x in a.k.split(",")]:
                 acc = drafts = gen = steps = same = 0
                 per_pos = None
                 for p, ref in zip(chosen, base):
-                    tr = dec.generate(p.text, method=method, num_speculative_tokens=k, max_new_tokens=a.max_new_tokens)
+                    tr = dec.generate(p.text, method=method, num_speculative_tokens=k, max_new_tokens=a.max_new_tokens,
+                                      **({"speculative_token_tree": tree} if tree else {}))
                     m = tr.metrics
                     acc += m["num_accepted_tokens"]
                     drafts += m["num_drafts"]
@@ -58,8 +69,9 @@ def main() -> None:
                        "tokens_per_target_forward": gen / steps if steps else 0.0, "num_drafts": drafts,
                        "num_steps": steps, "acceptance_rate_per_position": [c / drafts for c in per_pos] if drafts else [],
                        "outputs_equal_to_none": f"{same}/{len(chosen)}"}
-                out[f"{method} k={k}"] = row
-                print(split, method, k, json.dumps({x: (round(v, 3) if isinstance(v, float) else v)
+                name = f"{method}{' tree' if tree else ''} k={k}"
+                out[name] = row
+                print(split, name, json.dumps({x: (round(v, 3) if isinstance(v, float) else v)
                                                    for x, v in row.items() if x != "acceptance_rate_per_position"}),
                       flush=True)
         res["splits"][split] = {"num_prompts": len(chosen), "methods": out}

@@ -10,7 +10,7 @@ The best ``--nodes`` paths by probability form the tree (prefix-closed: a path i
 ties go to the shorter, then smaller ranks). Prints the tree in vLLM's ``speculative_token_tree`` format and the
 expected accepted length of it and of ``DEFAULT_MEDUSA_TREE`` on the calibration text.
 
-    python scripts/medusa_tree.py [--nodes 31] [--tokens 40000] [--ranks 8]
+    python scripts/medusa_tree.py [--nodes 31] [--tokens 40000] [--ranks 8] [--head DIR]
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=40_000)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--head", default=None, help="Medusa head directory (default: the bundled one)")
     a = ap.parse_args()
     import torch
 
@@ -55,7 +56,7 @@ def main() -> None:
     torch.manual_seed(0)
     target = load_model(DEFAULT_TARGET, torch.device("cpu"), torch.float32)
     tok = load_tokenizer(DEFAULT_TARGET)
-    head = load_head(default_head_dir("medusa"), target, torch.float32)
+    head = load_head(a.head or default_head_dir("medusa"), target, torch.float32)
     K = head.config.num_heads
     counts: Counter = Counter()
     positions = 0

@@ -29,7 +29,7 @@ from specviz.heads import save_head
 from specviz.heads.formats.export import save_published_beside
 from specviz.train.data import BatchOrder, epoch_permutation
 from specviz.train.configs import OptimizerConfig
-from specviz.train.loop import autocast, lr_lambda
+from specviz.train.loop import autocast, lr_scale
 
 IGNORE_INDEX = -100
 
@@ -64,7 +64,7 @@ class HeadTrainConfig(OptimizerConfig):
     seed: int = 0
     min_seconds_left: float = 10.0
     head_layers: int | None = None
-    fit_to_budget: bool = False  # shorten the run (and its cosine) to what time_budget_s allows, timed at step 20
+    fit_to_budget: bool = False  # the cosine runs over max(step / steps, elapsed / budget): the budget ends it at its floor
 
 
 @dataclass
@@ -202,7 +202,7 @@ def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, devic
     runner = torch.compile(head) if (cfg.compile and kind.compile) else head
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                             fused=device.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
+    budget = max(1.0, time_budget_s - cfg.min_seconds_left) if cfg.fit_to_budget and time_budget_s else None
     order = BatchOrder(train_windows.shape[0], cfg.batch_size, cfg.seed)
     batch_idx = _batch_indices(train_windows.shape[0], cfg).to(device)  # [steps, B], moved once
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -214,8 +214,10 @@ def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, devic
                                "total": target_flops + head_flops},
            "train": [], "heldout": [], "stopped_early": False}
     acc: dict[str, torch.Tensor] = {}
-    t0, n_acc, step, total = time.time(), 0, 0, cfg.steps
+    t0, n_acc, step = time.time(), 0, 0
     for step in range(1, cfg.steps + 1):
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * lr_scale(cfg, step - 1, time.time() - t0, budget)
         batch = train_windows[batch_idx[step - 1]]  # [B, T+1]
         tf = _features(kind, target, batch, head_cfg, device)
         with autocast(device):
@@ -223,21 +225,16 @@ def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, devic
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), cfg.grad_clip)
         opt.step()
-        sched.step()
         opt.zero_grad(set_to_none=True)
         for k, v in {"loss": loss.detach(), **stats}.items():
             acc[k] = acc.get(k, 0) + v.float()
         n_acc += 1
-        if cfg.fit_to_budget and time_budget_s is not None and step == FIT_AT_STEP:
-            total = _fit_steps(cfg, step, time.time() - t0, time_budget_s)
-            sched.lr_lambdas = [lr_lambda(dataclasses.replace(cfg, steps=total))]  # the cosine ends at `total`
-            log["fitted_steps"] = total
         over = time_budget_s is not None and time.time() - t0 > time_budget_s - cfg.min_seconds_left
-        last = step == total or over
+        last = step == cfg.steps or over
         if step % cfg.log_every == 0 or last:
             row = {k: (v / n_acc).tolist() for k, v in acc.items()}  # one host sync per log row
             row = {k: round(v, 5) if isinstance(v, float) else _r(v) for k, v in row.items()}
-            row.update(step=step, tokens=step * cfg.batch_size * seq_len, lr=sched.get_last_lr()[0],
+            row.update(step=step, tokens=step * cfg.batch_size * seq_len, lr=opt.param_groups[0]["lr"],
                        elapsed_s=round(time.time() - t0, 2))
             log["train"].append(row)
             acc, n_acc = {}, 0
@@ -253,18 +250,6 @@ def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, devic
     log.update(steps=step, tokens_seen=step * cfg.batch_size * seq_len, train_s=round(time.time() - t0, 2),
                epochs=order.epochs_seen(step))
     return head, log
-
-
-FIT_AT_STEP = 20
-
-
-def _fit_steps(cfg: HeadTrainConfig, step: int, elapsed: float, budget: float) -> int:
-    """Steps that fit the budget at the pace of the first ``step`` steps (which include warm-up costs,
-    so the estimate is low rather than high), leaving ``min_seconds_left`` and ~3 % for the evaluations;
-    at most cfg.steps, at least step + 1."""
-    per_step = elapsed / step
-    usable = (budget - cfg.min_seconds_left) * 0.97 - elapsed
-    return int(min(cfg.steps, max(step + 1, step + usable // per_step)))
 
 
 def train_kind(kind: HeadKind, target, train_windows, heldout_windows, device, out_dir, time_budget_s=None,

@@ -22,16 +22,21 @@ from specviz.train.configs import TrainConfig
 from specviz.train.data import BatchOrder
 
 
+def lr_scale(cfg, step: int, elapsed_s: float = 0.0, budget_s: float | None = None) -> float:
+    """Multiplier of the peak LR at step ``step`` (0-based) of a config with warmup_steps, steps and min_lr_ratio:
+    (step+1)/warmup during warmup, then cosine to min_lr_ratio over progress max(step / steps, elapsed_s / budget_s)
+    (the time term only with a budget, so a run ended by its time budget still anneals to the floor)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    if budget_s:
+        t = max(t, elapsed_s / budget_s)
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
+
+
 def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
-    """Multiplier of the peak LR at step s: (s+1)/warmup during warmup, then cosine to min_lr_ratio."""
-
-    def f(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-
-    return f
+    """:func:`lr_scale` by step alone, for ``torch.optim.lr_scheduler.LambdaLR``."""
+    return lambda step: lr_scale(cfg, step)
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, cfg: TrainConfig, device: torch.device):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from specviz.heads.formats.export import save_published_beside
 from specviz.heads.common import soft_cross_entropy
 from specviz.train.data import epoch_permutation
 from specviz.train.configs import OptimizerConfig
-from specviz.train.loop import autocast
+from specviz.train.loop import autocast, lr_scale
 
 
 @dataclass(frozen=True)
@@ -160,16 +159,6 @@ def evaluate_dflash(head, target, heldout: torch.Tensor, cfg: DFlashTrainConfig,
     return {"loss": round(out["loss"], 5), **{k: [round(x, 4) for x in out[k]] for k in ("top1", "chain", "ce")}}
 
 
-def _lr_scale(cfg: DFlashTrainConfig, step: int, elapsed: float, budget: float | None) -> float:
-    """Linear warmup, then cosine to min_lr_ratio over max(step / steps, elapsed / budget)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / cfg.warmup_steps
-    t = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-    if budget:
-        t = max(t, elapsed / budget)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0)))
-
-
 def new_head(target, cfg: DFlashTrainConfig = DFLASH_DEFAULT) -> tuple[DFlashConfig, DFlashHead]:
     """(config, a freshly initialised drafter, not attached) for ``target`` with ``cfg``'s shape. Raises ValueError as
     :func:`~specviz.methods.dflash.head.dflash_config_from_target` (e.g. a target without a pad token for MASK)."""
@@ -202,7 +191,7 @@ def fit_dflash(target, train_windows, heldout_windows, device, cfg: DFlashTrainC
     for step in range(1, cfg.steps + 1):
         elapsed = time.time() - t0
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * _lr_scale(cfg, step - 1, elapsed, budget)
+            g["lr"] = cfg.lr * lr_scale(cfg, step - 1, elapsed, budget)
         batch = train_windows[order[step - 1]]  # [W, T+1]
         with autocast(device):
             loss, stats = dflash_loss(head, target, batch, cfg, gen)
