@@ -30,8 +30,8 @@ def main() -> None:
     ap.add_argument("--split", default=None, help="only this split of the prompts file (default: every split)")
     ap.add_argument("--head", action="append", default=[], metavar="METHOD=DIR",
                     help="this head replaces the method's bundled head (repeatable)")
-    ap.add_argument("--tree", action="append", default=[], metavar="METHOD",
-                    help="also measure METHOD with its default static tree (medusa: DEFAULT_MEDUSA_TREE)")
+    ap.add_argument("--tree", action="append", default=[], metavar="METHOD[=TREE]",
+                    help="also measure METHOD with a static tree (default medusa: DEFAULT_MEDUSA_TREE)")
     a = ap.parse_args()
     from specviz import SpecDecoder
     from specviz.train.evaluate import load_prompts
@@ -41,7 +41,8 @@ def main() -> None:
     heads = dict(h.split("=", 1) for h in a.head) or None
     dec = SpecDecoder.from_pretrained(device=a.device, dtype=a.dtype, heads=heads)
     trees = {"medusa": DEFAULT_MEDUSA_TREE}
-    runs = [(m, None) for m in a.methods.split(",")] + [(m, trees[m]) for m in a.tree]
+    runs = [(m, None) for m in a.methods.split(",") if m]
+    runs += [(t.split("=", 1)[0], t.split("=", 1)[1] if "=" in t else trees[t]) for t in a.tree]
     prompts = load_prompts(a.prompts)
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": a.device, "dtype": a.dtype,
            "max_new_tokens": a.max_new_tokens, "heads": dec.names, "splits": {}}

@@ -378,15 +378,21 @@ def test_exported_eagle3_matches_the_reference_and_merges_taps(dec, root):
         assert not mismatches(dec, "eagle3", ref)[1]
 
 
-def test_unrepresentable_heads_are_refused(dec, root):
-    """FasterDecoding repeats one ResBlock per head: a head whose two ResBlocks differ is refused; MTP has no
-    published layout; the recipe's copy then records why instead of failing."""
-    from specviz.heads.formats.export import save_published, save_published_beside
+def test_heads_faster_decoding_cannot_hold_are_written_in_vllms_layout(dec, root):
+    """FasterDecoding repeats one ResBlock per head ([ResBlock(H)] * L): a head whose two ResBlocks differ goes to
+    vLLM's layout (each layer its own weights, the target's LM head copied), which drafts the same when read back;
+    with equal ResBlocks it stays FasterDecoding's."""
+    from specviz.heads.formats.export import save_published
 
     medusa = _random_specviz_head("medusa", dec.target_model, seed=22, num_layers=2)
-    with pytest.raises(ValueError, match="ResBlocks differ"):
-        save_published(medusa, root / "export-medusa2")
-    assert "ResBlocks differ" in save_published_beside(medusa, root, "m2")["not_written"]
+    assert save_published(medusa, root / "export-medusa-l2", dtype=torch.float32)["layout"] == "medusa-vllm"
+    assert formats.layout_of(root / "export-medusa-l2") == "medusa-vllm"
+    back = load_head_dir(root / "export-medusa-l2", dec.target_model, "medusa")
+    runs = []
+    for h in (medusa, back):
+        with with_head(dec, "medusa", h):
+            runs.append(dec.generate(PROMPT, method="medusa", num_speculative_tokens=3, max_new_tokens=NEW))
+    assert [s.draft_token_ids for s in runs[0].steps] == [s.draft_token_ids for s in runs[1].steps]
     with torch.no_grad():
         for block in medusa.blocks:
             block[1].linear.load_state_dict(block[0].linear.state_dict())

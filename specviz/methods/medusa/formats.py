@@ -172,19 +172,16 @@ load = load_medusa
 
 
 def write(head, verifier):
-    """(layout, config, tensors, file name) of ``head`` as FasterDecoding writes Medusa heads."""
+    """(layout, config, tensors, file name) of ``head`` as FasterDecoding writes Medusa heads, or as vLLM does when
+    FasterDecoding's layout cannot express it (distinct ResBlocks in one head, no bias, a shared or truncated LM head)."""
     c = head.config
-    if not c.fc_bias or c.lm_heads == "shared" or c.head_vocab_size is not None:
-        raise ValueError("FasterDecoding's Medusa layout has biased ResBlocks and either the target's LM head or one "
-                         f"full-vocabulary LM head per head; this head has fc_bias={c.fc_bias}, lm_heads={c.lm_heads!r}, "
-                         f"head_vocab_size={c.head_vocab_size}")
+    distinct = any(not (torch.equal(r.linear.weight, b[0].linear.weight) and torch.equal(r.linear.bias, b[0].linear.bias))
+                   for b in head.blocks for r in b) if c.fc_bias else True
+    if distinct or c.lm_heads == "shared" or c.head_vocab_size is not None:
+        return _write_vllm(head, verifier)
     tensors = {}
     for h, block in enumerate(head.blocks):
-        first = block[0].linear
         for l, res in enumerate(block):
-            if not (torch.equal(res.linear.weight, first.weight) and torch.equal(res.linear.bias, first.bias)):
-                raise ValueError(f"head {h}'s ResBlocks differ, but FasterDecoding repeats ONE ResBlock "
-                                 f"medusa_num_layers times ([ResBlock(H)] * L): the layout cannot express this head")
             tensors[f"{h}.{l}.linear.weight"], tensors[f"{h}.{l}.linear.bias"] = res.linear.weight, res.linear.bias
         if c.lm_heads == "per_head":
             tensors[f"{h}.{c.num_layers}.weight"] = head.own_lm_heads[h].weight
@@ -192,3 +189,27 @@ def write(head, verifier):
               **({"version": "2"} if c.lm_heads == "target" else {})}
     layout = "medusa2-fasterdecoding" if c.lm_heads == "target" else "medusa1-fasterdecoding"
     return layout, config, tensors, "medusa_lm_head.safetensors"
+
+
+def _write_vllm(head, verifier):
+    """vLLM's layout (``blocks.{h}.layers.{l}``: each layer its own weights, which FasterDecoding's repeated ResBlock
+    cannot hold). vLLM loads no LM head from elsewhere, so a head on the target's LM head carries a copy of it
+    (``original_lm_head``)."""
+    c = head.config
+    tensors = {}
+    for h, block in enumerate(head.blocks):
+        for l, res in enumerate(block):
+            tensors[f"blocks.{h}.layers.{l}.weight"] = res.linear.weight
+            if c.fc_bias:
+                tensors[f"blocks.{h}.layers.{l}.bias"] = res.linear.bias
+    if c.lm_heads == "per_head":
+        tensors.update({f"lm_heads.{h}.weight": head.own_lm_heads[h].weight for h in range(c.num_heads)})
+    else:
+        tensors["lm_head.weight"] = head.lm_head.weight if c.lm_heads == "target" else head.own_lm_heads[0].weight
+    config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": c.hidden_size,
+              "vocab_size": c.vocab_size, "num_heads": c.num_heads, "num_hidden_layers": c.num_layers,
+              "medusa_fc_bias": c.fc_bias, "original_lm_head": c.lm_heads != "per_head",
+              "truncated_vocab_size": c.head_vocab_size or c.vocab_size, "base_model_name_or_path": verifier}
+    if c.head_vocab_size is not None:
+        tensors["token_map"] = head.token_map
+    return "medusa-vllm", config, tensors, "model.safetensors"
