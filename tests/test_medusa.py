@@ -420,3 +420,25 @@ def test_batched_forward_equals_each_head_alone(medusa_decoders, layers, lm_head
     with torch.no_grad():
         head.blocks[1][0].linear.weight.add_(1.0)
     torch.testing.assert_close(head(f)[1], head.head_logits(f, 1).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_trainers_evaluation_sees_each_steps_weights(medusa_decoders):
+    """A fused optimizer updates weights in place without bumping their version: the trainer's held-out evaluation
+    (eval mode, forward) read the stacked weights of its first evaluation at every later one (a 400 s run logged the
+    same held-out loss five times). An update that leaves the version alone (through .data) between two evaluations
+    is seen after train() / eval(); in training mode nothing is kept."""
+    dec = medusa_decoders["eager"]
+    head = MedusaHead(medusa_config_from_target(dec.target_model.config, num_heads=2, num_layers=2), dec.target_model)
+    f = torch.randn(1, 4, head.config.hidden_size)
+    head.eval()
+    first = head(f)
+    head.train()
+    w = head.blocks[0][1].linear.weight
+    version = w._version
+    w.data.add_(0.5)
+    assert w._version == version  # the update the version key cannot see
+    torch.testing.assert_close(head(f)[0], head.head_logits(f, 0).float(), rtol=1e-5, atol=1e-5)
+    head.eval()
+    again = head(f)
+    assert not torch.allclose(again[0], first[0])
+    torch.testing.assert_close(again[0], head.head_logits(f, 0).float(), rtol=1e-5, atol=1e-5)

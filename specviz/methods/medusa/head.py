@@ -134,6 +134,12 @@ class MedusaHead(SharedTargetMixin, nn.Module):
 
 
 
+    def train(self, mode: bool = True) -> "MedusaHead":
+        """Drop the stacked weights too: a fused optimizer updates weights in place without bumping their version (a
+        trainer's held-out evaluation read the weights of its first evaluation at every later one)."""
+        self._stack_cache.clear()
+        return super().train(mode)
+
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         """All K heads at once (the drafting path): each ResBlock layer of the K heads is one batched matmul and the
         target's LM head one GEMM over the K states, so a step issues a handful of kernels instead of about seven
@@ -154,9 +160,12 @@ class MedusaHead(SharedTargetMixin, nn.Module):
         return self._on_target_vocab(z).float()
 
     def _stacked_layer(self, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """ResBlock layer j's weights of the K heads stacked: W [K, d, d], b [K, 1, d] or None; rebuilt when a
-        weight changes (training, a load, a move)."""
+        """ResBlock layer j's weights of the K heads stacked: W [K, d, d], b [K, 1, d] or None; kept in eval mode until
+        a weight changes (a load, a move) or :meth:`train` is called, never kept in training mode."""
         linears = [blocks[j].linear for blocks in self.blocks]
+        if self.training:  # weights move every step: stack afresh, keep nothing
+            return (torch.stack([lin.weight.detach() for lin in linears]),
+                    None if linears[0].bias is None else torch.stack([lin.bias.detach() for lin in linears])[:, None])
         key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
         cache = self._stack_cache
         if cache.get(j, (None,))[0] != key:
