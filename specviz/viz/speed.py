@@ -75,13 +75,22 @@ def run_vs_segments_html(run: dict[str, Any], measurement: dict[str, Any]) -> st
             (keys n, segment_tokens, method_summary)."""
     seg, n = int(measurement["segment_tokens"]), int(measurement["n"])
     own, timed = run.get("decode_tokens_per_second", 0.0), measurement["method_summary"].get("decode_tokens_per_second", 0.0)
-    return (f"<p style='font-size:13px' class='sv-run-vs-segments'><b>What the segments time:</b> the request's first "
-            f"{seg} tokens (of the {run.get('tokens', 0)} this run generated), decoded again {n} time{'s' * (n != 1)} "
-            f"with this method and {n} time{'s' * (n != 1)} with method none, back to back. <b>Why this run's own "
-            f"rate ({own:.1f} tokens / s) differs from the segments' ({timed:.1f}):</b> the run recorded every step in "
-            "full detail while the app drew its views between steps; the first run of new settings also pays "
-            "one-time set-up costs the segments do not; and the machine may have been busy with other work "
-            "while it ran. The segments meet the same conditions for both methods, so compare them with each other, "
+    times = f"{n} time{'s' * (n != 1)}"
+    head = (f"<p style='font-size:13px' class='sv-run-vs-segments'><b>What the segments time:</b> the request's first "
+            f"{seg} tokens (of the {run.get('tokens', 0)} this run generated), decoded again {times} with this method "
+            f"and {times} with method none, back to back. ")
+    if timed and abs(own - timed) <= 0.1 * timed:
+        why = (f"<b>This run's own rate ({own:.1f} tokens / s) is close to the segments' ({timed:.1f}).</b> ")
+    elif own < timed:
+        why = (f"<b>Why this run's own rate ({own:.1f} tokens / s) is lower than the segments' ({timed:.1f}):</b> the "
+               "run recorded every step in full detail while the app drew its views between steps; the first run of "
+               "new settings also pays one-time set-up costs the segments do not; and the machine may have been busy "
+               "with other work while it ran. ")
+    else:
+        why = (f"<b>Why this run's own rate ({own:.1f} tokens / s) is higher than the segments' ({timed:.1f}):</b> the "
+               f"segments cover only the first {seg} tokens, where the drafts may be accepted less often than later in "
+               "the run, and the machine may have been busier while the segments ran. ")
+    return (head + why + "The segments meet the same conditions for both methods, so compare them with each other, "
             "not with the run.</p>")
 
 
