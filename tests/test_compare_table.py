@@ -198,6 +198,21 @@ def test_a_row_without_an_acceptance_length_yet_draws():
     assert fig.data[0].text[0] == "<br>drafted at 50% of steps"
 
 
+def test_the_legend_spells_out_each_flag_and_its_rows():
+    """Trial 7: the ⚠ texts were hover-only, which nobody reads on a projector. The line under the table names each
+    flag the table shows, what it means and which rows carry it; a table without flags adds nothing."""
+    spec = [_none_trace([1, 2], ms=(0.0, 5.0, 0.0)), _none_trace([1, 2], ms=(0.0, 10.0, 0.0))]
+    none = [_none_trace([1, 2], ms=(0.0, 10.0, 0.0)), _none_trace([1, 2], ms=(0.0, 10.0, 0.0))]
+    rows = table(_comparison(spec, none))
+    rows[1]["timing"] = {"mark": "⚠ 2 slow step(s)", "detail": "2 step(s) took over 10x the row's median step"}
+    legend = table_legend(rows)
+    name = app_table_rows(rows)[1][0]
+    assert f"**noisy** (the speedups spread too far to read on this machine now): {name}" in legend
+    assert f"**slow step** (a timed step over 10x the median: a one-time cost inside the speedup): {name}" in legend
+    assert "crosses 1×" not in legend
+    assert "**Flags:**" not in table_legend([dict(r, speedup_spread=None, timing=None) for r in rows])
+
+
 def test_a_range_across_one_is_flagged_and_faded_like_a_noisy_one():
     """Trial 7: ngram k=3 at 0.98–1.70 (not noisy by its middle half) looked readable in the table and the k sweep,
     and the next identical comparison put it elsewhere; the single-run panel already calls such a range no reading.

@@ -198,4 +198,43 @@ def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = No
               "**range** lowest–highest speedup over the prompts and seeds · **model** Leviathan et al.'s predicted "
               "speedup · **ms d·v·s** ms per step: draft · verify · sample · **c_i** acceptance at draft position i "
               "given 1..i-1 (bars, i = 1..k) · ⚠ a noisy or slow timing · hover a header or a cell for the rest.  \n"
-            + f"**Speedups** are tokens/s ÷ method none's, {timed}, {where}.")
+            + f"**Speedups** are tokens/s ÷ method none's, {timed}, {where}." + flags_line(rows, common))
+
+
+# what each flag of the table means, in the words the line under it uses (the cells' hovers say more)
+FLAG_WORDS = {"crosses 1×": "slower than method none on one prompt or seed, faster on another: no verdict",
+              "noisy": "the speedups spread too far to read on this machine now",
+              "one sample": "one prompt and seed only, unchecked",
+              "⚠ capture": "a timed step captured a CUDA graph (kept out of the step times)",
+              "slow step": "a timed step over 10x the median: a one-time cost inside the speedup",
+              "≈ near-tie": "differs from method none only at a 16-bit near-tie (numerics, not a bug)",
+              "✗": "differs from method none where rounding cannot explain it: a bug to look for"}
+
+
+def row_flags(row: dict[str, Any]) -> list[str]:
+    """The keys of :data:`FLAG_WORDS` that ``row``'s cells carry."""
+    s, flags = row.get("speedup_spread") or {}, []
+    if s.get("n") == 1:
+        flags.append("one sample")
+    elif s.get("noisy"):
+        flags.append("noisy")
+    elif s.get("n") and row["method"] != "none" and crosses_one(s):
+        flags.append("crosses 1×")
+    mark = (row.get("timing") or {}).get("mark", "")
+    flags += [k for k in ("⚠ capture", "slow step") if k in mark]
+    badge = short_badge(row["lossless"]["badge"])
+    flags += ["≈ near-tie"] if badge == "≈ near-tie" else ["✗"] if badge.startswith("✗") else []
+    return flags
+
+
+def flags_line(rows: list[dict[str, Any]], common: dict[str, Any]) -> str:
+    """"  \n**Flags:** crosses 1× (meaning): ngram_gpu, suffix · ...": each flag the table shows, what it means and
+    its rows, so a projected table needs no hover; "" without flags."""
+    by_flag: dict[str, list[str]] = {}
+    for row in rows:
+        for flag in row_flags(row):
+            by_flag.setdefault(flag, []).append(short_label(row, common))
+    if not by_flag:
+        return ""
+    items = [f"**{flag}** ({FLAG_WORDS[flag]}): {', '.join(names)}" for flag, names in by_flag.items()]
+    return "  \n**Flags:** " + " · ".join(items)
