@@ -245,7 +245,8 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     bad = tmp_path / "bad-baseline.json"
     bad.write_text(json.dumps(data))
     refused = other.predict(handle_file(str(bad)), api_name="/replay")
-    assert refused[PROGRESS].startswith("**error** · this is not a specviz trace") and "decode_s" in refused[PROGRESS]
+    assert refused[PROGRESS].startswith("**error** · this specviz trace was edited or damaged")  # a trace, not another file
+    assert "decode_s" in refused[PROGRESS]
     # ... and its controls are refilled from the trace, so Run repeats the request live
     settings = other.predict(api_name="/replay_settings")
     want = trace.config
@@ -348,7 +349,8 @@ def test_replay_refuses_an_inconsistent_trace(app_url, tmp_path, how, message):
     bad = tmp_path / f"{how}.json"
     bad.write_text(json.dumps(_tampered(trace, how)))
     out = client.predict(handle_file(str(bad)), api_name="/replay")
-    assert out[PROGRESS].startswith("**error** · this is not a specviz trace") and message in html.unescape(out[PROGRESS])
+    assert out[PROGRESS].startswith("**error** · this specviz trace was edited or damaged, so it is not drawn")
+    assert message in html.unescape(out[PROGRESS])
     # the session still holds its own run: the selection views draw it
     assert client.predict(0, api_name="/select_step")[1] != ""
 

@@ -5,6 +5,7 @@ size-capped and validated (:mod:`specviz.trace.validate`), never executed."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import tempfile
 import time
@@ -25,6 +26,20 @@ from .run import option_controls
 from .settings import MAX_UI_NEW_TOKENS, MAX_UI_SPECULATIVE_TOKENS
 
 
+NOT_A_TRACE = "this is not a specviz trace"
+DAMAGED_TRACE = "this specviz trace was edited or damaged, so it is not drawn"
+
+
+def looks_like_a_trace(data: str | bytes) -> bool:
+    """A JSON object with a trace's top-level keys (version, config, steps): a refusal then means an edited or damaged
+    trace, not some other file."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(obj, dict) and {"version", "config", "steps"} <= set(obj)
+
+
 def replay(state: dict[str, Any] | None, path: str | None) -> RunOutputs:
     """Upload: read a trace JSON (size-capped, validated as data and for consistency, never
     executed) and draw it. A refused file leaves the views as they were, with the reason in the
@@ -39,7 +54,7 @@ def replay(state: dict[str, Any] | None, path: str | None) -> RunOutputs:
         check_consistency(trace)
         baseline = check_baseline(trace.metrics.pop(BASELINE_KEY, None))
     except TraceFormatError as exc:
-        return message_outputs(f"this is not a specviz trace: {exc}")
+        return message_outputs(f"{DAMAGED_TRACE if looks_like_a_trace(data) else NOT_A_TRACE}: {exc}")
     state.update(trace=trace.to_dict(), baseline=baseline, replayed=True, streamed=False,
                  no_baseline=IS_NONE if trace.config.get("method") == "none" else REPLAYED)
     cfg = trace.config
