@@ -227,7 +227,8 @@ def stats_chapter(trace: Trace) -> Chapter:
             + rates_html(rate_set(trace)))
     if m.num_drafts:
         text += ("The first number is the gain that carries over to a large target on a GPU; the others say where it "
-                 "came from.")
+                 "came from. The time it saved on this machine is measured apart, beside method none (the speedup "
+                 "panel): a small target's forward is cheap, so fewer forwards need not mean fewer seconds.")
     else:
         text += "Nothing was drafted, so there is no acceptance to measure."
     return Chapter("stats", "The run's statistics", text, None, None, "stats")
