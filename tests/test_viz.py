@@ -184,6 +184,12 @@ def test_a_position_after_the_first_rejection_says_it_was_never_tested():
     assert u_marker.marker.color == "#9ca3af" and "never compared" in u_marker.text[0]
     residual = [b.name for b in fig.data if b.type == "bar" and b.orientation != "h" and "residual" in b.name]
     assert residual == ["residual max(p−q,0)/Z (not drawn from here)"]
+    # trial 4: drawn at full height like the one sampled; an outline says "shown, not drawn from"
+    hollow = next(b for b in fig.data if b.type == "bar" and b.name == residual[0])
+    assert hollow.marker.color == "rgba(255,255,255,0)" and hollow.marker.line.color == "#16a34a"
+    drawn = residual_figure(tr, 0, 3)  # the rejected position: its residual is where the recovered token came from
+    solid = next(b for b in drawn.data if b.type == "bar" and (b.name or "").startswith("residual"))
+    assert "not drawn" not in solid.name and solid.marker.color == "#16a34a"
     st.positions[3] = _pos(4, 13, False, p=0.1, q=0.5, u=0.59)  # a test that would have failed says so
     assert "u = 0.59 > min(1, p/q) = 0.2, it would have failed" in title_text(residual_figure(tr, 0, 4))
     tr.config["verify"] = "greedy"

@@ -25,6 +25,7 @@ from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, positio
 MAX_BARS = 10
 WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px window
 P_COLOUR, Q_COLOUR, R_COLOUR = "#2563eb", "#f97316", "#16a34a"
+HOLLOW = "hollow:"  # a series colour with this prefix is drawn as outlined bars (the residual of a position not sampled)
 BLOCK_LEGEND_PX = 62  # the legend's top, in pixels below the block panel (its two-line ticks and caption)
 
 
@@ -74,7 +75,10 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
     toks = _bar_tokens([d for _, _, d in series], must)
     x = list(range(len(toks)))
     for name, colour, dist in series:
-        fig.add_trace(go.Bar(x=x, y=[dist.get(t, 0.0) for t in toks], name=name, marker_color=colour,
+        hollow = colour.startswith(HOLLOW)  # drawn as an outline: a distribution shown, not sampled
+        c = colour.removeprefix(HOLLOW)
+        marker = {"color": "rgba(255,255,255,0)", "line": {"color": c, "width": 2}} if hollow else {"color": c}
+        fig.add_trace(go.Bar(x=x, y=[dist.get(t, 0.0) for t in toks], name=name, marker=marker,
                              customdata=[[quoted(trace, t), t] for t in toks],
                              hovertemplate=f"{name}<br>%{{customdata[0]}} (id %{{customdata[1]}})<br>"
                                            "%{y:.4f}<extra></extra>"), row=1, col=1)
@@ -255,7 +259,7 @@ def _drafted_position(trace: Trace, st: Step, i: int, verify: str,
     if verify not in ("greedy", "typical") and not from_p:  # greedy: the argmax; typical: a draw from p
         series.append(("residual r/Z (tree rule)" if tree_rule else "residual max(p−q,0)/Z", R_COLOUR, r))
         if not here:  # only the rejected position's residual is sampled
-            series[-1] = (series[-1][0] + " (not drawn from here)", R_COLOUR, r)
+            series[-1] = (series[-1][0] + " (not drawn from here)", HOLLOW + R_COLOUR, r)
     marks = [(pos.token_id, f"drafted x{i}: {label(trace, pos.token_id)}", FATE_STYLE[position_fate(st, i)][1])]
     block_note = None
     if here:
