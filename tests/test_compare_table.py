@@ -4,6 +4,7 @@ report's table, the ✓ in a font that draws it as a check, and the k sweep of a
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -128,7 +129,7 @@ def test_measured_speedups_carry_the_tables_range_as_bars():
     table's range column), its hover says n and the noisy flag (a lecturer saw bare points rank ngram over ngram_gpu,
     which draft the same tokens, while the table flagged both ⚠ noisy); a row without a spread draws no bar."""
     from specviz.speedup import spread
-    from specviz.viz.ksweep import SINGLE_NOTE, SPEEDUP_TITLE
+    from specviz.viz.ksweep import FADED, SINGLE_NOTE, SPEEDUP_TITLE
 
     quiet, noisy = _row("ngram", 5, 1.3), _row("ngram_gpu", 5, 1.2)
     quiet["speedup_spread"], noisy["speedup_spread"] = spread([1.25, 1.3, 1.35]), spread([0.95, 1.2, 1.85])
@@ -141,15 +142,21 @@ def test_measured_speedups_carry_the_tables_range_as_bars():
     assert bare.error_y.array is None and bare.text[0] == " (no range)"
     assert not [a for a in fig.layout.annotations if a.name == "single-sample"] and q.mode != "markers"
     # a noisy point is faded like a single sample (trial 6: on a projector nobody hovers), a quiet one is not
-    assert list(n.marker.opacity) == [0.45] and list(q.marker.opacity) == [1.0]
-    assert "faded: noisy" in [a.text for a in fig.layout.annotations if a.name == "overlap-note"][0]
+    assert list(n.marker.opacity) == [FADED] and list(q.marker.opacity) == [1.0]
+    assert "faded, unjoined: noisy" in [a.text for a in fig.layout.annotations if a.name == "overlap-note"][0]
+    # trial 8: a solid line joined faded points and read as a ranking; a series with an unreadable point is not joined
+    sweep = [dict(_row("ngram", k, 1.3), speedup_spread=spread(r)) for k, r in ((3, [1.25, 1.3, 1.35]),
+                                                                              (5, [0.95, 1.2, 1.85]))]
+    sweep += [dict(_row("suffix", k, 1.2), speedup_spread=spread([1.15, 1.2, 1.25])) for k in (3, 5)]
+    joined = {d.name.split()[0]: d.mode for d in ksweep_figure(sweep).data if d.xaxis == "x2"}
+    assert joined == {"ngram": "markers", "suffix": "lines+markers"}
     # one prompt and one seed: every point is one sample; drawn faded, without the lines that read as a ranking
     # (a lecturer saw clean lines order three methods within the baseline's own spread)
     one = [dict(_row(m, k, 1.0 + k / 10), speedup_spread=spread([1.0 + k / 10])) for m in ("ngram", "suffix")
            for k in (1, 3)]
     fig = ksweep_figure(one)
     speed = [d for d in fig.data if d.xaxis == "x2"]
-    assert len(speed) == 2 and all(d.mode == "markers" and list(d.marker.opacity) == [0.45, 0.45] for d in speed)
+    assert len(speed) == 2 and all(d.mode == "markers" and list(d.marker.opacity) == [FADED, FADED] for d in speed)
     assert all("n = 1" in t for d in speed for t in d.text)
     assert [a.text for a in fig.layout.annotations if a.name == "single-sample"] == [f"faded: {SINGLE_NOTE}"]
 
@@ -219,6 +226,7 @@ def test_a_range_across_one_is_flagged_and_faded_like_a_noisy_one():
     A drafting row's range across 1x is flagged in the table and faded in the figure; method none's own is not."""
     from specviz.speedup import spread
     from specviz.viz.compare_table import range_cell
+    from specviz.viz.ksweep import FADED
 
     across = dict(_row("ngram", 3, 1.3), speedup_spread=spread([0.9, 1.3, 1.4]))
     assert not across["speedup_spread"]["noisy"]
@@ -229,4 +237,40 @@ def test_a_range_across_one_is_flagged_and_faded_like_a_noisy_one():
     assert "crosses" not in range_cell(none)
     fig = ksweep_figure([across, above])
     speed = {d.name.split()[0]: d for d in fig.data if d.xaxis == "x2"}
-    assert list(speed["ngram"].marker.opacity) == [0.45] and list(speed["suffix"].marker.opacity) == [1.0]
+    assert list(speed["ngram"].marker.opacity) == [FADED] and list(speed["suffix"].marker.opacity) == [1.0]
+
+
+def test_prompts_that_differ_are_not_called_noise():
+    """Trial 8: ngram's range 0.89–2.05 over three prompts stayed the same in four comparisons and read "⚠ noisy: not
+    readable on this machine now"; it was a repetitive prompt against a docstring. Noise is judged on method none's
+    repeated timings of one request: steady ones make the same spread a finding about the prompts (crossing 1x here,
+    "varies by prompt" above it), spread ones keep "noisy"; with one timing per request the two cannot be told apart
+    and the flag says so."""
+    from specviz.compare import Comparison, Prompt, RunResult
+    from specviz.viz.compare_table import flags_line, range_cell, row_flags, shared
+
+    def comparison(none_timings, speed):  # three prompts; none at 10 ms a step, ngram at ms_p a step
+        c = Comparison([RunConfig("none", 1, "greedy", 0.0), RunConfig("ngram", 3, "greedy", 0.0)],
+                       [Prompt(n, n) for n in "abc"], [0], 16)
+        for p, ms in enumerate(speed):
+            base = _none_trace([5, 6, 7, 8], ms=(0.0, 10.0, 0.0))
+            rate = 4 / 0.040
+            c.runs.append(RunResult(0, p, 0, base, 1.0, [rate * t for t in none_timings]))
+            c.runs.append(RunResult(1, p, 0, _none_trace([5, 6, 7, 8], ms=(0.0, ms, 0.0)), 1.0))
+        return c
+
+    steady = [0.99, 1.0, 1.01]
+    across = table(comparison(steady, (10 / 0.9, 10 / 2.0, 10 / 1.4)))[1]  # 0.9x, 2.0x, 1.4x
+    s = across["speedup_spread"]
+    assert not s["noisy"] and s["noise_known"] and s["noise"] < 0.05
+    assert [round(m, 2) for _, m, _ in s["by_prompt"]] == [0.9, 2.0, 1.4]
+    assert row_flags(across) == ["crosses 1×"] and "noisy" not in range_cell(across)
+    above = table(comparison(steady, (10 / 1.3, 10 / 2.0, 10 / 1.6)))[1]
+    assert row_flags(above) == ["varies by prompt"] and "by prompt: 1: 1.30, 2: 2.00, 3: 1.60" in range_cell(above)
+    assert "ngram 1.30/2.00/1.60" in flags_line([above], shared([above]))
+    busy = table(comparison([0.6, 1.0, 1.5], (10 / 1.3, 10 / 2.0, 10 / 1.6)))[1]
+    assert busy["speedup_spread"]["noisy"] and row_flags(busy) == ["noisy"]
+    assert "method none's timings of one request moved by" in html.unescape(range_cell(busy))
+    once = table(comparison([], (10 / 0.9, 10 / 2.0, 10 / 1.4)))[1]  # none timed once, one seed: cannot tell
+    assert once["speedup_spread"]["noise_known"] is False and once["speedup_spread"]["noisy"]
+    assert "cannot tell which" in range_cell(once)

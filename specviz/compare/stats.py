@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from specviz.speedup import spread
+from specviz.speedup import NOISY_IQR, quartiles, spread
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, RunMetrics, Trace
 
 from .lossless import TIE_EXPLANATION, losslessness
@@ -110,12 +110,17 @@ def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
 # ---- the table ----------------------------------------------------------------------------
 def run_ratios(comparison: Comparison, runs: list[RunResult], base: int | None) -> list[float]:
     """Per (prompt, seed): this run's decode tokens/s ÷ method none's on the same prompt and seed (its median timing,
-    :func:`~specviz.compare.model.plan`). Their spread says how far one pooled ratio can be trusted on this machine;
-    [] without a baseline. Method none's own row: :func:`baseline_ratios` where it was timed more than once."""
+    :func:`~specviz.compare.model.plan`), in run order; [] without a baseline. Method none's own row:
+    :func:`baseline_ratios` where it was timed more than once."""
+    return [r for _, r in prompt_ratios(comparison, runs, base)]
+
+
+def prompt_ratios(comparison: Comparison, runs: list[RunResult], base: int | None) -> list[tuple[int, float]]:
+    """:func:`run_ratios` with each ratio's prompt index: [(prompt, ratio)]."""
     if base is None:
         return []
     if runs and runs[0].config == base and any(r.timings for r in runs):
-        return baseline_ratios(runs)
+        return [(-1, x) for x in baseline_ratios(runs)]
     base_runs = {(r.prompt, r.seed): r for r in comparison.runs_of(base)}
     out = []
     for r in runs:
@@ -124,8 +129,36 @@ def run_ratios(comparison: Comparison, runs: list[RunResult], base: int | None) 
             continue
         mine, theirs = decode_rate(r.trace), decode_rate(b.trace)
         if mine > 0 and theirs > 0:
-            out.append(mine / theirs)
+            out.append((r.prompt, mine / theirs))
     return out
+
+
+def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | None) -> dict[str, Any] | None:
+    """:func:`specviz.speedup.spread` of a drafting row's per-(prompt, seed) ratios, its ``noisy`` judged on the
+    machine's noise alone, not on how the prompts differ (a repetitive prompt's 2x beside a docstring's 0.9x is a
+    finding about the prompts; a lecturer read both as "noisy"). Noise: the spread of method none's own timings of one
+    request (each ÷ that request's median timing) and of this row's repeats of one prompt (seeds at T = 0 decode the
+    same request again; each ÷ the prompt's median); noisy when its middle half exceeds NOISY_IQR. Without either
+    (none timed once, one seed) the spread cannot be told apart and the old rule (all ratios) stays, with
+    ``noise_known`` False. Adds noise, noise_n, noise_known and by_prompt [[prompt, median ratio, n]]."""
+    pairs = prompt_ratios(comparison, runs, base)
+    if not pairs:
+        return None
+    s = spread([x for _, x in pairs])
+    if runs and runs[0].config == base:  # method none's own row: its spread is the noise
+        return {**s, "noise": None, "noise_n": s["n"], "noise_known": True, "by_prompt": []}
+    by: dict[int, list[float]] = {}
+    for p, x in pairs:
+        by.setdefault(p, []).append(x)
+    medians = {p: statistics.median(xs) for p, xs in by.items()}
+    rel = [x / medians[p] for p, x in pairs if len(by[p]) > 1 and medians[p] > 0]
+    rel += [x for r in comparison.runs_of(base) for x in baseline_ratios([r])] if base is not None and any(
+        r.timings for r in comparison.runs_of(base)) else []
+    out = {**s, "by_prompt": [[p, medians[p], len(by[p])] for p in sorted(by)], "noise_n": len(rel)}
+    if len(rel) < 2:
+        return {**out, "noise": None, "noise_known": False}
+    q1, q3 = quartiles(rel)
+    return {**out, "noise": q3 - q1, "noise_known": True, "noisy": q3 - q1 > NOISY_IQR}
 
 
 def baseline_ratios(runs: list[RunResult]) -> list[float]:
@@ -152,8 +185,8 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     draft_acceptance_rate, conditional (per position: {rate, n, low, high}, Wilson 95 %),
     tokens_per_s (tokens / decode time), e2e_tokens_per_s (tokens / wall time incl. prefill),
     speedup (measured, over method none at the same temperature in this comparison),
-    speedup_spread (:func:`specviz.speedup.spread` of :func:`run_ratios`: median, low, high, n, noisy; None
-    without a baseline),
+    speedup_spread (:func:`speedup_spread`: median, low, high, n, noisy (the machine's noise), noise, by_prompt;
+    None without a baseline),
     predicted_speedup (:func:`predicted_speedup`; None for a tree: its model is a chain's), ms_per_step {draft, verify, sample},
     step_cost (ms per step / method none's ms per step), timing (:func:`timing_check`: one-time costs inside the
     timed runs), lossless (:func:`~specviz.compare.lossless.losslessness`)."""
@@ -171,7 +204,6 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     conditional = [{"rate": a / n if n else None, "n": n, "low": wilson_interval(a, n)[0], "high": wilson_interval(a, n)[1]}
                    for a, n in zip(m.accepted_per_position, n_cond)]
     wall = sum(r.wall_s for r in runs)
-    ratios = run_ratios(comparison, runs, base)
     return {
         "label": cfg.label, "method": cfg.method, "k": cfg.num_speculative_tokens, "tree": cfg.tree,
         "tree_label": cfg.tree_label,
@@ -185,7 +217,7 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "draft_coverage": m.draft_coverage, "draft_acceptance_rate": m.draft_acceptance_rate if m.num_draft_tokens else None,
         "conditional": conditional, "tokens_per_s": tps, "e2e_tokens_per_s": tokens / wall if wall > 0 else 0.0,
         "speedup": tps / base_tps if base_tps > 0 and runs else None,
-        "speedup_spread": spread(ratios) if ratios else None,
+        "speedup_spread": speedup_spread(comparison, runs, base),
         # the cost model is a chain's (one path of k drafts, i.i.d. acceptance): none for a tree's row
         "predicted_speedup": predicted_speedup(m, base_ms) if cfg.method != "none" and not cfg.is_tree else None,
         "ms_per_step": split,

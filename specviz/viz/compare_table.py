@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from specviz.compare.stats import CELL_TIPS
-from specviz.speedup import crosses_one
+from specviz.speedup import NOISY_IQR, crosses_one
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.trace.metrics import convention_label
 
@@ -103,14 +103,22 @@ def range_cell(row: dict[str, Any]) -> str | None:
                "seed's median one: how far the baseline's speed moved while the comparison ran")
     else:
         why = "lowest–highest of the per-(prompt, seed) ratios tokens/s ÷ method none's, and n"
-    tip = f"{text}: {why}"
+    by_prompt = s.get("by_prompt") or []
+    tip = f"{text}: {why}" + (f"; by prompt: {', '.join(f'{p + 1}: {m:.2f}' for p, m, _ in by_prompt)}"
+                              if len(by_prompt) > 1 else "")
     if s["n"] == 1:
         return _tip(tip, "n 1") + " " + _flag("one sample, unchecked: add seeds or prompts before reading it")
     shown = _tip(tip, f"{s['low']:.2f}–{s['high']:.2f}")
+    if s["noisy"] and s.get("noise_known") is False:
+        return shown + " " + _flag(f"spread {s['low']:.2f}–{s['high']:.2f} (n {s['n']}): the prompts differ or the "
+                                   "machine is noisy, and one timing per request cannot tell which; add seeds (at "
+                                   "T = 0 they time the same request again)")
     if s["noisy"]:
-        return shown + " " + _flag(f"noisy: the middle half of these ratios spans more than a quarter of their median "
-                                   f"(all of them {s['low']:.2f}–{s['high']:.2f}, n {s['n']}), so the speedups are not "
-                                   "readable on this machine now")
+        noise = (f"method none's timings of one request moved by {100 * s['noise']:.0f} % (their middle half) while "
+                 "the comparison ran" if s.get("noise") is not None else
+                 f"the middle half of these ratios spans more than a quarter of their median (all of them "
+                 f"{s['low']:.2f}–{s['high']:.2f}, n {s['n']})")
+        return shown + " " + _flag(f"noisy: {noise}, so the speedups are not readable on this machine now")
     if row["method"] != "none" and crosses_one(s):
         return shown + " " + _flag(f"crosses 1×: on one prompt or seed slower than method none, on another faster "
                                    f"({s['low']:.2f}–{s['high']:.2f}): this speedup does not say which")
@@ -205,10 +213,21 @@ def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = No
 FLAG_WORDS = {"crosses 1×": "slower than method none on one prompt or seed, faster on another: no verdict",
               "noisy": "the speedups spread too far to read on this machine now",
               "one sample": "one prompt and seed only, unchecked",
+              "varies by prompt": "the machine was steady; the prompts differ, speedup per prompt 1, 2, …",
               "⚠ capture": "a timed step captured a CUDA graph (kept out of the step times)",
               "slow step": "a timed step over 10x the median: a one-time cost inside the speedup",
               "≈ near-tie": "differs from method none only at a 16-bit near-tie (numerics, not a bug)",
               "✗": "differs from method none where rounding cannot explain it: a bug to look for"}
+
+
+def varies_by_prompt(s: dict[str, Any]) -> bool:
+    """Whether a steady row's per-prompt median speedups differ by more than NOISY_IQR of their median: a finding
+    about the prompts (a repetitive one against a docstring), not noise."""
+    medians = [m for _, m, _ in s.get("by_prompt") or []]
+    if len(medians) < 2 or s.get("noisy"):
+        return False
+    mid = sorted(medians)[len(medians) // 2]
+    return mid > 0 and (max(medians) - min(medians)) / mid > NOISY_IQR
 
 
 def row_flags(row: dict[str, Any]) -> list[str]:
@@ -220,6 +239,8 @@ def row_flags(row: dict[str, Any]) -> list[str]:
         flags.append("noisy")
     elif s.get("n") and row["method"] != "none" and crosses_one(s):
         flags.append("crosses 1×")
+    elif varies_by_prompt(s):
+        flags.append("varies by prompt")
     mark = (row.get("timing") or {}).get("mark", "")
     flags += [k for k in ("⚠ capture", "slow step") if k in mark]
     badge = short_badge(row["lossless"]["badge"])
@@ -233,7 +254,10 @@ def flags_line(rows: list[dict[str, Any]], common: dict[str, Any]) -> str:
     by_flag: dict[str, list[str]] = {}
     for row in rows:
         for flag in row_flags(row):
-            by_flag.setdefault(flag, []).append(short_label(row, common))
+            name = short_label(row, common)
+            if flag == "varies by prompt":
+                name += " " + "/".join(f"{m:.2f}" for _, m, _ in row["speedup_spread"]["by_prompt"])
+            by_flag.setdefault(flag, []).append(name)
     if not by_flag:
         return ""
     items = [f"**{flag}** ({FLAG_WORDS[flag]}): {', '.join(names)}" for flag, names in by_flag.items()]

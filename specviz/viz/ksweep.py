@@ -102,7 +102,7 @@ FEW_SAMPLES = 5  # fewer per-(prompt, seed) ratios per point: the note calls the
 OVERLAP_NOTE = "overlapping bars do not rank the methods"
 
 
-NOISY_NOTE = "faded: noisy or across 1×, not readable"
+NOISY_NOTE = "faded, unjoined: noisy or across 1×, not readable"
 
 
 def _overlap_note(rows: list[dict[str, Any]]) -> str:
@@ -130,9 +130,12 @@ def _speed_span(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
     return lo - 0.08 * pad, hi + 0.25 * pad
 
 
+FADED = 0.3  # a faded point's opacity: 0.45 read like a solid one on a projector
+
+
 def _faded(rows: list[dict[str, Any]]) -> list[float]:
-    """Marker opacity per speedup point: faded (0.45) where its ratios are noisy, cross 1x or are a single sample."""
-    return [0.45 if (s := r.get("speedup_spread")) and (s.get("noisy") or s.get("n") == 1 or crosses_one(s)) else 1.0
+    """Marker opacity per speedup point: faded (FADED) where its ratios are noisy, cross 1x or are a single sample."""
+    return [FADED if (s := r.get("speedup_spread")) and (s.get("noisy") or s.get("n") == 1 or crosses_one(s)) else 1.0
             for r in rows]
 
 
@@ -245,7 +248,8 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                                         "<extra></extra>"}
         single = _single(rs)  # one sample a point: faded markers and no line, which would draw a ranking
         single_any = single_any or single
-        fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if single else mode, name=name,
+        unread = single or min(_faded(rs)) < 1.0  # a line through points that cannot be read draws a ranking too
+        fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if unread else mode, name=name,
                                  line=line, marker={**marker, "opacity": _faded(rs)},
                                  legendgroup=name, showlegend=False, error_y=bars, **speed_hover), row=1, col=2)
     note = f"faded: {SINGLE_NOTE}" if single_any else _overlap_note(rows) if groups else ""
