@@ -166,6 +166,16 @@ def test_speedup_table_shows_what_the_headline_is_computed_from(bundled):
     assert f"per pair {per_pair} → median {meas['median']:.2f}× {label}" in text
     assert f"Measured beside this run: {meas['median']:.2f}× tokens/s" in text
     assert "pooled" in text and "The headline is the median of these ratios" in page  # defined in the hover
+    # the time split under it: a measurement that is no reading is faded there too (trial 8: 14359 ms against 6741 ms
+    # drawn plain under "Too noisy to read")
+    from specviz.viz.stats import stats_figure
+
+    for noisy in (False, True):
+        forced = {**base, "measurement": {**meas, "noisy": noisy, "low": 1.1, "high": 1.3, "n": 3}}
+        fig = stats_figure(run, forced)
+        time_bars = [d for d in fig.data if d.type == "bar" and d.orientation == "h"]
+        assert time_bars and all(d.opacity == (0.35 if noisy else 1.0) for d in time_bars)
+        assert ("no reading" in fig.layout.annotations[3].text) == noisy
 
 
 def test_measured_label_has_room_above_the_star_when_every_draft_is_accepted():

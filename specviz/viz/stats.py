@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 from specviz.trace import RunMetrics, Trace
 
 from .common import as_trace, metrics_of
+from .speed import inconclusive
 
 TIME_COLOURS = {"draft": "#f97316", "verify": "#2563eb", "sample": "#16a34a"}
 # the geometry of the figure when a lesson's chapter shows it in the presentation layout (specviz/ui/lesson.py
@@ -263,17 +264,22 @@ def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | 
     bars = [(own, run)] + ([("none", baseline)] if baseline else [])
     title = "time split (ms): this run" + (" and method none" if baseline else "")
     short = "ms, the whole run" + (" each" if baseline else "")
+    unread = False
     if meas:  # equal workloads: the segments measured side by side
         bars = [(own, meas["method_summary"]), ("none", baseline)]
         seg = "segment" if meas["n"] == 1 else "segments"
         title = f"time split (ms) of {meas['n']} {seg} each"
         short = f"ms, {meas['n']} timed {seg} each"
+        unread = inconclusive(meas)  # as the speedup panel: bars of a measurement that is no reading are faded
+        if unread:  # as short as the usual title: the panel is half the figure's width
+            title = f"time split of {meas['n']} {seg}: no reading"
     fig.layout.annotations[3].text = title
     last = list(TIME_COLOURS)[-1]
     for part, colour in TIME_COLOURS.items():
         totals = [f"{sum(b['time_ms'].values()):.0f} ms" if part == last else "" for _, b in bars]
         fig.add_trace(go.Bar(y=[name for name, _ in bars], x=[b["time_ms"].get(part, 0.0) for _, b in bars],
                              orientation="h", name=part, marker_color=colour, text=totals, textposition="outside",
+                             opacity=0.35 if unread else 1.0,
                              cliponaxis=False, hovertemplate=f"{part}: %{{x:.1f}} ms<extra></extra>",
                              **_group("time")), row=2, col=2)
     longest = max([sum(b["time_ms"].values()) for _, b in bars] + [1.0])
