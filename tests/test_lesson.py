@@ -401,7 +401,7 @@ def test_a_greedy_tree_lesson_names_the_siblings_tested_and_rejected_before_the_
     sibling as rejected and a counted it. Children are tested in their order: the hand-built tree's path 0 -> 3 went
     through node 3 after its sibling node 2 (token 12) was tested and rejected; at depth 3 both children (16, 17)
     were rejected. The chapters say so; the last accepted node with children says the walk goes on."""
-    from test_tree_view import tree_trace
+    from test_tree_view import SPEC, tree_trace
 
     tr = tree_trace()
     tr.config = {**tr.config, "verify": "greedy", "temperature": 0.0}
@@ -415,6 +415,12 @@ def test_a_greedy_tree_lesson_names_the_siblings_tested_and_rejected_before_the_
     assert "Tested and rejected before it: ‘t12’." in tests[1] and "walk goes on below it" in tests[1]
     assert "no child there is ‘t18’" in tests[2] and "Tested and rejected before it: ‘t16’." in tests[2]
     assert "‘t17’, the last child, is rejected too" in tests[2]
+    # trial 8: a single child rejected read "the last child ... too" as if siblings had been drawn
+    only = tree_trace(spec=[*SPEC[:6], (2, 16, None, None, "unvisited", -3.0), SPEC[7]])  # node 7 alone under 3
+    only.config = tr.config
+    only.steps[0].positions.append(st.positions[2])
+    text = [plain(c.text) for c in lesson_chapters(only, every_position=True) if c.step == 0 and c.kind == "test"][2]
+    assert "the only child there, ‘t17’, is not it and is rejected" in text and "last child" not in text
     folded = [plain(c.text) for c in lesson_chapters(tr) if c.step == 0 and c.kind == "test"][0]
     assert "tests each node's children in their order" in folded and "‘t12’ at depth 2" in folded
 

@@ -49,6 +49,9 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
             return (f"At depth {i} the target's argmax is {x} (p = {fmt_prob(pos.p)}).{tried} The child {x} equals it "
                     f"and is accepted; {below}.")
         best = quoted(trace, _argmax(pos)) if _argmax(pos) is not None else "another token"
+        if not tried:  # a single child: "the last child ... too" read as if siblings had been drawn
+            return (f"At depth {i} the target's argmax is {best}; the only child there, {x}, is not it and is "
+                    "rejected, so the walk stops.")
         return (f"At depth {i} the target's argmax is {best}; no child there is {best}.{tried} {x}, the last child, "
                 "is rejected too, so the walk stops.")
     if verify == "greedy":
