@@ -602,6 +602,12 @@ def test_an_example_clears_the_draft_tree_fields_and_shows_its_note():
     chain = dict(zip(fields, out[1:]))
     assert (chain["method"], chain["eagle_tree"], chain["tree_branches"], chain["static_tree"]) == ("ngram", "", 0, "")
     assert out[-1].endswith("One draw.")
+    # trial 8: a greedy example at T = 0 shows verification "auto", so raising T samples instead of failing with
+    # "verify='greedy' needs temperature 0"; an explicit rule at T > 0 stays as it is
+    greedy = [{"name": "g", "prompt": "z", "settings": {"method": "eagle3", "verify": "greedy", "temperature": 0.0}},
+              {"name": "s", "prompt": "z", "settings": {"method": "ngram", "verify": "block", "temperature": 0.8}}]
+    assert dict(zip(fields, handlers.load_example(greedy, "g")[1:]))["verify"] == "auto"
+    assert dict(zip(fields, handlers.load_example(greedy, "s")[1:]))["verify"] == "block"
     bundled = handlers.load_examples(Path(__file__).resolve().parent.parent / "assets/examples/prompts.json")
     for ex in bundled:  # every bundled example names only settings the controls have
         assert set(ex["settings"]) <= set(fields), ex["name"]

@@ -22,6 +22,7 @@ from .cache import DecoderCache, StopSignals, device_in_use
 from .outputs import RunOutputs, method_state, new_state, number, sliders, trace_of
 from .replay import export, export_stem, replay, replay_fields, replay_settings  # noqa: F401 (wired by the layout)
 from .run import measure, option_controls, run, stop
+from .settings import AUTO_VERIFY
 from .views import selection_views
 
 
@@ -87,7 +88,9 @@ def load_example(examples: list[dict[str, Any]], name: str) -> tuple[Any, ...]:
         if name:
             gr.Warning(f"unknown example {name!r}")
         return (gr.skip(),) * (2 + len(example_fields()))
-    st = ex.get("settings", {})
+    st = dict(ex.get("settings", {}))
+    if st.get("verify") == "greedy" and not st.get("temperature"):  # auto: raising T then samples, not an error
+        st["verify"] = AUTO_VERIFY
     values = (st[f] if f in st else TREE_FIELD_DEFAULTS.get(f, gr.skip()) for f in example_fields())
     note = f" {ex['note']}" if ex.get("note") else ""
     return (ex["prompt"], *values, f"Example loaded: press Run.{note}")
