@@ -77,7 +77,9 @@ def configuration_styles(groups: list[tuple[str, bool]]) -> list[tuple[str, str]
 # the left panel: tokens per target forward (every step counts), whatever acceptance-length convention the table
 # shows: vLLM's AL counts only the steps that drafted, so a method that rarely drafts (ngram: 19 % of the steps in a
 # lecturer's sweep, AL 4.45 against draft_model's 3.29 at 1.66 against 3.25 tokens per forward) topped the sweep
-KSWEEP_Y = ("tokens per target forward", "tokens per forward", "(1 − g) + g·E")  # axis, title, theory
+KSWEEP_Y = ("tokens per target forward", "tokens per forward", "i.i.d. theory")  # axis, title, theory
+# the theory in words a hover can hold (the title's "g·E" named an E nowhere defined)
+THEORY = "(1 − g) + g·(1 − a^(k+1))/(1 − a): coverage g, acceptance a"
 
 
 def _theory(a: float, k: int, g: float) -> float:
@@ -232,15 +234,17 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
             fig.add_trace(go.Scatter(x=[names[name]], y=[_theory(a, one_k, g)], mode="markers",
                                      marker={"symbol": "line-ew", "size": 26, "line": {"width": 2, "color": colour}},
                                      name=f"theory a = {a:.2f}{extra}", legendgroup=name, showlegend=False,
-                                     hovertemplate=f"a = {a:.2f}{extra}, k = {one_k}: %{{y:.2f}}<extra>theory</extra>"),
+                                     hovertemplate=f"{THEORY}<br>a = {a:.2f}{extra}, k = {one_k}: %{{y:.2f}}"
+                                                   "<extra>theory</extra>"),
                           row=1, col=1)
         elif a is not None and len(ks) > 0 and not tree:
             grid = list(range(1, max(ks) + 1))
             extra = f", g = {g:.2f}"
             fig.add_trace(go.Scatter(x=grid, y=[_theory(a, k, g) for k in grid], mode="lines",
                                      line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
-                                     legendgroup=name, showlegend=False, hovertemplate=f"a = {a:.2f}{extra}, k = %{{x}}: "
-                                     "%{y:.2f}<extra>theory</extra>"), row=1, col=1)
+                                     legendgroup=name, showlegend=False,
+                                     hovertemplate=f"{THEORY}<br>a = {a:.2f}{extra}, k = %{{x}}: %{{y:.2f}}"
+                                                   "<extra>theory</extra>"), row=1, col=1)
         bars, noisy = _range_bars(rs)
         # the range note rides in text (the mode draws no text): customdata stays each point's k
         speed_hover = {"customdata": ks, "text": noisy,
