@@ -71,9 +71,9 @@ def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = Non
     n = max([len(r.trace.output_token_ids) for r in c.runs if r.prompt == prompt and r.seed == seed] or [1])
     position = min(max(int(position), 1), n)
     source = vc.rules_source(c)
-    rules = vc.rules_figure(source) if source is not None else _message(
+    rules = vc.rules_figure(source) if source is not None else _message(  # a line, not a large empty box
         "no run at temperature > 0 verified with standard or block (greedy runs draw no uniforms):<br>"
-        "try the preset “same draft, every rule”")
+        "try the preset “same draft, every rule”", height=90)
     prompt_dd = gr.Dropdown(choices=[(f"{i + 1}: {p.name}", i) for i, p in enumerate(c.prompts)], value=prompt)
     seed_dd = gr.Dropdown(choices=list(c.seeds), value=seed)
     run_dd = gr.Dropdown(choices=[(cfg.label, i) for i, cfg in enumerate(c.configs)],
@@ -84,10 +84,10 @@ def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = Non
             ct.table_legend(rows, c.machine, c.baseline_timings))
 
 
-def _message(text: str):
+def _message(text: str, height: int = 260):
     from specviz.viz import message_figure
 
-    return message_figure(text)
+    return message_figure(text, height)
 
 
 def _error(message: str, note: str = "the views below are unchanged") -> tuple:
