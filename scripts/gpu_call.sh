@@ -128,7 +128,8 @@ for stage in "$@"; do
       mkdir -p "$W/$kind"
       (timeout ${T_HEADS:-560} python3 -m specviz.train heads --kinds "$kind" --target assets/models/specviz-target \
          --out "$W/$kind" --time-budget-s ${HEAD_BUDGET_S:-330} --device cuda \
-         $(for s in ${HEAD_SET:-}; do [ "${s%%.*}" = "$kind" ] && echo --set $s; done) ${HEAD_ARGS:-} > "$W/$kind/train.log" 2>&1
+         $(for s in ${HEAD_SET:-}; do [ "${s%%.*}" = "$kind" ] && echo --set $s; done) ${HEAD_ARGS:-} \
+         > "$W/$kind/train.log" 2>&1
        echo "$kind exit $?" >> "$W/$kind/train.log") &
     done
     wait

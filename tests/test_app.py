@@ -245,7 +245,7 @@ def test_export_then_replay_without_a_model(app_url, tmp_path):
     bad = tmp_path / "bad-baseline.json"
     bad.write_text(json.dumps(data))
     refused = other.predict(handle_file(str(bad)), api_name="/replay")
-    assert refused[PROGRESS].startswith("**error** · this specviz trace was edited or damaged")  # a trace, not another file
+    assert refused[PROGRESS].startswith("**error** · this specviz trace was edited or damaged")  # a trace, not other
     assert "decode_s" in refused[PROGRESS]
     # ... and its controls are refilled from the trace, so Run repeats the request live
     settings = other.predict(api_name="/replay_settings")

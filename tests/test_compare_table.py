@@ -241,8 +241,8 @@ def test_a_range_across_one_is_flagged_and_faded_like_a_noisy_one():
 
 
 def test_prompts_that_differ_are_not_called_noise():
-    """Trial 8: ngram's range 0.89–2.05 over three prompts stayed the same in four comparisons and read "⚠ noisy: not
-    readable on this machine now"; it was a repetitive prompt against a docstring. Noise is judged on method none's
+    """Trial 8: ngram's range 0.89–2.05 over three prompts stayed the same in four comparisons and read "⚠ noisy:
+    not readable on this machine now"; it was a repetitive prompt against a docstring. Noise is judged on method none's
     repeated timings of one request: steady ones make the same spread a finding about the prompts (crossing 1x here,
     "varies by prompt" above it), spread ones keep "noisy"; with one timing per request the two cannot be told apart
     and the flag says so."""

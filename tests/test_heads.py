@@ -290,4 +290,5 @@ def test_a_given_head_replaces_only_its_methods_bundled_head(tmp_path):
     assert set(got["heads"]) == set(parts["heads"]) == there
     assert got["names"]["eagle_head"] == str(tmp_path / "eagle") and got["names"]["eagle3_head"].endswith("eagle3")
     w = next(iter(head.state_dict().values()))
-    assert torch.equal(next(iter(got["heads"]["eagle"].state_dict().values())).cpu(), w.bfloat16().float())  # saved bf16
+    saved = next(iter(got["heads"]["eagle"].state_dict().values())).cpu()
+    assert torch.equal(saved, w.bfloat16().float())  # saved in bf16

@@ -64,7 +64,7 @@ class HeadTrainConfig(OptimizerConfig):
     seed: int = 0
     min_seconds_left: float = 10.0
     head_layers: int | None = None
-    fit_to_budget: bool = False  # the cosine runs over max(step / steps, elapsed / budget): the budget ends it at its floor
+    fit_to_budget: bool = False  # cosine over max(step / steps, elapsed / budget): the budget ends it at its floor
 
 
 @dataclass

@@ -7,12 +7,12 @@ from __future__ import annotations
 from specviz.methods.base import HeadSpec, Method, Texts
 
 
-# 31 nodes (32 rows with the root: the static runner's 32 bucket) chosen from the bundled heads' measured acceptance by
-# scripts/medusa_tree.py (Medusa section 3.3.2, on standard-library text); wide, not deep: head 0's top 1 is right 24 %
-# of the time, its ranks 1-7 still add up (results/train/heads-v4/README.md)
-DEFAULT_TREE = ("[(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (0, 5), (0, 6), "
-                "(0, 7), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 0), (2, 1), (2, 2), (3, 0), (4, 0), (5, 0), "
-                "(0, 0, 0), (0, 0, 1), (0, 1, 0)]")
+# 31 nodes (32 rows with the root: the static runner's 32 bucket) chosen from the bundled heads' measured
+# acceptance by scripts/medusa_tree.py (Medusa section 3.3.2, on standard-library text); wide, not deep: head 0's
+# top 1 is right 24 % of the time, its ranks 1-7 still add up (results/train/heads-v4/README.md)
+DEFAULT_TREE = ("[(0,), (1,), (2,), (3,), (4,), (5,), (6,), (7,), (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), "
+                "(0, 5), (0, 6), (0, 7), (1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (1, 5), (2, 0), (2, 1), (2, 2), "
+                "(3, 0), (4, 0), (5, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0)]")
 
 
 def _make(build):

@@ -173,10 +173,11 @@ load = load_medusa
 
 def write(head, verifier):
     """(layout, config, tensors, file name) of ``head`` as FasterDecoding writes Medusa heads, or as vLLM does when
-    FasterDecoding's layout cannot express it (distinct ResBlocks in one head, no bias, a shared or truncated LM head)."""
+    FasterDecoding's layout cannot express it (distinct ResBlocks in one head, no bias, a shared or truncated LM
+    head)."""
     c = head.config
-    distinct = any(not (torch.equal(r.linear.weight, b[0].linear.weight) and torch.equal(r.linear.bias, b[0].linear.bias))
-                   for b in head.blocks for r in b) if c.fc_bias else True
+    same = (lambda r, f: torch.equal(r.linear.weight, f.linear.weight) and torch.equal(r.linear.bias, f.linear.bias))
+    distinct = any(not same(r, b[0]) for b in head.blocks for r in b) if c.fc_bias else True
     if distinct or c.lm_heads == "shared" or c.head_vocab_size is not None:
         return _write_vllm(head, verifier)
     tensors = {}
