@@ -83,7 +83,8 @@ class SpecDecoder:
         method's loader onto the target (on the bundled target it replaces that method's bundled head only); a
         method whose head is absent raises ValueError when asked for. device None -> CUDA if available else CPU;
         dtype None -> bf16 on CUDA, fp32 on CPU. runner: "eager" (DynamicCache), "static" (a pre-allocated cache
-        of ``max_cache_len`` tokens, CUDA graphs on CUDA) or "auto" (static on CUDA). compile: the static runners' ``torch.compile`` of small forwards (None: the runner's default).
+        of ``max_cache_len`` tokens, CUDA graphs on CUDA) or "auto" (static on CUDA). compile: the static runners'
+        ``torch.compile`` of small forwards (None: the runner's default).
         Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model or a given head cannot be loaded, and
         :class:`specviz.attention.UnsupportedModelError` (a ValueError naming the family and why) for a family the
         runners cannot decode exactly."""
