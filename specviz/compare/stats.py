@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from specviz.speedup import NOISY_IQR, quartiles, spread
+from specviz.speedup import NOISY_IQR, spread
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, RunMetrics, Trace
 
 from .lossless import TIE_EXPLANATION, losslessness
@@ -138,7 +138,7 @@ def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | No
     machine's noise alone, not on how the prompts differ (a repetitive prompt's 2x beside a docstring's 0.9x is a
     finding about the prompts; a lecturer read both as "noisy"). Noise: the spread of method none's own timings of one
     request (each ÷ that request's median timing) and of this row's repeats of one prompt (seeds at T = 0 decode the
-    same request again; each ÷ the prompt's median); noisy when its middle half exceeds NOISY_IQR. Without either
+    same request again; each ÷ the prompt's median); noisy when its whole range exceeds NOISY_IQR. Without either
     (none timed once, one seed) the spread cannot be told apart and the old rule (all ratios) stays, with
     ``noise_known`` False. Adds noise, noise_n, noise_known and by_prompt [[prompt, median ratio, n]]."""
     pairs = prompt_ratios(comparison, runs, base)
@@ -157,8 +157,10 @@ def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | No
     out = {**s, "by_prompt": [[p, medians[p], len(by[p])] for p in sorted(by)], "noise_n": len(rel)}
     if len(rel) < 2:
         return {**out, "noise": None, "noise_known": False}
-    q1, q3 = quartiles(rel)
-    return {**out, "noise": q3 - q1, "noise_known": True, "noisy": q3 - q1 > NOISY_IQR}
+    # the whole range, not the middle half: one request's timings 0.80-1.12 of their median is no steady machine, and
+    # two identical comparisons then ranked the methods differently
+    noise = max(rel) - min(rel)
+    return {**out, "noise": noise, "noise_known": True, "noisy": noise > NOISY_IQR}
 
 
 def baseline_ratios(runs: list[RunResult]) -> list[float]:

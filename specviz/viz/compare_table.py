@@ -114,7 +114,7 @@ def range_cell(row: dict[str, Any]) -> str | None:
                                    "machine is noisy, and one timing per request cannot tell which; add seeds (at "
                                    "T = 0 they time the same request again)")
     if s["noisy"]:
-        noise = (f"method none's timings of one request moved by {100 * s['noise']:.0f} % (their middle half) while "
+        noise = (f"method none's timings of one request ranged over {100 * s['noise']:.0f} % of their median while "
                  "the comparison ran" if s.get("noise") is not None else
                  f"the middle half of these ratios spans more than a quarter of their median (all of them "
                  f"{s['low']:.2f}–{s['high']:.2f}, n {s['n']})")
@@ -205,7 +205,8 @@ def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = No
             + "**tok/fwd** tokens per target forward · **cov.** draft coverage · **accept** draft acceptance rate · "
               "**range** lowest–highest speedup over the prompts and seeds · **model** Leviathan et al.'s predicted "
               "speedup · **ms d·v·s** ms per step: draft · verify · sample · **c_i** acceptance at draft position i "
-              "given 1..i-1 (bars, i = 1..k) · ⚠ a noisy or slow timing · hover a header or a cell for the rest.  \n"
+              "given 1..i-1 (bars, i = 1..k) · ⚠ a flag, spelt out under **Flags** below · hover a header or a cell "
+              "for the rest.  \n"
             + f"**Speedups** are tokens/s ÷ method none's, {timed}, {where}." + flags_line(rows, common))
 
 
@@ -221,13 +222,15 @@ FLAG_WORDS = {"crosses 1×": "slower than method none on one prompt or seed, fas
 
 
 def varies_by_prompt(s: dict[str, Any]) -> bool:
-    """Whether a steady row's per-prompt median speedups differ by more than NOISY_IQR of their median: a finding
-    about the prompts (a repetitive one against a docstring), not noise."""
+    """Whether a steady row's per-prompt median speedups differ by more than NOISY_IQR of their median and by more
+    than twice the machine's own noise (:func:`specviz.compare.stats.speedup_spread`): a finding about the prompts
+    (a repetitive one against a docstring), not noise."""
     medians = [m for _, m, _ in s.get("by_prompt") or []]
-    if len(medians) < 2 or s.get("noisy"):
+    if len(medians) < 2 or s.get("noisy") or not s.get("noise_known", True):
         return False
     mid = sorted(medians)[len(medians) // 2]
-    return mid > 0 and (max(medians) - min(medians)) / mid > NOISY_IQR
+    gap = (max(medians) - min(medians)) / mid if mid > 0 else 0.0
+    return gap > max(NOISY_IQR, 2 * (s.get("noise") or 0.0))
 
 
 def row_flags(row: dict[str, Any]) -> list[str]:

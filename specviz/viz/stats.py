@@ -271,8 +271,9 @@ def _time_panel(fig: go.Figure, run: dict[str, Any], baseline: dict[str, Any] | 
         title = f"time split (ms) of {meas['n']} {seg} each"
         short = f"ms, {meas['n']} timed {seg} each"
         unread = inconclusive(meas)  # as the speedup panel: bars of a measurement that is no reading are faded
-        if unread:  # as short as the usual title: the panel is half the figure's width
+        if unread:  # as short as the usual titles: the panel is half (one-row fit: a quarter) of the figure's width
             title = f"time split of {meas['n']} {seg}: no reading"
+            short = f"ms, {meas['n']} {seg}: no reading"
     fig.layout.annotations[3].text = title
     last = list(TIME_COLOURS)[-1]
     for part, colour in TIME_COLOURS.items():
