@@ -32,8 +32,8 @@ APP_COLUMN_WIDTHS = ("13.5%", "4.5%", "6.5%", "8%", "4.5%", "5.5%", "5.5%", "6.5
 HTML_COLUMNS = ("speedup range (n)", "ms/step: draft / verify / sample", "c_i (Wilson 95%, n), i = 1..k", "lossless")
 GLYPHS = "✓✗≈⚠"  # drawn in a font whose ✓ is a check (the table's monospace one draws it as √): app.css .sv-glyph
 BADGE_MAX = 16  # a longer losslessness badge is cut (its whole text is in the hover)
-CPU_SPREAD_NOTE = ("compare them only within one comparison: on a busy CPU identical comparisons have moved by about "
-                   "15 %")
+CPU_SPREAD_NOTE = ("compare them only within one comparison: on a busy CPU identical comparisons have moved by 15-35 "
+                   "%, so rank methods here by tokens per forward, not by these speedups")
 
 
 def app_columns(convention: str = "vllm") -> list[str]:
