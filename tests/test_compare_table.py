@@ -238,6 +238,8 @@ def test_a_range_across_one_is_flagged_and_faded_like_a_noisy_one():
     fig = ksweep_figure([across, above])
     speed = {d.name.split()[0]: d for d in fig.data if d.xaxis == "x2"}
     assert list(speed["ngram"].marker.opacity) == [FADED] and list(speed["suffix"].marker.opacity) == [1.0]
+    # its range bar faded too: a full-colour bar made a faded point look readable in the docs' screenshot
+    assert speed["ngram"].error_y.color.endswith(f", {FADED})") and speed["suffix"].error_y.color is None
 
 
 def test_prompts_that_differ_are_not_called_noise():

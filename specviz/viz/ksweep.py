@@ -253,6 +253,9 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         single = _single(rs)  # one sample a point: faded markers and no line, which would draw a ranking
         single_any = single_any or single
         unread = single or min(_faded(rs)) < 1.0  # a line through points that cannot be read draws a ranking too
+        if bars is not None and unread and colour.startswith("#") and len(colour) == 7:  # its bars faded as well
+            bars = {**bars, "color": f"rgba({int(colour[1:3], 16)}, {int(colour[3:5], 16)}, {int(colour[5:7], 16)}, "
+                                     f"{FADED})"}
         fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if unread else mode, name=name,
                                  line=line, marker={**marker, "opacity": _faded(rs)},
                                  legendgroup=name, showlegend=False, error_y=bars, **speed_hover), row=1, col=2)
