@@ -138,7 +138,7 @@ def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | No
     machine's noise alone, not on how the prompts differ (a repetitive prompt's 2x beside a docstring's 0.9x is a
     finding about the prompts; a lecturer read both as "noisy"). Noise: the spread of method none's own timings of one
     request (each ÷ that request's median timing) and of this row's repeats of one prompt (seeds at T = 0 decode the
-    same request again; each ÷ the prompt's median); noisy when its whole range exceeds NOISY_IQR. Without either
+    same request again; each ÷ the prompt's median; at T > 0 a seed is another request and is not counted); noisy when its whole range exceeds NOISY_IQR. Without either
     (none timed once, one seed) the spread cannot be told apart and the old rule (all ratios) stays, with
     ``noise_known`` False. Adds noise, noise_n, noise_known and by_prompt [[prompt, median ratio, n]]."""
     pairs = prompt_ratios(comparison, runs, base)
@@ -151,9 +151,9 @@ def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | No
     for p, x in pairs:
         by.setdefault(p, []).append(x)
     medians = {p: statistics.median(xs) for p, xs in by.items()}
-    rel = [x / medians[p] for p, x in pairs if len(by[p]) > 1 and medians[p] > 0]
-    rel += [x for r in comparison.runs_of(base) for x in baseline_ratios([r])] if base is not None and any(
-        r.timings for r in comparison.runs_of(base)) else []
+    same_request = not comparison.configs[runs[0].config].temperature  # at T > 0 each seed is another request
+    rel = [x / medians[p] for p, x in pairs if same_request and len(by[p]) > 1 and medians[p] > 0]
+    rel += baseline_ratios([r for r in comparison.runs_of(base) if r.timings])
     out = {**s, "by_prompt": [[p, medians[p], len(by[p])] for p in sorted(by)], "noise_n": len(rel)}
     if len(rel) < 2:
         return {**out, "noise": None, "noise_known": False}

@@ -125,7 +125,6 @@ def range_cell(row: dict[str, Any]) -> str | None:
     return shown
 
 
-
 def time_cell(row: dict[str, Any]) -> str:
     """ms per step as "0.4·25.9·1.4" (draft · verify · sample), a ⚠ with the timing check's detail after it when a
     timed run held a one-time cost (:func:`specviz.compare.stats.timing_check`)."""

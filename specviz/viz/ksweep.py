@@ -252,12 +252,13 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                                         "<extra></extra>"}
         single = _single(rs)  # one sample a point: faded markers and no line, which would draw a ranking
         single_any = single_any or single
-        unread = single or min(_faded(rs)) < 1.0  # a line through points that cannot be read draws a ranking too
+        opacity = _faded(rs)
+        unread = single or min(opacity) < 1.0  # a line through points that cannot be read draws a ranking too
         if bars is not None and unread and colour.startswith("#") and len(colour) == 7:  # its bars faded as well
             bars = {**bars, "color": f"rgba({int(colour[1:3], 16)}, {int(colour[3:5], 16)}, {int(colour[5:7], 16)}, "
                                      f"{FADED})"}
         fig.add_trace(go.Scatter(x=xs, y=[r["speedup"] for r in rs], mode="markers" if unread else mode, name=name,
-                                 line=line, marker={**marker, "opacity": _faded(rs)},
+                                 line=line, marker={**marker, "opacity": opacity},
                                  legendgroup=name, showlegend=False, error_y=bars, **speed_hover), row=1, col=2)
     note = f"faded: {SINGLE_NOTE}" if single_any else _overlap_note(rows) if groups else ""
     if note:

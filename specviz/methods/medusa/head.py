@@ -132,11 +132,9 @@ class MedusaHead(SharedTargetMixin, nn.Module):
         if target is not None:
             self.attach(target)
 
-
-
     def train(self, mode: bool = True) -> "MedusaHead":
-        """Drop the stacked weights too: a fused optimizer updates weights in place without bumping their version (a
-        trainer's held-out evaluation read the weights of its first evaluation at every later one)."""
+        """Drop the stacked weights too: an in-place update may leave the weights' version key unchanged (a trainer on
+        CUDA logged its first held-out evaluation's numbers at every later one; its fused AdamW is the suspect)."""
         self._stack_cache.clear()
         return super().train(mode)
 
@@ -163,16 +161,17 @@ class MedusaHead(SharedTargetMixin, nn.Module):
         """ResBlock layer j's weights of the K heads stacked: W [K, d, d], b [K, 1, d] or None; kept in eval mode until
         a weight changes (a load, a move) or :meth:`train` is called, never kept in training mode."""
         linears = [blocks[j].linear for blocks in self.blocks]
+
+        def stacked() -> tuple[torch.Tensor, torch.Tensor | None]:
+            bias = None if linears[0].bias is None else torch.stack([lin.bias.detach() for lin in linears])[:, None]
+            return torch.stack([lin.weight.detach() for lin in linears]), bias
+
         if self.training:  # weights move every step: stack afresh, keep nothing
-            return (torch.stack([lin.weight.detach() for lin in linears]),
-                    None if linears[0].bias is None else torch.stack([lin.bias.detach() for lin in linears])[:, None])
+            return stacked()
         key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
-        cache = self._stack_cache
-        if cache.get(j, (None,))[0] != key:
-            w = torch.stack([lin.weight.detach() for lin in linears])
-            b = None if linears[0].bias is None else torch.stack([lin.bias.detach() for lin in linears])[:, None]
-            cache[j] = (key, w, b)
-        return cache[j][1], cache[j][2]
+        if self._stack_cache.get(j, (None,))[0] != key:
+            self._stack_cache[j] = (key, *stacked())
+        return self._stack_cache[j][1], self._stack_cache[j][2]
 
     def _own_lm(self, i: int) -> nn.Module:
         return self.own_lm_heads[i if self.config.lm_heads == "per_head" else 0]
