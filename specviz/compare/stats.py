@@ -138,9 +138,9 @@ def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | No
     machine's noise alone, not on how the prompts differ (a repetitive prompt's 2x beside a docstring's 0.9x is a
     finding about the prompts; a lecturer read both as "noisy"). Noise: the spread of method none's own timings of one
     request (each ÷ that request's median timing) and of this row's repeats of one prompt (seeds at T = 0 decode the
-    same request again; each ÷ the prompt's median; at T > 0 a seed is another request and is not counted); noisy when its whole range exceeds NOISY_IQR. Without either
-    (none timed once, one seed) the spread cannot be told apart and the old rule (all ratios) stays, with
-    ``noise_known`` False. Adds noise, noise_n, noise_known and by_prompt [[prompt, median ratio, n]]."""
+    same request again; each ÷ the prompt's median; at T > 0 a seed is another request and is not counted); noisy
+    when its whole range exceeds NOISY_IQR. Without either (none timed once, one seed at T = 0) the spread cannot be
+    told apart and the old rule (all ratios) stays, with ``noise_known`` False. Adds noise, noise_n, noise_known and by_prompt [[prompt, median ratio, n]]."""
     pairs = prompt_ratios(comparison, runs, base)
     if not pairs:
         return None
