@@ -31,18 +31,15 @@ def main() -> None:
     ap.add_argument("--head", action="append", default=[], metavar="METHOD=DIR",
                     help="this head replaces the method's bundled head (repeatable)")
     ap.add_argument("--tree", action="append", default=[], metavar="METHOD[=TREE]",
-                    help="also measure METHOD with a static tree (default medusa: DEFAULT_MEDUSA_TREE)")
+                    help="also measure METHOD with a static tree (default: the method's HeadSpec.eval_tree)")
     a = ap.parse_args()
-    from specviz import SpecDecoder
+    from specviz import SpecDecoder, methods
     from specviz.train.evaluate import load_prompts
-
-    from specviz.methods.medusa.proposer import DEFAULT_MEDUSA_TREE
 
     heads = dict(h.split("=", 1) for h in a.head) or None
     dec = SpecDecoder.from_pretrained(device=a.device, dtype=a.dtype, heads=heads)
-    trees = {"medusa": DEFAULT_MEDUSA_TREE}
     runs = [(m, None) for m in a.methods.split(",") if m]
-    runs += [(t.split("=", 1)[0], t.split("=", 1)[1] if "=" in t else trees[t]) for t in a.tree]
+    runs += [(t.split("=", 1)[0], t.split("=", 1)[1] if "=" in t else methods.get(t).head.eval_tree) for t in a.tree]
     prompts = load_prompts(a.prompts)
     res = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": a.device, "dtype": a.dtype,
            "max_new_tokens": a.max_new_tokens, "heads": dec.names, "splits": {}}
