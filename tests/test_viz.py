@@ -13,7 +13,8 @@ import pytest
 
 from specviz.engine import METHODS
 from specviz.loading import bundled_heads
-from specviz.trace import Emitted, Position, Step, Trace, compute_metrics
+from specviz.trace import Emitted, Position, RunMetrics, Step, Trace, compute_metrics
+from specviz.trace.metrics import counted
 from specviz.viz.common import fmt_prob
 from specviz.methods.ngram.view import match_context_html, trie_figure, trie_placement
 from specviz.viz.source import source_figure, source_html
@@ -99,11 +100,14 @@ def test_handmade_fates_in_grid_and_stream():
     f = [[FATES[int(v)] if not math.isnan(v) else None for v in row] for row in z]
     assert f[0] == ["accepted", "accepted", "rejected", "recovered"]
     assert f[1] == [None, None, None, "target"]
-    assert f[2] == ["accepted", "accepted", "cut", "cut"]  # the stop dropped x3 and the bonus
+    # the request stopped at x2: x2 is the step's own token as every statistic counts it; x3 and the bonus dropped
+    assert f[2] == ["accepted", "stop", "cut", "cut"]
+    assert sum(row.count("accepted") for row in f) == RunMetrics.of(tr).num_accepted_tokens == 3  # the grid's green = the statistic
     assert text[0][:3] == ["t10", "t11", "t12"] and text[0][3] == "t20"
     page = token_stream_html(tr)
     fates = re.findall(r'data-fate="(\w+)"', page)
-    assert fates == ["accepted", "accepted", "rejected", "recovered", "target", "accepted", "accepted"]
+    assert fates == ["accepted", "accepted", "rejected", "recovered", "target", "accepted", "stop"]
+    assert "the request stopped at" in page  # the legend names the stop fate when a step was cut
     shown = [int(t) for t, fate in zip(re.findall(r'data-token="(\d+)"', page), fates) if fate != "rejected"]
     assert shown == tr.output_token_ids
 
@@ -216,7 +220,7 @@ def test_grid_and_stream_match_real_traces(traces):
             drafted = [v for v in row[:-1] if not math.isnan(v)]
             assert len(drafted) == len(st.draft_token_ids), name
             n_acc = sum(1 for v in drafted if FATES[int(v)] == "accepted")
-            assert n_acc == min(st.num_accepted, len(st.committed_token_ids)), name
+            assert n_acc == counted(st)[0], name  # green cells = the accepted drafts every statistic counts
             rejected = sum(1 for v in drafted if FATES[int(v)] == "rejected")
             assert rejected == int(st.num_accepted < len(st.draft_token_ids))
         fig = step_grid_figure(tr, 0, 1)

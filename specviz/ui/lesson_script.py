@@ -50,7 +50,10 @@ const svFocus = () => {
     if (element.svShown !== shown || (window.svUserScrollAt || 0) > shownAt) return;
     svFit(target);
     const below = panel ? panel.offsetHeight : 0;
-    const top = target.getBoundingClientRect().top + window.scrollY - below - 8;
+    let top = target.getBoundingClientRect().top + window.scrollY - below - 8;
+    // data-anchor="bottom": the figure's lowest rows are the chapter's subject (the block test's P_i, h_i, eta_i)
+    const plot = ch.dataset.anchor === 'bottom' && target.querySelector('.js-plotly-plot');
+    if (plot) top = Math.max(top, plot.getBoundingClientRect().bottom + window.scrollY - window.innerHeight + 8);
     window.scrollTo({top: Math.max(top, 0), behavior: 'instant'});
   };
   [250, 900, 1800, 3000].forEach((ms) => setTimeout(place, ms));

@@ -27,11 +27,13 @@ from typing import Any
 
 from specviz.trace import RunMetrics, Step, Trace
 
-FATES = ("accepted", "rejected", "unused", "recovered", "bonus", "target", "cut")
+FATES = ("accepted", "stop", "rejected", "unused", "recovered", "bonus", "target", "cut")
 
 # (background, text colour, legend label). Colour-blind-safe-ish: blue/orange/green are distinct.
 FATE_STYLE: dict[str, tuple[str, str, str]] = {
     "accepted": ("#b7e4c7", "#1b4332", "accepted draft token"),
+    # the EOS draft a request stopped at: accepted by the verifier, counted as its step's own token (metrics.counted)
+    "stop": ("#d9f99d", "#365314", "accepted draft the request stopped at (its step's own token)"),
     "rejected": ("#f4a6a6", "#7f1d1d", "rejected draft token"),
     "unused": ("#f3f4f6", "#9ca3af", "draft token after the rejection (unused)"),
     "recovered": ("#fcd581", "#7c4a03", "recovered token (from the residual)"),
@@ -155,9 +157,13 @@ def decision_slot(step: Step) -> int:
 
 
 def position_fate(step: Step, i: int) -> str:
-    """Fate of draft position ``i`` (1-based, i <= k') of ``step``."""
+    """Fate of draft position ``i`` (1-based, i <= k') of ``step``: accepted, stop (the accepted draft the request
+    stopped at, in a step the stop cut: every statistic counts it as the step's own token, not as an accepted draft;
+    :func:`specviz.trace.metrics.counted`), cut (accepted, dropped after the stop), rejected or unused."""
     acc, kept = step.num_accepted, len(step.committed_token_ids)
     if i <= acc:
+        if i == kept and not step.emitted_committed:
+            return "stop"
         return "accepted" if i <= kept else "cut"
     return "rejected" if i == acc + 1 else "unused"
 
@@ -228,7 +234,8 @@ def token_events(trace: Trace) -> list[TokenEvent]:
     for step in trace.steps:
         committed = step.committed_token_ids
         for i in range(1, min(step.num_accepted, len(committed)) + 1):
-            events.append(TokenEvent(committed[i - 1], "accepted", step.index, i, *_pqua(_position(step, i))))
+            fate = position_fate(step, i)  # "stop" for the EOS draft a cut step ended at
+            events.append(TokenEvent(committed[i - 1], fate, step.index, i, *_pqua(_position(step, i))))
         if step.num_accepted < len(step.draft_token_ids):
             pos = _position(step, step.num_accepted + 1)
             tok = step.draft_token_ids[step.num_accepted]

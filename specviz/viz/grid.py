@@ -78,6 +78,9 @@ def _draft_cell(trace: Trace, step: Step, i: int, width: int = 10) -> tuple[int,
     if pos is not None:
         hover += (f"<br>p(x) = {fmt_prob(pos.p)}, q(x) = {fmt_prob(pos.q)}"
                   f"<br>u = {fmt_prob(pos.u)}, min(1, p/q) = {fmt_prob(pos.accept_prob)}")
+    if fate == "stop":
+        hover += ("<br>accepted, and the request stops at it: every statistic counts it as the step's own token"
+                  " (1 + accepted drafts), not as an accepted draft; the bonus token was dropped")
     if rescued:
         hover += (f"<br>★ accepted by block verification (τ = {step.num_accepted}); token-wise verification "
                   f"would have stopped after {tokenwise}")
@@ -158,7 +161,10 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
         textfont={"size": cell_font(ncol)[0], "family": "monospace"}, hovertemplate="%{hovertext}<extra></extra>",
         colorscale=_colorscale(), zmin=0, zmax=len(FATES), showscale=False, xgap=2, ygap=2,
     ))
+    stopped = any(FATES[int(v)] == "stop" for row in z for v in row if not math.isnan(v))
     for fate in FATES:
+        if fate == "stop" and not stopped:  # only a run the stop cut inside a step's drafts has one
+            continue
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=fate_label(fate, trace),
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[fate][0],
                                          "line": {"width": 1, "color": "#6b7280"}}))

@@ -42,7 +42,9 @@ class Chapter:
     title / text: HTML-safe strings (token texts escaped), written from the trace's numbers.
     step: the step index it talks about (None for intro / stats); position: the 1-based slot it
     selects in the views (None: the step's decision slot); focus: one of FOCUS_VIEWS; view: what the chapter panel
-    calls the highlighted view ("": VIEW_NAMES[focus]).
+    calls the highlighted view ("": VIEW_NAMES[focus]); anchor: "top" (the page scrolls the view's top below the
+    pinned chapter panel) or "bottom" (the view's bottom to the window's, when it is taller than the room: the block
+    test's P_i / h_i / η_i rows are the residual figure's lowest).
     """
 
     kind: str
@@ -52,6 +54,7 @@ class Chapter:
     position: int | None = None
     focus: str = "stream"
     view: str = ""
+    anchor: str = "top"
 
     @property
     def view_name(self) -> str:

@@ -162,7 +162,7 @@ def test_chapters(trace: Trace, st: Step, every_position: bool = False) -> list[
         # a tree's tests walk its accepted path: the draft-tree view shows it (the residual view one row of it)
         view = ("tree", "") if is_tree(st) and _verify(trace) == "greedy" else ("residual", _no_residual(trace))
         out.append(Chapter("test", f"Step {st.index}, {where}: {quoted(trace, pos.token_id)} {verdict}",
-                           text, st.index, pos.index, *view))
+                           text, st.index, pos.index, *view, anchor="bottom" if block else "top"))
     if block and k:
         tau, tokenwise = int(st.block.get("tau", st.num_accepted)), tokenwise_accepted(st)
         extra = (f" Block verification keeps {tau - tokenwise} token(s) (★ in the grid) that token-wise verification "
@@ -170,7 +170,8 @@ def test_chapters(trace: Trace, st: Step, every_position: bool = False) -> list[
         out.append(Chapter("block", f"Step {st.index}: τ = {tau}",
                            f"τ = the last position i with η_i ≤ h_i = {tau}, so the first {tau} draft token(s) are "
                            f"accepted. Token-wise verification (η_i ≤ min(1, p_i/q_i), stopping at the first failure) "
-                           f"would have accepted {tokenwise}.{extra}", st.index, st.num_accepted + 1, "residual"))
+                           f"would have accepted {tokenwise}.{extra}", st.index, st.num_accepted + 1, "residual",
+                           anchor="bottom"))
     return out
 
 

@@ -145,7 +145,8 @@ def _title(trace: Trace, step: Step, i: int) -> str:
     if i > k:
         return f"step {step.index}, slot {i} (after the last draft token): the bonus slot, p_{i}"
     fate = position_fate(step, i)
-    text = f"step {step.index}, position {i}: draft {quoted(trace, step.draft_token_ids[i - 1])} was {fate}"
+    said = "accepted; the request stopped there" if fate == "stop" else fate
+    text = f"step {step.index}, position {i}: draft {quoted(trace, step.draft_token_ids[i - 1])} was {said}"
     if step.block and i <= step.num_accepted and i > (tokenwise_accepted(step) or 0):
         text += " (★ by block verification; token-wise would have rejected it)"
     if i == step.num_accepted + 1:
@@ -174,6 +175,8 @@ def decision_heading(trace: Trace, step: Step, i: int) -> str:
         return f"Why was {x} rejected, and where did the recovered {own} come from?"
     if fate == "unused":
         return f"Why was {x} never used?"
+    if fate == "stop":
+        return f"Why was {x} accepted? (The request stops at it: counted as the step's own token.)"
     return f"Why was {x} accepted?"
 
 

@@ -109,7 +109,9 @@ def rate_set(trace: Trace | dict[str, Any]) -> list[Rate]:
         Rate("draft_acceptance_rate", "draft acceptance rate" + (" per node (alternatives count)" if tree_note else ""),
              m.draft_acceptance_rate if drafted > 0 else None,
              "accepted / drafted tokens", f"{accepted} / {drafted}" if drafted > 0 else "no drafts",
-             tree_note or "drafts after a rejection count as not accepted"),
+             (tree_note or "drafts after a rejection count as not accepted")
+             + ("; the EOS draft the request stopped at and the drafts after it are not counted (the EOS is its "
+                "step's own token)" if m.num_cut_steps else "")),
         *tree_rates,
         Rate("alpha", "a", m.alpha, "accepted / verified positions",
              f"{accepted} / {verified}" if verified else "no drafts",

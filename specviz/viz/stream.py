@@ -40,6 +40,7 @@ def _span_style(fate: str, first_of_step: bool, selected: bool) -> str:
 def _title(ev: TokenEvent, trace: Trace) -> str:
     what = {
         "accepted": "accepted draft token",
+        "stop": "accepted draft token; the request stops at it (counted as the step's own token)",
         "rejected": "rejected draft token (not in the output)",
         "recovered": "recovered token, drawn from the residual max(p - q, 0)/Z",
         "bonus": "bonus token, drawn from p after every draft token was accepted",
@@ -53,7 +54,7 @@ def _title(ev: TokenEvent, trace: Trace) -> str:
              f"p(x) = {fmt_prob(ev.p) if ev.p is not None else 'not recorded'}"]
     if ev.fate == "recovered" and not greedy and 0 <= ev.step < len(trace.steps):
         lines[-1] += f"   r(x) = {fmt_prob(residual_prob(trace.steps[ev.step]))} (the residual it was drawn from)"
-    if ev.fate in ("accepted", "rejected"):
+    if ev.fate in ("accepted", "stop", "rejected"):
         lines.append(f"q(x) = {fmt_prob(ev.q)}   u = {fmt_prob(ev.u)}   min(1, p/q) = {fmt_prob(ev.accept_prob)}")
     if ev.unused_after:
         lines.append(f"{ev.unused_after} later draft token(s) of this step were thrown away")
@@ -113,4 +114,6 @@ def token_stream_html(trace: Trace | dict[str, Any], selected_step: int | None =
         )
     if not trace.steps:
         parts.append('<span style="color:#9ca3af"> (no tokens yet)</span>')
-    return f'<div class="sv-stream">{legend_html(trace=trace)}<div style="{_BOX}">{"".join(parts)}</div></div>'
+    cut = any(not st.emitted_committed and st.draft_token_ids for st in trace.steps)  # a stop inside a step's drafts
+    fates = LEGEND_FATES[:1] + ("stop",) * cut + LEGEND_FATES[1:]
+    return f'<div class="sv-stream">{legend_html(fates, trace=trace)}<div style="{_BOX}">{"".join(parts)}</div></div>'
