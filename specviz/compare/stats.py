@@ -140,7 +140,12 @@ def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | No
     request (each ÷ that request's median timing) and of this row's repeats of one prompt (seeds at T = 0 decode the
     same request again; each ÷ the prompt's median; at T > 0 a seed is another request and is not counted); noisy
     when its whole range exceeds NOISY_IQR. Without either (none timed once, one seed at T = 0) the spread cannot be
-    told apart and the old rule (all ratios) stays, with ``noise_known`` False. Adds noise, noise_n, noise_known and by_prompt [[prompt, median ratio, n]]."""
+    told apart and the old rule (all ratios) stays, with ``noise_known`` False. Adds noise, noise_n, noise_known,
+    by_prompt [[prompt, median ratio, n]] and tpf_by_prompt [[prompt, tokens per target forward]] (pooled over the
+    prompt's runs). On a steady machine, prompts whose median speedups differ by more than the noise allows
+    (:func:`prompt_gap`) while their tokens per forward differ by less than half as much are called noisy, with
+    ``unexplained`` = (speedup gap, tokens-per-forward gap): the timing moved between prompts, not the acceptance (two
+    identical comparisons flagged a prompt effect in one and not the other)."""
     pairs = prompt_ratios(comparison, runs, base)
     if not pairs:
         return None
@@ -154,13 +159,31 @@ def speedup_spread(comparison: Comparison, runs: list[RunResult], base: int | No
     same_request = not comparison.configs[runs[0].config].temperature  # at T > 0 each seed is another request
     rel = [x / medians[p] for p, x in pairs if same_request and len(by[p]) > 1 and medians[p] > 0]
     rel += baseline_ratios([r for r in comparison.runs_of(base) if r.timings])
-    out = {**s, "by_prompt": [[p, medians[p], len(by[p])] for p in sorted(by)], "noise_n": len(rel)}
+    tpf = {p: prompt_tpf([r for r in runs if r.prompt == p]) for p in sorted(by)}
+    out = {**s, "by_prompt": [[p, medians[p], len(by[p])] for p in sorted(by)], "noise_n": len(rel),
+           "tpf_by_prompt": [[p, tpf[p]] for p in sorted(by)]}
     if len(rel) < 2:
         return {**out, "noise": None, "noise_known": False}
     # the whole range, not the middle half: one request's timings 0.80-1.12 of their median is no steady machine, and
     # two identical comparisons then ranked the methods differently
     noise = max(rel) - min(rel)
+    speed_gap, tpf_gap = prompt_gap(list(medians.values())), prompt_gap(list(tpf.values()))
+    if noise <= NOISY_IQR and speed_gap > max(NOISY_IQR, 2 * noise) and tpf_gap < speed_gap / 2:
+        return {**out, "noise": noise, "noise_known": True, "noisy": True, "unexplained": [speed_gap, tpf_gap]}
     return {**out, "noise": noise, "noise_known": True, "noisy": noise > NOISY_IQR}
+
+
+def prompt_gap(values: list[float]) -> float:
+    """(highest - lowest) / the median of per-prompt values (0.0 for fewer than two or a median of 0)."""
+    if len(values) < 2:
+        return 0.0
+    mid = sorted(values)[len(values) // 2]
+    return (max(values) - min(values)) / mid if mid > 0 else 0.0
+
+
+def prompt_tpf(runs: list[RunResult]) -> float:
+    """Tokens per target forward pooled over ``runs`` (committed tokens / verification steps; 0.0 without steps)."""
+    return pooled_metrics([r.trace for r in runs], 1).tokens_per_target_forward
 
 
 def baseline_ratios(runs: list[RunResult]) -> list[float]:

@@ -11,7 +11,7 @@ import html
 import re
 from typing import Any
 
-from specviz.compare.stats import CELL_TIPS
+from specviz.compare.stats import CELL_TIPS, prompt_gap
 from specviz.speedup import NOISY_IQR, crosses_one
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.trace.metrics import convention_label
@@ -113,6 +113,11 @@ def range_cell(row: dict[str, Any]) -> str | None:
         return shown + " " + _flag(f"spread {s['low']:.2f}–{s['high']:.2f} (n {s['n']}): the prompts differ or the "
                                    "machine is noisy, and one timing per request cannot tell which; add seeds (at "
                                    "T = 0 they time the same request again)")
+    if s["noisy"] and s.get("unexplained"):
+        speed_gap, tpf_gap = s["unexplained"]
+        return shown + " " + _flag(f"noisy: the prompts' speedups differ by {100 * speed_gap:.0f} % but their tokens "
+                                   f"per forward by {100 * tpf_gap:.0f} %: the timing moved, not the acceptance, so "
+                                   "the speedups are not readable on this machine now")
     if s["noisy"]:
         noise = (f"method none's timings of one request ranged over {100 * s['noise']:.0f} % of their median while "
                  "the comparison ran" if s.get("noise") is not None else
@@ -213,7 +218,8 @@ def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = No
 FLAG_WORDS = {"crosses 1×": "slower than method none on one prompt or seed, faster on another: no verdict",
               "noisy": "the speedups spread too far to read on this machine now",
               "one sample": "one prompt and seed only, unchecked",
-              "varies by prompt": "the machine was steady; the prompts differ, speedup per prompt 1, 2, …",
+              "varies by prompt": "the machine was steady and the prompts' tokens per forward differ too; speedup per "
+                                  "prompt 1, 2, …",
               "⚠ capture": "a timed step captured a CUDA graph (kept out of the step times)",
               "slow step": "a timed step over 10x the median: a one-time cost inside the speedup",
               "≈ near-tie": "differs from method none only at a 16-bit near-tie (numerics, not a bug)",
@@ -222,14 +228,12 @@ FLAG_WORDS = {"crosses 1×": "slower than method none on one prompt or seed, fas
 
 def varies_by_prompt(s: dict[str, Any]) -> bool:
     """Whether a steady row's per-prompt median speedups differ by more than NOISY_IQR of their median and by more
-    than twice the machine's own noise (:func:`specviz.compare.stats.speedup_spread`): a finding about the prompts
-    (a repetitive one against a docstring), not noise."""
+    than twice the machine's own noise (:func:`specviz.compare.stats.speedup_spread`, which calls a gap its tokens per
+    forward do not explain noisy): a finding about the prompts (a repetitive one against a docstring), not noise."""
     medians = [m for _, m, _ in s.get("by_prompt") or []]
     if len(medians) < 2 or s.get("noisy") or not s.get("noise_known", True):
         return False
-    mid = sorted(medians)[len(medians) // 2]
-    gap = (max(medians) - min(medians)) / mid if mid > 0 else 0.0
-    return gap > max(NOISY_IQR, 2 * (s.get("noise") or 0.0))
+    return prompt_gap(medians) > max(NOISY_IQR, 2 * (s.get("noise") or 0.0))
 
 
 def row_flags(row: dict[str, Any]) -> list[str]:
@@ -258,7 +262,10 @@ def flags_line(rows: list[dict[str, Any]], common: dict[str, Any]) -> str:
         for flag in row_flags(row):
             name = short_label(row, common)
             if flag == "varies by prompt":
-                name += " " + "/".join(f"{m:.2f}" for _, m, _ in row["speedup_spread"]["by_prompt"])
+                spread_ = row["speedup_spread"]
+                name += " " + "/".join(f"{m:.2f}" for _, m, _ in spread_["by_prompt"])
+                if spread_.get("tpf_by_prompt"):
+                    name += " (tok/fwd " + "/".join(f"{t:.2f}" for _, t in spread_["tpf_by_prompt"]) + ")"
             by_flag.setdefault(flag, []).append(name)
     if not by_flag:
         return ""
