@@ -115,13 +115,13 @@ def _overlap_note(rows: list[dict[str, Any]]) -> str:
     ns = sorted({s["n"] for s in drawn})
     few = "" if not ns or ns[0] >= FEW_SAMPLES else (f"n = {ns[0]}" if len(ns) == 1 else f"n = {ns[0]}–{ns[-1]}")
     faded = any(s["noisy"] or crosses_one(s) for s in drawn)
-    first = " · ".join(([f"{few} per point (few)"] if few else []) + ([NOISY_NOTE] if faded else []))
-    return f"{first}<br>{OVERLAP_NOTE}" if first else OVERLAP_NOTE
+    # one clause a line: in the presentation layout's type a joined line ran past the half-width panel over its ticks
+    return "<br>".join(([f"{few} per point (few)"] if few else []) + ([NOISY_NOTE] if faded else []) + [OVERLAP_NOTE])
 
 
-def _speed_span(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
+def _speed_span(rows: list[dict[str, Any]], note_lines: int = 2) -> tuple[float, float] | None:
     """The speedup axis's range: every drawn point and range bar and 1x, with 8 % room below and, for the panel's
-    note, 25 % above. None when no row is drawn."""
+    note of ``note_lines`` lines, 12.5 % a line above. None when no row is drawn."""
     drawn = [r for r in rows if r["method"] != "none" and r.get("speedup") is not None]
     if not drawn:
         return None
@@ -129,7 +129,7 @@ def _speed_span(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
     values += [v for r in drawn if (s := r.get("speedup_spread")) and s.get("n") for v in (s["low"], s["high"])]
     lo, hi = min(values), max(values)
     pad = (hi - lo) or 0.5
-    return lo - 0.08 * pad, hi + 0.25 * pad
+    return lo - 0.08 * pad, hi + 0.125 * max(note_lines, 2) * pad
 
 
 FADED = 0.3  # a faded point's opacity: 0.45 read like a solid one on a projector
@@ -243,7 +243,8 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
             fig.add_trace(go.Scatter(x=grid, y=[_theory(a, k, g) for k in grid], mode="lines",
                                      line={"color": colour, "dash": "dash"}, name=f"theory a = {a:.2f}{extra}",
                                      legendgroup=name, showlegend=False,
-                                     hovertemplate=f"{THEORY}<br>a = {a:.2f}{extra}, k = %{{x}}: %{{y:.2f}}"
+                                     hovertemplate=f"{THEORY}<br>a = {a:.2f}{extra} (one a and g for the method, "
+                                                   "pooled over its runs at every k), k = %{x}: %{y:.2f}"
                                                    "<extra>theory</extra>"), row=1, col=1)
         bars, noisy = _range_bars(rs)
         # the range note rides in text (the mode draws no text): customdata stays each point's k
@@ -266,9 +267,13 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
                            xref="x2 domain", yref="y2 domain", x=0.5, y=1.0, yanchor="top",
                            font={"size": 11, "color": "#b45309"}, bgcolor="rgba(255,255,255,0.85)")
     fig.add_hline(y=1.0, line={"color": "#6b7280", "width": 1}, row=1, col=2)
-    span = _speed_span(rows)
+    span = _speed_span(rows, note.count("<br>") + 1)
     if span is not None:  # the whole range bars, 1x and room for the note under the title (autorange cut whiskers)
         fig.update_yaxes(range=list(span), row=1, col=2)
+    left = [y for t in fig.data if t.xaxis in (None, "x") and t.y is not None for y in t.y if y is not None]
+    if left:  # tokens per forward from 1 (method none's), so the sweep's heights read against plain decoding
+        lo, hi = min([1.0] + left), max(left)
+        fig.update_yaxes(range=[lo - 0.08 * ((hi - lo) or 0.5), hi + 0.1 * ((hi - lo) or 0.5)], row=1, col=1)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_yaxes(title_text="× method none tokens/s", row=1, col=2)
     fig.update_layout(height=380 + MODEBAR_PX, plot_bgcolor="#ffffff",

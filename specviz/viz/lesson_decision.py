@@ -123,7 +123,9 @@ def _accepted_greedy(trace: Trace, st: Step, last: int) -> Chapter:
     if is_tree(st):
         rejected = [(d, _rejected_siblings(st, node)) for d in range(1, last + 1) if (node := _row_node(st, d))]
         named = "; ".join(f"{_toks(trace, ids)} at depth {d}" for d, ids in rejected if ids)
-        named = f"Ranked before the accepted child, tested and rejected: {named}." if named else ""
+        # the tree draws the accepted path as its main line, so a sibling tested first sits below it there
+        named = (f"Ranked before the accepted child, tested and rejected (drawn below the accepted path): {named}."
+                 if named else "")
         text = (f"{GREEDY_TREE_WALK} Here a child was accepted at depths 1–{last}: "
                 f"{_toks(trace, [pos.token_id for pos in st.positions[:last]])}, the accepted path. "
                 + (f"{named} " if named else "Each was its node's first child, so no sibling was tested. ")
