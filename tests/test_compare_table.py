@@ -283,7 +283,7 @@ def test_prompts_that_differ_are_not_called_noise():
     above = table(comparison(steady, (10 / 1.3, 10 / 2.0, 10 / 1.6), steps=(3, 2, 3)))[1]
     assert row_flags(above) == ["varies by prompt"] and "by prompt: 1: 1.30, 2: 2.00, 3: 1.60" in range_cell(above)
     assert "ngram 1.30/2.00/1.60 (tok/fwd 1.33/2.00/1.33)" in flags_line([above], shared([above]))
-    # trial 10: the same gap with equal tokens per forward is the timing moving, not the prompts (an identical
+    # the same gap with equal tokens per forward is the timing moving, not the prompts (a lecturer's identical
     # comparison did not show it again): noisy, and the cell says why
     timing = table(comparison(steady, (10 / 1.3, 10 / 2.0, 10 / 1.6)))[1]
     assert timing["speedup_spread"]["unexplained"] == pytest.approx([0.7 / 1.6, 0.0])

@@ -102,7 +102,8 @@ def test_handmade_fates_in_grid_and_stream():
     assert f[1] == [None, None, None, "target"]
     # the request stopped at x2: x2 is the step's own token as every statistic counts it; x3 and the bonus dropped
     assert f[2] == ["accepted", "stop", "cut", "cut"]
-    assert sum(row.count("accepted") for row in f) == RunMetrics.of(tr).num_accepted_tokens == 3  # the grid's green = the statistic
+    # the grid's green cells = the statistic's accepted drafts
+    assert sum(row.count("accepted") for row in f) == RunMetrics.of(tr).num_accepted_tokens == 3
     assert text[0][:3] == ["t10", "t11", "t12"] and text[0][3] == "t20"
     page = token_stream_html(tr)
     fates = re.findall(r'data-fate="(\w+)"', page)
