@@ -168,6 +168,12 @@ def position_fate(step: Step, i: int) -> str:
     return "rejected" if i == acc + 1 else "unused"
 
 
+def stopped_in_drafts(trace: Trace) -> bool:
+    """Whether the request stopped inside a step's accepted drafts, so that one draft has the fate "stop"
+    (:func:`position_fate`); a step without drafts always commits its own token."""
+    return any(st.draft_token_ids and not st.emitted_committed for st in trace.steps)
+
+
 def emitted_fate(step: Step) -> str:
     """Fate of the step's own token: its kind, or ``cut`` if the stop dropped it."""
     if len(step.committed_token_ids) <= step.num_accepted:

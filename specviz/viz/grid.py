@@ -28,6 +28,7 @@ from .common import (
     position_fate,
     quoted,
     residual_prob,
+    stopped_in_drafts,
     token_text,
     tokenwise_accepted,
     visible,
@@ -161,7 +162,7 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
         textfont={"size": cell_font(ncol)[0], "family": "monospace"}, hovertemplate="%{hovertext}<extra></extra>",
         colorscale=_colorscale(), zmin=0, zmax=len(FATES), showscale=False, xgap=2, ygap=2,
     ))
-    stopped = any(FATES[int(v)] == "stop" for row in z for v in row if not math.isnan(v))
+    stopped = stopped_in_drafts(trace)
     for fate in FATES:
         if fate == "stop" and not stopped:  # only a run the stop cut inside a step's drafts has one
             continue

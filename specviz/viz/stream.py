@@ -13,8 +13,8 @@ from typing import Any
 
 from specviz.trace import Trace
 
-from .common import (FATE_STYLE, TokenEvent, as_trace, fate_label, fmt_prob, residual_prob, token_events, token_text,
-                     visible)
+from .common import (FATE_STYLE, TokenEvent, as_trace, fate_label, fmt_prob, residual_prob, stopped_in_drafts,
+                     token_events, token_text, visible)
 
 PROMPT_CHARS = 240  # longer prompts show only their last PROMPT_CHARS characters (and at most PROMPT_LINES lines)
 PROMPT_LINES = 4
@@ -114,6 +114,5 @@ def token_stream_html(trace: Trace | dict[str, Any], selected_step: int | None =
         )
     if not trace.steps:
         parts.append('<span style="color:#9ca3af"> (no tokens yet)</span>')
-    cut = any(not st.emitted_committed and st.draft_token_ids for st in trace.steps)  # a stop inside a step's drafts
-    fates = LEGEND_FATES[:1] + ("stop",) * cut + LEGEND_FATES[1:]
+    fates = LEGEND_FATES[:1] + ("stop",) * stopped_in_drafts(trace) + LEGEND_FATES[1:]
     return f'<div class="sv-stream">{legend_html(fates, trace=trace)}<div style="{_BOX}">{"".join(parts)}</div></div>'
