@@ -298,14 +298,13 @@ def test_forward_chapter_compares_one_steps_time_with_forwards_of_its_kind(trace
         s.timings_ms["verify"] = 20.0 + n
     text = plain(forward_chapter(tr, drafting[0]).text)
     times = [s.timings_ms["verify"] for s in drafting]
-    assert "This forward took 20.0 ms in the live run" in text and "speedup panel's timed segments" in text
+    assert "This forward took 20.0 ms live" in text and "quote the speedup panel's times" in text
     assert (f"; the run's {len(times)} forwards over a chain of drafts took {min(times):.1f}–{max(times):.1f} ms "
             f"(median {statistics.median(times):.1f} ms).") in text
     assert "machine, not" not in text
     drafting[-1].timings_ms["verify"] = SPREAD * 20.0 * 5  # a late step slowed by other work
     text = plain(forward_chapter(tr, drafting[0]).text)
-    assert ("Times this far apart come from the machine (a one-time cost, the app's drawing or other work), not the "
-            "method") in text
+    assert "Times this far apart come from the machine (a one-time cost or other work), not the method" in text
     drafting[-1].timings_ms["verify"], drafting[0].timings_ms["verify"] = 21.0, 400.0  # the first step: warm-up
     text = plain(forward_chapter(tr, drafting[1]).text)
     assert "(warm-up in the first steps)" in text and "400.0 ms" in text

@@ -152,16 +152,16 @@ SPREAD = 2.0  # forward times this many times apart: the chapter says why they v
 def _forward_ms(trace: Trace, st: Step) -> str:
     """'This forward took X ms', then the range and median of the run's forwards of the same kind (a tree or a chain;
     a forward's time grows with the tokens it checks) and, where they lie more than SPREAD times apart, why (warm-up
-    in the first steps, the app's drawing, other work on the machine): one step's time is one sample; the speedup
-    panel's timed segments are named as the time to quote. '' when the step has no verify time."""
+    in the first steps, other work on the machine): one step's time is one sample; the speedup panel's timed segments
+    are named as the time to quote. '' when the step has no verify time."""
     ms = st.timings_ms.get("verify")
     if not ms:
         return ""
     same = [(s.index, s.timings_ms["verify"]) for s in trace.steps
             if s.timings_ms.get("verify") and s.is_tree == st.is_tree and bool(s.draft_token_ids)]
-    # a live run's forwards read slower than Compare's: recording every step and the app's drawing share the machine
-    text = (f"This forward took {ms:.1f} ms in the live run, which recording and drawing slow (the speedup panel's "
-            "timed segments give the time to quote)")
+    # a live run's forwards read slower than Compare's: recording every step and the app's drawing share the machine;
+    # kept short, as the chapter's length decides the room a tree figure gets below it
+    text = f"This forward took {ms:.1f} ms live (recording and drawing slow it: quote the speedup panel's times)"
     times = [t for _, t in same]
     if len(times) < 2:
         return text + "."
@@ -173,8 +173,8 @@ def _forward_ms(trace: Trace, st: Step) -> str:
     slowest = max(same, key=lambda it: it[1])[0]
     # a later slow step is not only other work: a first run also pays one-time costs mid-run (a new shape's first
     # forward); kept short, as the chapter's length decides the room a tree figure gets below it
-    why = "warm-up in the first steps" if slowest < 2 else "a one-time cost, the app's drawing or other work"
-    return text + f" Times this far apart come from the machine ({why}), not the method: one step's time is one sample."
+    why = "warm-up in the first steps" if slowest < 2 else "a one-time cost or other work"
+    return text + f" Times this far apart come from the machine ({why}), not the method."
 
 
 def forward_chapter(trace: Trace, st: Step) -> Chapter:
