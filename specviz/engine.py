@@ -25,6 +25,8 @@ import torch
 from . import events as ev
 from . import methods
 from .config import MAX_SPECULATIVE_TOKENS, VERIFY_METHODS, GenerationConfig
+from .compile_stage import CompileStatus, initial_status
+from .compiled_graphs import compiled_label
 from .describe import add_texts, describe_request
 from .loading import load_parts, runner_options
 from .methods.base import Build
@@ -53,12 +55,15 @@ class SpecDecoder:
     def __init__(self, target_model: torch.nn.Module, tokenizer: Any, draft_model: torch.nn.Module | None = None,
                  runner_factory: Callable[[torch.nn.Module], ModelRunner] = EagerRunner,
                  names: dict[str, str] | None = None, draft_tokenizer: Any = None,
-                 heads: dict[str, torch.nn.Module] | None = None, head_errors: dict[str, str] | None = None):
+                 heads: dict[str, torch.nn.Module] | None = None, head_errors: dict[str, str] | None = None,
+                 compile_status: CompileStatus | None = None):
         self.target_model, self.tokenizer, self.draft_model = target_model, tokenizer, draft_model
         self.heads = dict(heads or {})  # {method: its head, attached to target_model}
         self.head_errors = dict(head_errors or {})  # {method: why it has no head}, for the error message
         self.device = next(target_model.parameters()).device
         self.runner_factory, self.names = runner_factory, names or {}
+        opts = runner_options(runner_factory)  # compile None on CUDA with the static runner: the warm-up compiles
+        self.compile_status = compile_status or initial_status(opts.get("compile"), self.device, opts["static"])
         self.vocab_size = int(target_model.get_output_embeddings().weight.shape[0])
         check_draft(draft_model, tokenizer, draft_tokenizer, self.vocab_size)
         self.eos_token_ids = eos_token_ids(target_model, tokenizer)
@@ -84,7 +89,8 @@ class SpecDecoder:
         method whose head is absent raises ValueError when asked for. device None -> CUDA if available else CPU;
         dtype None -> bf16 on CUDA, fp32 on CPU. runner: "eager" (DynamicCache), "static" (a pre-allocated cache
         of ``max_cache_len`` tokens, CUDA graphs on CUDA) or "auto" (static on CUDA). compile: the static runners'
-        ``torch.compile`` of small forwards (None: the runner's default).
+        ``torch.compile`` of small forwards: True from the start, False never, None (default) on CUDA by the
+        warm-up's compile stage behind the uncompiled graphs (:mod:`specviz.compile_stage`; ``compile_status``).
         Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model or a given head cannot be loaded, and
         :class:`specviz.attention.UnsupportedModelError` (a ValueError naming the family and why) for a family the
         runners cannot decode exactly."""
@@ -97,7 +103,11 @@ class SpecDecoder:
         return runner_options(self.runner_factory)
 
     def make_runner(self, model: torch.nn.Module) -> ModelRunner:
-        return self.runner_factory(model)
+        """A new runner of ``model``; once the compile stage has started it compiles its own captures."""
+        runner = self.runner_factory(model)
+        if self.compile_status.mode == "auto" and self.compile_status.active and hasattr(runner, "enable_compile"):
+            runner.enable_compile()
+        return runner
 
     def request_state(self, method: str) -> Any:
         """The decoder's own state of ``method`` kept across requests (``Method.request_state``), made on first use."""
@@ -112,14 +122,15 @@ class SpecDecoder:
     def warm_up(self, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS, verify_methods: Sequence[str] = VERIFY_METHODS,
                 temperatures: Sequence[float] = (0.8, 1.0), synthetic_rates: Sequence[float] = (0.8, 0.6, 0.4, 0.3, 0.2),
                 progress: Callable[[str], None] | None = None,
-                method_names: Sequence[str] | None = None) -> dict[str, float]:
+                method_names: Sequence[str] | None = None, compile: bool | None = None) -> dict[str, float]:
         """Pay the one-time costs before the first real request (:func:`specviz.warmup.warm_up`; ``method_names``:
-        only these methods' drafters), holding the device lock throughout. Returns {"seconds", "capture_s", "graphs"}."""
+        only these methods' drafters; ``compile``: run the compile stage, None: when ``compile_status.mode`` is
+        "auto"), holding the device lock throughout. Returns {"seconds", "capture_s", "graphs", "compiled"}."""
         from .warmup import warm_up
 
         with device_lock(self.device):  # no other thread's CUDA work may run while graphs are captured
             return warm_up(self, max_speculative_tokens, verify_methods, temperatures, synthetic_rates, progress,
-                           method_names=method_names)
+                           method_names=method_names, compile=compile)
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Prompt text or token ids -> ids. Raises ValueError on an empty or invalid prompt."""
@@ -192,11 +203,13 @@ class SpecDecoder:
         generated: list[int] = []
         pending: list[ev.Publication] = []  # steps whose events are not published yet (see _step)
         stop_reason, passes, step = "stopped", 0, 0
+        runner, replays = None, None
         try:
             proposer = self.current_proposer = self.make_proposer(cfg, build=build)
             if proposer is not None:
                 proposer.reset()
             runner = self.target_runner = build.lease(id(self.target_model), lambda: self.make_runner(self.target_model))
+            replays = list(getattr(runner, "replays", ()))  # which graphs this request replays: compiled or not
             verifier = self.step_verifier = build.lease("verifier", lambda: StepVerifier(self.device))
             runner.reset()
             ctx.target_runner = runner  # read-only for proposers (mtp reads its KV cache: runner.layer_kv)
@@ -231,8 +244,10 @@ class SpecDecoder:
         finally:
             ev.publish_all(pending)
             build.finish(generated)  # the method's finish (suffix: this output joins its tree), then every lease back
+            label = compiled_label(replays, runner.replays) if replays else None
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
-                                              wall_time_s=time.perf_counter() - start, target_forward_passes=passes))
+                                              wall_time_s=time.perf_counter() - start, target_forward_passes=passes,
+                                              config={"runner_compiled": label} if label else {}))
             add_texts(self.tokenizer, recorder.trace, generated)
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,

@@ -71,6 +71,7 @@ class GenerationFinished:
     wall_time_s: float
     target_forward_passes: int
     extra: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # config entries known at the end (runner_compiled)
 
 
 class EventBus:

@@ -28,6 +28,7 @@ from typing import Sequence
 
 import torch
 
+from .compiled_graphs import CompiledGraphs
 from .attention import (attention_layout, experts_implementation, graph_experts_implementation, layer_masks,
                         static_cache)
 from .graphs import CapturedGraphs, replay
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 COMPILE_DEFAULT = False  # compile=None means this (see the module docstring: off until measured on the H200)
 
 
-class StaticRunner(StaticTreeForwards, CapturedGraphs):
+class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
     """Args:
         model: a transformers ``*ForCausalLM`` in eval mode: full-attention and sliding-window layers (each
             cache layer full-length, the window applied by the mask: :mod:`specviz.attention`). MoE experts
@@ -81,6 +82,7 @@ class StaticRunner(StaticTreeForwards, CapturedGraphs):
         self._kv: torch.Tensor | None = None  # [2 * layers, H, max_cache_len, D]: every layer's K and V (_stack_kv)
         self._kv_checked = False  # _stack_kv ran (after the first forward)
         self._compiled = self._compiled_tree = None
+        self._init_compiled_graphs()  # compile can also be switched on later: enable_compile, recompile
         if COMPILE_DEFAULT if compile is None else bool(compile):
             _raise_recompile_limit()
             self._compiled = torch.compile(self._model_out, backend=compile_backend, dynamic=None)
@@ -132,6 +134,7 @@ class StaticRunner(StaticTreeForwards, CapturedGraphs):
             graph, static_ids, static_logits, static_features = entry
             static_ids.copy_(ids)
             self._replay(graph)
+            self._count_replay((n, taps))
             logits = static_logits[0].to(torch.float32, copy=True)  # [n, V]; the buffer is reused
             features = {tap: h.clone() for tap, h in static_features.items()}  # [n, d] each; reused too
         else:
@@ -167,6 +170,7 @@ class StaticRunner(StaticTreeForwards, CapturedGraphs):
         may have advanced some layers); the caller switches that compiled function off and reruns eagerly."""
         log.warning("specviz: torch.compile of %s's %s failed, running it eagerly: %s",
                     type(self.model).__name__, what, compile_error_text(exc))
+        self._compile_gave_up = True
         self._set_position(self.seq_len)
 
     def _model_out(self, ids: torch.Tensor, hidden: bool):
@@ -234,6 +238,7 @@ class StaticRunner(StaticTreeForwards, CapturedGraphs):
                 except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
                     self._set_position(self.seq_len)
                     if attempt == "compiled":
+                        self._compile_gave_up = True
                         log.warning("specviz: CUDA graph capture of the compiled %s forward (%d tokens) failed; "
                                     "compile is off for this runner from now on: %s: %s",
                                     type(self.model).__name__, n, type(exc).__name__, exc)
@@ -274,6 +279,7 @@ class StaticRunner(StaticTreeForwards, CapturedGraphs):
         self._pool = graph.pool()
         self._set_position(self.seq_len)  # capture records but does not run the position update
         self._graphs[(n, taps)] = (graph, static_ids, static_logits, static_features)
+        self._note_capture((n, taps), self._compiled is not None)
         torch.cuda.synchronize(self.device)
         return self._graphs[(n, taps)]
 

@@ -31,7 +31,7 @@ class StaticTreeForwards:
     """Tree forwards over the runner's static cache; uses the runner's ``model``, ``cache``, ``layout``, ``device``,
     ``max_cache_len``, ``seq_len``, ``last_start``, ``tree_buckets``, ``cuda_graphs``, ``_graphs``, ``_pool``,
     ``_kv``, ``capture_s``, ``graph_experts`` and its ``_position``, ``_pick``, ``_replay``, ``_set_position``,
-    ``truncate``, ``_compile_failed`` and ``_capture_failed``."""
+    ``truncate``, ``_compile_failed``, ``_capture_failed``, ``_note_capture`` and ``_count_replay``."""
 
     def _tree_mask(self, tree_mask: torch.Tensor, depth: torch.Tensor):
         """(4D mask [1, 1, R, max_cache_len] or {layer_type: mask}, position_ids [1, R]) built on the device from
@@ -120,6 +120,7 @@ class StaticTreeForwards:
         else:
             graph, _, s_logits, s_features = entry
             self._replay(graph)
+            self._count_replay(key)
             logits, features = s_logits[0, :n].to(torch.float32, copy=True), {t: h[:n].clone() for t, h in s_features.items()}
         self._set_position(self.seq_len + n)  # the padding rows' slots are not part of the cache
         return logits, features
@@ -135,6 +136,7 @@ class StaticTreeForwards:
                                                         reset=lambda: self._set_position(self.seq_len))
             self._pool = graph.pool()
             self._graphs[key] = (graph, inputs, s_logits, s_features)
+            self._note_capture(key, self._compiled_tree is not None)
         except Exception as exc:  # noqa: BLE001 - a failed capture must not fail the request
             self._set_position(self.seq_len)
             self._capture_failed(f"tree forward ({key[1]} rows)", exc)

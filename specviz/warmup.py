@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from . import methods
+from .compile_stage import artifact_path, compile_stage, load_artifacts, save_artifacts
 from .config import MAX_SPECULATIVE_TOKENS, VERIFY_METHODS
 from .pools import device_lock
 from .verify import StepVerifier, VerifySpec, graph_key
@@ -179,14 +180,23 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
             verify_methods: Sequence[str] = VERIFY_METHODS, temperatures: Sequence[float] = (0.8, 1.0),
             synthetic_rates: Sequence[float] = (0.8, 0.6, 0.4, 0.3, 0.2),
             progress: Callable[[str], None] | None = None, gate: Gate | None = None,
-            method_names: Sequence[str] | None = None) -> dict[str, float]:
+            method_names: Sequence[str] | None = None, compile: bool | None = None) -> dict[str, float]:
     """See the module docstring. ``method_names``: warm only these methods' drafters (None: every method whose
-    models are loaded); the target's widths and the verifiers are warmed either way. In the foreground (``gate`` None) the caller holds the device lock throughout
+    models are loaded); the target's widths and the verifiers are warmed either way. ``compile``: the compile stage
+    (:mod:`specviz.compile_stage`; None: when ``decoder.compile_status.mode`` is "auto"): with a compile cache read
+    back it runs right after the target's graphs (cache hits), else last; the cache is written after it. In the foreground (``gate`` None) the caller holds the device lock throughout
     (:meth:`specviz.engine.SpecDecoder.warm_up`); with ``gate`` each unit waits for the requests registered with it
     and takes the device lock itself (:class:`specviz.ui.cache.DecoderCache` runs it so on a background thread).
 
-    Returns {"seconds": wall time, "capture_s": time spent capturing graphs, "graphs": graphs captured}."""
+    Returns {"seconds": wall time, "capture_s": time spent capturing graphs, "graphs": graphs captured, "compiled":
+    graphs recompiled}."""
     t0, c0 = time.perf_counter(), decoder.pooled_capture_s()
+    status = decoder.compile_status
+    compiling = status.mode == "auto" and compile is not False
+    cache = artifact_path([m for m in (decoder.target_model, decoder.draft_model) if m is not None], decoder.device) \
+        if status.mode != "off" else None
+    if cache is not None and status.artifacts == "none":
+        status.artifacts = load_artifacts(cache)  # before anything compiles
     say = progress or (lambda line: None)
     prompt = decoder.encode("def f(x):\n    return")
     k_max = min(int(max_speculative_tokens), MAX_SPECULATIVE_TOKENS)
@@ -194,6 +204,7 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
     say("warm-up: first requests")
     warm.request("none", max_new_tokens=3)
     captured = warm.runner(decoder.target_model, range(1, k_max + 2), trees=True)
+    recompiled = compile_stage(warm) if compiling and status.artifacts == "loaded" else 0
     for method in methods.all_methods():
         wanted = method_names is None or method.name in method_names
         if wanted and method.warm_up is not None and method.missing(decoder) is None:
@@ -202,12 +213,16 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
             captured += method.warm_up(warm)
     captured += _warm_verifiers(warm, warm_up_specs(decoder.vocab_size, k_max, verify_methods, temperatures,
                                                     tuple(synthetic_rates)))
+    if compiling:
+        recompiled += compile_stage(warm)
+    if cache is not None and (recompiled or status.mode == "on"):
+        status.artifacts = save_artifacts(cache) if status.artifacts != "loaded" else "loaded"
     with warm.unit():
         gc.collect()
         gc.freeze()
     say("warm-up: done")
     return {"seconds": time.perf_counter() - t0, "capture_s": decoder.pooled_capture_s() - c0,
-            "graphs": float(captured)}
+            "graphs": float(captured), "compiled": float(recompiled)}
 
 
 def _warm_verifiers(warm: WarmUp, specs: list[VerifySpec]) -> int:

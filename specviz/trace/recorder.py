@@ -78,5 +78,6 @@ class Recorder:
         t.wall_time_s = e.wall_time_s
         t.target_forward_passes = e.target_forward_passes
         t.stop_reason = e.stop_reason
+        t.config.update(e.config)
         m = RunMetrics.of(t)
         t.tokens_per_second, t.metrics = m.tokens_per_second, m.to_dict()

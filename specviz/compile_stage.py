@@ -1,0 +1,157 @@
+"""Compiled by default on CUDA, paid once per machine: the warm-up's compile stage and PyTorch's compile caches.
+
+A decoder loaded with ``compile=None`` (the default) on CUDA starts with uncompiled CUDA graphs, so it serves at
+once. Its warm-up then recaptures the target's and the draft model's graphs through torch.compile (inductor), one
+graph per warm-up unit (:meth:`specviz.compiled_graphs.CompiledGraphs.recompile`): in the app each unit runs between
+requests (:class:`specviz.warmup.Gate`), so a run waits for at most one graph's compile and its timings never include
+one; each trace's config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled
+unless ``compile=True``.
+
+Compiling is paid once per machine: Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels) persist
+between launches, and after the stage :func:`torch.compiler.save_cache_artifacts` ("mega-cache") is written to
+``$SPECVIZ_COMPILE_CACHE`` (default ``~/.cache/specviz/torch-compile``; "off" disables it) under a key of the torch
+version, the GPU and the models' configs; the next load reads it back with :func:`torch.compiler.load_cache_artifacts`
+before anything compiles, and its warm-up compiles the target's graphs first (cache hits: seconds) instead of last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .compiled_graphs import CompiledGraphs
+
+log = logging.getLogger(__name__)
+CACHE_ENV = "SPECVIZ_COMPILE_CACHE"
+
+
+@dataclass
+class CompileStatus:
+    """What compile does for a decoder. ``mode``: "on" (``compile=True``: compiled from the start), "off"
+    (``compile=False``, or no CUDA graphs: the CPU), "auto" (the warm-up's compile stage). ``state``: "pending"
+    (auto, before the stage), "compiling", "done", "failed" (no graph compiled), "off". ``done`` / ``total``: graphs
+    recompiled / to recompile; ``seconds``: the stage's wall time; ``artifacts``: the cache file's fate ("loaded",
+    "saved", "none", "off", or an error)."""
+
+    mode: str = "off"
+    state: str = "off"
+    done: int = 0
+    total: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    artifacts: str = "none"
+
+    @property
+    def active(self) -> bool:
+        """Whether new runners should compile their captures (the stage has started)."""
+        return self.state in ("compiling", "done")
+
+    def line(self) -> str:
+        """One line for the status bar and the speedup panel's note."""
+        if self.state == "compiling":
+            return (f"compiling the forwards: {self.done}/{self.total} graphs "
+                    "(runs replay the uncompiled graphs until their compiled ones are in)")
+        if self.state == "pending":
+            return "torch.compile: after the warm-up (runs replay uncompiled graphs until then)"
+        if self.state == "done":
+            return f"torch.compile: {self.done} graphs compiled in {self.seconds:.0f} s (cache: {self.artifacts})"
+        return f"torch.compile: {self.state}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def initial_status(compile: bool | None, device: torch.device, static: bool) -> CompileStatus:
+    """The status a decoder starts with: ``compile`` True -> "on"; None on CUDA with the static runner -> "auto"
+    (pending); anything else "off"."""
+    if compile:
+        return CompileStatus(mode="on", state="done")
+    if compile is None and device.type == "cuda" and static:
+        return CompileStatus(mode="auto", state="pending")
+    return CompileStatus()
+
+
+def artifact_path(models: list[torch.nn.Module], device: torch.device) -> Path | None:
+    """The mega-cache file for these models on this device and torch build, or None when disabled
+    (``$SPECVIZ_COMPILE_CACHE`` = "off")."""
+    root = os.environ.get(CACHE_ENV, "")
+    if root.lower() == "off":
+        return None
+    root_path = Path(root) if root else Path.home() / ".cache" / "specviz" / "torch-compile"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    parts = [torch.__version__, name, *[(m.config.to_json_string(use_diff=False), str(next(m.parameters()).dtype))
+                                        for m in models]]
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return root_path / f"{key}.bin"
+
+
+def load_artifacts(path: Path | None) -> str:
+    """Read a mega-cache file into PyTorch's caches before anything compiles. Returns "loaded", "none" (no file),
+    "off" (disabled) or "error: ..." (a bad or foreign file: logged, ignored; compiling then starts cold)."""
+    if path is None:
+        return "off"
+    if not path.is_file():
+        return "none"
+    try:
+        torch.compiler.load_cache_artifacts(path.read_bytes())
+    except Exception as exc:  # noqa: BLE001 - a stale cache must not stop the load
+        log.warning("specviz: compile cache %s not used: %s: %s", path, type(exc).__name__, exc)
+        return f"error: {type(exc).__name__}"
+    return "loaded"
+
+
+def save_artifacts(path: Path | None) -> str:
+    """Write the mega-cache of everything compiled in this process to ``path`` (atomically). Returns "saved", "off",
+    "none" (nothing to save) or "error: ..."."""
+    if path is None:
+        return "off"
+    try:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            return "none"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(saved[0])
+        tmp.replace(path)
+    except Exception as exc:  # noqa: BLE001 - an unwritable cache directory must not fail the warm-up
+        log.warning("specviz: compile cache %s not written: %s: %s", path, type(exc).__name__, exc)
+        return f"error: {type(exc).__name__}"
+    return "saved"
+
+
+def compiled_runners(decoder: Any) -> list[CompiledGraphs]:
+    """The pooled runners of the target and the draft model that can be recompiled (free ones: call inside a unit)."""
+    models = [m for m in (decoder.target_model, decoder.draft_model) if m is not None]
+    return [r for m in models for r in decoder.pool.free(id(m)) if isinstance(r, CompiledGraphs) and r.cuda_graphs]
+
+
+def compile_stage(warm: Any) -> int:
+    """Recompile every uncompiled graph of the decoder's pooled target and draft runners, one graph per unit of
+    ``warm`` (:class:`specviz.warmup.WarmUp`), progress in ``decoder.compile_status`` and ``warm.say``. Runners made
+    later compile their own captures (:meth:`specviz.engine.SpecDecoder.make_runner`). Returns graphs recompiled.
+    Run it twice: later graphs (a method's runners) are picked up by the second call."""
+    status: CompileStatus = warm.decoder.compile_status
+    if status.mode != "auto":
+        return 0
+    t0 = time.perf_counter() - status.seconds
+    with warm.unit():
+        runners = [r for r in compiled_runners(warm.decoder) if r.enable_compile()]
+        work = [(r, key) for r in runners for key in r.uncompiled_keys()]
+        status.state, status.total = "compiling", status.done + status.failed + len(work)
+    for runner, key in work:
+        warm.say(f"warm-up: {status.line()}")
+        with warm.unit():
+            ok = runner.recompile(key, warm.prompt)
+        status.done += int(ok)
+        status.failed += int(not ok)
+    status.seconds = time.perf_counter() - t0
+    status.state = "done" if status.done or not status.failed else "failed"
+    return sum(1 for _ in work)
