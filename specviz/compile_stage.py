@@ -11,7 +11,9 @@ Compiling is paid once per machine: Inductor's on-disk caches (FX graphs, AOTAut
 between launches, and after the stage :func:`torch.compiler.save_cache_artifacts` ("mega-cache") is written to
 ``$SPECVIZ_COMPILE_CACHE`` (default ``~/.cache/specviz/torch-compile``; "off" disables it) under a key of the torch
 version, the GPU and the models' configs; the next load reads it back with :func:`torch.compiler.load_cache_artifacts`
-before anything compiles, and its warm-up compiles the target's graphs first (cache hits: seconds) instead of last.
+before anything compiles, and its warm-up compiles the target's graphs first (cache hits) instead of last. The
+file is PyTorch's own cache format, holding compiled code like Inductor's cache directory: it is written and read only
+under the user's own cache directory, never taken from an upload.
 """
 
 from __future__ import annotations
@@ -101,10 +103,12 @@ def load_artifacts(path: Path | None) -> str:
     if not path.is_file():
         return "none"
     try:
-        torch.compiler.load_cache_artifacts(path.read_bytes())
+        info = torch.compiler.load_cache_artifacts(path.read_bytes())
     except Exception as exc:  # noqa: BLE001 - a stale cache must not stop the load
         log.warning("specviz: compile cache %s not used: %s: %s", path, type(exc).__name__, exc)
         return f"error: {type(exc).__name__}"
+    if info is None:  # torch logged why (a corrupt or foreign file)
+        return "error: unreadable"
     return "loaded"
 
 

@@ -70,6 +70,15 @@ def crosses_one(s: dict[str, Any]) -> bool:
     return s.get("n", 0) >= 2 and s["low"] < 1.0 < s["high"]
 
 
+def _runners(runs: dict[str, list[Trace]]) -> dict[str, str]:
+    """{"method", "none"}: which graphs each side's segments replayed (their traces' ``runner_compiled``, joined when
+    they differ); {} when no segment replayed a graph (the CPU)."""
+    out = {side: " / ".join(dict.fromkeys(str(t.config["runner_compiled"]) for t in traces
+                                          if t.config.get("runner_compiled")))
+           for side, traces in runs.items()}
+    return out if any(out.values()) else {}
+
+
 def measure_speedup(decoder: Any, prompt: str, settings: dict[str, Any], pairs: int = DEFAULT_PAIRS,
                     segment_tokens: int = DEFAULT_SEGMENT_TOKENS, budget_s: float = DEFAULT_BUDGET_S,
                     progress: Callable[[int, int], None] | None = None, **extra: Any) -> dict[str, Any]:
@@ -116,5 +125,5 @@ def measure_speedup(decoder: Any, prompt: str, settings: dict[str, Any], pairs: 
     summary = summarize(runs["none"])
     summary["measurement"] = {"pairs": pairs, "segment_tokens": seg["max_new_tokens"], "ratios": ratios,
                               **spread(ratios), "cost_s": time.perf_counter() - t0,
-                              "method_summary": summarize(runs["method"])}
+                              "method_summary": summarize(runs["method"]), "runner": _runners(runs)}
     return summary

@@ -351,5 +351,8 @@ def _check_measurement(m: Any, where: str, ok) -> dict[str, Any]:
     if method is None:
         raise TraceFormatError(f"{where}.method_summary must be an object (the method's segments pooled)")
     method.pop("method")
+    runner = m.get("runner") or {}  # which graphs each side replayed (strings; dropped when malformed)
+    runner = {k: v for k, v in runner.items() if k in ("method", "none") and isinstance(v, str)} \
+        if isinstance(runner, dict) else {}
     return {**{k: m[k] for k in ("median", "low", "high", "cost_s", "pairs", "segment_tokens", "n", "noisy")},
-            "ratios": list(ratios), "method_summary": method}
+            "ratios": list(ratios), "method_summary": method, **({"runner": runner} if runner else {})}

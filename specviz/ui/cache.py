@@ -45,8 +45,10 @@ class DecoderCache:
         target / draft: model directories or hub ids; None -> the bundled demo models
             (``assets/models/specviz-target`` / ``specviz-draft``).
         device: "cpu", "cuda", ... or None (CUDA when available).
-        compile: ``SpecDecoder.from_pretrained(compile=...)``: torch.compile'd forwards inside the
-            static runners' CUDA graphs (the app's ``--compile``; default off).
+        compile: ``SpecDecoder.from_pretrained(compile=...)``: None (default) compiles the target's and the draft's
+            forwards on CUDA in the background after the warm-up, swapping each graph in when it is ready
+            (:mod:`specviz.compile_stage`); True compiles every forward from the start (the app's ``--compile``);
+            False never (``--no-compile``).
         heads: ``SpecDecoder.from_pretrained(heads=...)``: {method: head directory} (the app's ``--head``);
             None: the bundled heads with the bundled target.
         background_warm_up: warm up on a background thread beside the requests (True), or inside the load, before
@@ -60,8 +62,8 @@ class DecoderCache:
     """
 
     def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None,
-                 compile: bool = False, heads: dict[str, str] | None = None, background_warm_up: bool | None = None):
-        self.target, self.draft, self.device, self.compile = target, draft, device, bool(compile)
+                 compile: bool | None = None, heads: dict[str, str] | None = None, background_warm_up: bool | None = None):
+        self.target, self.draft, self.device, self.compile = target, draft, device, compile
         self.heads = dict(heads) if heads else None
         self._lock = threading.Lock()
         self._decoders: dict[tuple[Any, ...], Any] = {}
@@ -85,9 +87,12 @@ class DecoderCache:
         line = f"target: `{target}` · draft: `{draft}` · device: `{device}`"
         if self.heads:
             line += " · heads: " + ", ".join(f"{method} `{d}`" for method, d in self.heads.items())
+        cuda = device.startswith("cuda")
         if self.compile:
-            line += (" · torch.compile: on" if device.startswith("cuda") else
+            line += (" · torch.compile: on from the start" if cuda else
                      " · torch.compile: asked for, no effect on the CPU (the eager runner)")
+        elif self.compile is None and cuda:
+            line += " · torch.compile: swapped in after the warm-up"
         if self.target is None and not DEFAULT_TARGET.exists():
             line += ("  \n**The bundled demo models are not in `assets/models/` yet** (train them with "
                      "`python -m specviz.train`, or start the app with `--target DIR --draft DIR`). "
@@ -115,7 +120,7 @@ class DecoderCache:
                 self.status = "loading the models"
                 try:
                     decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device,
-                                                          compile=self.compile or None,  # None: the default
+                                                          compile=self.compile,  # None: in the background
                                                           heads=self.heads)
                 finally:
                     self.status = ""
@@ -178,6 +183,11 @@ class DecoderCache:
         thread = threading.Thread(target=work, name="specviz-warm-up", daemon=True)
         thread.start()
         return thread
+
+    def compile_status(self) -> Any:
+        """The loaded decoder's :class:`specviz.compile_stage.CompileStatus`, or None before the load."""
+        decoder = self._decoders.get(self.key)
+        return getattr(decoder, "compile_status", None)
 
     def loaded(self) -> bool:
         """Whether the decoder is already in memory."""

@@ -139,6 +139,9 @@ class SessionHandlers:
         r = self.cache.warm_up_report
         done = (f"warmed up in {r['seconds']:.1f} s ({int(r['graphs'])} CUDA graphs captured, {r['capture_s']:.1f} s)"
                 if r and r.get("graphs") else (f"warmed up in {r['seconds']:.1f} s" if r else ""))
+        compiled = self.cache.compile_status()
+        if done and compiled is not None and compiled.mode == "auto":
+            done += f" · {compiled.line()}"
         return done, gr.Timer(active=False)
 
 

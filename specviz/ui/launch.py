@@ -3,7 +3,8 @@
 Options: --host (default 127.0.0.1), --port (7860), --share, --target / --draft (a model directory, a .gguf
 file or a preset such as smollm2: :func:`specviz.models.resolve_source`), --head METHOD=DIR (or
 --<method>-head DIR), --device,
---no-warm-up, --compile (torch.compile'd forwards inside the CUDA graphs; off by default), --present.
+--no-warm-up, --compile / --no-compile (on CUDA the target's and draft's forwards are compiled in the background
+after the warm-up by default; --compile compiles every forward from the start, --no-compile none), --present.
 With no --target the bundled demo models in assets/models/ are used. At launch the
 models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
 with a progress line in the page, so that no run pays one-time costs.
@@ -34,10 +35,14 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
     add_head_arguments(ap)
     ap.add_argument("--no-warm-up", action="store_true",
                     help="load the models at the first Run instead of at launch")
-    ap.add_argument("--compile", action="store_true",
-                    help="CUDA: run the target's, drafter's and EAGLE heads' forwards through torch.compile (inductor) "
-                    "inside their CUDA graphs: faster steps (measured in results/gpu), after minutes of compilation "
-                    "during the warm-up and at the first run of each new setting (excluded from its timings)")
+    comp = ap.add_mutually_exclusive_group()
+    comp.add_argument("--compile", action="store_true", default=None,
+                      help="CUDA: run the target's, drafter's and EAGLE heads' forwards through torch.compile (inductor) "
+                      "inside their CUDA graphs from the start: the warm-up compiles before it captures (default: the "
+                      "target's and draft's graphs are compiled after the warm-up, between runs, and swapped in)")
+    comp.add_argument("--no-compile", dest="compile", action="store_false",
+                      help="CUDA: never compile (uncompiled CUDA graphs only)")
+    ap.set_defaults(compile=None)
     ap.add_argument("--present", action="store_true",
                     help="presentation layout: large type, Run and the lesson chapter above the fold (or ?present=1)")
     return ap

@@ -23,7 +23,7 @@ from specviz.viz import (
 from specviz.viz.common import block_rescued, metrics_of
 from specviz.viz.stats import rate_set, rates_markdown
 from specviz.viz.source import source_figure, source_html, source_note
-from specviz.viz.speed import capture_note, graph_notes_html
+from specviz.viz.speed import capture_note, graph_notes_html, runner_note
 
 
 
@@ -133,7 +133,8 @@ def speedup_views(trace: Trace, baseline: dict[str, Any] | None, no_baseline: st
     comparison with method none, measured after the run, redraws when it streams in."""
     speedup = (speedup_html(run_summary(trace), baseline, no_baseline, streamed=streamed)
                + capture_note(metrics_of(trace).capture_ms)
-               + graph_notes_html(trace.config.get("graph_notes")))
+               + graph_notes_html(trace.config.get("graph_notes"))
+               + runner_note(trace.config.get("runner_compiled"), (baseline or {}).get("measurement")))
     return stats_figure(trace, baseline), speedup
 
 

@@ -114,6 +114,24 @@ def graph_notes_html(notes: list[str] | None) -> str:
             f"tokens/s):<ul style='margin:2px 0 0 18px'>{items}</ul></div>")
 
 
+def runner_note(run_label: str | None, measurement: dict[str, Any] | None) -> str:
+    """Which CUDA graphs the target's forwards replayed (the trace's ``config.runner_compiled``: "compiled" with
+    torch.compile, "uncompiled", or partly) in this run and in the comparison's segments
+    (``measurement["runner"]``: {"method", "none"}), so a speedup says which runner measured it; "" on the CPU."""
+    seg = (measurement or {}).get("runner") or {}
+    parts = [f"this run: <b>{html.escape(run_label)}</b>"] if run_label else []
+    if seg.get("method") or seg.get("none"):
+        parts.append(f"the comparison's segments: this method {html.escape(str(seg.get('method')))}, "
+                     f"method none {html.escape(str(seg.get('none')))}")
+    if not parts:
+        return ""
+    differ = bool(seg) and seg.get("method") != seg.get("none")
+    warn = (" <b>They differ</b>: the ratio mixes two runners; measure again once the compile stage is done."
+            if differ else "")
+    return (f"<p style='font-size:13px;color:{'#b45309' if differ else '#6b7280'}'>Target forwards (CUDA graphs): "
+            f"{'; '.join(parts)}.{warn}</p>")
+
+
 SPEEDUP_ROWS = (("generated tokens", "tokens", "{:d}"),
                 ("target forwards (incl. prefill)", "target_forward_passes", "{:d}"),
                 ("verification steps (target forwards after the prefill)", "steps", "{:d}"),

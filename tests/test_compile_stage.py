@@ -1,0 +1,229 @@
+"""Compile swapped in behind served graphs: the warm-up's compile stage (:mod:`specviz.compile_stage`), a runner's
+recompile of one graph at a time (:class:`specviz.compiled_graphs.CompiledGraphs`), the compile cache file, and
+which graphs a request replayed (``config.runner_compiled``, the speedup panel's note).
+
+On the CPU the stage runs over stand-in runners (no CUDA graphs here); on the GPU over the real static runner."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from specviz import SpecDecoder
+from specviz.compile_stage import (CompileStatus, artifact_path, compile_stage, initial_status, load_artifacts,
+                                   save_artifacts)
+from specviz.compiled_graphs import CompiledGraphs, compiled_label
+from specviz.pools import Pool
+from specviz.static_runner import StaticRunner
+from specviz.trace.validate import _check_measurement
+from specviz.viz.speed import runner_note
+from specviz.warmup import Gate, WarmUp
+from tiny_models import build_model
+
+
+class _FakeRunner(CompiledGraphs):
+    """Three captured graphs; recompiling key (3, ()) fails (its compile raised), the others succeed."""
+
+    cuda_graphs = True
+
+    def __init__(self, log: list):
+        self._graphs = {(1, ()): "g1", (3, ()): "g3", ("tree", 8, ()): "t8", (5, ()): None}  # None: a failed capture
+        self._compiled = self._compiled_tree = None
+        self._init_compiled_graphs()
+        self.log = log
+
+    def enable_compile(self, backend: str = "inductor") -> bool:
+        self._compiled = self._compiled_tree = "compiled"
+        return True
+
+    def recompile(self, key, prompt) -> bool:
+        self.log.append(("recompile", key, threading.get_ident()))
+        if key == (3, ()):
+            return False
+        self._graphs[key] = f"compiled {key}"
+        self._note_capture(key, True)
+        return True
+
+
+class _FakeDecoder:
+    def __init__(self, runners: list):
+        self.target_model, self.draft_model = torch.nn.Linear(2, 2), None
+        self.pool = Pool()
+        self.pool.replace(id(self.target_model), runners)
+        self.compile_status = CompileStatus(mode="auto", state="pending")
+
+
+def test_the_stage_recompiles_every_served_graph_once_and_keeps_a_failed_one_uncompiled():
+    log: list = []
+    runners = [_FakeRunner(log), _FakeRunner(log)]  # two pooled target runners: both are recompiled
+    dec = _FakeDecoder(runners)
+    lines: list[str] = []
+    warm = WarmUp(dec, [1, 2, 3], 4, lines.append)
+    assert compile_stage(warm) == 6
+    st = dec.compile_status
+    assert (st.state, st.done, st.failed, st.total) == ("done", 4, 2, 6)
+    for r in runners:
+        assert r.uncompiled_keys() == [(3, ())]  # the failed one still serves its uncompiled graph
+        assert r._graphs[(3, ())] == "g3" and r._graphs[(5, ())] is None  # a failed capture is not recompiled
+    assert [key for _, key, _ in log].count((1, ())) == 2
+    assert any("compiling the forwards: 0/6" in line for line in lines)
+    # a second stage (after a method's warm-up) recompiles only what is left, and counts on
+    assert compile_stage(warm) == 2
+    assert (st.done, st.failed, st.total) == (4, 4, 8)
+
+
+def test_the_stage_does_nothing_unless_the_mode_is_auto():
+    dec = _FakeDecoder([_FakeRunner([])])
+    for mode in ("off", "on"):
+        dec.compile_status = CompileStatus(mode=mode, state="off" if mode == "off" else "done")
+        assert compile_stage(WarmUp(dec, [1], 2, lambda line: None)) == 0
+        assert dec.pool.free(id(dec.target_model))[0].uncompiled_keys()
+
+
+def test_each_recompile_is_one_unit_that_waits_for_the_requests_in_flight():
+    log: list = []
+    dec = _FakeDecoder([_FakeRunner(log)])
+    gate = Gate()
+    entered, leave = threading.Event(), threading.Event()
+
+    def request() -> None:
+        with gate.request():
+            entered.set()
+            leave.wait(5)
+            log.append(("request done", None, None))
+
+    r = threading.Thread(target=request)
+    r.start()
+    assert entered.wait(5)
+    t = threading.Thread(target=compile_stage, args=(WarmUp(dec, [1], 2, lambda line: None, gate=gate),))
+    t.start()
+    t.join(0.3)
+    assert t.is_alive() and log == []  # nothing recompiled while the request runs
+    leave.set()
+    r.join(5)
+    t.join(5)
+    assert log[0][0] == "request done" and [e[0] for e in log[1:]] == ["recompile"] * 3
+
+
+def test_initial_status_by_argument_and_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert initial_status(True, cpu, True).mode == "on"
+    assert initial_status(None, cuda, True).mode == "auto"
+    assert initial_status(None, cuda, True).state == "pending"
+    assert initial_status(None, cpu, False).mode == "off"  # the CPU's eager runner: nothing to compile
+    assert initial_status(None, cuda, False).mode == "off"
+    assert initial_status(False, cuda, True).mode == "off"
+
+
+@pytest.fixture(scope="module")
+def cpu_trace():
+    dec = SpecDecoder.from_pretrained(device="cpu")
+    return dec, dec.generate("def f(x):", method="ngram", max_new_tokens=4)
+
+
+def test_a_cpu_decoder_records_no_runner_label_and_its_status_is_off(cpu_trace):
+    dec, trace = cpu_trace
+    assert dec.compile_status.mode == "off"
+    assert "runner_compiled" not in trace.config  # the eager runner replays no graph
+
+
+def test_compiled_label_counts_the_requests_own_replays():
+    assert compiled_label([3, 7], [9, 7]) == "compiled"
+    assert compiled_label([0, 2], [0, 9]) == "uncompiled"
+    assert compiled_label([1, 1], [4, 3]) == "partly compiled (3 of 5 forwards)"
+    assert compiled_label([2, 2], [2, 2]) is None
+
+
+def test_the_cache_file_is_keyed_by_models_and_can_be_switched_off(tmp_path, monkeypatch):
+    a, b = build_model("llama", seed=0, layers=2, hidden=64), build_model("llama", seed=0, layers=3, hidden=64)
+    monkeypatch.setenv("SPECVIZ_COMPILE_CACHE", str(tmp_path))
+    pa, pb = artifact_path([a], torch.device("cpu")), artifact_path([b], torch.device("cpu"))
+    assert pa.parent == tmp_path and pa != pb
+    assert pa == artifact_path([a], torch.device("cpu"))  # stable across calls
+    assert load_artifacts(pa) == "none"
+    pa.write_bytes(b"not a torch cache")
+    assert load_artifacts(pa).startswith("error: ")  # a foreign file is reported, not raised
+    assert save_artifacts(pb) in ("saved", "none")
+    monkeypatch.setenv("SPECVIZ_COMPILE_CACHE", "off")
+    assert artifact_path([a], torch.device("cpu")) is None
+    assert load_artifacts(None) == save_artifacts(None) == "off"
+
+
+def test_the_cache_is_written_whole_and_an_unwritable_directory_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    target = tmp_path / "c" / "a.bin"
+    assert save_artifacts(target) == "saved" and target.read_bytes() == b"artifacts"
+    assert not list(target.parent.glob("*.tmp"))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert save_artifacts(Path(blocker) / "sub" / "a.bin").startswith("error: ")
+
+
+def test_the_speedup_note_names_the_runner_and_warns_when_the_sides_differ():
+    assert runner_note(None, None) == ""
+    same = runner_note("compiled", {"runner": {"method": "compiled", "none": "compiled"}})
+    assert "this run: <b>compiled</b>" in same and "They differ" not in same
+    mixed = runner_note("uncompiled", {"runner": {"method": "compiled", "none": "uncompiled"}})
+    assert "They differ" in mixed and "#b45309" in mixed
+
+
+def test_an_uploaded_measurement_keeps_a_valid_runner_entry_and_drops_a_malformed_one(cpu_trace):
+    from specviz.speedup import summarize
+
+    base = {"median": 1.5, "low": 1.2, "high": 1.8, "cost_s": 2.0, "pairs": 3, "segment_tokens": 32, "n": 3,
+            "noisy": False, "ratios": [1.2, 1.5, 1.8], "method_summary": summarize([cpu_trace[1]])}
+    ok = lambda v: isinstance(v, (int, float)) and v == v  # noqa: E731
+    kept = _check_measurement({**base, "runner": {"method": "compiled", "none": "compiled"}}, "m", ok)
+    assert kept["runner"] == {"method": "compiled", "none": "compiled"}
+    dropped = _check_measurement({**base, "runner": {"method": 3, "evil": "x"}}, "m", ok)
+    assert "runner" not in dropped
+
+
+@pytest.mark.gpu
+def test_recompiled_graphs_replace_the_served_ones_and_decode_the_same_tokens_on_gpu():
+    """fp32 on CUDA: graphs captured uncompiled, then each recompiled in place; every graph is compiled after, the
+    replays are counted as compiled, and a forward after the swap equals one before (argmax, logits to 1e-4)."""
+    model = build_model("llama", seed=0, layers=2, hidden=64).cuda()
+    runner = StaticRunner(model, max_cache_len=128)
+    prompt = list(range(5, 14))
+    from specviz.warmup import _capture
+
+    for n in (1, 2, 4):
+        _capture(runner, prompt, n, (), False)
+    _capture(runner, prompt, 8, (), True)
+    runner.reset()
+    runner.forward(torch.tensor(prompt))
+    before = runner.forward(torch.tensor(prompt[-1:] * 4)).clone()
+    assert runner.replays == [0, 1]
+    runner.reset()
+    keys = runner.uncompiled_keys()
+    assert len(keys) == 4 and all(runner.recompile(key, prompt) for key in keys)
+    assert runner.uncompiled_keys() == [] and runner.compiled
+    runner.forward(torch.tensor(prompt))
+    after = runner.forward(torch.tensor(prompt[-1:] * 4))
+    assert runner.replays[0] == 1
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_the_warm_up_compiles_behind_the_served_graphs_and_traces_say_so_on_gpu(tmp_path, monkeypatch):
+    """The bundled models on CUDA (bf16): before the warm-up a request replays uncompiled graphs; the warm-up's compile
+    stage leaves none uncompiled, writes the cache file, and a later request says "compiled"."""
+    monkeypatch.setenv("SPECVIZ_COMPILE_CACHE", str(tmp_path))
+    dec = SpecDecoder.from_pretrained(device="cuda")
+    assert dec.compile_status.mode == "auto"
+    first = dec.generate("def f(x):", method="draft_model", num_speculative_tokens=3, max_new_tokens=24)
+    assert first.config.get("runner_compiled") == "uncompiled"
+    report = dec.warm_up(4, verify_methods=("greedy",), temperatures=(), synthetic_rates=(),
+                         method_names=("draft_model",))
+    st = dec.compile_status
+    assert st.state == "done" and st.done > 0 and report["compiled"] == st.done + st.failed
+    from specviz.compile_stage import compiled_runners
+
+    assert all(not r.uncompiled_keys() for r in compiled_runners(dec))
+    assert st.artifacts == "saved" and list(tmp_path.glob("*.bin"))
+    later = dec.generate("def f(x):", method="draft_model", num_speculative_tokens=3, max_new_tokens=24)
+    assert later.config.get("runner_compiled") == "compiled"
