@@ -68,6 +68,8 @@ CELL_TIPS = {  # what a table cell holding the key means (the app's hover on the
                  "above 4 ulps of the 16-bit dtype, or a token that was not the target's argmax): a bug to look for",
     "⚠ capture": "a timed step captured a CUDA graph or compiled a kernel (its seconds are kept out of the step "
                  "times; the comparison's warm-up did not reach that shape)",
+    "runners differ": "this row's runs replayed compiled and uncompiled CUDA graphs (torch.compile swapped in "
+                      "part way): its times mix two runners",
     "slow step": "a timed step took over 10x the row's median step: a one-time cost nobody reported (a compile, a "
                  "capture); it is inside the times and the speedup",
 }
@@ -83,8 +85,11 @@ def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
       and SLOW_STEP_MIN_MS above it: a one-time cost nobody reported (an unreported compile, a capture), which IS in
       the step times and the speedup.
 
+    * runners: runs that replayed compiled and others uncompiled CUDA graphs (``config.runner_compiled``).
+
     Returns {"capture_ms", "capture_steps", "slow_steps": [(prompt, seed, step, ms)], "mark": "" or a short mark for
-    the time-split cell, "detail": a sentence ("" when clean)}."""
+    the time-split cell, "detail": a sentence ("" when clean), "runner": the runs' ``runner_compiled`` ("" on the
+    CPU)}."""
     steps = [(r, st, sum(st.timings_ms.get(b, 0.0) for b in ("draft", "verify", "sample")))
              for r in runs for st in r.trace.steps]
     captured = [(r, st) for r, st, _ in steps if st.timings_ms.get("capture", 0.0) > 0]
@@ -103,8 +108,12 @@ def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
         details.append(f"{len(slow)} step(s) took over {SLOW_STEP_FACTOR:g}x the row's median step of {median:.2f} ms "
                        f"(slowest: prompt {p}, seed {seed}, step {i}, {ms:.0f} ms): likely a one-time cost that no one "
                        "reported, and it is in the step times and the speedup")
+    runners = sorted({str(r.trace.config["runner_compiled"]) for r in runs if r.trace.config.get("runner_compiled")})
+    if len(runners) > 1:
+        marks.append("⚠ runners differ")
+        details.append(f"its runs replayed {' and '.join(runners)} CUDA graphs: the times mix two runners")
     return {"capture_ms": capture_ms, "capture_steps": len(captured), "slow_steps": slow, "mark": " ".join(marks),
-            "detail": "; ".join(details)}
+            "detail": "; ".join(details), "runner": runners[0] if len(runners) == 1 else " / ".join(runners)}
 
 
 # ---- the table ----------------------------------------------------------------------------

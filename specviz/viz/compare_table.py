@@ -222,6 +222,7 @@ FLAG_WORDS = {"crosses 1×": "slower than method none on one prompt or seed, fas
                                   "prompt 1, 2, …",
               "⚠ capture": "a timed step captured a CUDA graph (kept out of the step times)",
               "slow step": "a timed step over 10x the median: a one-time cost inside the speedup",
+              "runners differ": "its runs replayed compiled and uncompiled graphs (torch.compile swapped in part way)",
               "≈ near-tie": "differs from method none only at a 16-bit near-tie (numerics, not a bug)",
               "✗": "differs from method none where rounding cannot explain it: a bug to look for"}
 
@@ -248,7 +249,7 @@ def row_flags(row: dict[str, Any]) -> list[str]:
     elif varies_by_prompt(s):
         flags.append("varies by prompt")
     mark = (row.get("timing") or {}).get("mark", "")
-    flags += [k for k in ("⚠ capture", "slow step") if k in mark]
+    flags += [k for k in ("⚠ capture", "slow step", "runners differ") if k in mark]
     badge = short_badge(row["lossless"]["badge"])
     flags += ["≈ near-tie"] if badge == "≈ near-tie" else ["✗"] if badge.startswith("✗") else []
     return flags
