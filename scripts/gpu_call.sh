@@ -34,6 +34,8 @@
 #            floor (ROOF_SHAPES, default 8b,1b; ROOF_COMPILE: shapes also profiled compiled; T_ROOF: timeout)
 #   shapes   benchmarks/bench_shapes.py --quick: HF (dynamic and static cache) beside specviz none, synthetic speedups
 #            and their predictions, uncompiled and compiled (T_SHAPES: timeout)
+#   compile  benchmarks/compile_cache.py: the static runner's compile cold, with warm on-disk caches, from the
+#            mega-cache artifacts, swapped in behind served graphs (CC_PHASES; T_CC: timeout per phase)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
 #            shape (random weights) in the app, eagle3 synthetic / greedy beside none (needs pip_g, pip_p, pip_r)
@@ -143,6 +145,10 @@ for stage in "$@"; do
     timeout ${T_SHAPES:-400} python3 benchmarks/bench_shapes.py --out "$OUT/shapes" --quick --commit "$COMMIT" \
       > "$L/shapes.log" 2>&1
     echo "[shapes] exit $?"; cat "$OUT/shapes/bench_shapes.md" 2>/dev/null || tail -n 30 "$L/shapes.log" ;;
+  compile)
+    timeout ${T_CC_ALL:-560} python3 benchmarks/compile_cache.py --phases "${CC_PHASES:-cold,warm,artifacts,swap_warm}" \
+      --timeout ${T_CC:-200} --work /root/cc --out "$OUT/compile_cache.json" > "$L/compile.log" 2>&1
+    echo "[compile] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/compile.log" | cut -c1-1500 | tail -20 ;;
   ready)
     timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" > "$L/ready.log" 2>&1
     echo "[ready] exit $?"; grep -vE "app_log_tail" "$L/ready.log" | head -40 ;;
