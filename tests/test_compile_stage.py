@@ -19,7 +19,6 @@ from specviz.compiled_graphs import CompiledGraphs, compiled_label
 from specviz.pools import Pool
 from specviz.static_runner import StaticRunner
 from specviz.trace.validate import _check_measurement
-from specviz.viz.speed import runner_note
 from specviz.warmup import Gate, WarmUp
 from tiny_models import build_model
 
@@ -163,6 +162,8 @@ def test_the_cache_is_written_whole_and_an_unwritable_directory_is_reported_not_
 
 
 def test_the_speedup_note_names_the_runner_and_warns_when_the_sides_differ():
+    from specviz.viz.speed import runner_note  # the views need plotly; the GPU tests here do not
+
     assert runner_note(None, None) == ""
     same = runner_note("compiled", {"runner": {"method": "compiled", "none": "compiled"}})
     assert "this run: <b>compiled</b>" in same and "They differ" not in same
