@@ -137,25 +137,47 @@ def compiled_runners(decoder: Any) -> list[CompiledGraphs]:
     return [r for m in models for r in decoder.pool.free(id(m)) if isinstance(r, CompiledGraphs) and r.cuda_graphs]
 
 
+def start_compiling(warm: Any) -> None:
+    """Switch compile on for the pooled target and draft runners and for runners made from now on, without
+    recompiling anything yet: their next captures compile (the warm-up calls it before the target's graphs when a
+    compile cache was read back, so those graphs are captured compiled once instead of twice)."""
+    status: CompileStatus = warm.decoder.compile_status
+    if status.mode != "auto":
+        return
+    with warm.unit():
+        for runner in compiled_runners(warm.decoder):
+            runner.enable_compile()
+        status.state = "compiling"
+
+
 def compile_stage(warm: Any) -> int:
     """Recompile every uncompiled graph of the decoder's pooled target and draft runners, one graph per unit of
-    ``warm`` (:class:`specviz.warmup.WarmUp`), progress in ``decoder.compile_status`` and ``warm.say``. Runners made
-    later compile their own captures (:meth:`specviz.engine.SpecDecoder.make_runner`). Returns graphs recompiled.
-    Run it twice: later graphs (a method's runners) are picked up by the second call."""
+    ``warm`` (:class:`specviz.warmup.WarmUp`), progress in ``decoder.compile_status`` (``done``: graphs that run
+    compiled, ``failed``: graphs left uncompiled) and ``warm.say``. Runners made later compile their own captures
+    (:meth:`specviz.engine.SpecDecoder.make_runner`). Returns graphs recompiled. Run it again after more graphs were
+    captured (a method's runners): it picks up what is left."""
     status: CompileStatus = warm.decoder.compile_status
     if status.mode != "auto":
         return 0
     t0 = time.perf_counter() - status.seconds
+    start_compiling(warm)
     with warm.unit():
         runners = [r for r in compiled_runners(warm.decoder) if r.enable_compile()]
         work = [(r, key) for r in runners for key in r.uncompiled_keys()]
-        status.state, status.total = "compiling", status.done + status.failed + len(work)
+        status.total = _compiled_count(warm.decoder) + len(work)
+    recompiled = 0
     for runner, key in work:
+        status.done = _compiled_count(warm.decoder)
         warm.say(f"warm-up: {status.line()}")
         with warm.unit():
-            ok = runner.recompile(key, warm.prompt)
-        status.done += int(ok)
-        status.failed += int(not ok)
+            recompiled += int(runner.recompile(key, warm.prompt))
+    with warm.unit():
+        status.done = _compiled_count(warm.decoder)
+        status.failed = sum(len(r.uncompiled_keys()) for r in compiled_runners(warm.decoder))
     status.seconds = time.perf_counter() - t0
     status.state = "done" if status.done or not status.failed else "failed"
-    return sum(1 for _ in work)
+    return recompiled
+
+
+def _compiled_count(decoder: Any) -> int:
+    return sum(len(r.compiled_keys()) for r in compiled_runners(decoder))

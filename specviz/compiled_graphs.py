@@ -39,6 +39,10 @@ class CompiledGraphs:
             self._compiled_tree = torch.compile(self._tree_model_out, backend=backend, dynamic=None)
         return self._compiled is not None
 
+    def compiled_keys(self) -> list:
+        """Keys of the captured graphs that run the compiled forward."""
+        return [key for key, entry in self._graphs.items() if entry is not None and key in self._compiled_keys]
+
     def uncompiled_keys(self) -> list:
         """Keys of the captured graphs that run the uncompiled forward (failed captures excluded)."""
         return [key for key, entry in self._graphs.items() if entry is not None and key not in self._compiled_keys]
