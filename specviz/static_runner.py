@@ -301,10 +301,11 @@ def compile_error_text(exc: BaseException) -> str:
     return f"{type(inner).__name__}: {text[0] if text else ''}"
 
 
-def _raise_recompile_limit(at_least: int = 64) -> None:
+def _raise_recompile_limit(at_least: int = 256) -> None:
     """Dynamo keeps compiled entries per code object (8 by default): every runner instance (target,
     drafter, pooled copies) x width kind (1 / dynamic) x hidden states on / off adds entries for the
-    one ``_model_out``; past the limit dynamo silently runs eagerly. A process-wide setting, only raised."""
+    one ``_model_out``; past the limit dynamo silently runs eagerly (256: 8 entries per instance, the app's
+    concurrent sessions each leasing their own target and draft runners). A process-wide setting, only raised."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, name, max(int(getattr(config, name)), at_least))
