@@ -61,7 +61,7 @@ def child(phase: str, k_max: int, artifacts: str) -> dict:
 
     from specviz import SpecDecoder
     from specviz.static_runner import StaticRunner
-    from specviz.warmup import _capture
+    from specviz.compiled_graphs import capture_shape as _capture
 
     t_start = time.perf_counter()
     out: dict = {"phase": phase, "torch": torch.__version__, "device": torch.cuda.get_device_name()}
@@ -126,7 +126,7 @@ def _swap(out: dict, runner, prompt, k_max: int) -> dict:
     """Uncompiled graphs captured, then each recompiled in place (what the warm-up's compile stage does)."""
     import torch
 
-    from specviz.warmup import _capture
+    from specviz.compiled_graphs import capture_shape as _capture
 
     for n in range(1, k_max + 2):
         _capture(runner, prompt, n, (), False)

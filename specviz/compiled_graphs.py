@@ -31,10 +31,8 @@ class CompiledGraphs:
     def enable_compile(self, backend: str = "inductor") -> bool:
         """Compile from now on: later captures and :meth:`recompile` use the compiled forwards (the graphs captured
         so far keep serving). Returns whether compile is on (False after a compile failure on this runner)."""
-        from .static_runner import _raise_recompile_limit
-
         if self._compiled is None and not self._compile_gave_up:
-            _raise_recompile_limit()
+            raise_recompile_limit()
             self._compiled = torch.compile(self._model_out, backend=backend, dynamic=None)
             self._compiled_tree = torch.compile(self._tree_model_out, backend=backend, dynamic=None)
         return self._compiled is not None
@@ -51,15 +49,13 @@ class CompiledGraphs:
         """Capture graph ``key`` again with the compiled forward (after an eager prefill of ``prompt``, as the warm-up
         captures) and swap it in. Returns whether the graph now runs compiled; on a compile or capture failure
         (logged by the capture) the old graph stays. Call with no request using this runner (a warm-up unit)."""
-        from .warmup import _capture
-
         if key in self._compiled_keys or not self.enable_compile():
             return key in self._compiled_keys
         old = self._graphs.pop(key, None)
         tree = key[0] == "tree"
         n, taps = (key[1], key[2]) if tree else (key[0], key[1])
         try:
-            _capture(self, list(prompt), n, taps, tree)
+            capture_shape(self, list(prompt), n, taps, tree)
         finally:
             if self._graphs.get(key) is None or key not in self._compiled_keys:
                 if old is not None:
@@ -89,3 +85,24 @@ def compiled_label(before: Sequence[int], after: Sequence[int]) -> str | None:
     if compiled == 0:
         return "uncompiled"
     return f"partly compiled ({compiled} of {compiled + uncompiled} forwards)"
+
+
+def capture_shape(runner, prompt: list[int], n: int, taps: tuple[str, ...], tree: bool) -> None:
+    """One forward of ``n`` rows after an eager prefill of ``prompt`` (graphs need a filled cache): a chain's verify
+    width, or with ``tree`` a tree forward of that size bucket (the root + n - 1 nodes)."""
+    runner.reset()
+    runner.forward(torch.tensor(prompt, dtype=torch.long))
+    base = runner.seq_len
+    rows = torch.tensor(prompt[-1:] * n, dtype=torch.long)
+    runner.forward_features(rows, taps, parents=[-1] * (n - 1)) if tree else runner.forward_features(rows, taps)
+    runner.truncate(base)
+
+
+def raise_recompile_limit(at_least: int = 256) -> None:
+    """Dynamo keeps compiled entries per code object (8 by default): every runner instance (target,
+    drafter, pooled copies) x width kind (1 / dynamic) x hidden states on / off adds entries for the
+    one ``_model_out``; past the limit dynamo silently runs eagerly (256: 8 entries per instance, the app's
+    concurrent sessions each leasing their own target and draft runners). A process-wide setting, only raised."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(int(getattr(config, name)), at_least))

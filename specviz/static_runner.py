@@ -28,7 +28,7 @@ from typing import Sequence
 
 import torch
 
-from .compiled_graphs import CompiledGraphs
+from .compiled_graphs import CompiledGraphs, raise_recompile_limit
 from .attention import (attention_layout, experts_implementation, graph_experts_implementation, layer_masks,
                         static_cache)
 from .graphs import CapturedGraphs, replay
@@ -84,7 +84,7 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         self._compiled = self._compiled_tree = None
         self._init_compiled_graphs()  # compile can also be switched on later: enable_compile, recompile
         if COMPILE_DEFAULT if compile is None else bool(compile):
-            _raise_recompile_limit()
+            raise_recompile_limit()
             self._compiled = torch.compile(self._model_out, backend=compile_backend, dynamic=None)
             self._compiled_tree = torch.compile(self._tree_model_out, backend=compile_backend, dynamic=None)
 
@@ -299,14 +299,3 @@ def compile_error_text(exc: BaseException) -> str:
     inner = getattr(exc, "inner_exception", None) or exc
     text = str(inner).strip().splitlines()
     return f"{type(inner).__name__}: {text[0] if text else ''}"
-
-
-def _raise_recompile_limit(at_least: int = 256) -> None:
-    """Dynamo keeps compiled entries per code object (8 by default): every runner instance (target,
-    drafter, pooled copies) x width kind (1 / dynamic) x hidden states on / off adds entries for the
-    one ``_model_out``; past the limit dynamo silently runs eagerly (256: 8 entries per instance, the app's
-    concurrent sessions each leasing their own target and draft runners). A process-wide setting, only raised."""
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(int(getattr(config, name)), at_least))
-

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from . import methods
+from .compiled_graphs import capture_shape
 from .compile_stage import artifact_path, compile_stage, load_artifacts, save_artifacts, start_compiling
 from .config import MAX_SPECULATIVE_TOKENS, VERIFY_METHODS
 from .pools import device_lock
@@ -127,7 +128,7 @@ class WarmUp:
         for n, tree in shapes:
             with self.unit(), dec.pool.lease(id(model), lambda: dec.make_runner(model)) as runner:
                 try:
-                    _capture(runner, self.prompt, n, taps, tree)
+                    capture_shape(runner, self.prompt, n, taps, tree)
                 finally:
                     runner.reset()
         self.say(f"warm-up: {len(shapes)} forward graphs of {type(model).__name__}")
@@ -138,17 +139,6 @@ class WarmUp:
         self.request(name, num_speculative_tokens=2, max_new_tokens=4)
         taps = tuple(getattr(self.decoder.current_proposer, "taps", ()))
         return self.runner(self.decoder.target_model, range(1, self.k_max + 2), taps=taps, trees=trees)
-
-
-def _capture(runner, prompt: list[int], n: int, taps: tuple[str, ...], tree: bool) -> None:
-    """One forward of ``n`` rows after an eager prefill of ``prompt`` (graphs need a filled cache): a chain's verify
-    width, or with ``tree`` a tree forward of that size bucket (the root + n - 1 nodes)."""
-    runner.reset()
-    runner.forward(torch.tensor(prompt, dtype=torch.long))
-    base = runner.seq_len
-    rows = torch.tensor(prompt[-1:] * n, dtype=torch.long)
-    runner.forward_features(rows, taps, parents=[-1] * (n - 1)) if tree else runner.forward_features(rows, taps)
-    runner.truncate(base)
 
 
 def warm_up_specs(vocab: int, max_speculative_tokens: int, verify_methods: Sequence[str] = VERIFY_METHODS,

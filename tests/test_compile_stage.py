@@ -192,7 +192,7 @@ def test_recompiled_graphs_replace_the_served_ones_and_decode_the_same_tokens_on
     model = build_model("llama", seed=0, layers=2, hidden=64).cuda()
     runner = StaticRunner(model, max_cache_len=128)
     prompt = list(range(5, 14))
-    from specviz.warmup import _capture
+    from specviz.compiled_graphs import capture_shape as _capture
 
     for n in (1, 2, 4):
         _capture(runner, prompt, n, (), False)

@@ -10,7 +10,8 @@ import time
 import torch
 
 from specviz.graphs import CapturedGraphs, capture
-from specviz.static_runner import COMPILE_DEFAULT, _raise_recompile_limit, compile_error_text
+from specviz.compiled_graphs import raise_recompile_limit
+from specviz.static_runner import COMPILE_DEFAULT, compile_error_text
 
 from .head import _Head, position_mask
 
@@ -93,7 +94,7 @@ class StaticHeadRunner(CapturedGraphs):
         self._compiled: dict[str, object] | None = None  # name of the eager method -> its compiled version
         self._draft_fns: dict[tuple, object] = {}  # tree_draft key -> the first fn given for it (stable for dynamo)
         if COMPILE_DEFAULT if compile is None else bool(compile):
-            _raise_recompile_limit()
+            raise_recompile_limit()
             self._compiled = {name: torch.compile(getattr(self, name), backend=compile_backend, dynamic=False)
                               for name in ("_forward", "_forward_tree", "_draft_body")}
 
