@@ -170,7 +170,11 @@ def compile_stage(warm: Any) -> int:
         status.done = _compiled_count(warm.decoder)
         warm.say(f"warm-up: {status.line()}")
         with warm.unit():
-            recompiled += int(runner.recompile(key, warm.prompt))
+            try:
+                recompiled += int(runner.recompile(key, warm.prompt))
+            except Exception as exc:  # noqa: BLE001 - one graph's failure (its old graph stays) must not end the stage
+                log.warning("specviz: compiling graph %s of %s failed: %s: %s", key, type(runner.model).__name__,
+                            type(exc).__name__, exc)
     with warm.unit():
         status.done = _compiled_count(warm.decoder)
         status.failed = sum(len(r.uncompiled_keys()) for r in compiled_runners(warm.decoder))

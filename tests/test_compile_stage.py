@@ -33,6 +33,7 @@ class _FakeRunner(CompiledGraphs):
         self._compiled = self._compiled_tree = None
         self._init_compiled_graphs()
         self.log = log
+        self.raise_on_tree = False
 
     def enable_compile(self, backend: str = "inductor") -> bool:
         self._compiled = self._compiled_tree = "compiled"
@@ -42,6 +43,8 @@ class _FakeRunner(CompiledGraphs):
         self.log.append(("recompile", key, threading.get_ident()))
         if key == (3, ()):
             return False
+        if key == ("tree", 8, ()) and self.raise_on_tree:
+            raise RuntimeError("CUDA out of memory")
         self._graphs[key] = f"compiled {key}"
         self._note_capture(key, True)
         return True
@@ -74,6 +77,15 @@ def test_the_stage_recompiles_every_served_graph_once_and_keeps_a_failed_one_unc
     assert compile_stage(warm) == 0
     assert [key for _, key, _ in log] == [(3, ()), (3, ())]
     assert (st.done, st.failed, st.total) == (4, 2, 6)
+
+
+def test_a_graph_whose_recompile_raises_keeps_serving_and_the_stage_goes_on(caplog):
+    runner = _FakeRunner([])
+    runner.raise_on_tree = True
+    dec = _FakeDecoder([runner])
+    assert compile_stage(WarmUp(dec, [1], 2, lambda line: None)) == 1
+    assert sorted(map(str, runner.uncompiled_keys())) == sorted(map(str, [(3, ()), ("tree", 8, ())]))
+    assert dec.compile_status.failed == 2 and "CUDA out of memory" in caplog.text
 
 
 def test_the_stage_does_nothing_unless_the_mode_is_auto():
