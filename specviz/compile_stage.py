@@ -173,8 +173,8 @@ def compile_stage(warm: Any) -> int:
             try:
                 recompiled += int(runner.recompile(key, warm.prompt))
             except Exception as exc:  # noqa: BLE001 - one graph's failure (its old graph stays) must not end the stage
-                log.warning("specviz: compiling graph %s of %s failed: %s: %s", key, type(runner.model).__name__,
-                            type(exc).__name__, exc)
+                model = type(getattr(runner, "model", runner)).__name__
+                log.warning("specviz: compiling graph %s of %s failed: %s: %s", key, model, type(exc).__name__, exc)
     with warm.unit():
         status.done = _compiled_count(warm.decoder)
         status.failed = sum(len(r.uncompiled_keys()) for r in compiled_runners(warm.decoder))
