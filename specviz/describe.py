@@ -19,7 +19,9 @@ def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
     d.update(target=names.get("target", type(decoder.target_model).__name__), draft=names.get("draft", ""),
              device=str(decoder.device),
              dtype=names.get("dtype", str(next(decoder.target_model.parameters()).dtype).split(".")[-1]),
-             runner=opts["runner"], compile=bool(opts.get("compile")), prompt_length=len(ids),
+             runner=opts["runner"], prompt_length=len(ids),
+             compile=bool(opts.get("compile")) or getattr(decoder, "compile_status", None) is not None
+             and decoder.compile_status.active,  # the compile stage has started (runner_compiled: what ran)
              vocab_size=decoder.vocab_size)
     d["logits_dtype"] = names.get("logits_dtype", d["dtype"])  # float32 with specviz.precision.use_fp32_logits
     if "model_sources" in names:  # file format, GGUF file and quantisation type
