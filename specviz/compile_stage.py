@@ -1,7 +1,7 @@
 """Compiled by default on CUDA, paid once per machine: the warm-up's compile stage and PyTorch's compile caches.
 
-A decoder loaded with ``compile=None`` (the default) on CUDA starts with uncompiled CUDA graphs, so it serves at
-once. Its warm-up then recaptures the target's and the draft model's graphs through torch.compile (inductor), one
+A decoder loaded with ``compile="background"`` (and with the default ``compile=None`` when
+:data:`BACKGROUND_DEFAULT` is on) on CUDA starts with uncompiled CUDA graphs, so it serves at once. Its warm-up then recaptures the target's and the draft model's graphs through torch.compile (inductor), one
 graph per warm-up unit (:meth:`specviz.compiled_graphs.CompiledGraphs.recompile`): in the app each unit runs between
 requests (:class:`specviz.warmup.Gate`), so a run waits for at most one graph's compile and its timings never include
 one; each trace's config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled
@@ -33,6 +33,10 @@ from .compiled_graphs import CompiledGraphs
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "SPECVIZ_COMPILE_CACHE"
+# whether compile=None means "background" on CUDA: off until the stage's cost (how long a run can wait for one graph's
+# compile on a cold machine) and the compiled graphs' speed are measured on the device (results/gpu)
+BACKGROUND_DEFAULT = False
+COMPILE_CHOICES = (True, False, None, "background")
 
 
 @dataclass
@@ -71,14 +75,23 @@ class CompileStatus:
         return asdict(self)
 
 
-def initial_status(compile: bool | None, device: torch.device, static: bool) -> CompileStatus:
-    """The status a decoder starts with: ``compile`` True -> "on"; None on CUDA with the static runner -> "auto"
-    (pending); anything else "off"."""
-    if compile:
+def initial_status(compile: bool | str | None, device: torch.device, static: bool) -> CompileStatus:
+    """The status a decoder starts with: ``compile`` True -> "on"; "background" (or None with
+    :data:`BACKGROUND_DEFAULT`) on CUDA with the static runner -> "auto" (pending); anything else "off".
+    Raises ValueError for a value outside :data:`COMPILE_CHOICES`."""
+    if compile not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be True, False, None or 'background', got {compile!r}")
+    if compile is True:
         return CompileStatus(mode="on", state="done")
-    if compile is None and device.type == "cuda" and static:
+    background = compile == "background" or (compile is None and BACKGROUND_DEFAULT)
+    if background and device.type == "cuda" and static:
         return CompileStatus(mode="auto", state="pending")
     return CompileStatus()
+
+
+def runner_compile(compile: bool | str | None) -> bool | None:
+    """What the static runners get for ``compile``: "background" starts them uncompiled (the stage compiles them)."""
+    return None if compile == "background" else compile
 
 
 def artifact_path(models: list[torch.nn.Module], device: torch.device) -> Path | None:

@@ -78,7 +78,7 @@ class SpecDecoder:
     def from_pretrained(cls, target: str | None = None, draft: str | None = None,
                         device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
                         runner: str = "auto", max_cache_len: int = 4096,
-                        heads: dict[str, str] | None = None, compile: bool | None = None) -> "SpecDecoder":
+                        heads: dict[str, str] | None = None, compile: bool | str | None = None) -> "SpecDecoder":
         """Load target (and optional draft) from a local directory, a ``.gguf`` file (or a directory holding one), a
         preset ("smollm2") or a hub id: safetensors or GGUF through transformers, never remote code
         (:func:`specviz.models.load_model`); the trace's config records each model's source (``model_sources``).
@@ -89,8 +89,9 @@ class SpecDecoder:
         method whose head is absent raises ValueError when asked for. device None -> CUDA if available else CPU;
         dtype None -> bf16 on CUDA, fp32 on CPU. runner: "eager" (DynamicCache), "static" (a pre-allocated cache
         of ``max_cache_len`` tokens, CUDA graphs on CUDA) or "auto" (static on CUDA). compile: the static runners'
-        ``torch.compile`` of small forwards: True from the start, False never, None (default) on CUDA by the
-        warm-up's compile stage behind the uncompiled graphs (:mod:`specviz.compile_stage`; ``compile_status``).
+        ``torch.compile`` of small forwards: True from the start, False never, "background" on CUDA by the warm-up's
+        compile stage behind the uncompiled graphs (:mod:`specviz.compile_stage`; ``compile_status``), None: the
+        default (:data:`specviz.compile_stage.BACKGROUND_DEFAULT`). ValueError for another value.
         Raises :class:`specviz.models.ModelLoadError` (a ValueError) if a model or a given head cannot be loaded, and
         :class:`specviz.attention.UnsupportedModelError` (a ValueError naming the family and why) for a family the
         runners cannot decode exactly."""

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from . import methods
+from .compile_stage import initial_status, runner_compile
 from .heads.formats import load_head_dir
 from .models import (ASSETS_MODELS, DEFAULT_DRAFT, DEFAULT_TARGET, ModelLoadError, load_model, load_tokenizer,
                      resolve_device, resolve_dtype, source_info)
@@ -24,18 +25,21 @@ RUNNERS = ("auto", "eager", "static")
 
 
 def load_parts(target: str | None, draft: str | None, device: Any, dtype: Any, runner: str, max_cache_len: int,
-               heads: dict[str, str] | None, compile: bool | None) -> dict[str, Any]:
+               heads: dict[str, str] | None, compile: bool | str | None) -> dict[str, Any]:
     """The keyword arguments of :class:`~specviz.engine.SpecDecoder` for :meth:`~specviz.engine.SpecDecoder.
     from_pretrained`'s arguments (documented there). Raises ValueError for an unknown runner or head method and
     :class:`~specviz.models.ModelLoadError` (a ValueError) for a model or an explicitly given head that does not
     load."""
     if runner not in RUNNERS:
         raise ValueError(f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}")
+    dev = resolve_device(device)
+    factory_compile = runner_compile(compile)
+    static = runner == "static" or (runner == "auto" and dev.type == "cuda")
+    status = initial_status(compile, dev, static)  # ValueError for an unknown compile value, before any loading
     bundled_target = target is None
     if bundled_target:
         target = DEFAULT_TARGET
         draft = DEFAULT_DRAFT if draft is None and DEFAULT_DRAFT.exists() else draft
-    dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     target_model = load_model(target, dev, dt)
     draft_model = load_model(draft, dev, dt) if draft is not None else None
@@ -45,8 +49,8 @@ def load_parts(target: str | None, draft: str | None, device: Any, dtype: Any, r
     names.update({f"{name}_head": str(dirs[name]) for name in loaded})
     return dict(target_model=target_model, tokenizer=load_tokenizer(target), draft_model=draft_model,
                 draft_tokenizer=load_tokenizer(draft) if draft is not None else None,
-                runner_factory=runner_factory(target_model, dev, runner, max_cache_len, compile), names=names,
-                heads=loaded, head_errors=errors)
+                runner_factory=runner_factory(target_model, dev, runner, max_cache_len, factory_compile), names=names,
+                heads=loaded, head_errors=errors, compile_status=status)
 
 
 def runner_factory(target_model: torch.nn.Module, device: torch.device, runner: str, max_cache_len: int,

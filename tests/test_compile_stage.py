@@ -121,14 +121,35 @@ def test_each_recompile_is_one_unit_that_waits_for_the_requests_in_flight():
     assert log[0][0] == "request done" and [e[0] for e in log[1:]] == ["recompile"] * 3
 
 
-def test_initial_status_by_argument_and_device():
+def test_initial_status_by_argument_and_device(monkeypatch):
+    import specviz.compile_stage as stage
+
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert initial_status(True, cpu, True).mode == "on"
-    assert initial_status(None, cuda, True).mode == "auto"
-    assert initial_status(None, cuda, True).state == "pending"
-    assert initial_status(None, cpu, False).mode == "off"  # the CPU's eager runner: nothing to compile
-    assert initial_status(None, cuda, False).mode == "off"
+    assert initial_status("background", cuda, True).mode == "auto"
+    assert initial_status("background", cuda, True).state == "pending"
+    assert initial_status("background", cpu, False).mode == "off"  # the CPU's eager runner: nothing to compile
+    assert initial_status("background", cuda, False).mode == "off"
     assert initial_status(False, cuda, True).mode == "off"
+    for default in (False, True):  # None follows the library's default
+        monkeypatch.setattr(stage, "BACKGROUND_DEFAULT", default)
+        assert initial_status(None, cuda, True).mode == ("auto" if default else "off")
+    with pytest.raises(ValueError, match="background"):
+        initial_status("yes", cuda, True)
+    with pytest.raises(ValueError, match="background"):
+        SpecDecoder.from_pretrained(device="cpu", compile="fast")
+
+
+def test_the_app_takes_the_three_compile_flags():
+    from specviz.ui.launch import parser
+
+    parse = parser().parse_args
+    assert parse([]).compile is None
+    assert parse(["--compile"]).compile is True
+    assert parse(["--compile-background"]).compile == "background"
+    assert parse(["--no-compile"]).compile is False
+    with pytest.raises(SystemExit):
+        parse(["--compile", "--no-compile"])
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +249,7 @@ def test_the_warm_up_compiles_behind_the_served_graphs_and_traces_say_so_on_gpu(
     """The bundled models on CUDA (bf16): before the warm-up a request replays uncompiled graphs; the warm-up's compile
     stage leaves none uncompiled, writes the cache file, and a later request says "compiled"."""
     monkeypatch.setenv("SPECVIZ_COMPILE_CACHE", str(tmp_path))
-    dec = SpecDecoder.from_pretrained(device="cuda")
+    dec = SpecDecoder.from_pretrained(device="cuda", compile="background")
     assert dec.compile_status.mode == "auto"
     first = dec.generate("def f(x):", method="draft_model", num_speculative_tokens=3, max_new_tokens=24)
     assert first.config.get("runner_compiled") == "uncompiled"

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from specviz.compile_stage import BACKGROUND_DEFAULT
 from specviz.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from specviz.warmup import Gate
 
@@ -45,10 +46,10 @@ class DecoderCache:
         target / draft: model directories or hub ids; None -> the bundled demo models
             (``assets/models/specviz-target`` / ``specviz-draft``).
         device: "cpu", "cuda", ... or None (CUDA when available).
-        compile: ``SpecDecoder.from_pretrained(compile=...)``: None (default) compiles the target's and the draft's
-            forwards on CUDA in the background after the warm-up, swapping each graph in when it is ready
-            (:mod:`specviz.compile_stage`); True compiles every forward from the start (the app's ``--compile``);
-            False never (``--no-compile``).
+        compile: ``SpecDecoder.from_pretrained(compile=...)``: "background" compiles the target's and the draft's
+            forwards on CUDA after the warm-up, swapping each graph in when it is ready (:mod:`specviz.compile_stage`;
+            the app's ``--compile-background``); True compiles every forward from the start (``--compile``); False
+            never (``--no-compile``); None: the library's default.
         heads: ``SpecDecoder.from_pretrained(heads=...)``: {method: head directory} (the app's ``--head``);
             None: the bundled heads with the bundled target.
         background_warm_up: warm up on a background thread beside the requests (True), or inside the load, before
@@ -62,7 +63,7 @@ class DecoderCache:
     """
 
     def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None,
-                 compile: bool | None = None, heads: dict[str, str] | None = None, background_warm_up: bool | None = None):
+                 compile: bool | str | None = None, heads: dict[str, str] | None = None, background_warm_up: bool | None = None):
         self.target, self.draft, self.device, self.compile = target, draft, device, compile
         self.heads = dict(heads) if heads else None
         self._lock = threading.Lock()
@@ -91,7 +92,7 @@ class DecoderCache:
         if self.compile:
             line += (" · torch.compile: on from the start" if cuda else
                      " · torch.compile: asked for, no effect on the CPU (the eager runner)")
-        elif self.compile is None and cuda:
+        elif cuda and (self.compile == "background" or (self.compile is None and BACKGROUND_DEFAULT)):
             line += " · torch.compile: swapped in after the warm-up"
         if self.target is None and not DEFAULT_TARGET.exists():
             line += ("  \n**The bundled demo models are not in `assets/models/` yet** (train them with "
@@ -120,7 +121,7 @@ class DecoderCache:
                 self.status = "loading the models"
                 try:
                     decoder = SpecDecoder.from_pretrained(self.target, self.draft, device=self.device,
-                                                          compile=self.compile,  # None: in the background
+                                                          compile=self.compile,
                                                           heads=self.heads)
                 finally:
                     self.status = ""

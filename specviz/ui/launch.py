@@ -3,8 +3,8 @@
 Options: --host (default 127.0.0.1), --port (7860), --share, --target / --draft (a model directory, a .gguf
 file or a preset such as smollm2: :func:`specviz.models.resolve_source`), --head METHOD=DIR (or
 --<method>-head DIR), --device,
---no-warm-up, --compile / --no-compile (on CUDA the target's and draft's forwards are compiled in the background
-after the warm-up by default; --compile compiles every forward from the start, --no-compile none), --present.
+--no-warm-up, --compile / --compile-background / --no-compile (CUDA: torch.compile every forward from the start,
+or the target's and draft's graphs after the warm-up, swapped in between runs, or never; see docs/gpu.md), --present.
 With no --target the bundled demo models in assets/models/ are used. At launch the
 models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
 with a progress line in the page, so that no run pays one-time costs.
@@ -38,8 +38,11 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
     comp = ap.add_mutually_exclusive_group()
     comp.add_argument("--compile", action="store_true", default=None,
                       help="CUDA: run the target's, drafter's and EAGLE heads' forwards through torch.compile (inductor) "
-                      "inside their CUDA graphs from the start: the warm-up compiles before it captures (default: the "
-                      "target's and draft's graphs are compiled after the warm-up, between runs, and swapped in)")
+                      "inside their CUDA graphs from the start: the warm-up compiles before it captures (minutes on a "
+                      "machine that has not compiled these models before)")
+    comp.add_argument("--compile-background", dest="compile", action="store_const", const="background",
+                      help="CUDA: serve uncompiled graphs at once and, after the warm-up, compile the target's and "
+                      "draft's graphs one at a time between runs, each swapped in when ready; cached for the next launch")
     comp.add_argument("--no-compile", dest="compile", action="store_false",
                       help="CUDA: never compile (uncompiled CUDA graphs only)")
     ap.set_defaults(compile=None)
