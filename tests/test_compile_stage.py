@@ -200,6 +200,7 @@ def test_the_speedup_note_names_the_runner_and_warns_when_the_sides_differ():
     from specviz.viz.speed import runner_note  # the views need plotly; the GPU tests here do not
 
     assert runner_note(None, None) == ""
+    assert runner_note("uncompiled", {"runner": {"method": "uncompiled", "none": "uncompiled"}}) == ""  # the default
     same = runner_note("compiled", {"runner": {"method": "compiled", "none": "compiled"}})
     assert "this run: <b>compiled</b>" in same and "They differ" not in same
     mixed = runner_note("uncompiled", {"runner": {"method": "compiled", "none": "uncompiled"}})

@@ -117,9 +117,12 @@ def graph_notes_html(notes: list[str] | None) -> str:
 def runner_note(run_label: str | None, measurement: dict[str, Any] | None) -> str:
     """Which CUDA graphs the target's forwards replayed (the trace's ``config.runner_compiled``: "compiled" with
     torch.compile, "uncompiled", or partly) in this run and in the comparison's segments
-    (``measurement["runner"]``: {"method", "none"}), so a speedup says which runner measured it; "" on the CPU."""
-    seg = (measurement or {}).get("runner") or {}
+    (``measurement["runner"]``: {"method", "none"}), so a speedup says which runner measured it; "" on the CPU and
+    when every forward replayed uncompiled graphs (the default runner)."""
     parts = [f"this run: <b>{html.escape(run_label)}</b>"] if run_label else []
+    seg = (measurement or {}).get("runner") or {}
+    if {run_label, seg.get("method"), seg.get("none")} <= {None, "", "uncompiled"}:
+        return ""  # the default runner throughout: nothing to tell apart
     if seg.get("method") or seg.get("none"):
         parts.append(f"the comparison's segments: this method {html.escape(str(seg.get('method')))}, "
                      f"method none {html.escape(str(seg.get('none')))}")
