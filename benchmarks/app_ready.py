@@ -82,7 +82,8 @@ def _run(client, args: tuple) -> dict:
     trace = exported(client)
     m = trace.metrics
     meas = (m.get("baseline_none") or {}).get("measurement") or {}
-    return {"wall_s": round(wall, 2), "with_measurement_s": round(time.time() - t, 2), "capture_ms": m.get("capture_ms"),
+    return {"wall_s": round(wall, 2), "with_measurement_s": round(time.time() - t, 2),
+            "capture_ms": m.get("capture_ms"),
             "speedup_median": meas.get("median"), "tokens": m.get("num_generated_tokens"),
             "runner": trace.config.get("runner_compiled"), "measured_on": meas.get("runner")}
 

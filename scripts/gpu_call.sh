@@ -146,7 +146,8 @@ for stage in "$@"; do
       > "$L/shapes.log" 2>&1
     echo "[shapes] exit $?"; cat "$OUT/shapes/bench_shapes.md" 2>/dev/null || tail -n 30 "$L/shapes.log" ;;
   compile)
-    timeout ${T_CC_ALL:-560} python3 benchmarks/compile_cache.py --phases "${CC_PHASES:-cold,warm,artifacts,swap_warm}" \
+    timeout ${T_CC_ALL:-560} python3 benchmarks/compile_cache.py \
+      --phases "${CC_PHASES:-cold,warm,artifacts,swap_warm}" \
       --timeout ${T_CC:-200} --work /root/cc --out "$OUT/compile_cache.json" > "$L/compile.log" 2>&1
     echo "[compile] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/compile.log" | cut -c1-1500 | tail -20 ;;
   ready)

@@ -1,11 +1,12 @@
-"""Compiled by default on CUDA, paid once per machine: the warm-up's compile stage and PyTorch's compile caches.
+"""Compiled behind served graphs on CUDA, paid once per machine: the warm-up's compile stage and PyTorch's caches.
 
-A decoder loaded with ``compile="background"`` (and with the default ``compile=None`` when
-:data:`BACKGROUND_DEFAULT` is on) on CUDA starts with uncompiled CUDA graphs, so it serves at once. Its warm-up then recaptures the target's and the draft model's graphs through torch.compile (inductor), one
-graph per warm-up unit (:meth:`specviz.compiled_graphs.CompiledGraphs.recompile`): in the app each unit runs between
-requests (:class:`specviz.warmup.Gate`), so a run waits for at most one graph's compile and its timings never include
-one; each trace's config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled
-unless ``compile=True``.
+A decoder loaded with ``compile="background"`` (and with the default ``compile=None`` when :data:`BACKGROUND_DEFAULT`
+is on) on CUDA starts with uncompiled CUDA graphs, so it serves at once. Its warm-up then recaptures the target's and
+the draft model's graphs through torch.compile (inductor), one graph per warm-up unit
+(:meth:`specviz.compiled_graphs.CompiledGraphs.recompile`): in the app each unit runs between requests
+(:class:`specviz.warmup.Gate`), so a run waits for at most one graph's compile and its timings never include one; each
+trace's config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled unless
+``compile=True``.
 
 Compiling is paid once per machine: Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels) persist
 between launches, and after the stage :func:`torch.compiler.save_cache_artifacts` ("mega-cache") is written to

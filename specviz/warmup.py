@@ -174,8 +174,9 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
     """See the module docstring. ``method_names``: warm only these methods' drafters (None: every method whose
     models are loaded); the target's widths and the verifiers are warmed either way. ``compile``: the compile stage
     (:mod:`specviz.compile_stage`; None: when ``decoder.compile_status.mode`` is "auto"): with a compile cache read
-    back it runs right after the target's graphs (cache hits), else last; the cache is written after it. In the foreground (``gate`` None) the caller holds the device lock throughout
-    (:meth:`specviz.engine.SpecDecoder.warm_up`); with ``gate`` each unit waits for the requests registered with it
+    back it runs right after the target's graphs (cache hits), else last; the cache is written after it. In the
+    foreground (``gate`` None) the caller holds the device lock throughout (:meth:`specviz.engine.SpecDecoder.warm_up`);
+    with ``gate`` each unit waits for the requests registered with it
     and takes the device lock itself (:class:`specviz.ui.cache.DecoderCache` runs it so on a background thread).
 
     Returns {"seconds": wall time, "capture_s": time spent capturing graphs, "graphs": graphs captured, "compiled":

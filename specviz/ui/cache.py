@@ -63,7 +63,8 @@ class DecoderCache:
     """
 
     def __init__(self, target: str | None = None, draft: str | None = None, device: str | None = None,
-                 compile: bool | str | None = None, heads: dict[str, str] | None = None, background_warm_up: bool | None = None):
+                 compile: bool | str | None = None, heads: dict[str, str] | None = None,
+                 background_warm_up: bool | None = None):
         self.target, self.draft, self.device, self.compile = target, draft, device, compile
         self.heads = dict(heads) if heads else None
         self._lock = threading.Lock()

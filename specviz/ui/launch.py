@@ -37,12 +37,14 @@ def parser(prog: str = "specviz app") -> argparse.ArgumentParser:
                     help="load the models at the first Run instead of at launch")
     comp = ap.add_mutually_exclusive_group()
     comp.add_argument("--compile", action="store_true", default=None,
-                      help="CUDA: run the target's, drafter's and EAGLE heads' forwards through torch.compile (inductor) "
+                      help="CUDA: run the target's, drafter's and EAGLE heads' forwards through torch.compile "
+                      "(inductor) "
                       "inside their CUDA graphs from the start: the warm-up compiles before it captures (minutes on a "
                       "machine that has not compiled these models before)")
     comp.add_argument("--compile-background", dest="compile", action="store_const", const="background",
                       help="CUDA: serve uncompiled graphs at once and, after the warm-up, compile the target's and "
-                      "draft's graphs one at a time between runs, each swapped in when ready; cached for the next launch")
+                      "draft's graphs one at a time between runs, each swapped in when ready; cached for the next "
+                      "launch")
     comp.add_argument("--no-compile", dest="compile", action="store_false",
                       help="CUDA: never compile (uncompiled CUDA graphs only)")
     ap.set_defaults(compile=None)
