@@ -193,6 +193,10 @@ def _compare_parser(sub: Any) -> None:
     c.add_argument("--dtype", default=None)
     c.add_argument("--fp32-logits", action="store_true",
                    help="compute the target's LM head in float32 (no 16-bit rounding of the logits; specviz.precision)")
+    c.add_argument("--compile", choices=("off", "on", "background"), default=None,
+                   help="CUDA: torch.compile the static runners' forwards: 'on' from the start, 'background' in the "
+                   "warm-up's compile stage before the timed runs (the target's and draft's graphs), 'off' never "
+                   "(default: the library's)")
     c.add_argument("--out", required=True, help="directory for compare.csv, compare.json, compare.html")
 
 

@@ -264,3 +264,17 @@ def test_the_warm_up_compiles_behind_the_served_graphs_and_traces_say_so_on_gpu(
     assert st.artifacts == "saved" and list(tmp_path.glob("*.bin"))
     later = dec.generate("def f(x):", method="draft_model", num_speculative_tokens=3, max_new_tokens=24)
     assert later.config.get("runner_compiled") == "compiled"
+
+
+def test_specviz_compare_takes_a_compile_choice(tmp_path, capsys):
+    """--compile background on the CPU runs the comparison as before (the eager runner has nothing to compile); an
+    unknown choice is refused by the parser."""
+    from specviz.cli import main
+
+    out = tmp_path / "cmp"
+    code = main(["compare", "--methods", "ngram", "-k", "2", "--prompt", "def f(x):\n    return f(", "--max-new-tokens",
+                 "4", "--device", "cpu", "--compile", "background", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    assert (out / "compare.csv").exists()
+    with pytest.raises(SystemExit):
+        main(["compare", "--methods", "ngram", "--prompt", "x", "--compile", "fast", "--out", str(out)])

@@ -88,8 +88,9 @@ def compare_main(args: Any) -> int:
         comparison = new_comparison(configs_from_args(args), prompts, _list(args.seeds, int, "--seeds"),
                                     args.max_new_tokens)
         heads = heads_from_args(args)
+        compile = {"on": True, "off": False, "background": "background"}.get(getattr(args, "compile", None))
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
-                                              heads=heads or None)
+                                              heads=heads or None, compile=compile)
         if getattr(args, "fp32_logits", False):
             from specviz.precision import use_fp32_logits
 
