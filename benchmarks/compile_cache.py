@@ -158,6 +158,8 @@ def _background(out: dict, eager, compiled, prompt, k_max: int) -> dict:
     """Replays of ``eager``'s width-1 graph in this thread while another compiles ``compiled`` (no graphs)."""
     import torch
 
+    from specviz.compiled_graphs import capture_shape as _capture
+
     _capture(eager, prompt, 1, (), False)
     eager.reset()
     eager.forward(torch.tensor(prompt))

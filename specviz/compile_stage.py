@@ -4,8 +4,10 @@ A decoder loaded with ``compile="background"`` (and with the default ``compile=N
 is on) on CUDA starts with uncompiled CUDA graphs, so it serves at once. Its warm-up then recaptures the target's and
 the draft model's graphs through torch.compile (inductor), one graph per warm-up unit
 (:meth:`specviz.compiled_graphs.CompiledGraphs.recompile`): in the app each unit runs between requests
-(:class:`specviz.warmup.Gate`), so a run waits for at most one graph's compile and its timings never include one; each
-trace's config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled unless
+(:class:`specviz.warmup.Gate`), so a run waits for at most the graph being compiled and its timings never include a
+compile. Once the stage has started, a runner made later (another concurrent session's) and a shape captured for the
+first time compile inside their request (kept out of its timings like any capture, but the run waits). Each trace's
+config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled unless
 ``compile=True``.
 
 Compiling is paid once per machine: Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels) persist
@@ -82,8 +84,8 @@ def initial_status(compile: bool | str | None, device: torch.device, static: boo
     Raises ValueError for a value outside :data:`COMPILE_CHOICES`."""
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be True, False, None or 'background', got {compile!r}")
-    if compile is True:
-        return CompileStatus(mode="on", state="done")
+    if compile is True:  # the eager runner (the CPU's default) has nothing to compile
+        return CompileStatus(mode="on", state="done") if static else CompileStatus()
     background = compile == "background" or (compile is None and BACKGROUND_DEFAULT)
     if background and device.type == "cuda" and static:
         return CompileStatus(mode="auto", state="pending")
@@ -181,9 +183,9 @@ def compile_stage(warm: Any) -> int:
         status.total = _compiled_count(warm.decoder) + len(work)
     recompiled = 0
     for runner, key in work:
-        status.done = _compiled_count(warm.decoder)
-        warm.say(f"warm-up: {status.line()}")
-        with warm.unit():
+        with warm.unit():  # the counts read the pooled runners: no request may hold one meanwhile
+            status.done = _compiled_count(warm.decoder)
+            warm.say(f"warm-up: {status.line()}")
             try:
                 recompiled += int(runner.recompile(key, warm.prompt))
             except Exception as exc:  # noqa: BLE001 - one graph's failure (its old graph stays) must not end the stage

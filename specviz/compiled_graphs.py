@@ -74,6 +74,12 @@ class CompiledGraphs:
         self.replays[0 if key in self._compiled_keys else 1] += 1
 
 
+def runner_kind(label: str) -> str:
+    """A :func:`compiled_label` without its counts ("compiled", "uncompiled", "partly compiled"): two requests on one
+    runner whose graphs are partly compiled replay different shares of them, which is not a change of runner."""
+    return str(label).split(" (")[0]
+
+
 def compiled_label(before: Sequence[int], after: Sequence[int]) -> str | None:
     """Which graphs a request replayed, from a runner's :attr:`CompiledGraphs.replays` before and after it:
     "compiled", "uncompiled", "partly compiled (c of n forwards)", or None when it replayed no graph (eager)."""

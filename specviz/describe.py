@@ -20,9 +20,7 @@ def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
              device=str(decoder.device),
              dtype=names.get("dtype", str(next(decoder.target_model.parameters()).dtype).split(".")[-1]),
              runner=opts["runner"], prompt_length=len(ids),
-             compile=bool(opts.get("compile")) or getattr(decoder, "compile_status", None) is not None
-             and decoder.compile_status.active,  # the compile stage has started (runner_compiled: what ran)
-             vocab_size=decoder.vocab_size)
+             compile=bool(opts.get("compile")) or _stage_started(decoder), vocab_size=decoder.vocab_size)
     d["logits_dtype"] = names.get("logits_dtype", d["dtype"])  # float32 with specviz.precision.use_fp32_logits
     if "model_sources" in names:  # file format, GGUF file and quantisation type
         d["model_sources"] = names["model_sources"]
@@ -41,6 +39,12 @@ def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
         d["head"] = {"path": names.get(f"{cfg.method}_head", ""), "kind": getattr(head.config, "kind", cfg.method),
                      **method.head.describe(head), **(getattr(head, "source", None) or {})}  # its published layout
     return d
+
+
+def _stage_started(decoder: Any) -> bool:
+    """Whether a background compile stage has started (``runner_compiled`` then says what a request replayed)."""
+    status = getattr(decoder, "compile_status", None)
+    return status is not None and status.mode == "auto" and status.active
 
 
 def add_texts(tokenizer: Any, trace: Any, generated: list[int]) -> None:

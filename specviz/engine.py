@@ -244,8 +244,8 @@ class SpecDecoder:
                     lock.__enter__()
         finally:
             ev.publish_all(pending)
+            label = compiled_label(replays, runner.replays) if replays else None  # read before the lease goes back
             build.finish(generated)  # the method's finish (suffix: this output joins its tree), then every lease back
-            label = compiled_label(replays, runner.replays) if replays else None
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes,
                                               config={"runner_compiled": label} if label else {}))

@@ -24,6 +24,7 @@ import statistics
 import time
 from typing import Any, Callable
 
+from .compiled_graphs import runner_kind
 from .trace import RunMetrics, Trace
 
 DEFAULT_PAIRS = 3
@@ -73,7 +74,7 @@ def crosses_one(s: dict[str, Any]) -> bool:
 def _runners(runs: dict[str, list[Trace]]) -> dict[str, str]:
     """{"method", "none"}: which graphs each side's segments replayed (their traces' ``runner_compiled``, joined when
     they differ); {} when no segment replayed a graph (the CPU)."""
-    out = {side: " / ".join(dict.fromkeys(str(t.config["runner_compiled"]) for t in traces
+    out = {side: " / ".join(dict.fromkeys(runner_kind(t.config["runner_compiled"]) for t in traces
                                           if t.config.get("runner_compiled")))
            for side, traces in runs.items()}
     return out if any(out.values()) else {}

@@ -172,8 +172,9 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
             progress: Callable[[str], None] | None = None, gate: Gate | None = None,
             method_names: Sequence[str] | None = None, compile: bool | None = None) -> dict[str, float]:
     """See the module docstring. ``method_names``: warm only these methods' drafters (None: every method whose
-    models are loaded); the target's widths and the verifiers are warmed either way. ``compile``: the compile stage
-    (:mod:`specviz.compile_stage`; None: when ``decoder.compile_status.mode`` is "auto"): with a compile cache read
+    models are loaded); the target's widths and the verifiers are warmed either way. ``compile``: False skips the
+    compile stage; otherwise it runs when ``decoder.compile_status.mode`` is "auto" (:mod:`specviz.compile_stage`): with
+    a compile cache read
     back it runs right after the target's graphs (cache hits), else last; the cache is written after it. In the
     foreground (``gate`` None) the caller holds the device lock throughout (:meth:`specviz.engine.SpecDecoder.warm_up`);
     with ``gate`` each unit waits for the requests registered with it
@@ -185,13 +186,14 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
     status = decoder.compile_status
     compiling = status.mode == "auto" and compile is not False
     cache = artifact_path([m for m in (decoder.target_model, decoder.draft_model) if m is not None], decoder.device) \
-        if status.mode != "off" else None
-    if cache is not None and status.artifacts == "none":
-        status.artifacts = load_artifacts(cache)  # before anything compiles
+        if status.mode != "off" and decoder.device.type == "cuda" else None
     say = progress or (lambda line: None)
     prompt = decoder.encode("def f(x):\n    return")
     k_max = min(int(max_speculative_tokens), MAX_SPECULATIVE_TOKENS)
     warm = WarmUp(decoder, prompt, k_max, say, gate=gate or Gate())
+    if cache is not None and status.artifacts == "none":
+        with warm.unit():  # before this warm-up compiles anything, and beside no request that might
+            status.artifacts = load_artifacts(cache)
     say("warm-up: first requests")
     warm.request("none", max_new_tokens=3)
     early = compiling and status.artifacts == "loaded"  # cache hits: capture the target's graphs compiled at once
@@ -209,8 +211,9 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
                                                     tuple(synthetic_rates)))
     if compiling:
         recompiled += compile_stage(warm)
-    if cache is not None and (status.done or status.mode == "on"):
-        status.artifacts = save_artifacts(cache) if status.artifacts != "loaded" else "loaded"
+    if cache is not None and (status.done or status.mode == "on") and status.artifacts != "loaded":
+        with warm.unit():  # a file read back is kept as it is (what it lacks is in Inductor's on-disk caches)
+            status.artifacts = save_artifacts(cache)
     with warm.unit():
         gc.collect()
         gc.freeze()

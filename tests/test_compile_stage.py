@@ -219,6 +219,91 @@ def test_an_uploaded_measurement_keeps_a_valid_runner_entry_and_drops_a_malforme
     assert "runner" not in dropped
 
 
+class _Graph:
+    """A stand-in CUDA graph for the CPU: replaying it does nothing (its static outputs stay as captured)."""
+
+    def replay(self) -> None:
+        pass
+
+    def pool(self) -> None:
+        return None
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch):
+    """The static runner's capture paths with :class:`_Graph` instead of a CUDA graph (the forward runs eagerly once,
+    compiled when compile is on), so its recompile and replay counting run on the CPU; ``fail`` makes compiled chain
+    captures raise."""
+    import specviz.static_tree as static_tree
+
+    state = {"fail": False}
+
+    def capture(fn, device, pool=None, warmup=2, reset=None):  # a tree forward's capture
+        out = fn()
+        if reset is not None:
+            reset()
+        return _Graph(), out
+
+    def capture_once(self, n, ids, taps):
+        if state["fail"] and self._compiled is not None:
+            raise RuntimeError("capture failed")
+        static_ids = ids.clone()
+        logits, feats = self._eager(static_ids, taps, model_out=self._compiled)
+        self._set_position(self.seq_len)
+        self._graphs[(n, taps)] = (_Graph(), static_ids, logits, feats)
+        self._note_capture((n, taps), self._compiled is not None)
+        return self._graphs[(n, taps)]
+
+    monkeypatch.setattr(static_tree, "capture", capture)
+    monkeypatch.setattr(StaticRunner, "_capture_once", capture_once)
+    return state
+
+
+def _captured_runner() -> tuple[StaticRunner, list[int]]:
+    from specviz.compiled_graphs import capture_shape
+
+    model = build_model("llama", seed=0, layers=2, hidden=64)
+    runner = StaticRunner(model, max_cache_len=128, cuda_graphs=True, tree_buckets=(8, 16))
+    prompt = list(range(5, 14))
+    for n in (1, 2, 4):
+        capture_shape(runner, prompt, n, (), False)
+    capture_shape(runner, prompt, 8, (), True)
+    runner.reset()
+    return runner, prompt
+
+
+def test_recompile_swaps_each_graph_and_counts_replays_by_kind(fake_graphs):
+    runner, prompt = _captured_runner()
+    keys = runner.uncompiled_keys()
+    assert sorted(map(str, keys)) == sorted(map(str, [(1, ()), (2, ()), (4, ()), ("tree", 8, ())]))
+    runner.forward(torch.tensor(prompt))
+    before = list(runner.replays)
+    runner.forward(torch.tensor(prompt[-1:] * 2))
+    assert compiled_label(before, runner.replays) == "uncompiled"
+    runner.reset()
+    assert runner.enable_compile(backend="eager")
+    olds = {key: runner.graphs[key] for key in keys}
+    assert [runner.recompile(key, prompt) for key in keys] == [True] * 4
+    assert runner.uncompiled_keys() == [] and len(runner.compiled_keys()) == 4
+    assert all(runner.graphs[key] is not olds[key] for key in keys)  # swapped, not kept
+    runner.forward(torch.tensor(prompt))
+    before = list(runner.replays)
+    runner.forward(torch.tensor(prompt[-1:] * 2))
+    runner.forward_features(torch.tensor(prompt[-1:] * 3), parents=[-1, 0])  # a tree: bucket 8
+    assert compiled_label(before, runner.replays) == "compiled"
+
+
+def test_a_recompile_whose_capture_fails_keeps_the_old_graph_and_compile_gives_up(fake_graphs):
+    runner, prompt = _captured_runner()
+    old = runner.graphs[(2, ())]
+    assert runner.enable_compile(backend="eager")
+    fake_graphs["fail"] = True
+    assert runner.recompile((2, ()), prompt) is False
+    assert runner.graphs[(2, ())] is old and (2, ()) in runner.uncompiled_keys()  # the served graph is kept
+    assert runner._compile_gave_up and not runner.compiled  # the runner stays uncompiled from now on
+    assert runner.recompile((4, ()), prompt) is False and (4, ()) in runner.uncompiled_keys()
+
+
 @pytest.mark.gpu
 def test_recompiled_graphs_replace_the_served_ones_and_decode_the_same_tokens_on_gpu():
     """fp32 on CUDA: graphs captured uncompiled, then each recompiled in place; every graph is compiled after, the
@@ -233,15 +318,17 @@ def test_recompiled_graphs_replace_the_served_ones_and_decode_the_same_tokens_on
     _capture(runner, prompt, 8, (), True)
     runner.reset()
     runner.forward(torch.tensor(prompt))
+    counts = list(runner.replays)
     before = runner.forward(torch.tensor(prompt[-1:] * 4)).clone()
-    assert runner.replays == [0, 1]
+    assert compiled_label(counts, runner.replays) == "uncompiled"
     runner.reset()
     keys = runner.uncompiled_keys()
     assert len(keys) == 4 and all(runner.recompile(key, prompt) for key in keys)
     assert runner.uncompiled_keys() == [] and runner.compiled
     runner.forward(torch.tensor(prompt))
+    counts = list(runner.replays)
     after = runner.forward(torch.tensor(prompt[-1:] * 4))
-    assert runner.replays[0] == 1
+    assert compiled_label(counts, runner.replays) == "compiled"
     torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
 
 
@@ -278,3 +365,18 @@ def test_specviz_compare_takes_a_compile_choice(tmp_path, capsys):
     assert (out / "compare.csv").exists()
     with pytest.raises(SystemExit):
         main(["compare", "--methods", "ngram", "--prompt", "x", "--compile", "fast", "--out", str(out)])
+
+
+def test_the_app_header_names_each_compile_mode(monkeypatch):
+    import specviz.ui.cache as cache
+
+    monkeypatch.setattr(cache, "device_in_use", lambda device: "cuda:0")
+    lines = {mode: cache.DecoderCache(device="cuda", compile=mode).describe() for mode in (True, "background", False)}
+    assert "on from the start" in lines[True]
+    assert "swapped in after the warm-up" in lines["background"] and "from the start" not in lines["background"]
+    assert "torch.compile" not in lines[False]
+
+
+def test_compile_true_on_the_cpus_eager_runner_is_off():
+    assert initial_status(True, torch.device("cpu"), False).mode == "off"
+    assert initial_status(True, torch.device("cpu"), True).mode == "on"  # a static runner compiles on the CPU too

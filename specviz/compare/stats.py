@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
+from specviz.compiled_graphs import runner_kind
 from specviz.speedup import NOISY_IQR, spread
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, RunMetrics, Trace
 
@@ -108,7 +109,8 @@ def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
         details.append(f"{len(slow)} step(s) took over {SLOW_STEP_FACTOR:g}x the row's median step of {median:.2f} ms "
                        f"(slowest: prompt {p}, seed {seed}, step {i}, {ms:.0f} ms): likely a one-time cost that no one "
                        "reported, and it is in the step times and the speedup")
-    runners = sorted({str(r.trace.config["runner_compiled"]) for r in runs if r.trace.config.get("runner_compiled")})
+    runners = sorted({runner_kind(r.trace.config["runner_compiled"]) for r in runs
+                      if r.trace.config.get("runner_compiled")})
     if len(runners) > 1:
         marks.append("⚠ runners differ")
         details.append(f"its runs replayed {' and '.join(runners)} CUDA graphs: the times mix two runners")

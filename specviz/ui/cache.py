@@ -90,7 +90,7 @@ class DecoderCache:
         if self.heads:
             line += " · heads: " + ", ".join(f"{method} `{d}`" for method, d in self.heads.items())
         cuda = device.startswith("cuda")
-        if self.compile:
+        if self.compile is True:
             line += (" · torch.compile: on from the start" if cuda else
                      " · torch.compile: asked for, no effect on the CPU (the eager runner)")
         elif cuda and (self.compile == "background" or (self.compile is None and BACKGROUND_DEFAULT)):
