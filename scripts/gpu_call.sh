@@ -37,6 +37,7 @@
 #   compile  benchmarks/compile_cache.py: the static runner's compile cold, with warm on-disk caches, from the
 #            mega-cache artifacts, swapped in behind served graphs (CC_PHASES; T_CC: timeout per phase)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
+#            (READY_ARGS: its options, e.g. "--launches 2 -- --compile-background")
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
 #            shape (random weights) in the app, eagle3 synthetic / greedy beside none (needs pip_g, pip_p, pip_r)
 #   heads    specviz train heads on the bundled target, one process per method of HEAD_KINDS side by side (default
@@ -151,7 +152,8 @@ for stage in "$@"; do
       --timeout ${T_CC:-200} --work /root/cc --out "$OUT/compile_cache.json" > "$L/compile.log" 2>&1
     echo "[compile] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/compile.log" | cut -c1-1500 | tail -20 ;;
   ready)
-    timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" > "$L/ready.log" 2>&1
+    timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" ${READY_ARGS:-} \
+      > "$L/ready.log" 2>&1
     echo "[ready] exit $?"; grep -vE "app_log_tail" "$L/ready.log" | head -40 ;;
   *) echo "unknown stage $stage" ;;
   esac
