@@ -129,7 +129,7 @@ def test_selected_node_outlined_and_numbers_shown():
     assert boxes["node 2"].bordercolor == tv.SELECTED_BORDER
     assert boxes["node 3"].bordercolor != tv.SELECTED_BORDER
     assert "p 0.70" in boxes["node 3"].text and "c 0.30" in boxes["node 3"].text  # c = exp(score)
-    assert "p —" in boxes["node 4"].text  # p not recorded for this unvisited node
+    assert "not tested" in boxes["node 4"].text and "p " not in boxes["node 4"].text  # unvisited: no test read p
 
 
 def test_node_figure_off_path():

@@ -72,7 +72,10 @@ def _confidence(n: ViewNode) -> float | None:
 
 
 def _second_line(n: ViewNode, rule: str) -> str:
-    """'p 0.43 · c 0.62' for top-k children (q one-hot), else 'p 0.43 · q 0.51'."""
+    """'p 0.43 · c 0.62' for top-k children (q one-hot), else 'p 0.43 · q 0.51'; 'not tested' for a node the walk
+    never reached (its p exists, the tree forward computed it, but no acceptance test read it)."""
+    if n.fate == "unvisited":
+        return "not tested"
     if rule == "topk" and _confidence(n) is not None:
         return f"p {_num(n.p)} · c {_num(_confidence(n))}"
     return f"p {_num(n.p)} · q {_num(n.q)}"
@@ -143,7 +146,8 @@ def confidence_text(n: ViewNode, by_id: dict[int, ViewNode], st: Step) -> str | 
 def _hover(trace: Trace, st: Step, n: ViewNode, rule: str, by_id: dict[int, ViewNode]) -> str:
     conf, path_conf = confidence_text(n, by_id, st), _confidence(n) if n.depth > 1 else None  # depth 1: c = conf
     lines = [f"node {n.id} · depth {n.depth} · {quoted(trace, n.token_id)} · {n.fate}",
-             f"p = {fmt_prob(n.p)} (target, at its parent)", q_text(n, rule),
+             f"p = {fmt_prob(n.p)} (target, at its parent" + ("; computed by the tree forward, never tested)"
+                                                             if n.fate == "unvisited" else ")"), q_text(n, rule),
              *([conf + (f" · path confidence c = exp(score) = {fmt_prob(path_conf)}" if path_conf is not None
                         else "")] if conf else []),
              f"u = {fmt_prob(n.u)} · accept prob. = {fmt_prob(n.accept_prob)}"]
