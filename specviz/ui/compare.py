@@ -79,6 +79,9 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
         with gr.Row(equal_height=False):
             with gr.Column(scale=2, min_width=340):
                 u["preset"] = gr.Dropdown(list(PRESETS), value=None, label="Presets")
+                with gr.Row():  # under the presets: a preset and Run without scrolling, in the presentation layout too
+                    run_btn = gr.Button("Run comparison", variant="primary", elem_id="sv-compare-run")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-compare-stop")
                 u["methods"] = gr.CheckboxGroup(methods(), value=methods(), label="methods (method none is always run)")
                 with gr.Row():
                     u["ks"] = gr.Textbox("5", label="k (comma-separated)")
@@ -100,11 +103,9 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                                            label="prompts (bundled set by category, and the examples)")
                 u["own"] = gr.Textbox("", lines=3, label="your own prompt (optional)")
                 u["max_new"] = gr.Slider(1, MAX_NEW_TOKENS, value=64, step=1, label="max new tokens")
-                with gr.Row():
-                    run_btn = gr.Button("Run comparison", variant="primary", elem_id="sv-compare-run")
-                    stop_btn = gr.Button("Stop", variant="stop", elem_id="sv-compare-stop")
             with gr.Column(scale=5, min_width=500):
-                u["progress"] = gr.Markdown("Pick a preset or configurations and prompts, then press Run comparison.",
+                u["progress"] = gr.Markdown("Pick a preset (or configurations and prompts below it), then press Run "
+                                            "comparison.",
                                             elem_id="sv-compare-progress")
                 gr.Markdown(vc.TABLE_HELP, elem_classes="sv-explain")
         u["convention"] = gr.Radio(convention_choices(), value="vllm", label="mean acceptance length (AL) convention",
