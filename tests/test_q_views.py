@@ -62,7 +62,10 @@ def test_every_view_shows_the_q_the_verifier_used(eagle3_decoder, sampling):
             q = verified_q(st, i)
             node = st.nodes[i - 1]
             assert q == node.q == pytest.approx(_panel_q(tr, st.index, i))  # decision panel = chain view
-            assert f"q {short_prob(q)}" in boxes  # the chain view's box
+            if node.fate == "unvisited":  # past a rejection: no test read its p or q, its box says so
+                assert "not tested" in boxes
+            else:
+                assert f"q {short_prob(q)}" in boxes  # the chain view's box
             if greedy:  # an argmax draft: verified as one-hot, whatever the head's confidence
                 assert q == 1.0 and row[q_col] == "1 (one-hot)"
                 assert pos["head_top_prob"] < 1.0  # a random head is never sure: confidence differs from q
