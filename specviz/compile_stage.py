@@ -1,4 +1,4 @@
-"""Compiled behind served graphs on CUDA, paid once per machine: the warm-up's compile stage and PyTorch's caches.
+"""Compiled behind served graphs on CUDA, meant to be paid once per machine: the compile stage and the caches.
 
 A decoder loaded with ``compile="background"`` (and with the default ``compile=None`` when :data:`BACKGROUND_DEFAULT`
 is on) on CUDA starts with uncompiled CUDA graphs, so it serves at once. Its warm-up then recaptures the target's and
@@ -10,13 +10,13 @@ first time compile inside their request (kept out of its timings like any captur
 config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled unless
 ``compile=True``.
 
-Compiling is paid once per machine: Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels) persist
-between launches, and after the stage :func:`torch.compiler.save_cache_artifacts` ("mega-cache") is written to
+Compiling is meant to be paid once per machine: Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels)
+persist between launches, and after the stage :func:`torch.compiler.save_cache_artifacts` ("mega-cache") is written to
 ``$SPECVIZ_COMPILE_CACHE`` (default ``~/.cache/specviz/torch-compile``; "off" disables it) under a key of the torch
 version, the GPU and the models' configs; the next load reads it back with :func:`torch.compiler.load_cache_artifacts`
-before anything compiles, and its warm-up compiles the target's graphs first (cache hits) instead of last. The
-file is PyTorch's own cache format, holding compiled code like Inductor's cache directory: it is written and read only
-under the user's own cache directory, never taken from an upload.
+before anything compiles, and its warm-up compiles the target's graphs first (expected to hit the caches; not yet
+measured) instead of last. The file is PyTorch's own cache format, holding compiled code like Inductor's cache
+directory: it is written and read only under the user's own cache directory, never taken from an upload.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,16 +74,12 @@ class CompileStatus:
             return f"torch.compile: {self.done} graphs compiled in {self.seconds:.0f} s (cache: {self.artifacts})"
         return f"torch.compile: {self.state}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def initial_status(compile: bool | str | None, device: torch.device, static: bool) -> CompileStatus:
     """The status a decoder starts with: ``compile`` True -> "on"; "background" (or None with
     :data:`BACKGROUND_DEFAULT`) on CUDA with the static runner -> "auto" (pending); anything else "off".
     Raises ValueError for a value outside :data:`COMPILE_CHOICES`."""
-    if compile not in COMPILE_CHOICES:
-        raise ValueError(f"compile must be True, False, None or 'background', got {compile!r}")
+    runner_compile(compile)  # validates
     if compile is True:  # the eager runner (the CPU's default) has nothing to compile
         return CompileStatus(mode="on", state="done") if static else CompileStatus()
     background = compile == "background" or (compile is None and BACKGROUND_DEFAULT)
@@ -93,7 +89,10 @@ def initial_status(compile: bool | str | None, device: torch.device, static: boo
 
 
 def runner_compile(compile: bool | str | None) -> bool | None:
-    """What the static runners get for ``compile``: "background" starts them uncompiled (the stage compiles them)."""
+    """What the static runners get for ``compile``: "background" starts them uncompiled (the stage compiles them).
+    Raises ValueError for a value outside :data:`COMPILE_CHOICES`."""
+    if compile not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be True, False, None or 'background', got {compile!r}")
     return None if compile == "background" else compile
 
 
@@ -161,9 +160,14 @@ def start_compiling(warm: Any) -> None:
     if status.mode != "auto":
         return
     with warm.unit():
-        for runner in compiled_runners(warm.decoder):
-            runner.enable_compile()
-        status.state = "compiling"
+        _enable(warm.decoder)
+
+
+def _enable(decoder: Any) -> list[CompiledGraphs]:
+    """Compile on for the pooled runners (call inside a unit); the stage is "compiling" from now on. Returns the
+    runners on which it is on (a runner whose compile failed before stays off)."""
+    decoder.compile_status.state = "compiling"
+    return [r for r in compiled_runners(decoder) if r.enable_compile()]
 
 
 def compile_stage(warm: Any) -> int:
@@ -176,10 +180,8 @@ def compile_stage(warm: Any) -> int:
     if status.mode != "auto":
         return 0
     t0 = time.perf_counter() - status.seconds
-    start_compiling(warm)
     with warm.unit():
-        runners = [r for r in compiled_runners(warm.decoder) if r.enable_compile()]
-        work = [(r, key) for r in runners for key in r.uncompiled_keys()]
+        work = [(r, key) for r in _enable(warm.decoder) for key in r.uncompiled_keys()]
         status.total = _compiled_count(warm.decoder) + len(work)
     recompiled = 0
     for runner, key in work:

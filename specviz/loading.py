@@ -33,9 +33,7 @@ def load_parts(target: str | None, draft: str | None, device: Any, dtype: Any, r
     if runner not in RUNNERS:
         raise ValueError(f"unknown runner {runner!r}; choose one of {', '.join(RUNNERS)}")
     dev = resolve_device(device)
-    factory_compile = runner_compile(compile)
-    static = runner == "static" or (runner == "auto" and dev.type == "cuda")
-    status = initial_status(compile, dev, static)  # ValueError for an unknown compile value, before any loading
+    factory_compile = runner_compile(compile)  # ValueError for an unknown compile value, before any loading
     bundled_target = target is None
     if bundled_target:
         target = DEFAULT_TARGET
@@ -47,10 +45,11 @@ def load_parts(target: str | None, draft: str | None, device: Any, dtype: Any, r
              "model_sources": {"target": source_info(target), **({"draft": source_info(draft)} if draft else {})}}
     loaded, errors, dirs = load_heads(target_model, heads, bundled=bundled_target)
     names.update({f"{name}_head": str(dirs[name]) for name in loaded})
+    factory = runner_factory(target_model, dev, runner, max_cache_len, factory_compile)
     return dict(target_model=target_model, tokenizer=load_tokenizer(target), draft_model=draft_model,
-                draft_tokenizer=load_tokenizer(draft) if draft is not None else None,
-                runner_factory=runner_factory(target_model, dev, runner, max_cache_len, factory_compile), names=names,
-                heads=loaded, head_errors=errors, compile_status=status)
+                draft_tokenizer=load_tokenizer(draft) if draft is not None else None, runner_factory=factory,
+                names=names, heads=loaded, head_errors=errors,
+                compile_status=initial_status(compile, dev, runner_options(factory)["static"]))
 
 
 def runner_factory(target_model: torch.nn.Module, device: torch.device, runner: str, max_cache_len: int,

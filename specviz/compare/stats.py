@@ -89,8 +89,7 @@ def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
     * runners: runs that replayed compiled and others uncompiled CUDA graphs (``config.runner_compiled``).
 
     Returns {"capture_ms", "capture_steps", "slow_steps": [(prompt, seed, step, ms)], "mark": "" or a short mark for
-    the time-split cell, "detail": a sentence ("" when clean), "runner": the runs' ``runner_compiled`` ("" on the
-    CPU)}."""
+    the time-split cell, "detail": a sentence ("" when clean)}."""
     steps = [(r, st, sum(st.timings_ms.get(b, 0.0) for b in ("draft", "verify", "sample")))
              for r in runs for st in r.trace.steps]
     captured = [(r, st) for r, st, _ in steps if st.timings_ms.get("capture", 0.0) > 0]
@@ -115,7 +114,7 @@ def timing_check(runs: Sequence[RunResult]) -> dict[str, Any]:
         marks.append("⚠ runners differ")
         details.append(f"its runs replayed {' and '.join(runners)} CUDA graphs: the times mix two runners")
     return {"capture_ms": capture_ms, "capture_steps": len(captured), "slow_steps": slow, "mark": " ".join(marks),
-            "detail": "; ".join(details), "runner": runners[0] if len(runners) == 1 else " / ".join(runners)}
+            "detail": "; ".join(details)}
 
 
 # ---- the table ----------------------------------------------------------------------------
