@@ -137,7 +137,9 @@ class NgramGPUProposer(NoFeedback):
         buffer's tokens are a prefix of ``token_ids`` (compared in full, as SuffixProposer does:
         a new request that happens to share one token is not a continuation); anything else is
         rewritten whole."""
-        ids = [int(t) for t in token_ids]
+        # the engine's context is a list of ints: compared and copied at C speed, converted only otherwise
+        plain = isinstance(token_ids, list) and (not token_ids or type(token_ids[-1]) is int)
+        ids = list(token_ids) if plain else [int(t) for t in token_ids]
         L = len(ids)
         if L < self._len or ids[: self._len] != self._host:
             self._len, self._host = 0, []  # not a continuation of what the buffer holds
