@@ -27,7 +27,8 @@
 #   smol_env   export PYTHONPATH=/root/gpu-site in a later call of the same warm machine
 #   tests_models  the model-family, MoE-capture and SmolLM2 GPU tests (tests/test_families.py, test_smollm2.py)
 #   smollm2  scripts/smollm2_speedup.py on CUDA: none / ngram / suffix, the app's speedup measurement, to $OUT/smollm2
-#   ngram    benchmarks/bench_ngram_gpu.py --warm-up: ngram_gpu's draft ms per step over prompt lengths, against ngram
+#   ngram    benchmarks/bench_ngram_gpu.py: ngram_gpu padded and exact beside ngram, tokens/s on the bundled prompts
+#            (NGRAM_ARGS: its options; default decode rows only, warmed)
 #   badge    specviz compare, every method at k = 5, greedy, 3 bundled prompts x 128 tokens, bf16 (the losslessness
 #            badge, the timing marks, ngram_gpu beside ngram), to $OUT/badge$BADGE_TAG; HEADS: --head METHOD=DIR items
 #   roofline benchmarks/roofline.py: a decode token's kernel time by kind against the weight roofline and the GEMV
@@ -113,7 +114,8 @@ for stage in "$@"; do
       --commit "$COMMIT" > "$L/smollm2.log" 2>&1
     echo "[smollm2] exit $?"; cat "$OUT/smollm2/smollm2_h200.md" 2>/dev/null || tail -n 30 "$L/smollm2.log" ;;
   ngram)
-    timeout ${T_NGRAM:-240} python3 benchmarks/bench_ngram_gpu.py --warm-up --out "$OUT/bench_ngram_gpu.json" \
+    timeout ${T_NGRAM:-240} python3 benchmarks/bench_ngram_gpu.py ${NGRAM_ARGS:---warm-up --skip-kernel --lengths 300 \
+      --max-new-tokens 128} --out "$OUT/bench_ngram_gpu.json" \
       > "$L/ngram.log" 2>&1
     echo "[ngram] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/ngram.log" | tail -40 ;;
   badge)
