@@ -299,3 +299,24 @@ def test_prompts_that_differ_are_not_called_noise():
     once = table(comparison([], (10 / 0.9, 10 / 2.0, 10 / 1.4)))[1]  # none timed once, one seed: cannot tell
     assert once["speedup_spread"]["noise_known"] is False and once["speedup_spread"]["noisy"]
     assert "cannot tell which" in range_cell(once)
+
+
+def test_a_flagged_rows_speedup_is_greyed_and_the_legend_says_why():
+    """A speedup the table flags (one sample, noisy, across 1×, a capture, a slow step, mixed runners) is drawn grey so
+    a projected table is not ranked by it; a steady row's speedup keeps the table's colour, as does "varies by prompt"
+    (a finding about the prompts, not a doubt about the number)."""
+    from specviz.speedup import spread
+    from specviz.ui.compare_handlers import UNSURE_COLOR, _table
+    from specviz.viz.compare_table import speedup_unsure
+
+    rows = _rows()
+    steady, across = (dict(rows[1], speedup_spread=spread(v)) for v in ([1.3, 1.4, 1.5], [0.9, 1.3, 1.4]))
+    captured = dict(steady, timing={**(steady.get("timing") or {}), "mark": "⚠ capture"})
+    assert [speedup_unsure(r) for r in (steady, across, captured)] == [False, True, True]
+    html_out = _table([rows[0], steady, across, captured], "vllm").to_html()
+    speed_col = app_columns().index(APP_HEADERS["speedup"])
+    grey = {int(row) for selectors in re.findall(rf"([^{{}}]*)\{{\s*color: {UNSURE_COLOR}", html_out)
+            for row, col in re.findall(r"_row(\d+)_col(\d+)", selectors) if int(col) == speed_col}
+    assert grey == {2, 3}
+    assert "A grey speedup carries a flag" in table_legend([steady, across])
+    assert "grey speedup" not in table_legend([steady])

@@ -47,19 +47,25 @@ def _convention(value: Any) -> str:
     return value if value in ACCEPTANCE_LENGTH_CONVENTIONS else "vllm"
 
 
+UNSURE_COLOR = "#6b7280"  # a flagged row's speedup: the near-tie badge's grey, lighter than the text, legible projected
+
+
 def _table(rows: list[dict[str, Any]], convention: str):
     """The table (:func:`specviz.viz.compare_table.app_table_rows`, one line per configuration) as a pandas
     Styler: the cells keep their numbers (the columns sort numerically) and show them with a fixed number of decimals
-    (1.50, not 1.5; tokens/s one decimal), empty where there is no value."""
+    (1.50, not 1.5; tokens/s one decimal), empty where there is no value; the badge red (✗) or grey (near-tie), and the
+    speedup grey where a flag makes it unfit to rank by (:func:`specviz.viz.compare_table.speedup_unsure`)."""
     import pandas as pd
 
     frame = pd.DataFrame(ct.app_table_rows(rows, convention), columns=ct.app_columns(convention))
     decimals = {c: "{:.1f}" if c == ct.APP_HEADERS["tokens/s"] else "{:.2f}" for c in frame.columns
                 if c not in ("configuration", "runs") and frame[c].dtype.kind == "f"}
     colors = [vc.badge_color(row["lossless"]) for row in rows]  # the badge: red ✗, grey near-tie
+    unsure = [UNSURE_COLOR if ct.speedup_unsure(row) else "" for row in rows]  # flagged: not a speedup to rank by
     badge = frame.columns[-1]
-    return frame.style.format(na_rep="").format(decimals, na_rep="").apply(
-        lambda col: [f"color: {c}" if c else "" for c in colors], subset=[badge])
+    return (frame.style.format(na_rep="").format(decimals, na_rep="")
+            .apply(lambda col: [f"color: {c}" if c else "" for c in colors], subset=[badge])
+            .apply(lambda col: [f"color: {c}" if c else "" for c in unsure], subset=[ct.APP_HEADERS["speedup"]]))
 
 
 def _views(c: Comparison, progress: str, prompt: int = 0, seed: int | None = None, position: int = 1,

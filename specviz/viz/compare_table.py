@@ -211,7 +211,9 @@ def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = No
               "speedup · **ms d·v·s** ms per step: draft · verify · sample · **c_i** acceptance at draft position i "
               "given 1..i-1 (bars, i = 1..k) · ⚠ a flag, spelt out under **Flags** below · hover a header or a cell "
               "for the rest.  \n"
-            + f"**Speedups** are tokens/s ÷ method none's, {timed}, {where}." + flags_line(rows, common))
+            + f"**Speedups** are tokens/s ÷ method none's, {timed}, {where}."
+            + (" A grey speedup carries a flag below: do not rank by it." if any(map(speedup_unsure, rows)) else "")
+            + flags_line(rows, common))
 
 
 # what each flag of the table means, in the words the line under it uses (the cells' hovers say more)
@@ -253,6 +255,15 @@ def row_flags(row: dict[str, Any]) -> list[str]:
     badge = short_badge(row["lossless"]["badge"])
     flags += ["≈ near-tie"] if badge == "≈ near-tie" else ["✗"] if badge.startswith("✗") else []
     return flags
+
+
+# flags that make a row's measured speedup unfit to rank by (its cell is greyed); "varies by prompt" is a finding
+UNSURE_SPEEDUP = ("one sample", "noisy", "crosses 1×", "⚠ capture", "slow step", "runners differ")
+
+
+def speedup_unsure(row: dict[str, Any]) -> bool:
+    """Whether ``row`` carries a flag of :data:`UNSURE_SPEEDUP` (the app greys its speedup cell)."""
+    return any(flag in UNSURE_SPEEDUP for flag in row_flags(row))
 
 
 def flags_line(rows: list[dict[str, Any]], common: dict[str, Any]) -> str:
