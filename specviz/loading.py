@@ -8,6 +8,7 @@ Weights load with safetensors only (:mod:`specviz.models`); each method's head t
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -85,6 +86,12 @@ def load_heads(target_model: torch.nn.Module, heads: dict[str, str] | None,
     bundled head that exists. A head given explicitly that fails raises :class:`ModelLoadError`; a bundled one that
     fails is left out, its reason kept. Returns (loaded heads, {method: why it has none}, {method: its directory})."""
     with_heads = {m.name: m.head for m in methods.all_methods() if m.head is not None}
+    if heads is not None and not isinstance(heads, dict):
+        raise ValueError(f"heads= takes {{method: directory}}, e.g. {{'eagle3': 'path/to/head'}}; got "
+                         f"{type(heads).__name__} {str(heads)[:80]!r}")
+    for name, directory in (heads or {}).items():
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ValueError(f"heads[{name!r}] must be a directory path, got {type(directory).__name__}")
     for name in heads or {}:
         if name not in with_heads:
             raise ValueError(f"unknown head method {name!r} in heads=; use one of {', '.join(with_heads)}")

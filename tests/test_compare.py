@@ -255,6 +255,8 @@ def test_import_refuses_malformed_data(greedy_comparison):
         load_comparison(c.to_json(), max_bytes=100)
     with pytest.raises(ComparisonFormatError, match="not valid JSON"):
         load_comparison("{")
+    with pytest.raises(ComparisonFormatError, match="nests too deeply"):
+        load_comparison('{"a": ' * 100_000 + "1" + "}" * 100_000)
 
 
 def test_bad_settings_raise_value_errors():

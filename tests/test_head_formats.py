@@ -257,6 +257,62 @@ def test_wrong_method_and_mismatched_target(layouts, dec, root):
         load_head_dir(root / "dflash-last", dec.target_model, "dflash")
 
 
+def test_a_users_mistakes_get_one_clear_error(layouts, dec, root):
+    """What a user gets wrong with a head directory: each is one ValueError that says what to do."""
+    from specviz.heads.formats.convert import convert_dir
+
+    e3 = layouts["eagle3-safeailab"][1]
+    with pytest.raises(ValueError, match=f"is a file; give the head's directory .*{e3}"):
+        load_head_dir(e3 / "model.safetensors", dec.target_model, "eagle3")
+    broken = root / "truncated"
+    broken.mkdir()
+    (broken / "config.json").write_text((e3 / "config.json").read_text())
+    (broken / "model.safetensors").write_bytes((e3 / "model.safetensors").read_bytes()[:50])
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        load_head_dir(broken, dec.target_model, "eagle3")
+    config_only = root / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text('{"format": "specviz-head-v1", "kind": "eagle3"}')
+    with pytest.raises(ValueError, match="holds no weights .*only config.json"):
+        load_head_dir(config_only, dec.target_model, "eagle3")
+    (config_only / "model.safetensors").write_bytes((e3 / "model.safetensors").read_bytes())
+    with pytest.raises(ValueError, match="config.json lacks .*hidden_size"):  # not a constructor's TypeError
+        load_head_dir(config_only, dec.target_model, "eagle3")
+    for heads, message in (("some/dir", "heads= takes {method: directory}"), ({"eagle3": None}, "must be a directory")):
+        with pytest.raises(ValueError, match=message):
+            SpecDecoder.from_pretrained(device="cpu", heads=heads)
+    with pytest.raises(ValueError, match="does not exist"):
+        convert_dir(root / "no-such-dir")
+
+
+def test_the_app_refuses_a_head_that_would_fail_every_run(layouts, root, target_dir, capsys, monkeypatch):
+    """The app checks each --head before serving: its layout and method at parse time, its fit to the target by
+    loading the models (main returns 2 before the server starts); a good head passes both."""
+    from types import SimpleNamespace
+
+    from specviz.ui import launch, layout
+
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--head", f"eagle={layouts['eagle3-safeailab'][1]}"])
+    assert "holds a 'eagle3' head" in capsys.readouterr().err
+    R.write(root / "not-a-head", {"model_type": "mystery"}, {"foo.weight": torch.zeros(2, 2)})
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--head", f"eagle3={root / 'not-a-head'}"])
+    assert "unknown head layout" in capsys.readouterr().err
+    misfit = root / "e3-misfit"  # a SafeAILab layout whose fc reads two taps: detected, then refused at load
+    W = R._eagle3_core("midlayer.", 0, 64)
+    W["d2t"], W["t2d"] = R.reduced_vocab(0)
+    W["fc.weight"] = torch.zeros(R.HIDDEN, 2 * R.HIDDEN)
+    R.write(misfit, dict(R._llama_fields(draft_vocab_size=64)), W)
+    launched = []
+    monkeypatch.setattr(layout, "build_app", lambda *a, **k: SimpleNamespace(launch=lambda **kw: launched.append(kw)))
+    assert launch.main(["--target", str(target_dir), "--device", "cpu", "--head", f"eagle3={misfit}"]) == 2
+    assert "fc reads 64 features" in capsys.readouterr().err and not launched
+    assert launch.main(["--target", str(target_dir), "--device", "cpu", "--no-warm-up",
+                        "--head", f"eagle3={layouts['eagle3-specforge'][1]}"]) == 0
+    assert len(launched) == 1 and launched[0]["server_name"] == "127.0.0.1"
+
+
 def test_layout_shown_in_the_views(layouts, target_dir):
     """The trace's head record names the layout; the eagle3 view shows the source and the draft vocabulary
     mapping, the medusa and dflash views the source and layout."""

@@ -39,6 +39,8 @@ BAD = [
      r"steps\[0\].emitted.token_id holds token id 999999999, outside the trace's vocabulary"),
     ("negative output id", lambda t: _mutate(t, lambda d: d["output_token_ids"].__setitem__(0, -5)),
      "output_token_ids holds token id -5"),
+    # 200 KB that json's recursive parser cannot read: a RecursionError before this check
+    ("nested too deeply", lambda t: "[" * 100_000 + "]" * 100_000, "nests too deeply"),
 ]
 
 

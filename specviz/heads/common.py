@@ -42,6 +42,10 @@ class JsonConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         if set(data) - names:
             raise ValueError(f"unknown keys in {cls.LABEL} config.json: {sorted(set(data) - names)}")
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
+                    and f.default_factory is dataclasses.MISSING and f.name not in data]
+        if required:  # named as config.json spells them, not as a constructor's TypeError does
+            raise ValueError(f"{cls.LABEL} config.json lacks {', '.join(required)}")
         try:
             return cls(**data)
         except TypeError as exc:

@@ -25,6 +25,8 @@ def load_json_capped(text: str | bytes, max_bytes: int, what: str, error: type[V
         return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise error(f"not valid JSON: {exc}") from None
+    except RecursionError:  # json's parser recurses per nesting level; no trace nests more than a few levels
+        raise error(f"not a {what}: its JSON nests too deeply to read") from None
 
 
 _TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool, "dict": dict, "list": list}

@@ -5,7 +5,8 @@ file or a preset such as smollm2: :func:`specviz.models.resolve_source`), --head
 --<method>-head DIR), --device,
 --no-warm-up, --compile / --compile-background / --no-compile (CUDA: torch.compile every forward from the start,
 or the target's and draft's graphs after the warm-up, swapped in between runs, or never; see docs/gpu.md), --present.
-With no --target the bundled demo models in assets/models/ are used. At launch the
+With no --target the bundled demo models in assets/models/ are used. A --head is checked before the server
+starts (its layout, then its fit to the target: a head that would fail every run is refused). At launch the
 models load and warm up on a background thread (on CUDA: every CUDA graph the UI's settings reach),
 with a progress line in the page, so that no run pays one-time costs.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from ..cli_args import add_head_arguments, heads_from_args
@@ -59,6 +61,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "specviz app") -> argp
     args = ap.parse_args(argv)
     try:
         args.heads = heads_from_args(args) or None
+        for method, directory in (args.heads or {}).items():  # the files' layout now; their fit to the target at load
+            _check_head(method, directory)
     except ValueError as exc:
         ap.error(str(exc))
     for flag in ("target", "draft"):
@@ -70,6 +74,19 @@ def parse_args(argv: list[str] | None = None, prog: str = "specviz app") -> argp
             ap.error(f"--{flag} {value}: no such directory or .gguf file (give a model directory with config.json, "
                      f"*.safetensors and tokenizer files, a .gguf file, or a preset: {', '.join(PRESETS)})")
     return args
+
+
+def _check_head(method: str, directory: str) -> None:
+    """A ``--head`` whose files do not load would fail every run of the app, whatever its method: raises ValueError
+    (the loader's message) for a missing directory, unreadable or pickled weights, an unknown layout or a head of
+    another method."""
+    from specviz.heads.formats import detect, kind_of, read_checkpoint
+
+    ckpt = read_checkpoint(directory)
+    layout = detect(ckpt)
+    owner = kind_of(layout) or ckpt.config.get("kind")
+    if owner is not None and owner != method:
+        raise ValueError(f"--head {method}={directory}: it holds a {owner!r} head ({layout} layout), not {method!r}")
 
 
 def _looks_local(value: str) -> bool:
@@ -84,6 +101,14 @@ def main(argv: list[str] | None = None, prog: str = "specviz app") -> int:
 
     args = parse_args(argv, prog)
     cache = DecoderCache(args.target, args.draft, args.device, compile=args.compile, heads=args.heads)
+    if args.heads:  # a head that does not fit the target would fail every run: load before serving, refuse it now
+        from specviz.models import ModelLoadError
+
+        try:
+            cache.get()
+        except (ModelLoadError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if not args.no_warm_up:
         cache.start_warm_up()
     demo = build_app(args.target, args.draft, args.device, cache=cache, present=args.present)

@@ -21,17 +21,19 @@ def convert_dir(directory: str | os.PathLike, overwrite: bool = False) -> list[P
     """Write ``<name>.safetensors`` beside every pickled weight file in ``directory``; returns the files
     written. Each file must hold a flat {name: tensor} state dict. Tensors that share storage
     (Medusa-1 repeats one ResBlock object under several names) are written as separate copies.
-    Raises ValueError: no pickled weights, an object that is not a state dict (or one the restricted
+    Raises ValueError: no such directory, no pickled weights, an object that is not a state dict (or one the restricted
     unpickler refuses), or a target file that exists (unless ``overwrite``)."""
     path = Path(directory)
-    files = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file()) if path.is_dir() else []
+    if not path.is_dir():
+        raise ValueError(f"{path} is not a directory" if path.exists() else f"{path} does not exist")
+    files = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     if not files:
         raise ValueError(f"no .bin / .pt / .pth weights in {path}")
     written = []
     for f in files:
         out = f.with_suffix(".safetensors")
         if out.exists() and not overwrite:
-            raise ValueError(f"{out} exists already (pass overwrite=True / --overwrite to replace it)")
+            raise ValueError(f"{out} exists already (overwrite=True, or --overwrite on the command line, replaces it)")
         try:
             state = torch.load(f, map_location="cpu", weights_only=True)  # tensors and containers only
         except Exception as exc:  # noqa: BLE001 - the restricted unpickler's refusals come as several types

@@ -51,9 +51,12 @@ class Checkpoint:
 
 def read_checkpoint(directory: str | os.PathLike) -> Checkpoint:
     """Read config.json and the safetensors headers of ``directory``.
-    Raises ValueError: not a directory, config.json not JSON, or only pickled weights (with the
-    command that converts them: ``specviz convert DIR``)."""
+    Raises ValueError: a file or a missing directory, config.json not JSON, no weights, a safetensors file that
+    cannot be read, or only pickled weights (with the command that converts them: ``specviz convert DIR``)."""
     path = Path(directory)
+    if path.is_file():  # a user pointing at the weights file: the head is its directory (with config.json)
+        raise ValueError(f"{path} is a file; give the head's directory (the one holding config.json and the "
+                         f"weights): {path.parent}")
     if not path.is_dir():
         raise ValueError(f"head directory {path} does not exist")
     config = {}
@@ -68,9 +71,16 @@ def read_checkpoint(directory: str | os.PathLike) -> Checkpoint:
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     ckpt = Checkpoint(path, config, files=files, pickles=pickles)
     for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            for name in handle.keys():
-                ckpt.shapes[name] = tuple(handle.get_slice(name).get_shape())
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for name in handle.keys():
+                    ckpt.shapes[name] = tuple(handle.get_slice(name).get_shape())
+        except Exception as exc:  # noqa: BLE001 - safetensors' own error type is no ValueError
+            raise ValueError(f"{f} is not a readable safetensors file (truncated or corrupt?): "
+                             f"{type(exc).__name__}: {exc}") from None
+    if not files and not pickles:
+        raise ValueError(f"{path} holds no weights (no *.safetensors file"
+                         + (", only config.json" if config else "") + ")")
     if not files and pickles:
         names = ", ".join(p.name for p in pickles)
         raise ValueError(f"{path} holds only pickled weights ({names}); specviz loads safetensors only and never "

@@ -182,9 +182,12 @@ def _eagle3(ckpt: Checkpoint, layout: str, target, state: dict):
     require(not ckpt.has(prefix + "self_attn.q_norm.weight"), where,
             "q/k norms in the EAGLE-3 layer (qwen3 layers) are not supported yet")
     target_hidden = cfg.get("target_hidden_size") or H
-    require(target_hidden == H == tc.hidden_size, where,
-            f"specviz's EAGLE-3 head works in the target's width: head {H}, target_hidden_size {target_hidden}, "
-            f"target {tc.hidden_size}")
+    require(target_hidden == tc.hidden_size, where,
+            f"this head was trained for a target of hidden size {target_hidden}, the target's is {tc.hidden_size}. "
+            "Use a head trained for this target (specviz train heads --target DIR).")
+    require(H == target_hidden, where,
+            f"the head's layer is {H} wide and its target {target_hidden}: specviz's EAGLE-3 head works in the "
+            "target's width (a narrower draft layer is not supported yet)")
     taps, taps_in_file = eagle3_taps(layout, cfg, N)
     require(len(set(taps)) == len(taps) and ckpt.shape("fc.weight")[1] == len(taps) * H, where,
             f"fc reads {ckpt.shape('fc.weight')[1]} features but the taps {taps} give {len(taps)} x {H}")
