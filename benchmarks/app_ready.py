@@ -11,7 +11,8 @@ run says which CUDA graphs its target forwards replayed (``runner``: the trace's
 warm-up's compile stage has swapped them in).
 ``--launches 2`` (default) launches the app twice in a row: the second launch finds the first one's compile caches
 (Inductor's on-disk caches and specviz's mega-cache file), so its compile stage runs from cache hits. Seconds from
-each launch; one JSON object printed and written to --out.
+each launch; each milestone and each new warm-up line is printed as it comes (a launch cut short still reports),
+then one JSON object printed and written to --out.
 
     python benchmarks/app_ready.py --out results/gpu/app_ready.json               # the machine's default device
     python benchmarks/app_ready.py --device cpu -- --compile                      # options after -- go to app.py
@@ -118,26 +119,36 @@ def launch(a: argparse.Namespace) -> dict:
     res: dict = {"command": " ".join(cmd[1:]), "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     t0 = time.time()
+
+    def note(key: str, value) -> None:  # each milestone printed as it comes: a launch cut short still reports
+        res[key] = value
+        print(json.dumps({"at_s": round(time.time() - t0, 1), key: value}), flush=True)
+
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_server(url, proc, a.timeout)
-        res["server_up_s"] = round(time.time() - t0, 1)
+        note("server_up_s", round(time.time() - t0, 1))
         client = Client(url, verbose=False)
-        res["warm_up_line_at_server_up"] = _warm_line(client)[:300]
+        note("warm_up_line_at_server_up", _warm_line(client)[:300])
         request = _first_example_request()
-        res["first_run"] = _run(client, request)
-        res["first_run_done_s"] = round(time.time() - t0, 1)
-        end, line = time.time() + a.timeout, ""
+        note("first_run", _run(client, request))
+        note("first_run_done_s", round(time.time() - t0, 1))
+        end, line, lines = time.time() + a.timeout, "", []
         while time.time() < end:
             line = _warm_line(client)
+            if not lines or line != lines[-1][1]:  # the warm-up's progress, timed
+                lines.append((round(time.time() - t0, 1), line[:200]))
+                print(json.dumps({"at_s": lines[-1][0], "warm_up_line": lines[-1][1]}), flush=True)
             if line.startswith(("warmed up", "warm-up failed")) or not line.strip():
                 break
             if "compiling the forwards" in line and "run_during_compile" not in res:  # what a run waits meanwhile
-                res["run_during_compile"] = {"line": line[:200], "at_s": round(time.time() - t0, 1),
-                                             **_run(client, request)}
+                note("run_during_compile", {"line": line[:200], "at_s": round(time.time() - t0, 1),
+                                            **_run(client, request)})
             time.sleep(1.0)
-        res["warm_up_done_s"], res["warm_up_line"] = round(time.time() - t0, 1), line[:300]
-        res["second_run"] = _run(client, request)
+        res["warm_up_lines"] = lines
+        note("warm_up_done_s", round(time.time() - t0, 1))
+        res["warm_up_line"] = line[:300]
+        note("second_run", _run(client, request))
     except Exception as exc:  # noqa: BLE001 - a launch that fails is reported with the app's log, the next one runs
         res["error"] = f"{type(exc).__name__}: {exc}"[:500]
     finally:

@@ -94,6 +94,7 @@ def child(phase: str, k_max: int, artifacts: str) -> dict:
                 per.append({"n": n, "tree": tree, "taps": bool(taps), "error": f"{type(exc).__name__}: {exc}"[:300]})
                 continue
             per.append({"n": n, "tree": tree, "taps": bool(taps), "s": round(time.perf_counter() - t0, 3)})
+            _progress(f"{label} runner", per[-1])
             runner.reset()
         graphs.append({"runner": label, "total_s": round(time.perf_counter() - t_all, 2), "compiled": runner.compiled,
                        "per_graph": per})
@@ -112,6 +113,11 @@ def child(phase: str, k_max: int, artifacts: str) -> dict:
             out["artifacts_info"] = str(info)[:300]
     out["phase_s"] = round(time.perf_counter() - t_start, 2)
     return out
+
+
+def _progress(what: str, row: dict) -> None:
+    """One graph done, on stderr at once: a phase cut off by its timeout still shows what each graph cost."""
+    print(f"PROGRESS {what} {json.dumps(row)}", file=sys.stderr, flush=True)
 
 
 def _taps(runner, names: tuple[str, ...]) -> tuple[str, ...]:
@@ -141,6 +147,7 @@ def _swap(out: dict, runner, prompt, k_max: int) -> dict:
         t0 = time.perf_counter()
         ok = runner.recompile(key, prompt)
         per.append({"key": str(key), "ok": ok, "s": round(time.perf_counter() - t0, 3)})
+        _progress("recompiled", per[-1])
     runner.reset()
     runner.forward(torch.tensor(prompt))
     diffs = {}
@@ -240,8 +247,10 @@ def main() -> None:
             proc = subprocess.run([sys.executable, __file__, "--child", phase, "--k-max", str(a.k_max), "--artifacts",
                                    str(blob)], env=env, capture_output=True, text=True, timeout=a.timeout)
         except subprocess.TimeoutExpired as exc:
+            err = _text(exc.stderr)
             results.append({"phase": phase, "error": f"timed out after {a.timeout} s",
-                            "stderr": _text(exc.stderr)[-1500:]})
+                            "progress": [ln[9:] for ln in err.splitlines() if ln.startswith("PROGRESS ")],
+                            "stderr": err[-500:]})
             print(json.dumps(results[-1]), flush=True)
             continue
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
