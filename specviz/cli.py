@@ -52,16 +52,25 @@ def colour_tokens(trace: Trace, colour: bool = True) -> str:
 
 
 def format_metrics(trace: Trace) -> str:
+    """The run's metrics as printed under the text; rates of what never happened (no step drafted, a position no
+    draft reached) read n/a and –, not 0 or 1."""
     m = RunMetrics.of(trace)
+    if not m.num_drafts:
+        rates = "mean acceptance length n/a, draft acceptance rate n/a (no step drafted)"
+    else:
+        rates = (f"mean acceptance length {m.mean_acceptance_length:.3f}  "
+                 f"draft acceptance rate {m.draft_acceptance_rate:.3f}"
+                 + (f" (per node drafted)  per-depth acceptance {m.depth_acceptance_rate:.3f}"
+                    if any(st.is_tree for st in trace.steps) else ""))
+    reached = m.drafted_per_depth or [1] * len(m.acceptance_rate_per_position)
     lines = [
         f"steps {m.num_steps}  drafts {m.num_drafts}  draft tokens {m.num_draft_tokens}  "
         f"accepted {m.num_accepted_tokens}  generated {m.num_generated_tokens}",
-        f"mean acceptance length {m.mean_acceptance_length:.3f}  "
-        f"draft acceptance rate {m.draft_acceptance_rate:.3f}"
-        + (f" (per node drafted)  per-depth acceptance {m.depth_acceptance_rate:.3f}"
-           if any(st.is_tree for st in trace.steps) else ""),
-        "acceptance per position " + " ".join(f"{r:.2f}" for r in m.acceptance_rate_per_position),
-        "acceptance histogram " + " ".join(str(c) for c in m.acceptance_histogram),
+        rates,
+        "acceptance per position (share of drafting steps that accepted positions 1..k; – no draft reached it) "
+        + (" ".join(f"{r:.2f}" if n else "–" for r, n in zip(m.acceptance_rate_per_position, reached))
+           if m.num_drafts else "n/a"),
+        "steps by drafts accepted (0, 1, .., k) " + " ".join(str(c) for c in m.acceptance_histogram),
         f"target forward passes {m.target_forward_passes}  {m.tokens_per_second:.1f} tok/s  "
         f"stop: {trace.stop_reason}",
     ]
