@@ -276,9 +276,18 @@ def test_cli_compare_writes_csv_json_and_html(tiny_dirs, tmp_path, capsys):
     code = main(["compare", "--target", str(target), "--draft", str(draft), "--methods", "ngram,draft_model",
                  "-k", "3", "--prompt", "def add(a, b):\n    return a + b\n\ndef add(", "--max-new-tokens", "8",
                  "--device", "cpu", "--out", str(out)])
-    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert [r["label"] for r in rows] == ["none T=0", "ngram k=3 greedy T=0", "draft_model k=3 greedy T=0"]
+    # the terminal gets an aligned table with a key, not the CSV: each row's tokens per forward as the CSV has it
+    lines = printed.out.splitlines()
+    assert lines[0].split()[:3] == ["configuration", "tok/fwd", "AL"] and "label,method" not in printed.out
+    column = lines[0].index("tok/fwd")
+    for row, line in zip(rows, lines[1:4]):
+        assert line.startswith(row["label"])
+        assert line[column:].split()[0] == f"{float(row['tokens_per_target_forward']):.2f}"
+    assert "tok/fwd tokens per target forward" in printed.out
     back = load_comparison((out / "compare.json").read_text())
     assert len(back.runs) == 3
     html = (out / "compare.html").read_text()

@@ -15,7 +15,7 @@ from specviz import methods
 
 from .model import Prompt, RunConfig, expand_configs, new_comparison
 from .run import iter_comparison
-from .stats import table_csv
+from .stats import table, table_csv
 
 PROMPT_SET = Path(__file__).resolve().parents[2] / "assets" / "examples" / "compare_prompts.json"
 
@@ -121,6 +121,34 @@ def compare_main(args: Any) -> int:
     else:
         (out / "compare.html").write_text(report_html(comparison), encoding="utf-8")
         written.append("compare.html")
-    print(csv_text, end="")
+    print(terminal_table(table(comparison)))
     print(f"wrote {', '.join(str(out / w) for w in written)}")
     return 0
+
+
+TERMINAL_KEY = ("tok/fwd tokens per target forward · AL mean acceptance length (vLLM: 1 + accepted / drafting steps) · "
+                "accept draft acceptance rate · speedup tokens/s over method none's (median; range lowest–highest over "
+                "prompts and seeds, n) · ms d/v/s per step: draft / verify / sample · ⚠ a one-time cost in the timed "
+                "runs · the CSV, JSON and HTML report hold the rest (c_i, the model's speedup, per-run traces)")
+
+
+def terminal_table(rows: list[dict[str, Any]]) -> str:
+    """The comparison for a terminal: one aligned line per configuration, the columns that rank methods, and a key
+    (the CSV beside it has every column, unaligned). ``rows``: :func:`specviz.compare.table`."""
+    def num(x: Any, fmt: str) -> str:
+        return "–" if x is None else format(float(x), fmt)
+
+    header = ["configuration", "tok/fwd", "AL", "accept", "tok/s", "speedup", "range (n)", "ms d/v/s", "lossless"]
+    lines = []
+    for row in rows:
+        s, ms, mark = row.get("speedup_spread") or {}, row["ms_per_step"], (row.get("timing") or {}).get("mark", "")
+        n = s.get("n", 0)
+        spread = f"{s['low']:.2f}–{s['high']:.2f} ({n})" if n > 1 else "one sample" if n else "–"
+        lines.append([row["label"], num(row["tokens_per_target_forward"], ".2f"),
+                      num(row["acceptance_length"].get("vllm"), ".2f"), num(row["draft_acceptance_rate"], ".2f"),
+                      num(row["tokens_per_s"], ".1f"), num(row["speedup"], ".2f"), spread,
+                      f"{ms['draft']:.1f}/{ms['verify']:.1f}/{ms['sample']:.1f}" + (f" {mark}" if mark else ""),
+                      row["lossless"]["badge"]])
+    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
+    text = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *lines]]
+    return "\n".join([*text, "", TERMINAL_KEY])

@@ -53,8 +53,9 @@ def load_head_dir(directory: str | os.PathLike, target, kind: str | None = None,
         except ValueError as exc:
             if ckpt.config or (ckpt.directory / "config.json").exists():
                 raise
-            raise ValueError(f"{exc} (there is no config.json in {directory}: the {layout} sizes it does not give were "
-                             "taken from the target's config; put the head's own config.json beside its weights)") from exc
+            raise ValueError(f"{exc} (there is no config.json in {directory}: the {layout} sizes it does not give "
+                             "were taken from the target's config; put the head's own config.json beside its weights)"
+                             ) from exc
     if kind is not None and head.config.kind != kind:
         raise ValueError(f"the head in {directory} is an {head.config.kind!r} head ({layout} layout), not {kind!r}")
     return head
