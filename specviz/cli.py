@@ -259,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    head = decoder.heads.get(args.method)
+    if head is not None:  # which drafter drafted: a --head replaces the bundled one
+        src = getattr(head, "source", {}) or {}
+        print(f"head: {args.method} from {src.get('path') or heads.get(args.method) or 'the bundled head'} "
+              f"({src.get('format', 'specviz')} layout)", file=sys.stderr)
     print(trace.prompt_text, end="")
     colour = args.color or (not args.no_color and sys.stdout.isatty())  # no escape codes in files and pipes
     print(colour_tokens(trace, colour=colour))

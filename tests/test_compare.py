@@ -647,10 +647,14 @@ def test_cli_compare_takes_a_head_for_a_head_method(tiny_dirs, tmp_path, capsys)
     code = main(["compare", "--target", str(target), "--methods", "medusa", "--head", f"medusa={tmp_path / 'medusa'}",
                  "-k", "3", "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--device", "cpu",
                  "--out", str(out)])
-    assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
     rows = list(csv.DictReader((out / "compare.csv").open()))
     assert [r["label"] for r in rows] == ["none T=0", "medusa k=3 greedy T=0"]
     assert rows[1]["lossless"].startswith("✓")
+    # which head ran is said in the CSV and under the printed table (a --head replaces the bundled one)
+    assert rows[0]["head"] == "" and rows[1]["head"].endswith(str(tmp_path / "medusa"))
+    assert f"head of medusa k=3 greedy T=0: {rows[1]['head']}" in printed.out
     code = main(["compare", "--target", str(target), "--methods", "medusa", "--head", f"medusa={tmp_path / 'nope'}",
                  "--prompt", "x", "--device", "cpu", "--out", str(out)])
     assert code == 2 and "nope" in capsys.readouterr().err

@@ -320,3 +320,14 @@ def test_a_flagged_rows_speedup_is_greyed_and_the_legend_says_why():
     assert grey == {2, 3}
     assert "A grey speedup carries a flag" in table_legend([steady, across])
     assert "grey speedup" not in table_legend([steady])
+
+
+def test_the_legend_names_heads_that_are_not_the_bundled_ones():
+    """A --head replaces a bundled head under the same method name: the line under the table says which one ran."""
+    from specviz.models import ASSETS_MODELS
+
+    rows = _rows()
+    mine = dict(rows[1], head="eagle3-specforge /data/my-head")
+    bundled = dict(rows[1], head=f"specviz-head-v1 {ASSETS_MODELS / 'specviz-eagle3'}")
+    assert "**Heads given:**" in table_legend([rows[0], mine]) and "/data/my-head" in table_legend([rows[0], mine])
+    assert "Heads given" not in table_legend([rows[0], bundled])

@@ -151,4 +151,5 @@ def terminal_table(rows: list[dict[str, Any]]) -> str:
                       row["lossless"]["badge"]])
     widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
     text = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *lines]]
-    return "\n".join([*text, "", TERMINAL_KEY])
+    heads = [f"head of {row['label']}: {row['head']}" for row in rows if row.get("head")]  # which drafter ran
+    return "\n".join([*text, *heads, "", TERMINAL_KEY])

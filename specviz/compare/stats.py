@@ -259,7 +259,15 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
         "timing": timing_check(runs),
         "lossless": losslessness(comparison, config),
+        "head": head_of(runs),
     }
+
+
+def head_of(runs: list) -> str:
+    """"layout path" of the head the runs drafted with (the traces' ``config["head"]``), "" for a method without one:
+    a ``--head`` replaces the bundled head, and the table must say which one ran."""
+    rec = next((r.trace.config.get("head") for r in runs if r.trace.config.get("head")), None) or {}
+    return " ".join(str(rec[k]) for k in ("format", "path") if rec.get(k))
 
 
 def table(comparison: Comparison) -> list[dict[str, Any]]:
@@ -271,7 +279,7 @@ CSV_COLUMNS = ("label", "method", "k", "tree", "verify", "temperature", "runs", 
                "mean_acceptance_length", "draft_coverage", "draft_acceptance_rate", "conditional_acceptance",
                "tokens_per_s", "e2e_tokens_per_s", "speedup", "speedup_low", "speedup_high", "speedup_n",
                "predicted_speedup", "draft_ms_per_step",
-               "verify_ms_per_step", "sample_ms_per_step", "timing_mark", "lossless")
+               "verify_ms_per_step", "sample_ms_per_step", "timing_mark", "lossless", "head")
 
 
 def _csv_cell(row: dict[str, Any], col: str) -> Any:

@@ -213,7 +213,17 @@ def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = No
               "for the rest.  \n"
             + f"**Speedups** are tokens/s ÷ method none's, {timed}, {where}."
             + (" A grey speedup carries a flag below: do not rank by it." if any(map(speedup_unsure, rows)) else "")
-            + flags_line(rows, common))
+            + flags_line(rows, common) + heads_line(rows, common))
+
+
+def heads_line(rows: list[dict[str, Any]], common: dict[str, Any]) -> str:
+    """"  \n**Heads given:** eagle3 k=5: eagle3-specforge /path · ...": the heads that are not the bundled ones (a
+    ``--head`` replaces a bundled head; the table's names do not show it), "" when every head is bundled."""
+    from specviz.models import ASSETS_MODELS
+
+    given = [f"{short_label(row, common)}: {row['head']}" for row in rows
+             if row.get("head") and str(ASSETS_MODELS) not in row["head"]]
+    return f"  \n**Heads given:** {' · '.join(given)}" if given else ""
 
 
 # what each flag of the table means, in the words the line under it uses (the cells' hovers say more)
