@@ -136,7 +136,8 @@ class SpecDecoder:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Prompt text or token ids -> ids. Raises ValueError on an empty or invalid prompt."""
         if isinstance(prompt, str):
-            ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"] if prompt.strip() else []
+            # verbose=False: a prompt over the tokenizer's model_max_length gets our error below, not its warning
+            ids = self.tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"] if prompt.strip() else []
         else:
             ids = [int(t) for t in prompt]
             if any(t < 0 or t >= self.vocab_size for t in ids):

@@ -137,7 +137,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
                     "(whose h is recorded) or standard; greedy runs record no uniforms.", elem_classes="sv-explain")
         gr.Markdown(vc.RULES_VS_TABLE, elem_id="sv-compare-rules-note")
         u["rules"] = gr.Plot(elem_id="sv-compare-rules", show_label=False)
-        gr.Markdown("### k sweep")
+        gr.Markdown("### Tokens per forward and speedup, by configuration (across k when several are run)")
         u["ksweep"] = gr.Plot(elem_id="sv-compare-ksweep", show_label=False)
         with gr.Row():
             with gr.Column():
