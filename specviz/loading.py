@@ -87,8 +87,9 @@ def load_heads(target_model: torch.nn.Module, heads: dict[str, str] | None,
     fails is left out, its reason kept. Returns (loaded heads, {method: why it has none}, {method: its directory})."""
     with_heads = {m.name: m.head for m in methods.all_methods() if m.head is not None}
     if heads is not None and not isinstance(heads, dict):
-        raise ValueError(f"heads= takes {{method: directory}} (e.g. {{{next(iter(with_heads))!r}: 'path/to/head'}}); got "
-                         f"{type(heads).__name__} {str(heads)[:80]!r}")
+        example = f"{{{next(iter(with_heads))!r}: 'path/to/head'}}"
+        raise ValueError(f"heads= takes {{method: directory}} (e.g. {example}); got {type(heads).__name__} "
+                         f"{str(heads)[:80]!r}")
     for name, directory in (heads or {}).items():
         if not isinstance(directory, (str, os.PathLike)):
             raise ValueError(f"heads[{name!r}] must be a directory path, got {type(directory).__name__}")
