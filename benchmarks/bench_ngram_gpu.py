@@ -135,7 +135,7 @@ def decode_part(lengths: list[int], max_new_tokens: int, warm: bool, prompt_set:
                       f"kept out: capture {r['capture_ms']:.1f} ms "
                       f"(compile {1e3 * r['compile_s_this_request']:.1f} ms) | "
                       f"{r['tokens_per_step']:.2f} tok/step {r['tokens_per_s']:.0f} tok/s", flush=True)
-    print("\nmedian tokens/s over rounds, and each ngram_gpu variant's share of ngram's (issue goal: >= 90 %)")
+    print("\nmedian tokens/s over rounds, and each ngram_gpu variant's share of ngram's (target: >= 90 %)")
     for name, _ in prompts:
         med = {m: statistics.median(r["tokens_per_s"] for r in rows if r["prompt"] == name and r["method"] == m)
                for m in ("ngram_gpu", "ngram_gpu exact", "ngram")}

@@ -244,17 +244,17 @@ def main() -> None:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
         t0 = time.perf_counter()
         try:
+            # the child's stderr (its PROGRESS lines, one per graph) goes straight to ours: seen as it happens, kept
+            # in the log whatever timeout ends the call
             proc = subprocess.run([sys.executable, __file__, "--child", phase, "--k-max", str(a.k_max), "--artifacts",
-                                   str(blob)], env=env, capture_output=True, text=True, timeout=a.timeout)
-        except subprocess.TimeoutExpired as exc:
-            err = _text(exc.stderr)
-            results.append({"phase": phase, "error": f"timed out after {a.timeout} s",
-                            "progress": [ln[9:] for ln in err.splitlines() if ln.startswith("PROGRESS ")],
-                            "stderr": err[-500:]})
+                                   str(blob)], env=env, stdout=subprocess.PIPE, text=True, timeout=a.timeout)
+        except subprocess.TimeoutExpired:
+            results.append({"phase": phase, "error": f"timed out after {a.timeout} s (its PROGRESS lines are above)"})
             print(json.dumps(results[-1]), flush=True)
             continue
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        res = json.loads(lines[-1][7:]) if lines else {"phase": phase, "error": proc.stderr[-2000:]}
+        res = json.loads(lines[-1][7:]) if lines else {"phase": phase, "error": f"exit {proc.returncode}, no result "
+                                                                                 "(its stderr is above)"}
         res["process_s"] = round(time.perf_counter() - t0, 2)
         results.append(res)
         print(json.dumps(res), flush=True)
@@ -265,10 +265,6 @@ def main() -> None:
         tot = " / ".join(f"{g['runner']} {g['total_s']} s" for g in r.get("graphs", []))
         print(f"{r['phase']:>10}: process {r.get('process_s')} s, load {r.get('load_s')} s, graphs {tot}, "
               f"width-1 {r.get('width1_ms')}, artifacts {r.get('artifacts_bytes', r.get('load_artifacts_s'))}")
-
-
-def _text(data: str | bytes | None) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 if __name__ == "__main__":

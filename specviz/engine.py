@@ -136,7 +136,7 @@ class SpecDecoder:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """Prompt text or token ids -> ids. Raises ValueError on an empty or invalid prompt."""
         if isinstance(prompt, str):
-            # verbose=False: a prompt over the tokenizer's model_max_length gets our error below, not its warning
+            # verbose=False: no tokenizer warning for a prompt over model_max_length (generate refuses it, with why)
             ids = self.tokenizer(prompt, add_special_tokens=True, verbose=False)["input_ids"] if prompt.strip() else []
         else:
             ids = [int(t) for t in prompt]

@@ -654,6 +654,7 @@ def test_cli_compare_takes_a_head_for_a_head_method(tiny_dirs, tmp_path, capsys)
     assert rows[1]["lossless"].startswith("✓")
     # which head ran is said in the CSV and under the printed table (a --head replaces the bundled one)
     assert rows[0]["head"] == "" and rows[1]["head"].endswith(str(tmp_path / "medusa"))
+    assert table(load_comparison((out / "compare.json").read_text()))[1]["head_bundled"] is False
     assert f"head of medusa k=3 greedy T=0: {rows[1]['head']}" in printed.out
     code = main(["compare", "--target", str(target), "--methods", "medusa", "--head", f"medusa={tmp_path / 'nope'}",
                  "--prompt", "x", "--device", "cpu", "--out", str(out)])

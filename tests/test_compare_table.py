@@ -331,3 +331,6 @@ def test_the_legend_names_heads_that_are_not_the_bundled_ones():
     bundled = dict(rows[1], head=f"specviz-head-v1 {ASSETS_MODELS / 'specviz-eagle3'}")
     assert "**Heads given:**" in table_legend([rows[0], mine]) and "/data/my-head" in table_legend([rows[0], mine])
     assert "Heads given" not in table_legend([rows[0], bundled])
+    # the trace's own record decides where it has one (a comparison imported from another checkout's paths)
+    assert "Heads given" not in table_legend([rows[0], dict(mine, head_bundled=True)])
+    assert "Heads given" in table_legend([rows[0], dict(bundled, head_bundled=False)])

@@ -304,13 +304,16 @@ def test_the_app_refuses_a_head_that_would_fail_every_run(layouts, root, target_
     W["d2t"], W["t2d"] = R.reduced_vocab(0)
     W["fc.weight"] = torch.zeros(R.HIDDEN, 2 * R.HIDDEN)
     R.write(misfit, dict(R._llama_fields(draft_vocab_size=64)), W)
-    launched = []
-    monkeypatch.setattr(layout, "build_app", lambda *a, **k: SimpleNamespace(launch=lambda **kw: launched.append(kw)))
+    launched, caches = [], []
+    monkeypatch.setattr(layout, "build_app", lambda *a, cache, **k: caches.append(cache) or SimpleNamespace(
+        launch=lambda **kw: launched.append(kw)))
     assert launch.main(["--target", str(target_dir), "--device", "cpu", "--head", f"eagle3={misfit}"]) == 2
     assert "fc reads 64 features" in capsys.readouterr().err and not launched
     assert launch.main(["--target", str(target_dir), "--device", "cpu", "--no-warm-up",
                         "--head", f"eagle3={layouts['eagle3-specforge'][1]}"]) == 0
     assert len(launched) == 1 and launched[0]["server_name"] == "127.0.0.1"
+    # loaded to check the head's fit, but --no-warm-up still means no warm-up before the first run
+    assert caches[-1].loaded() and not caches[-1].warmed.is_set()
 
 
 def test_layout_shown_in_the_views(layouts, target_dir):

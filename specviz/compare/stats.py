@@ -224,7 +224,8 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     None without a baseline),
     predicted_speedup (:func:`predicted_speedup`; None for a tree: its model is a chain's), ms_per_step {draft, verify, sample},
     step_cost (ms per step / method none's ms per step), timing (:func:`timing_check`: one-time costs inside the
-    timed runs), lossless (:func:`~specviz.compare.lossless.losslessness`)."""
+    timed runs), lossless (:func:`~specviz.compare.lossless.losslessness`), head (:func:`head_of`), head_bundled (whether that
+    head is the bundled one; None in traces that do not say)."""
     cfg = comparison.configs[config]
     runs = comparison.runs_of(config)
     m = pooled_metrics([r.trace for r in runs], cfg.num_speculative_tokens)
@@ -259,14 +260,18 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
         "timing": timing_check(runs),
         "lossless": losslessness(comparison, config),
-        "head": head_of(runs),
+        "head": head_of(runs), "head_bundled": (_head_record(runs) or {}).get("bundled"),
     }
+
+
+def _head_record(runs: list) -> dict | None:
+    return next((h for r in runs if isinstance(h := r.trace.config.get("head"), dict)), None)
 
 
 def head_of(runs: list) -> str:
     """"layout path" of the head the runs drafted with (the traces' ``config["head"]``), "" for a method without one:
     a ``--head`` replaces the bundled head, and the table must say which one ran."""
-    rec = next((r.trace.config.get("head") for r in runs if r.trace.config.get("head")), None) or {}
+    rec = _head_record(runs) or {}
     return " ".join(str(rec[k]) for k in ("format", "path") if rec.get(k))
 
 

@@ -69,6 +69,7 @@ class DecoderCache:
         self.heads = dict(heads) if heads else None
         self._lock = threading.Lock()
         self._decoders: dict[tuple[Any, ...], Any] = {}
+        self._cold: set[tuple[Any, ...]] = set()  # keys loaded with get(warm=False), not warmed up yet
         self.status = ""
         self.warm_up_report: dict[str, float] | None = None
         self.warm_up_error: str | None = None
@@ -101,8 +102,10 @@ class DecoderCache:
                      "You can still upload a trace JSON below and explore it.")
         return line
 
-    def get(self):
-        """The decoder, loading it on first use (one load at a time).
+    def get(self, warm: bool = True):
+        """The decoder, loading it on first use (one load at a time), and warming it up after its load (in the
+        background on CUDA); ``warm=False`` only loads (the app's launch checks a --head's fit so), and the next
+        ``get()`` warms up.
 
         Raises:
             specviz.models.ModelLoadError: a model cannot be loaded (message says what to fix).
@@ -127,8 +130,11 @@ class DecoderCache:
                 finally:
                     self.status = ""
                 self._decoders[self.key] = decoder
-                background = self.background_warm_up
+                self._cold.add(self.key)
                 self.gate.device = decoder.device  # each unit holds the device lock (graph capture)
+            if warm and self.key in self._cold:
+                self._cold.discard(self.key)
+                background = self.background_warm_up
                 if background if background is not None else decoder.device.type == "cuda":
                     threading.Thread(target=self._warm_up, args=(decoder, self.gate), name="specviz-warm-up",
                                      daemon=True).start()

@@ -80,8 +80,11 @@ def _check_head(method: str, directory: str) -> None:
     """A ``--head`` whose files do not load would fail every run of the app, whatever its method: raises ValueError
     (the loader's message) for a missing directory, unreadable or pickled weights, an unknown layout or a head of
     another method."""
+    from specviz import methods
     from specviz.heads.formats import detect, kind_of, read_checkpoint
 
+    if methods.get(method).head.load is not None:  # the method reads its own directories: its load checks them
+        return
     ckpt = read_checkpoint(directory)
     layout = detect(ckpt)
     owner = kind_of(layout) or ckpt.config.get("kind")
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None, prog: str = "specviz app") -> int:
         from specviz.models import ModelLoadError
 
         try:
-            cache.get()
+            cache.get(warm=False)  # the warm-up follows as without --head: at launch, or at the first run
         except (ModelLoadError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -218,11 +218,12 @@ def table_legend(rows: list[dict[str, Any]], machine: dict[str, Any] | None = No
 
 def heads_line(rows: list[dict[str, Any]], common: dict[str, Any]) -> str:
     """"  \n**Heads given:** eagle3 k=5: eagle3-specforge /path · ...": the heads that are not the bundled ones (a
-    ``--head`` replaces a bundled head; the table's names do not show it), "" when every head is bundled."""
+    ``--head`` replaces a bundled head; the table's names do not show it), "" when every head is bundled (the trace's
+    head record says; a trace that does not is judged by its path)."""
     from specviz.models import ASSETS_MODELS
 
-    given = [f"{short_label(row, common)}: {row['head']}" for row in rows
-             if row.get("head") and str(ASSETS_MODELS) not in row["head"]]
+    given = [f"{short_label(row, common)}: {row['head']}" for row in rows if row.get("head") and (
+        row.get("head_bundled") is False or (row.get("head_bundled") is None and str(ASSETS_MODELS) not in row["head"]))]
     return f"  \n**Heads given:** {' · '.join(given)}" if given else ""
 
 
