@@ -103,7 +103,8 @@ def load_heads(target_model: torch.nn.Module, heads: dict[str, str] | None,
         try:
             load = with_heads[name].load or functools.partial(load_head_dir, kind=name)
             loaded[name] = load(directory, target_model)
-            loaded[name].source = {**(getattr(loaded[name], "source", None) or {}), "bundled": name not in (heads or {})}
+            given = name in (heads or {})  # recorded in the trace: the tables say when a head is not the bundled one
+            loaded[name].source = {**(getattr(loaded[name], "source", None) or {}), "bundled": not given}
         except ValueError as exc:
             if name in (heads or {}):
                 raise ModelLoadError(f"could not load the {name} head {str(directory)!r}: {exc}") from exc

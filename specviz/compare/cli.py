@@ -129,7 +129,8 @@ def compare_main(args: Any) -> int:
 TERMINAL_KEY = ("tok/fwd tokens per target forward · AL mean acceptance length (vLLM: 1 + accepted / drafting steps) · "
                 "accept draft acceptance rate · speedup tokens/s over method none's (median; range lowest–highest over "
                 "prompts and seeds, n) · ms d/v/s per step: draft / verify / sample · ⚠ the timed runs held a one-time "
-                "cost or mixed compiled and uncompiled graphs · the CSV, JSON and HTML report hold the rest (c_i, the model's speedup, per-run traces)")
+                "cost or mixed compiled and uncompiled graphs · the CSV, JSON and HTML report hold the rest (c_i, the "
+                "model's speedup, per-run traces)")
 
 
 def terminal_table(rows: list[dict[str, Any]]) -> str:

@@ -224,8 +224,8 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     None without a baseline),
     predicted_speedup (:func:`predicted_speedup`; None for a tree: its model is a chain's), ms_per_step {draft, verify, sample},
     step_cost (ms per step / method none's ms per step), timing (:func:`timing_check`: one-time costs inside the
-    timed runs), lossless (:func:`~specviz.compare.lossless.losslessness`), head (:func:`head_of`), head_bundled (whether that
-    head is the bundled one; None in traces that do not say)."""
+    timed runs), lossless (:func:`~specviz.compare.lossless.losslessness`), head (:func:`head_of`),
+    head_bundled (whether that head is the bundled one; None in traces that do not say)."""
     cfg = comparison.configs[config]
     runs = comparison.runs_of(config)
     m = pooled_metrics([r.trace for r in runs], cfg.num_speculative_tokens)

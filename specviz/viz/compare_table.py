@@ -222,8 +222,11 @@ def heads_line(rows: list[dict[str, Any]], common: dict[str, Any]) -> str:
     head record says; a trace that does not is judged by its path)."""
     from specviz.models import ASSETS_MODELS
 
-    given = [f"{short_label(row, common)}: {row['head']}" for row in rows if row.get("head") and (
-        row.get("head_bundled") is False or (row.get("head_bundled") is None and str(ASSETS_MODELS) not in row["head"]))]
+    def not_bundled(row: dict[str, Any]) -> bool:
+        bundled = row.get("head_bundled")
+        return bundled is False or (bundled is None and str(ASSETS_MODELS) not in row["head"])
+
+    given = [f"{short_label(row, common)}: {row['head']}" for row in rows if row.get("head") and not_bundled(row)]
     return f"  \n**Heads given:** {' · '.join(given)}" if given else ""
 
 
