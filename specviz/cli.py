@@ -62,13 +62,12 @@ def format_metrics(trace: Trace) -> str:
                  f"draft acceptance rate {m.draft_acceptance_rate:.3f}"
                  + (f" (per node drafted)  per-depth acceptance {m.depth_acceptance_rate:.3f}"
                     if any(st.is_tree for st in trace.steps) else ""))
-    reached = m.drafted_per_depth or [1] * len(m.acceptance_rate_per_position)
     lines = [
         f"steps {m.num_steps}  drafts {m.num_drafts}  draft tokens {m.num_draft_tokens}  "
         f"accepted {m.num_accepted_tokens}  generated {m.num_generated_tokens}",
         rates,
         "acceptance per position (share of drafting steps that accepted positions 1..k; – no draft reached it) "
-        + (" ".join(f"{r:.2f}" if n else "–" for r, n in zip(m.acceptance_rate_per_position, reached))
+        + (" ".join(f"{r:.2f}" if n else "–" for r, n in zip(m.acceptance_rate_per_position, m.drafted_per_depth))
            if m.num_drafts else "n/a"),
         "steps by drafts accepted (0, 1, .., k) " + " ".join(str(c) for c in m.acceptance_histogram),
         f"target forward passes {m.target_forward_passes}  {m.tokens_per_second:.1f} tok/s  "

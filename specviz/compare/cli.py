@@ -15,7 +15,7 @@ from specviz import methods
 
 from .model import Prompt, RunConfig, expand_configs, new_comparison
 from .run import iter_comparison
-from .stats import table, table_csv
+from .stats import spread_text, table, table_csv
 
 PROMPT_SET = Path(__file__).resolve().parents[2] / "assets" / "examples" / "compare_prompts.json"
 
@@ -142,9 +142,8 @@ def terminal_table(rows: list[dict[str, Any]]) -> str:
     header = ["configuration", "tok/fwd", "AL", "accept", "tok/s", "speedup", "range (n)", "ms d/v/s", "lossless"]
     lines = []
     for row in rows:
-        s, ms, mark = row.get("speedup_spread") or {}, row["ms_per_step"], (row.get("timing") or {}).get("mark", "")
-        n = s.get("n", 0)
-        spread = f"{s['low']:.2f}–{s['high']:.2f} ({n})" if n > 1 else "one sample" if n else "–"
+        ms, mark = row["ms_per_step"], (row.get("timing") or {}).get("mark", "")
+        spread = spread_text(row.get("speedup_spread")) or "–"
         lines.append([row["label"], num(row["tokens_per_target_forward"], ".2f"),
                       num(row["acceptance_length"].get("vllm"), ".2f"), num(row["draft_acceptance_rate"], ".2f"),
                       num(row["tokens_per_s"], ".1f"), num(row["speedup"], ".2f"), spread,

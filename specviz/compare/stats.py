@@ -240,6 +240,7 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
     conditional = [{"rate": a / n if n else None, "n": n, "low": wilson_interval(a, n)[0], "high": wilson_interval(a, n)[1]}
                    for a, n in zip(m.accepted_per_position, n_cond)]
     wall = sum(r.wall_s for r in runs)
+    head = head_record(runs)
     return {
         "label": cfg.label, "method": cfg.method, "k": cfg.num_speculative_tokens, "tree": cfg.tree,
         "tree_label": cfg.tree_label,
@@ -260,18 +261,29 @@ def pooled_row(comparison: Comparison, config: int) -> dict[str, Any]:
         "step_cost": {k: v / base_ms for k, v in split.items()} if base_ms > 0 else {},
         "timing": timing_check(runs),
         "lossless": losslessness(comparison, config),
-        "head": head_of(runs), "head_bundled": (_head_record(runs) or {}).get("bundled"),
+        "head": head_of(head), "head_bundled": head.get("bundled"),
     }
 
 
-def _head_record(runs: list) -> dict | None:
-    return next((h for r in runs if isinstance(h := r.trace.config.get("head"), dict)), None)
+def spread_text(s: dict[str, Any] | None) -> str | None:
+    """A row's ``speedup_spread`` in words: "0.92–1.61 (n 5)", with "noisy" when the ratios' middle half spans more
+    than a quarter of their median; "n 1: one sample, unchecked"; None without one."""
+    if not s or not s.get("n"):
+        return None
+    if s["n"] == 1:
+        return "n 1: one sample, unchecked"
+    return f"{s['low']:.2f}–{s['high']:.2f} (n {s['n']})" + (" noisy" if s.get("noisy") else "")
 
 
-def head_of(runs: list) -> str:
-    """"layout path" of the head the runs drafted with (the traces' ``config["head"]``), "" for a method without one:
-    a ``--head`` replaces the bundled head, and the table must say which one ran."""
-    rec = _head_record(runs) or {}
+def head_record(runs: list) -> dict:
+    """The head the runs drafted with: the first trace's ``config["head"]`` record ({} for a method without one, or a
+    malformed record in an imported comparison)."""
+    return next((h for r in runs if isinstance(h := r.trace.config.get("head"), dict)), {})
+
+
+def head_of(rec: dict) -> str:
+    """"layout path" of a :func:`head_record`, "" without one: a ``--head`` replaces the bundled head, and the table
+    must say which one ran."""
     return " ".join(str(rec[k]) for k in ("format", "path") if rec.get(k))
 
 

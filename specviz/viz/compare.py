@@ -13,6 +13,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from specviz.compare import BASELINE_TIMINGS, RULES, Comparison, same_draft_rules, table
+from specviz.compare.stats import spread_text as _spread
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS, Trace
 from specviz.trace.metrics import convention_label
 
@@ -158,16 +159,6 @@ def badge_color(lossless: dict[str, Any]) -> str:
     if lossless.get("ok") is False:
         return "#c0392b"
     return "#6b7280" if lossless.get("near_tie") else ""
-
-
-def _spread(s: dict[str, Any] | None) -> str | None:
-    """"0.92–1.61 (n 5)", with "noisy" when the ratios' middle half spans more than a quarter of their median;
-    "n 1: one sample, unchecked"."""
-    if not s or not s.get("n"):
-        return None
-    if s["n"] == 1:
-        return "n 1: one sample, unchecked"
-    return f"{s['low']:.2f}–{s['high']:.2f} (n {s['n']})" + (" noisy" if s["noisy"] else "")
 
 
 def table_html(rows: list[dict[str, Any]], convention: str = "vllm") -> str:
