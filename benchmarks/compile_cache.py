@@ -240,7 +240,8 @@ def main() -> None:
     blob = work / "artifacts.bin"
     results = []
     for phase in a.phases.split(","):
-        cache = work / ("disk" if phase in ("cold", "warm", "swap_warm") else phase)
+        # swap then swap_warm: each graph's recompile from empty, then from the on-disk caches the first one filled
+        cache = work / ("disk" if phase in ("cold", "warm", "swap", "swap_warm") else phase)
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"), TRITON_CACHE_DIR=str(cache / "triton"))
         t0 = time.perf_counter()
         try:
