@@ -36,6 +36,7 @@ from .compiled_graphs import CompiledGraphs
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "SPECVIZ_COMPILE_CACHE"
+PRECOMPILE_ENV = "SPECVIZ_PRECOMPILE"  # "off": compile in-process only (no child process, :mod:`specviz.precompile`)
 # whether compile=None means "background" on CUDA: off until the stage's cost (how long a run can wait for one graph's
 # compile on a cold machine) and the compiled graphs' speed are measured on the device (results/gpu)
 BACKGROUND_DEFAULT = False
@@ -48,7 +49,8 @@ class CompileStatus:
     (``compile=False``, or no CUDA graphs: the CPU), "auto" (the warm-up's compile stage). ``state``: "pending"
     (auto, before the stage), "compiling", "done", "failed" (no graph compiled), "off". ``done`` / ``total``: graphs
     recompiled / to recompile; ``seconds``: the stage's wall time; ``artifacts``: the cache file's fate ("loaded",
-    "saved", "none", "off", or an error)."""
+    "saved", "saved by the compiling process", "none", "off", or an error); ``where``: where Inductor compiles
+    ("in-process", or "in a child process": :mod:`specviz.precompile`)."""
 
     mode: str = "off"
     state: str = "off"
@@ -57,6 +59,7 @@ class CompileStatus:
     failed: int = 0
     seconds: float = 0.0
     artifacts: str = "none"
+    where: str = "in-process"
 
     @property
     def active(self) -> bool:
@@ -66,7 +69,7 @@ class CompileStatus:
     def line(self) -> str:
         """One line for the status bar and the speedup panel's note."""
         if self.state == "compiling":
-            return (f"compiling the forwards: {self.done}/{self.total} graphs "
+            return (f"compiling the forwards {self.where}: {self.done}/{self.total} graphs "
                     "(runs replay the uncompiled graphs until their compiled ones are in)")
         if self.state == "pending":
             return "torch.compile: after the warm-up (runs replay uncompiled graphs until then)"
@@ -183,8 +186,11 @@ def compile_stage(warm: Any) -> int:
     with warm.unit():
         work = [(r, key) for r in _enable(warm.decoder) for key in r.uncompiled_keys()]
         status.total = _compiled_count(warm.decoder) + len(work)
+    child = _child(warm, work)
     recompiled = 0
     for runner, key in work:
+        if child is not None:  # outside any unit: runs go on meanwhile
+            child.wait_for("target" if runner.model is warm.decoder.target_model else "draft", key)
         with warm.unit():  # the counts read the pooled runners: no request may hold one meanwhile
             status.done = _compiled_count(warm.decoder)
             warm.say(f"warm-up: {status.line()}")
@@ -196,9 +202,29 @@ def compile_stage(warm: Any) -> int:
     with warm.unit():
         status.done = _compiled_count(warm.decoder)
         status.failed = sum(len(r.uncompiled_keys()) for r in compiled_runners(warm.decoder))
+    if child is not None:
+        fate = child.finish()
+        status.artifacts = f"{fate} by the compiling process" if fate == "saved" else status.artifacts
+        if child.error:
+            log.warning("specviz: the compiling process failed (%s); its graphs compiled in-process", child.error)
     status.seconds = time.perf_counter() - t0
     status.state = "done" if status.done or not status.failed else "failed"
     return recompiled
+
+
+def _child(warm: Any, work: list) -> Any:
+    """A child process that compiles ``work``'s graphs first (:mod:`specviz.precompile`), or None: off
+    (``$SPECVIZ_PRECOMPILE`` = "off"), nothing to compile, caches read back (their hits are quick in-process), or no
+    room on the GPU for the child's copy of the models."""
+    from . import precompile
+
+    dec = warm.decoder
+    if os.environ.get(PRECOMPILE_ENV, "").lower() == "off" or dec.compile_status.artifacts == "loaded":
+        return None
+    child = precompile.start(dec, work, warm.prompt)
+    if child is not None:
+        dec.compile_status.where = "in a child process"
+    return child
 
 
 def _compiled_count(decoder: Any) -> int:

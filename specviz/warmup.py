@@ -211,7 +211,8 @@ def warm_up(decoder: Any, max_speculative_tokens: int = MAX_SPECULATIVE_TOKENS,
                                                     tuple(synthetic_rates)))
     if compiling:
         recompiled += compile_stage(warm)
-    if cache is not None and (status.done or status.mode == "on") and status.artifacts != "loaded":
+    if cache is not None and (status.done or status.mode == "on") and status.artifacts != "loaded" \
+            and not status.artifacts.endswith("compiling process"):
         with warm.unit():  # a file read back is kept as it is (what it lacks is in Inductor's on-disk caches)
             status.artifacts = save_artifacts(cache)
     with warm.unit():

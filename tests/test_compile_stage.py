@@ -71,7 +71,7 @@ def test_the_stage_recompiles_every_served_graph_once_and_keeps_a_failed_one_unc
         assert r.uncompiled_keys() == [(3, ())]  # the failed one still serves its uncompiled graph
         assert r._graphs[(3, ())] == "g3" and r._graphs[(5, ())] is None  # a failed capture is not recompiled
     assert [key for _, key, _ in log].count((1, ())) == 2
-    assert any("compiling the forwards: 0/6" in line for line in lines)
+    assert any("compiling the forwards in-process: 0/6" in line for line in lines)
     # a second stage (after a method's warm-up) tries only what is left; the counts are of the runners' graphs
     log.clear()
     assert compile_stage(warm) == 0
@@ -348,7 +348,9 @@ def test_the_warm_up_compiles_behind_the_served_graphs_and_traces_say_so_on_gpu(
     from specviz.compile_stage import compiled_runners
 
     assert all(not r.uncompiled_keys() for r in compiled_runners(dec))
-    assert st.artifacts == "saved" and list(tmp_path.glob("*.bin"))
+    # the bundled models leave room on the GPU for the compiling process's copy: it wrote the cache file
+    assert st.where == "in a child process" and st.artifacts == "saved by the compiling process"
+    assert list(tmp_path.glob("*.bin"))
     later = dec.generate("def f(x):", method="draft_model", num_speculative_tokens=3, max_new_tokens=24)
     assert later.config.get("runner_compiled") == "compiled"
 
