@@ -5,8 +5,9 @@
    answers (``first_run_done_s``; its trace's ``capture_ms`` is what that run captured itself, outside its timings),
 3. the warm-up line says the warm-up has ended (``warm_up_done_s``),
 
-then the same request again (``second_run``). With a background compile stage, one more run is sent while the warm-up
-line says it is compiling (``run_during_compile``: its wall time includes any wait for the graph being compiled). Each
+then the same request again (``second_run``). With a background compile stage, runs are sent one after the other while
+the warm-up line says it is compiling (``runs_during_compile``, up to ``--runs-during-compile``: each one's wall time
+includes any wait for the graph being swapped in; compare it with ``second_run``'s). Each
 run says which CUDA graphs its target forwards replayed (``runner``: the trace's ``runner_compiled``: compiled once the
 warm-up's compile stage has swapped them in).
 ``--launches 2`` (default) launches the app twice in a row: the second launch finds the first one's compile caches
@@ -97,6 +98,8 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds to wait for each stage")
     ap.add_argument("--launches", type=int, default=2, help="launches in a row (the later ones find the caches)")
+    ap.add_argument("--runs-during-compile", type=int, default=4, help="runs sent while the stage compiles, one "
+                    "after the other (each one's wall time includes any wait for a graph being swapped in)")
     ap.add_argument("app_args", nargs="*", help="more options for app.py (after --)")
     a = ap.parse_args()
     out = {"launches": [launch(a) for _ in range(a.launches)]}
@@ -133,7 +136,8 @@ def launch(a: argparse.Namespace) -> dict:
         request = _first_example_request()
         note("first_run", _run(client, request))
         note("first_run_done_s", round(time.time() - t0, 1))
-        end, line, lines = time.time() + a.timeout, "", []
+        end, line, lines, during = time.time() + a.timeout, "", [], []
+        res["runs_during_compile"] = during
         while time.time() < end:
             line = _warm_line(client)
             if not lines or line != lines[-1][1]:  # the warm-up's progress, timed
@@ -141,9 +145,9 @@ def launch(a: argparse.Namespace) -> dict:
                 print(json.dumps({"at_s": lines[-1][0], "warm_up_line": lines[-1][1]}), flush=True)
             if line.startswith(("warmed up", "warm-up failed")) or not line.strip():
                 break
-            if "compiling the forwards" in line and "run_during_compile" not in res:  # what a run waits meanwhile
-                note("run_during_compile", {"line": line[:200], "at_s": round(time.time() - t0, 1),
-                                            **_run(client, request)})
+            if "compiling the forwards" in line and len(during) < a.runs_during_compile:  # what a run waits then
+                during.append({"line": line[:200], "at_s": round(time.time() - t0, 1), **_run(client, request)})
+                note("run_during_compile", during[-1])
             time.sleep(1.0)
         res["warm_up_lines"] = lines
         note("warm_up_done_s", round(time.time() - t0, 1))
