@@ -6,7 +6,8 @@
 #   gpu_call.sh in the same command, or a later call, needs `export PYTHONPATH=/root/gpu-site` first)
 #   pip_X    install the wheels of .gpu-wheels/X (carry [".gpu-wheels/X"]) into /root/gpu-site: the bundles of
 #            ../shared/tools/gpu-app-wheels.sh, split so that each fits beside the working tree (g: gradio, p: plotly,
-#            r: the rest)
+#            r: the rest; pr: plotly without its Jupyter bundles, which the app never loads, and the rest: one call
+#            fewer)
 #   tests    the GPU tests: every test marked gpu (pytest -m gpu) in TEST_FILES (default tests/), less the IGNORE'd
 #            files; K narrows them (a -k expression)
 #   profile  scripts/profile_tree_step.py: the tree step's phases and host profile beside the chain's, static runner
