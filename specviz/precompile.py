@@ -16,6 +16,7 @@ workers, leaving the parent's host side its own.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -81,6 +82,7 @@ class Child:
         self.proc = subprocess.Popen(list(command or [sys.executable, "-m", "specviz.precompile"]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=env)
+        atexit.register(self.stop)  # an app that exits takes its compiling process with it
         self.proc.stdin.write(json.dumps(spec))
         self.proc.stdin.close()
         self._stderr: list[str] = []
