@@ -285,6 +285,44 @@ def test_a_users_mistakes_get_one_clear_error(layouts, dec, root):
         convert_dir(root / "no-such-dir")
 
 
+def test_a_broken_checkpoint_is_named_in_the_files_own_terms(layouts, dec, root):
+    """A missing tensor is named as the file would name it; a missing shard, a Medusa head without ResBlocks and a
+    DFlash tap on the last layer each get their own reason."""
+    import json
+
+    from safetensors.torch import save_file
+
+    _, e3, W, _ = layouts["eagle3-safeailab"]
+    config = json.loads((e3 / "config.json").read_text())
+    R.write(root / "e3-missing", config, {k: v for k, v in W.items() if k != "midlayer.mlp.up_proj.weight"})
+    with pytest.raises(ValueError, match=r"missing \['midlayer\.mlp\.up_proj\.weight'\]"):
+        load_head_dir(root / "e3-missing", dec.target_model, "eagle3")
+    shards = root / "e3-sharded"
+    names = sorted(W)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    R.write(shards, config, {n: W[n] for n in halves["model-00001-of-00002.safetensors"]},
+            name="model-00001-of-00002.safetensors")
+    index = {"weight_map": {n: f for f, ns in halves.items() for n in ns}}
+    (shards / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"shard files \['model-00002-of-00002.safetensors'\] .* are missing"):
+        load_head_dir(shards, dec.target_model, "eagle3")
+    save_file({n: W[n].contiguous() for n in halves["model-00002-of-00002.safetensors"]},
+              str(shards / "model-00002-of-00002.safetensors"))
+    assert load_head_dir(shards, dec.target_model, "eagle3") is not None  # whole again: it loads
+    V, H = dec.target_model.config.vocab_size, dec.target_model.config.hidden_size
+    R.write(root / "medusa0", {"medusa_num_heads": 2, "medusa_num_layers": 0},
+            {f"{h}.0.weight": torch.zeros(V, H) for h in range(2)})
+    with pytest.raises(ValueError, match="medusa_num_layers 0 .* not supported"):
+        load_head_dir(root / "medusa0", dec.target_model, "medusa")
+    _, dflash, W, _ = layouts["dflash-zlab"]
+    config = json.loads((dflash / "config.json").read_text())
+    last = dec.target_model.config.num_hidden_layers - 1
+    config["dflash_config"]["target_layer_ids"][-1] = last
+    R.write(root / "dflash-last", config, W)
+    with pytest.raises(ValueError, match=f"id {last}, the last layer, would read hidden_states.*final norm"):
+        load_head_dir(root / "dflash-last", dec.target_model, "dflash")
+
+
 def test_the_app_refuses_a_head_that_would_fail_every_run(layouts, root, target_dir, capsys, monkeypatch):
     """The app checks each --head before serving: its layout and method at parse time, its fit to the target by
     loading the models (main returns 2 before the server starts); a good head passes both."""
@@ -377,6 +415,13 @@ def test_cli_and_app_take_head_method_dir(layouts, target_dir, capsys):
             head_specs(bad)
     assert main(cli_args(target_dir, 3, "--method", "eagle3", "--head", "eagle3")) == 2
     assert "METHOD=DIR" in capsys.readouterr().err
+    # both spellings for one method with two directories: refused, not one of them silently dropped
+    assert main(cli_args(target_dir, 3, "--method", "eagle3", "--head", f"eagle3={e3}", "--eagle3-head", med)) == 2
+    assert "gives method 'eagle3' twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--head", f"eagle3={e3}", "--eagle3-head", med])
+    assert "twice" in capsys.readouterr().err
+    assert parse_args(["--head", f"eagle3={e3}", "--eagle3-head", e3]).heads == {"eagle3": e3}  # the same twice: fine
 
 
 # ---- specviz's own heads written in the published layouts ---------------------------------------------------

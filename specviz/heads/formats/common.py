@@ -77,7 +77,7 @@ def fill(module: nn.Module, state: dict[str, torch.Tensor], rename: Callable[[st
             continue
         mapped[new], source[new] = value, key
     own = module.state_dict()
-    missing = sorted(set(own) - set(mapped))
+    missing = sorted(_file_name(k, source) for k in set(own) - set(mapped))
     extra = sorted(source[k] for k in set(mapped) - set(own))
     bad = [f"{source[k]} {tuple(mapped[k].shape)} (want {tuple(own[k].shape)})" for k in own
            if k in mapped and tuple(mapped[k].shape) != tuple(own[k].shape)]
@@ -85,6 +85,21 @@ def fill(module: nn.Module, state: dict[str, torch.Tensor], rename: Callable[[st
         raise ValueError(f"{where}: the weights do not fit the layout: missing {missing}, unexpected {extra}, "
                          f"wrong shapes {bad}")
     module.load_state_dict({k: v.to(own[k].dtype) if own[k].is_floating_point() else v for k, v in mapped.items()})
+
+
+def _file_name(key: str, source: dict[str, str]) -> str:
+    """A module key the file lacks, in the file's naming: the prefix the renaming replaced in the tensors the file
+    has (``layer.`` <- ``midlayer.`` or ``layers.0.``), the longest one that fits ``key``; ``key`` itself if none."""
+    parts, best = key.split("."), (-1, "")
+    for new, old in source.items():
+        a, b = new.split("."), old.split(".")
+        common = 0
+        while common < min(len(a), len(b)) and a[-1 - common] == b[-1 - common]:
+            common += 1
+        head_new, head_old = a[:len(a) - common], b[:len(b) - common]
+        if parts[:len(head_new)] == head_new and len(head_new) > best[0] and len(head_new) < len(parts):
+            best = (len(head_new), ".".join(head_old + parts[len(head_new):]))
+    return best[1] or key
 
 
 def finish(head: nn.Module, target, dtype: torch.dtype | None, source: dict) -> nn.Module:

@@ -68,6 +68,7 @@ def read_checkpoint(directory: str | os.PathLike) -> Checkpoint:
         if not isinstance(config, dict):
             raise ValueError(f"{path / 'config.json'} is not a JSON object")
     files = sorted(path.glob("*.safetensors"))
+    _check_index(path, files)
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     ckpt = Checkpoint(path, config, files=files, pickles=pickles)
     for f in files:
@@ -86,6 +87,20 @@ def read_checkpoint(directory: str | os.PathLike) -> Checkpoint:
         raise ValueError(f"{path} holds only pickled weights ({names}); specviz loads safetensors only and never "
                          f"unpickles. Convert them once with: specviz convert {path}")
     return ckpt
+
+
+def _check_index(path: Path, files: list[Path]) -> None:
+    """A sharded checkpoint (``*.safetensors.index.json``) must hold every shard its index names: a download cut
+    short is reported as such, not as a layout missing tensors. Raises ValueError naming the absent files."""
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map") or {}
+        except (json.JSONDecodeError, AttributeError):
+            raise ValueError(f"{index} is not a safetensors index (JSON with a weight_map)") from None
+        absent = sorted(set(map(str, weight_map.values())) - {f.name for f in files})
+        if absent:
+            raise ValueError(f"{path}: the shard files {absent} that {index.name} names are missing (an incomplete "
+                             "download or copy?); copy every shard into the directory")
 
 
 def formats_modules() -> list[ModuleType]:

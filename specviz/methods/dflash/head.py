@@ -171,7 +171,10 @@ def check_dflash_matches_target(cfg: DFlashConfig, target_config) -> None:
         problems.append(f"built for a target of {cfg.target_num_hidden_layers} layers, this one has {c.num_hidden_layers}")
     bad = [i for i in cfg.target_layer_ids if not 0 <= i <= c.num_hidden_layers - 2]
     if bad:
-        problems.append(f"target layer ids {bad} out of range [0, {c.num_hidden_layers - 2}]")
+        last = c.num_hidden_layers - 1
+        problems.append(f"target layer ids {bad} out of range [0, {last - 1}]"
+                        + (f" (id {last}, the last layer, would read hidden_states[{last + 1}], which transformers "
+                           "ties to the final norm's output, not the layer's)" if last in bad else ""))
     if problems:
         raise ValueError("dflash head does not match the target: " + "; ".join(problems)
                          + ". Use a head trained for this target (specviz train heads --target DIR --heads dflash).")
