@@ -36,6 +36,7 @@ from .compiled_graphs import CompiledGraphs
 
 log = logging.getLogger(__name__)
 CACHE_ENV = "SPECVIZ_COMPILE_CACHE"
+CHILD_GRAPH_TIMEOUT_S = 900.0  # a child stuck this long on one graph: the parent compiles that graph itself
 PRECOMPILE_ENV = "SPECVIZ_PRECOMPILE"  # "off": compile in-process only (no child process, :mod:`specviz.precompile`)
 # whether compile=None means "background" on CUDA: off until the stage's cost (how long a run can wait for one graph's
 # compile on a cold machine) and the compiled graphs' speed are measured on the device (results/gpu)
@@ -189,8 +190,12 @@ def compile_stage(warm: Any) -> int:
     child = _child(warm, work)
     recompiled = 0
     for runner, key in work:
-        if child is not None:  # outside any unit: runs go on meanwhile
-            child.wait_for("target" if runner.model is warm.decoder.target_model else "draft", key)
+        role = "target" if getattr(runner, "model", None) is warm.decoder.target_model else "draft"
+        if child is not None and not child.wait_for(role, key, timeout=CHILD_GRAPH_TIMEOUT_S) and child.stuck:
+            log.warning("specviz: the compiling process spent %.0f s on one graph; compiling in-process instead",
+                        CHILD_GRAPH_TIMEOUT_S)  # waited outside any unit: runs went on meanwhile
+            child.stop()
+            child = None
         with warm.unit():  # the counts read the pooled runners: no request may hold one meanwhile
             status.done = _compiled_count(warm.decoder)
             warm.say(f"warm-up: {status.line()}")

@@ -122,6 +122,12 @@ class Child:
                 self._cond.wait(left)
             return self.done.get((role, key), False)
 
+    @property
+    def stuck(self) -> bool:
+        """Still running after a :meth:`wait_for` that timed out (not ended, not failed)."""
+        with self._cond:
+            return not self._ended
+
     def finish(self, timeout: float = 60.0) -> str:
         """Wait for the child to end (it writes the mega-cache last); kill it after ``timeout`` s. Returns the
         artifacts' fate as the child said it ("saved", "none", "off", "error: ...") or "" if it said nothing."""

@@ -67,9 +67,14 @@ class _StandInChild:
     def __init__(self, gate: Gate, log: list, ok: bool = True):
         self.gate, self.log, self.ok, self.error = gate, log, ok, ""
 
+    stuck = False
+
     def wait_for(self, role, key, timeout=None):
         self.log.append(("wait", key, self.gate._owner))
         return self.ok
+
+    def stop(self):
+        self.log.append(("stop", None, None))
 
     def finish(self):
         return "saved"
@@ -125,3 +130,24 @@ def test_the_waiting_is_released_by_the_childs_line(monkeypatch):
     assert not done.wait(0.05)  # still waiting for the line
     assert done.wait(30) and child.finish() == "saved"
     assert child.wait_for("target", (3, ()), timeout=5) is False  # never compiled: released by the child's end
+
+
+def test_a_child_stuck_on_a_graph_is_stopped_and_the_parent_compiles_the_rest(monkeypatch):
+    import specviz.compile_stage as stage
+
+    log: list = []
+    dec = _decoder(log)
+    child = _StandInChild(Gate(), log, ok=False)
+    child.stuck, child.finish = True, lambda: "saved"
+    monkeypatch.setattr(precompile, "start", lambda decoder, work, prompt: child)
+    monkeypatch.setattr(stage, "CHILD_GRAPH_TIMEOUT_S", 0.01)
+    assert compile_stage(WarmUp(dec, [1], 2, lambda line: None)) == 2
+    assert [e[0] for e in log] == ["wait", "stop", "recompile", "recompile", "recompile"]  # waited once, not per graph
+    assert dec.compile_status.artifacts == "none"  # a stopped child wrote nothing: the warm-up writes the file
+
+
+def test_a_real_child_that_never_answers_times_out():
+    child = Child({}, command=[sys.executable, "-c", "import sys, time; sys.stdin.read(); time.sleep(60)"])
+    assert child.wait_for("target", (1, ()), timeout=0.5) is False and child.stuck
+    child.stop()
+    child.proc.wait(10)
