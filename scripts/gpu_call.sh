@@ -39,6 +39,9 @@
 #            and their predictions, uncompiled and compiled (T_SHAPES: timeout)
 #   compile  benchmarks/compile_cache.py: the static runner's compile cold, with warm on-disk caches, from the
 #            mega-cache artifacts, swapped in behind served graphs (CC_PHASES; T_CC: timeout per phase)
+#   background  benchmarks/compile_background.py: the app's launch with the background compile stage, no web
+#            server (needs no wheels): each run's wait while it compiles, then a second launch from the caches
+#            (BG_ARGS: its options; T_BG: timeout)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 #            (READY_ARGS: its options, e.g. "--launches 2 -- --compile-background")
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
@@ -155,6 +158,10 @@ for stage in "$@"; do
       --phases "${CC_PHASES:-cold,warm,artifacts,swap_warm}" \
       --timeout ${T_CC:-200} --work /root/cc --out "$OUT/compile_cache.json" > "$L/compile.log" 2>&1
     echo "[compile] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/compile.log" | cut -c1-1500 | tail -20 ;;
+  background)
+    timeout ${T_BG:-560} python3 benchmarks/compile_background.py --out "$OUT/compile_background.json" ${BG_ARGS:-} \
+      > "$L/background.log" 2>&1
+    echo "[background] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/background.log" | cut -c1-400 | tail -60 ;;
   ready)
     timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" ${READY_ARGS:-} \
       > "$L/ready.log" 2>&1
