@@ -166,8 +166,9 @@ def detect(ckpt: Checkpoint) -> str | None:
     if any(MEDUSA1_BLOCK.match(k) for k in keys):
         return "medusa1-fasterdecoding" if any(MEDUSA1_HEAD.match(k) for k in keys) else "medusa2-fasterdecoding"
     if ckpt.config.get("medusa_num_layers") == 0 and keys and all(MEDUSA1_HEAD.match(k) for k in keys):
-        raise ValueError(f"{ckpt.directory}: a FasterDecoding Medusa head with medusa_num_layers 0 (each head a bare LM "
-                         "head, no ResBlock) is not supported: specviz's Medusa heads have at least one ResBlock")
+        raise ValueError(f"{ckpt.directory}: a FasterDecoding Medusa head with medusa_num_layers 0 (each head a "
+                         "bare LM head, no ResBlock) is not supported: specviz's Medusa heads have at least one "
+                         "ResBlock")
     return None
 
 
