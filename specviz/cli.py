@@ -163,9 +163,13 @@ def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
 
     def on_verified(event: Any) -> None:
         rec, draft = event.record, drafts.pop(event.step, [])
-        acc, emitted = rec["num_accepted"], rec["emitted"]
-        head = f"step {event.step}: " + (f"drafted {len(draft)} {text(draft)} · accepted {acc} {text(draft[:acc])} · "
-                                          if draft else "no draft · ")
+        acc, emitted, path = rec["num_accepted"], rec["emitted"], rec.get("accepted_path") or []
+        if draft and rec.get("nodes"):  # a tree: the accepted tokens are its path's nodes, not its first nodes
+            accepted = [draft[i] for i in path[:acc]]
+            head = f"drafted a tree of {len(draft)} nodes · accepted {acc} along a path {text(accepted)} · "
+        else:
+            head = f"drafted {len(draft)} {text(draft)} · accepted {acc} {text(draft[:acc])} · " if draft else "no draft · "
+        head = f"step {event.step}: {head}"
         print(f"{head}{emitted['kind']} {text([emitted['token_id']])}", file=out or sys.stderr)
 
     return on_draft, on_verified

@@ -67,6 +67,27 @@ def test_cli_steps_prints_text_not_token_ids(tiny_dirs, capsys):
         assert "token " not in line  # the old format printed "token <id>"
 
 
+def test_cli_steps_of_a_tree_print_the_accepted_path(tmp_path, capsys):
+    """A tree step's accepted tokens are its path's nodes (the trace's row), not the tree's first nodes."""
+    import json
+
+    from specviz.models import load_tokenizer
+    from specviz.loading import DEFAULT_TARGET
+
+    trace_file = tmp_path / "t.json"
+    code = main(["generate", "--method", "eagle3", "-k", "7", "--tree", "4,6,32", "--prompt",
+                 "class LlamaMLP(nn.Module):\n    def __init__(self, config):\n", "--max-new-tokens", "16",
+                 "--device", "cpu", "--steps", "--trace", str(trace_file)])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("step ")]
+    steps = json.loads(trace_file.read_text())["steps"]
+    tok = load_tokenizer(DEFAULT_TARGET)
+    assert code == 0 and len(lines) == len(steps)
+    for line, step in zip(lines, steps):
+        path = step["draft_token_ids"][: step["num_accepted"]]
+        assert f"accepted {step['num_accepted']} along a path {tok.decode(path)!r}" in line, (line, step)
+
+
 def test_cli_plain_output_explains_its_marks(tiny_dirs, capsys):
     target, draft = tiny_dirs["llama"]  # a different draft: some drafts are rejected
     code = main(["generate", "--target", str(target), "--draft", str(draft), "--method", "draft_model",
