@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import html
 import math
+import textwrap
 from typing import Any
 
 import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
+from .lesson_decision import own_token_source, test_sentence
 from .source import draft_limit
 
 from .common import (
@@ -76,9 +78,8 @@ def _draft_cell(trace: Trace, step: Step, i: int, width: int = 10) -> tuple[int,
     tokenwise = tokenwise_accepted(step)
     rescued = tokenwise is not None and tokenwise < i <= step.num_accepted
     hover = f"step {step.index}, draft position {i}: {fate}<br>token {quoted(trace, tok)} (id {tok})"
-    if pos is not None:
-        hover += (f"<br>p(x) = {fmt_prob(pos.p)}, q(x) = {fmt_prob(pos.q)}"
-                  f"<br>u = {fmt_prob(pos.u)}, min(1, p/q) = {fmt_prob(pos.accept_prob)}")
+    if pos is not None:  # the run's own rule, with its numbers (greedy, standard, block, typical, synthetic, trees)
+        hover += "<br>" + "<br>".join(textwrap.wrap(test_sentence(trace, step, pos), 90))  # already HTML-escaped
     if fate == "stop":
         hover += ("<br>accepted, and the request stops at it: every statistic counts it as the step's own token"
                   " (1 + accepted drafts), not as an accepted draft; the bonus token was dropped")
@@ -94,12 +95,13 @@ def _own_cell(trace: Trace, step: Step, width: int = 10) -> tuple[int, str, str]
     tok = step.emitted.token_id
     slot = step.num_accepted + 1
     dropped = " (dropped at the stop)" if fate == "cut" else ""
-    hover = (f"step {step.index}, slot {slot}: {step.emitted.kind} token{dropped}"
+    kind = own_token_source(trace, step) if step.emitted.kind == "recovered" else f"{step.emitted.kind} token"
+    hover = (f"step {step.index}, slot {slot}: {kind}{dropped}"
              f"<br>token {quoted(trace, tok)} (id {tok})<br>p(x) = "
              f"{fmt_prob(step.emitted.p) if step.emitted.p is not None else 'not recorded'}")
     if step.emitted.residual_empty:
         hover += "<br>residual empty (Z = 0): drawn from p instead, so it may equal the rejected draft"
-    if step.emitted.kind == "recovered" and trace.config.get("verify") != "greedy":
+    if step.emitted.kind == "recovered" and trace.config.get("verify") not in ("greedy", "typical"):
         hover += f", r(x) = {fmt_prob(residual_prob(step))} (the residual it was drawn from)"
     return FATES.index(fate), cell_label(trace, tok, width), hover
 

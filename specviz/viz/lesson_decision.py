@@ -106,6 +106,23 @@ def test_sentence(trace: Trace, st: Step, pos: Position) -> str:
             f"{'accepted' if pos.accepted else 'rejected'}{onehot}.")
 
 
+def own_token_source(trace: Trace, st: Step) -> str:
+    """One line on where a step's recovered token came from, by verification rule (the hovers' wording of
+    :func:`outcome_chapter`): the target's argmax (greedy), p itself (typical), the block residual, rule A's residual,
+    or max(p - q, 0)/Z."""
+    verify = _verify(trace)
+    if verify == "greedy":
+        return "recovered token: the target's argmax after the rejection (greedy verification)"
+    if verify == "typical":
+        return "the step's own token, drawn from the target's p itself (typical acceptance has no residual; lossy)"
+    if verify == "block" and st.block:
+        return "recovered token, drawn from the block residual normalize(max(P_τ·p − q, 0))"
+    if is_tree(st) and st.tree_rule == "topk":
+        return "recovered token, drawn from rule A's residual: p with the children tested there removed, renormalised"
+    return "recovered token, drawn from the residual max(p - q, 0)/Z" + (
+        " (synthetic verification: not lossless)" if verify == "synthetic" else "")
+
+
 def _no_residual(trace: Trace, st: Step | None = None) -> str:
     """The name of the residual view in a chapter where no residual is drawn (greedy and typical verification draw
     none; ``st`` given: its outcome, a bonus token or a token without a draft), else "" (the view's own name)."""

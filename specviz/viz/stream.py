@@ -1,23 +1,27 @@
 """The token stream: the output as HTML spans coloured by each token's fate.
 
 Rejected draft tokens stay visible, struck through, where they were proposed (right before the
-recovered token that replaced them). Hovering a token shows its step, slot, p(x), q(x), u and
-min(1, p/q). Styles are inline so the HTML looks the same inside the app and in an exported
+recovered token that replaced them). Hovering a token shows its step, slot, p(x), the acceptance test of the run's
+verification rule with its numbers (:func:`~specviz.viz.lesson_decision.test_sentence`) and where the step's own token
+was drawn from. Styles are inline so the HTML looks the same inside the app and in an exported
 file.
 """
 
 from __future__ import annotations
 
 import html
+import textwrap
 from typing import Any
 
 from specviz.trace import Trace
 
+from .lesson_decision import own_token_source, test_sentence
 from .common import (FATE_STYLE, TokenEvent, as_trace, fate_label, fmt_prob, residual_prob, stopped_in_drafts,
                      token_events, token_text, visible)
 
 PROMPT_CHARS = 240  # longer prompts show only their last PROMPT_CHARS characters (and at most PROMPT_LINES lines)
 PROMPT_LINES = 4
+HOVER_WIDTH = 90  # characters per line of a hover's acceptance test
 LEGEND_FATES = ("accepted", "rejected", "recovered", "bonus", "target")
 
 _BOX = ("font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:14px;line-height:1.9;"
@@ -38,24 +42,24 @@ def _span_style(fate: str, first_of_step: bool, selected: bool) -> str:
 
 
 def _title(ev: TokenEvent, trace: Trace) -> str:
+    step = trace.steps[ev.step] if 0 <= ev.step < len(trace.steps) else None
     what = {
         "accepted": "accepted draft token",
         "stop": "accepted draft token; the request stops at it (counted as the step's own token)",
         "rejected": "rejected draft token (not in the output)",
-        "recovered": "recovered token, drawn from the residual max(p - q, 0)/Z",
+        "recovered": own_token_source(trace, step) if step is not None else "recovered token",
         "bonus": "bonus token, drawn from p after every draft token was accepted",
         "target": "target token (this step drafted nothing)",
     }.get(ev.fate, ev.fate)
-    greedy = trace.config.get("verify") == "greedy"
-    if ev.fate == "recovered" and greedy:
-        what = "recovered token: the target's argmax after the rejection (greedy verification)"
+    verify = trace.config.get("verify")
     lines = [f"step {ev.step}, position {ev.slot}: {what}",
              f"token ‘{visible(token_text(trace, ev.token_id))}’ (id {ev.token_id})",
              f"p(x) = {fmt_prob(ev.p) if ev.p is not None else 'not recorded'}"]
-    if ev.fate == "recovered" and not greedy and 0 <= ev.step < len(trace.steps):
-        lines[-1] += f"   r(x) = {fmt_prob(residual_prob(trace.steps[ev.step]))} (the residual it was drawn from)"
-    if ev.fate in ("accepted", "stop", "rejected"):
-        lines.append(f"q(x) = {fmt_prob(ev.q)}   u = {fmt_prob(ev.u)}   min(1, p/q) = {fmt_prob(ev.accept_prob)}")
+    if ev.fate == "recovered" and verify not in ("greedy", "typical") and step is not None:
+        lines[-1] += f"   r(x) = {fmt_prob(residual_prob(step))} (the residual it was drawn from)"
+    pos = step.positions[ev.slot - 1] if step is not None and 0 < ev.slot <= len(step.positions) else None
+    if ev.fate in ("accepted", "stop", "rejected") and pos is not None:  # the rule's own test, with its numbers
+        lines += textwrap.wrap(html.unescape(test_sentence(trace, step, pos)), HOVER_WIDTH)  # plain text: escaped once
     if ev.unused_after:
         lines.append(f"{ev.unused_after} later draft token(s) of this step were thrown away")
     return "\n".join(lines)
