@@ -87,3 +87,20 @@ def test_the_grid_hovers_match_the_stream(dec):
     flat = [t for row in hovers for t in row if t]
     assert any("Typical acceptance" in t for t in flat) and not any("min(1, p/q) = " in t for t in flat)
     assert any("drawn from the target's p itself" in t for t in flat)
+
+
+def test_a_typical_runs_draft_tree_shows_no_q_the_rule_never_read(dec):
+    """Typical acceptance tests p alone: the tree view's boxes show p only, its legend and hovers say q is not read,
+    and the step's own token is labelled a draw from p, not from a residual."""
+    from specviz.viz.tree import tree_figure
+
+    trace = _run(dec, "typical")
+    step = next(s.index for s in trace.steps if s.num_accepted < len(s.draft_token_ids))
+    fig = tree_figure(trace, step)
+    texts = [a.text for a in fig.layout.annotations] + [str(t.text) for t in fig.data if t.text is not None]
+    hovers = [str(t.hovertext) + str(t.hovertemplate) for t in fig.data]
+    names = [t.name for t in fig.data if t.name]
+    assert not any(re.search(r"· q [\d—]", t) for t in texts), texts  # no "p 0.30 · q 1.00" box
+    assert any("q is not read" in t for t in texts)
+    assert any("q: not read" in h for h in hovers) and not any("u = " in h for h in hovers)
+    assert any("drawn from p" in n for n in names) and not any("from the residual" in n for n in names)

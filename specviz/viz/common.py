@@ -49,9 +49,12 @@ MODEBAR_PX = 28
 
 def fate_label(fate: str, trace: Trace | None = None) -> str:
     """The legend label of ``fate``; under greedy verification (temperature 0) the token after a
-    rejection is the target's argmax, not a draw from the residual, and is labelled so."""
+    rejection is the target's argmax, not a draw from the residual, and under typical acceptance a draw from p itself;
+    each is labelled so."""
     if fate == "recovered" and trace is not None and trace.config.get("verify") == "greedy":
         return "recovered token (the target's argmax)"
+    if fate == "recovered" and trace is not None and trace.config.get("verify") == "typical":
+        return "the step's own token (drawn from p: typical has no residual)"
     return FATE_STYLE[fate][2]
 
 

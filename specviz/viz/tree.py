@@ -78,8 +78,15 @@ def _second_line(n: ViewNode, rule: str) -> str:
         return "not tested"
     if rule == "topk" and _confidence(n) is not None:
         return f"p {_num(n.p)} · c {_num(_confidence(n))}"
+    if rule == "typical":  # the rule reads p alone: a q here would be a number no test used
+        return f"p {_num(n.p)}"
     return f"p {_num(n.p)} · q {_num(n.q)}"
 
+
+TEST_LINE = {  # a hover's test line for the rules that draw no uniform
+    "greedy": "accepted iff it is the target's argmax (no uniform is drawn)",
+    "typical": "accepted iff p(x) > min(ε, δ·exp(−H(p))) (no uniform is drawn; lossy)",
+}
 
 RULE_CAPTION = {  # one line under the tree: the step's rule (docs/design/methods.md 1.4), <= 92 chars
     "greedy": "Verified greedily: at each depth the child equal to the target's argmax is accepted.",
@@ -125,6 +132,8 @@ def q_text(n: ViewNode, rule: str) -> str:
     """The q the verifier used for ``n``, named, e.g. 'q (as verified) = 1, one-hot: deterministic top-k child'."""
     if rule == "topk":
         return "q (as verified) = 1, one-hot: deterministic top-k child"
+    if rule == "typical":
+        return "q: not read (typical acceptance tests p alone)"
     if rule == "sampled":
         return f"q (as verified) = {fmt_prob(n.q)}: the draft's probability (children sampled from q)"
     one_hot = n.q is not None and n.q >= 1.0
@@ -143,14 +152,14 @@ def confidence_text(n: ViewNode, by_id: dict[int, ViewNode], st: Step) -> str | 
     return f"draft confidence at its parent ({confidence_source(st)}) = {fmt_prob(conf)}"
 
 
-def _hover(trace: Trace, st: Step, n: ViewNode, rule: str, by_id: dict[int, ViewNode]) -> str:
+def _hover(trace: Trace, st: Step, n: ViewNode, rule: str, by_id: dict[int, ViewNode], verified_by: str = "") -> str:
     conf, path_conf = confidence_text(n, by_id, st), _confidence(n) if n.depth > 1 else None  # depth 1: c = conf
     lines = [f"node {n.id} · depth {n.depth} · {quoted(trace, n.token_id)} · {n.fate}",
              f"p = {fmt_prob(n.p)} (target, at its parent" + ("; computed by the tree forward, never tested)"
                                                              if n.fate == "unvisited" else ")"), q_text(n, rule),
              *([conf + (f" · path confidence c = exp(score) = {fmt_prob(path_conf)}" if path_conf is not None
                         else "")] if conf else []),
-             f"u = {fmt_prob(n.u)} · accept prob. = {fmt_prob(n.accept_prob)}"]
+             TEST_LINE.get(verified_by, f"u = {fmt_prob(n.u)} · accept prob. = {fmt_prob(n.accept_prob)}")]
     return "<br>".join(lines) + "<br><i>click: its p / q panel</i>"
 
 
@@ -176,7 +185,8 @@ def _legend(fig: go.Figure, rule: str, own: str, greedy: bool = False, trace: Tr
     how = ("greedy: the target's argmax decides, neither q nor the draft's confidence" if greedy else
            "top-k children: verified with q one-hot = 1, not with the draft's confidence")
     c_text = (f"c = exp(score): the draft's confidence in the path<br>({how}; hover a node for both)"
-              if rule == "topk" else "q = the draft's probability of the token")
+              if rule == "topk" else "q is not read (typical acceptance tests p alone)" if rule == "typical"
+              else "q = the draft's probability of the token")
     fig.add_annotation(text=f"p = the target's probability of the token at its parent · {c_text}", x=0, y=1,
                        xref="paper", yref="paper", xanchor="left", yanchor="bottom", yshift=4 + RULE_LINE_PX,
                        showarrow=False,
@@ -193,6 +203,8 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
         return message_figure("No steps yet: press Run (or upload a trace).", 200)
     st = trace.steps[min(max(int(step), 0), len(trace.steps) - 1)]
     nodes, path, rule = step_tree(st)
+    verified_by = step_rule(trace, st)
+    rule = "typical" if verified_by == "typical" else rule  # its boxes show p alone: typical never reads q
     if not nodes:
         return message_figure(f"step {st.index}: nothing was drafted (a plain decoding step).", 160)
     place = tree_layout(nodes, path)
@@ -209,13 +221,12 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     compact = rows > 28  # big trees: one line per box
     for n in boxes:
         _box(fig, trace, n, place[n.id], rule, compact, selected == n.id)
-    hovers = [_hover(trace, st, n, rule, by_id) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes]
+    hovers = [_hover(trace, st, n, rule, by_id, verified_by) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes]
     fig.add_trace(go.Scatter(
         x=[place[n.id][0] for n in boxes], y=[place[n.id][1] for n in boxes], mode="markers", name="nodes",
         showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text", hovertext=hovers,
         marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}, meta="tree-full"))
     short = add_short(fig, nodes, path, emitted, boxes, hovers, _edges, place)
-    verified_by = step_rule(trace, st)
     _legend(fig, rule, own_fate, verified_by == "greedy", trace)
     columns = max(d for d, _ in place.values()) + 1
     defs = next(a.text for a in fig.layout.annotations if a.name == "definitions")
