@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "SPECVIZ_COMPILE_CACHE"
 CHILD_GRAPH_TIMEOUT_S = 900.0  # a child stuck this long on one graph: the parent compiles that graph itself
 PRECOMPILE_ENV = "SPECVIZ_PRECOMPILE"  # "off": compile in-process only (no child process, :mod:`specviz.precompile`)
-# whether compile=None means "background" on CUDA: off until the stage's cost (how long a run can wait for one graph's
-# compile on a cold machine) and the compiled graphs' speed are measured on the device (results/gpu)
+# whether compile=None means "background" on CUDA: off, as each graph's swap makes a run that arrives wait 3-16 s
+# (measured, results/gpu) although the compiled graphs decode about 1.6x faster
 BACKGROUND_DEFAULT = False
 COMPILE_CHOICES = (True, False, None, "background")
 
