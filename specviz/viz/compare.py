@@ -94,8 +94,9 @@ over requests, then divided, as vLLM sums its counters; definitions in `specviz/
   At T > 0, per prompt
   and output position, a chi-square test that the row's tokens over the seeds follow the same distribution as method
   none's (runs that stopped count as one more outcome; rare tokens merged), the smallest p-value times the number of
-  positions tested (Bonferroni); ✗ below 0.01. It needs at least 10 seeds and, at some position, two outcomes that each occur about 5 times or more over
-  the seeds ("not enough samples" otherwise, the reason in the hover); it finds
+  positions tested (Bonferroni); ✗ below 0.01. It needs at least 10 seeds and, at some position, two outcomes
+  that each occur about 5 times or more over the seeds ("not enough samples" otherwise, the reason in the hover);
+  it finds
   only biases large enough to show in the seeds run, and never proves losslessness.
 """.replace("{timings}", str(BASELINE_TIMINGS))
 
