@@ -44,6 +44,8 @@ def test_lesson_api_names_and_events(app_url):
     assert (jump[STEP]["value"] if isinstance(jump[STEP], dict) else jump[STEP]) == 2
     tick = client.predict(api_name="/lesson_tick")
     assert "data-step='2'" in tick[TEXT] and "one target forward" in tick[TEXT]
+    below = client.predict(-1, api_name="/lesson_goto")  # out of range: clamped to the first step, no error
+    assert "data-step='0'" in below[TEXT] and "Error" not in below[TEXT]
 
 
 def test_the_brief_box_shortens_the_lesson_where_it_is(app_url):

@@ -49,6 +49,8 @@ def _chapters(trace: Trace, lesson: dict[str, Any] | None) -> list:
 def lesson_panel(present: bool = False) -> dict[str, Any]:
     """The lesson bar and chapter panel (call inside the Blocks, where it should appear); ``present``: the
     presentation layout, where the lesson is brief from the start."""
+    from .layout import LenientNumber  # layout builds this panel: imported here, not at the module's import
+
     c: dict[str, Any] = {}
     with gr.Group(elem_id="sv-lesson"):
         with gr.Row(elem_id="sv-lesson-bar", equal_height=True):
@@ -56,8 +58,9 @@ def lesson_panel(present: bool = False) -> dict[str, Any]:
             c["back"] = gr.Button("◀ Back", elem_id="sv-lesson-back", scale=0, min_width=110)
             c["play"] = gr.Button("Play", elem_id="sv-lesson-play", scale=0, min_width=110)
             c["next"] = gr.Button("Next ▶", elem_id="sv-lesson-next", scale=0, min_width=110)
-            c["goto"] = gr.Number(None, label="jump to step", precision=0, minimum=0, elem_id="sv-lesson-goto", scale=0,
-                                  min_width=120)
+            # lenient: a step out of range (-1, say) is clamped by lesson_goto, not refused with error toasts
+            c["goto"] = LenientNumber(None, label="jump to step", precision=0, minimum=0, elem_id="sv-lesson-goto",
+                                      scale=0, min_width=120)
             c["brief"] = gr.Checkbox(present, label=f"brief: after step {BRIEF_FULL_STEPS - 1}, one chapter a step",
                                      elem_id="sv-lesson-brief", scale=0, min_width=180)
             c["every"] = gr.Checkbox(False, label="every position: a chapter per accepted greedy token",
