@@ -185,7 +185,8 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
               else f"{label(trace, nd['node']['token_id'], 7)} ×{nd['node']['count']}") for nd in nodes]
     fig.add_trace(go.Scatter(
         x=[0] + [nd["depth"] for nd in nodes], y=[0] + [nd["row"] for nd in nodes], mode="markers+text",
-        text=[suffix] + texts, textposition=["bottom center"] + ["top center"] * len(nodes),
+        # the root's label runs to the right: centred on the left edge, its first tokens were cut off
+        text=[suffix] + texts, textposition=["bottom right"] + ["top center"] * len(nodes),
         textfont={"family": "monospace", "size": 11},
         marker={"size": [16] + [14 if nd["on_path"] else 9 for nd in nodes],
                 "color": ["#7c3aed"] + ["#0284c7" if nd["on_path"] else "#94a3b8" for nd in nodes]},
