@@ -101,6 +101,7 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
                                font={"color": colour, "size": 12}, bgcolor="rgba(255,255,255,0.85)", row=1, col=1)
 
 
+CAPTION_LINES = 4  # caption lines the figure's base height leaves room for
 TICK_LINE = 6  # characters per line of a bar's label (ten bars share half a 1280 px page at 1.45x type)
 TWO_LINE_GAP = 0.06  # more of the figure's height between the bars and the row below when a label takes two lines
 # the bar labels' scale in the presentation layout (specviz/ui/lesson_script.py svScale; the rest of the text 1.45x):
@@ -309,7 +310,10 @@ def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
     fig.add_annotation(name="caption", text=caption, x=0, y=1, xref="paper", yref="paper", xanchor="left",
                        yanchor="bottom", yshift=10, showarrow=False, align="left",
                        font={"size": 14, "color": "#111827"})
-    height, top = (680 if has_block else 480), 26 + 19 * (len(head) + len(small))
+    top = 26 + 19 * (len(head) + len(small))
+    # a caption longer than CAPTION_LINES lines makes the figure taller instead of squashing the bars (their marks'
+    # labels, at fixed heights above the bars, then ran into each other)
+    height = (680 if has_block else 480) + max(0, top - (26 + 19 * CAPTION_LINES))
     bottom = BLOCK_LEGEND_PX + 40 if has_block else 40  # the block panel's legend sits below its caption
     two_lines = "<br>" in "".join(fig.layout.xaxis.ticktext or ())
     if two_lines and len(fig.layout.yaxis.domain or ()) == 2 and fig.layout.yaxis.domain[0] > 0:
