@@ -19,6 +19,9 @@ STRIP_TEXT_MAX = 40  # wider strips show colours only (tokens on hover and in th
 PROMPT_NAME_MAX = 40  # a prompt's name in a title or a heading: longer ones are cut at a word, with "…"
 
 
+LEGEND_GAP_PX = 64  # px from the plot area's bottom to the legend: the ticks and the axis title at 1.45x
+
+
 def prompt_label(comparison: Comparison, prompt: int, max_chars: int = PROMPT_NAME_MAX) -> str:
     """How a title names prompt ``prompt`` (0-based): 'prompt 2 “Projections repeated”' (the number, as in the
     prompt menu, then the name, cut to ``max_chars`` at a word with "…"); just "prompt 2" where the prompt has no
@@ -86,10 +89,13 @@ def strips_figure(comparison: Comparison, prompt: int, seed: int, position: int 
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[f][0]}))
     if position is not None and 1 <= position <= n:
         fig.add_vrect(x0=position - 0.5, x1=position + 0.5, line={"color": "#111827", "width": 2}, fillcolor="rgba(0,0,0,0)")
-    fig.update_layout(height=110 + MODEBAR_PX + 40 * max(len(rows), 1),
-                      margin={"l": 10, "r": 10, "t": 30 + MODEBAR_PX, "b": 40},
-                      plot_bgcolor="#ffffff", legend={"orientation": "h", "y": -0.25 if len(rows) > 3 else -0.6,
-                                                      "font": {"size": 11}},
+    # the legend sits LEGEND_GAP_PX under the plot area, below the ticks and the axis title at the presentation
+    # layout's 1.45x type too (a fraction of the plot's height put it on the axis title there)
+    top, bottom = 30 + MODEBAR_PX, LEGEND_GAP_PX + 44  # under the legend: room for two of its rows at 1.45x
+    height = top + bottom + 40 + 40 * max(len(rows), 1)
+    fig.update_layout(height=height, margin={"l": 10, "r": 10, "t": top, "b": bottom}, plot_bgcolor="#ffffff",
+                      legend={"orientation": "h", "y": -LEGEND_GAP_PX / max(height - top - bottom, 1),
+                              "yanchor": "top", "font": {"size": 11}},
                       title={"text": f"{html.escape(prompt_label(comparison, prompt))}, seed {seed}: each cell is one output token; a dark tick "
                                      "starts a target forward" + ("" if n <= STRIP_TEXT_MAX else " (tokens on hover)"),
                              "font": {"size": 13}, "yref": "paper", "y": 1, "yanchor": "bottom", "pad": {"b": 8}})
