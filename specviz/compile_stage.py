@@ -21,21 +21,18 @@ directory: it is written and read only under the user's own cache directory, nev
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from .compile_artifacts import CACHE_ENV, artifact_path, load_artifacts, save_artifacts  # noqa: F401 (re-exported)
 from .compiled_graphs import CompiledGraphs
 
 log = logging.getLogger(__name__)
-CACHE_ENV = "SPECVIZ_COMPILE_CACHE"
 CHILD_GRAPH_TIMEOUT_S = 900.0  # a child stuck this long on one graph: the parent compiles that graph itself
 PRECOMPILE_ENV = "SPECVIZ_PRECOMPILE"  # "off": compile in-process only (no child process, :mod:`specviz.precompile`)
 # whether compile=None means "background" on CUDA: off, as each graph's swap makes a run that arrives wait 3-16 s
@@ -98,56 +95,6 @@ def runner_compile(compile: bool | str | None) -> bool | None:
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be True, False, None or 'background', got {compile!r}")
     return None if compile == "background" else compile
-
-
-def artifact_path(models: list[torch.nn.Module], device: torch.device) -> Path | None:
-    """The mega-cache file for these models on this device and torch build, or None when disabled
-    (``$SPECVIZ_COMPILE_CACHE`` = "off")."""
-    root = os.environ.get(CACHE_ENV, "")
-    if root.lower() == "off":
-        return None
-    root_path = Path(root) if root else Path.home() / ".cache" / "specviz" / "torch-compile"
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    parts = [torch.__version__, name, *[(m.config.to_json_string(use_diff=False), str(next(m.parameters()).dtype))
-                                        for m in models]]
-    key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return root_path / f"{key}.bin"
-
-
-def load_artifacts(path: Path | None) -> str:
-    """Read a mega-cache file into PyTorch's caches before anything compiles. Returns "loaded", "none" (no file),
-    "off" (disabled) or "error: ..." (a bad or foreign file: logged, ignored; compiling then starts cold)."""
-    if path is None:
-        return "off"
-    if not path.is_file():
-        return "none"
-    try:
-        info = torch.compiler.load_cache_artifacts(path.read_bytes())
-    except Exception as exc:  # noqa: BLE001 - a stale cache must not stop the load
-        log.warning("specviz: compile cache %s not used: %s: %s", path, type(exc).__name__, exc)
-        return f"error: {type(exc).__name__}"
-    if info is None:  # torch logged why (a corrupt or foreign file)
-        return "error: unreadable"
-    return "loaded"
-
-
-def save_artifacts(path: Path | None) -> str:
-    """Write the mega-cache of everything compiled in this process to ``path`` (atomically). Returns "saved", "off",
-    "none" (nothing to save) or "error: ..."."""
-    if path is None:
-        return "off"
-    try:
-        saved = torch.compiler.save_cache_artifacts()
-        if saved is None:
-            return "none"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_bytes(saved[0])
-        tmp.replace(path)
-    except Exception as exc:  # noqa: BLE001 - an unwritable cache directory must not fail the warm-up
-        log.warning("specviz: compile cache %s not written: %s: %s", path, type(exc).__name__, exc)
-        return f"error: {type(exc).__name__}"
-    return "saved"
 
 
 def compiled_runners(decoder: Any) -> list[CompiledGraphs]:

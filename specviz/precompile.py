@@ -9,7 +9,7 @@ shares the parent's on-disk Inductor / Triton caches (the same environment), so 
 once the child has compiled it, hits them: the unit a run may wait for shrinks to a Dynamo trace, cache loads and a
 CUDA-graph capture (measured on an H100 with the bundled models: still 3-16 s per graph, against a cold compile's
 tens of seconds; ``results/gpu/``). The child then writes the mega-cache file
-(:func:`specviz.compile_stage.save_artifacts`).
+(:func:`specviz.compile_artifacts.save_artifacts`).
 
 Used only when the GPU has room for a second copy of the models (:func:`room_for_child`); otherwise, and whenever the
 child fails, the parent compiles in-process as before. The child takes all but two CPU cores for Inductor's compile
@@ -150,7 +150,7 @@ class Child:
 def start(decoder: Any, work: Sequence[tuple[Any, tuple]], prompt: Sequence[int]) -> Child | None:
     """A child compiling ``work``'s graphs (then writing the mega-cache file of these models), or None when there is
     nothing to compile, no CUDA device, no room on it for the child's models, or the child cannot start (logged)."""
-    from .compile_stage import artifact_path
+    from .compile_artifacts import artifact_path
 
     models = [m for m in (decoder.target_model, decoder.draft_model) if m is not None]
     device = getattr(decoder, "device", torch.device("cpu"))
@@ -165,7 +165,7 @@ def start(decoder: Any, work: Sequence[tuple[Any, tuple]], prompt: Sequence[int]
 
 def _compile_graphs(spec: dict, backend: str = "inductor") -> None:
     """The child: load the models, capture each graph of ``spec`` compiled, one line per graph on stdout."""
-    from .compile_stage import save_artifacts
+    from .compile_artifacts import save_artifacts
     from .compiled_graphs import capture_shape
     from .models import load_model
     from .static_runner import StaticRunner

@@ -24,6 +24,7 @@ from specviz.trace import Trace
 from specviz.viz.lesson import BRIEF_FULL_STEPS, chapter_html, chapter_of_step, lesson_chapters
 
 from .lesson_script import LESSON_JS, PRESENT_FONT_SCALE  # noqa: F401 (PRESENT_FONT_SCALE re-exported)
+from .widgets import LenientNumber
 from .outputs import number as _number, sliders as _sliders, trace_of as _trace_of
 from .views import selection_views
 
@@ -49,8 +50,6 @@ def _chapters(trace: Trace, lesson: dict[str, Any] | None) -> list:
 def lesson_panel(present: bool = False) -> dict[str, Any]:
     """The lesson bar and chapter panel (call inside the Blocks, where it should appear); ``present``: the
     presentation layout, where the lesson is brief from the start."""
-    from .layout import LenientNumber  # layout builds this panel: imported here, not at the module's import
-
     c: dict[str, Any] = {}
     with gr.Group(elem_id="sv-lesson"):
         with gr.Row(elem_id="sv-lesson-bar", equal_height=True):

@@ -35,7 +35,7 @@ def _int(value: Any, name: str, lo: int, hi: int) -> int:
 
 def check_slider_bounds(value: Any, lo: float, hi: float) -> None:
     """The bound check a gr.Slider makes (same message), for sliders whose box accepts any number
-    (:class:`specviz.ui.layout.LenientSlider`). Raises ValueError; non-numbers are left to
+    (:class:`specviz.ui.widgets.LenientSlider`). Raises ValueError; non-numbers are left to
     :func:`engine_settings`."""
     try:
         f = float(value)
