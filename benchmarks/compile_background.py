@@ -69,13 +69,17 @@ def child(args: argparse.Namespace) -> None:
         compile={"state": st.state, "done": st.done, "total": st.total, "failed": st.failed,
                  "seconds": round(st.seconds, 1), "artifacts": st.artifacts, "where": st.where},
         warm_up_report=cache.warm_up_report)
+    from specviz import precompile
+
+    precompile.stop_all()  # os._exit skips atexit: the compiling process must not run on into the next launch
     os._exit(0)  # the warm-up thread may still be compiling: a launch cut short ends here
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--launches", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds of runs per launch at most")
+    ap.add_argument("--timeout", type=float, default=240.0,
+                    help="seconds of runs per launch at most (two launches fit gpu_call.sh's 560 s)")
     ap.add_argument("--runs-after", type=int, default=3, help="runs after the warm-up has ended, then the launch ends")
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between runs (a user reading the last one)")
     ap.add_argument("--method", default="draft_model")

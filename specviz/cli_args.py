@@ -4,6 +4,7 @@ the heads to load."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from . import methods
@@ -45,7 +46,8 @@ def heads_from_args(args: Any) -> dict[str, str]:
         if name not in methods.names() or methods.get(name).head is None:
             takers = ", ".join(m.name for m in methods.all_methods() if m.head is not None)
             raise ValueError(f"--head {name}={directory}: {name!r} is not a method with a head; use one of {takers}")
-        if name in heads and heads[name] != directory:  # one spelling must not silently win over the other
+        same = name in heads and Path(heads[name]).resolve() == Path(directory).resolve()
+        if name in heads and not same:  # one spelling must not silently win over the other
             raise ValueError(f"--head gives method {name!r} twice: --head {name}={directory} and "
                              f"--{name}-head {heads[name]}; give one")
         heads[name] = directory

@@ -35,8 +35,8 @@ from .compiled_graphs import CompiledGraphs
 log = logging.getLogger(__name__)
 CHILD_GRAPH_TIMEOUT_S = 900.0  # a child stuck this long on one graph: the parent compiles that graph itself
 PRECOMPILE_ENV = "SPECVIZ_PRECOMPILE"  # "off": compile in-process only (no child process, :mod:`specviz.precompile`)
-# whether compile=None means "background" on CUDA: off, as each graph's swap makes a run that arrives wait 3-16 s
-# (measured, results/gpu) although the compiled graphs decode about 1.6x faster
+# whether compile=None means "background" on CUDA: off, as the first graph of each compiled forward holds its swap
+# for 3-16 s or more, which a run that arrives waits for (results/gpu), though compiled graphs decode about 1.6x faster
 BACKGROUND_DEFAULT = False
 COMPILE_CHOICES = (True, False, None, "background")
 
@@ -138,11 +138,13 @@ def compile_stage(warm: Any) -> int:
     recompiled = 0
     for runner, key in work:
         role = "target" if getattr(runner, "model", None) is warm.decoder.target_model else "draft"
-        if child is not None and not child.wait_for(role, key, timeout=CHILD_GRAPH_TIMEOUT_S) and child.stuck:
+        if child is not None and not child.wait_for(role, key, timeout=CHILD_GRAPH_TIMEOUT_S) \
+                and not child.reported(role, key) and child.stuck:  # a graph the child failed: compiled here only
             log.warning("specviz: the compiling process spent %.0f s on one graph; compiling in-process instead",
                         CHILD_GRAPH_TIMEOUT_S)  # waited outside any unit: runs went on meanwhile
             child.stop()
             child = None
+            warm.decoder.compile_status.where = "in-process"
         with warm.unit():  # the counts read the pooled runners: no request may hold one meanwhile
             status.done = _compiled_count(warm.decoder)
             warm.say(f"warm-up: {status.line()}")
@@ -159,6 +161,7 @@ def compile_stage(warm: Any) -> int:
         status.artifacts = f"{fate} by the compiling process" if fate == "saved" else status.artifacts
         if child.error:
             log.warning("specviz: the compiling process failed (%s); its graphs compiled in-process", child.error)
+            status.where = "in-process"
     status.seconds = time.perf_counter() - t0
     status.state = "done" if status.done or not status.failed else "failed"
     return recompiled

@@ -7,8 +7,8 @@ out: ``python -m specviz.precompile SPEC`` loads its own copy of the decoder's m
 and static cache length), captures the same graphs compiled in the same order, and prints one line per graph. It
 shares the parent's on-disk Inductor / Triton caches (the same environment), so the parent's own recompile of a graph,
 once the child has compiled it, hits them: the unit a run may wait for shrinks to a Dynamo trace, cache loads and a
-CUDA-graph capture (measured on an H100 with the bundled models: still 3-16 s per graph, against a cold compile's
-tens of seconds; ``results/gpu/``). The child then writes the mega-cache file
+CUDA-graph capture (measured on an H100 with the bundled models: still 3-16 s or more for the first graph of each
+compiled forward, the others well under a second; ``results/gpu/``). The child then writes the mega-cache file
 (:func:`specviz.compile_artifacts.save_artifacts`).
 
 Used only when the GPU has room for a second copy of the models (:func:`room_for_child`); otherwise, and whenever the
@@ -33,6 +33,7 @@ import torch
 
 log = logging.getLogger(__name__)
 PREFIX = "PRECOMPILED "
+LIVE: list = []  # the Child objects started here (stop_all)
 HEADROOM = 1.5  # free GPU memory needed: this times the models' weights (the child's cache and workspace besides)
 
 
@@ -88,8 +89,10 @@ class Child:
         self.proc.stdin.write(json.dumps(spec))
         self.proc.stdin.close()
         self._stderr: list[str] = []
+        self._drained = threading.Thread(target=self._drain, daemon=True)
+        self._drained.start()
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._drain, daemon=True).start()
+        LIVE.append(self)
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -103,6 +106,7 @@ class Child:
                     self.done[(row["role"], key_of(row["key"]))] = bool(row["ok"])
                 self._cond.notify_all()
         code = self.proc.wait()
+        self._drained.join(5.0)  # the last stderr lines say why it failed
         with self._cond:
             self._ended = True
             if code:
@@ -123,6 +127,11 @@ class Child:
                     return False
                 self._cond.wait(left)
             return self.done.get((role, key), False)
+
+    def reported(self, role: str, key: tuple) -> bool:
+        """Whether the child has said anything about (``role``, ``key``): compiled it, or failed it."""
+        with self._cond:
+            return (role, key) in self.done
 
     @property
     def stuck(self) -> bool:
@@ -147,6 +156,12 @@ class Child:
             self.proc.kill()
 
 
+def stop_all() -> None:
+    """Kill every compiling process this process started (for an exit that skips atexit, e.g. ``os._exit``)."""
+    for child in LIVE:
+        child.stop()
+
+
 def start(decoder: Any, work: Sequence[tuple[Any, tuple]], prompt: Sequence[int]) -> Child | None:
     """A child compiling ``work``'s graphs (then writing the mega-cache file of these models), or None when there is
     nothing to compile, no CUDA device, no room on it for the child's models, or the child cannot start (logged)."""
@@ -158,8 +173,9 @@ def start(decoder: Any, work: Sequence[tuple[Any, tuple]], prompt: Sequence[int]
         return None
     try:
         return Child(spec_of(decoder, work, prompt, artifact_path(models, device)))
-    except OSError as exc:
-        log.warning("specviz: compiling in a child process did not start (%s); compiling in-process", exc)
+    except Exception as exc:  # noqa: BLE001 - no child (no model sources to reload, no process): compile in-process
+        log.warning("specviz: compiling in a child process did not start (%s: %s); compiling in-process",
+                    type(exc).__name__, exc)
         return None
 
 

@@ -104,3 +104,35 @@ def test_a_typical_runs_draft_tree_shows_no_q_the_rule_never_read(dec):
     assert any("q is not read" in t for t in texts)
     assert any("q: not read" in h for h in hovers) and not any("u = " in h for h in hovers)
     assert any("drawn from p" in n for n in names) and not any("from the residual" in n for n in names)
+
+
+def test_a_position_after_the_rejection_gets_no_verdict_in_the_grid(dec):
+    """Draft positions after the first rejection were never tested: the grid says so instead of a verdict."""
+    for seed in range(30):
+        trace = _run(dec, "standard") if seed == 0 else dec.generate(
+            PROMPT, method="draft_model", num_speculative_tokens=4, verify="standard", temperature=0.8, seed=seed,
+            max_new_tokens=24)
+        steps = [s for s in trace.steps if s.num_accepted + 1 < len(s.draft_token_ids) == len(s.positions)]
+        if steps:
+            break
+    _, _, hovers = grid_cells(trace)
+    st = steps[0]
+    unused = hovers[st.index][st.num_accepted + 1]  # the draft column after the rejected one
+    assert "never tested" in unused and "rejected" not in unused.split("<br>", 1)[1].replace("was rejected", "")
+    assert "min(1, p/q)" not in unused
+
+
+def test_block_without_details_still_names_the_block_residual(dec):
+    trace = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=4, verify="block", temperature=0.8,
+                         seed=3, max_new_tokens=24, detailed_trace=False)
+    h = _hovers(trace)
+    assert h.get("recovered") and all("block residual" in t for t in h["recovered"])
+
+
+def test_a_typical_chain_is_titled_a_chain(dec):
+    from specviz.viz.tree import tree_figure
+
+    trace = _run(dec, "typical")
+    step = next(s.index for s in trace.steps if s.num_accepted < len(s.draft_token_ids))
+    title = tree_figure(trace, step).layout.title.text
+    assert "draft chain" in title and "recovered" not in title

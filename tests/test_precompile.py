@@ -68,6 +68,10 @@ class _StandInChild:
         self.gate, self.log, self.ok, self.error = gate, log, ok, ""
 
     stuck = False
+    said = True  # the child reported every graph it was asked about (compiled or failed)
+
+    def reported(self, role, key):
+        return self.said
 
     def wait_for(self, role, key, timeout=None):
         self.log.append(("wait", key, self.gate._owner))
@@ -138,7 +142,7 @@ def test_a_child_stuck_on_a_graph_is_stopped_and_the_parent_compiles_the_rest(mo
     log: list = []
     dec = _decoder(log)
     child = _StandInChild(Gate(), log, ok=False)
-    child.stuck, child.finish = True, lambda: "saved"
+    child.stuck, child.said, child.finish = True, False, lambda: "saved"
     monkeypatch.setattr(precompile, "start", lambda decoder, work, prompt: child)
     monkeypatch.setattr(stage, "CHILD_GRAPH_TIMEOUT_S", 0.01)
     assert compile_stage(WarmUp(dec, [1], 2, lambda line: None)) == 2
@@ -151,3 +155,35 @@ def test_a_real_child_that_never_answers_times_out():
     assert child.wait_for("target", (1, ()), timeout=0.5) is False and child.stuck
     child.stop()
     child.proc.wait(10)
+
+
+def test_a_graph_the_child_failed_is_compiled_here_and_the_child_goes_on(monkeypatch):
+    """The child reports its first graph failed and the next ones compiled: the parent compiles every graph (the
+    failed one from cold), does not stop the child, and the child's cache file stands."""
+    rows = [{"role": "target", "key": [1, []], "ok": False, "s": 0.1}, {"role": "target", "key": [3, []], "ok": True,
+            "s": 0.1}, {"role": "target", "key": ["tree", 8, []], "ok": True, "s": 0.1}, {"artifacts": "saved"}]
+    script = "import sys, json; sys.stdin.read()\n" + "".join(
+        f"print('PRECOMPILED ' + json.dumps({r!r}), flush=True)\n" for r in rows)
+    log: list = []
+    dec = _decoder(log)
+    started: list = []
+
+    def start(decoder, work, prompt):
+        started.append(Child({}, command=[sys.executable, "-c", script]))
+        return started[-1]
+
+    monkeypatch.setattr(precompile, "start", start)
+    assert compile_stage(WarmUp(dec, [1], 2, lambda line: None)) == 2
+    assert started[0].proc.returncode == 0  # ended by itself, not killed
+    st = dec.compile_status
+    assert st.where == "in a child process" and st.artifacts == "saved by the compiling process"
+
+
+def test_no_child_without_the_models_sources(monkeypatch):
+    """A decoder built directly (no model names to reload) compiles in-process instead of failing the warm-up."""
+    dec = _decoder([])
+    dec.device, dec.names = torch.device("cuda", 0), {}
+    dec.runner_options = {"max_cache_len": 64}
+    monkeypatch.setattr(precompile, "room_for_child", lambda models, device: True)
+    runner = dec.pool.free(id(dec.target_model))[0]
+    assert precompile.start(dec, [(runner, (1, ()))], [1]) is None

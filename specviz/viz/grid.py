@@ -78,7 +78,10 @@ def _draft_cell(trace: Trace, step: Step, i: int, width: int = 10) -> tuple[int,
     tokenwise = tokenwise_accepted(step)
     rescued = tokenwise is not None and tokenwise < i <= step.num_accepted
     hover = f"step {step.index}, draft position {i}: {fate}<br>token {quoted(trace, tok)} (id {tok})"
-    if pos is not None:  # the run's own rule, with its numbers (greedy, standard, block, typical, synthetic, trees)
+    if pos is not None and fate == "unused":  # after the first rejection: no verdict, only its numbers
+        hover += (f"<br>never tested (a token before it was rejected)<br>p(x) = {fmt_prob(pos.p)}, "
+                  f"q(x) = {fmt_prob(pos.q)}")
+    elif pos is not None:  # the run's own rule, with its numbers (greedy, standard, block, typical, synthetic, trees)
         hover += "<br>" + "<br>".join(textwrap.wrap(test_sentence(trace, step, pos), 90))  # already HTML-escaped
     if fate == "stop":
         hover += ("<br>accepted, and the request stops at it: every statistic counts it as the step's own token"

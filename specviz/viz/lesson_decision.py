@@ -115,10 +115,13 @@ def own_token_source(trace: Trace, st: Step) -> str:
         return "recovered token: the target's argmax after the rejection (greedy verification)"
     if verify == "typical":
         return "the step's own token, drawn from the target's p itself (typical acceptance has no residual; lossy)"
-    if verify == "block" and st.block:
+    if verify == "block":
         return "recovered token, drawn from the block residual normalize(max(P_τ·p − q, 0))"
     if is_tree(st) and st.tree_rule == "topk":
         return "recovered token, drawn from rule A's residual: p with the children tested there removed, renormalised"
+    if is_tree(st) and st.tree_rule == "sampled":
+        return ("recovered token, drawn from rule B's residual: r ← normalize(max(r − q, 0)) once per rejected child "
+                "there, starting from p")
     return "recovered token, drawn from the residual max(p - q, 0)/Z" + (
         " (synthetic verification: not lossless)" if verify == "synthetic" else "")
 

@@ -168,7 +168,7 @@ def _title(trace: Trace, st: Step, nodes: list[ViewNode], path: list[int], rule:
     what = {"dynamic": "EAGLE-2 dynamic tree", "static": "static tree"}.get(kind or "", "draft tree")
     if rule == "chain":
         what = "draft chain"
-    own = FATE_STYLE[emitted_fate(st)][2].split(" (")[0]
+    own = fate_label(emitted_fate(st), trace).split(" (")[0]  # typical: "the step's own token", not "recovered"
     return (f"<b>step {st.index}: {what} of {len(nodes)} node(s), {len(path)} accepted</b> · then the {own} "
             f"{quoted(trace, st.emitted.token_id)}")
 
@@ -204,7 +204,7 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     st = trace.steps[min(max(int(step), 0), len(trace.steps) - 1)]
     nodes, path, rule = step_tree(st)
     verified_by = step_rule(trace, st)
-    rule = "typical" if verified_by == "typical" else rule  # its boxes show p alone: typical never reads q
+    shown = "typical" if verified_by == "typical" else rule  # boxes, hovers, legend: typical never reads q
     if not nodes:
         return message_figure(f"step {st.index}: nothing was drafted (a plain decoding step).", 160)
     place = tree_layout(nodes, path)
@@ -220,14 +220,14 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     rows = max(y for _, y in place.values()) + 1
     compact = rows > 28  # big trees: one line per box
     for n in boxes:
-        _box(fig, trace, n, place[n.id], rule, compact, selected == n.id)
-    hovers = [_hover(trace, st, n, rule, by_id, verified_by) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes]
+        _box(fig, trace, n, place[n.id], shown, compact, selected == n.id)
+    hovers = [_hover(trace, st, n, shown, by_id, verified_by) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes]
     fig.add_trace(go.Scatter(
         x=[place[n.id][0] for n in boxes], y=[place[n.id][1] for n in boxes], mode="markers", name="nodes",
         showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text", hovertext=hovers,
         marker={"size": 34, "color": "rgba(0,0,0,0)", "symbol": "square"}, meta="tree-full"))
     short = add_short(fig, nodes, path, emitted, boxes, hovers, _edges, place)
-    _legend(fig, rule, own_fate, verified_by == "greedy", trace)
+    _legend(fig, shown, own_fate, verified_by == "greedy", trace)
     columns = max(d for d, _ in place.values()) + 1
     defs = next(a.text for a in fig.layout.annotations if a.name == "definitions")
     row_px = 22 if compact else 40

@@ -96,7 +96,9 @@ def _check_index(path: Path, files: list[Path]) -> None:
         try:
             weight_map = json.loads(index.read_text()).get("weight_map") or {}
         except (json.JSONDecodeError, AttributeError):
-            raise ValueError(f"{index} is not a safetensors index (JSON with a weight_map)") from None
+            weight_map = None
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} is not a safetensors index (JSON with a weight_map object)")
         absent = sorted(set(map(str, weight_map.values())) - {f.name for f in files})
         if absent:
             raise ValueError(f"{path}: the shard files {absent} that {index.name} names are missing (an incomplete "
