@@ -168,7 +168,8 @@ def step_printer(tokenizer: Any, out: Any = None) -> tuple[Any, Any]:
             accepted = [draft[i] for i in path[:acc]]
             head = f"drafted a tree of {len(draft)} nodes · accepted {acc} along a path {text(accepted)} · "
         else:
-            head = f"drafted {len(draft)} {text(draft)} · accepted {acc} {text(draft[:acc])} · " if draft else "no draft · "
+            head = (f"drafted {len(draft)} {text(draft)} · accepted {acc} {text(draft[:acc])} · " if draft
+                    else "no draft · ")
         head = f"step {event.step}: {head}"
         print(f"{head}{emitted['kind']} {text([emitted['token_id']])}", file=out or sys.stderr)
 

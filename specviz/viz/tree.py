@@ -221,7 +221,8 @@ def tree_figure(trace: Trace | dict[str, Any], step: int, selected: int | None =
     compact = rows > 28  # big trees: one line per box
     for n in boxes:
         _box(fig, trace, n, place[n.id], shown, compact, selected == n.id)
-    hovers = [_hover(trace, st, n, shown, by_id, verified_by) if n.id >= 0 else _root_hover(trace, n, st) for n in boxes]
+    hovers = [_hover(trace, st, n, shown, by_id, verified_by) if n.id >= 0 else _root_hover(trace, n, st)
+              for n in boxes]
     fig.add_trace(go.Scatter(
         x=[place[n.id][0] for n in boxes], y=[place[n.id][1] for n in boxes], mode="markers", name="nodes",
         showlegend=False, customdata=[[n.id] for n in boxes], hoverinfo="text", hovertext=hovers,
