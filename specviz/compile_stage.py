@@ -8,7 +8,8 @@ the draft model's graphs through torch.compile (inductor), one graph per warm-up
 compile. Once the stage has started, a runner made later (another concurrent session's) and a shape captured for the
 first time compile inside their request (kept out of its timings like any capture, but the run waits). Each trace's
 config says which graphs it replayed (``runner_compiled``). EAGLE heads' runners stay uncompiled unless
-``compile=True``.
+``compile=True``. Where the GPU has room, Inductor's compiles run first in a child process
+(:mod:`specviz.precompile`) and each unit recompiles from the caches it filled.
 
 Compiling is meant to be paid once per machine: Inductor's on-disk caches (FX graphs, AOTAutograd, Triton kernels)
 persist between launches, and after the stage :func:`torch.compiler.save_cache_artifacts` ("mega-cache") is written to
@@ -29,6 +30,7 @@ from typing import Any
 
 import torch
 
+from . import precompile
 from .compile_artifacts import CACHE_ENV, artifact_path, load_artifacts, save_artifacts  # noqa: F401 (re-exported)
 from .compiled_graphs import CompiledGraphs
 
@@ -137,14 +139,16 @@ def compile_stage(warm: Any) -> int:
     child = _child(warm, work)
     recompiled = 0
     for runner, key in work:
-        role = "target" if getattr(runner, "model", None) is warm.decoder.target_model else "draft"
-        if child is not None and not child.wait_for(role, key, timeout=CHILD_GRAPH_TIMEOUT_S) \
-                and not child.reported(role, key) and child.stuck:  # a graph the child failed: compiled here only
-            log.warning("specviz: the compiling process spent %.0f s on one graph; compiling in-process instead",
-                        CHILD_GRAPH_TIMEOUT_S)  # waited outside any unit: runs went on meanwhile
-            child.stop()
-            child = None
-            warm.decoder.compile_status.where = "in-process"
+        if child is not None:  # waited outside any unit: runs go on meanwhile
+            role = precompile.role_of(warm.decoder, runner)
+            # False: compiled here after all; only a child still silent on this graph after the timeout is stopped
+            if not child.wait_for(role, key, timeout=CHILD_GRAPH_TIMEOUT_S) and not child.reported(role, key) \
+                    and child.stuck:
+                log.warning("specviz: the compiling process spent %.0f s on one graph; compiling in-process "
+                            "instead", CHILD_GRAPH_TIMEOUT_S)
+                child.stop()
+                child = None
+                status.where = "in-process"
         with warm.unit():  # the counts read the pooled runners: no request may hold one meanwhile
             status.done = _compiled_count(warm.decoder)
             warm.say(f"warm-up: {status.line()}")
@@ -171,8 +175,6 @@ def _child(warm: Any, work: list) -> Any:
     """A child process that compiles ``work``'s graphs first (:mod:`specviz.precompile`), or None: off
     (``$SPECVIZ_PRECOMPILE`` = "off"), nothing to compile, caches read back (their hits are quick in-process), or no
     room on the GPU for the child's copy of the models."""
-    from . import precompile
-
     dec = warm.decoder
     if os.environ.get(PRECOMPILE_ENV, "").lower() == "off" or dec.compile_status.artifacts == "loaded":
         return None

@@ -52,10 +52,8 @@ class CompiledGraphs:
         if key in self._compiled_keys or not self.enable_compile():
             return key in self._compiled_keys
         old = self._graphs.pop(key, None)
-        tree = key[0] == "tree"
-        n, taps = (key[1], key[2]) if tree else (key[0], key[1])
         try:
-            capture_shape(self, list(prompt), n, taps, tree)
+            capture_key(self, prompt, key)
         finally:
             if self._graphs.get(key) is None or key not in self._compiled_keys:
                 if old is not None:
@@ -91,6 +89,13 @@ def compiled_label(before: Sequence[int], after: Sequence[int]) -> str | None:
     if compiled == 0:
         return "uncompiled"
     return f"partly compiled ({compiled} of {compiled + uncompiled} forwards)"
+
+
+def capture_key(runner, prompt: Sequence[int], key: tuple) -> None:
+    """:func:`capture_shape` of a graph key: (n, taps) a chain width, ("tree", n, taps) a tree bucket."""
+    tree = key[0] == "tree"
+    n, taps = (key[1], key[2]) if tree else (key[0], key[1])
+    capture_shape(runner, list(prompt), n, taps, tree)
 
 
 def capture_shape(runner, prompt: list[int], n: int, taps: tuple[str, ...], tree: bool) -> None:

@@ -3,17 +3,18 @@
 The compile stage (:mod:`specviz.compile_stage`) recaptures each served graph compiled inside a warm-up unit, and a
 run that arrives waits for the unit in progress. From empty caches one graph's torch.compile (Dynamo, AOTAutograd,
 Inductor's code generation, Triton's kernel builds) is CPU work of seconds to minutes. :func:`start` moves that work
-out: ``python -m specviz.precompile SPEC`` loads its own copy of the decoder's models (the same sources, dtype, device
+out: ``python -m specviz.precompile`` (its spec as JSON on stdin) loads its own copy of the decoder's models (the same sources, dtype, device
 and static cache length), captures the same graphs compiled in the same order, and prints one line per graph. It
 shares the parent's on-disk Inductor / Triton caches (the same environment), so the parent's own recompile of a graph,
-once the child has compiled it, hits them: the unit a run may wait for shrinks to a Dynamo trace, cache loads and a
-CUDA-graph capture (measured on an H100 with the bundled models: still 3-16 s or more for the first graph of each
-compiled forward, the others well under a second; ``results/gpu/``). The child then writes the mega-cache file
+once the child has compiled it, is meant to hit them: the unit a run may wait for shrinks to a Dynamo trace, cache
+loads and a CUDA-graph capture (measured on an H100 with the bundled models: still 3-16 s or more for the first graph
+of each compiled forward, the others well under a second; ``results/gpu/``). The child then writes the mega-cache file
 (:func:`specviz.compile_artifacts.save_artifacts`).
 
 Used only when the GPU has room for a second copy of the models (:func:`room_for_child`); otherwise, and whenever the
-child fails, the parent compiles in-process as before. The child takes all but two CPU cores for Inductor's compile
-workers, leaving the parent's host side its own.
+child fails, the parent compiles in-process as before. The child caps Inductor's compile workers at the host's cores
+minus two (its own threads are not capped). Every child is killed at the app's normal exit; after a kill of the app it
+stops at its next graph, once it sees its parent gone.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 
 log = logging.getLogger(__name__)
 PREFIX = "PRECOMPILED "
-LIVE: list = []  # the Child objects started here (stop_all)
+LIVE: list = []  # the running Child objects started here (stop_all; an ended child removes itself)
 HEADROOM = 1.5  # free GPU memory needed: this times the models' weights (the child's cache and workspace besides)
 
 
@@ -61,7 +62,7 @@ def spec_of(decoder: Any, work: Sequence[tuple[Any, tuple]], prompt: Sequence[in
     ids and the graphs ({"role": "target" | "draft", "key": :func:`graph_key`}) in ``work``'s order, each once."""
     graphs: list[dict] = []
     for runner, key in work:
-        item = {"role": "target" if runner.model is decoder.target_model else "draft", "key": graph_key(key)}
+        item = {"role": role_of(decoder, runner), "key": graph_key(key)}
         if item not in graphs:
             graphs.append(item)
     names = decoder.names
@@ -85,7 +86,6 @@ class Child:
         self.proc = subprocess.Popen(list(command or [sys.executable, "-m", "specviz.precompile"]),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=env)
-        atexit.register(self.stop)  # an app that exits takes its compiling process with it
         self.proc.stdin.write(json.dumps(spec))
         self.proc.stdin.close()
         self._stderr: list[str] = []
@@ -106,6 +106,8 @@ class Child:
                     self.done[(row["role"], key_of(row["key"]))] = bool(row["ok"])
                 self._cond.notify_all()
         code = self.proc.wait()
+        if self in LIVE:
+            LIVE.remove(self)
         self._drained.join(5.0)  # the last stderr lines say why it failed
         with self._cond:
             self._ended = True
@@ -157,9 +159,18 @@ class Child:
 
 
 def stop_all() -> None:
-    """Kill every compiling process this process started (for an exit that skips atexit, e.g. ``os._exit``)."""
-    for child in LIVE:
+    """Kill every compiling process this process started: at exit, and before an exit that skips atexit
+    (``os._exit``)."""
+    for child in list(LIVE):
         child.stop()
+
+
+atexit.register(stop_all)  # an app that exits takes its compiling processes with it
+
+
+def role_of(decoder: Any, runner: Any) -> str:
+    """Which of the decoder's models a pooled runner runs: "target" or "draft"."""
+    return "target" if getattr(runner, "model", None) is decoder.target_model else "draft"
 
 
 def start(decoder: Any, work: Sequence[tuple[Any, tuple]], prompt: Sequence[int]) -> Child | None:
@@ -182,7 +193,7 @@ def start(decoder: Any, work: Sequence[tuple[Any, tuple]], prompt: Sequence[int]
 def _compile_graphs(spec: dict, backend: str = "inductor") -> None:
     """The child: load the models, capture each graph of ``spec`` compiled, one line per graph on stdout."""
     from .compile_artifacts import save_artifacts
-    from .compiled_graphs import capture_shape
+    from .compiled_graphs import capture_key
     from .models import load_model
     from .static_runner import StaticRunner
 
@@ -194,11 +205,9 @@ def _compile_graphs(spec: dict, backend: str = "inductor") -> None:
         if os.getppid() != spec.get("parent", os.getppid()):
             return  # the app is gone: stop compiling for nobody
         runner, key = runners[g["role"]], key_of(g["key"])
-        tree = key[0] == "tree"
-        n, taps = (key[1], key[2]) if tree else (key[0], key[1])
         t0 = time.perf_counter()
         try:
-            capture_shape(runner, list(spec["prompt"]), n, taps, tree)
+            capture_key(runner, spec["prompt"], key)
             ok = key in runner.compiled_keys() if runner.cuda_graphs else runner.compiled
         except Exception as exc:  # noqa: BLE001 - the parent compiles this graph itself
             print(f"{type(exc).__name__}: {exc}"[:300], file=sys.stderr, flush=True)
