@@ -3,13 +3,13 @@
 The compile stage (:mod:`specviz.compile_stage`) recaptures each served graph compiled inside a warm-up unit, and a
 run that arrives waits for the unit in progress. From empty caches one graph's torch.compile (Dynamo, AOTAutograd,
 Inductor's code generation, Triton's kernel builds) is CPU work of seconds to minutes. :func:`start` moves that work
-out: ``python -m specviz.precompile`` (its spec as JSON on stdin) loads its own copy of the decoder's models (the same sources, dtype, device
-and static cache length), captures the same graphs compiled in the same order, and prints one line per graph. It
-shares the parent's on-disk Inductor / Triton caches (the same environment), so the parent's own recompile of a graph,
-once the child has compiled it, is meant to hit them: the unit a run may wait for shrinks to a Dynamo trace, cache
-loads and a CUDA-graph capture (measured on an H100 with the bundled models: still 3-16 s or more for the first graph
-of each compiled forward, the others well under a second; ``results/gpu/``). The child then writes the mega-cache file
-(:func:`specviz.compile_artifacts.save_artifacts`).
+out: ``python -m specviz.precompile`` (its spec as JSON on stdin) loads its own copy of the decoder's models (the same
+sources, dtype, device and static cache length), captures the same graphs compiled in the same order, and prints one
+line per graph. It shares the parent's on-disk Inductor / Triton caches (the same environment), so the parent's own
+recompile of a graph, once the child has compiled it, is meant to hit them: the unit a run may wait for shrinks to a
+Dynamo trace, cache loads and a CUDA-graph capture (measured on an H100 with the bundled models: still 3-16 s or more
+for the first graph of each compiled forward, the others well under a second; ``results/gpu/``). The child then writes
+the mega-cache file (:func:`specviz.compile_artifacts.save_artifacts`).
 
 Used only when the GPU has room for a second copy of the models (:func:`room_for_child`); otherwise, and whenever the
 child fails, the parent compiles in-process as before. The child caps Inductor's compile workers at the host's cores
