@@ -2,7 +2,7 @@
 
 The compile stage (:mod:`specviz.compile_stage`) recaptures each served graph compiled inside a warm-up unit, and a
 run that arrives waits for the unit in progress. From empty caches one graph's torch.compile (Dynamo, AOTAutograd,
-Inductor's code generation, Triton's kernel builds) is CPU work of seconds to minutes. :func:`start` moves that work
+Inductor's code generation, Triton's kernel builds) is CPU work of up to tens of seconds. :func:`start` moves that work
 out: ``python -m specviz.precompile`` (its spec as JSON on stdin) loads its own copy of the decoder's models (the same
 sources, dtype, device and static cache length), captures the same graphs compiled in the same order, and prints one
 line per graph. It shares the parent's on-disk Inductor / Triton caches (the same environment), so the parent's own
