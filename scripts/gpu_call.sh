@@ -42,6 +42,8 @@
 #   background  benchmarks/compile_background.py: the app's launch with the background compile stage, no web
 #            server (needs no wheels): each run's wait while it compiles, then a second launch from the caches
 #            (BG_ARGS: its options; T_BG: timeout)
+#   regional benchmarks/regional_compile.py: whole-forward against per-layer torch.compile, compile time cold and
+#            warm, replay ms (REGIONAL_SHAPES, default bundled,8b; T_REGIONAL: timeout)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 #            (READY_ARGS: its options, e.g. "--launches 2 -- --compile-background")
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
@@ -162,6 +164,10 @@ for stage in "$@"; do
     timeout ${T_BG:-560} python3 benchmarks/compile_background.py --out "$OUT/compile_background.json" ${BG_ARGS:-} \
       > "$L/background.log" 2>&1
     echo "[background] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/background.log" | cut -c1-400 | tail -60 ;;
+  regional)
+    timeout ${T_REGIONAL:-420} python3 benchmarks/regional_compile.py --shapes ${REGIONAL_SHAPES:-bundled,8b} \
+      --out "$OUT/regional.json" > "$L/regional.log" 2>&1
+    echo "[regional] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/regional.log" | cut -c1-300 | tail -30 ;;
   ready)
     timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" ${READY_ARGS:-} \
       > "$L/ready.log" 2>&1
