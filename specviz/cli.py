@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         src = getattr(head, "source", {}) or {}
         print(f"head: {args.method} from {src.get('path') or heads.get(args.method) or 'the bundled head'} "
               f"({src.get('format', 'specviz')} layout)", file=sys.stderr)
+    if trace.config.get("draft_note"):
+        print(f"note: {trace.config['draft_note']}", file=sys.stderr)
     print(trace.prompt_text, end="")
     colour = args.color or (not args.no_color and sys.stdout.isatty())  # no escape codes in files and pipes
     print(colour_tokens(trace, colour=colour))

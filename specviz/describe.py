@@ -38,7 +38,23 @@ def describe_request(decoder: Any, cfg: Any, ids: list[int]) -> dict[str, Any]:
         head = decoder.heads[cfg.method]
         d["head"] = {"path": names.get(f"{cfg.method}_head", ""), "kind": getattr(head.config, "kind", cfg.method),
                      **method.head.describe(head), **(getattr(head, "source", None) or {})}  # its published layout
+        note = draft_note(method, head, cfg)
+        if note:
+            d["draft_note"] = note
     return d
+
+
+def draft_note(method: Any, head: Any, cfg: Any) -> str | None:
+    """What a chain whose k exceeds the head's :attr:`~specviz.methods.base.HeadSpec.max_drafts` drafts, or None."""
+    if method.head.max_drafts is None or getattr(cfg, "tree", None) is not None:
+        return None
+    limit, why = method.head.max_drafts(head)
+    k = cfg.num_speculative_tokens
+    if k <= limit:
+        return None
+    never = f"position {k} is" if k == limit + 1 else f"positions {limit + 1}-{k} are"
+    return (f"{cfg.method} drafts at most {limit} tokens per step ({why}): num_speculative_tokens = {k} was asked, "
+            f"so draft {never} never filled")
 
 
 def _stage_started(decoder: Any) -> bool:

@@ -220,8 +220,15 @@ def test_mask_token_is_never_drafted(decoders):
 
 def test_bad_k_and_missing_head_are_clear_errors(dflash_dirs, decoders):
     target, head_dir = dflash_dirs
-    with pytest.raises(ValueError, match="at most block_size - 1 = 7"):
-        decoders["eager"].generate(PROMPT, method="dflash", num_speculative_tokens=8)
+    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 1"):
+        DFlashProposer(decoders["eager"].heads["dflash"], 0)
+    # k above B - 1 drafts one block's B - 1, as Medusa drafts one token per head, and the trace says so
+    over = decoders["eager"].generate(PROMPT, method="dflash", num_speculative_tokens=9, max_new_tokens=12)
+    assert max(len(s.draft_token_ids) for s in over.steps) == 7
+    assert over.config["draft_note"].startswith("dflash drafts at most 7 tokens per step (one block of B = 8")
+    assert "positions 8-9 are never filled" in over.config["draft_note"]
+    assert "draft_note" not in decoders["eager"].generate(PROMPT, method="dflash", num_speculative_tokens=7,
+                                                          max_new_tokens=4).config
     dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
     with pytest.raises(ValueError, match="method 'dflash' needs a DFlash block drafter.*heads="):
         dec.generate(PROMPT, method="dflash")

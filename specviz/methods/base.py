@@ -73,6 +73,8 @@ class HeadSpec:
               ``load``, ``write``), "" for none.
     eval_k:   the k of its held-out acceptance run when its natural k is not the recipe's (DFlash: block size - 1).
     eval_tree: a static tree its held-out acceptance run also tries ("" for none).
+    max_drafts: (head) -> (the most tokens one chain step drafts with this head, why), or None for no limit: a k above
+              it drafts that many, and the trace's ``draft_note`` says so (Medusa: one per head; DFlash: B - 1).
     """
 
     what: str
@@ -84,6 +86,7 @@ class HeadSpec:
     formats: str = ""
     eval_k: int | None = None
     eval_tree: str = ""
+    max_drafts: Callable[[Any], tuple[int, str]] | None = None
 
 
 @dataclass(frozen=True)

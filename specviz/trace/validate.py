@@ -116,7 +116,7 @@ CONFIG_SCHEMA = {
     "detailed_trace": bool, "target": _OPT_STR, "draft": _OPT_STR, "device": _OPT_STR, "dtype": _OPT_STR,
     "runner": _OPT_STR, "compile": (bool, None), "runner_compiled": _OPT_STR, "prompt_length": int,
     "vocab_size": int, "speculative_token_tree": _OPT_STR,
-    "graph_notes": [str],
+    "graph_notes": [str], "draft_note": _OPT_STR,
     **{name: _OPT_INT for name in ("eagle_tree_top_k", "eagle_tree_depth", "eagle_tree_total_tokens")},
 }
 

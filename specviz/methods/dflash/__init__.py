@@ -40,5 +40,7 @@ METHOD = Method(
     style=("#bcbd22", "hexagon"),
     head=HeadSpec("a DFlash block drafter", bundled="specviz-dflash", describe=_describe,
                   trainer=f"{__name__}.train:train_dflash", module=f"{__name__}.head", formats=f"{__name__}.formats",
-                  eval_k=7),  # block size - 1 drafts: its held-out acceptance run's k
+                  eval_k=7,  # block size - 1 drafts: its held-out acceptance run's k
+                  max_drafts=lambda head: (head.config.block_size - 1,
+                                           f"one block of B = {head.config.block_size} drafts B - 1")),
     warm_up=lambda warm: warm.head_method("dflash", trees=False), view="specviz.methods.dflash.view")

@@ -43,13 +43,13 @@ class DFlashProposer:
 
     Args:
         head: :class:`~specviz.methods.dflash.head.DFlashHead` attached to the target, on its device, eval mode.
-        num_speculative_tokens: k, 1 .. B-1 (default B-1, vLLM mainline).
+        num_speculative_tokens: k >= 1 (default B-1, vLLM mainline); a k above B - 1 drafts B - 1.
         runner: runs the drafter's one forward per step and owns its context K/V
             (:mod:`specviz.methods.dflash.runner`); default an ``EagerDFlashRunner`` (a growing cache).
             The engine passes a pooled ``StaticDFlashRunner`` (static buffers, a CUDA graph on CUDA)
             when the target runs on the static runner.
     Raises:
-        ValueError: k outside 1 .. B-1. RuntimeError from propose/observe if an outcome was skipped.
+        ValueError: k < 1. RuntimeError from propose/observe if an outcome was skipped.
     """
 
     name = "dflash"
@@ -57,10 +57,9 @@ class DFlashProposer:
     def __init__(self, head: torch.nn.Module, num_speculative_tokens: int | None = None, runner=None):
         cfg = head.config
         k = cfg.block_size - 1 if num_speculative_tokens is None else int(num_speculative_tokens)
-        if not 1 <= k <= cfg.block_size - 1:
-            raise ValueError(f"dflash drafts at most block_size - 1 = {cfg.block_size - 1} tokens per step (one "
-                             f"block of B = {cfg.block_size}; vLLM's num_speculative_tokens = B - 1); got "
-                             f"num_speculative_tokens={k}: use 1..{cfg.block_size - 1}")
+        if k < 1:
+            raise ValueError(f"num_speculative_tokens must be >= 1, got {k}")
+        k = min(k, cfg.block_size - 1)  # one block drafts B - 1 (as Medusa drafts one per head); the trace says so
         self.head = head
         self.runner = runner if runner is not None else EagerDFlashRunner(head)
         self.taps = cfg.taps

@@ -34,5 +34,6 @@ METHOD = Method(
                 confidence="head softmax"),
     style=("#e377c2", "star"), tree_forms=("static",),
     head=HeadSpec("a Medusa head", bundled="specviz-medusa", trainer=f"{__name__}.train:train_medusa",
-                  module=f"{__name__}.head", formats=f"{__name__}.formats", eval_tree=DEFAULT_TREE),
+                  module=f"{__name__}.head", formats=f"{__name__}.formats", eval_tree=DEFAULT_TREE,
+                  max_drafts=lambda head: (int(head.config.num_heads), "one token per Medusa head")),
     warm_up=lambda warm: warm.head_method("medusa", trees=True), view="specviz.methods.medusa.view")
