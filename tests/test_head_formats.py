@@ -120,7 +120,7 @@ def test_reduced_vocabulary_and_norm_variants(root, dec):
 
 
 def test_dflash_block_size_nested_and_num_speculative_tokens(root, dec):
-    """block_size inside dflash_config (newer z-lab files) loads the same; k <= block_size - 1 is enforced."""
+    """block_size inside dflash_config (newer z-lab files) loads the same; a k above block_size - 1 drafts B - 1."""
     tm = dec.target_model
     W = R.dflash_zlab(root / "dflash-nested", seed=11, layer_ids=(0, 3, 6), block_size=5, nested=True, layers=1)
     head = load_head_dir(root / "dflash-nested", tm, "dflash")
@@ -128,8 +128,9 @@ def test_dflash_block_size_nested_and_num_speculative_tokens(root, dec):
     ref = R.DFlashReference(W, tm, (0, 3, 6), 1, 5, 2, base=1e6, eps=1e-6)
     with with_head(dec, "dflash", head):
         assert not mismatches(dec, "dflash", ref, k=4)[1]
-        with pytest.raises(ValueError, match="block_size - 1"):
-            dec.generate(PROMPT, method="dflash", num_speculative_tokens=5, max_new_tokens=4)
+        over = dec.generate(PROMPT, method="dflash", num_speculative_tokens=5, max_new_tokens=12)
+        assert max(len(s.draft_token_ids) for s in over.steps) == 4
+        assert "at most 4 tokens per step (one block of B = 5" in over.config["draft_note"]
 
 
 # ---- planted mistakes: each makes the comparison fail -----------------------------------------------------
@@ -239,11 +240,24 @@ def test_convert_command(root, dec, capsys):
     torch.save({"w": torch.zeros(1), "note": "not a tensor"}, bad / "pytorch_model.bin")
     assert main(["convert", str(bad)]) == 2
     assert "state dict" in capsys.readouterr().err
+    # a .bin shipped beside safetensors (as some official EAGLE heads are): nothing to convert, the head loads as is
+    both = root / "both"
+    R.eagle1_safeailab(both, dec.target_model)
+    from safetensors.torch import save_file
+
+    weights = torch.load(both / "pytorch_model.bin", weights_only=True)
+    save_file(weights, str(both / "model.safetensors"))
+    assert main(["convert", str(both)]) == 2
+    assert "already holds safetensors weights (model.safetensors)" in capsys.readouterr().err
+    assert load_head_dir(both, dec.target_model, "eagle").source["format"] == "eagle-safeailab"
+    save_file(weights, str(both / "pytorch_model.safetensors"))  # a copy from an older convert
+    with pytest.raises(ValueError, match="are in both model.safetensors and pytorch_model.safetensors.*delete one"):
+        load_head_dir(both, dec.target_model, "eagle")
 
 
 def test_wrong_method_and_mismatched_target(layouts, dec, root):
     _, directory, _, _ = layouts["eagle3-safeailab"]
-    with pytest.raises(ValueError, match="'eagle3' head .*not 'eagle'"):
+    with pytest.raises(ValueError, match="method 'eagle3' .*not of 'eagle'"):
         load_head_dir(directory, dec.target_model, "eagle")
     cfg = dict(R._llama_fields(draft_vocab_size=64))
     W = R._eagle3_core("midlayer.", 0, 64)
@@ -252,6 +266,12 @@ def test_wrong_method_and_mismatched_target(layouts, dec, root):
     R.write(root / "e3-two-taps", cfg, W)
     with pytest.raises(ValueError, match="fc reads 64 features"):
         load_head_dir(root / "e3-two-taps", dec.target_model, "eagle3")
+    W = R._eagle3_core("midlayer.", 0, 64)
+    W["d2t"], W["t2d"] = R.reduced_vocab(0)
+    W["d2t"] = W["d2t"] + torch.arange(64)  # absolute target ids where offsets belong: they run past the vocabulary
+    R.write(root / "e3-absolute-d2t", cfg, W)
+    with pytest.raises(ValueError, match="d2t holds offsets .*looks like absolute target ids"):
+        load_head_dir(root / "e3-absolute-d2t", dec.target_model, "eagle3")
     R.dflash_zlab(root / "dflash-last", layer_ids=(1, 7))  # output of the last layer: post-norm in transformers
     with pytest.raises(ValueError, match="out of range"):
         load_head_dir(root / "dflash-last", dec.target_model, "dflash")
@@ -321,6 +341,27 @@ def test_a_broken_checkpoint_is_named_in_the_files_own_terms(layouts, dec, root)
     R.write(root / "dflash-last", config, W)
     with pytest.raises(ValueError, match=f"id {last}, the last layer, would read hidden_states.*final norm"):
         load_head_dir(root / "dflash-last", dec.target_model, "dflash")
+    # a DFlash file without hidden_norm is still DFlash (its dflash_config), missing a tensor, not an EAGLE-1 head
+    R.write(root / "dflash-no-norm", json.loads((dflash / "config.json").read_text()),
+            {k: v for k, v in W.items() if k != "hidden_norm.weight"})
+    with pytest.raises(ValueError, match=r"missing \['hidden_norm\.weight'\]"):
+        load_head_dir(root / "dflash-no-norm", dec.target_model, "dflash")
+    # vLLM Medusa LM heads cut to token_map, config.json without truncated_vocab_size: named as the file names them
+    _, medusa, W, _ = layouts["medusa-vllm"]
+    config = json.loads((medusa / "config.json").read_text())
+    R.write(root / "medusa-no-tvs", {k: v for k, v in config.items() if k != "truncated_vocab_size"}, W)
+    with pytest.raises(ValueError, match="lm_heads.0.weight has 100 rows.*lacks truncated_vocab_size = 100"):
+        load_head_dir(root / "medusa-no-tvs", dec.target_model, "medusa")
+    # speculators without the draft layer's config, or without its model_type
+    _, spec, W, _ = layouts["eagle3-speculators"]
+    config = json.loads((spec / "config.json").read_text())
+    R.write(root / "spec-no-tlc", {k: v for k, v in config.items() if k != "transformer_layer_config"}, W)
+    with pytest.raises(ValueError, match="config.json has no transformer_layer_config"):
+        load_head_dir(root / "spec-no-tlc", dec.target_model, "eagle3")
+    tl = {k: v for k, v in config["transformer_layer_config"].items() if k != "model_type"}
+    R.write(root / "spec-no-type", {**config, "transformer_layer_config": tl}, W)
+    with pytest.raises(ValueError, match="transformer_layer_config has no model_type"):
+        load_head_dir(root / "spec-no-type", dec.target_model, "eagle3")
 
 
 def test_the_app_refuses_a_head_that_would_fail_every_run(layouts, root, target_dir, capsys, monkeypatch):
@@ -332,7 +373,7 @@ def test_the_app_refuses_a_head_that_would_fail_every_run(layouts, root, target_
 
     with pytest.raises(SystemExit):
         launch.parse_args(["--head", f"eagle={layouts['eagle3-safeailab'][1]}"])
-    assert "holds a 'eagle3' head" in capsys.readouterr().err
+    assert "holds the head of method 'eagle3'" in capsys.readouterr().err
     R.write(root / "not-a-head", {"model_type": "mystery"}, {"foo.weight": torch.zeros(2, 2)})
     with pytest.raises(SystemExit):
         launch.parse_args(["--head", f"eagle3={root / 'not-a-head'}"])

@@ -89,7 +89,8 @@ def _check_head(method: str, directory: str) -> None:
     layout = detect(ckpt)
     owner = kind_of(layout) or ckpt.config.get("kind")
     if owner is not None and owner != method:
-        raise ValueError(f"--head {method}={directory}: it holds a {owner!r} head ({layout} layout), not {method!r}")
+        raise ValueError(f"--head {method}={directory}: it holds the head of method {owner!r} ({layout} layout), "
+                         f"not of {method!r}")
 
 
 def _looks_local(value: str) -> bool:

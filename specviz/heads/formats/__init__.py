@@ -47,7 +47,7 @@ def load_head_dir(directory: str | os.PathLike, target, kind: str | None = None,
     else:
         owner = kind_of(layout)
         if kind is not None and owner != kind:
-            raise ValueError(f"{directory} holds a {owner!r} head ({layout} layout), not {kind!r}")
+            raise ValueError(f"{directory} holds the head of method {owner!r} ({layout} layout), not of {kind!r}")
         try:
             head = importlib.import_module(methods.get(owner).head.formats).load(ckpt, layout, target, dtype)
         except ValueError as exc:

@@ -18,12 +18,16 @@ DEFAULT_ROPE_THETA = 10000.0  # SafeAILab's LlamaRotaryEmbedding base when confi
 def load_tensors(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """Every tensor of the checkpoint's safetensors files (CPU). Raises ValueError on a name that two files hold."""
     state: dict[str, torch.Tensor] = {}
+    came_from: dict[str, str] = {}
     for f in ckpt.files:
         part = load_file(str(f))
         twice = sorted(set(part) & set(state))
         if twice:
-            raise ValueError(f"{ckpt.directory}: tensors {twice[:4]} are in more than one safetensors file")
+            raise ValueError(f"{ckpt.directory}: tensors {twice[:4]} are in both {came_from[twice[0]]} and {f.name}: "
+                             "two copies of the weights (e.g. one written by specviz convert beside the shipped "
+                             "safetensors); delete one of the two files")
         state.update(part)
+        came_from.update(dict.fromkeys(part, f.name))
     return state
 
 

@@ -21,14 +21,20 @@ def convert_dir(directory: str | os.PathLike, overwrite: bool = False) -> list[P
     """Write ``<name>.safetensors`` beside every pickled weight file in ``directory``; returns the files
     written. Each file must hold a flat {name: tensor} state dict. Tensors that share storage
     (Medusa-1 repeats one ResBlock object under several names) are written as separate copies.
-    Raises ValueError: no such directory, no pickled weights, an object that is not a state dict (or one the restricted
-    unpickler refuses), or a target file that exists (unless ``overwrite``)."""
+    Raises ValueError: no such directory, no pickled weights, safetensors weights there already (the loaders read
+    those: a converted copy beside them would hold every tensor twice), an object that is not a state dict (or one the
+    restricted unpickler refuses), or a target file that exists (unless ``overwrite``)."""
     path = Path(directory)
     if not path.is_dir():
         raise ValueError(f"{path} is not a directory" if path.exists() else f"{path} does not exist")
     files = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
     if not files:
         raise ValueError(f"no .bin / .pt / .pth weights in {path}")
+    shipped = sorted(p.name for p in path.glob("*.safetensors") if p.with_suffix("") not in
+                     {f.with_suffix("") for f in files})
+    if shipped:
+        raise ValueError(f"{path} already holds safetensors weights ({', '.join(shipped[:3])}), which specviz loads "
+                         "as they are: nothing to convert")
     written = []
     for f in files:
         out = f.with_suffix(".safetensors")

@@ -102,11 +102,12 @@ KIND_OF = {"dflash-zlab": "dflash"}
 
 
 def detect(ckpt: Checkpoint) -> str | None:
-    """"dflash-zlab" for z-lab's DFlashDraftModel (Qwen3 layers with q/k norms, ``fc``, ``hidden_norm``), else None."""
+    """"dflash-zlab" for z-lab's DFlashDraftModel (Qwen3 layers with q/k norms, ``fc``, ``hidden_norm``; or its
+    ``dflash_config`` field beside ``fc``, so a checkpoint missing one of those tensors is reported as missing it),
+    else None."""
     keys = set(ckpt.shapes)
-    if "fc.weight" in keys and "hidden_norm.weight" in keys and any(".self_attn.k_norm." in k for k in keys):
-        return "dflash-zlab"
-    return None
+    marked = "dflash_config" in ckpt.config or ("hidden_norm.weight" in keys and any(".k_norm." in k for k in keys))
+    return "dflash-zlab" if "fc.weight" in keys and marked else None
 
 
 def load(ckpt: Checkpoint, layout: str, target, dtype=None):

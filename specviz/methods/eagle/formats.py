@@ -233,7 +233,10 @@ def _vocab_map(state: dict, draft_vocab: int, vocab: int, where: str) -> dict:
             f"a draft vocabulary of {draft_vocab} < {vocab} needs d2t [{draft_vocab}] (got "
             f"{None if d2t is None else tuple(d2t.shape)}): without it draft ids would be read as target ids")
     ids = draft_to_target_ids(d2t)
-    require(bool(((ids >= 0) & (ids < vocab)).all()), where, f"d2t maps draft ids outside [0, {vocab})")
+    absolute = bool(((d2t >= 0) & (d2t < vocab)).all()) and d2t.unique().numel() == draft_vocab
+    require(bool(((ids >= 0) & (ids < vocab)).all()), where, f"d2t maps draft ids outside [0, {vocab})" + (
+        ": d2t holds offsets (target id = draft id + d2t[draft id]); this one looks like absolute target ids"
+        if absolute else ""))
     require(ids.unique().numel() == draft_vocab, where, "d2t maps two draft ids to one target id")
     if t2d is not None:
         require(tuple(t2d.shape) == (vocab,) and int(t2d.sum()) == draft_vocab and bool(t2d.bool()[ids].all()), where,
@@ -249,7 +252,11 @@ def _layer_config(tl: dict, where: str):
     diff against them: ``to_diff_dict``). Only llama layers are supported."""
     from transformers import AutoConfig
 
-    model_type = tl.get("model_type", "qwen3")  # speculators' default layer config is Qwen3Config
+    require(bool(tl), where, "config.json has no transformer_layer_config (speculators writes the draft layer's "
+                             "config there: model_type, hidden_size, heads, ...)")
+    require("model_type" in tl, where, "transformer_layer_config has no model_type (speculators writes 'llama' for "
+                                       "a Llama draft layer); without it speculators would build a Qwen3 layer")
+    model_type = tl["model_type"]
     require(model_type == "llama", where, f"transformer_layer_config of model_type {model_type!r}: specviz runs "
                                           "llama EAGLE-3 layers only (qwen3's q/k norms are not supported yet)")
     return AutoConfig.for_model(model_type, **{k: v for k, v in tl.items() if k != "model_type"})
@@ -277,7 +284,8 @@ def detect(ckpt: Checkpoint) -> str | None:
         specforge = ("eagle_config" in cfg or "fc_norm" in cfg or "norm_output" in cfg
                      or any(k.startswith("fc_norm.") for k in keys))
         return "eagle3-specforge" if specforge else "eagle3-safeailab"
-    if "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys) and not any("hidden_norm" in k for k in keys):
+    dflash = "dflash_config" in cfg or any("hidden_norm" in k or ".k_norm." in k for k in keys)  # z-lab's markers
+    if "fc.weight" in keys and any(k.startswith("layers.0.") for k in keys) and not dflash:
         return "eagle-safeailab"
     return None
 

@@ -129,6 +129,13 @@ def _vllm(cfg: dict, state: dict, where: str, tc):
         require(set(lms) == set(range(K)), where, f"lm_heads.{{h}}.weight for heads 0..{K - 1}, found {sorted(lms)}")
         mode = "per_head"
     for h, w in lms.items():
+        rows, file_name = int(w.shape[0]), name if mode == "shared" else f"lm_heads.{h}.weight"
+        if rows not in (vocab, truncated):  # checked here: past this point the error would name specviz's keys
+            hint = (f"; the rows match token_map's {token_map.numel()}: config.json probably lacks "
+                    f"truncated_vocab_size = {token_map.numel()}" if token_map is not None
+                    and rows == token_map.numel() else "")
+            raise ValueError(f"{where}: {file_name} has {rows} rows, but vocab_size is {vocab}"
+                             + (f" and truncated_vocab_size {truncated}" if truncated < vocab else "") + hint)
         if truncated < vocab and w.shape[0] > truncated:
             w = w[state["token_map"]]  # vLLM cuts a full-vocabulary LM head to the token map's rows
         state[f"own_lm_heads.{h}.weight"] = w
