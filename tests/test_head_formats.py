@@ -255,6 +255,27 @@ def test_convert_command(root, dec, capsys):
         load_head_dir(both, dec.target_model, "eagle")
 
 
+def test_copies_of_the_targets_embedding_and_lm_head_are_shared_and_others_refused(layouts, dec, root):
+    """EAGLE-1 and DFlash draft with the target's embedding / LM head: a file that also carries a copy of them
+    (as some exports do) loads and drafts as the reference; a copy that differs is refused, naming the tensor."""
+    import json
+
+    tm = dec.target_model
+    lm, emb = tm.get_output_embeddings().weight.detach().clone(), tm.get_input_embeddings().weight.detach().clone()
+    for layout, extra in (("eagle-safeailab", {"lm_head.weight": lm}),
+                          ("dflash-zlab", {"embed_tokens.weight": emb, "lm_head.weight": lm})):
+        method, directory, W, reference = layouts[layout]
+        config = json.loads((directory / "config.json").read_text())
+        R.write(root / f"{layout}-copies", config, {**W, **extra})
+        head = load_head_dir(root / f"{layout}-copies", tm, method)
+        with with_head(dec, method, head):
+            assert not mismatches(dec, method, reference)[1]
+        assert head.source["format"] == layout
+        R.write(root / f"{layout}-other", config, {**W, "lm_head.weight": lm + 1})
+        with pytest.raises(ValueError, match="lm_head.weight .* is not a copy of the target's lm_head"):
+            load_head_dir(root / f"{layout}-other", tm, method)
+
+
 def test_wrong_method_and_mismatched_target(layouts, dec, root):
     _, directory, _, _ = layouts["eagle3-safeailab"]
     with pytest.raises(ValueError, match="method 'eagle3' .*not of 'eagle'"):

@@ -69,6 +69,28 @@ def shared_embedding(state: dict[str, torch.Tensor], name: str, target) -> tuple
     return True, "the head's own (the file's copy differs from the target's)"
 
 
+def drop_target_copies(state: dict[str, torch.Tensor], target, where: str, **names: str) -> dict[str, str]:
+    """Drop the file's copies of the target's embedding / LM head that a head reads from the target (EAGLE-1 and
+    DFlash use the target's): ``names`` maps "embedding" / "lm_head" to the file's tensor name. A copy equal to the
+    target's (in the lower of the two precisions) is dropped, as vLLM shares it; one that differs is refused, since
+    the published forward reads the target's. Returns {name: what} for the head's source record."""
+    theirs = {"embedding": target.get_input_embeddings(), "lm_head": target.get_output_embeddings()}
+    seen = {}
+    for part, name in names.items():
+        if name not in state:
+            continue
+        mine, ref = state[name], theirs[part].weight.detach().to("cpu")
+        same = tuple(mine.shape) == tuple(ref.shape) and (torch.equal(mine, ref.to(mine.dtype))
+                                                          or torch.equal(mine.to(ref.dtype), ref))
+        if not same:
+            raise ValueError(f"{where}: the file's {name} {tuple(mine.shape)} is not a copy of the target's {part} "
+                             f"{tuple(ref.shape)}; this layout drafts with the target's {part}, so the head was made "
+                             "for another target (or delete the tensor to use this target's)")
+        del state[name]
+        seen[name] = "the target's (the file's copy equals it)"
+    return seen
+
+
 def fill(module: nn.Module, state: dict[str, torch.Tensor], rename: Callable[[str], str | None],
          where: str) -> None:
     """Load ``state`` into ``module`` after renaming each key by ``rename`` (None: drop it). Every

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 
 from .head import DFlashConfig, DFlashHead
-from specviz.heads.formats.common import fill, finish, load_tensors, require
+from specviz.heads.formats.common import drop_target_copies, fill, finish, load_tensors, require
 from specviz.heads.formats.detect import Checkpoint
 from specviz.heads.formats.export import rope_fields
 
@@ -56,6 +56,7 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
     dcfg = raw.get("dflash_config") or {}
     layers = int(qc.num_hidden_layers)
     state = load_tensors(ckpt)
+    copies = drop_target_copies(state, target, where, embedding="embed_tokens.weight", lm_head="lm_head.weight")
     found = {int(k.split(".")[1]) for k in state if k.startswith("layers.")}
     require(found == set(range(layers)), where, f"num_hidden_layers {layers} but the file has layers {sorted(found)}")
     require(all(t == "full_attention" for t in (getattr(qc, "layer_types", None) or ["full_attention"])), where,
@@ -93,7 +94,7 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
         "target_layer_ids": ids, "target_layer_ids_in_file": ids_in_file,
         "tap_convention": "output of layer i = HF hidden_states[i + 1] (z-lab's +1)",
         "block_size": int(block_size), "block_size_in": "top level" if "block_size" in raw else "dflash_config",
-        "mask_token_id": int(mask), "rope_theta": cfg.rope_parameters.get("rope_theta"), "causal": False})
+        "mask_token_id": int(mask), "rope_theta": cfg.rope_parameters.get("rope_theta"), "causal": False, **copies})
 
 
 # ---- the formats contract (specviz.heads.formats) ---------------------------------------------------------------

@@ -28,7 +28,8 @@ import torch
 
 from .config import EAGLE1, EAGLE3, HeadConfig
 from .head import build_head
-from specviz.heads.formats.common import fill, finish, load_tensors, require, rope_parameters, shared_embedding
+from specviz.heads.formats.common import (drop_target_copies, fill, finish, load_tensors, require, rope_parameters,
+                                         shared_embedding)
 from specviz.heads.formats.detect import Checkpoint
 from specviz.heads.formats.export import rope_fields
 
@@ -119,6 +120,7 @@ def _eagle1(ckpt: Checkpoint, layout: str, target, state: dict):
     qkv_bias = bool(cfg.get("qkv_bias", False))
     require(ckpt.has("layers.0.self_attn.q_proj.bias") == qkv_bias, where, "q/k/v biases disagree with qkv_bias")
     own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
+    drop_target_copies(state, target, where, lm_head="lm_head.weight")  # EAGLE-1 drafts with the target's LM head
     rope = rope_parameters(cfg)
     require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
             f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
