@@ -351,6 +351,34 @@ def test_dflash_views(decoders):
     assert "no DFlash block" in source_figure(tr, 0).layout.annotations[0].text
 
 
+def test_sampled_slots_show_the_token_drawn_not_the_top_one(decoders):
+    """At T > 0 a slot's draft is the token drawn from q, which the target verified: the cell and the bar name it
+    (with q of it), the top token only beside it. A rejected slot must not headline its top token, which may be the
+    very token the target then recovered."""
+    from specviz.methods.dflash.view import dflash_figure, dflash_html
+
+    dec = decoders["eager"]
+    tr = dec.generate(PROMPT, method="dflash", num_speculative_tokens=5, max_new_tokens=24, temperature=1.0,
+                      verify="standard", seed=0)
+    st, slot = next((s, sl) for s in tr.steps for sl in s.match.get("slots", [])
+                    if sl.get("drafted") and sl["token_id"] != sl["top_token_id"])
+    assert st.draft_token_ids[slot["slot"] - 1] == slot["token_id"]
+    cell = dflash_html(tr, st.index).split(f"<div data-slot='{slot['slot']}'")[1].split("<div data-slot=")[0]
+    drawn, top = (html_token(tr, slot[key], quote=True) for key in ("token_id", "top_token_id"))
+    assert cell.index(drawn) < cell.index(f"top <code>{top}</code>") and f"q {slot['draft_prob']:.2f}" in cell
+    bars = {x: (text, y) for t in dflash_figure(tr, st.index).data[:-1] for x, text, y in zip(t.x, t.text, t.y)}
+    assert bars[slot["slot"]][1] == pytest.approx(slot["draft_prob"])
+    assert bars[slot["slot"]][0] == html_token(tr, slot["token_id"])[:8]
+
+
+def html_token(trace, token_id, quote=False):
+    import html
+
+    from specviz.viz.common import token_text, visible
+
+    return html.escape(visible(token_text(trace, int(token_id))), quote=quote)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("settings", (dict(), dict(verify="standard", temperature=0.8, top_p=0.9)),
                          ids=("greedy", "standard"))

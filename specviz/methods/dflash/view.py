@@ -46,8 +46,17 @@ def _tok(trace: Trace, token_id: Any) -> str:
     return f"<code>{html.escape(_short(trace, token_id))}</code>"
 
 
+def _drawn(slot: dict[str, Any]) -> tuple[int, float]:
+    """(the slot's draft token, q of it): the token drawn from the slot (the argmax at T = 0), which the target
+    verified; the top token only when the slot recorded no draw."""
+    token = slot.get("token_id", slot.get("top_token_id"))
+    prob = slot.get("draft_prob") if token != slot.get("top_token_id") else slot.get("top_prob")
+    return token, float(prob if prob is not None else slot.get("top_prob") or 0.0)
+
+
 def _slot_cell(trace: Trace, step: Step, slot: dict[str, Any], selected: bool, greedy: bool) -> str:
-    """One mask slot: position, top token, confidence bar, the token drawn (T > 0, if not the top), fate."""
+    """One mask slot: position, the token it drew (the draft the target verified) with q of it as a bar, the slot's
+    top token and confidence beneath when the draw (T > 0) was not the top, and the target's decision."""
     fate = _fate(step, slot)
     bg, fg, _ = _style(fate)
     border = "2px solid #0b3d91" if selected else ("1px dashed #9ca3af" if fate == "not drafted" else "1px solid #d1d5db")
@@ -57,14 +66,15 @@ def _slot_cell(trace: Trace, step: Step, slot: dict[str, Any], selected: bool, g
     conf = slot.get("top_prob")
     if conf is None:  # numbers not filled (the step was never observed)
         return f"{head}<div style='font-size:11px;font-weight:bold'>{fate}</div></div>"
+    token, q = _drawn(slot)
     bar = (f"<div style='height:5px;background:#e5e7eb;border-radius:2px'><div style='height:5px;width:"
-           f"{100 * conf:.0f}%;background:#2563eb;border-radius:2px'></div></div>")
-    drew = ""
-    if not greedy and slot.get("token_id") != slot.get("top_token_id"):
-        drew = f"<div style='font-size:11px'>drew {_tok(trace, slot['token_id'])} (q {slot.get('draft_prob', 0):.2f})</div>"
+           f"{100 * q:.0f}%;background:#2563eb;border-radius:2px'></div></div>")
+    top = ""
+    if not greedy and token != slot.get("top_token_id"):  # sampled: the draw is the draft, the top only beside it
+        top = f"<div style='font-size:11px'>top {_tok(trace, slot.get('top_token_id'))} ({conf:.2f})</div>"
     return (f"{head}<div style='overflow:hidden;text-overflow:ellipsis;white-space:nowrap'>"
-            f"{_tok(trace, slot.get('top_token_id'))}</div>{bar}<div style='font-size:11px'>conf {conf:.2f}</div>{drew}"
-            f"<div style='font-size:11px;font-weight:bold'>{fate}</div></div>")
+            f"{_tok(trace, token)}</div>{bar}<div style='font-size:11px'>{'conf' if greedy else 'q'} {q:.2f}</div>"
+            f"{top}<div style='font-size:11px;font-weight:bold'>{fate}</div></div>")
 
 
 def _kept_text(trace: Trace, step: Step) -> str:
@@ -117,8 +127,8 @@ def dflash_html(trace: Trace | dict[str, Any], step: int, position: int | None =
 
 
 def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
-    """The selected step's block: each mask slot's confidence (bars, one trace per target decision,
-    labelled with the slot's top token), beside the run's share of blocks that kept
+    """The selected step's block: each mask slot's draft token (bars of q of it, one trace per target decision,
+    labelled with the token drawn, which at T = 0 is the top token), beside the run's share of blocks that kept
     >= i drafts (vLLM's unconditional per-position acceptance, from :mod:`specviz.trace`)."""
     trace = as_trace(trace)
     st = trace.steps[step]
@@ -128,14 +138,16 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     fates = [_fate(st, s) for s in slots]
     fig = go.Figure()
     for fate in dict.fromkeys(fates):  # one bar trace per decision, so the legend names the colours
-        mine = [s for s, f in zip(slots, fates) if f == fate]
+        mine = [(s, *_drawn(s)) for s, f in zip(slots, fates) if f == fate]
         fig.add_trace(go.Bar(
-            x=[s["slot"] for s in mine], y=[s["top_prob"] for s in mine], name=fate,
+            x=[s["slot"] for s, _, _ in mine], y=[q for _, _, q in mine], name=fate,
             marker={"color": _style(fate)[0], "line": {"color": "#374151", "width": 1}},
-            text=[html.escape(_short(trace, s["top_token_id"])[:8], quote=False) for s in mine],
+            text=[html.escape(_short(trace, token)[:8], quote=False) for _, token, _ in mine],
             textposition="outside", cliponaxis=False, hoverinfo="text",
-            hovertext=[f"slot {s['slot']} (position {s['position']}): {quoted(trace, s['top_token_id'])}, "
-                       f"confidence {s['top_prob']:.2f}, {fate}" for s in mine]))
+            hovertext=[f"slot {s['slot']} (position {s['position']}): drew {quoted(trace, token)}, q {q:.2f}"
+                       + ("" if token == s["top_token_id"] else
+                          f" (top {quoted(trace, s['top_token_id'])}, {s['top_prob']:.2f})") + f", {fate}"
+                       for s, token, q in mine]))
     rates = metrics_of(trace).acceptance_rate_per_position
     if rates:
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
@@ -143,7 +155,7 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     fig.update_layout(height=300, margin={"l": 50, "r": 20, "t": 50, "b": 40}, plot_bgcolor="#ffffff",
                       title={"text": f"step {st.index}: the block from one forward", "font": {"size": 13}},
                       xaxis={"title": "mask slot i (predicts position root + i)", "dtick": 1},
-                      yaxis={"range": [0, 1.15], "title": "confidence / rate"},
+                      yaxis={"range": [0, 1.15], "title": "q(draft token) / rate"},
                       legend={"orientation": "h", "y": -0.3}, barmode="overlay")
     return fig
 
@@ -153,7 +165,7 @@ panel_html, panel_figure = dflash_html, dflash_figure
 
 
 def draft_limit(trace: Trace) -> tuple[int, str, str] | None:
-    """DFlash drafts at most block size - 1 tokens (one block; the engine refuses a larger k): (that number, a short
+    """DFlash drafts at most block size - 1 tokens (one block; a larger k drafts that many): (that number, a short
     reason, the reason in full) when it is below k, read from the block size the steps recorded; else None."""
     k = int(trace.config.get("num_speculative_tokens") or 0)
     for st in trace.steps:
