@@ -119,6 +119,10 @@ def test_bad_input_says_what_to_change(app_url, tmp_path):
     assert "configs must be a list" in client.predict(handle_file(str(bad)), api_name="/compare_import")[PROGRESS]
     with pytest.raises(Exception, match="nothing to export yet"):
         client.predict(api_name="/compare_export")
+    # an output position typed before any comparison, or past the outputs: no Gradio bound error, clamped
+    assert client.predict(None, None, 32, api_name="/compare_view")[2]["value"] == 1
+    last = _compare(client)[POSITION]["maximum"]
+    assert client.predict(0, 0, 999, api_name="/compare_view")[2]["value"] == last > 1
 
 
 def test_sampled_comparison_with_seeds_reports_the_distribution_check(app_url):

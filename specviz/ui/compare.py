@@ -23,6 +23,7 @@ from specviz.viz import compare as vc
 from specviz.viz import compare_table as ct
 
 from .cache import DecoderCache
+from .widgets import LenientSlider
 
 from .compare_config import MAX_NEW_TOKENS, PRESETS, VERIFY_CHOICES, apply_preset, methods, prompt_choices
 from .compare_handlers import (OUTPUT_NAMES, TABLE_DATATYPES, CompareHandlers, convention_choices, convention_view, export,
@@ -123,7 +124,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
         with gr.Row():
             u["prompt"] = gr.Dropdown([], label="prompt", elem_id="sv-compare-prompt")
             u["seed"] = gr.Dropdown([], label="seed")
-            u["position"] = gr.Slider(1, 2, value=1, step=1, label="output position (shared scrubber)",
+            u["position"] = LenientSlider(1, 2, value=1, step=1, label="output position (shared scrubber)",
                                       elem_id="sv-compare-position")
         u["strips"] = gr.Plot(elem_id="sv-compare-strips", show_label=False)
         u["pick"] = gr.Textbox(elem_id="sv-compare-pick", elem_classes="sv-hidden", show_label=False, container=False)

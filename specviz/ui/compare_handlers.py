@@ -159,10 +159,11 @@ def _comparison(state: dict[str, Any] | None) -> Comparison | None:
 
 
 def view(state: dict[str, Any] | None, prompt: Any, seed: Any, position: Any) -> tuple:
-    """Redraw the strips and the scrubber for another prompt / seed / output position."""
+    """Redraw the strips and the scrubber for another prompt / seed / output position (a typed position outside
+    the outputs is clamped to them; before any comparison the scrubber goes back to 1)."""
     c = _comparison(state)
     if c is None or not c.runs:
-        return (gr.skip(),) * 3
+        return gr.skip(), gr.skip(), gr.Slider(value=1)
     out = _views(c, "", int(prompt or 0), None if seed is None else int(seed), int(position or 1))
     return out[2], out[3], out[9]
 
