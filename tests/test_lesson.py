@@ -439,3 +439,18 @@ def test_a_draft_shortened_by_max_new_tokens_says_so(traces):
     assert want in text
     full = next(s for s in tr.steps if len(s.draft_token_ids) == 3)
     assert "were left before max new tokens" not in plain(draft_chapter(tr, full).text)
+
+
+def test_a_run_still_streaming_is_not_taught_until_it_ends(traces):
+    """Lesson pressed during a run: its chapters would change under the lecturer (the trace grows), so the panel
+    says the run is still going; once the run has a stop reason (it finished, or Stop was pressed) it is taught."""
+    from specviz.ui.lesson import lesson_next, lesson_start, lesson_tick
+
+    trace = Trace.from_dict(traces["dm_greedy"].to_dict())
+    trace.stop_reason = ""  # a snapshot streamed mid-run
+    state = {"trace": trace.to_dict()}
+    for out in (lesson_start(state, None), lesson_next(state, None), lesson_tick(state, None)):
+        assert f"still going ({len(trace.steps)} steps so far)" in out[0] and out[1]["index"] == -1
+    trace.stop_reason = "stopped"
+    out = lesson_start({"trace": trace.to_dict()}, None)
+    assert out[1]["index"] == 0 and "still going" not in out[0]

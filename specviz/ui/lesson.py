@@ -33,6 +33,16 @@ IDLE = ("<div class='sv-lesson-idle'{present}>Lesson mode: after a run (or an up
         "<b>Lesson</b> to walk through it chapter by chapter: Next / Back (→ / ←), Play (space), or jump to a step."
         "</div>")
 NO_TRACE = "<div class='sv-lesson-idle'>There is no run to explain yet: press Run (or upload a trace), then Lesson.</div>"
+RUNNING = ("<div class='sv-lesson-idle'>The run is still going ({steps} steps so far): start the lesson when it has "
+           "finished, or press Stop to teach the steps it has made.</div>")
+
+
+def _not_ready(trace: Any) -> str | None:
+    """Why there is nothing to teach yet: no trace, or a run still streaming (no stop reason: its chapters would
+    change under the lecturer); None when the trace is complete."""
+    if trace is None or not trace.steps:
+        return NO_TRACE
+    return RUNNING.format(steps=len(trace.steps)) if not trace.stop_reason else None
 
 
 def new_lesson(full_steps: int | None = None, every_position: bool = False) -> dict[str, Any]:
@@ -93,15 +103,15 @@ def _skip(message: str, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
 def lesson_start(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
     """Lesson: the first chapter of the session's trace (a message when there is none)."""
     trace = _trace_of(state)
-    if trace is None or not trace.steps:
-        return _skip(NO_TRACE, lesson)
+    if _not_ready(trace):
+        return _skip(_not_ready(trace), lesson)
     return _show(trace, lesson or new_lesson(), 0)
 
 
 def _move(state: dict[str, Any] | None, lesson: dict[str, Any] | None, delta: int) -> tuple[Any, ...]:
     trace = _trace_of(state)
-    if trace is None or not trace.steps:
-        return _skip(NO_TRACE, lesson)
+    if _not_ready(trace):
+        return _skip(_not_ready(trace), lesson)
     lesson = lesson or new_lesson()
     return _show(trace, lesson, max(int(lesson.get("index", -1)), 0 if delta > 0 else 1) + delta)
 
@@ -121,8 +131,8 @@ def lesson_back(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
 def lesson_goto(state: dict[str, Any] | None, lesson: dict[str, Any] | None, step: Any) -> tuple[Any, ...]:
     """Jump to step: the first chapter of that step (clamped to the run's steps)."""
     trace = _trace_of(state)
-    if trace is None or not trace.steps:
-        return _skip(NO_TRACE, lesson)
+    if _not_ready(trace):
+        return _skip(_not_ready(trace), lesson)
     chapters = _chapters(trace, lesson)
     return _show(trace, lesson or new_lesson(), chapter_of_step(chapters, int(_number(step, 0))))
 
@@ -140,7 +150,7 @@ def lesson_tick(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
     trace = _trace_of(state)
     lesson = lesson or new_lesson()
     out = lesson_next(state, lesson)
-    count = len(_chapters(trace, lesson)) if trace is not None and trace.steps else 0
+    count = 0 if _not_ready(trace) else len(_chapters(trace, lesson))
     if out[1]["index"] < 0 or out[1]["index"] >= count - 1:
         return (*out[:1], {**out[1], "playing": False}, *out[2:], gr.Timer(active=False), gr.Button("Play"))
     return (*out, gr.skip(), gr.skip())
@@ -153,7 +163,7 @@ def _reform(state: dict[str, Any] | None, lesson: dict[str, Any] | None, **setti
     old = {**new_lesson(), **(lesson or {})}
     lesson = {**old, **setting}
     trace = _trace_of(state)
-    if lesson["index"] < 0 or trace is None or not trace.steps:
+    if lesson["index"] < 0 or _not_ready(trace):
         return (gr.skip(), lesson, *([gr.skip()] * 7))
     before, after = _chapters(trace, old), _chapters(trace, lesson)
     here = before[min(int(old["index"]), len(before) - 1)]
