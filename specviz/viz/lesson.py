@@ -113,6 +113,10 @@ def _no_draft_why(trace: Trace, st: Step) -> str:
     method = _method(trace, st)
     if method == "none":
         return "Method none never drafts: this is one plain decoding step of the target."
+    left = _tokens_left(trace, st)
+    if left is not None and left[0] == 1:  # the budget, not the proposer: the step's own token is the last one
+        return (f"Only 1 token was left before max new tokens = {left[1]}: the step's own token fills it, so "
+                "nothing is drafted and the target decodes that one token, as plain decoding would.")
     why = hook(trace, "no_draft_why")
     return (why(trace, st) if why is not None else None) or (
         f"The proposer {html.escape(method)} had nothing to suggest, so the target decodes one token, as plain "
@@ -134,14 +138,22 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
 def _capped_by_end(trace: Trace, st: Step) -> str:
     """The sentence for a step whose draft max_new_tokens shortened (the engine drafts at most the tokens left
     minus the step's own one), else ""."""
-    k_cfg, max_new = trace.config.get("num_speculative_tokens"), trace.config.get("max_new_tokens")
-    if not isinstance(k_cfg, int) or not isinstance(max_new, int):
+    k_cfg, left = trace.config.get("num_speculative_tokens"), _tokens_left(trace, st)
+    if not isinstance(k_cfg, int) or left is None:
         return ""
-    left = max_new - sum(len(s.committed_token_ids) for s in trace.steps[: st.index])
+    left, max_new = left
     if len(st.draft_token_ids) >= k_cfg or len(st.draft_token_ids) != left - 1:
         return ""
     return (f" Only {left} token(s) were left before max new tokens = {max_new}, so the step drafts {left - 1} "
             f"instead of k = {k_cfg}: its own token fills the last place.")
+
+
+def _tokens_left(trace: Trace, st: Step) -> tuple[int, int] | None:
+    """(tokens max_new_tokens still allowed when step ``st`` began, max_new_tokens), None without the setting."""
+    max_new = trace.config.get("max_new_tokens")
+    if not isinstance(max_new, int):
+        return None
+    return max_new - sum(len(s.committed_token_ids) for s in trace.steps[: st.index]), max_new
 
 
 # ---- 2. the target forward ------------------------------------------------------------------
