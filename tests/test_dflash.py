@@ -366,9 +366,12 @@ def test_sampled_slots_show_the_token_drawn_not_the_top_one(decoders):
     cell = dflash_html(tr, st.index).split(f"<div data-slot='{slot['slot']}'")[1].split("<div data-slot=")[0]
     drawn, top = (html_token(tr, slot[key], quote=True) for key in ("token_id", "top_token_id"))
     assert cell.index(drawn) < cell.index(f"top <code>{top}</code>") and f"q {slot['draft_prob']:.2f}" in cell
-    bars = {x: (text, y) for t in dflash_figure(tr, st.index).data[:-1] for x, text, y in zip(t.x, t.text, t.y)}
-    assert bars[slot["slot"]][1] == pytest.approx(slot["draft_prob"])
-    assert bars[slot["slot"]][0] == html_token(tr, slot["token_id"])[:8]
+    fig = dflash_figure(tr, st.index)
+    bars = {x: y for t in fig.data[:-1] for x, y in zip(t.x, t.y)}
+    assert bars[slot["slot"]] == pytest.approx(slot["draft_prob"])
+    ticks = dict(zip(fig.layout.xaxis.tickvals, fig.layout.xaxis.ticktext))  # labels under the axis, not on bars
+    assert ticks[slot["slot"]] == f"{slot['slot']}<br>{html_token(tr, slot['token_id'])[:8]}"
+    assert all(t.text is None for t in fig.data)
 
 
 def html_token(trace, token_id, quote=False):

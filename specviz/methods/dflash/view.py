@@ -111,11 +111,13 @@ def dflash_html(trace: Trace | dict[str, Any], step: int, position: int | None =
     layers = ", ".join(str(x) for x in m.get("target_layer_ids", []))
     ctx = m.get("context", {})
     added = _context_text(ctx)
-    conf = "softmax of the slot's logits" if greedy else "q, the slot's sampling distribution"
+    conf = ("the softmax of the slot's logits at its top token, which is its draft" if greedy else
+            "q, the slot's sampling distribution, at the token it drew (its draft; the slot's top token beside it "
+            "when the draw was another)")
     note = (f"<p style='font-size:13px;color:#374151'>DFlash filled the block [root, MASK × {m['block_size'] - 1}] in "
             f"<b>one</b> forward: every slot attends to every other slot and to the target's fused features (outputs "
             f"of layers {layers}) at positions 0..{m['root_position'] - 1}{added}. Slot i predicts the token at "
-            f"position {m['root_position']} + i. Confidence = {conf} at its top token; the first "
+            f"position {m['root_position']} + i. Each bar is {conf}; the first "
             f"{m['num_drafted']} slot{'s' * (m['num_drafted'] != 1)} went to the target.</p>")
     root = (f"<div data-slot='0' style='min-width:60px;padding:4px 6px;border:1px solid #d1d5db;border-radius:6px;"
             f"background:#dde3ea;font-size:12px'><div style='font-size:11px'>root · pos {m['root_position']}</div>"
@@ -141,9 +143,7 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
         mine = [(s, *_drawn(s)) for s, f in zip(slots, fates) if f == fate]
         fig.add_trace(go.Bar(
             x=[s["slot"] for s, _, _ in mine], y=[q for _, _, q in mine], name=fate,
-            marker={"color": _style(fate)[0], "line": {"color": "#374151", "width": 1}},
-            text=[html.escape(_short(trace, token)[:8], quote=False) for _, token, _ in mine],
-            textposition="outside", cliponaxis=False, hoverinfo="text",
+            marker={"color": _style(fate)[0], "line": {"color": "#374151", "width": 1}}, hoverinfo="text",
             hovertext=[f"slot {s['slot']} (position {s['position']}): drew {quoted(trace, token)}, q {q:.2f}"
                        + ("" if token == s["top_token_id"] else
                           f" (top {quoted(trace, s['top_token_id'])}, {s['top_prob']:.2f})") + f", {fate}"
@@ -152,11 +152,14 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     if rates:
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                  name="run: share of blocks keeping >= i", line={"color": "#16a34a"}))
-    fig.update_layout(height=300, margin={"l": 50, "r": 20, "t": 50, "b": 40}, plot_bgcolor="#ffffff",
+    # each slot's draft token under its slot number, not above the bar, where the run's rate line would cover it
+    ticks = [f"{s['slot']}<br>{html.escape(_short(trace, _drawn(s)[0])[:8], quote=False)}" for s in slots]
+    fig.update_layout(height=320, margin={"l": 50, "r": 20, "t": 50, "b": 60}, plot_bgcolor="#ffffff",
                       title={"text": f"step {st.index}: the block from one forward", "font": {"size": 13}},
-                      xaxis={"title": "mask slot i (predicts position root + i)", "dtick": 1},
+                      xaxis={"title": "mask slot i (predicts position root + i) and its draft token",
+                             "tickvals": [s["slot"] for s in slots], "ticktext": ticks},
                       yaxis={"range": [0, 1.15], "title": "q(draft token) / rate"},
-                      legend={"orientation": "h", "y": -0.3}, barmode="overlay")
+                      legend={"orientation": "h", "y": -0.38}, barmode="overlay")
     return fig
 
 
