@@ -84,7 +84,7 @@ def strips_figure(comparison: Comparison, prompt: int, seed: int, position: int 
     fig.add_trace(go.Scatter(x=ticks_x, y=ticks_y, mode="markers", hoverinfo="skip", showlegend=False,
                              marker={"symbol": "line-ns", "size": 22, "line": {"width": 2, "color": "#111827"}}))
     for f in STRIP_FATES:  # legend entries
-        label = {"recovered": "recovered (a draft token was rejected here)", "target": "plain (no draft this step)"}
+        label = {"recovered": "recovered (a draft token was rejected here)"}  # "target": the single-run views' words
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=label.get(f, FATE_STYLE[f][2]),
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[f][0]}))
     if position is not None and 1 <= position <= n:
