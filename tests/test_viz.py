@@ -600,22 +600,64 @@ def test_a_grid_longer_than_its_rows_says_which_steps_it_shows():
     assert len(title) * 7.5 <= 480  # fits the grid's half of a 1024 px page at 14 px
 
 
-def test_bar_labels_never_strand_one_letter():
-    from specviz.viz.residual import TICK_LINE, _two_lines
+def test_bar_labels_never_split_a_token():
+    """Each bar label is its token whole ("␣for" / "ward" read as two tokens): short ones share one line; when one is
+    longer than a bar, every second label moves down a line, so each has two bars' width."""
+    from specviz.viz.residual import TICK_LINE, bar_labels
 
-    assert _two_lines("␣hidden") == "␣<br>hidden"  # the space mark alone, the word whole
-    assert _two_lines("attention") == "atten<br>tion"
-    assert _two_lines("abc") == "abc"
-    for word in ("␣return", "attention", "␣hidden", "x" * (TICK_LINE + 1), "&lt;|endoftext|&gt;"):
-        lines = _two_lines(word).split("<br>")
-        assert len(lines) <= 2 and all(len(x.replace("&lt;", "<").replace("&gt;", ">")) <= TICK_LINE for x in lines)
-        assert min(len(x) for x in lines) > 1 or lines[0] in "␣↵", word
+    assert bar_labels(["abc", "t1", "&lt;|x"]) == ["abc", "t1", "&lt;|x"]
+    long = ["␣forward", "ibility", "x", "&lt;|endoftext|&gt;", "␣hidden"]
+    assert bar_labels(long) == ["␣forward", "<br>ibility", "x", "<br>&lt;|endoftext|&gt;", "␣hidden"]
+    assert all(len(t) <= TICK_LINE for t in bar_labels(["x" * TICK_LINE] * 3))
+
+
+def test_residual_captions_never_break_inside_a_formula_or_a_token():
+    """The caption wraps only between units: "Z = Σ max(p−q, 0) = 0.3515" and "u = … > min(1, p/q) = …" stay on one
+    line (the caption read "Z = Σ max(p−q," / "0) = 0.3515"); prose still wraps at its spaces."""
+    from specviz.viz.common import wrap_units
+
+    line = "u = 0.2741 > min(1, p/q) = 0.01956: rejected  ·  Z = Σ max(p−q, 0) = 0.3515"
+    for width in (20, 40, 56, 64, 72):
+        lines = wrap_units(line, width)
+        assert " ".join(" ".join(lines).split()) == " ".join(line.split())
+        assert any("Z = Σ max(p−q, 0) = 0.3515" in w for w in lines), (width, lines)
+        assert any("u = 0.2741 > min(1, p/q) = 0.01956:" in w for w in lines), (width, lines)
+    assert wrap_units("an accepted token (from the draft) then prose", 12) == [
+        "an accepted", "token (from", "the draft)", "then prose"]
+    assert wrap_units("normalize(max(P_τ·p − q, 0)) here", 10) == ["normalize(max(P_τ·p − q, 0))", "here"]
+    tr = handmade()
+    tr.token_texts["12"] = " forwardibility"
+    caption = next(a.text for a in residual_figure(tr, 0, 3).layout.annotations if a.name == "caption")
+    lines = [re.sub(r"<[^>]+>", "", w) for w in caption.split("<br>")]
+    assert "Z = Σ max(p−q, 0) = 0.5" in lines and any("‘␣forwardibility’" in w for w in lines)
+
+
+def test_adjacent_drafted_and_recovered_labels_keep_clear_of_each_others_arrow():
+    """When the rejected draft token's bar and the recovered token's bar are close, the lower label sits beside its
+    arrow on the side away from the other mark, so the upper label's arrow does not run through it (the arrow of
+    "recovered: ␣__" crossed "drafted x3: ␣forward"); far apart, both labels stay centred on their arrows."""
+    from specviz.viz.residual import CLOSE_BARS, mark_places
+
+    def marks(fig):
+        return sorted((a for a in fig.layout.annotations if a.showarrow), key=lambda a: a.ay)
+
+    tr = handmade()  # bars: t12 (drafted x3), t99, t20 (recovered)
+    lower, upper = marks(residual_figure(tr, 0, 3))
+    assert {lower.text.split(":")[0], upper.text.split(":")[0]} == {"drafted x3", "recovered"}
+    assert lower.ay < upper.ay and lower.ax == lower.x and upper.ax == upper.x  # vertical arrows, two levels
+    assert upper.xanchor == "center" and lower.xanchor == ("left" if lower.x > upper.x else "right")  # away
+    assert mark_places([0, 1], 10) == [(1, "center"), (0, "left")]  # the recovered token first: rightwards
+    assert mark_places([1, 0], 10) == [(0, "left"), (1, "center")]
+    assert mark_places([9, 8], 10) == [(1, "center"), (0, "right")]  # no room on the right: leftwards
+    assert mark_places([0, CLOSE_BARS + 1], 10) == [(0, "center"), (1, "center")]
+    assert mark_places([4], 10) == [(0, "center")]
 
 
 def test_a_second_line_of_bar_labels_gets_room_below_the_bars():
-    """A two-line bar label ('␣' / 'hidden') keeps its second line clear of what lies below the bars: the legend (a
-    greedy step, where it hid 'hidden') or the accept test's row (moved down by TWO_LINE_GAP); one-line labels keep
-    the usual geometry. The labels grow less than the rest in the presentation layout (meta.tick_scale)."""
+    """A second line of bar labels (every second one, when '␣hidden' is longer than a bar) keeps clear of what lies
+    below the bars: the legend (a greedy step, where it hid 'hidden') or the accept test's row (moved down by
+    TWO_LINE_GAP); one-line labels keep the usual geometry. The labels grow less than the rest in the presentation
+    layout (meta.tick_scale)."""
     from specviz.viz.residual import PRESENT_BAR_TICK_SCALE, TWO_LINE_GAP
 
     def figure(texts: dict[str, str], verify: str):
@@ -625,7 +667,8 @@ def test_a_second_line_of_bar_labels_gets_room_below_the_bars():
         return residual_figure(tr, 0, 3)
 
     short, long = figure({}, "standard"), figure({"12": " hidden"}, "standard")
-    assert "<br>" not in "".join(short.layout.xaxis.ticktext) and "␣<br>hidden" in long.layout.xaxis.ticktext
+    assert "<br>" not in "".join(short.layout.xaxis.ticktext) and "<br>" in "".join(long.layout.xaxis.ticktext)
+    assert "␣hidden" in [t.removeprefix("<br>") for t in long.layout.xaxis.ticktext]
     assert long.layout.yaxis.domain[0] == pytest.approx(short.layout.yaxis.domain[0] + TWO_LINE_GAP)
     assert long.layout.yaxis2.domain == short.layout.yaxis2.domain  # the accept test's row stays where it was
     assert long.layout.meta["tick_scale"] == {"xaxis": PRESENT_BAR_TICK_SCALE}
