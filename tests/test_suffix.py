@@ -94,3 +94,4 @@ def test_tree_figure_counts_tokens_after_the_match_from_one():
     assert fig.layout.xaxis.title.text == "tokens after the match" and list(fig.layout.xaxis.tickvals) == [1, 2, 3]
     lo, hi = fig.layout.xaxis.range
     assert lo < at["context"] and hi > 3
+    assert "px" not in fig.layout.title.text  # its explanation lines in em: they grow with the presentation layout

@@ -674,3 +674,50 @@ def test_a_second_line_of_bar_labels_gets_room_below_the_bars():
     assert long.layout.meta["tick_scale"] == {"xaxis": PRESENT_BAR_TICK_SCALE}
     greedy_short, greedy_long = figure({}, "greedy"), figure({"12": " hidden"}, "greedy")
     assert greedy_long.layout.legend.y < greedy_short.layout.legend.y
+
+
+def _px_sizes_outside_annotations(fig) -> list[str]:
+    """Inline px font sizes in the figure's title and axis titles: the presentation layout scales the fonts of the
+    layout, titles, annotations and tick labels (specviz/ui/lesson_script.py svScale), not a px size inside those."""
+    texts = [fig.layout.title.text or ""] + [ax.title.text or "" for ax in (fig.layout[k] for k in fig.layout
+                                                                            if k.startswith(("xaxis", "yaxis")))]
+    return [m for t in texts for m in re.findall(r"font-size:\s*[0-9.]+px", t)]
+
+
+def test_small_figure_texts_grow_with_the_presentation_layout():
+    """The accept test's caption under its bar, the block test's key and the n-gram trie's explanation lines stayed at
+    11 px in the presentation layout: none has a size of its own that the layout's scaling skips (an axis title's
+    font size, a px size in a title); each is a size relative to its title's font, which the scaling reaches. The
+    block key is two lines, so that it fits half a 1920 px screen at that size."""
+    from specviz.viz.accept_test import CAPTION_EM
+    from specviz.viz.residual import residual_figure
+
+    tr = handmade()
+    fig = residual_figure(tr, 0, 3)
+    gauge_axis = fig.layout.xaxis2
+    assert gauge_axis.title.text.startswith("<span style='font-size:") and "u ~ Uniform(0, 1)" in gauge_axis.title.text
+    assert gauge_axis.title.font.size is None and f"{CAPTION_EM:g}em" in gauge_axis.title.text
+    assert _px_sizes_outside_annotations(fig) == []
+    st = tr.steps[0]
+    tr.config = {**tr.config, "verify": "block"}
+    st.block = {"P": [1.0, 1.0, 0.1], "h": [1.0, 1.0, 0.05], "eta": [0.2, 0.3, 0.9], "tau": 2}
+    block = residual_figure(tr, 0, 3)
+    key = block.layout.xaxis3.title
+    assert key.font.size is None and key.text.count("<br>") == 1 and "teal bar h_i" in key.text and "◆ η_i" in key.text
+    assert all(len(re.sub(r"<[^>]+>", "", w)) <= 56 for w in key.text.split("<br>"))
+    assert _px_sizes_outside_annotations(block) == []
+    trie = trie_figure(tr, 0)
+    assert _px_sizes_outside_annotations(trie) == [] and "em'>×count = how many occurrences" in trie.layout.title.text
+
+
+def test_the_ngram_match_box_takes_the_presentation_layouts_type():
+    """The n-gram match's monospace context (13 px) and its legend have classes that lesson.css enlarges under
+    body.sv-present, as are the methods' definitions under the method choice (gradio's 12 px info text)."""
+    from specviz.ui.layout import LESSON_CSS_PATH
+
+    page = match_context_html(handmade(), 0)
+    assert 'class="sv-match-legend"' in page and 'class="sv-match-text"' in page
+    css = LESSON_CSS_PATH.read_text()
+    for selector in (".sv-match-text", ".sv-match-legend", "#sv-method .info-text"):
+        rule = re.search(rf"body\.sv-present {re.escape(selector)} {{ font-size: (\d+)px !important; }}", css)
+        assert rule and int(rule.group(1)) >= 16, selector

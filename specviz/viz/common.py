@@ -291,6 +291,13 @@ def nothing_drafted(step_index: int, who: str) -> str:
             "nothing (no target feature yet, or no room left before max_new_tokens).</div>")
 
 
+def small_lines(lines: list[str], share: float = 0.85) -> str:
+    """``lines`` joined by "<br>", each in a span of ``share`` times its text's font size: a size relative to the
+    title's or axis title's own, so it grows with the presentation layout's figure fonts (which leave a px size
+    inside a title's text as it is)."""
+    return "<br>".join(f"<span style='font-size:{share:g}em'>{w}</span>" for w in lines)
+
+
 NBSP = "\u00a0"
 BOUND_OPERATOR = re.compile(r" +([=<>≤≥~→+−×÷]) +")  # a binary operator holds its two operands on one line
 

@@ -26,7 +26,7 @@ MAX_BARS = 10
 WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px window
 P_COLOUR, Q_COLOUR, R_COLOUR = "#2563eb", "#f97316", "#16a34a"
 HOLLOW = "hollow:"  # a series colour with this prefix: outlined bars (the residual of a position not sampled)
-BLOCK_LEGEND_PX = 62  # the legend's top, in pixels below the block panel (its two-line ticks and caption)
+BLOCK_LEGEND_PX = 76  # the legend's top, in pixels below the block panel (its two-line ticks and caption)
 
 
 def message_figure(text: str, height: int = 260) -> go.Figure:

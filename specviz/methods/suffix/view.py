@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, fmt_prob, label, quoted, token_code
+from specviz.viz.common import as_trace, fmt_prob, label, quoted, small_lines, token_code
 from specviz.viz.residual import message_figure
 
 MAX_BRANCHES = 6  # candidates drawn (highest scores; the chosen one always)
@@ -76,9 +76,10 @@ def suffix_tree_figure(trace: Trace, step: Step) -> go.Figure:
         height=min(190 + 50 * rows, 560), plot_bgcolor="#ffffff", margin={"l": 20, "r": 20, "t": 96, "b": 40},
         title={"text": f"suffix decoding: {len(branches)} candidate(s) of "
                        f"{sum(1 for c in step.match.get('candidates', []) if c.get('draft'))}<br>"
-                       "<span style='font-size:11px'>each branch: the last m tokens matched in a suffix tree<br>"
-                       "(local = this request, global = earlier outputs), then its continuation<br>"
-                       "with running probabilities; blue = the best score, the draft</span>", "font": {"size": 13}},
+                       + small_lines(["each branch: the last m tokens matched in a suffix tree",
+                                      "(local = this request, global = earlier outputs), then its continuation",
+                                      "with running probabilities; blue = the best score, the draft"]),
+               "font": {"size": 13}},
         xaxis={"title": "tokens after the match", "tickvals": list(range(1, depth + 1)), "range": [-1.5, depth + 0.6]},
         yaxis={"visible": False, "range": [rows - 0.5, -0.8]},
     )
