@@ -26,7 +26,7 @@ MAX_BARS = 10
 WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px window
 P_COLOUR, Q_COLOUR, R_COLOUR = "#2563eb", "#f97316", "#16a34a"
 HOLLOW = "hollow:"  # a series colour with this prefix: outlined bars (the residual of a position not sampled)
-BLOCK_LEGEND_PX = 76  # the legend's top, in pixels below the block panel (its two-line ticks and caption)
+BLOCK_LEGEND_PX = 62  # the legend's top, in pixels below the block panel (its two-line ticks and caption)
 
 
 def message_figure(text: str, height: int = 260) -> go.Figure:
@@ -129,13 +129,19 @@ PRESENT_BAR_TICK_SCALE = 1.15
 
 def bar_labels(labels: list[str]) -> list[str]:
     """The bar labels (HTML-escaped, from :func:`~specviz.viz.common.label`), each token whole on one line: when one
-    is longer than TICK_LINE characters, every second label moves down a line, so that each has two bars' width
-    (a token broken inside, "␣for" / "ward", read as two tokens)."""
+    is longer than TICK_LINE characters, every second label from the first moves down a line, so that each has two
+    bars' width (a token broken inside, "␣for" / "ward", read as two tokens); the first and the last, beside the
+    plot's ends, are cut to a bar and a half ("…")."""
     import html as html_lib
 
-    if all(len(html_lib.unescape(t)) <= TICK_LINE for t in labels):
+    raw = [html_lib.unescape(t) for t in labels]
+    if all(len(t) <= TICK_LINE for t in raw):
         return list(labels)
-    return [f"<br>{t}" if j % 2 else t for j, t in enumerate(labels)]
+    edge = TICK_LINE + TICK_LINE // 2  # the first and last label have a bar and a half: the plot ends beside them
+    raw = [t[:edge - 1] + "…" if j in (0, len(raw) - 1) and len(t) > edge else t for j, t in enumerate(raw)]
+    # the first label on the second line: on the first, a long one ran into the probability axis's "0"
+    return [html_lib.escape(t, quote=False) if j % 2 else f"<br>{html_lib.escape(t, quote=False)}"
+            for j, t in enumerate(raw)]
 
 
 def prob_ticks(top: float) -> list[float]:
