@@ -114,7 +114,7 @@ def test_a_single_k_is_drawn_per_configuration_not_spread_around_k():
     methods = ("ngram", "ngram_gpu", "suffix", "draft_model")
     fig = ksweep_figure([_row(m, 5) for m in methods])
     assert fig.layout.xaxis.type == fig.layout.xaxis2.type == "category"
-    assert "at k = 5" in fig.layout.annotations[0].text and fig.layout.showlegend is False
+    assert "at k = 5" in fig.layout.annotations[0].text
     measured = [d for d in fig.data if d.showlegend is not False]
     assert [list(d.x) for d in measured] == [[m] for m in methods]
     theory = [d for d in fig.data if d.name.startswith("theory")]
@@ -122,6 +122,24 @@ def test_a_single_k_is_drawn_per_configuration_not_spread_around_k():
     sweep = ksweep_figure([_row(m, k) for m in methods for k in (2, 4)])  # several k: the sweep as before
     assert sweep.layout.xaxis.type != "category"
     assert all(abs(x - k) < 0.5 for d in sweep.data if d.customdata is not None for x, k in zip(d.x, d.customdata))
+
+
+def test_a_single_k_pads_its_configurations_and_names_their_markers():
+    """With one k ("same draft, every rule") the first and last configuration sat on the plot's edges, the last
+    marker half clipped, and nothing said what the marker shapes meant: half a category of room at each end, and a
+    legend (under the slanted names) with each configuration's marker, named as on the axis."""
+    from specviz.viz.ksweep import ONE_K_LEGEND_PX
+
+    rows = [dict(_row("draft_model", 4), verify=v, temperature=1.0) for v in ("standard", "block")]
+    fig = ksweep_figure(rows)
+    assert list(fig.layout.xaxis.range) == list(fig.layout.xaxis2.range) == [-0.5, 1.5]
+    assert fig.layout.showlegend is not False
+    legend = [d for d in fig.data if d.showlegend is not False]
+    assert [(d.name, d.mode) for d in legend] == [("draft_model standard", "markers"), ("draft_model block", "markers")]
+    assert len({d.marker.symbol for d in legend}) == 2  # the shapes it explains differ
+    assert fig.layout.legend.yref == "container" and fig.layout.legend.y == 0 and fig.layout.margin.b == ONE_K_LEGEND_PX
+    sweep = ksweep_figure([dict(r, k=k) for r in rows for k in (2, 4)])  # several k: a k axis, autoranged
+    assert sweep.layout.xaxis.range is None and sweep.layout.legend.yref is None
 
 
 def test_measured_speedups_carry_the_tables_range_as_bars():

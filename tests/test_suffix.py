@@ -70,3 +70,28 @@ def test_a_new_request_drafts_from_its_own_tokens_only(reset):
     if reset:
         prop.reset()
     assert prop.propose([5, 1, 2]).token_ids.tolist() == []
+
+
+def test_tree_figure_counts_tokens_after_the_match_from_one():
+    """The x axis is titled "tokens after the match": a candidate's first drafted token sits at x = 1 and its match
+    node left of it at 0 (the match at 1 and the first token at 2 read as one token too many)."""
+    from specviz.methods.suffix.view import suffix_tree_figure
+    from specviz.trace import Emitted, Step, Trace, compute_metrics
+
+    long = {"source": "local", "match_length": 3, "draft": [10, 11, 12], "probs": [0.9, 0.8, 0.5], "score": 2.2}
+    short = {"source": "global", "match_length": 1, "draft": [13], "probs": [0.4], "score": 0.4}
+    st = Step(0, "suffix", [10, 11, 12], 3, Emitted(4, 14, "bonus", 0.7, [[14, 0.7]]), [], [10, 11, 12, 14],
+              match={"kind": "suffix", "candidates": [long, short], "chosen": long})
+    tr = Trace(config={"method": "suffix", "num_speculative_tokens": 3, "verify": "greedy"}, prompt_token_ids=[1],
+               prompt_text="t1", steps=[st], output_token_ids=[10, 11, 12, 14],
+               token_texts={str(t): f"t{t}" for t in range(1, 15)}, metrics=compute_metrics([st], 3))
+    fig = suffix_tree_figure(tr, st)
+    nodes = fig.data[-1]
+    at = {text.split()[0]: x for x, text in zip(nodes.x, nodes.text)}
+    assert at["m=3"] == 0 and at["m=1"] == 0 and at["context"] < 0
+    assert [x for x, text in zip(nodes.x, nodes.text) if text.startswith(("t10", "t11", "t12"))] == [1, 2, 3]
+    assert at["t13"] == 1  # every candidate's first token at 1, whatever its match length
+    assert fig.layout.xaxis.title.text == "tokens after the match" and list(fig.layout.xaxis.tickvals) == [1, 2, 3]
+    lo, hi = fig.layout.xaxis.range
+    assert lo < at["context"] and hi > 3
+    assert "px" not in fig.layout.title.text  # its explanation lines in em: they grow with the presentation layout

@@ -600,22 +600,67 @@ def test_a_grid_longer_than_its_rows_says_which_steps_it_shows():
     assert len(title) * 7.5 <= 480  # fits the grid's half of a 1024 px page at 14 px
 
 
-def test_bar_labels_never_strand_one_letter():
-    from specviz.viz.residual import TICK_LINE, _two_lines
+def test_bar_labels_never_split_a_token():
+    """Each bar label is its token whole ("␣for" / "ward" read as two tokens): short ones share one line; when one is
+    longer than a bar, every second label from the first moves down a line, so each has two bars' width, and the
+    first and last (a bar and a half beside the plot's ends: a long first one ran into the probability axis's "0")
+    are cut with "…" past that."""
+    from specviz.viz.residual import TICK_LINE, bar_labels
 
-    assert _two_lines("␣hidden") == "␣<br>hidden"  # the space mark alone, the word whole
-    assert _two_lines("attention") == "atten<br>tion"
-    assert _two_lines("abc") == "abc"
-    for word in ("␣return", "attention", "␣hidden", "x" * (TICK_LINE + 1), "&lt;|endoftext|&gt;"):
-        lines = _two_lines(word).split("<br>")
-        assert len(lines) <= 2 and all(len(x.replace("&lt;", "<").replace("&gt;", ">")) <= TICK_LINE for x in lines)
-        assert min(len(x) for x in lines) > 1 or lines[0] in "␣↵", word
+    assert bar_labels(["abc", "t1", "&lt;|x"]) == ["abc", "t1", "&lt;|x"]
+    long = ["␣forward", "ibility", "x", "&lt;|endoftext|&gt;", "␣hidden"]
+    assert bar_labels(long) == ["<br>␣forward", "ibility", "<br>x", "&lt;|endoftext|&gt;", "<br>␣hidden"]
+    assert bar_labels(["&lt;|endoftext|&gt;", "a", "␣hidden_size"]) == ["<br>&lt;|endoft…", "a", "<br>␣hidden_…"]
+    assert all(len(t) <= TICK_LINE for t in bar_labels(["x" * TICK_LINE] * 3))
+
+
+def test_residual_captions_never_break_inside_a_formula_or_a_token():
+    """The caption wraps only between units: "Z = Σ max(p−q, 0) = 0.3515" and "u = … > min(1, p/q) = …" stay on one
+    line (the caption read "Z = Σ max(p−q," / "0) = 0.3515"); prose still wraps at its spaces."""
+    from specviz.viz.common import wrap_units
+
+    line = "u = 0.2741 > min(1, p/q) = 0.01956: rejected  ·  Z = Σ max(p−q, 0) = 0.3515"
+    for width in (20, 40, 56, 64, 72):
+        lines = wrap_units(line, width)
+        assert " ".join(" ".join(lines).split()) == " ".join(line.split())
+        assert any("Z = Σ max(p−q, 0) = 0.3515" in w for w in lines), (width, lines)
+        assert any("u = 0.2741 > min(1, p/q) = 0.01956:" in w for w in lines), (width, lines)
+    assert wrap_units("an accepted token (from the draft) then prose", 12) == [
+        "an accepted", "token (from", "the draft)", "then prose"]
+    assert wrap_units("normalize(max(P_τ·p − q, 0)) here", 10) == ["normalize(max(P_τ·p − q, 0))", "here"]
+    tr = handmade()
+    tr.token_texts["12"] = " forwardibility"
+    caption = next(a.text for a in residual_figure(tr, 0, 3).layout.annotations if a.name == "caption")
+    lines = [re.sub(r"<[^>]+>", "", w) for w in caption.split("<br>")]
+    assert "Z = Σ max(p−q, 0) = 0.5" in lines and any("‘␣forwardibility’" in w for w in lines)
+
+
+def test_adjacent_drafted_and_recovered_labels_keep_clear_of_each_others_arrow():
+    """When the rejected draft token's bar and the recovered token's bar are close, the lower label sits beside its
+    arrow on the side away from the other mark, so the upper label's arrow does not run through it (the arrow of
+    "recovered: ␣__" crossed "drafted x3: ␣forward"); far apart, both labels stay centred on their arrows."""
+    from specviz.viz.residual import CLOSE_BARS, mark_places
+
+    def marks(fig):
+        return sorted((a for a in fig.layout.annotations if a.showarrow), key=lambda a: a.ay)
+
+    tr = handmade()  # bars: t12 (drafted x3), t99, t20 (recovered)
+    lower, upper = marks(residual_figure(tr, 0, 3))
+    assert {lower.text.split(":")[0], upper.text.split(":")[0]} == {"drafted x3", "recovered"}
+    assert lower.ay < upper.ay and lower.ax == lower.x and upper.ax == upper.x  # vertical arrows, two levels
+    assert upper.xanchor == "center" and lower.xanchor == ("left" if lower.x > upper.x else "right")  # away
+    assert mark_places([0, 1], 10) == [(1, "center"), (0, "left")]  # the recovered token first: rightwards
+    assert mark_places([1, 0], 10) == [(0, "left"), (1, "center")]
+    assert mark_places([9, 8], 10) == [(1, "center"), (0, "right")]  # no room on the right: leftwards
+    assert mark_places([0, CLOSE_BARS + 1], 10) == [(0, "center"), (1, "center")]
+    assert mark_places([4], 10) == [(0, "center")]
 
 
 def test_a_second_line_of_bar_labels_gets_room_below_the_bars():
-    """A two-line bar label ('␣' / 'hidden') keeps its second line clear of what lies below the bars: the legend (a
-    greedy step, where it hid 'hidden') or the accept test's row (moved down by TWO_LINE_GAP); one-line labels keep
-    the usual geometry. The labels grow less than the rest in the presentation layout (meta.tick_scale)."""
+    """A second line of bar labels (every second one, when '␣hidden' is longer than a bar) keeps clear of what lies
+    below the bars: the legend (a greedy step, where it hid 'hidden') or the accept test's row (moved down by
+    TWO_LINE_GAP); one-line labels keep the usual geometry. The labels grow less than the rest in the presentation
+    layout (meta.tick_scale)."""
     from specviz.viz.residual import PRESENT_BAR_TICK_SCALE, TWO_LINE_GAP
 
     def figure(texts: dict[str, str], verify: str):
@@ -625,9 +670,58 @@ def test_a_second_line_of_bar_labels_gets_room_below_the_bars():
         return residual_figure(tr, 0, 3)
 
     short, long = figure({}, "standard"), figure({"12": " hidden"}, "standard")
-    assert "<br>" not in "".join(short.layout.xaxis.ticktext) and "␣<br>hidden" in long.layout.xaxis.ticktext
+    assert "<br>" not in "".join(short.layout.xaxis.ticktext) and "<br>" in "".join(long.layout.xaxis.ticktext)
+    assert "␣hidden" in [t.removeprefix("<br>") for t in long.layout.xaxis.ticktext]
     assert long.layout.yaxis.domain[0] == pytest.approx(short.layout.yaxis.domain[0] + TWO_LINE_GAP)
     assert long.layout.yaxis2.domain == short.layout.yaxis2.domain  # the accept test's row stays where it was
     assert long.layout.meta["tick_scale"] == {"xaxis": PRESENT_BAR_TICK_SCALE}
     greedy_short, greedy_long = figure({}, "greedy"), figure({"12": " hidden"}, "greedy")
     assert greedy_long.layout.legend.y < greedy_short.layout.legend.y
+
+
+def _px_sizes_outside_annotations(fig) -> list[str]:
+    """Inline px font sizes in the figure's title and axis titles: the presentation layout scales the fonts of the
+    layout, titles, annotations and tick labels (specviz/ui/lesson_script.py svScale), not a px size inside those."""
+    texts = [fig.layout.title.text or ""] + [ax.title.text or "" for ax in (fig.layout[k] for k in fig.layout
+                                                                            if k.startswith(("xaxis", "yaxis")))]
+    return [m for t in texts for m in re.findall(r"font-size:\s*[0-9.]+px", t)]
+
+
+def test_small_figure_texts_grow_with_the_presentation_layout():
+    """The accept test's caption under its bar, the block test's key and the n-gram trie's explanation lines stayed at
+    11 px in the presentation layout: none has a size of its own that the layout's scaling skips (an axis title's
+    font size, a px size in a title); each is a size relative to its title's font, which the scaling reaches. The
+    block key is one line short enough for half a 1280 px screen at that size (a second line pushed the block rows
+    below the fold under a lesson's chapter)."""
+    from specviz.viz.accept_test import CAPTION_EM
+    from specviz.viz.residual import residual_figure
+
+    tr = handmade()
+    fig = residual_figure(tr, 0, 3)
+    gauge_axis = fig.layout.xaxis2
+    assert gauge_axis.title.text.startswith("<span style='font-size:") and "u ~ Uniform(0, 1)" in gauge_axis.title.text
+    assert gauge_axis.title.font.size is None and f"{CAPTION_EM:g}em" in gauge_axis.title.text
+    assert _px_sizes_outside_annotations(fig) == []
+    st = tr.steps[0]
+    tr.config = {**tr.config, "verify": "block"}
+    st.block = {"P": [1.0, 1.0, 0.1], "h": [1.0, 1.0, 0.05], "eta": [0.2, 0.3, 0.9], "tau": 2}
+    block = residual_figure(tr, 0, 3)
+    key = block.layout.xaxis3.title
+    assert key.font.size is None and "teal bar h_i" in key.text and "◆ η_i" in key.text
+    assert "<br>" not in key.text and len(re.sub(r"<[^>]+>", "", key.text)) <= 72
+    assert _px_sizes_outside_annotations(block) == []
+    trie = trie_figure(tr, 0)
+    assert _px_sizes_outside_annotations(trie) == [] and "em'>×count = how many occurrences" in trie.layout.title.text
+
+
+def test_the_ngram_match_box_takes_the_presentation_layouts_type():
+    """The n-gram match's monospace context (13 px) and its legend have classes that lesson.css enlarges under
+    body.sv-present, as are the methods' definitions under the method choice (gradio's 12 px info text)."""
+    from specviz.ui.layout import LESSON_CSS_PATH
+
+    page = match_context_html(handmade(), 0)
+    assert 'class="sv-match-legend"' in page and 'class="sv-match-text"' in page
+    css = LESSON_CSS_PATH.read_text()
+    for selector in (".sv-match-text", ".sv-match-legend", "#sv-method .info-text"):
+        rule = re.search(rf"body\.sv-present {re.escape(selector)} {{ font-size: (\d+)px !important; }}", css)
+        assert rule and int(rule.group(1)) >= 16, selector

@@ -127,7 +127,7 @@ def _controls(examples: list[dict]) -> dict[str, gr.components.Component]:
     c["prompt"] = gr.Textbox(label="Prompt", lines=6, max_lines=14, elem_id="sv-prompt",
                              value=examples[0]["prompt"] if examples else "")
     first = (examples[0].get("settings", {}) if examples else {}).get("method", methods.names()[1])
-    c["method"] = gr.Radio(list(methods.names()), value=first, label="Method (proposer)",
+    c["method"] = gr.Radio(list(methods.names()), value=first, label="Method (proposer)", elem_id="sv-method",
                            info=_method_info() + " (head methods need trained weights)")
     # the chosen method's session state (e.g. suffix's tree of earlier outputs) and its reset: only for such methods
     with gr.Row(equal_height=True, visible=h.state_row(first).visible, elem_id="sv-state-row") as c["state_row"]:

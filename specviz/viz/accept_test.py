@@ -11,11 +11,12 @@ import plotly.graph_objects as go
 
 from specviz.trace import Position, Step
 
-from .common import fmt_prob, tokenwise_accepted
+from .common import fmt_prob, small_lines, tokenwise_accepted
 
 B_COLOUR = "#9333ea"  # block verification's P_i line (and the block residual's bars)
 # the block panel's min(1, p/q) dashes: the colour and the word its axis caption names them by
 RATIO_COLOUR, RATIO_COLOUR_WORD = "#6b7280", "grey"
+CAPTION_EM = 0.786  # the axis captions: 11 px of an axis title's 14 (1.2x the layout's font), 16 px of its 20 presented
 
 
 TREE_TEST_NAME = {  # the acceptance probability a tree node is tested against (specviz/sampling/tree.py)
@@ -88,9 +89,10 @@ def gauge(fig: go.Figure, verify: str, pos: Position, block: dict[str, Any] | No
                                      "line": {"width": 1, "color": "#111827"}},
                              name=f"{sym} (the uniform drawn)", showlegend=False, hovertemplate=f"{sym} = %{{x:.4f}}<extra></extra>"),
                   row=row, col=1)
-    fig.update_xaxes(range=[0, 1.02], row=row, col=1, title_standoff=4, title_font={"size": 11},
-                     title_text=(f"{sym} ~ Uniform(0, 1): green = pass ({sym} ≤ {name}), red = fail; τ = the last pass"
-                                 if sym != "u" else f"u ~ Uniform(0, 1): green = accept (u ≤ {name}), red = reject"))
+    # in a relative size under the layout's font, which the presentation layout scales (a title_font size it skips)
+    fig.update_xaxes(range=[0, 1.02], row=row, col=1, title_standoff=4, title_text=small_lines(
+        [f"{sym} ~ Uniform(0, 1): green = pass ({sym} ≤ {name}), red = fail; τ = the last pass"
+         if sym != "u" else f"u ~ Uniform(0, 1): green = accept (u ≤ {name}), red = reject"], CAPTION_EM))
     fig.update_yaxes(showticklabels=False, row=row, col=1)
     return sentence
 
@@ -124,8 +126,10 @@ def block_panel(fig: go.Figure, step: Step, row: int) -> str:
     tau = int(b.get("tau", step.num_accepted))
     tokenwise = tokenwise_accepted(step)
     fig.update_yaxes(range=[0, 1.05], title_text="block test", row=row, col=1)
-    fig.update_xaxes(title_text=f"teal bar h_i · purple line P_i · {RATIO_COLOUR_WORD} dash min(1, p/q) · ◆ η_i "
-                                "(green passes, red fails)", title_font={"size": 11}, title_standoff=2,
+    # one short line: a longer one ran past the half-width figure in the presentation layout's type, and a second
+    # line pushed the block rows below the fold under a lesson's chapter at 1280x720
+    fig.update_xaxes(title_text=small_lines([f"teal bar h_i · purple P_i · {RATIO_COLOUR_WORD} dash min(1, p/q) · "
+                                             "◆ η_i: green passes"], CAPTION_EM), title_standoff=2,
                      tickvals=x, ticktext=[f"{xi}<br>h={fmt_prob(v)}" for xi, v in zip(x, b["h"][:k])], row=row, col=1)
     return (f"block: τ = last i with η_i ≤ h_i = {tau} → {tau} token(s) accepted. With these same uniforms "
             f"token-wise verification (η_i ≤ min(1, p_i/q_i)) would have accepted {tokenwise}; block verification "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import re
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,3 +289,36 @@ def nothing_drafted(step_index: int, who: str) -> str:
     """The "where the draft came from" panel of a step at which ``who`` (e.g. "the MTP head") drafted nothing."""
     return (f'<div class="sv-match-empty" style="padding:12px;color:#374151">Step {step_index}: {who} drafted '
             "nothing (no target feature yet, or no room left before max_new_tokens).</div>")
+
+
+def small_lines(lines: list[str], share: float = 0.85) -> str:
+    """``lines`` joined by "<br>", each in a span of ``share`` times its text's font size: a size relative to the
+    title's or axis title's own, so it grows with the presentation layout's figure fonts (which leave a px size
+    inside a title's text as it is)."""
+    return "<br>".join(f"<span style='font-size:{share:g}em'>{w}</span>" for w in lines)
+
+
+NBSP = "\u00a0"
+BOUND_OPERATOR = re.compile(r" +([=<>≤≥~→+−×÷]) +")  # a binary operator holds its two operands on one line
+
+
+def _bind_calls(text: str) -> str:
+    """``text`` with the spaces inside a call's brackets ("max(p−q, 0)", "Uniform(0, 1)": an opening bracket right
+    after a word character) made non-breaking; a bracket after a space opens prose, which may still break."""
+    out, calls = [], []  # calls: one flag per open bracket, True when it opened a call
+    for j, ch in enumerate(text):
+        if ch == "(":
+            calls.append(j > 0 and (text[j - 1].isalnum() or text[j - 1] in "_)"))
+        elif ch == ")" and calls:
+            calls.pop()
+        out.append(NBSP if ch == " " and any(calls) else ch)
+    return "".join(out)
+
+
+def wrap_units(text: str, width: int) -> list[str]:
+    """``text`` in lines of about ``width`` characters, broken only between units: a formula ("Z = Σ max(p−q, 0) =
+    0.35", "u = 0.27 > min(1, p/q)") and a token stay on one line, even when that line runs past ``width``.
+    Plotly breaks a text only at "<br>", so the lines come back with ordinary spaces."""
+    bound = BOUND_OPERATOR.sub(lambda m: f"{NBSP}{m.group(1)}{NBSP}", _bind_calls(text)).replace("Σ ", "Σ" + NBSP)
+    lines = textwrap.wrap(bound, width, break_long_words=False, break_on_hyphens=False)
+    return [line.replace(NBSP, " ") for line in lines]

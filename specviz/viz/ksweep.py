@@ -30,6 +30,7 @@ VARIANT_SYMBOLS = ("triangle-left", "triangle-right", "diamond-wide", "star-tria
                    "hexagram", "octagon", "diamond-tall", "star-diamond", "triangle-ne", "triangle-sw")
 VARIANT_SHADES = (-0.45, 0.4, -0.7, 0.6, -0.25, 0.25)  # < 0: towards black, > 0: towards white, by this share
 TREE_SYMBOLS = ("diamond-open", "square-open", "triangle-up-open", "star-open", "hexagon-open")  # a method's trees
+ONE_K_LEGEND_PX = 130  # px under the plots at one k: the slanted configuration names, then the legend under them
 DODGE = 0.07  # k units between the markers of neighbouring configurations at one k (equal values stay apart)
 
 
@@ -223,8 +224,10 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
         al_text = [_al_note(r, label, convention) for r in rs]
         hover = {"customdata": ks, "text": al_text, "hovertemplate": f"{html.escape(name)}<br>k = %{{customdata}}: "
                  "%{y:.2f} tokens per forward%{text}<extra></extra>"}
-        fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"]["per_forward"] for r in rs], mode=mode,
-                                 name=name, line=line, marker=marker, legendgroup=name, **hover), row=1, col=1)
+        # one k: a marker alone, named as its category (a legend line through one point read as a trend)
+        fig.add_trace(go.Scatter(x=xs, y=[r["acceptance_length"]["per_forward"] for r in rs],
+                                 mode=mode if one_k is None else "markers", name=name if one_k is None else names[name],
+                                 line=line, marker=marker, legendgroup=name, **hover), row=1, col=1)
         offered = sum(sum(c["n"] for c in r["conditional"]) for r in rs)
         a = sum(r["num_accepted_tokens"] for r in rs) / offered if offered else None
         steps = sum(r["steps"] for r in rs)
@@ -279,11 +282,13 @@ def ksweep_figure(rows: list[dict[str, Any]], convention: str = "vllm") -> go.Fi
     fig.update_layout(height=380 + MODEBAR_PX, plot_bgcolor="#ffffff",
                       margin={"l": 60, "r": 20, "t": 40 + MODEBAR_PX, "b": 60},
                       legend={"orientation": "h", "y": -0.25, "font": {"size": 11}})
-    if one_k is not None:  # the axis names every configuration: no legend, k in the titles
-        fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(names.values()), tickangle=-30)
+    if one_k is not None:  # the axis names every configuration, k in the titles, the legend its marker
+        # half a category of room at each end: autorange put the first and last marker on the edges, half clipped
+        fig.update_xaxes(type="category", categoryorder="array", categoryarray=list(names.values()), tickangle=-30,
+                         range=[-0.5, len(names) - 0.5])
         fig.layout.annotations[0].text = f"{short} at k = {one_k} (dash: {formula})"
         fig.layout.annotations[1].text = SPEEDUP_TITLE.format("")
-        fig.update_layout(showlegend=False)
+        fig.update_layout(margin={"b": ONE_K_LEGEND_PX}, legend={"y": 0, "yref": "container", "yanchor": "bottom"})
     else:
         fig.update_xaxes(title_text="k (num_speculative_tokens)", dtick=1)
     if not groups:

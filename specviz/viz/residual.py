@@ -11,7 +11,6 @@ tokens that token-wise verification with the same uniforms would have thrown awa
 
 from __future__ import annotations
 
-import textwrap
 from typing import Any
 
 import plotly.graph_objects as go
@@ -20,7 +19,8 @@ from plotly.subplots import make_subplots
 from specviz.trace import Step, Trace
 
 from .accept_test import B_COLOUR, TREE_TEST_NAME, TREE_TEST_NOTE, block_panel, gauge
-from .common import FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted, tokenwise_accepted
+from .common import (FATE_STYLE, as_trace, emitted_fate, fmt_prob, label, position_fate, quoted, tokenwise_accepted,
+                     wrap_units)
 
 MAX_BARS = 10
 WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px window
@@ -32,7 +32,7 @@ BLOCK_LEGEND_PX = 62  # the legend's top, in pixels below the block panel (its t
 def message_figure(text: str, height: int = 260) -> go.Figure:
     """An empty figure that only says ``text`` (used for empty states)."""
     fig = go.Figure()
-    text = "<br>".join(w for line in text.split("\n") for w in (textwrap.wrap(line, 58) or [""]))  # fits 1024 px
+    text = "<br>".join(w for line in text.split("\n") for w in (wrap_units(line, 58) or [""]))  # fits 1024 px
     fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
                        font={"size": 14, "color": "#374151"}, align="center")
     fig.update_layout(height=height, xaxis={"visible": False}, yaxis={"visible": False},
@@ -83,54 +83,65 @@ def _bars(fig: go.Figure, trace: Trace, series: list[tuple[str, str, dict[int, f
                              hovertemplate=f"{name}<br>%{{customdata[0]}} (id %{{customdata[1]}})<br>"
                                            "%{y:.4f}<extra></extra>"), row=1, col=1)
     ticks = [label(trace, t, 12) for t in toks]
-    ticks = [f"{s} #{t}" if ticks.count(s) > 1 else s for s, t in zip(ticks, toks)]  # tell equal-looking tokens apart
-    # level labels in at most two short lines: rotated, a long one ('<|endoftext|>') ran into its neighbour and, at
-    # the presentation layout's size, into the test row below
-    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=[_two_lines(t) for t in ticks], tickangle=0,
+    # tell equal-looking tokens apart, in two bars' width
+    ticks = [f"{label(trace, t, TICK_LINE)} #{t}" if ticks.count(s) > 1 else s for s, t in zip(ticks, toks)]
+    # level labels, staggered on two lines when long: rotated, a long one ('<|endoftext|>') ran into its neighbour
+    # and, at the presentation layout's size, into the test row below
+    fig.update_xaxes(tickmode="array", tickvals=x, ticktext=bar_labels(ticks), tickangle=0,
                      tickfont={"size": 12}, row=1, col=1)
     top = max([max(d.get(t, 0.0) for t in toks) for _, _, d in series] + [0.05])
     # headroom above the tallest bar for the marks' labels, but no probability ticks past it (never "1.4")
     fig.update_yaxes(title_text="probability", range=[0, top * (1.22 + 0.16 * len(marks))], tickmode="array",
                      tickvals=prob_ticks(top), tickformat=".2~f", row=1, col=1)
-    for n, (tok, text, colour) in enumerate(marks):
-        if tok in toks:
-            j = toks.index(tok)
-            # arrow from a label at a fixed height per mark (so labels never collide) down to the bar
-            fig.add_annotation(x=j, y=max(d.get(tok, 0.0) for _, _, d in series), text=text, showarrow=True,
-                               arrowhead=2, axref="x", ax=j, ayref="y", ay=top * (1.12 + 0.16 * n),
-                               font={"color": colour, "size": 12}, bgcolor="rgba(255,255,255,0.85)", row=1, col=1)
+    placed = [(toks.index(tok), text, colour) for tok, text, colour in marks if tok in toks]
+    for (j, text, colour), (level, side) in zip(placed, mark_places([j for j, _, _ in placed], len(toks))):
+        # arrow from a label at a fixed height per level (so labels never collide) down to the bar
+        fig.add_annotation(x=j, y=max(d.get(toks[j], 0.0) for _, _, d in series), text=text, showarrow=True,
+                           arrowhead=2, axref="x", ax=j, ayref="y", ay=top * (1.12 + 0.16 * level), xanchor=side,
+                           font={"color": colour, "size": 12}, bgcolor="rgba(255,255,255,0.85)", row=1, col=1)
+
+
+CLOSE_BARS = 3  # bars: two marks' labels this close may overlap each other's arrow (a label is ~2-3 bars wide)
+
+
+def mark_places(columns: list[int], bars: int) -> list[tuple[int, str]]:
+    """(level above the bars, the label's xanchor) for each mark at bar ``columns[n]`` of ``bars``: level n,
+    centred; two marks within CLOSE_BARS of each other put the lower label beside its arrow on the side away from
+    the other mark (towards the wider room), so the upper label's arrow never runs through it."""
+    places = [(n, "center") for n in range(len(columns))]
+    if len(columns) != 2 or abs(columns[0] - columns[1]) > CLOSE_BARS:
+        return places
+    left, right = (0, 1) if columns[0] <= columns[1] else (1, 0)
+    if bars - 1 - columns[right] >= columns[left]:  # more room on the right: the right label reads rightwards
+        places[right], places[left] = (0, "left"), (1, "center")
+    else:
+        places[left], places[right] = (0, "right"), (1, "center")
+    return places
 
 
 CAPTION_LINES = 4  # caption lines the figure's base height leaves room for
-TICK_LINE = 6  # characters per line of a bar's label (ten bars share half a 1280 px page at 1.45x type)
+TICK_LINE = 6  # characters of a bar's label under one bar (ten bars share half a 1280 px page at 1.45x type)
 TWO_LINE_GAP = 0.06  # more of the figure's height between the bars and the row below when a label takes two lines
 # the bar labels' scale in the presentation layout (specviz/ui/lesson_script.py svScale; the rest of the text 1.45x):
 # ten labels such as '↵␣×11' at 1.45x ran into each other across half a 1280 px screen
 PRESENT_BAR_TICK_SCALE = 1.15
 
 
-def _split_token(raw: str) -> list[str]:
-    """Two lines of a token of TICK_LINE + 1 .. 2 TICK_LINE characters: its leading space mark alone when the word
-    then fits one line ("␣" / "hidden"), else two halves ("attent" / "ion"), never one stray letter ("␣hidde" / "n")."""
-    if raw[0] in "␣↵" and len(raw) - 1 <= TICK_LINE:
-        return [raw[0], raw[1:]]
-    half = (len(raw) + 1) // 2
-    return [raw[:half], raw[half:]]
-
-
-def _two_lines(text: str) -> str:
-    """A bar label (HTML-escaped, from :func:`~specviz.viz.common.label`) in lines of at most TICK_LINE characters,
-    two at most (the rest cut, "…"); a " #id" suffix starts the second line."""
+def bar_labels(labels: list[str]) -> list[str]:
+    """The bar labels (HTML-escaped, from :func:`~specviz.viz.common.label`), each token whole on one line: when one
+    is longer than TICK_LINE characters, every second label from the first moves down a line, so that each has two
+    bars' width (a token broken inside, "␣for" / "ward", read as two tokens); the first and the last, beside the
+    plot's ends, are cut to a bar and a half ("…")."""
     import html as html_lib
 
-    raw = html_lib.unescape(text)
-    head, _, tail = raw.partition(" #")
-    if tail:
-        lines = [head[:TICK_LINE], f"#{tail}"]
-    else:
-        lines = [raw] if len(raw) <= TICK_LINE else _split_token(raw) if len(raw) <= 2 * TICK_LINE else \
-            [raw[:TICK_LINE], raw[TICK_LINE:2 * TICK_LINE - 1] + "…"]
-    return "<br>".join(html_lib.escape(x, quote=False) for x in lines if x)
+    raw = [html_lib.unescape(t) for t in labels]
+    if all(len(t) <= TICK_LINE for t in raw):
+        return list(labels)
+    edge = TICK_LINE + TICK_LINE // 2  # the first and last label have a bar and a half: the plot ends beside them
+    raw = [t[:edge - 1] + "…" if j in (0, len(raw) - 1) and len(t) > edge else t for j, t in enumerate(raw)]
+    # the first label on the second line: on the first, a long one ran into the probability axis's "0"
+    return [html_lib.escape(t, quote=False) if j % 2 else f"<br>{html_lib.escape(t, quote=False)}"
+            for j, t in enumerate(raw)]
 
 
 def prob_ticks(top: float) -> list[float]:
@@ -303,8 +314,8 @@ def _own_token(trace: Trace, st: Step, has_block: bool) -> tuple[go.Figure, int 
 def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
     """Caption above the plot (first line bold), layout."""
     gauge = not has_block and any(getattr(t, "offsetgroup", None) == "gauge" for t in fig.data)  # its axis title
-    head = textwrap.wrap(lines[0], WRAP - 12)
-    small = [w for t in lines[1:] for w in textwrap.wrap(t, WRAP)]
+    head = wrap_units(lines[0], WRAP - 12)
+    small = [w for t in lines[1:] for w in wrap_units(t, WRAP)]
     caption = "<br>".join(f"<b>{w}</b>" for w in head) + "".join(
         f"<br><span style='font-size:12px;color:#374151'>{w}</span>" for w in small)
     fig.add_annotation(name="caption", text=caption, x=0, y=1, xref="paper", yref="paper", xanchor="left",

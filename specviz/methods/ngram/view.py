@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 from specviz.trace import Step, Trace
 
 from specviz.methods.ngram.options import PATTERN
-from specviz.viz.common import as_trace, context_before, label, quoted, quoted_tokens, token_text
+from specviz.viz.common import as_trace, context_before, label, quoted, quoted_tokens, small_lines, token_text
 from specviz.viz.residual import message_figure
 
 MAX_CHILDREN = 4  # trie branches shown per node (most frequent first); the rest are summed
@@ -97,8 +97,9 @@ def match_context_html(trace: Trace | dict[str, Any], step: int) -> str:
     box = ("font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13px;line-height:1.8;white-space:pre-wrap;"
            "word-break:break-word;border:1px solid #d1d5db;border-radius:8px;padding:8px;max-height:360px;"
            "overflow-y:auto")
-    return (f'<div class="sv-match"><div style="font-size:13px;margin-bottom:6px">{legend}</div>'
-            f'<div style="{box}">{"".join(parts)}</div></div>')
+    # classes: the presentation layout's type reaches them (assets/css/lesson.css)
+    return (f'<div class="sv-match"><div class="sv-match-legend" style="font-size:13px;margin-bottom:6px">{legend}'
+            f'</div><div class="sv-match-text" style="{box}">{"".join(parts)}</div></div>')
 
 
 def _shown_positions(roles: dict[int, str], length: int) -> list[int]:
@@ -198,8 +199,9 @@ def trie_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     fig.update_layout(
         height=min(170 + 50 * rows, 700), plot_bgcolor="#ffffff", margin={"l": 20, "r": 20, "t": 96, "b": 40},
         title={"text": f"what followed the {len(st.match['occurrences'])} earlier occurrence(s)<br>of the last "
-                       f"{st.match['n']} token(s)<br><span style='font-size:11px'>×count = how many occurrences "
-                       "continue this way;<br>purple dot = the looked-up suffix; blue = the drafted continuation</span>",
+                       f"{st.match['n']} token(s)<br>" + small_lines(
+                           ["×count = how many occurrences continue this way;",
+                            "purple dot = the looked-up suffix; blue = the drafted continuation"]),
                "font": {"size": 13}},
         xaxis={"title": "tokens after the match", "dtick": 1, "range": [-0.6, max(nd["depth"] for nd in nodes) + 0.6]},
         yaxis={"visible": False, "range": [rows - 0.5, -0.8]},

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import as_trace, fmt_prob, label, quoted, token_code
+from specviz.viz.common import as_trace, fmt_prob, label, quoted, small_lines, token_code
 from specviz.viz.residual import message_figure
 
 MAX_BRANCHES = 6  # candidates drawn (highest scores; the chosen one always)
@@ -43,25 +43,26 @@ def suffix_tree_figure(trace: Trace, step: Step) -> go.Figure:
         trace: the trace (for token texts); step: a step whose match kind is "suffix" with at
             least one candidate continuation.
     Returns:
-        A figure: x = tokens after the match (0 = the end of the context, 1 = the candidate's
-        match), one row per candidate.
+        A figure: x = tokens after the match (1 = a candidate's first drafted token, 0 = its match,
+        -1 = the end of the context, both unticked), one row per candidate.
     """
     branches = suffix_branches(step)
     fig = go.Figure()
-    xs, ys, texts, hovers, colours, sizes = [0], [0], ["context"], ["the end of the context"], ["#7c3aed"], [16]
+    # the context and the match sit left of 1, so x counts the tokens after the match (the axis's title)
+    xs, ys, texts, hovers, colours, sizes = [-1], [0], ["context"], ["the end of the context"], ["#7c3aed"], [16]
     for row, c in enumerate(branches):
         colour, width = ("#0284c7", 4) if c["chosen"] else ("#cbd5e1", 1.5)
-        chain_x = [0, 1] + [2 + j for j in range(len(c["draft"]))]
+        chain_x = [-1, 0] + [1 + j for j in range(len(c["draft"]))]
         fig.add_trace(go.Scatter(x=chain_x, y=[0] + [row] * (len(chain_x) - 1), mode="lines", hoverinfo="skip",
                                  line={"color": colour, "width": width}, showlegend=False))
-        xs.append(1), ys.append(row)
+        xs.append(0), ys.append(row)
         texts.append(f"m={c['match_length']} {c['source']}")
         hovers.append(f"{c['source']} tree: the last {c['match_length']} context token(s) matched; "
                       f"score {c['score']:.2f}" + (" (chosen: the draft)" if c["chosen"] else ""))
         colours.append(colour), sizes.append(12)
         counts = c.get("counts") or [None] * len(c["draft"])
         for j, (t, p, n) in enumerate(zip(c["draft"], c["probs"], counts)):
-            xs.append(2 + j), ys.append(row)
+            xs.append(1 + j), ys.append(row)
             texts.append(f"{label(trace, t, 7)} {p:.2f}")
             hovers.append(f"token {quoted(trace, t)}: running probability {p:.3f}"
                           + (f", seen {n}× after this match" if n is not None else ""))
@@ -70,15 +71,16 @@ def suffix_tree_figure(trace: Trace, step: Step) -> go.Figure:
                              textfont={"family": "monospace", "size": 11}, hovertext=hovers, hoverinfo="text",
                              marker={"size": sizes, "color": colours}, showlegend=False))
     rows = max(len(branches), 1)
-    depth = max([len(c["draft"]) for c in branches] + [1]) + 1
+    depth = max([len(c["draft"]) for c in branches] + [1])
     fig.update_layout(
         height=min(190 + 50 * rows, 560), plot_bgcolor="#ffffff", margin={"l": 20, "r": 20, "t": 96, "b": 40},
         title={"text": f"suffix decoding: {len(branches)} candidate(s) of "
                        f"{sum(1 for c in step.match.get('candidates', []) if c.get('draft'))}<br>"
-                       "<span style='font-size:11px'>each branch: the last m tokens matched in a suffix tree<br>"
-                       "(local = this request, global = earlier outputs), then its continuation<br>"
-                       "with running probabilities; blue = the best score, the draft</span>", "font": {"size": 13}},
-        xaxis={"title": "tokens after the match", "dtick": 1, "range": [-0.5, depth + 0.6]},
+                       + small_lines(["each branch: the last m tokens matched in a suffix tree",
+                                      "(local = this request, global = earlier outputs), then its continuation",
+                                      "with running probabilities; blue = the best score, the draft"]),
+               "font": {"size": 13}},
+        xaxis={"title": "tokens after the match", "tickvals": list(range(1, depth + 1)), "range": [-1.5, depth + 0.6]},
         yaxis={"visible": False, "range": [rows - 0.5, -0.8]},
     )
     return fig
