@@ -80,3 +80,27 @@ def test_compare_tab_runs_and_draws_every_view(browser, app_url):  # noqa: F811
     assert page.locator("#sv-stream").is_visible()
     assert not errors, errors
     page.close()
+
+
+def test_presentation_layout_brings_the_results_up_after_a_comparison(browser, app_url):  # noqa: F811
+    """?present=1 at 1280x720: the controls fill the screen, so when the comparison is done the results table is
+    scrolled to the top (a lecturer would otherwise scroll in front of the class)."""
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1280, "height": 720})
+    page.goto(app_url + "?present=1")
+    page.get_by_role("tab", name="Compare").click()
+    page.wait_for_selector("#sv-compare-run")
+    page.get_by_label("number input for max new tokens").last.fill("4")
+    page.get_by_label("number input for max new tokens").last.press("Enter")
+    prompts = page.get_by_label("prompts (bundled set by category, and the examples)")
+    for _ in range(3):
+        prompts.press("Backspace")
+    page.get_by_label("your own prompt (optional)").fill("def add(a, b):\n    return a + b\n\ndef add(")
+    assert page.evaluate("document.getElementById('sv-compare-table').getBoundingClientRect().top") > 720
+    page.click("#sv-compare-run")
+    page.wait_for_function("() => document.querySelector('#sv-compare-progress').innerText.includes('done ·')",
+                           timeout=TIMEOUT_MS)
+    page.wait_for_function("() => Math.abs(document.getElementById('sv-compare-table').getBoundingClientRect().top)"
+                           " < 40", timeout=10_000)
+    page.screenshot(path=str(SHOTS / "compare_present_results.png"))
+    page.close()

@@ -29,6 +29,11 @@ from .compare_config import MAX_NEW_TOKENS, PRESETS, VERIFY_CHOICES, apply_prese
 from .compare_handlers import (OUTPUT_NAMES, TABLE_DATATYPES, CompareHandlers, convention_choices, convention_view, export,
                                import_comparison, open_run, pick_cell, view)
 
+# presentation layout: after a comparison the results table is scrolled to the top of the screen (the controls above
+# it fill a 720 px projector; the lecturer would scroll in front of the class)
+SHOW_RESULTS_JS = ("() => { if (document.body.classList.contains('sv-present')) "
+                   "{ document.getElementById('sv-compare-table')?.scrollIntoView({block: 'start'}); "
+                   "window.scrollBy(0, -16); } }")  # the table's label above its frame stays in view
 PICK_CELL_JS = """
 const svBindStrips = () => {
   const gd = document.querySelector('#sv-compare-strips .js-plotly-plot');
@@ -151,6 +156,7 @@ def compare_tab(cache: DecoderCache, main_state: gr.State, main_outputs: list, t
     inputs = [u["methods"], u["ks"], u["verify"], u["temperatures"], u["prompts"], u["own"], u["seeds"], u["max_new"],
               u["convention"], u["trees"]]
     event = run_btn.click(handlers.run, inputs, outputs, api_name="compare", concurrency_limit=2)
+    event.then(None, js=SHOW_RESULTS_JS)  # on a projector the controls fill the screen: bring the table up
     stop_btn.click(handlers.stop, None, [u["progress"]], api_name="compare_stop")
     u["preset"].input(apply_preset, [u["preset"]], [u["methods"], u["ks"], u["verify"], u["temperatures"], u["trees"]],
                       api_name="compare_preset")
