@@ -100,8 +100,6 @@ def summary_markdown(trace: Trace) -> str:
         head += "\n\n" + note
     if cfg.get("verify") in LOSSY_NOTES:
         head += "\n\n" + LOSSY_NOTES[cfg["verify"]]
-    if cfg.get("draft_note"):  # k above what the head can draft (describe.draft_note)
-        head += "\n\n**Note:** " + cfg["draft_note"] + "."
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
             f"T = {cfg.get('temperature')} · target forwards {metrics_of(trace).target_forward_passes} · "
             f"stop: {trace.stop_reason or 'running'}")
