@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_shapes import DRY_SHAPES, PROMPT_LEN, SHAPES, build  # noqa: E402
+from bench_shapes import DRY_SHAPES, PROMPT_LEN, SHAPES, build, forward_gpu_ms  # noqa: E402
 
 from specviz.compiled_graphs import raise_recompile_limit  # noqa: E402
 from specviz.static_runner import StaticRunner  # noqa: E402
@@ -82,16 +81,6 @@ def load(shape: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Modul
     return build((DRY_SHAPES | SHAPES)[shape], device, dtype, 0)
 
 
-def replay_ms(runner: StaticRunner, one: torch.Tensor, repeats: int) -> float:
-    runner.graph_events = []
-    for _ in range(repeats + 2):
-        runner.forward(one)
-        runner.truncate(PROMPT_LEN)
-    events, runner.graph_events = runner.graph_events[2:], None
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
-
-
 def child(shape: str, scope: str, widths: list[int], repeats: int, dry: bool) -> dict:
     """One process: the uncompiled graphs of every width, then the compiled ones of ``scope``, timed."""
     device = torch.device("cpu" if dry else "cuda")
@@ -109,7 +98,7 @@ def child(shape: str, scope: str, widths: list[int], repeats: int, dry: bool) ->
             rows = prompt[-n:].to(device)
             ref[n] = plain.forward(rows)
             plain.truncate(PROMPT_LEN)
-            out["widths"][n] = {"uncompiled_ms": None if dry else replay_ms(plain, rows, repeats)}
+            out["widths"][n] = {"uncompiled_ms": None if dry else forward_gpu_ms(plain, n, repeats)}
         del plain
         runner = StaticRunner(model, PROMPT_LEN + 64, cuda_graphs=not dry, compile=False)
         raise_recompile_limit()
@@ -129,7 +118,7 @@ def child(shape: str, scope: str, widths: list[int], repeats: int, dry: bool) ->
             row["max_abs_diff"] = float((logits - ref[n]).abs().max())
             row["argmax_equal"] = bool(torch.equal(logits.argmax(-1), ref[n].argmax(-1)))
             runner.truncate(PROMPT_LEN)
-            row["compiled_ms"] = None if dry else replay_ms(runner, rows, repeats)
+            row["compiled_ms"] = None if dry else forward_gpu_ms(runner, n, repeats)
         out["compiled_graphs"] = len(runner.compiled_keys())
     return out
 
