@@ -60,13 +60,17 @@ def shared_embedding(state: dict[str, torch.Tensor], name: str, target) -> tuple
     if tuple(mine.shape) != tuple(emb.shape):
         raise ValueError(f"the head's {name} is {tuple(mine.shape)}, the target's embedding {tuple(emb.shape)}: "
                          "the head was made for another target")
-    theirs = emb.detach().to("cpu")
-    # equal in the lower of the two precisions (a bf16 copy of an fp32 target, or the reverse)
-    same = torch.equal(mine, theirs.to(mine.dtype)) or torch.equal(mine.to(theirs.dtype), theirs)
-    if same:
+    if same_weights(mine, emb):
         del state[name]
         return False, "the target's (the file's copy equals it)"
     return True, "the head's own (the file's copy differs from the target's)"
+
+
+def same_weights(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Whether a file's tensor equals the target's (same shape) in the lower of the two precisions: a bf16 copy of an
+    fp32 target's weight, or the reverse."""
+    theirs = theirs.detach().to("cpu")
+    return torch.equal(mine, theirs.to(mine.dtype)) or torch.equal(mine.to(theirs.dtype), theirs)
 
 
 def drop_target_copies(state: dict[str, torch.Tensor], target, where: str, **names: str) -> dict[str, str]:
@@ -79,10 +83,8 @@ def drop_target_copies(state: dict[str, torch.Tensor], target, where: str, **nam
     for part, name in names.items():
         if name not in state:
             continue
-        mine, ref = state[name], theirs[part].weight.detach().to("cpu")
-        same = tuple(mine.shape) == tuple(ref.shape) and (torch.equal(mine, ref.to(mine.dtype))
-                                                          or torch.equal(mine.to(ref.dtype), ref))
-        if not same:
+        mine, ref = state[name], theirs[part].weight
+        if tuple(mine.shape) != tuple(ref.shape) or not same_weights(mine, ref):
             raise ValueError(f"{where}: the file's {name} {tuple(mine.shape)} is not a copy of the target's {part} "
                              f"{tuple(ref.shape)}; this layout drafts with the target's {part}, so the head was made "
                              "for another target (or delete the tensor to use this target's)")
