@@ -8,7 +8,8 @@
 #            ../shared/tools/gpu-app-wheels.sh, split so that each fits beside the working tree (g: gradio, p: plotly,
 #            r: the rest; pr: plotly without its Jupyter bundles, which the app never loads, and the rest: one call
 #            fewer; all: everything the app needs for a gradio_client benchmark in one bundle beside the tree: gradio
-#            without its browser assets, plotly without Jupyter bundles and sample data, pytz with only UTC)
+#            without its browser assets, plotly without Jupyter bundles and sample data, pytz with only UTC; ps: pr's
+#            plotly alone, what the GPU tests need besides gradio, for when pr no longer fits beside the tree)
 #   tests    the GPU tests: every test marked gpu (pytest -m gpu) in TEST_FILES (default tests/), less the IGNORE'd
 #            files; K narrows them (a -k expression)
 #   profile  scripts/profile_tree_step.py: the tree step's phases and host profile beside the chain's, static runner
