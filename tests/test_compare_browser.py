@@ -97,6 +97,14 @@ def test_presentation_layout_brings_the_results_up_after_a_comparison(browser, a
         prompts.press("Backspace")
     page.get_by_label("your own prompt (optional)").fill("def add(a, b):\n    return a + b\n\ndef add(")
     assert page.evaluate("document.getElementById('sv-compare-table').getBoundingClientRect().top") > 720
+    page.get_by_label("k (comma-separated)").fill("two")  # refused: its message is brought into view instead
+    page.click("#sv-compare-run")
+    page.wait_for_function("() => document.querySelector('#sv-compare-progress').innerText.includes('k must be')",
+                           timeout=TIMEOUT_MS)
+    page.wait_for_timeout(500)
+    assert page.evaluate("document.getElementById('sv-compare-table').getBoundingClientRect().top") > 720
+    assert 0 <= page.evaluate("document.getElementById('sv-compare-progress').getBoundingClientRect().top") < 700
+    page.get_by_label("k (comma-separated)").fill("5")
     page.click("#sv-compare-run")
     page.wait_for_function("() => document.querySelector('#sv-compare-progress').innerText.includes('done ·')",
                            timeout=TIMEOUT_MS)

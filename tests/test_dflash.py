@@ -227,6 +227,9 @@ def test_bad_k_and_missing_head_are_clear_errors(dflash_dirs, decoders):
     assert max(len(s.draft_token_ids) for s in over.steps) == 7
     assert over.config["draft_note"].startswith("dflash drafts at most 7 tokens per step (one block of B = 8")
     assert "positions 8-9 are never filled" in over.config["draft_note"]
+    from specviz.methods.dflash.view import dflash_figure
+
+    assert max(dflash_figure(over, 0).data[-1].x) == 7  # the run's rate line stops at the block's last slot
     assert "draft_note" not in decoders["eager"].generate(PROMPT, method="dflash", num_speculative_tokens=7,
                                                           max_new_tokens=4).config
     dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32")
@@ -369,6 +372,11 @@ def test_sampled_slots_show_the_token_drawn_not_the_top_one(decoders):
     fig = dflash_figure(tr, st.index)
     bars = {x: y for t in fig.data[:-1] for x, y in zip(t.x, t.y)}
     assert bars[slot["slot"]] == pytest.approx(slot["draft_prob"])
+    from specviz.methods.dflash.view import draft_why
+    from specviz.viz.common import fmt_prob, quoted
+
+    assert f"slot {slot['slot']} → {quoted(tr, slot['token_id'])} (q {fmt_prob(slot['draft_prob'])})" in \
+        draft_why(tr, st)  # the lesson's sentence too
     ticks = dict(zip(fig.layout.xaxis.tickvals, fig.layout.xaxis.ticktext))  # labels under the axis, not on bars
     assert ticks[slot["slot"]] == f"{slot['slot']}<br>{html_token(tr, slot['token_id'])[:8]}"
     assert all(t.text is None for t in fig.data)

@@ -443,17 +443,18 @@ def test_a_draft_shortened_by_max_new_tokens_says_so(traces):
 
 def test_a_run_still_streaming_is_not_taught_until_it_ends(traces):
     """Lesson pressed during a run: its chapters would change under the lecturer (the trace grows), so the panel
-    says the run is still going; once the run has a stop reason (it finished, or Stop was pressed) it is taught."""
+    says the run is still going; once the run has ended (finished, or Stop pressed) it is taught, and so is an
+    uploaded trace, whatever its stop reason says."""
     from specviz.ui.lesson import lesson_next, lesson_start, lesson_tick
 
     trace = Trace.from_dict(traces["dm_greedy"].to_dict())
-    trace.stop_reason = ""  # a snapshot streamed mid-run
-    state = {"trace": trace.to_dict()}
+    trace.stop_reason = ""  # a snapshot streamed mid-run (specviz.ui.run._stream marks the state live)
+    state = {"trace": trace.to_dict(), "live": True}
     for out in (lesson_start(state, None), lesson_next(state, None), lesson_tick(state, None)):
         assert f"still going ({len(trace.steps)} steps so far)" in out[0] and out[1]["index"] == -1
-    trace.stop_reason = "stopped"
-    out = lesson_start({"trace": trace.to_dict()}, None)
-    assert out[1]["index"] == 0 and "still going" not in out[0]
+    for done in ({**state, "live": False}, {"trace": trace.to_dict()}):  # the run ended; an upload without a reason
+        out = lesson_start(done, None)
+        assert out[1]["index"] == 0 and "still going" not in out[0]
 
 
 def test_a_step_left_with_one_token_blames_the_budget_not_the_proposer(traces):
@@ -473,3 +474,21 @@ def test_a_step_left_with_one_token_blames_the_budget_not_the_proposer(traces):
             assert "Only 1 token was left before max new tokens" in text and "nothing to suggest" not in text
             seen += 1
     assert seen  # the fixture's runs end on such a step
+
+
+def test_a_draft_cut_by_the_heads_reach_is_not_blamed_on_the_budget():
+    """DFlash at k above block size - 1 drafts B - 1 every step: a step near the end that still drafts B - 1 is a
+    full draft, not one that max_new_tokens shortened."""
+    from specviz import SpecDecoder
+    from specviz.viz.lesson import draft_chapter
+
+    dec = SpecDecoder.from_pretrained(device="cpu", dtype="float32")  # the bundled target with its DFlash head
+    B = dec.heads["dflash"].config.block_size
+    for max_new in range(B, 4 * B):  # a run with a step that began with exactly B tokens left and drafted B - 1
+        trace = dec.generate(PROMPT, method="dflash", num_speculative_tokens=B + 1, max_new_tokens=max_new)
+        done = [sum(len(s.committed_token_ids) for s in trace.steps[:i]) for i in range(len(trace.steps))]
+        near = [st for st, d in zip(trace.steps, done) if max_new - d == B and len(st.draft_token_ids) == B - 1]
+        if near:
+            break
+    assert near, "no step began with exactly B tokens left"
+    assert "were left before max new tokens" not in draft_chapter(trace, near[0]).text

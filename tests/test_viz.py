@@ -628,6 +628,9 @@ def test_residual_captions_never_break_inside_a_formula_or_a_token():
     assert wrap_units("an accepted token (from the draft) then prose", 12) == [
         "an accepted", "token (from", "the draft)", "then prose"]
     assert wrap_units("normalize(max(P_τ·p − q, 0)) here", 10) == ["normalize(max(P_τ·p − q, 0))", "here"]
+    # a quoted token with a bracket it never closes (code: ‘print(’) binds nothing after it
+    assert wrap_units("Why was ‘print(’ rejected, and where did the recovered token come from?", 40) == [
+        "Why was ‘print(’ rejected, and where did", "the recovered token come from?"]
     tr = handmade()
     tr.token_texts["12"] = " forwardibility"
     caption = next(a.text for a in residual_figure(tr, 0, 3).layout.annotations if a.name == "caption")

@@ -29,11 +29,13 @@ from .compare_config import MAX_NEW_TOKENS, PRESETS, VERIFY_CHOICES, apply_prese
 from .compare_handlers import (OUTPUT_NAMES, TABLE_DATATYPES, CompareHandlers, convention_choices, convention_view, export,
                                import_comparison, open_run, pick_cell, view)
 
-# presentation layout: after a comparison the results table is scrolled to the top of the screen (the controls above
-# it fill a 720 px projector; the lecturer would scroll in front of the class)
-SHOW_RESULTS_JS = ("() => { if (document.body.classList.contains('sv-present')) "
-                   "{ document.getElementById('sv-compare-table')?.scrollIntoView({block: 'start'}); "
-                   "window.scrollBy(0, -16); } }")  # the table's label above its frame stays in view
+# presentation layout: a comparison done or stopped brings its table to the top, a refused one its message
+SHOW_RESULTS_JS = ("() => { const p = document.getElementById('sv-compare-progress'); "
+                   "if (!p || !document.body.classList.contains('sv-present')) return; "
+                   "if (!/^(done|stopped) ·/.test(p.innerText.trim())) "
+                   "{ p.scrollIntoView({block: 'center'}); return; } "
+                   "document.getElementById('sv-compare-table')?.scrollIntoView({block: 'start'}); "
+                   "window.scrollBy(0, -16); }")  # -16: the table's label above its frame stays in view
 PICK_CELL_JS = """
 const svBindStrips = () => {
   const gd = document.querySelector('#sv-compare-strips .js-plotly-plot');

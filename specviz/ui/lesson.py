@@ -37,12 +37,13 @@ RUNNING = ("<div class='sv-lesson-idle'>The run is still going ({steps} steps so
            "finished, or press Stop to teach the steps it has made.</div>")
 
 
-def _not_ready(trace: Any) -> str | None:
-    """Why there is nothing to teach yet: no trace, or a run still streaming (no stop reason: its chapters would
-    change under the lecturer); None when the trace is complete."""
+def _not_ready(state: dict[str, Any] | None, trace: Any) -> str | None:
+    """Why there is nothing to teach yet: no trace, or the session's run still streaming into ``state`` (its
+    ``live`` flag: the chapters would change under the lecturer); None otherwise (an upload, a finished or stopped
+    run)."""
     if trace is None or not trace.steps:
         return NO_TRACE
-    return RUNNING.format(steps=len(trace.steps)) if not trace.stop_reason else None
+    return RUNNING.format(steps=len(trace.steps)) if (state or {}).get("live") else None
 
 
 def new_lesson(full_steps: int | None = None, every_position: bool = False) -> dict[str, Any]:
@@ -103,15 +104,15 @@ def _skip(message: str, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
 def lesson_start(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
     """Lesson: the first chapter of the session's trace (a message when there is none)."""
     trace = _trace_of(state)
-    if _not_ready(trace):
-        return _skip(_not_ready(trace), lesson)
+    if _not_ready(state, trace):
+        return _skip(_not_ready(state, trace), lesson)
     return _show(trace, lesson or new_lesson(), 0)
 
 
 def _move(state: dict[str, Any] | None, lesson: dict[str, Any] | None, delta: int) -> tuple[Any, ...]:
     trace = _trace_of(state)
-    if _not_ready(trace):
-        return _skip(_not_ready(trace), lesson)
+    if _not_ready(state, trace):
+        return _skip(_not_ready(state, trace), lesson)
     lesson = lesson or new_lesson()
     return _show(trace, lesson, max(int(lesson.get("index", -1)), 0 if delta > 0 else 1) + delta)
 
@@ -131,8 +132,8 @@ def lesson_back(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
 def lesson_goto(state: dict[str, Any] | None, lesson: dict[str, Any] | None, step: Any) -> tuple[Any, ...]:
     """Jump to step: the first chapter of that step (clamped to the run's steps)."""
     trace = _trace_of(state)
-    if _not_ready(trace):
-        return _skip(_not_ready(trace), lesson)
+    if _not_ready(state, trace):
+        return _skip(_not_ready(state, trace), lesson)
     chapters = _chapters(trace, lesson)
     return _show(trace, lesson or new_lesson(), chapter_of_step(chapters, int(_number(step, 0))))
 
@@ -150,7 +151,7 @@ def lesson_tick(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
     trace = _trace_of(state)
     lesson = lesson or new_lesson()
     out = lesson_next(state, lesson)
-    count = 0 if _not_ready(trace) else len(_chapters(trace, lesson))
+    count = 0 if _not_ready(state, trace) else len(_chapters(trace, lesson))
     if out[1]["index"] < 0 or out[1]["index"] >= count - 1:
         return (*out[:1], {**out[1], "playing": False}, *out[2:], gr.Timer(active=False), gr.Button("Play"))
     return (*out, gr.skip(), gr.skip())
@@ -163,7 +164,7 @@ def _reform(state: dict[str, Any] | None, lesson: dict[str, Any] | None, **setti
     old = {**new_lesson(), **(lesson or {})}
     lesson = {**old, **setting}
     trace = _trace_of(state)
-    if lesson["index"] < 0 or _not_ready(trace):
+    if lesson["index"] < 0 or _not_ready(state, trace):
         return (gr.skip(), lesson, *([gr.skip()] * 7))
     before, after = _chapters(trace, old), _chapters(trace, lesson)
     here = before[min(int(old["index"]), len(before) - 1)]

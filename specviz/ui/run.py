@@ -211,14 +211,14 @@ def _stream(decoder: Any, prompt: str, settings: dict[str, Any], state: dict[str
             if snap is None or len(snap.steps) == shown:
                 continue
             shown = len(snap.steps)
-            state["trace"] = snap.to_dict()
+            state["trace"], state["live"] = snap.to_dict(), True  # a partial trace: the lesson waits for the end
             yield _streaming_outputs(snap, _progress(snap, settings["max_new_tokens"], t0), state, first)
             first = False
     finally:
         if not run.finished.is_set():  # the event was cancelled or closed: end the decode too
             stop_flag.set()
     _raise_for(run.error)
-    state["trace"] = run.result().to_dict()
+    state["trace"], state["live"] = run.result().to_dict(), False
 
 
 def _progress(trace: Trace, max_new: int, t0: float) -> str:
@@ -352,5 +352,5 @@ def stop(signals: StopSignals, state: dict[str, Any] | None, request: gr.Request
         trace.stop_reason = "stopped"
         # a partial snapshot has no output list yet: the committed tokens so far (replay checks this)
         trace.output_token_ids = [t for st in trace.steps for t in st.committed_token_ids]
-        state = dict(state, trace=trace.to_dict(), baseline=None)  # no_baseline: set by the run for this case
+        state = dict(state, trace=trace.to_dict(), baseline=None, live=False)  # no_baseline: set by the run
     return full_outputs(f"**stopped** · after {len(trace.steps)} steps, {num_tokens(trace)} tokens", trace, state)

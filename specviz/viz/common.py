@@ -304,15 +304,19 @@ BOUND_OPERATOR = re.compile(r" +([=<>≤≥~→+−×÷]) +")  # a binary operat
 
 def _bind_calls(text: str) -> str:
     """``text`` with the spaces inside a call's brackets ("max(p−q, 0)", "Uniform(0, 1)": an opening bracket right
-    after a word character) made non-breaking; a bracket after a space opens prose, which may still break."""
-    out, calls = [], []  # calls: one flag per open bracket, True when it opened a call
+    after a word character, closed later) made non-breaking; a bracket after a space opens prose, which may still
+    break, and one never closed (a quoted token such as ‘print(’) binds nothing."""
+    closes, stack = {}, []  # the index of each "(" -> its ")", for the brackets that close
     for j, ch in enumerate(text):
         if ch == "(":
-            calls.append(j > 0 and (text[j - 1].isalnum() or text[j - 1] in "_)"))
-        elif ch == ")" and calls:
-            calls.pop()
-        out.append(NBSP if ch == " " and any(calls) else ch)
-    return "".join(out)
+            stack.append(j)
+        elif ch == ")" and stack:
+            closes[stack.pop()] = j
+    bound = [False] * len(text)
+    for j, end in closes.items():
+        if j > 0 and (text[j - 1].isalnum() or text[j - 1] in "_)"):
+            bound[j:end] = [True] * (end - j)
+    return "".join(NBSP if ch == " " and bound[j] else ch for j, ch in enumerate(text))
 
 
 def wrap_units(text: str, width: int) -> list[str]:

@@ -37,7 +37,7 @@ from specviz.trace import Step, Trace
 from specviz.trace.metrics import counted
 
 from .common import as_trace, fmt_prob, metrics_of, quoted
-from .source import hook, view_module
+from .source import draft_limit, hook, view_module
 from .stats import rate_set, rates_html
 
 from .lesson_base import (CUT_COUNTING, FOCUS_VIEWS, TOP_CANDIDATES, VERIFY_TEXT, VIEW_NAMES, Chapter,  # noqa: F401
@@ -142,6 +142,8 @@ def _capped_by_end(trace: Trace, st: Step) -> str:
     if not isinstance(k_cfg, int) or left is None:
         return ""
     left, max_new = left
+    limit = draft_limit(trace)  # a head that drafts fewer than k by design (Medusa, DFlash): that is the full draft
+    k_cfg = min(k_cfg, limit[0]) if limit else k_cfg
     if len(st.draft_token_ids) >= k_cfg or len(st.draft_token_ids) != left - 1:
         return ""
     return (f" Only {left} token(s) were left before max new tokens = {max_new}, so the step drafts {left - 1} "

@@ -148,7 +148,7 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
                        + ("" if token == s["top_token_id"] else
                           f" (top {quoted(trace, s['top_token_id'])}, {s['top_prob']:.2f})") + f", {fate}"
                        for s, token, q in mine]))
-    rates = metrics_of(trace).acceptance_rate_per_position
+    rates = metrics_of(trace).acceptance_rate_per_position[: st.match["block_size"] - 1]  # k > B - 1: never past it
     if rates:
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
                                  name="run: share of blocks keeping >= i", line={"color": "#16a34a"}))
@@ -185,9 +185,9 @@ def draft_why(trace: Trace, st: Step) -> str | None:
     m, k = st.match or {}, len(st.draft_token_ids)
     if not m.get("slots"):
         return None
-    slots = [s for s in m["slots"] if s.get("drafted") and s.get("top_prob") is not None]
-    per = "; ".join(f"slot {s['slot']} → {quoted(trace, s['token_id'])} (confidence {fmt_prob(s['top_prob'])})"
-                    for s in slots)
+    slots = [(s, *_drawn(s)) for s in m["slots"] if s.get("drafted") and s.get("top_prob") is not None]
+    word = "confidence" if m.get("greedy") else "q"  # sampled: q of the token drawn, not of the slot's top token
+    per = "; ".join(f"slot {s['slot']} → {quoted(trace, token)} ({word} {fmt_prob(q)})" for s, token, q in slots)
     return (f"DFlash ran <b>one</b> forward over the block [{quoted(trace, m['root_token_id'])}, MASK × "
             f"{m['block_size'] - 1}] at positions {m['root_position']}..{m['root_position'] + m['block_size'] - 1}: "
             "every slot saw every other slot and the target's own features of the committed text, and each "
