@@ -60,13 +60,17 @@ def regional(runner: StaticRunner, backend: str):
 
     @contextlib.contextmanager
     def swapped():
+        before = [vars(layer).get("forward") for layer in layers]  # an instance forward set by others (hooks) stays
         for layer, fn in zip(layers, compiled):
             layer.forward = fn
         try:
             yield
         finally:
-            for layer in layers:
-                del layer.forward
+            for layer, old in zip(layers, before):
+                if old is None:
+                    del layer.forward
+                else:
+                    layer.forward = old
 
     def model_out(ids, hidden):
         with swapped():

@@ -270,7 +270,7 @@ def test_copies_of_the_targets_embedding_and_lm_head_are_shared_and_others_refus
         head = load_head_dir(root / f"{layout}-copies", tm, method)
         with with_head(dec, method, head):
             assert not mismatches(dec, method, reference)[1]
-        assert head.source["format"] == layout
+        assert head.source["format"] == layout and head.source["lm_head.weight"].startswith("the target's")
         R.write(root / f"{layout}-other", config, {**W, "lm_head.weight": lm + 1})
         with pytest.raises(ValueError, match="lm_head.weight .* is not a copy of the target's lm_head"):
             load_head_dir(root / f"{layout}-other", tm, method)
@@ -625,3 +625,18 @@ def test_eagle1_without_fc_bias(root, dec):
     R.write(root / "e1-bad-bias", cfg, W)
     with pytest.raises(ValueError, match="bias=True but the file has no fc.bias"):
         load_head_dir(root / "e1-bad-bias", tm, "eagle")
+
+
+def test_a_copy_in_another_precision_is_recognised_and_a_changed_one_is_not():
+    """same_weights: a file's copy of the target's weight in any of fp32 / bf16 / fp16 against a target in another
+    (fp16 against bf16 included: both roundings of one fp32 weight, neither holding the other) is the target's; a
+    copy that moved by a little is not."""
+    from specviz.heads.formats.common import same_weights
+
+    torch.manual_seed(0)
+    w = torch.randn(256, 64)
+    kinds = (torch.float32, torch.bfloat16, torch.float16)
+    for file_dtype in kinds:
+        for target_dtype in kinds:
+            assert same_weights(w.to(file_dtype), w.to(target_dtype)), (file_dtype, target_dtype)
+            assert not same_weights((w * 1.02).to(file_dtype), w.to(target_dtype)), (file_dtype, target_dtype)

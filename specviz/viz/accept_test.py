@@ -126,8 +126,7 @@ def block_panel(fig: go.Figure, step: Step, row: int) -> str:
     tau = int(b.get("tau", step.num_accepted))
     tokenwise = tokenwise_accepted(step)
     fig.update_yaxes(range=[0, 1.05], title_text="block test", row=row, col=1)
-    # one short line: a longer one ran past the half-width figure in the presentation layout's type, and a second
-    # line pushed the block rows below the fold under a lesson's chapter at 1280x720
+    # one short line: a longer one overran the half-width figure, a second pushed the rows below a lesson's chapter
     fig.update_xaxes(title_text=small_lines([f"teal bar h_i · purple P_i · {RATIO_COLOUR_WORD} dash min(1, p/q) · "
                                              "◆ η_i: green passes"], CAPTION_EM), title_standoff=2,
                      tickvals=x, ticktext=[f"{xi}<br>h={fmt_prob(v)}" for xi, v in zip(x, b["h"][:k])], row=row, col=1)

@@ -67,17 +67,27 @@ def shared_embedding(state: dict[str, torch.Tensor], name: str, target) -> tuple
 
 
 def same_weights(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
-    """Whether a file's tensor equals the target's (same shape) in the lower of the two precisions: a bf16 copy of an
-    fp32 target's weight, or the reverse."""
-    theirs = theirs.detach().to("cpu")
-    return torch.equal(mine, theirs.to(mine.dtype)) or torch.equal(mine.to(theirs.dtype), theirs)
+    """Whether a file's tensor ``mine`` is a copy of the target's ``theirs`` (same shape), compared on the target's
+    device (no host copy of an LM head): exactly in one dtype; in the lower precision when the other holds it (a
+    bf16 or fp16 copy of an fp32 weight, or the reverse); fp16 against bf16, where neither holds the other and both
+    may be roundings of one fp32 weight, in fp32 within one bf16 rounding (relative 2^-7) or fp16's subnormal step."""
+    theirs = theirs.detach()
+    mine = mine.to(theirs.device)
+    if mine.dtype == theirs.dtype:
+        return torch.equal(mine, theirs)
+    halves = {torch.float16, torch.bfloat16}
+    if {mine.dtype, theirs.dtype} == halves:
+        return torch.allclose(mine.float(), theirs.float(), rtol=2.0 ** -7, atol=2.0 ** -24)
+    low = mine.dtype if torch.finfo(mine.dtype).bits < torch.finfo(theirs.dtype).bits else theirs.dtype
+    return torch.equal(mine.to(low), theirs.to(low))
 
 
 def drop_target_copies(state: dict[str, torch.Tensor], target, where: str, **names: str) -> dict[str, str]:
     """Drop the file's copies of the target's embedding / LM head that a head reads from the target (EAGLE-1 and
     DFlash use the target's): ``names`` maps "embedding" / "lm_head" to the file's tensor name. A copy equal to the
     target's (in the lower of the two precisions) is dropped, as vLLM shares it; one that differs is refused, since
-    the published forward reads the target's. Returns {name: what} for the head's source record."""
+    the published forward reads the target's. Returns {name: what} for the head's source record.
+    Raises ValueError: a copy whose shape or values differ from the target's."""
     theirs = {"embedding": target.get_input_embeddings(), "lm_head": target.get_output_embeddings()}
     seen = {}
     for part, name in names.items():

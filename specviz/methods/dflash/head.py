@@ -75,7 +75,7 @@ class DFlashConfig(JsonConfig):
 
     num_layers:       L_d, draft decoder layers.
     target_layer_ids: the target layers whose OUTPUTS are fused (each in [0, L_t - 2]).
-    block_size:       B; a block is [root, MASK x (B - 1)], so num_speculative_tokens <= B - 1.
+    block_size:       B; a block is [root, MASK x (B - 1)], so a step drafts at most B - 1 tokens.
     mask_token_id:    MASK's token id (specviz: the target's pad id).
     attention_bias:   q/k/v/o projections with biases (Qwen3's ``attention_bias``; z-lab layout).
     """

@@ -120,7 +120,7 @@ def _eagle1(ckpt: Checkpoint, layout: str, target, state: dict):
     qkv_bias = bool(cfg.get("qkv_bias", False))
     require(ckpt.has("layers.0.self_attn.q_proj.bias") == qkv_bias, where, "q/k/v biases disagree with qkv_bias")
     own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
-    drop_target_copies(state, target, where, lm_head="lm_head.weight")  # EAGLE-1 drafts with the target's LM head
+    copies = drop_target_copies(state, target, where, lm_head="lm_head.weight")  # it drafts with the target's
     rope = rope_parameters(cfg)
     require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
             f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
@@ -144,7 +144,7 @@ def _eagle1(ckpt: Checkpoint, layout: str, target, state: dict):
         return "layer." + key[len("layers.0."):] if key.startswith("layers.0.") else key
 
     return head_cfg, rename, {"fc_bias": fc_bias, "embedding": embed_what, "rope_theta": rope["rope_theta"],
-                              "feature": "the target's final-norm hidden state"}
+                              "feature": "the target's final-norm hidden state", **copies}
 
 
 def _eagle3(ckpt: Checkpoint, layout: str, target, state: dict):
