@@ -104,15 +104,15 @@ def _skip(message: str, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
 def lesson_start(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> tuple[Any, ...]:
     """Lesson: the first chapter of the session's trace (a message when there is none)."""
     trace = _trace_of(state)
-    if _not_ready(state, trace):
-        return _skip(_not_ready(state, trace), lesson)
+    if why := _not_ready(state, trace):
+        return _skip(why, lesson)
     return _show(trace, lesson or new_lesson(), 0)
 
 
 def _move(state: dict[str, Any] | None, lesson: dict[str, Any] | None, delta: int) -> tuple[Any, ...]:
     trace = _trace_of(state)
-    if _not_ready(state, trace):
-        return _skip(_not_ready(state, trace), lesson)
+    if why := _not_ready(state, trace):
+        return _skip(why, lesson)
     lesson = lesson or new_lesson()
     return _show(trace, lesson, max(int(lesson.get("index", -1)), 0 if delta > 0 else 1) + delta)
 
@@ -132,8 +132,8 @@ def lesson_back(state: dict[str, Any] | None, lesson: dict[str, Any] | None) -> 
 def lesson_goto(state: dict[str, Any] | None, lesson: dict[str, Any] | None, step: Any) -> tuple[Any, ...]:
     """Jump to step: the first chapter of that step (clamped to the run's steps)."""
     trace = _trace_of(state)
-    if _not_ready(state, trace):
-        return _skip(_not_ready(state, trace), lesson)
+    if why := _not_ready(state, trace):
+        return _skip(why, lesson)
     chapters = _chapters(trace, lesson)
     return _show(trace, lesson or new_lesson(), chapter_of_step(chapters, int(_number(step, 0))))
 
