@@ -640,3 +640,35 @@ def test_a_copy_in_another_precision_is_recognised_and_a_changed_one_is_not():
         for target_dtype in kinds:
             assert same_weights(w.to(file_dtype), w.to(target_dtype)), (file_dtype, target_dtype)
             assert not same_weights((w * 1.02).to(file_dtype), w.to(target_dtype)), (file_dtype, target_dtype)
+
+
+def test_medusa_heads_inside_a_full_models_shards(layouts, root, target_dir, dec, plain, monkeypatch):
+    """FasterDecoding's full-model checkpoints (``MedusaModelABC`` subclasses the base model) keep the Medusa-1 keys
+    under ``medusa_head.`` among the model's sharded weights: the heads load without the model's tensors being read,
+    draft as the reference does, and greedy output equals plain greedy."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from specviz.heads.formats import common
+
+    _, _, W, reference = layouts["medusa1-fasterdecoding"]
+    full = root / "medusa-full-model"
+    full.mkdir()
+    shards = {"model-00001-of-00002.safetensors": {k: v.detach().clone().contiguous()
+                                                   for k, v in dec.target_model.state_dict().items()},
+              "model-00002-of-00002.safetensors": {f"medusa_head.{k}": v for k, v in W.items()}}
+    for name, tensors in shards.items():
+        save_file(tensors, str(full / name))
+    index = {"weight_map": {k: name for name, tensors in shards.items() for k in tensors}}
+    (full / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((target_dir / "config.json").read_text())
+    (full / "config.json").write_text(json.dumps({**config, "medusa_num_heads": 3, "medusa_num_layers": 1}))
+    monkeypatch.setattr(common, "load_file", lambda *a, **k: pytest.fail("read a whole shard of the model"))
+    with_model = SpecDecoder.from_pretrained(target_dir, device="cpu", dtype="float32", heads={"medusa": str(full)})
+    head = with_model.heads["medusa"]
+    assert head.source["format"] == "medusa1-fasterdecoding" and "medusa_head." in head.source["embedded"]
+    assert head.config.num_heads == 3 and head.config.lm_heads == "per_head"
+    trace, bad = mismatches(with_model, "medusa", reference)
+    assert not bad, bad
+    assert trace.output_token_ids == plain

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
@@ -15,12 +16,18 @@ from .detect import Checkpoint
 DEFAULT_ROPE_THETA = 10000.0  # SafeAILab's LlamaRotaryEmbedding base when config.json has no rope_theta
 
 
-def load_tensors(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint's safetensors files (CPU). Raises ValueError on a name that two files hold."""
+def load_tensors(ckpt: Checkpoint, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The checkpoint's safetensors tensors (CPU) whose names start with ``prefix`` (all when empty), the prefix
+    kept; only those are read, so a head inside a full model's shards does not load the model. Raises ValueError
+    on a name that two files hold."""
     state: dict[str, torch.Tensor] = {}
     came_from: dict[str, str] = {}
     for f in ckpt.files:
-        part = load_file(str(f))
+        if prefix:
+            with safe_open(str(f), framework="pt") as handle:
+                part = {k: handle.get_tensor(k) for k in handle.keys() if k.startswith(prefix)}
+        else:
+            part = load_file(str(f))
         twice = sorted(set(part) & set(state))
         if twice:
             raise ValueError(f"{ckpt.directory}: tensors {twice[:4]} are in both {came_from[twice[0]]} and {f.name}: "

@@ -13,6 +13,8 @@ Sources (read for the layouts; the code here is specviz's own):
   ``lm_heads.{h}.weight`` or one ``lm_head`` (``original_lm_head``), ``token_map`` (absolute target ids
   of a truncated vocabulary, used iff ``truncated_vocab_size < vocab_size``; LM head rows are cut to it
   when the file holds the full vocabulary), prefix ``medusa_heads.`` stripped.
+* FasterDecoding/Medusa's full-model checkpoints ("Medusa-2": ``MedusaModelABC`` subclasses the base model):
+  the Medusa-1 keys under ``medusa_head.`` inside the model's (possibly sharded) safetensors; only they are read.
 
 Every layout reads the target's final-norm hidden state at the last committed position (specviz's
 Medusa feature).
@@ -35,6 +37,12 @@ SOURCES = {"medusa1-fasterdecoding": "FasterDecoding/Medusa (Medusa-1 heads, own
            "medusa2-fasterdecoding": "FasterDecoding/Medusa (medusa2 heads, the target's LM head)",
            "medusa-vllm": "vLLM (model_executor/models/medusa.py)"}
 VLLM_LM = re.compile(r"^lm_heads\.(\d+)\.weight$")
+IN_MODEL = "medusa_head."  # the attribute MedusaModelABC keeps its heads under, in a full model's state dict
+
+
+def in_model(keys) -> bool:
+    """Whether the heads sit inside a full model's weights (keys under ``medusa_head.``)."""
+    return any(k.startswith(IN_MODEL) for k in keys)
 
 
 def token_map_ids(token_map, truncated: int):
@@ -48,12 +56,16 @@ def load_medusa(ckpt: Checkpoint, layout: str, target, dtype=None) -> MedusaHead
     (its device, ``dtype`` default the target's, eval mode), ``head.source`` saying where it came from.
     Raises ValueError when the keys are inconsistent (a head without its blocks or LM head, a truncated
     vocabulary without ``token_map``) or the heads do not fit the target."""
-    state = {k.removeprefix("medusa_heads."): v for k, v in load_tensors(ckpt).items()}
+    inside = in_model(ckpt.shapes)
+    state = {k.removeprefix(IN_MODEL) if inside else k.removeprefix("medusa_heads."): v
+             for k, v in load_tensors(ckpt, IN_MODEL if inside else "").items()}
     where, tc = str(ckpt.directory), target.config
     if layout == "medusa-vllm":
         cfg, rename, source = _vllm(ckpt.config, state, where, tc)
     else:
         cfg, rename, source = _fasterdecoding(ckpt.config, layout, state, where, tc)
+    if inside:
+        source["embedded"] = f"the heads under '{IN_MODEL}' in a full model's weights (the rest not read)"
     head = MedusaHead(cfg)
     fill(head, state, rename, where)
     return finish(head, target, dtype, {"format": layout, "source": SOURCES[layout], "path": where,
@@ -168,6 +180,8 @@ KIND_OF = {layout: "medusa" for layout in LAYOUTS}
 def detect(ckpt: Checkpoint) -> str | None:
     """The Medusa layout of ``ckpt``, None when it is none of them."""
     keys = set(ckpt.shapes)
+    if in_model(keys):
+        keys = {k.removeprefix(IN_MODEL) for k in keys if k.startswith(IN_MODEL)}
     if any(VLLM_MEDUSA.match(k) for k in keys):
         return "medusa-vllm"
     if any(MEDUSA1_BLOCK.match(k) for k in keys):
