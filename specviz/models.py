@@ -149,8 +149,8 @@ def load_model(name_or_path: str | os.PathLike, device: torch.device, dtype: tor
             _require_gguf()
         else:
             attention_layout(AutoConfig.from_pretrained(source.path, trust_remote_code=False))
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype, trust_remote_code=False,
-                                                     **source.kwargs)
+        model = text_decoder_lm(AutoModelForCausalLM.from_pretrained(source.path, dtype=dtype,
+                                                                     trust_remote_code=False, **source.kwargs))
         attention_layout(model.config)
     except (UnsupportedModelError, ModelLoadError):
         raise
@@ -160,6 +160,34 @@ def load_model(name_or_path: str | os.PathLike, device: torch.device, dtype: tor
         if bars:
             hf_logging.enable_progress_bar()
     return model.to(device).eval()
+
+
+def text_decoder_lm(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` itself, or for a multimodal checkpoint (e.g. ``Gemma4ForConditionalGeneration``, what Gemma 4's
+    instruction models ship as) its text decoder as the family's plain causal LM (``Gemma4ForCausalLM``), sharing the
+    decoder and LM-head weights: specviz decodes text only, and its runners and heads read a causal LM's ``model`` /
+    ``lm_head``. The vision and audio towers are dropped. ``model.specviz_text_of`` names the checkpoint's class.
+    Raises :class:`ModelLoadError` when the text decoder cannot be separated (a weight of the causal LM class would
+    stay uninitialised)."""
+    from transformers import AutoModelForCausalLM
+
+    text = model.config.get_text_config(decoder=True)
+    if text is model.config:
+        return model
+    kind = type(model).__name__
+    try:
+        with torch.device("meta"):
+            lm = AutoModelForCausalLM.from_config(text)
+        lm.model, lm.lm_head = model.get_decoder(), model.get_output_embeddings()
+    except Exception as exc:  # noqa: BLE001 - transformers' errors for a config without a causal LM class vary
+        raise ModelLoadError(f"{kind}: its text decoder could not be loaded as a causal LM ({exc})") from None
+    left = [n for n, t in [*lm.named_parameters(), *lm.named_buffers()] if t.is_meta]
+    if left or lm.lm_head is None:
+        raise ModelLoadError(f"{kind}: its text decoder could not be separated from the checkpoint "
+                             f"(uninitialised: {left[:4] or ['lm_head']})")
+    lm.generation_config = model.generation_config
+    lm.specviz_text_of = kind
+    return lm.to(model.dtype)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):

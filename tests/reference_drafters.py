@@ -249,19 +249,28 @@ class DFlashReference:
     """z-lab's ``DFlashDraftModel`` over the whole context each step (its draft KV cache holds exactly the
     context K/V this recomputes)."""
 
-    def __init__(self, W, target, layer_ids, layers, block_size, mask_id, base, eps, heads=HEADS, kv_heads=KV_HEADS):
+    def __init__(self, W, target, layer_ids, layers, block_size, mask_id, base, eps, heads=HEADS, kv_heads=KV_HEADS,
+                 scale=1.0, multiplier=1.0, softcap=None):
         self.W, self.target, self.ids, self.layers = W, target, list(layer_ids), layers
         self.B, self.mask, self.base, self.eps, self.heads, self.kv = block_size, mask_id, base, eps, heads, kv_heads
+        self.scale, self.multiplier, self.softcap = scale, multiplier, softcap  # _draft_value's fields
 
     @torch.no_grad()
     def draft(self, context, k):
+        logits = self.logits(context)
+        logits[:, self.mask] = float("-inf")  # specviz never drafts MASK (z-lab's sample() does not exclude it)
+        return logits.argmax(-1)[:k].tolist()
+
+    @torch.no_grad()
+    def logits(self, context):
+        """compute_logits of block slots 1..B-1 after the committed ``context``: float [B - 1, V]."""
         W, eps = self.W, self.eps
         n = len(context) - 1
         out = self.target.model(input_ids=torch.tensor([context[:n]]), output_hidden_states=True)
         ctx = torch.cat([out.hidden_states[i + 1][0] for i in self.ids], dim=-1)  # extract_context_feature
         th = rms(linear(ctx, W["fc.weight"]), W["hidden_norm.weight"], eps)  # [n, H]
         block = torch.tensor([context[n]] + [self.mask] * (self.B - 1))
-        h = self.target.get_input_embeddings().weight[block]  # [B, H]
+        h = self.target.get_input_embeddings().weight[block] * self.scale  # _raw_input_embeddings: [B, H]
         q_pos, k_pos = torch.arange(n, n + self.B), torch.arange(0, n + self.B)
         for i in range(self.layers):
             p = f"layers.{i}."
@@ -271,9 +280,10 @@ class DFlashReference:
                           eps=eps)
             h = h + a
             h = h + mlp(W, p + "mlp.", rms(h, W[p + "post_attention_layernorm.weight"], eps))
-        logits = self.target.lm_head(rms(h, W["norm.weight"], eps))[1:]  # slots 1..B-1
-        logits[:, self.mask] = float("-inf")  # specviz never drafts MASK (z-lab's sample() does not exclude it)
-        return logits.argmax(-1)[:k].tolist()
+        logits = self.target.lm_head(rms(h, W["norm.weight"], eps))[1:] * self.multiplier  # slots 1..B-1
+        if self.softcap is not None and self.softcap > 0:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
 
 
 # ---- checkpoint writers ------------------------------------------------------------------------------------
@@ -426,9 +436,12 @@ def medusa_vllm(path, seed=6, heads=3, truncated=100):
     return write(path, cfg, W)
 
 
-def dflash_zlab(path, seed=7, layer_ids=(1, 5), block_size=4, nested=False, mask_id=2, layers=2):
+def dflash_zlab(path, seed=7, layer_ids=(1, 5), block_size=4, nested=False, mask_id=2, layers=2, top_level=False,
+                **fields):
     """z-lab DFlash (``DFlashDraftModel``, Qwen3 layers with q/k norms), rope_theta 1e6, ``block_size`` at the top
-    level (or nested in ``dflash_config``), ``target_layer_ids`` in z-lab's convention (output of layer i)."""
+    level (or nested in ``dflash_config``), ``target_layer_ids`` in z-lab's convention (output of layer i), in
+    ``dflash_config`` (or, ``top_level``, beside it with ``mask_token_id``: ``_draft_value`` reads both);
+    ``fields``: more ``dflash_config`` entries (``input_embedding_scale``, ...)."""
     torch.manual_seed(seed)
     W = {"fc.weight": _w(HIDDEN, len(layer_ids) * HIDDEN), "hidden_norm.weight": _norm(HIDDEN),
          "norm.weight": _norm(HIDDEN)}
@@ -437,12 +450,14 @@ def dflash_zlab(path, seed=7, layer_ids=(1, 5), block_size=4, nested=False, mask
         W.update({**_attn(p + "self_attn.", HIDDEN), **_mlp(p + "mlp."), p + "self_attn.q_norm.weight": _norm(HEAD_DIM),
                   p + "self_attn.k_norm.weight": _norm(HEAD_DIM), p + "input_layernorm.weight": _norm(HIDDEN),
                   p + "post_attention_layernorm.weight": _norm(HIDDEN)})
-    dcfg = {"mask_token_id": mask_id, "target_layer_ids": list(layer_ids)}
+    dcfg = {"mask_token_id": mask_id, "target_layer_ids": list(layer_ids), **fields}
     cfg = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
            "hidden_size": HIDDEN, "intermediate_size": 2 * HIDDEN, "num_attention_heads": HEADS,
            "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "num_hidden_layers": layers, "rms_norm_eps": 1e-06,
            "rope_theta": 1000000.0, "max_position_embeddings": 4096, "vocab_size": VOCAB, "attention_bias": False,
            "num_target_layers": LAYERS, "dflash_config": dcfg}
+    if top_level:
+        cfg.update(mask_token_id=dcfg.pop("mask_token_id"), target_layer_ids=dcfg.pop("target_layer_ids"))
     if nested:
         dcfg["block_size"] = block_size
     else:

@@ -13,6 +13,8 @@ import torch
 from helpers import PROMPT, draft_mismatches, with_head
 
 import reference_gemma4 as G
+import transformers
+from tiny_models import build_tokenizer
 from specviz import SpecDecoder
 from specviz.heads.formats import layout_of, load_head_dir
 from specviz.methods.mtp import formats as mtp_formats
@@ -264,3 +266,30 @@ def test_static_graphs_equal_eager_on_gpu(target_dir, heads):
     assert [s.draft_token_ids for s in runs["eager"].steps] == [s.draft_token_ids for s in runs["static"].steps]
     graphs, = decs["static"].pool.free(("mtp", id(decs["static"].heads["mtp"])))  # drafted through captured graphs
     assert graphs.replays > 0 and graphs.graphs and all(g is not None for g in graphs.graphs.values())
+
+
+def test_a_multimodal_gemma4_checkpoint_is_decoded_by_its_text_decoder(root, base, heads, plain):
+    """Gemma 4's instruction models ship as ``Gemma4ForConditionalGeneration`` (text decoder under
+    ``model.language_model``, a vision tower beside it): specviz decodes its text decoder as ``Gemma4ForCausalLM``,
+    sharing the weights, so method none gives the text-only target's output and the assistant drafts what
+    transformers' own drafts on the text-only target (the same weights)."""
+    text = base.target_model
+    torch.manual_seed(0)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16)
+    config = transformers.Gemma4Config(text_config=transformers.Gemma4TextConfig(**G.TARGET), vision_config=vision,
+                                       audio_config=None, tie_word_embeddings=False)
+    multimodal = transformers.Gemma4ForConditionalGeneration(config).eval()
+    multimodal.model.language_model.load_state_dict(text.model.state_dict())
+    multimodal.lm_head.load_state_dict(text.lm_head.state_dict())
+    multimodal.generation_config.eos_token_id = None
+    directory = root / "multimodal"
+    multimodal.save_pretrained(directory, safe_serialization=True)
+    build_tokenizer().save_pretrained(directory)
+    dec = SpecDecoder.from_pretrained(directory, device="cpu", dtype="float32", heads={"mtp": str(heads["follow"])})
+    assert type(dec.target_model).__name__ == "Gemma4ForCausalLM"
+    assert dec.target_model.specviz_text_of == "Gemma4ForConditionalGeneration"
+    assert dec.generate(PROMPT, method="none", max_new_tokens=NEW).output_token_ids == plain
+    trace, bad = draft_mismatches(dec, "mtp", G.AssistantReference(text, heads["follow"]), K, NEW, min_compared=6)
+    assert not bad, bad
+    assert trace.output_token_ids == plain and sum(s.num_accepted for s in trace.steps) > 0

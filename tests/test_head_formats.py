@@ -672,3 +672,66 @@ def test_medusa_heads_inside_a_full_models_shards(layouts, root, target_dir, dec
     trace, bad = mismatches(with_model, "medusa", reference)
     assert not bad, bad
     assert trace.output_token_ids == plain
+
+
+def test_dflash_fields_are_read_as_zlab_reads_them(root, dec):
+    """z-lab's ``_draft_value`` reads ``dflash_config`` first, then the top level: ids and MASK id given at the top
+    level are used (not the default ids); ``input_embedding_scale`` scales the block embeddings and
+    ``output_multiplier`` / ``final_logit_softcapping`` transform the logits, as ``compute_logits`` does. Drafts and
+    the block's logits equal the reference's."""
+    tm = dec.target_model
+    W = R.dflash_zlab(root / "dflash-top", seed=17, layer_ids=(0, 2, 6), layers=1, top_level=True)
+    head = load_head_dir(root / "dflash-top", tm, "dflash")
+    assert head.config.target_layer_ids == (0, 2, 6) and head.source["target_layer_ids_in_file"] == [0, 2, 6]
+    with with_head(dec, "dflash", head):
+        assert not mismatches(dec, "dflash", R.DFlashReference(W, tm, (0, 2, 6), 1, 4, 2, base=1e6, eps=1e-6))[1]
+    fields = dict(input_embedding_scale=8.0, output_multiplier=0.5, final_logit_softcapping=3.0)
+    W = R.dflash_zlab(root / "dflash-scaled", seed=18, layers=1, **fields)
+    head = load_head_dir(root / "dflash-scaled", tm, "dflash")
+    assert {k: head.source[k] for k in fields} == fields
+    ref = R.DFlashReference(W, tm, (1, 5), 1, 4, 2, base=1e6, eps=1e-6, scale=8.0, multiplier=0.5, softcap=3.0)
+    unscaled = R.DFlashReference(W, tm, (1, 5), 1, 4, 2, base=1e6, eps=1e-6)
+    with with_head(dec, "dflash", head):
+        trace, bad = mismatches(dec, "dflash", ref)
+        assert not bad, bad
+        assert mismatches(dec, "dflash", unscaled)[1], "the scale changed no draft: the test cannot tell"
+    context = list(trace.prompt_token_ids)
+    n = len(context) - 1
+    hidden = tm.model(input_ids=torch.tensor([context[:n]]), output_hidden_states=True).hidden_states
+    features = torch.cat([hidden[i + 1][0] for i in (1, 5)], dim=-1)
+    with torch.no_grad():
+        got = head(features, torch.arange(n), torch.tensor([context[n]] + [2] * 3), torch.arange(n, n + 4))[1:]
+    torch.testing.assert_close(got, ref.logits(context), rtol=1e-4, atol=1e-4)
+    assert float(got.abs().max()) <= 3.0
+
+
+def test_dflash2_is_refused_by_name(root, dec):
+    """z-lab's DFlash2 (DFlashDraftModel's layers plus dynamic convolutions and a candidate selector) is not read as
+    a DFlash drafter with extra tensors: the error names DFlash2."""
+    import json
+
+    W = R.dflash_zlab(root / "dflash2", seed=19, layers=1)
+    config = json.loads((root / "dflash2" / "config.json").read_text())
+    config["dflash_config"].update(selector_rank=4, selector_top_k=2, conv_kernel_size=2, conv_group_size=8)
+    extra = {"candidate_selector.hidden_projection.weight": torch.zeros(4, R.HIDDEN),
+             "layers.0.attention_conv.base_kernel": torch.zeros(2, 2, R.HIDDEN)}
+    R.write(root / "dflash2-full", {**config, "architectures": ["DFlash2DraftModel"]}, {**W, **extra})
+    with pytest.raises(ValueError, match="DFlash2 drafter .* is not supported"):
+        load_head_dir(root / "dflash2-full", dec.target_model, "dflash")
+
+
+def test_a_head_for_another_tokenizer_says_so(layouts, dec, root):
+    """A Medusa-1 head whose LM heads score another vocabulary, or an EAGLE-3 head whose config names one, is refused
+    with the reason (another tokenizer) and what to do, not a list of tensor shapes."""
+    import json
+
+    _, _, W, _ = layouts["medusa1-fasterdecoding"]
+    R.write(root / "medusa1-other-vocab", {"medusa_num_heads": 3, "medusa_num_layers": 1},
+            {k: v[:-8] if k.endswith(".1.weight") else v for k, v in W.items()})
+    with pytest.raises(ValueError, match=f"score {R.VOCAB - 8} tokens.*has {R.VOCAB}.*another tokenizer.*trained for"):
+        load_head_dir(root / "medusa1-other-vocab", dec.target_model, "medusa")
+    _, directory, W, _ = layouts["eagle3-safeailab"]
+    config = json.loads((directory / "config.json").read_text())
+    R.write(root / "e3-other-vocab", {**config, "vocab_size": R.VOCAB + 8}, W)
+    with pytest.raises(ValueError, match="vocab_size .* != the target's .*another tokenizer.*trained for"):
+        load_head_dir(root / "e3-other-vocab", dec.target_model, "eagle3")

@@ -79,4 +79,10 @@ def _dflash(rec: dict[str, Any]) -> list[str]:
     ids = ", ".join(map(str, rec.get("target_layer_ids", [])))
     return [f"fuses the outputs of target layers {ids} ({html.escape(rec.get('tap_convention', ''))}); block "
             f"{rec.get('block_size')} (from the {rec.get('block_size_in')}), MASK id {rec.get('mask_token_id')}, "
-            f"non-causal; RoPE base {rec.get('rope_theta')}"]
+            f"non-causal; RoPE base {rec.get('rope_theta')}"] + [
+        f"{name.replace('_', ' ')} {rec[name]} (z-lab's {what})" for name, what in DFLASH_SCALES if name in rec]
+
+
+DFLASH_SCALES = (("input_embedding_scale", "block embeddings are multiplied by it"),
+                 ("output_multiplier", "logits are multiplied by it"),
+                 ("final_logit_softcapping", "logits are soft-capped: c tanh(z / c)"))

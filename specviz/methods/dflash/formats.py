@@ -7,8 +7,11 @@ from cat(context, block), q/k RMSNorms per head, non-causal; ``fc`` [H, len(ids)
 name the OUTPUT of layer i, read as ``hidden_states[i + 1]`` (``extract_context_feature``), default
 ``build_target_layer_ids(num_target_layers, num_hidden_layers)``; ``dflash_config.mask_token_id``;
 ``block_size`` at the top level, or inside ``dflash_config`` in newer checkpoints (speculators'
-DFlash converter)). specviz's DFlash config uses the same "output of layer i" convention, so the ids
-carry over unchanged. Sliding-window and causal draft layers (other DFlash families) are refused.
+DFlash converter)). Every DFlash field is read as z-lab's ``_draft_value`` reads it: ``dflash_config``
+first, then the top level, then the default (``block_size`` 16; ``input_embedding_scale`` and
+``output_multiplier`` 1.0; no ``final_logit_softcapping``). specviz's DFlash config uses the same
+"output of layer i" convention, so the ids carry over unchanged. Sliding-window and causal draft
+layers (other DFlash families) and DFlash2 (dynamic convolutions, a candidate selector) are refused.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from specviz.heads.formats.detect import Checkpoint
 from specviz.heads.formats.export import rope_fields
 
 LAYER_ATTN = re.compile(r"^layers\.(\d+)\.self_attn\.(.+)$")
+# z-lab's optional block-embedding scale and logit transforms, with its defaults (off)
+SCALES = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
 
 
 def zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -32,11 +37,20 @@ def zlab_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list
     return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
+ZLAB_DEFAULT_BLOCK_SIZE = 16  # DFlashDraftModel: _draft_value(config, "block_size", 16)
+
+
+def draft_value(raw: dict, name: str, default=None):
+    """z-lab's ``_draft_value``: ``dflash_config[name]``, else the top-level field, else ``default``."""
+    return (raw.get("dflash_config") or {}).get(name, raw.get(name, default))
+
+
 def target_layer_ids(raw: dict, num_draft_layers: int, num_target_layers: int) -> tuple[list[int], list[int] | None]:
     """(ids in specviz's convention, the ids as the file gives them or None). z-lab's ids already name layer
     outputs (read as ``hidden_states[i + 1]``), specviz's DFlash convention too: they carry over unchanged.
-    Absent: z-lab's default from ``num_target_layers`` (else the target's layer count)."""
-    given = (raw.get("dflash_config") or {}).get("target_layer_ids")
+    Read from ``dflash_config``, else the top level; absent: z-lab's earlier default from ``num_target_layers``
+    (else the target's layer count)."""
+    given = draft_value(raw, "target_layer_ids")
     if given:
         return list(given), list(given)
     return zlab_target_layer_ids(int(raw.get("num_target_layers", num_target_layers)), num_draft_layers), None
@@ -64,22 +78,30 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
     require(not dcfg.get("causal", False) and not raw.get("is_causal", False), where,
             "causal DFlash drafters are not supported (z-lab's are non-causal)")
     require(getattr(qc, "hidden_act", "silu") == "silu", where, f"hidden_act {qc.hidden_act!r}: only silu")
+    require(not any(k.startswith("candidate_selector.") or ".attention_conv." in k for k in state), where,
+            "a DFlash2 drafter (dynamic convolutions and a candidate selector) is not supported; specviz loads "
+            "z-lab's DFlashDraftModel")
     ids, ids_in_file = target_layer_ids(raw, layers, tc.num_hidden_layers)
-    block_size = raw.get("block_size", dcfg.get("block_size"))
-    require(block_size is not None, where, "no block_size (at the top level or in dflash_config)")
-    mask = dcfg.get("mask_token_id", raw.get("mask_token_id"))
+    block_size = draft_value(raw, "block_size", ZLAB_DEFAULT_BLOCK_SIZE)
+    block_size_in = ("dflash_config" if "block_size" in dcfg else "top level" if "block_size" in raw
+                     else f"default (z-lab's {ZLAB_DEFAULT_BLOCK_SIZE})")
+    mask = draft_value(raw, "mask_token_id")
     require(mask is not None, where, "no dflash_config.mask_token_id: the drafter's MASK token is target-specific")
     H = int(qc.hidden_size)
     require(state["fc.weight"].shape[1] == len(ids) * H if "fc.weight" in state else False, where,
             f"fc must read {len(ids)} x {H} features (target_layer_ids {ids})")
     head_dim = int(getattr(qc, "head_dim", None) or H // qc.num_attention_heads)
+    scales = {name: draft_value(raw, name, default) for name, default in SCALES.items()}
+    cap = scales["final_logit_softcapping"]
+    scales["final_logit_softcapping"] = None if cap is None or (isinstance(cap, (int, float)) and cap <= 0) else cap
     cfg = DFlashConfig(
         hidden_size=H, vocab_size=int(qc.vocab_size), num_attention_heads=int(qc.num_attention_heads),
         num_key_value_heads=int(qc.num_key_value_heads or qc.num_attention_heads), head_dim=head_dim,
         intermediate_size=int(qc.intermediate_size), rms_norm_eps=float(qc.rms_norm_eps),
         max_position_embeddings=int(qc.max_position_embeddings), target_num_hidden_layers=tc.num_hidden_layers,
         target_layer_ids=tuple(ids), num_layers=layers, block_size=int(block_size), mask_token_id=int(mask),
-        rope_parameters=dict(qc.rope_parameters), attention_bias=bool(getattr(qc, "attention_bias", False)))
+        rope_parameters=dict(qc.rope_parameters), attention_bias=bool(getattr(qc, "attention_bias", False)),
+        **scales)
 
     def rename(key: str) -> str | None:
         if "rotary_emb" in key:
@@ -93,8 +115,9 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
         "format": "dflash-zlab", "source": "z-lab/dflash (DFlashDraftModel)", "path": where,
         "target_layer_ids": ids, "target_layer_ids_in_file": ids_in_file,
         "tap_convention": "output of layer i = HF hidden_states[i + 1] (z-lab's +1)",
-        "block_size": int(block_size), "block_size_in": "top level" if "block_size" in raw else "dflash_config",
-        "mask_token_id": int(mask), "rope_theta": cfg.rope_parameters.get("rope_theta"), "causal": False, **copies})
+        "block_size": int(block_size), "block_size_in": block_size_in,
+        "mask_token_id": int(mask), "rope_theta": cfg.rope_parameters.get("rope_theta"), "causal": False,
+        **{k: v for k, v in scales.items() if v != SCALES[k]}, **copies})
 
 
 # ---- the formats contract (specviz.heads.formats) ---------------------------------------------------------------
@@ -130,6 +153,7 @@ def write(head, verifier):
               "vocab_size": c.vocab_size, "attention_bias": c.attention_bias, "tie_word_embeddings": False,
               "use_sliding_window": False, "layer_types": ["full_attention"] * c.num_layers,
               "num_target_layers": c.target_num_hidden_layers, "block_size": c.block_size,
-              "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids)},
+              "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids),
+                                **{k: getattr(c, k) for k, v in SCALES.items() if getattr(c, k) != v}},
               **rope_fields(c.rope_parameters)}
     return "dflash-zlab", config, tensors, "model.safetensors"

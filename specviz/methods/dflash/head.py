@@ -32,6 +32,7 @@ with the bundled target (d = 256, SwiGLU 704, GQA 4/2 x 64) and L_d = 2 layers, 
 from __future__ import annotations
 
 from typing import ClassVar
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,9 @@ class DFlashConfig(JsonConfig):
     block_size:       B; a block is [root, MASK x (B - 1)], so a step drafts at most B - 1 tokens.
     mask_token_id:    MASK's token id (specviz: the target's pad id).
     attention_bias:   q/k/v/o projections with biases (Qwen3's ``attention_bias``; z-lab layout).
+    input_embedding_scale, output_multiplier, final_logit_softcapping: z-lab's block embedding scale, logit
+                      multiplier and tanh soft-cap (``dflash/model.py``: ``dflash_generate``, ``compute_logits``;
+                      1.0, 1.0, None = off).
     """
 
     LABEL: ClassVar[str] = "DFlash"
@@ -99,6 +103,9 @@ class DFlashConfig(JsonConfig):
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     kind: str = KIND
     attention_bias: bool = False
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
@@ -108,6 +115,13 @@ class DFlashConfig(JsonConfig):
             raise ValueError(f"block_size must be >= 2 (a root and at least one MASK slot), got {self.block_size}")
         if self.num_layers < 1 or not self.target_layer_ids:
             raise ValueError("a DFlash drafter needs >= 1 layer and >= 1 target layer id")
+        for name in ("input_embedding_scale", "output_multiplier"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        cap = self.final_logit_softcapping
+        if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap)):
+            raise ValueError(f"final_logit_softcapping must be a finite number or null, got {cap!r}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
 
@@ -311,11 +325,18 @@ class DFlashHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
                      kvs: list[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor | None = None):
         """The block forward: block_ids / block_positions int64 [B, Q], kvs the context (k, v) per
         layer [B, Hkv, S, hd], mask bool [B or 1, 1, Q, S + Q] or None -> logits float32 [B, Q, V]."""
+        c = self.config
         h = self.embed_tokens(block_ids).to(self.dtype)  # [B, Q, d]
+        if c.input_embedding_scale != 1.0:
+            h = h * c.input_embedding_scale
         cos, sin = self.rotary_emb(h, block_positions)  # [B, Q, hd]
         for layer, (k, v) in zip(self.layers, kvs):
             h = layer(h, k, v, cos, sin, attention_mask)
-        return self.lm_head(self.norm(h).to(self.lm_head.weight.dtype)).float()  # [B, Q, V]
+        logits = self.lm_head(self.norm(h).to(self.lm_head.weight.dtype)).float()  # [B, Q, V]
+        if c.output_multiplier != 1.0:
+            logits = logits * c.output_multiplier
+        cap = c.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap is not None and cap > 0 else logits
 
     def _check(self, features, context_positions, block_ids, block_positions) -> None:
         F_ = self.config.feature_size

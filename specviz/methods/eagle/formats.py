@@ -198,7 +198,9 @@ def _eagle3(ckpt: Checkpoint, layout: str, target, state: dict):
             f"(tap {N}) is not available (transformers ties hidden_states[{N}] to the final norm)")
     require(ckpt.shape("lm_head.weight") == (draft_vocab, H), where,
             f"lm_head is {ckpt.shape('lm_head.weight')}, want [draft_vocab_size={draft_vocab}, {H}]")
-    require(vocab == tc.vocab_size, where, f"the head's vocab_size {vocab} != the target's {tc.vocab_size}")
+    require(vocab == tc.vocab_size, where, f"the head's vocab_size {vocab} != the target's {tc.vocab_size}: the head "
+            "was made for a target with another tokenizer. Use a head trained for this target (specviz train heads "
+            "--target DIR).")
     flags = norm_flags(layout, cfg)
     vocab_note = _vocab_map(state, draft_vocab, vocab, where)
     own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)

@@ -94,6 +94,10 @@ def _fasterdecoding(cfg: dict, layout: str, state: dict, where: str, tc):
         heads = {int(m[1]): int(m[2]) for m in map(MEDUSA1_HEAD.match, state) if m}
         require(heads == {h: L for h in range(K)}, where,
                 f"Medusa-1 keeps head h's LM head at '{{h}}.{L}.weight' for every head 0..{K - 1}; found {heads}")
+        rows = state[f"0.{L}.weight"].shape[0]
+        require(rows == tc.vocab_size, where, f"the heads' LM heads score {rows} tokens, the target's vocabulary has "
+                f"{tc.vocab_size}: the heads were made for a target with another tokenizer. Use a head trained for "
+                "this target (specviz train heads --target DIR).")
     cfg_out = MedusaConfig(kind="medusa", hidden_size=H, vocab_size=tc.vocab_size,
                            target_num_hidden_layers=tc.num_hidden_layers, num_heads=K, num_layers=L, fc_bias=True,
                            lm_heads="per_head" if own else "target")
