@@ -44,6 +44,9 @@ def load_parts(target: str | None, draft: str | None, device: Any, dtype: Any, r
     draft_model = load_model(draft, dev, dt) if draft is not None else None
     names = {"target": str(target), "draft": str(draft) if draft is not None else "", "dtype": str(dt).split(".")[-1],
              "model_sources": {"target": source_info(target), **({"draft": source_info(draft)} if draft else {})}}
+    for role, model in (("target", target_model), ("draft", draft_model)):
+        if getattr(model, "specviz_text_of", None):  # a multimodal checkpoint: decoded through its text decoder
+            names["model_sources"][role]["text_decoder_of"] = model.specviz_text_of
     loaded, errors, dirs = load_heads(target_model, heads, bundled=bundled_target)
     names.update({f"{name}_head": str(dirs[name]) for name in loaded})
     factory = runner_factory(target_model, dev, runner, max_cache_len, factory_compile)

@@ -187,7 +187,7 @@ def text_decoder_lm(model: torch.nn.Module) -> torch.nn.Module:
                              f"(uninitialised: {left[:4] or ['lm_head']})")
     lm.generation_config = model.generation_config
     lm.specviz_text_of = kind
-    return lm.to(model.dtype)
+    return lm  # no cast: the loaded buffers keep their dtypes (RoPE's inv_freq stays fp32 in a bf16 model)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):

@@ -268,7 +268,7 @@ def test_static_graphs_equal_eager_on_gpu(target_dir, heads):
     assert graphs.replays > 0 and graphs.graphs and all(g is not None for g in graphs.graphs.values())
 
 
-def test_a_multimodal_gemma4_checkpoint_is_decoded_by_its_text_decoder(root, base, heads, plain):
+def test_a_multimodal_gemma4_checkpoint_is_decoded_by_its_text_decoder(root, target_dir, base, heads, plain):
     """Gemma 4's instruction models ship as ``Gemma4ForConditionalGeneration`` (text decoder under
     ``model.language_model``, a vision tower beside it): specviz decodes its text decoder as ``Gemma4ForCausalLM``,
     sharing the weights, so method none gives the text-only target's output and the assistant drafts what
@@ -289,7 +289,14 @@ def test_a_multimodal_gemma4_checkpoint_is_decoded_by_its_text_decoder(root, bas
     dec = SpecDecoder.from_pretrained(directory, device="cpu", dtype="float32", heads={"mtp": str(heads["follow"])})
     assert type(dec.target_model).__name__ == "Gemma4ForCausalLM"
     assert dec.target_model.specviz_text_of == "Gemma4ForConditionalGeneration"
+    assert dec.names["model_sources"]["target"]["text_decoder_of"] == "Gemma4ForConditionalGeneration"
     assert dec.generate(PROMPT, method="none", max_new_tokens=NEW).output_token_ids == plain
     trace, bad = draft_mismatches(dec, "mtp", G.AssistantReference(text, heads["follow"]), K, NEW, min_compared=6)
     assert not bad, bad
     assert trace.output_token_ids == plain and sum(s.num_accepted for s in trace.steps) > 0
+    mm16 = SpecDecoder.from_pretrained(directory, device="cpu", dtype="bfloat16").target_model
+    text16 = SpecDecoder.from_pretrained(target_dir, device="cpu", dtype="bfloat16").target_model
+    assert all(b.dtype == torch.float32 for n, b in mm16.named_buffers() if n.endswith("inv_freq"))  # not cast
+    ids = torch.tensor([base.encode(PROMPT)])
+    with torch.no_grad():
+        assert torch.equal(mm16(ids).logits, text16(ids).logits)

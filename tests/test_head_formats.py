@@ -703,21 +703,54 @@ def test_dflash_fields_are_read_as_zlab_reads_them(root, dec):
         got = head(features, torch.arange(n), torch.tensor([context[n]] + [2] * 3), torch.arange(n, n + 4))[1:]
     torch.testing.assert_close(got, ref.logits(context), rtol=1e-4, atol=1e-4)
     assert float(got.abs().max()) <= 3.0
+    embedding = tm.get_input_embeddings()
+    scaled = type(embedding).forward  # a target whose embedding module scales its rows (Gemma's sqrt(H))
+    with pytest.MonkeyPatch.context() as mp, torch.no_grad():
+        mp.setattr(type(embedding), "forward", lambda self, ids: scaled(self, ids) * 8.0)
+        again = head(features, torch.arange(n), torch.tensor([context[n]] + [2] * 3), torch.arange(n, n + 4))[1:]
+    torch.testing.assert_close(again, got, rtol=0, atol=0)  # z-lab reads the raw rows, not the module's output
+    from specviz.heads.formats.export import save_published
+
+    save_published(head, root / "dflash-scaled-back", dtype=torch.float32)
+    back = load_head_dir(root / "dflash-scaled-back", tm, "dflash")
+    assert {k: getattr(back.config, k) for k in fields} == fields
+
+
+def test_dflash_block_size_as_zlab_reads_it(root, dec):
+    """block_size in dflash_config wins over the top level (``_draft_value``); absent from both, z-lab's 16."""
+    import json
+
+    W = R.dflash_zlab(root / "dflash-both", seed=21, block_size=6, layers=1)
+    config = json.loads((root / "dflash-both" / "config.json").read_text())
+    config["dflash_config"]["block_size"] = 5
+    R.write(root / "dflash-both", config, W)
+    head = load_head_dir(root / "dflash-both", dec.target_model, "dflash")
+    assert head.config.block_size == 5 and head.source["block_size_in"] == "dflash_config"
+    del config["dflash_config"]["block_size"], config["block_size"]
+    R.write(root / "dflash-neither", config, W)
+    head = load_head_dir(root / "dflash-neither", dec.target_model, "dflash")
+    assert head.config.block_size == 16 and head.source["block_size_in"] == "default (z-lab's 16)"
 
 
 def test_dflash2_is_refused_by_name(root, dec):
     """z-lab's DFlash2 (DFlashDraftModel's layers plus dynamic convolutions and a candidate selector) is not read as
-    a DFlash drafter with extra tensors: the error names DFlash2."""
+    a DFlash drafter with extra tensors: the error names DFlash2, before any tensor is read."""
     import json
+
+    from specviz.heads.formats import common
 
     W = R.dflash_zlab(root / "dflash2", seed=19, layers=1)
     config = json.loads((root / "dflash2" / "config.json").read_text())
     config["dflash_config"].update(selector_rank=4, selector_top_k=2, conv_kernel_size=2, conv_group_size=8)
+    config.update(architectures=["DFlash2DraftModel"], layer_types=["sliding_attention"], use_sliding_window=True,
+                  sliding_window=16)  # as z-lab's DFlash2 fixture: its layers are windowed too
     extra = {"candidate_selector.hidden_projection.weight": torch.zeros(4, R.HIDDEN),
              "layers.0.attention_conv.base_kernel": torch.zeros(2, 2, R.HIDDEN)}
-    R.write(root / "dflash2-full", {**config, "architectures": ["DFlash2DraftModel"]}, {**W, **extra})
-    with pytest.raises(ValueError, match="DFlash2 drafter .* is not supported"):
-        load_head_dir(root / "dflash2-full", dec.target_model, "dflash")
+    R.write(root / "dflash2-full", config, {**W, **extra})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(common, "load_file", lambda *a, **k: pytest.fail("read the tensors of a drafter it refuses"))
+        with pytest.raises(ValueError, match="DFlash2 drafter .* is not supported"):
+            load_head_dir(root / "dflash2-full", dec.target_model, "dflash")
 
 
 def test_a_head_for_another_tokenizer_says_so(layouts, dec, root):

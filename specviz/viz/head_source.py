@@ -73,6 +73,11 @@ def _medusa(rec: dict[str, Any]) -> list[str]:
     return out
 
 
+DFLASH_SCALES = (("input_embedding_scale", "block embeddings are multiplied by it"),
+                 ("output_multiplier", "logits are multiplied by it"),
+                 ("final_logit_softcapping", "logits are soft-capped: c tanh(z / c)"))
+
+
 def _dflash(rec: dict[str, Any]) -> list[str]:
     if not rec.get("format", "").startswith("dflash-"):
         return []
@@ -82,7 +87,3 @@ def _dflash(rec: dict[str, Any]) -> list[str]:
             f"non-causal; RoPE base {rec.get('rope_theta')}"] + [
         f"{name.replace('_', ' ')} {rec[name]} (z-lab's {what})" for name, what in DFLASH_SCALES if name in rec]
 
-
-DFLASH_SCALES = (("input_embedding_scale", "block embeddings are multiplied by it"),
-                 ("output_multiplier", "logits are multiplied by it"),
-                 ("final_logit_softcapping", "logits are soft-capped: c tanh(z / c)"))

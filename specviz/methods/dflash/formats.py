@@ -58,12 +58,17 @@ def target_layer_ids(raw: dict, num_draft_layers: int, num_target_layers: int) -
 
 def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
     """Load a ``dflash-zlab`` drafter onto ``target`` (its device, ``dtype`` default the target's, eval mode),
-    ``head.source`` saying where it came from. Raises ValueError for a missing ``mask_token_id`` or
-    ``block_size``, sliding / causal layers, unsupported activations, weights that do not fit, or a
-    drafter that does not fit the target (hidden size, vocabulary, taps)."""
+    ``head.source`` saying where it came from (``block_size`` absent: z-lab's default 16). Raises ValueError
+    for a DFlash2 drafter (before any tensor is read), a missing ``mask_token_id``, sliding / causal layers,
+    unsupported activations or scales, weights that do not fit, or a drafter that does not fit the target
+    (hidden size, vocabulary, taps)."""
     from transformers import AutoConfig
 
     raw, where, tc = ckpt.config, str(ckpt.directory), target.config
+    require(not any(k.startswith("candidate_selector.") or re.search(r"\.(attention|mlp)_conv\.", k)
+                    for k in ckpt.shapes), where,
+            "a DFlash2 drafter (dynamic convolutions and a candidate selector) is not supported; specviz loads "
+            "z-lab's DFlashDraftModel")
     model_type = raw.get("model_type", "qwen3")
     require(model_type in ("qwen3", "llama"), where, f"a z-lab DFlash drafter on {model_type!r} layers is not supported")
     qc = AutoConfig.for_model(model_type, **{k: v for k, v in raw.items() if k != "model_type"})  # Qwen3's defaults
@@ -78,9 +83,6 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
     require(not dcfg.get("causal", False) and not raw.get("is_causal", False), where,
             "causal DFlash drafters are not supported (z-lab's are non-causal)")
     require(getattr(qc, "hidden_act", "silu") == "silu", where, f"hidden_act {qc.hidden_act!r}: only silu")
-    require(not any(k.startswith("candidate_selector.") or ".attention_conv." in k for k in state), where,
-            "a DFlash2 drafter (dynamic convolutions and a candidate selector) is not supported; specviz loads "
-            "z-lab's DFlashDraftModel")
     ids, ids_in_file = target_layer_ids(raw, layers, tc.num_hidden_layers)
     block_size = draft_value(raw, "block_size", ZLAB_DEFAULT_BLOCK_SIZE)
     block_size_in = ("dflash_config" if "block_size" in dcfg else "top level" if "block_size" in raw

@@ -31,9 +31,9 @@ with the bundled target (d = 256, SwiGLU 704, GQA 4/2 x 64) and L_d = 2 layers, 
 
 from __future__ import annotations
 
-from typing import ClassVar
 import math
 import os
+from typing import ClassVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,10 +117,10 @@ class DFlashConfig(JsonConfig):
             raise ValueError("a DFlash drafter needs >= 1 layer and >= 1 target layer id")
         for name in ("input_embedding_scale", "output_multiplier"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         cap = self.final_logit_softcapping
-        if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap)):
+        if cap is not None and (isinstance(cap, bool) or not (isinstance(cap, (int, float)) and math.isfinite(cap))):
             raise ValueError(f"final_logit_softcapping must be a finite number or null, got {cap!r}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
@@ -326,7 +326,8 @@ class DFlashHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
         """The block forward: block_ids / block_positions int64 [B, Q], kvs the context (k, v) per
         layer [B, Hkv, S, hd], mask bool [B or 1, 1, Q, S + Q] or None -> logits float32 [B, Q, V]."""
         c = self.config
-        h = self.embed_tokens(block_ids).to(self.dtype)  # [B, Q, d]
+        # raw rows, as z-lab's _raw_input_embeddings: never a target's own embedding scale (Gemma's sqrt(H))
+        h = F.embedding(block_ids, self.embed_tokens.weight).to(self.dtype)  # [B, Q, d]
         if c.input_embedding_scale != 1.0:
             h = h * c.input_embedding_scale
         cos, sin = self.rotary_emb(h, block_positions)  # [B, Q, hd]
