@@ -212,3 +212,29 @@ def test_moe_families_capture_without_host_copies(family_dirs, family, dtype):
     assert runners and all(entry is not None for r in runners for entry in r.graphs.values())
     trace = dec.generate(PROMPT, method="draft_model", num_speculative_tokens=3, max_new_tokens=NEW)
     assert len(trace.output_token_ids) > 0
+
+
+def test_a_multimodal_gemma3_checkpoint_decodes_its_text_decoder(tmp_path):
+    """A ``Gemma3ForConditionalGeneration`` checkpoint (text decoder beside a vision tower) is decoded through its text
+    decoder as ``Gemma3ForCausalLM``: every head-free method gives transformers' own greedy output of the multimodal
+    model, in both runners."""
+    import transformers
+    from family_models import COMMON, FAMILIES
+    from tiny_models import build_tokenizer
+
+    over = FAMILIES["gemma3"][2]
+    text = transformers.Gemma3TextConfig(**{**COMMON, **over, "layer_types": list(over["layer_types"])})
+    vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, image_size=28, patch_size=14)
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(
+        transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)).eval()
+    model.save_pretrained(tmp_path / "target", safe_serialization=True)
+    build_tokenizer().save_pretrained(tmp_path / "target")
+    draft = save_family("gemma3", tmp_path / "draft", seed=1, layers=1)
+    want = reference_greedy(model, PROMPT, NEW)
+    for runner in ("eager", "static"):
+        dec = SpecDecoder.from_pretrained(tmp_path / "target", draft, device="cpu", dtype="float32", runner=runner)
+        assert type(dec.target_model).__name__ == "Gemma3ForCausalLM"
+        assert dec.target_model.specviz_text_of == "Gemma3ForConditionalGeneration"
+        run_every_method(dec, want)
