@@ -352,3 +352,21 @@ def test_the_legend_names_heads_that_are_not_the_bundled_ones():
     # the trace's own record decides where it has one (a comparison imported from another checkout's paths)
     assert "Heads given" not in table_legend([rows[0], dict(mine, head_bundled=True)])
     assert "Heads given" in table_legend([rows[0], dict(bundled, head_bundled=False)])
+
+
+def test_prompts_too_long_for_the_targets_context_are_skipped_and_named():
+    """A target of your own may have a shorter context than a bundled prompt set needs: the Compare tab runs the
+    prompts that fit and names the others (tokens + max new tokens against the context); none fitting is an error."""
+    from types import SimpleNamespace
+
+    from specviz.compare.model import Prompt
+    from specviz.ui.compare_handlers import fitting
+
+    decoder = SimpleNamespace(max_length=12, encode=lambda text: text.split())
+    prompts = [Prompt("short", "a b c"), Prompt("long", " ".join("x" * 10))]
+    keep, left = fitting(decoder, prompts, 4)
+    assert [p.name for p in keep] == ["short"]
+    assert left == ["prompt 'long' (10 tokens + 4 new > the model's context of 12)"]
+    with pytest.raises(ValueError, match="no prompt fits the model's context of 12 tokens with 10 new tokens"):
+        fitting(decoder, prompts, 10)
+    assert fitting(SimpleNamespace(max_length=None), prompts, 10) == (prompts, [])

@@ -18,6 +18,7 @@ from tiny_models import build_tokenizer
 from specviz import SpecDecoder
 from specviz.heads.formats import layout_of, load_head_dir
 from specviz.methods.mtp import formats as mtp_formats
+from specviz.methods.eagle.view import FATE_COLOUR
 from specviz.methods.mtp.assistant import Gemma4AssistantHead
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
@@ -185,7 +186,11 @@ def test_view_says_what_the_format_implies(base, heads):
                   f"target layer 1, positions 0..{n - 1}", "80 of 320", "not a real distribution", "q one-hot",
                   f"same position {n}"):
         assert words in page, words
-    assert "layer 2, 1" in mtp_figure(trace.to_dict(), step).layout.title.text
+    fig = mtp_figure(trace.to_dict(), step)
+    assert "target layers 2 (sliding) and 1 (full)" in fig.layout.title.text
+    named = {t.name for t in fig.data if t.showlegend is not False}
+    drawn = set(fig.data[0].marker.color)  # every colour the bars use has its legend entry
+    assert drawn and {f"confidence in the drafted token: {f}" for f, c in FATE_COLOUR.items() if c in drawn} <= named
     old = trace.to_dict()  # a trace recorded before kv_reads existed: one layer kv_layer, positions 0..n-1
     for st in old["steps"]:
         (st.get("match") or {}).pop("kv_reads", None)

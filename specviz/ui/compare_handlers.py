@@ -101,6 +101,23 @@ def _error(message: str, note: str = "the views below are unchanged") -> tuple:
     return (f"**error** · {md_text(message)} · _{note}_", *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), gr.skip())
 
 
+def fitting(decoder: Any, prompts: list, max_new_tokens: int) -> tuple[list, list[str]]:
+    """(the prompts whose tokens plus ``max_new_tokens`` fit the decoder's context, "prompt 'name' (why)" for the
+    others): a target of your own may have a shorter context than the bundled prompt sets need. Raises ValueError
+    when none fits (an empty prompt raises from ``encode``)."""
+    limit = getattr(decoder, "max_length", None)
+    if not limit:
+        return list(prompts), []
+    sizes = [len(decoder.encode(p.text)) for p in prompts]
+    keep = [p for p, n in zip(prompts, sizes) if n + max_new_tokens <= limit]
+    left = [f"prompt {p.name!r} ({n} tokens + {max_new_tokens} new > the model's context of {limit})"
+            for p, n in zip(prompts, sizes) if n + max_new_tokens > limit]
+    if prompts and not keep:
+        raise ValueError(f"no prompt fits the model's context of {limit} tokens with {max_new_tokens} new tokens: "
+                         + "; ".join(left) + ". Lower max new tokens or choose shorter prompts")
+    return keep, left
+
+
 def _progress(c: Comparison, total: int, last: str) -> str:
     return f"**running** · {len(c.runs)}/{total} runs · last: {last}"
 
@@ -124,7 +141,9 @@ class CompareHandlers:
                 raise ValueError(f"max new tokens must be in 1..{MAX_NEW_TOKENS}, got {max_new_tokens}")
             decoder = self.cache.get()
             chosen, skipped = runnable(decoder, chosen)
-            c = new_comparison(build_configs(chosen, ks, verifies, temperatures, trees), _prompts(prompt_keys, own),
+            prompts, too_long = fitting(decoder, _prompts(prompt_keys, own), n_new)
+            skipped += too_long
+            c = new_comparison(build_configs(chosen, ks, verifies, temperatures, trees), prompts,
                                _numbers(seeds, int, "seeds"), n_new)
         except (ValueError, TypeError) as exc:
             yield _error(str(exc))
@@ -132,12 +151,13 @@ class CompareHandlers:
         session = getattr(request, "session_hash", None) or "default"
         flag = self.signals.start(session)
         total = len(c.configs) * len(c.prompts) * len(c.seeds)
+        note = "; skipped: " + "; ".join(skipped) if skipped else ""
         try:
             with self.cache.in_use():  # the background warm-up waits until the comparison has ended
                 for r in iter_comparison(decoder, c, flag):
                     label = (f"{c.configs[r.config].label}, {md_text(vc.prompt_label(c, r.prompt))}, seed {r.seed} "
                              f"({r.wall_s:.1f} s)")
-                    yield (*_views(c, _progress(c, total, label), convention=convention), c.to_dict())
+                    yield (*_views(c, _progress(c, total, label) + note, convention=convention), c.to_dict())
         except ValueError as exc:
             yield _error(str(exc), f"the views below show the {len(c.runs)} runs before it" if c.runs else
                          "the views below are unchanged")
@@ -145,7 +165,6 @@ class CompareHandlers:
         finally:
             self.signals.finish(session, flag)
         done = "stopped" if len(c.runs) < total else "done"
-        note = "; skipped: " + "; ".join(skipped) if skipped else ""
         yield (*_views(c, f"**{done}** · {len(c.runs)}/{total} runs{note}", convention=convention), c.to_dict())
 
     def stop(self, request: gr.Request = None) -> str:

@@ -84,6 +84,14 @@ def _reads(m: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"type": "full_attention", "layer": m.get("kv_layer", "?"), "positions": [0, m["root_position"] - 1]}]
 
 
+def _reads_title(reads: list[dict[str, Any]]) -> str:
+    """"target layer 19" for one read, "target layers 3 (sliding) and 2 (full)" for one per attention type."""
+    if len(reads) == 1:
+        return f"target layer {reads[0]['layer']}"
+    named = [f"{r['layer']} ({str(r.get('type', '')).removesuffix('_attention')})" for r in reads]
+    return "target layers " + ", ".join(named[:-1]) + " and " + named[-1]
+
+
 def _source(trace: Trace) -> str:
     """", loaded from <layout> (<source>)" from the run's head record, or ""."""
     head = (trace.config or {}).get("head") or {}
@@ -124,12 +132,15 @@ def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> g
     fig.add_trace(go.Bar(x=xs, y=[s.get("draft_prob") for s in steps], name="confidence in the drafted token",
                          marker={"color": [FATE_COLOUR[f] for f in fates]},
                          text=[label(trace, int(t), 8) for t in st.draft_token_ids], textposition="outside",
-                         cliponaxis=False, hovertemplate="%{text}: %{y:.3f}<extra>%{x}</extra>"))
+                         cliponaxis=False, hovertemplate="%{text}: %{y:.3f}<extra>%{x}</extra>", showlegend=False))
+    for fate in dict.fromkeys(fates):  # one legend entry per colour the bars use
+        fig.add_trace(go.Bar(x=[None], y=[None], name=f"confidence in the drafted token: {fate}",
+                             marker={"color": FATE_COLOUR[fate]}))
     fig.add_trace(go.Scatter(x=xs, y=[s.get("head_top_prob") for s in steps], mode="lines+markers",
                              name="confidence in the head's top token", line={"dash": "dot", "color": "#6b7280"}))
     fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": 50, "b": 40}, plot_bgcolor="#ffffff",
-                      title={"text": f"MTP chain: every step at position {steps[0]['position']}, reading target "
-                                     f"layer {', '.join(str(r['layer']) for r in _reads(m))} K/V",
+                      title={"text": f"MTP chain: every step at position {steps[0]['position']}, reading the K/V "
+                                     f"of {_reads_title(_reads(m))}",
                              "font": {"size": 13}},
                       yaxis={"range": [0, 1.15], "title": "probability"}, legend={"orientation": "h", "y": -0.25})
     return fig
