@@ -301,3 +301,21 @@ def test_tree_requests_leave_the_chain_head_runner_pool_alone(eagle_decoders, ki
     assert dec.pool.free(key) == pooled  # the same runners, nothing added
     dec.generate(PROMPT, method=kind, num_speculative_tokens=3, max_new_tokens=6)
     assert isinstance(dec.current_proposer.runner, StaticHeadRunner)  # the chain after the tree drafts statically
+
+
+def test_the_lesson_says_which_feature_drafted_each_token():
+    """The lesson's draft chapter for the bundled EAGLE-3 head names the target layers of its first feature, and
+    each drafted token with the feature it came from and its confidence (the method's draft_why)."""
+    from specviz import SpecDecoder
+    from specviz.viz.common import fmt_prob, quoted
+    from specviz.viz.lesson import _draft_why
+
+    dec = SpecDecoder.from_pretrained(device="cpu", dtype="float32")
+    trace = dec.generate("def fib(n):\n    if n < 2:\n        return n\n    return", method="eagle3",
+                         num_speculative_tokens=3, max_new_tokens=8)
+    st = next(s for s in trace.steps if s.draft_token_ids)
+    text = _draft_why(trace, st)
+    layers = ", ".join(map(str, st.match["aux_layer_ids"]))
+    assert f"The EAGLE-3 head ran {len(st.draft_token_ids)} time(s)" in text and f"inputs of layers {layers}" in text
+    for i, (row, t) in enumerate(zip(st.match["positions"], st.draft_token_ids), start=1):
+        assert f"x{i} = {quoted(trace, t)} from " in text and f"(confidence {fmt_prob(row['draft_prob'])})" in text

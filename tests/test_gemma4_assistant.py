@@ -305,3 +305,19 @@ def test_a_multimodal_gemma4_checkpoint_is_decoded_by_its_text_decoder(root, tar
     ids = torch.tensor([base.encode(PROMPT)])
     with torch.no_grad():
         assert torch.equal(mm16(ids).logits, text16(ids).logits)
+
+
+def test_the_lesson_says_what_the_head_read_and_drafted(base, heads):
+    """The lesson's draft chapter for mtp names the constant position, the target layers whose K/V were read and each
+    drafted token with its confidence (the method's draft_why), not the generic sentence."""
+    from specviz.viz.common import fmt_prob, quoted
+    from specviz.viz.lesson import _draft_why
+
+    with swapped(base, load_head_dir(heads["follow"], base.target_model, "mtp")):
+        trace = base.generate(PROMPT, method="mtp", num_speculative_tokens=K, max_new_tokens=8)
+    st = next(s for s in trace.steps if s.draft_token_ids)
+    text = _draft_why(trace, st)
+    assert f"same position {st.match['steps'][0]['position']}" in text
+    assert "target layers 2 (sliding) and 1 (full)" in text
+    for s, t in zip(st.match["steps"], st.draft_token_ids):
+        assert f"step {s['step']} → {quoted(trace, t)} (confidence {fmt_prob(s['draft_prob'])})" in text

@@ -244,7 +244,11 @@ def test_mtp_view(mtp_decoders):
     for s in st.match["steps"]:
         assert s["position"] == n - 1 and 0.0 <= s["draft_prob"] <= s["head_top_prob"] <= 1.0
     fig = source_figure(tr, st.index)
-    assert [t.name for t in fig.data] == ["confidence in the drafted token", "confidence in the head's top token"]
+    fates = [("accepted" if m <= st.num_accepted else "rejected" if m == st.num_accepted + 1 else "not verified")
+             for m in range(1, len(st.draft_token_ids) + 1)]
+    assert [t.name for t in fig.data] == ["confidence in the drafted token", *(
+        f"confidence in the drafted token: {f}" for f in dict.fromkeys(fates)), "confidence in the head's top token"]
+    assert "target layer" in fig.layout.title.text
     assert len(fig.data[0].x) == len(st.draft_token_ids)
 
 

@@ -18,8 +18,8 @@ from specviz import methods
 from specviz.methods.eagle.config import EAGLE3, KINDS
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import (ONE_HOT_NOTE, as_trace, metrics_of, nothing_drafted, token_code, verified_q,
-                                verified_q_cell)
+from specviz.viz.common import (ONE_HOT_NOTE, as_trace, fmt_prob, metrics_of, nothing_drafted, quoted, token_code,
+                                verified_q, verified_q_cell)
 from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
@@ -173,6 +173,22 @@ def tree_source_html(trace: Trace, step: int) -> str:
             "is not the q the verifier uses: top-k children are chosen by rank, not sampled, so the lossless test "
             "(rule A) treats their q as one-hot, q = 1 (greedy verification uses no q). The tree itself is drawn in "
             "the draft-tree view, with both numbers in each node's hover.</div>")
+
+
+def draft_why(trace: Trace, st: Step) -> str | None:
+    """The lesson's sentences: the head ran once per drafted token, on a feature and the token after it."""
+    m, k = st.match or {}, len(st.draft_token_ids)
+    rows = (m.get("positions") or [])[:k]
+    if m.get("kind") not in KINDS or len(rows) < k or not k:
+        return None
+    name = "EAGLE-3" if m["kind"] == EAGLE3 else "EAGLE"
+    per = "; ".join(f"x{i} = {quoted(trace, t)} from {html.escape(_feature_text(m, row))}"
+                    + (f" (confidence {fmt_prob(row['draft_prob'])})" if row.get("draft_prob") is not None else "")
+                    for i, (row, t) in enumerate(zip(rows, st.draft_token_ids), start=1))
+    first = _feature_name(m).replace(" (fused", ", fused").rstrip(")")
+    return (f"The {name} head ran {k} time(s), once per drafted token, each time on a feature and the token that "
+            f"follows it. The first feature comes from the target ({first}), the later ones are the head's own "
+            "output: " + per + ".")
 
 
 panel_html, panel_figure = eagle_html, eagle_figure  # the view contract (specviz.methods.base)

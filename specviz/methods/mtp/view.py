@@ -18,7 +18,8 @@ import plotly.graph_objects as go
 
 from specviz.trace import Step, Trace
 
-from specviz.viz.common import ONE_HOT_NOTE, as_trace, label, nothing_drafted, token_code, verified_q, verified_q_cell
+from specviz.viz.common import (ONE_HOT_NOTE, as_trace, fmt_prob, label, nothing_drafted, quoted, token_code,
+                                 verified_q, verified_q_cell)
 from specviz.methods.eagle.view import CELL, FATE_COLOUR
 from specviz.viz.residual import message_figure
 
@@ -144,6 +145,21 @@ def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> g
                              "font": {"size": 13}},
                       yaxis={"range": [0, 1.15], "title": "probability"}, legend={"orientation": "h", "y": -0.25})
     return fig
+
+
+def draft_why(trace: Trace, st: Step) -> str | None:
+    """The lesson's sentences: every step of the head ran at the same position, on the target's own K/V."""
+    m, k = st.match or {}, len(st.draft_token_ids)
+    steps = (m.get("steps") or [])[:k]
+    if m.get("kind") != "mtp" or len(steps) < k or not k:
+        return None
+    per = "; ".join(f"step {s['step']} → {quoted(trace, t)}"
+                    + (f" (confidence {fmt_prob(s['draft_prob'])})" if s.get("draft_prob") is not None else "")
+                    for s, t in zip(steps, st.draft_token_ids))
+    return (f"The MTP head ran {k} time(s), every time at the same position {steps[0]['position']}, reading the K/V "
+            f"of {_reads_title(_reads(m))} from the target's own cache (it has no K/V of its own). Step 1 took the "
+            "target's last hidden state and the last committed token, each later step its own hidden state and its "
+            "previous draft: " + per + ".")
 
 
 panel_html, panel_figure = mtp_html, mtp_figure  # the view contract (specviz.methods.base)
