@@ -442,3 +442,18 @@ def test_a_trainers_evaluation_sees_each_steps_weights(medusa_decoders):
     again = head(f)
     assert not torch.allclose(again[0], first[0])
     torch.testing.assert_close(again[0], head.head_logits(f, 0).float(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_lesson_says_one_forward_of_every_head_drafted_the_chain(medusa_decoders):
+    """The lesson's draft chapter for a Medusa chain names the feature's position and each draft's head and
+    probability (the method's draft_why), not the generic sentence."""
+    from specviz.viz.common import fmt_prob, quoted
+    from specviz.viz.lesson import _draft_why
+
+    dec = medusa_decoders["eager"]
+    trace = dec.generate(PROMPT, method="medusa", num_speculative_tokens=3, max_new_tokens=10)
+    st = next(s for s in trace.steps if s.draft_token_ids)
+    text = _draft_why(trace, st)
+    assert f"final-norm feature at position {st.match['feature_position']}" in text
+    for i, (h, t) in enumerate(zip(st.match["heads"], st.draft_token_ids), start=1):
+        assert f"x{i} = {quoted(trace, t)} from head {h['head']} (p {fmt_prob(h['candidates'][0][1])})" in text

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from specviz.trace import Step, Trace
 
 from specviz.methods.eagle.view import CELL, FATE_COLOUR
-from specviz.viz.common import as_trace, label, token_text, nothing_drafted
+from specviz.viz.common import as_trace, fmt_prob, label, nothing_drafted, quoted, token_text
 from specviz.viz.head_source import head_source_html
 from specviz.viz.residual import message_figure
 
@@ -120,6 +120,22 @@ def medusa_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -
 
 # ---- the view contract (specviz.methods.base) ------------------------------------------------------------------
 panel_html, panel_figure = medusa_html, medusa_figure
+
+
+def draft_why(trace: Trace, st: Step) -> str | None:
+    """The lesson's sentences for a chain: one forward of every head on one target feature, head i's top candidate
+    as draft i + 1."""
+    m, k = st.match or {}, len(st.draft_token_ids)
+    heads = (m.get("heads") or [])[:k]
+    if m.get("kind") != "medusa" or m.get("shape") != "chain" or len(heads) < k or not k:
+        return None
+    per = "; ".join(f"x{i} = {quoted(trace, t)} from head {h['head']}"
+                    + (f" (p {fmt_prob(h['candidates'][0][1])})" if h.get("candidates") else "")
+                    for i, (h, t) in enumerate(zip(heads, st.draft_token_ids), start=1))
+    return (f"The Medusa heads ran <b>once</b>, all on the target's final-norm feature at position "
+            f"{m.get('feature_position')}: head i predicts the (i + 1)-th token after the last committed one, seeing "
+            "neither that token nor the drafts before its own, and each head's top candidate became a draft: "
+            + per + ".")
 
 
 def draft_limit(trace: Trace) -> tuple[int, str, str] | None:
