@@ -94,8 +94,6 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
             f"fc must read {len(ids)} x {H} features (target_layer_ids {ids})")
     head_dim = int(getattr(qc, "head_dim", None) or H // qc.num_attention_heads)
     scales = {name: draft_value(raw, name, default) for name, default in SCALES.items()}
-    cap = scales["final_logit_softcapping"]
-    scales["final_logit_softcapping"] = None if cap is None or (isinstance(cap, (int, float)) and cap <= 0) else cap
     cfg = DFlashConfig(
         hidden_size=H, vocab_size=int(qc.vocab_size), num_attention_heads=int(qc.num_attention_heads),
         num_key_value_heads=int(qc.num_key_value_heads or qc.num_attention_heads), head_dim=head_dim,
@@ -119,7 +117,7 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
         "tap_convention": "output of layer i = HF hidden_states[i + 1] (z-lab's +1)",
         "block_size": int(block_size), "block_size_in": block_size_in,
         "mask_token_id": int(mask), "rope_theta": cfg.rope_parameters.get("rope_theta"), "causal": False,
-        **{k: v for k, v in scales.items() if v != SCALES[k]}, **copies})
+        **{k: getattr(cfg, k) for k, v in SCALES.items() if getattr(cfg, k) != v}, **copies})
 
 
 # ---- the formats contract (specviz.heads.formats) ---------------------------------------------------------------

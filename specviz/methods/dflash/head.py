@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import math
 import os
-from typing import ClassVar
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -81,7 +81,7 @@ class DFlashConfig(JsonConfig):
     attention_bias:   q/k/v/o projections with biases (Qwen3's ``attention_bias``; z-lab layout).
     input_embedding_scale, output_multiplier, final_logit_softcapping: z-lab's block embedding scale, logit
                       multiplier and tanh soft-cap (``dflash/model.py``: ``dflash_generate``, ``compute_logits``;
-                      1.0, 1.0, None = off).
+                      1.0, 1.0, None = off; a cap <= 0 is stored as None).
     """
 
     LABEL: ClassVar[str] = "DFlash"
@@ -122,6 +122,8 @@ class DFlashConfig(JsonConfig):
         cap = self.final_logit_softcapping
         if cap is not None and (isinstance(cap, bool) or not (isinstance(cap, (int, float)) and math.isfinite(cap))):
             raise ValueError(f"final_logit_softcapping must be a finite number or null, got {cap!r}")
+        if cap is not None and cap <= 0:  # z-lab's compute_logits: a cap <= 0 is no cap
+            object.__setattr__(self, "final_logit_softcapping", None)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary [0, {self.vocab_size})")
 
@@ -337,7 +339,7 @@ class DFlashHead(SharedTargetMixin, Fp32RopeMixin, nn.Module):
         if c.output_multiplier != 1.0:
             logits = logits * c.output_multiplier
         cap = c.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap if cap is not None and cap > 0 else logits
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
     def _check(self, features, context_positions, block_ids, block_positions) -> None:
         F_ = self.config.feature_size
