@@ -149,3 +149,31 @@ def test_medusa_head_layers_override_builds_deeper_heads_that_save_and_load(tmp_
     log = __import__('specviz.methods.medusa.train', fromlist=['x']).train_medusa(target, w, w[:2], "cpu", tmp_path, config=cfg)
     head = load_head(log["saved"]["dir"], target)
     assert head.config.num_layers == 2 and all(len(b) == 2 for b in head.blocks)
+
+
+def test_init_from_continues_a_saved_head_and_refuses_another_shape(tmp_path, one_thread_per_test):
+    """``init_from``: a run starts from the saved head's weights (at lr 0 it ends on them, bit for bit); a saved head
+    of another shape is refused before any step, naming the field that differs."""
+    from tiny_models import build_model
+    import dataclasses
+
+    from specviz.heads.io import save_head
+
+    target = build_model("llama", seed=0, layers=2, hidden=32).float()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    w = torch.randint(0, target.config.vocab_size, (16, 17), generator=torch.Generator().manual_seed(0))
+    cfg = dataclasses.replace(train_heads_mod.default_config("medusa", smoke=True), steps=30, eval_every=10**6,
+                              eval_windows=4)
+    trained, _ = train_heads_mod.fit_head("medusa", target, w, w[:4], "cpu", cfg)
+    save_head(trained, tmp_path / "first", dtype=torch.float32)
+    kind = train_heads_mod.head_kind("medusa")
+    head_cfg, fresh = kind.new_head(target, cfg)
+    warm = train_heads_mod.warm_start(fresh, head_cfg, str(tmp_path / "first"))
+    assert all(torch.equal(a, b) for a, b in zip(warm.state_dict().values(), trained.state_dict().values()))
+    one = dataclasses.replace(cfg, steps=1, init_from=str(tmp_path / "first"), lr=0.0)  # lr 0: the saved weights
+    cont, _ = train_heads_mod.fit_head("medusa", target, w, w[:4], "cpu", one)
+    assert all(torch.equal(a, b) for a, b in zip(cont.state_dict().values(), trained.state_dict().values()))
+    deeper = dataclasses.replace(cfg, head_layers=2, init_from=str(tmp_path / "first"))
+    with pytest.raises(ValueError, match="head_layers|num_layers|differs"):
+        train_heads_mod.fit_head("medusa", target, w, w[:4], "cpu", deeper)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from safetensors.torch import load_file
 
 from specviz import methods
 from specviz.heads import save_head
@@ -48,6 +49,8 @@ class HeadTrainConfig(OptimizerConfig):
     (None = (2, L//2, L-3)). compile: torch.compile the EAGLE-1 head (EAGLE-3 runs eagerly: its
     DynamicCache is Python state). min_seconds_left: stop when fewer seconds of the budget remain
     (reserved for the final evaluation and saving). head_layers: Medusa's ResBlocks per head (None = 1).
+    init_from: a head directory in specviz's format (``specviz.heads.io``) of this method and shape to continue
+    from (a warm start: its weights, a fresh optimizer and schedule) instead of a random initialisation.
     """
 
     ttt_steps: int = 5
@@ -65,6 +68,7 @@ class HeadTrainConfig(OptimizerConfig):
     min_seconds_left: float = 10.0
     head_layers: int | None = None
     fit_to_budget: bool = False  # cosine over max(step / steps, elapsed / budget): the budget ends it at its floor
+    init_from: str | None = None
 
 
 @dataclass
@@ -190,6 +194,26 @@ def new_head(name: str, target) -> Any:
     return kind.new_head(target, kind.default)[1]
 
 
+def warm_start(head, head_cfg, directory: str):
+    """``head`` (fresh, of config ``head_cfg``) with the weights of the head saved in ``directory`` (specviz's format),
+    in the fresh head's dtype. Raises ValueError when that head is of another method or shape than ``head_cfg``
+    (every config field is compared), or its tensors do not match."""
+    from specviz.heads.io import WEIGHTS_NAME, load_config
+
+    saved = load_config(directory)
+    if saved != head_cfg:
+        ours, theirs = dataclasses.asdict(head_cfg), dataclasses.asdict(saved)
+        diff = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
+        raise ValueError(f"init_from={directory}: its head config differs from the one being trained "
+                         f"(field: (saved, training)): {diff}")
+    state = load_file(str(Path(directory) / WEIGHTS_NAME))
+    own = head.state_dict()
+    if set(state) != set(own) or any(tuple(state[k].shape) != tuple(own[k].shape) for k in own):
+        raise ValueError(f"init_from={directory}: its tensors do not match a {head_cfg.kind} head of this shape")
+    head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+    return head
+
+
 def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, device, cfg: HeadTrainConfig,
              time_budget_s: float | None = None):
     """Train one head of ``kind`` (a :class:`HeadKind` or a method's name) from scratch. Returns (head fp32 on device,
@@ -198,6 +222,8 @@ def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, devic
     device = torch.device(device)
     torch.manual_seed(cfg.seed)
     head_cfg, head = kind.new_head(target, cfg)
+    if cfg.init_from:
+        head = warm_start(head, head_cfg, cfg.init_from)
     head = head.to(device).attach(target).train()
     runner = torch.compile(head) if (cfg.compile and kind.compile) else head
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
