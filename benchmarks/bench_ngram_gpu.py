@@ -5,10 +5,10 @@ Triton compile per context length, k or (prompt_lookup_min, max), a rebuilt buff
 
 * kernel: ``ngram_match_triton`` alone on contexts of several lengths, k and n ranges, in that order: the first
   call of each shape and the median of the later calls (synchronised), and how many variants Triton compiled;
-* decode: the bundled models, method ngram_gpu, ngram_gpu with pad=False ("exact": k' read on the host, the
-  verifier's width k' + 1) and ngram, interleaved over ``--rounds``, on prompts of several lengths (a code prompt
-  repeated: nearly every step matches) and on a bundled prompt set (steps without a match too, where the padded
-  verifier still runs k + 1 rows): draft ms per step (median and max over the steps of the request, from the
+* decode: the bundled models, method ngram_gpu (k' read on the host, the verifier's width k' + 1), its padded
+  variant ("ngram_gpu padded": k' kept on the device, k + 1 rows verified at every step) and ngram, interleaved over ``--rounds``, on prompts of several lengths (a code prompt
+  repeated) and on a bundled prompt set (steps without a match too, where the padded variant still verifies
+  k + 1 rows): draft ms per step (median and max over the steps of the request, from the
   trace), the capture / compile ms the engine kept out of the step times, tokens/s, and each variant's share of
   ngram's tokens/s.
 
@@ -76,29 +76,22 @@ def kernel_part(lengths: list[int], device: torch.device, repeats: int) -> list[
 
 
 @contextlib.contextmanager
-def _exact_width(on: bool):
-    """While ``on``: ngram_gpu proposers built with pad=False ("ngram_gpu exact"): one host read of k' per step, so
-    the verifier runs k' + 1 rows (1 on a step without a match) instead of k + 1 padded rows (the default on CUDA,
-    which keeps k' on the device). Shows what the fixed width costs beside ngram, which verifies k' + 1 rows."""
-    from specviz.methods.ngram_gpu import proposer
+def _padded(on: bool):
+    """While ``on``: ngram_gpu's padded variant ("ngram_gpu padded", ``PAD_ON_CUDA``): k' stays on the device and the
+    verifier runs k + 1 rows on every step; the default reads k' on the host and verifies k' + 1 rows (1 on a step
+    without a match), as ngram does."""
+    import specviz.methods.ngram_gpu as ngram_gpu
 
-    if not on:
-        yield
-        return
-    original = proposer.NgramGPUProposer.__init__
-
-    def exact(self, *args, **kwargs):
-        original(self, *args, **{**kwargs, "pad": False})
-
-    proposer.NgramGPUProposer.__init__ = exact
+    before = ngram_gpu.PAD_ON_CUDA
+    ngram_gpu.PAD_ON_CUDA = on
     try:
         yield
     finally:
-        proposer.NgramGPUProposer.__init__ = original
+        ngram_gpu.PAD_ON_CUDA = before
 
 
 def decode_part(lengths: list[int], max_new_tokens: int, warm: bool, prompt_set: str, rounds: int) -> list[dict]:
-    """Decode rows: ngram_gpu (padded, the CUDA default), ngram_gpu exact (pad=False) and ngram on each prompt, the
+    """Decode rows: ngram_gpu (k' read on the host, the default), ngram_gpu padded (k' on the device) and ngram, the
     three interleaved ``rounds`` times (drift hits all alike); tokens/s from the step times, one-time costs kept out."""
     from specviz import SpecDecoder
     from specviz.compare.cli import load_prompt_set
@@ -115,9 +108,9 @@ def decode_part(lengths: list[int], max_new_tokens: int, warm: bool, prompt_set:
     rows = []
     for name, prompt in prompts:
         for rnd in range(rounds):
-            for method in ("ngram_gpu", "ngram_gpu exact", "ngram"):
+            for method in ("ngram_gpu", "ngram_gpu padded", "ngram"):
                 c0 = nm.compile_seconds
-                with _exact_width(method.endswith("exact")):
+                with _padded(method.endswith("padded")):
                     tr = dec.generate(prompt, method=method.split()[0], num_speculative_tokens=5, temperature=0.0,
                                       max_new_tokens=max_new_tokens)
                 draft = [s.timings_ms.get("draft", 0.0) for s in tr.steps]
@@ -138,10 +131,10 @@ def decode_part(lengths: list[int], max_new_tokens: int, warm: bool, prompt_set:
     print("\nmedian tokens/s over rounds, and each ngram_gpu variant's share of ngram's (target: >= 90 %)")
     for name, _ in prompts:
         med = {m: statistics.median(r["tokens_per_s"] for r in rows if r["prompt"] == name and r["method"] == m)
-               for m in ("ngram_gpu", "ngram_gpu exact", "ngram")}
-        print(f"  {name[:30]:30s} ngram {med['ngram']:6.0f} | padded {med['ngram_gpu']:6.0f} "
-              f"({100 * med['ngram_gpu'] / med['ngram']:.0f} %) | exact {med['ngram_gpu exact']:6.0f} "
-              f"({100 * med['ngram_gpu exact'] / med['ngram']:.0f} %)")
+               for m in ("ngram_gpu", "ngram_gpu padded", "ngram")}
+        print(f"  {name[:30]:30s} ngram {med['ngram']:6.0f} | ngram_gpu {med['ngram_gpu']:6.0f} "
+              f"({100 * med['ngram_gpu'] / med['ngram']:.0f} %) | padded {med['ngram_gpu padded']:6.0f} "
+              f"({100 * med['ngram_gpu padded'] / med['ngram']:.0f} %)")
     return rows
 
 

@@ -43,7 +43,8 @@ class NgramGPUProposer(NoFeedback):
     device-to-host copy returns the draft length and the match. Drafts equal :class:`NgramProposer`'s
     (same rules, tests/test_kernels_ngram.py). q is one-hot, so ``Draft.probs`` is None.
 
-    ``pad=True`` (what the engine uses on CUDA): the draft length k' is never read on the host. The
+    ``pad=True`` (the engine's choice on CUDA only when ``specviz.methods.ngram_gpu.PAD_ON_CUDA`` is set; at batch 1
+    the exact width is faster): the draft length k' is never read on the host. The
     draft is the matcher's row of min(num_tokens, k) slots, -1 past k' (the sampler's padding:
     k' = the index of the first -1, slots past it never accepted, the recovered / bonus token drawn
     from p_{k'+1}; docs/design/algorithms.md layout), the target verifies all k + 1 positions (the padding
