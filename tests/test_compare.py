@@ -297,6 +297,27 @@ def test_cli_compare_writes_csv_json_and_html(tiny_dirs, tmp_path, capsys):
     assert "--seeds must be" in capsys.readouterr().err
 
 
+def test_cli_compare_skips_prompts_too_long_for_the_context_and_names_them(tiny_dirs, tmp_path, capsys):
+    """As the Compare tab does: a prompt whose tokens plus the new tokens exceed the target's context is skipped and
+    named on stderr, the others run; when none fits, a clear error and exit code 2 (nothing written)."""
+    from specviz.cli import main
+
+    target, _ = tiny_dirs["llama"]
+    long_prompt = "def add(a, b): return a + b\n" * 120  # far over the tiny target's 256 positions
+    out = tmp_path / "cmp"
+    code = main(["compare", "--target", str(target), "--methods", "ngram", "-k", "3", "--prompt", "def add(a, b):",
+                 "--prompt", long_prompt, "--max-new-tokens", "8", "--device", "cpu", "--out", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert "skipped: prompt 'prompt 2' (" in printed.err and "> the model's context of 256)" in printed.err
+    back = load_comparison((out / "compare.json").read_text())
+    assert [p.name for p in back.prompts] == ["prompt 1"] and {r.prompt for r in back.runs} == {0}
+    code = main(["compare", "--target", str(target), "--methods", "ngram", "--prompt", long_prompt,
+                 "--max-new-tokens", "8", "--device", "cpu", "--out", str(tmp_path / "none")])
+    assert code == 2 and "no prompt fits the model's context of 256 tokens" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+
+
 def _sampled_comparison(spec_outputs, none_outputs, verify="standard", prompts=1):
     """A T = 1 comparison built by hand: one run per (prompt, seed) per arm with the given outputs
     (one plain step per token: the distribution check reads only the committed output)."""

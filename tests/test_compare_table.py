@@ -360,7 +360,7 @@ def test_prompts_too_long_for_the_targets_context_are_skipped_and_named():
     from types import SimpleNamespace
 
     from specviz.compare.model import Prompt
-    from specviz.ui.compare_handlers import fitting
+    from specviz.compare.run import fitting
 
     decoder = SimpleNamespace(max_length=12, encode=lambda text: text.split())
     prompts = [Prompt("short", "a b c"), Prompt("long", " ".join("x" * 10))]

@@ -116,7 +116,7 @@ def test_at_most_one_wait_per_step(gpu_decoder, monkeypatch, name, settings, det
         main = [e for e in s["waits"] if id(e) in core]
         side = [e for e in s["waits"] if id(e) not in core]
         summary.append((len(s["syncs"]), len(main), len(side)))
-        assert len(s["syncs"]) == host_reads, f"{name} step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
+        assert len(s["syncs"]) <= host_reads, f"{name} step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
         assert len(main) == 1, f"{name} step {i}: {len(main)} waits for the verifier's core graph"
         assert len(side) <= (1 if detailed else 0), f"{name} step {i}: {len(side)} other event waits"
     print(f"{name} detailed={detailed}: (syncs, core waits, detail waits) per step {summary}")

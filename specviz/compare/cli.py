@@ -79,6 +79,7 @@ def configs_from_args(args: Any) -> list[RunConfig]:
 
 def compare_main(args: Any) -> int:
     from specviz.cli_args import heads_from_args
+    from specviz.compare.run import fitting
     from specviz.engine import SpecDecoder
 
     try:
@@ -91,6 +92,10 @@ def compare_main(args: Any) -> int:
         compile = {"on": True, "off": False, "background": "background"}.get(getattr(args, "compile", None))
         decoder = SpecDecoder.from_pretrained(args.target, args.draft, device=args.device, dtype=args.dtype,
                                               heads=heads or None, compile=compile)
+        kept, left = fitting(decoder, comparison.prompts, args.max_new_tokens)
+        if left:  # a target of your own may have a shorter context than the bundled prompt sets need
+            print("skipped: " + "; ".join(left), file=sys.stderr)
+            comparison = new_comparison(comparison.configs, kept, comparison.seeds, args.max_new_tokens)
         if getattr(args, "fp32_logits", False):
             from specviz.precision import use_fp32_logits
 

@@ -26,6 +26,8 @@ from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
 from specviz.viz import compare_table as ct
 
+from specviz.compare.run import fitting
+
 from .cache import DecoderCache, StopSignals
 from .outputs import full_outputs, md_text, new_state, upload_bytes
 
@@ -99,23 +101,6 @@ def _message(text: str, height: int = 260):
 def _error(message: str, note: str = "the views below are unchanged") -> tuple:
     gr.Warning(message)
     return (f"**error** · {md_text(message)} · _{note}_", *([gr.skip()] * (len(OUTPUT_NAMES) - 1)), gr.skip())
-
-
-def fitting(decoder: Any, prompts: list, max_new_tokens: int) -> tuple[list, list[str]]:
-    """(the prompts whose tokens plus ``max_new_tokens`` fit the decoder's context, "prompt 'name' (why)" for the
-    others): a target of your own may have a shorter context than the bundled prompt sets need. Raises ValueError
-    when none fits (an empty prompt raises from ``encode``)."""
-    limit = getattr(decoder, "max_length", None)
-    if not limit:
-        return list(prompts), []
-    sizes = [len(decoder.encode(p.text)) for p in prompts]
-    keep = [p for p, n in zip(prompts, sizes) if n + max_new_tokens <= limit]
-    left = [f"prompt {p.name!r} ({n} tokens + {max_new_tokens} new > the model's context of {limit})"
-            for p, n in zip(prompts, sizes) if n + max_new_tokens > limit]
-    if prompts and not keep:
-        raise ValueError(f"no prompt fits the model's context of {limit} tokens with {max_new_tokens} new tokens: "
-                         + "; ".join(left) + ". Lower max new tokens or choose shorter prompts")
-    return keep, left
 
 
 def _progress(c: Comparison, total: int, last: str) -> str:
