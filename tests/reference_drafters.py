@@ -144,10 +144,12 @@ class EagleReference:
     W: the checkpoint's tensors; cfg: its numbers; target: the HF target (embedding, LM head, taps)."""
 
     def __init__(self, W, target, *, eagle3, taps=(), tap_outputs=False, prefix="", base=10000.0, eps=1e-5,
-                 norm_before_residual=False, fc_norm=False, norm_before_fc=False, norm_logits=True, feed_normed=False):
+                 norm_before_residual=False, fc_norm=False, norm_before_fc=False, norm_logits=True, feed_normed=False,
+                 linear_rope=1.0):
         self.W, self.target, self.eagle3, self.taps, self.prefix = W, target, eagle3, list(taps), prefix
         self.tap_outputs = tap_outputs  # SpecForge: the ids name layer outputs
         self.base, self.eps = base, eps
+        self.linear_rope = linear_rope  # cnets LlamaLinearScalingRotaryEmbedding: positions / factor
         self.flags = dict(nbr=norm_before_residual, fc_norm=fc_norm, nbf=norm_before_fc, norm_logits=norm_logits,
                           feed_normed=feed_normed)
         self.emb = W.get("embed_tokens.weight", target.get_input_embeddings().weight.detach())
@@ -171,6 +173,7 @@ class EagleReference:
     def rows(self, hidden_in, ids, pos):
         """hidden_in [T, H] (already through fc where the source applies it), ids [T] -> h [T, H]."""
         W, p, eps = self.W, self.prefix, self.eps
+        pos = pos / self.linear_rope
         emb = self.emb[ids]
         if not self.eagle3:  # cnets1: fc(cat(emb, hidden)) then a layer without input norm
             h = linear(torch.cat([emb, hidden_in], -1), W["fc.weight"], W.get("fc.bias"))
@@ -345,22 +348,23 @@ def eagle1_safeailab(path, target, seed=0, bias=True, pickle=True):
     return write(path, _llama_fields(bias=bias), W, "pytorch_model.bin" if pickle else "model.safetensors", pickle=pickle)
 
 
-def _eagle3_core(prefix, seed, draft_vocab, taps=3):
+def _eagle3_core(prefix, seed, draft_vocab, taps=3, hd=HEAD_DIM):
     torch.manual_seed(seed)
-    return {**_attn(prefix + "self_attn.", 2 * HIDDEN), **_mlp(prefix + "mlp."),
+    return {**_attn(prefix + "self_attn.", 2 * HIDDEN, hd=hd), **_mlp(prefix + "mlp."),
             prefix + "hidden_norm.weight": _norm(HIDDEN), prefix + "input_layernorm.weight": _norm(HIDDEN),
             prefix + "post_attention_layernorm.weight": _norm(HIDDEN), "fc.weight": _w(HIDDEN, taps * HIDDEN),
             "norm.weight": _norm(HIDDEN), "lm_head.weight": _w(draft_vocab, HIDDEN)}
 
 
-def eagle3_safeailab(path, seed=1, t2d=True):
+def eagle3_safeailab(path, seed=1, t2d=True, hd=HEAD_DIM, **fields):
     """SafeAILab EAGLE-3: ``midlayer.*``, ``fc`` [H, 3H], own norm and lm_head over 64 draft tokens, ``d2t``
-    offsets (+ ``t2d``), no embedding, no rope_theta."""
-    W = _eagle3_core("midlayer.", seed, 64)
+    offsets (+ ``t2d``), no embedding, no rope_theta; ``hd``: attention head size (``head_dim`` in the config when
+    it is not H / heads); ``fields``: more config fields (e.g. rope_theta, rope_scaling)."""
+    W = _eagle3_core("midlayer.", seed, 64, hd=hd)
     W["d2t"], mask = reduced_vocab(seed)
     if t2d:
         W["t2d"] = mask
-    return write(path, _llama_fields(draft_vocab_size=64), W)
+    return write(path, _llama_fields(draft_vocab_size=64, **({"head_dim": hd} if hd != HEAD_DIM else {}), **fields), W)
 
 
 def eagle3_specforge(path, target, seed=2, capture=(1, 3, 5)):

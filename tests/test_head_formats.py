@@ -182,6 +182,29 @@ def test_planted_inherited_rope_fails(layouts, dec, monkeypatch):
         assert mismatches(dec, "eagle3", reference)[1]
 
 
+def test_safeailab_scaled_rope_runs_at_base_10000_and_head_dim_is_read(root, dec, monkeypatch):
+    """SafeAILab's ``_init_rope`` builds its linear / dynamic scaled RoPE without ``base=``: a head whose config says
+    rope_theta 500000 with linear scaling x2 runs at base 10000 with positions / 2; the EAGLE-3 ``cnets.py`` reads
+    ``head_dim`` (here 4, not H / heads = 8). Drafts equal the reference's; reading rope_theta there (the planted
+    mistake) drafts differently."""
+    from specviz.heads.formats import common
+
+    tm = dec.target_model
+    fields = {"rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    W = R.eagle3_safeailab(root / "e3-sa-linear", seed=13, hd=4, **fields)
+    head = load_head_dir(root / "e3-sa-linear", tm, "eagle3")
+    rope = head.config.rope_parameters
+    assert (rope["rope_type"], rope["rope_theta"], rope["factor"], head.config.head_dim) == ("linear", 10000.0, 2.0, 4)
+    reference = R.EagleReference(W, tm, eagle3=True, taps=[2, 4, 5], prefix="midlayer.", linear_rope=2.0)
+    with with_head(dec, "eagle3", head):
+        assert not mismatches(dec, "eagle3", reference)[1]
+    monkeypatch.setattr(eagle_formats, "safeailab_rope", lambda cfg, where: common.rope_parameters(cfg))
+    planted = load_head_dir(root / "e3-sa-linear", tm, "eagle3")
+    assert planted.config.rope_parameters["rope_theta"] == 500000.0
+    with with_head(dec, "eagle3", planted):
+        assert mismatches(dec, "eagle3", reference)[1]
+
+
 # ---- what each layout is normalised to -------------------------------------------------------------------
 def test_normalisation_recorded(layouts, dec):
     """Taps in one convention (the input of layer l), norm flags with their source's default, the draft

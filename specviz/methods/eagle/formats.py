@@ -8,7 +8,9 @@ Sources (read for the layouts; the code here is specviz's own):
 * EAGLE-3, SafeAILab ``eagle/model/cnets.py`` (``midlayer``, ``fc`` [H, 3H], own ``norm`` and
   ``lm_head`` over ``draft_vocab_size`` rows, ``d2t`` offsets: target id = i + d2t[i]; taps: the
   inputs of layers {2, N//2, N-3} in layer order, ``modeling_llama_kv.py``); no ``rope_theta`` =
-  base 10000; head_dim = hidden_size // heads.
+  base 10000, and a linear / dynamic ``rope_scaling`` runs at base 10000 whatever ``rope_theta`` says (both files
+  build the scaled embeddings without ``base=``); head_dim = ``head_dim`` where the config gives one (the EAGLE-3
+  ``cnets.py``), else hidden_size // heads (``cnets1.py`` never reads it).
 * SpecForge ``specforge/modeling/draft/llama3_eagle.py`` (``LlamaForCausalLMEagle3``: optional
   ``fc_norm`` per tap, ``norm_output`` = norm before the LM head, default True; ``head_dim`` honoured)
   and ``algorithms/model_providers.py`` (``eagle_config.eagle_aux_hidden_state_layer_ids`` name the
@@ -121,9 +123,7 @@ def _eagle1(ckpt: Checkpoint, layout: str, target, state: dict):
     require(ckpt.has("layers.0.self_attn.q_proj.bias") == qkv_bias, where, "q/k/v biases disagree with qkv_bias")
     own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
     copies = drop_target_copies(state, target, where, lm_head="lm_head.weight")  # it drafts with the target's
-    rope = rope_parameters(cfg)
-    require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
-            f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
+    rope = safeailab_rope(cfg, where)
     head_cfg = HeadConfig(
         kind=EAGLE1, hidden_size=H, vocab_size=int(cfg.get("vocab_size", tc.vocab_size)), num_attention_heads=heads,
         num_key_value_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
@@ -168,15 +168,12 @@ def _eagle3(ckpt: Checkpoint, layout: str, target, state: dict):
         H = int(cfg["hidden_size"]) if "hidden_size" in cfg else ckpt.shape("fc.weight")[0]
         heads = int(cfg.get("num_attention_heads", tc.num_attention_heads))
         kv = int(cfg.get("num_key_value_heads") or heads)
-        # cnets.py always uses hidden // heads; SpecForge honours config.head_dim
-        head_dim = int(cfg.get("head_dim") or H // heads) if layout == "eagle3-specforge" else H // heads
-        eps, rope = float(cfg.get("rms_norm_eps", 1e-6)), rope_parameters(cfg)
+        head_dim = int(cfg.get("head_dim") or H // heads)  # SpecForge and the EAGLE-3 cnets.py honour head_dim
+        eps = float(cfg.get("rms_norm_eps", 1e-6))
+        rope = safeailab_rope(cfg, where) if layout == "eagle3-safeailab" else rope_parameters(cfg)
         vocab, max_pos = int(cfg.get("vocab_size", tc.vocab_size)), int(cfg.get("max_position_embeddings", 2048))
         qkv_bias = o_bias = False  # cnets.py / llama3_eagle.py: no attention biases
         draft_vocab = int(cfg.get("draft_vocab_size") or ckpt.shape("lm_head.weight")[0])
-        if layout == "eagle3-safeailab":
-            require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
-                    f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
     _check_act(cfg.get("transformer_layer_config", cfg) if speculators else cfg, where)
     require(ckpt.shape(prefix + "self_attn.q_proj.weight") == (heads * head_dim, 2 * H), where,
             f"{prefix}self_attn.q_proj is {ckpt.shape(prefix + 'self_attn.q_proj.weight')}, the config says "
@@ -249,6 +246,18 @@ def _vocab_map(state: dict, draft_vocab: int, vocab: int, where: str) -> dict:
     note["draft_to_target"] = "target id = draft id + d2t[draft id] (offsets)"
     note["d2t_examples"] = [[i, int(ids[i])] for i in range(min(6, draft_vocab))]
     return note
+
+
+def safeailab_rope(cfg: dict, where: str) -> dict:
+    """The RoPE a SafeAILab head runs (``cnets.py`` / ``cnets1.py`` ``_init_rope``): ``rope_theta`` (absent: 10000)
+    without scaling; with a linear or dynamic ``rope_scaling``, base 10000 (their scaled embeddings are built without
+    ``base=``). Raises ValueError for another scaling type, which those files refuse."""
+    rope = rope_parameters(cfg)
+    require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
+            f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
+    if rope["rope_type"] != "default":
+        rope["rope_theta"] = 10000.0
+    return rope
 
 
 def _layer_config(tl: dict, where: str):
