@@ -791,3 +791,26 @@ def test_a_head_for_another_tokenizer_says_so(layouts, dec, root):
     R.write(root / "e3-other-vocab", {**config, "vocab_size": R.VOCAB + 8}, W)
     with pytest.raises(ValueError, match="vocab_size .* != the target's .*another tokenizer.*trained for"):
         load_head_dir(root / "e3-other-vocab", dec.target_model, "eagle3")
+
+
+def test_layout_errors_name_the_cause(root, dec):
+    """Files that disagree with their config get errors that name the cause: a norm tensor without its flag, a tap
+    named twice, no draft_vocab_size where the lm_head has another row count."""
+    import json
+
+    tm = dec.target_model
+    R.eagle3_speculators(root / "e3-flag", tm, seed=14, norm_before_fc=True)
+    cfg = json.loads((root / "e3-flag" / "config.json").read_text())
+    cfg.pop("norm_before_fc")
+    (root / "e3-flag" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match='has input_norm.weight but norm_before_fc is False: set "norm_before_fc"'):
+        load_head_dir(root / "e3-flag", tm, "eagle3")
+    R.eagle3_speculators(root / "e3-twice", tm, seed=15, layer_ids=(2, 2, 5))
+    with pytest.raises(ValueError, match=r"the taps \[2, 2, 5\] name one target layer twice"):
+        load_head_dir(root / "e3-twice", tm, "eagle3")
+    R.eagle3_speculators(root / "e3-vocab", tm, seed=16)
+    cfg = json.loads((root / "e3-vocab" / "config.json").read_text())
+    cfg.pop("draft_vocab_size", None)
+    (root / "e3-vocab" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no draft_vocab_size in config.json"):
+        load_head_dir(root / "e3-vocab", tm, "eagle3")

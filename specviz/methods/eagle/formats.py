@@ -7,10 +7,8 @@ Sources (read for the layouts; the code here is specviz's own):
   ``input_layernorm`` on layer 0), ``ea_model.py`` (``"bias"`` absent = an fc bias).
 * EAGLE-3, SafeAILab ``eagle/model/cnets.py`` (``midlayer``, ``fc`` [H, 3H], own ``norm`` and
   ``lm_head`` over ``draft_vocab_size`` rows, ``d2t`` offsets: target id = i + d2t[i]; taps: the
-  inputs of layers {2, N//2, N-3} in layer order, ``modeling_llama_kv.py``); no ``rope_theta`` =
-  base 10000, and a linear / dynamic ``rope_scaling`` runs at base 10000 whatever ``rope_theta`` says (both files
-  build the scaled embeddings without ``base=``); head_dim = ``head_dim`` where the config gives one (the EAGLE-3
-  ``cnets.py``), else hidden_size // heads (``cnets1.py`` never reads it).
+  inputs of layers {2, N//2, N-3} in layer order, ``modeling_llama_kv.py``); RoPE: :func:`safeailab_rope`;
+  head_dim = the config's ``head_dim`` if any (EAGLE-3 ``cnets.py``), else hidden_size // heads (``cnets1.py``).
 * SpecForge ``specforge/modeling/draft/llama3_eagle.py`` (``LlamaForCausalLMEagle3``: optional
   ``fc_norm`` per tap, ``norm_output`` = norm before the LM head, default True; ``head_dim`` honoured)
   and ``algorithms/model_providers.py`` (``eagle_config.eagle_aux_hidden_state_layer_ids`` name the
@@ -120,7 +118,8 @@ def _eagle1(ckpt: Checkpoint, layout: str, target, state: dict):
         require(bool(cfg["bias"]) == fc_bias, where, f"config.json says bias={cfg['bias']} but the file "
                                                      f"{'has' if fc_bias else 'has no'} fc.bias")
     qkv_bias = bool(cfg.get("qkv_bias", False))
-    require(ckpt.has("layers.0.self_attn.q_proj.bias") == qkv_bias, where, "q/k/v biases disagree with qkv_bias")
+    require(ckpt.has("layers.0.self_attn.q_proj.bias") == qkv_bias, where,
+            f"config.json says qkv_bias={qkv_bias} but the file {'has' if not qkv_bias else 'has no'} q/k/v biases")
     own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
     copies = drop_target_copies(state, target, where, lm_head="lm_head.weight")  # it drafts with the target's
     rope = safeailab_rope(cfg, where)
@@ -188,17 +187,26 @@ def _eagle3(ckpt: Checkpoint, layout: str, target, state: dict):
             f"the head's layer is {H} wide and its target {target_hidden}: specviz's EAGLE-3 head works in the "
             "target's width (a narrower draft layer is not supported yet)")
     taps, taps_in_file = eagle3_taps(layout, cfg, N)
-    require(len(set(taps)) == len(taps) and ckpt.shape("fc.weight")[1] == len(taps) * H, where,
+    require(len(set(taps)) == len(taps), where, f"the taps {taps} name one target layer twice")
+    require(ckpt.shape("fc.weight")[1] == len(taps) * H, where,
             f"fc reads {ckpt.shape('fc.weight')[1]} features but the taps {taps} give {len(taps)} x {H}")
-    require(all(0 <= t < N for t in taps), where,
+    require(min(taps) >= 0, where, f"taps {taps}: a layer id below 0")
+    require(max(taps) < N, where,
             f"taps {taps} (inputs of those layers) must lie in [0, {N}): the last layer's un-normed output "
             f"(tap {N}) is not available (transformers ties hidden_states[{N}] to the final norm)")
     require(ckpt.shape("lm_head.weight") == (draft_vocab, H), where,
-            f"lm_head is {ckpt.shape('lm_head.weight')}, want [draft_vocab_size={draft_vocab}, {H}]")
+            f"lm_head is {ckpt.shape('lm_head.weight')}, want [draft_vocab_size={draft_vocab}, {H}]"
+            + ("" if "draft_vocab_size" in cfg else " (no draft_vocab_size in config.json: the format's default; "
+               "add the key with the lm_head's row count)"))
     require(vocab == tc.vocab_size, where, f"the head's vocab_size {vocab} != the target's {tc.vocab_size}: the head "
             "was made for a target with another tokenizer. Use a head trained for this target (specviz train heads "
             "--target DIR).")
     flags = norm_flags(layout, cfg)
+    for tensor, flag in (("input_norm.weight", "norm_before_fc"), ("fc_norm.0.weight", "fc_norm")):
+        fix = ("SafeAILab's cnets.py has no such norm" if layout == "eagle3-safeailab" else
+               f'set "{flag}": {str(not flags[flag]).lower()} in config.json')
+        require(ckpt.has(tensor) == flags[flag], where, f"the file {'has' if ckpt.has(tensor) else 'has no'} "
+                f"{tensor} but {flag} is {flags[flag]}: {fix}")
     vocab_note = _vocab_map(state, draft_vocab, vocab, where)
     own_embed, embed_what = shared_embedding(state, "embed_tokens.weight", target)
     head_cfg = HeadConfig(
@@ -249,9 +257,8 @@ def _vocab_map(state: dict, draft_vocab: int, vocab: int, where: str) -> dict:
 
 
 def safeailab_rope(cfg: dict, where: str) -> dict:
-    """The RoPE a SafeAILab head runs (``cnets.py`` / ``cnets1.py`` ``_init_rope``): ``rope_theta`` (absent: 10000)
-    without scaling; with a linear or dynamic ``rope_scaling``, base 10000 (their scaled embeddings are built without
-    ``base=``). Raises ValueError for another scaling type, which those files refuse."""
+    """The RoPE a SafeAILab head runs (``cnets[1].py`` ``_init_rope``): ``rope_theta`` (absent: 10000) unscaled; a linear
+    / dynamic ``rope_scaling`` at base 10000 (built without ``base=``). Raises ValueError for other scalings."""
     rope = rope_parameters(cfg)
     require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
             f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
