@@ -186,6 +186,9 @@ def test_views_and_lesson_render_every_step(decoders, method):
     assert all(chapter_html(chapters, i) for i in range(len(chapters)))
     if methods.get(method).view:
         assert importlib.import_module(methods.get(method).view).panel_html  # the view module keeps the contract
+    drafted = [c for c in chapters if c.kind == "draft" and trace.steps[c.step].draft_token_ids]
+    if methods.get(method).head and drafted:  # a head's draft chapter highlights its own view of what it read
+        assert {c.focus for c in drafted} == {"match"}, [(c.step, c.focus) for c in drafted]
 
 
 @pytest.mark.parametrize("method", [m for m in SPECULATIVE if methods.get(m).head or methods.get(m).needs_draft])

@@ -99,10 +99,15 @@ def method_text(method: str) -> str:
 
 def _draft_why(trace: Trace, st: Step) -> str:
     """Why the proposer drafted these tokens: the method's view says (its ``draft_why``), else a generic sentence."""
+    return _method_draft_why(trace, st) or _generic_draft_why(trace, st)
+
+
+def _method_draft_why(trace: Trace, st: Step) -> str | None:
     why = hook(trace, "draft_why")
-    said = why(trace, st) if why is not None else None
-    if said:
-        return said
+    return (why(trace, st) if why is not None else None) or None
+
+
+def _generic_draft_why(trace: Trace, st: Step) -> str:
     method, k = _method(trace, st), len(st.draft_token_ids)
     qs = ", ".join(f"q(x{i}) = {fmt_prob(p.q)}" for i, p in enumerate(st.positions[:k], start=1))
     return (f"The proposer {html.escape(method)} drafted {k} token(s): {_toks(trace, st.draft_token_ids)}"
@@ -130,8 +135,10 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
     if is_tree(st):
         return Chapter("draft", f"Step {st.index}: the proposer drafts a tree of {len(st.nodes)} nodes",
                        _tree_draft_why(trace, st), st.index, 1, "tree")
-    focus = getattr(view_module(trace), "LESSON_FOCUS", "grid")  # the view that shows where this draft came from
-    text = _draft_why(trace, st) + _capped_by_end(trace, st)
+    said = _method_draft_why(trace, st)
+    # the view that shows where this draft came from, when the method could say so; else the step grid's row
+    focus = getattr(view_module(trace), "LESSON_FOCUS", "grid") if said else "grid"
+    text = (said or _generic_draft_why(trace, st)) + _capped_by_end(trace, st)
     return Chapter("draft", f"Step {st.index}: the proposer drafts {k} token(s)", text, st.index, 1, focus)
 
 
