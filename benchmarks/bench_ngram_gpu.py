@@ -5,12 +5,12 @@ Triton compile per context length, k or (prompt_lookup_min, max), a rebuilt buff
 
 * kernel: ``ngram_match_triton`` alone on contexts of several lengths, k and n ranges, in that order: the first
   call of each shape and the median of the later calls (synchronised), and how many variants Triton compiled;
-* decode: the bundled models, method ngram_gpu (k' read on the host, the verifier's width k' + 1), its padded
-  variant ("ngram_gpu padded": k' kept on the device, k + 1 rows verified at every step) and ngram, interleaved over ``--rounds``, on prompts of several lengths (a code prompt
-  repeated) and on a bundled prompt set (steps without a match too, where the padded variant still verifies
-  k + 1 rows): draft ms per step (median and max over the steps of the request, from the
-  trace), the capture / compile ms the engine kept out of the step times, tokens/s, and each variant's share of
-  ngram's tokens/s.
+* decode: the bundled models, method ngram_gpu (k' read on the host, the verifier's width k' + 1), its
+  padded variant ("ngram_gpu padded": k' kept on the device, k + 1 rows verified at every step) and ngram,
+  interleaved over ``--rounds``, on prompts of several lengths (a code prompt repeated) and on a bundled prompt
+  set (steps without a match too, where the padded variant still verifies k + 1 rows): draft ms per step (median
+  and max over the steps of the request, from the trace), the capture / compile ms the engine kept out of the step
+  times, tokens/s, and each variant's share of ngram's tokens/s.
 
 With one compiled variant per device the first request of each new length costs what the later ones do (only the
 process's very first call compiles). ``--warm-up`` runs ``SpecDecoder.warm_up()`` first, as the app does.

@@ -1,4 +1,5 @@
-"""At most one host wait per engine step, for every method, counted on a GPU.
+"""At most one host wait per engine step, for every method, counted on a GPU (ngram_gpu by default reads its draft
+length once more: it verifies k' + 1 rows, not k + 1; its padded variant reads nothing).
 
 Counted per call of ``SpecDecoder._step`` in a warm request (a first request captured the graphs):
 * host syncs that PyTorch's sync-debug mode reports (``torch.cuda.set_sync_debug_mode("warn")``:
@@ -119,6 +120,8 @@ def test_at_most_one_wait_per_step(gpu_decoder, monkeypatch, name, settings, det
         assert len(s["syncs"]) <= host_reads, f"{name} step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
         assert len(main) == 1, f"{name} step {i}: {len(main)} waits for the verifier's core graph"
         assert len(side) <= (1 if detailed else 0), f"{name} step {i}: {len(side)} other event waits"
+    if host_reads:  # the read of k' happens on the steps that draft (the last step drafts nothing)
+        assert any(n == host_reads for n, _, _ in summary), summary
     print(f"{name} detailed={detailed}: (syncs, core waits, detail waits) per step {summary}")
 
 

@@ -176,7 +176,9 @@ def test_planted_inherited_rope_fails(layouts, dec, monkeypatch):
     from specviz.heads.formats import common
 
     real = common.rope_parameters
-    monkeypatch.setattr(eagle_formats, "rope_parameters", lambda cfg, default_theta=10000.0: real(cfg, R.TARGET_ROPE))
+    inherited = lambda cfg, default_theta=10000.0: real(cfg, R.TARGET_ROPE)  # noqa: E731
+    monkeypatch.setattr(eagle_formats, "rope_parameters", inherited)
+    monkeypatch.setattr(common, "rope_parameters", inherited)  # what safeailab_rope reads
     head = load_head_dir(directory, dec.target_model, "eagle3")
     with with_head(dec, "eagle3", head):
         assert mismatches(dec, "eagle3", reference)[1]
@@ -565,6 +567,29 @@ def test_exported_eagle3_matches_the_reference_and_merges_taps(dec, root):
                            base=R.TARGET_ROPE)  # specviz builds its heads with the target's RoPE
     with with_head(dec, "eagle3", head):
         assert not mismatches(dec, "eagle3", ref)[1]
+
+
+def test_eagle1_export_refuses_a_rope_safeailab_would_read_differently(dec, root):
+    """SafeAILab runs a linear / dynamic RoPE scaling at base 10000: a head scaled at another base cannot be written
+    in that layout (it would read back at 10000 and draft differently); scaled at 10000 it round-trips."""
+    import dataclasses
+
+    from specviz.heads.formats.export import save_published
+    from specviz.methods.eagle.config import head_config_from_target
+    from specviz.methods.eagle.head import build_head
+
+    tm = dec.target_model
+    for theta, ok in ((500000.0, False), (10000.0, True)):
+        rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": theta}
+        cfg = dataclasses.replace(head_config_from_target(tm.config, "eagle"), rope_parameters=rope)
+        head = build_head(cfg).attach(tm).eval()
+        if not ok:
+            with pytest.raises(ValueError, match="at base 10000"):
+                save_published(head, root / "export-e1-rope-bad", dtype=torch.float32)
+            continue
+        save_published(head, root / "export-e1-rope", dtype=torch.float32)
+        back = load_head_dir(root / "export-e1-rope", tm, "eagle")
+        assert back.config.rope_parameters == rope
 
 
 def test_heads_faster_decoding_cannot_hold_are_written_in_vllms_layout(dec, root):

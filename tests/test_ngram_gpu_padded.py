@@ -1,4 +1,4 @@
-"""ngram_gpu with ``pad=True`` (what the engine uses on CUDA): the draft stays
+"""ngram_gpu with ``pad=True`` (the engine's on CUDA when ``PAD_ON_CUDA`` is set): the draft stays
 padded to k with -1 on the device, the target verifies k + 1 positions, the sampler takes k' from
 the first -1, and the match details are filled by observe after the step's wait. On the CPU
 (reference matcher and sampler) the run must equal the unpadded one: tokens, drafts, acceptances,

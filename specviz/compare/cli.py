@@ -6,6 +6,8 @@ Writes ``DIR/compare.csv`` (one row per configuration), ``DIR/compare.json`` (ev
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import sys
 from pathlib import Path
@@ -95,7 +97,7 @@ def compare_main(args: Any) -> int:
         kept, left = fitting(decoder, comparison.prompts, args.max_new_tokens)
         if left:  # a target of your own may have a shorter context than the bundled prompt sets need
             print("skipped: " + "; ".join(left), file=sys.stderr)
-            comparison = new_comparison(comparison.configs, kept, comparison.seeds, args.max_new_tokens)
+            comparison = dataclasses.replace(comparison, prompts=kept)
         if getattr(args, "fp32_logits", False):
             from specviz.precision import use_fp32_logits
 
@@ -108,7 +110,8 @@ def compare_main(args: Any) -> int:
                         method_names=sorted({c.method for c in cfgs}))
         total = len(comparison.configs) * len(comparison.prompts) * len(comparison.seeds)
         for r in iter_comparison(decoder, comparison):
-            print(f"[{len(comparison.runs)}/{total}] {comparison.configs[r.config].label} · prompt {r.prompt + 1} · seed {r.seed}: "
+            print(f"[{len(comparison.runs)}/{total}] {comparison.configs[r.config].label} · "
+                  f"{comparison.prompts[r.prompt].name} · seed {r.seed}: "
                   f"{len(r.trace.output_token_ids)} tokens in {r.wall_s:.2f} s", file=sys.stderr)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

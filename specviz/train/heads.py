@@ -216,8 +216,8 @@ def warm_start(head, head_cfg, directory: str):
 
 def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, device, cfg: HeadTrainConfig,
              time_budget_s: float | None = None):
-    """Train one head of ``kind`` (a :class:`HeadKind` or a method's name) from scratch. Returns (head fp32 on device,
-    log dict)."""
+    """Train one head of ``kind`` (a :class:`HeadKind` or a method's name) from scratch, or from ``cfg.init_from``'s
+    weights (:func:`warm_start`). Returns (head fp32 on device, log dict)."""
     kind = head_kind(kind) if isinstance(kind, str) else kind
     device = torch.device(device)
     torch.manual_seed(cfg.seed)

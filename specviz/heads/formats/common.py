@@ -55,6 +55,17 @@ def rope_parameters(cfg: dict, default_theta: float = DEFAULT_ROPE_THETA) -> dic
     return params
 
 
+def safeailab_rope(cfg: dict, where: str) -> dict:
+    """The RoPE a SafeAILab head runs (``cnets[1].py`` ``_init_rope``): ``rope_theta`` (absent: 10000) unscaled;
+    linear / dynamic ``rope_scaling`` at base 10000 (built without ``base=``). ValueError for other scalings."""
+    rope = rope_parameters(cfg)
+    require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
+            f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
+    if rope["rope_type"] != "default":
+        rope["rope_theta"] = 10000.0
+    return rope
+
+
 def shared_embedding(state: dict[str, torch.Tensor], name: str, target) -> tuple[bool, str]:
     """Whether the head needs its own embedding: the file's ``name`` tensor, if any, against the target's
     input embedding (vLLM ``_should_share``: a copy equal to the target's is shared, not kept).

@@ -29,7 +29,7 @@ import torch
 from .config import EAGLE1, EAGLE3, HeadConfig
 from .head import build_head
 from specviz.heads.formats.common import (drop_target_copies, fill, finish, load_tensors, require, rope_parameters,
-                                         shared_embedding)
+                                         safeailab_rope, shared_embedding)
 from specviz.heads.formats.detect import Checkpoint
 from specviz.heads.formats.export import rope_fields
 
@@ -256,17 +256,6 @@ def _vocab_map(state: dict, draft_vocab: int, vocab: int, where: str) -> dict:
     return note
 
 
-def safeailab_rope(cfg: dict, where: str) -> dict:
-    """The RoPE a SafeAILab head runs (``cnets[1].py`` ``_init_rope``): ``rope_theta`` (absent: 10000) unscaled; a linear
-    / dynamic ``rope_scaling`` at base 10000 (built without ``base=``). Raises ValueError for other scalings."""
-    rope = rope_parameters(cfg)
-    require(rope["rope_type"] in ("default", "linear", "dynamic"), where,
-            f"SafeAILab heads know RoPE scaling linear / dynamic only, got {rope['rope_type']!r}")
-    if rope["rope_type"] != "default":
-        rope["rope_theta"] = 10000.0
-    return rope
-
-
 def _layer_config(tl: dict, where: str):
     """speculators' ``transformer_layer_config`` with transformers' defaults filled in (it is saved as a
     diff against them: ``to_diff_dict``). Only llama layers are supported."""
@@ -319,10 +308,13 @@ def write(head, verifier):
 
 
 def _write_eagle1(head, verifier):
-    c = head.config
-    if c.head_dim * c.num_attention_heads != c.hidden_size or c.o_bias:
-        raise ValueError("SafeAILab's EAGLE-1 layout computes head_dim = hidden_size // heads and has no o_proj bias; "
-                         f"this head has head_dim {c.head_dim} x {c.num_attention_heads} heads, o_bias {c.o_bias}")
+    c, rope = head.config, head.config.rope_parameters
+    odd_rope = rope.get("rope_type", "default") != "default" and (rope.get("rope_type") not in ("linear", "dynamic")
+                                                                   or float(rope["rope_theta"]) != 10000.0)
+    if c.head_dim * c.num_attention_heads != c.hidden_size or c.o_bias or odd_rope:  # safeailab_rope reads it back
+        raise ValueError("SafeAILab's EAGLE-1 layout computes head_dim = hidden_size // heads, has no o_proj bias and "
+                         "scales RoPE (linear / dynamic only) at base 10000; this head has head_dim "
+                         f"{c.head_dim} x {c.num_attention_heads} heads, o_bias {c.o_bias}, RoPE {rope}")
     layer = head.layer.state_dict()
     tensors = {"fc.weight": head.fc.weight, **({"fc.bias": head.fc.bias} if c.fc_bias else {}),
                **{f"layers.0.{k}": v for k, v in layer.items() if not k.startswith("input_layernorm")}}
