@@ -190,7 +190,7 @@ def test_view_says_what_the_format_implies(base, heads):
     assert "target layers 2 (sliding) and 1 (full)" in fig.layout.title.text
     named = {t.name for t in fig.data if t.showlegend is not False}
     drawn = set(fig.data[0].marker.color)  # every colour the bars use has its legend entry
-    assert drawn and {f"confidence in the drafted token: {f}" for f, c in FATE_COLOUR.items() if c in drawn} <= named
+    assert drawn and {f"probability of the drafted token: {f}" for f, c in FATE_COLOUR.items() if c in drawn} <= named
     old = trace.to_dict()  # a trace recorded before kv_reads existed: one layer kv_layer, positions 0..n-1
     for st in old["steps"]:
         (st.get("match") or {}).pop("kv_reads", None)
@@ -320,4 +320,5 @@ def test_the_lesson_says_what_the_head_read_and_drafted(base, heads):
     assert f"same position {st.match['steps'][0]['position']}" in text
     assert "target layers 2 (sliding) and 1 (full)" in text
     for s, t in zip(st.match["steps"], st.draft_token_ids):
-        assert f"step {s['step']} → {quoted(trace, t)} (confidence {fmt_prob(s['draft_prob'])})" in text
+        said = f"pass {s['step']} → {quoted(trace, t)} (the head's probability of it {fmt_prob(s['draft_prob'])})"
+        assert said in text

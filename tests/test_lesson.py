@@ -108,7 +108,8 @@ def test_block_chapters_give_P_h_eta_and_tau(traces):
         assert f"P_{i} = {fmt_prob(b['P'][i - 1])}" in c.text and f"h_{i} = {fmt_prob(b['h'][i - 1])}" in c.text
         assert f"η_{i} = {fmt_prob(b['eta'][i - 1])}" in c.text
     tau = next(c for c in chapters if c.kind == "block" and c.step == 0)
-    assert f"= {b['tau']}, so the first {b['tau']} draft token(s) are accepted" in tau.text
+    tau_said = f"τ = {b['tau']}: the last position i with η_i ≤ h_i, so the first {b['tau']} draft token(s) are"
+    assert tau_said + " accepted" in tau.text
 
 
 def test_block_chapter_compares_token_wise_only_where_token_wise_would_reach(traces):

@@ -455,5 +455,8 @@ def test_the_lesson_says_one_forward_of_every_head_drafted_the_chain(medusa_deco
     st = next(s for s in trace.steps if s.draft_token_ids)
     text = _draft_why(trace, st)
     assert f"final-norm feature at position {st.match['feature_position']}" in text
+    assert f"the root token at position {st.match['root_position']} came from the target's own LM head" in text
     for i, (h, t) in enumerate(zip(st.match["heads"], st.draft_token_ids), start=1):
-        assert f"x{i} = {quoted(trace, t)} from head {h['head']} (p {fmt_prob(h['candidates'][0][1])})" in text
+        prob = fmt_prob(h["candidates"][0][1])
+        said = f"x{i} = {quoted(trace, t)} from head {h['head']} (the head's probability {prob})"
+        assert said in text

@@ -246,8 +246,8 @@ def test_mtp_view(mtp_decoders):
     fig = source_figure(tr, st.index)
     fates = [("accepted" if m <= st.num_accepted else "rejected" if m == st.num_accepted + 1 else "not verified")
              for m in range(1, len(st.draft_token_ids) + 1)]
-    assert [t.name for t in fig.data] == ["confidence in the drafted token", *(
-        f"confidence in the drafted token: {f}" for f in dict.fromkeys(fates)), "confidence in the head's top token"]
+    assert [t.name for t in fig.data] == ["the head's probability of the drafted token", *(
+        f"probability of the drafted token: {f}" for f in dict.fromkeys(fates)), "probability of the head's top token"]
     assert "target layer" in fig.layout.title.text
     assert len(fig.data[0].x) == len(st.draft_token_ids)
 

@@ -190,7 +190,7 @@ def test_chapters(trace: Trace, st: Step, every_position: bool = False) -> list[
         extra = (f" Block verification keeps {tau - tokenwise} token(s) (★ in the grid) that token-wise verification "
                  "would have thrown away with these same uniforms." if tokenwise is not None and tau > tokenwise else "")
         out.append(Chapter("block", f"Step {st.index}: τ = {tau}",
-                           f"τ = the last position i with η_i ≤ h_i = {tau}, so the first {tau} draft token(s) are "
+                           f"τ = {tau}: the last position i with η_i ≤ h_i, so the first {tau} draft token(s) are "
                            f"accepted. Token-wise verification (η_i ≤ min(1, p_i/q_i), stopping at the first failure) "
                            f"would have accepted {tokenwise}.{extra}", st.index, st.num_accepted + 1, "residual",
                            anchor="bottom"))

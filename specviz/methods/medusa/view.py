@@ -130,12 +130,14 @@ def draft_why(trace: Trace, st: Step) -> str | None:
     if m.get("kind") != "medusa" or m.get("shape") != "chain" or len(heads) < k or not k:
         return None
     per = "; ".join(f"x{i} = {quoted(trace, t)} from head {h['head']}"
-                    + (f" (p {fmt_prob(h['candidates'][0][1])})" if h.get("candidates") else "")
+                    + (f" (the head's probability {fmt_prob(h['candidates'][0][1])})" if h.get("candidates") else "")
                     for i, (h, t) in enumerate(zip(heads, st.draft_token_ids), start=1))
+    root = m.get("root_position")
     return (f"The Medusa heads ran <b>once</b>, all on the target's final-norm feature at position "
-            f"{m.get('feature_position')}: head i predicts the (i + 1)-th token after the last committed one, seeing "
-            "neither that token nor the drafts before its own, and each head's top candidate became a draft: "
-            + per + ".")
+            f"{m.get('feature_position')}: the root token" + (f" at position {root}" if root is not None else "")
+            + " came from the target's own LM head there, and head i predicts the token i + 1 after the root, "
+            "seeing neither the root nor the drafts before its own. Each head's top candidate became a draft "
+            "(verified as a one-hot q = 1): " + per + ".")
 
 
 def draft_limit(trace: Trace) -> tuple[int, str, str] | None:

@@ -39,7 +39,7 @@ def _num(x: Any) -> str:
 
 
 def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = None) -> str:
-    """HTML table of one MTP chain: per draft step m its position, the target K/V it attended (layer,
+    """HTML table of one MTP chain: per draft pass m its position, the target K/V it attended (layer,
     positions), the hidden state and token fed, the drafted token, its confidence and the target's
     decision. ``position`` (1-based draft position) is highlighted. Raises IndexError for a bad step."""
     trace = as_trace(trace)
@@ -66,10 +66,10 @@ def mtp_html(trace: Trace | dict[str, Any], step: int, position: int | None = No
     where = "; ".join(f"{r['type'].replace('_attention', '')} layers: target layer {r['layer']}, positions "
                       f"{r['positions'][0]}..{r['positions'][1]}" for r in reads)
     note = (f"<p style='font-size:13px;color:#374151'>{html.escape(m.get('label', 'MTP'))}{_source(trace)}. Every "
-            f"step runs at the same position {m['steps'][0]['position']} and its queries read the target's own "
+            f"pass runs at the same position {m['steps'][0]['position']} and its queries read the target's own "
             f"cached keys and values ({html.escape(where)}); the head writes no KV cache, so only the target's cache "
-            "is rolled back. Per step m: the query's position, the K/V it read (L = target layer, key positions), the "
-            "hidden state fed (f_t = the target's final-norm feature, h_m = the head's own output of step m), the "
+            "is rolled back. Per pass m: the query's position, the K/V it read (L = target layer, key positions), the "
+            "hidden state fed (f_t = the target's final-norm feature, h_m = the head's own output of pass m), the "
             "token fed, the drafted token, the q the verifier used for it / the confidence "
             f"({q_name} of the head's top token), and the target's decision. {ONE_HOT_NOTE}</p>"
             + _logits_note(m))
@@ -118,30 +118,31 @@ def _logits_note(m: dict[str, Any]) -> str:
 
 
 def mtp_figure(trace: Trace | dict[str, Any], step: int, height: int = 300) -> go.Figure:
-    """Bars: the head's confidence (its probability) in each step's drafted token (the q the verifier used is in
+    """Bars: the head's confidence (its probability) in each pass's drafted token (the q the verifier used is in
     the table: 1 for an argmax draft), coloured by the target's decision, with the head's top
-    probability as a line; the x labels name the step and its (constant) position."""
+    probability as a line; the x labels name the pass and its (constant) position."""
     trace = as_trace(trace)
     st = trace.steps[step]
     m = st.match
     if m.get("kind") != "mtp" or not m.get("steps") or not st.draft_token_ids:
         return message_figure("no MTP draft at this step", height=160)
     steps = m["steps"][: len(st.draft_token_ids)]
-    xs = [f"step {s['step']} @ {s['position']}" for s in steps]
+    xs = [f"pass {s['step']} @ {s['position']}" for s in steps]
     fates = [_fate(st, s["step"]) for s in steps]
     fig = go.Figure()
-    fig.add_trace(go.Bar(x=xs, y=[s.get("draft_prob") for s in steps], name="confidence in the drafted token",
+    fig.add_trace(go.Bar(x=xs, y=[s.get("draft_prob") for s in steps],
+                         name="the head's probability of the drafted token",
                          marker={"color": [FATE_COLOUR[f] for f in fates]},
                          text=[label(trace, int(t), 8) for t in st.draft_token_ids], textposition="outside",
                          cliponaxis=False, hovertemplate="%{text}: %{y:.3f}<extra>%{x}</extra>", showlegend=False))
     for fate in dict.fromkeys(fates):  # one legend entry per colour the bars use
-        fig.add_trace(go.Bar(x=[None], y=[None], name=f"confidence in the drafted token: {fate}",
+        fig.add_trace(go.Bar(x=[None], y=[None], name=f"probability of the drafted token: {fate}",
                              marker={"color": FATE_COLOUR[fate]}))
     fig.add_trace(go.Scatter(x=xs, y=[s.get("head_top_prob") for s in steps], mode="lines+markers",
-                             name="confidence in the head's top token", line={"dash": "dot", "color": "#6b7280"}))
-    fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": 50, "b": 40}, plot_bgcolor="#ffffff",
-                      title={"text": f"MTP chain: every step at position {steps[0]['position']}, reading the K/V "
-                                     f"of {_reads_title(_reads(m))}",
+                             name="probability of the head's top token", line={"dash": "dot", "color": "#6b7280"}))
+    fig.update_layout(height=height, margin={"l": 50, "r": 20, "t": 60, "b": 40}, plot_bgcolor="#ffffff",
+                      title={"text": f"MTP chain: every pass at position {steps[0]['position']},<br>reading the K/V "
+                                     f"of {_reads_title(_reads(m))}",  # two lines: one ran past a half-page panel
                              "font": {"size": 13}},
                       yaxis={"range": [0, 1.15], "title": "probability"}, legend={"orientation": "h", "y": -0.25})
     return fig
@@ -153,13 +154,14 @@ def draft_why(trace: Trace, st: Step) -> str | None:
     steps = (m.get("steps") or [])[:k]
     if m.get("kind") != "mtp" or len(steps) < k or not k:
         return None
-    per = "; ".join(f"step {s['step']} → {quoted(trace, t)}"
-                    + (f" (confidence {fmt_prob(s['draft_prob'])})" if s.get("draft_prob") is not None else "")
+    per = "; ".join(f"pass {s['step']} → {quoted(trace, t)}"
+                    + (f" (the head's probability of it {fmt_prob(s['draft_prob'])})"
+                       if s.get("draft_prob") is not None else "")
                     for s, t in zip(steps, st.draft_token_ids))
-    return (f"The MTP head ran {k} time(s), every time at the same position {steps[0]['position']}, reading the K/V "
-            f"of {_reads_title(_reads(m))} from the target's own cache (it has no K/V of its own). Step 1 took the "
-            "target's last hidden state and the last committed token, each later step its own hidden state and its "
-            "previous draft: " + per + ".")
+    return (f"The MTP head ran {k} pass(es), every one at the same position {steps[0]['position']}, reading the keys "
+            f"and values of {_reads_title(_reads(m))} from the target's own cache (it has none of its own). Pass 1 "
+            "took the target's last hidden state and the last committed token, each later pass its own hidden state "
+            "and its previous draft: " + per + ".")
 
 
 panel_html, panel_figure = mtp_html, mtp_figure  # the view contract (specviz.methods.base)
