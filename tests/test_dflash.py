@@ -345,7 +345,7 @@ def test_dflash_views(decoders):
         assert 0.0 < slot["top_prob"] <= 1.0 and slot["token_id"] == slot["top_token_id"]  # greedy: top = drawn
     fig = source_figure(tr, st.index)
     want = ["accepted"] * st.num_accepted + ["rejected"] + ["unused"] * (4 - st.num_accepted) + ["not drafted"] * 2
-    assert [t.name for t in fig.data] == [*dict.fromkeys(want), "run: share of blocks keeping >= i"]
+    assert [t.name for t in fig.data] == [*dict.fromkeys(want), "run: blocks keeping ≥ i"]
     assert sorted(x for t in fig.data[:-1] for x in t.x) == list(range(1, BLOCK))
     assert [f for t in fig.data[:-1] for f in [t.name] * len(t.x)] == want
     assert list(fig.data[-1].y) == tr.metrics["acceptance_rate_per_position"]

@@ -27,6 +27,7 @@ WRAP = 64  # characters per caption line: fits a half-width figure at a 1024 px 
 P_COLOUR, Q_COLOUR, R_COLOUR = "#2563eb", "#f97316", "#16a34a"
 HOLLOW = "hollow:"  # a series colour with this prefix: outlined bars (the residual of a position not sampled)
 BLOCK_LEGEND_PX = 62  # the legend's top, in pixels below the block panel (its two-line ticks and caption)
+GAUGE_LEGEND_PX = 84  # the bottom margin under the u gauge: its ticks, its caption, then the legend (presented sizes)
 
 
 def message_figure(text: str, height: int = 260) -> go.Figure:
@@ -325,18 +326,21 @@ def _finish(fig: go.Figure, lines: list[str], has_block: bool) -> go.Figure:
     # a caption longer than CAPTION_LINES lines makes the figure taller instead of squashing the bars (their marks'
     # labels, at fixed heights above the bars, then ran into each other)
     height = (680 if has_block else 480) + max(0, top - (26 + 19 * CAPTION_LINES))
-    bottom = BLOCK_LEGEND_PX + 40 if has_block else 40  # the block panel's legend sits below its caption
+    bottom = BLOCK_LEGEND_PX + 40 if has_block else GAUGE_LEGEND_PX if gauge else 40  # legends below captions
     two_lines = "<br>" in "".join(fig.layout.xaxis.ticktext or ())
     if two_lines and len(fig.layout.yaxis.domain or ()) == 2 and fig.layout.yaxis.domain[0] > 0:
         # a second line of bar labels needs the room above the row below (it ran under the accept test's bar)
         lo, hi = fig.layout.yaxis.domain
         fig.layout.yaxis.domain = (lo + TWO_LINE_GAP, hi)
     legend_y = (-BLOCK_LEGEND_PX / max(height - top - bottom, 1) if has_block else
-                -0.13 if gauge or two_lines else -0.06)  # under a second line of bar labels (it hid 'hidden')
+                -0.13 if two_lines else -0.06)  # under a second line of bar labels (it hid 'hidden')
+    legend = {"orientation": "h", "y": legend_y, "yanchor": "top", "font": {"size": 11}}
+    if gauge:  # pinned to the figure's bottom edge: a paper-relative offset ran into the gauge's caption once the
+        legend.update(yref="container", y=0, yanchor="bottom")  # lesson fitted the figure to the room
     fig.update_layout(
         height=height, barmode="group", plot_bgcolor="#ffffff",
         margin={"l": 55, "r": 10, "t": top, "b": bottom},
-        legend={"orientation": "h", "y": legend_y, "yanchor": "top", "font": {"size": 11}},
+        legend=legend,
         # the presentation layout, while a lesson's chapter (which says the rest) is pinned above: the caption's
         # bold question only, in a top margin this tall (specviz/ui/lesson.py svScale), so the bars keep the room
         meta={"caption_head": "<br>".join(f"<b>{w}</b>" for w in head), "caption_head_px": 26 + 19 * len(head),

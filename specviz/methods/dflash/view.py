@@ -151,15 +151,17 @@ def dflash_figure(trace: Trace | dict[str, Any], step: int) -> go.Figure:
     rates = metrics_of(trace).acceptance_rate_per_position[: st.match["block_size"] - 1]  # k > B - 1: never past it
     if rates:
         fig.add_trace(go.Scatter(x=list(range(1, len(rates) + 1)), y=rates, mode="lines+markers",
-                                 name="run: share of blocks keeping >= i", line={"color": "#16a34a"}))
+                                 name="run: blocks keeping ≥ i", line={"color": "#16a34a"}))
     # each slot's draft token under its slot number, not above the bar, where the run's rate line would cover it
-    ticks = [f"{s['slot']}<br>{html.escape(_short(trace, _drawn(s)[0])[:8], quote=False)}" for s in slots]
-    fig.update_layout(height=320, margin={"l": 50, "r": 20, "t": 50, "b": 60}, plot_bgcolor="#ffffff",
-                      title={"text": f"step {st.index}: the block from one forward", "font": {"size": 13}},
-                      xaxis={"title": "mask slot i (predicts position root + i) and its draft token",
-                             "tickvals": [s["slot"] for s in slots], "ticktext": ticks},
+    ticks = [f"{s['slot']}<br>{html.escape(_short(trace, _drawn(s)[0])[:6], quote=False)}" for s in slots]
+    # the axis's meaning in the title and the legend anchored under the tick labels: an axis title there collided
+    # with a legend that wraps in a half-page panel (the presentation layout's larger type)
+    fig.update_layout(height=390, margin={"l": 50, "r": 20, "t": 60, "b": 150}, plot_bgcolor="#ffffff",
+                      title={"text": f"step {st.index}: the block from one forward<br>mask slot i predicts position "
+                                     "root + i; its draft token under it", "font": {"size": 13}},
+                      xaxis={"tickvals": [s["slot"] for s in slots], "ticktext": ticks},
                       yaxis={"range": [0, 1.15], "title": "q(draft token) / rate"},
-                      legend={"orientation": "h", "y": -0.38}, barmode="overlay")
+                      legend={"orientation": "h", "y": -0.36, "yanchor": "top", "x": 0}, barmode="overlay")
     return fig
 
 
