@@ -129,6 +129,24 @@ def test_block_chapter_compares_token_wise_only_where_token_wise_would_reach(tra
     assert "Token-wise it would be η_1 > min(1, p/q)" in first.text  # position 1 is always tested token-wise
 
 
+def test_brief_step_chapter_names_a_block_rescue(traces):
+    """A lecturer's report: the brief walk told a later block step as "4 of 4 accepted" and never said that block
+    verification kept tokens token-wise verification would have thrown away. Its one chapter now says so (★ in the
+    grid); a step where both agree says nothing of it."""
+    import copy
+
+    from specviz.viz.lesson import brief_chapter
+
+    trace = copy.deepcopy(traces["dm_block"])
+    st = next(s for s in trace.steps if s.block and len(s.draft_token_ids) >= 2)
+    st.block["tau"] = 2
+    st.block["eta"][0] = 0.5
+    st.positions[0].accept_prob = 0.1  # token-wise: η_1 = 0.5 > 0.1, it keeps nothing
+    assert "Block verification kept 2 token(s) here (★ in the grid)" in brief_chapter(trace, st).text
+    st.positions[0].accept_prob, st.positions[1].accept_prob, st.block["eta"][1] = 1.0, 1.0, 0.5  # both keep 2
+    assert "Block verification kept" not in brief_chapter(trace, st).text
+
+
 def test_method_specific_draft_texts(traces):
     ngram = traces["ngram_greedy"]
     st = next(s for s in ngram.steps if s.draft_token_ids)

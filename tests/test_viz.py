@@ -226,6 +226,8 @@ def test_grid_and_stream_match_real_traces(traces):
             assert rejected == int(st.num_accepted < len(st.draft_token_ids))
         fig = step_grid_figure(tr, 0, 1)
         assert len(fig.data[0].z) == len(tr.steps)
+        starred = any(t.startswith("★") for row in text for t in row)  # the legend names ★ where a cell has it
+        assert starred == any(d.name == "★ kept by block verification only" for d in fig.data), name
         page = token_stream_html(tr)
         fates = re.findall(r'data-fate="(\w+)"', page)
         toks = [int(t) for t in re.findall(r'data-token="(\d+)"', page)]

@@ -174,6 +174,9 @@ def step_grid_figure(trace: Trace | dict[str, Any], selected_step: int | None = 
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=fate_label(fate, trace),
                                  marker={"size": 12, "symbol": "square", "color": FATE_STYLE[fate][0],
                                          "line": {"width": 1, "color": "#6b7280"}}))
+    if any(t.startswith("★") for row in text for t in row):  # block verification kept what token-wise would not
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="★ kept by block verification only",
+                                 marker={"size": 12, "symbol": "star", "color": "#111827"}))
     rows = min(max(n, 1), VISIBLE_ROWS)
     # the selected step a quarter down the window, which may run past the last step by up to half its rows: a late
     # step sat near the bottom, under the fold below a lesson's pinned chapter at 1280x720

@@ -36,7 +36,7 @@ from specviz import methods
 from specviz.trace import Step, Trace
 from specviz.trace.metrics import counted
 
-from .common import as_trace, fmt_prob, metrics_of, quoted
+from .common import as_trace, fmt_prob, metrics_of, quoted, tokenwise_accepted
 from .source import draft_limit, hook, view_module
 from .stats import rate_set, rates_html
 
@@ -278,7 +278,16 @@ def brief_chapter(trace: Trace, st: Step) -> Chapter:
                  f"{quoted(trace, st.committed_token_ids[-1])}; cut by the stop")
     what = draft.title.split(": ", 1)[-1]  # e.g. "the proposer drafts 3 token(s)"
     position = None if st.emitted_committed or not st.committed_token_ids else acc + 1
-    return Chapter("step", title, f"{what[:1].upper()}{what[1:]}. {commit.text}", st.index, position, "grid")
+    return Chapter("step", title, f"{what[:1].upper()}{what[1:]}. {_rescued(st)}{commit.text}", st.index, position,
+                   "grid")
+
+
+def _rescued(st: Step) -> str:
+    """A block-verification step that kept more than token-wise verification would have, in one sentence, else ""."""
+    tokenwise = tokenwise_accepted(st) if st.block else None
+    tau = int(st.block.get("tau", st.num_accepted)) if st.block else 0
+    return (f"Block verification kept {tau - tokenwise} token(s) here (★ in the grid) that token-wise verification "
+            "would have thrown away with the same uniforms. " if tokenwise is not None and tau > tokenwise else "")
 
 
 BRIEF_FULL_STEPS = 2  # a brief lesson tells this many steps in full, then one chapter a step
