@@ -730,3 +730,18 @@ def test_the_ngram_match_box_takes_the_presentation_layouts_type():
     for selector in (".sv-match-text", ".sv-match-legend", "#sv-method .info-text"):
         rule = re.search(rf"body\.sv-present {re.escape(selector)} {{ font-size: (\d+)px !important; }}", css)
         assert rule and int(rule.group(1)) >= 16, selector
+
+
+def test_head_source_names_a_bundled_head_by_its_repository_path():
+    """The head's line names a bundled head from the repository root (a lecturer saw this machine's absolute path
+    on the projector); a head of your own keeps the path it was loaded from."""
+    from specviz.trace import Trace
+    from specviz.viz.head_source import head_source_html
+
+    rec = {"format": "eagle3-speculators", "source": "vllm-project/speculators",
+           "path": "/home/someone/specviz/assets/models/specviz-eagle3"}
+    tr = Trace({"head": rec}, [1], steps=[], output_token_ids=[], token_texts={})
+    shown = head_source_html(tr)
+    assert "from <code>assets/models/specviz-eagle3</code>" in shown and "/home/someone" not in shown
+    rec["path"] = "/data/heads/my-eagle3"
+    assert "from <code>/data/heads/my-eagle3</code>" in head_source_html(tr)

@@ -19,11 +19,18 @@ def head_source_html(trace: Trace) -> str:
     if not rec.get("format"):
         return ""
     lines = [f"layout <b>{html.escape(rec['format'])}</b> ({html.escape(str(rec.get('source', '')))})"
-             + (f" from <code>{html.escape(str(rec['path']))}</code>" if rec.get("path") else "")]
+             + (f" from <code>{html.escape(_shown_path(str(rec['path'])))}</code>" if rec.get("path") else "")]
     lines += _eagle1(rec) + _eagle3(rec) + _medusa(rec) + _dflash(rec)
     body = "<br>".join(lines)
     return (f"<p class='sv-head-source' style='font-size:12px;color:#4b5563;margin:4px 0;overflow-wrap:anywhere'>"
             f"Head: {body}</p>")  # long paths wrap inside the half-page panel
+
+
+def _shown_path(path: str) -> str:
+    """A bundled head's directory from the repository root (assets/models/...), not this machine's absolute path;
+    any other path as recorded."""
+    _, sep, tail = path.replace("\\", "/").rpartition("/assets/models/")
+    return f"assets/models/{tail}" if sep else path
 
 
 def _vocab(rec: dict[str, Any]) -> list[str]:
