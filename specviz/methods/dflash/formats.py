@@ -94,7 +94,8 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
             f"fc must read {len(ids)} x {H} features (target_layer_ids {ids})")
     head_dim = int(getattr(qc, "head_dim", None) or H // qc.num_attention_heads)
     scales = {name: draft_value(raw, name, default) for name, default in SCALES.items()}
-    require(int(block_size) >= 2, where, f"block_size must be >= 2 (a root and at least one MASK slot), got {block_size}")
+    require(int(block_size) >= 2, where,
+            f"block_size must be >= 2 (a root and at least one MASK slot), got {block_size}")
     cfg = DFlashConfig(
         hidden_size=H, vocab_size=int(qc.vocab_size), num_attention_heads=int(qc.num_attention_heads),
         num_key_value_heads=int(qc.num_key_value_heads or qc.num_attention_heads), head_dim=head_dim,
