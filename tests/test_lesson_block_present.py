@@ -42,7 +42,7 @@ def test_block_chapters_show_the_block_rows_at_1280x720(browser, app_url, pages)
         page.wait_for_function(f"document.querySelector('.sv-chapter').dataset.index === '{n}'", timeout=20_000)
         chapter = page.evaluate("(() => { const c = document.querySelector('.sv-chapter'); "
                                 "return {anchor: c.dataset.anchor, text: c.innerText}; })()")
-        if "Block test at position" not in chapter["text"] and "τ = the last position" not in chapter["text"]:
+        if "Block test at position" not in chapter["text"] and "the last position i with η_i" not in chapter["text"]:
             continue
         assert chapter["anchor"] == "bottom", chapter
         checked += 1

@@ -271,6 +271,23 @@ def test_residual_view_uses_the_positions_numbers(traces):
     assert f"drafted x{i}" in texts and "recovered" in texts
 
 
+def test_grid_legend_names_the_block_star_when_a_cell_has_it(traces):
+    """A step whose drafts block verification kept past where token-wise verification stops gets ★ cells, and the
+    legend then names ★; a run without one has no such entry."""
+    import copy
+
+    from specviz.viz.grid import grid_cells, step_grid_figure
+
+    star = "★ kept by block verification only"
+    trace = copy.deepcopy(traces["draft_model-block"])
+    assert star not in [d.name for d in step_grid_figure(trace).data] or any(
+        t.startswith("★") for row in grid_cells(trace)[1] for t in row)
+    st = next(s for s in trace.steps if s.block and s.num_accepted >= 1)
+    st.block["eta"][0], st.positions[0].accept_prob = 0.5, 0.1  # token-wise: η_1 = 0.5 > 0.1, it keeps nothing
+    assert any(t.startswith("★") for t in grid_cells(trace)[1][st.index])
+    assert star in [d.name for d in step_grid_figure(trace).data]
+
+
 def test_block_panel_shows_P_h_eta(traces):
     tr = traces["draft_model-block"]
     st = next(s for s in tr.steps if s.draft_token_ids)
@@ -743,5 +760,6 @@ def test_head_source_names_a_bundled_head_by_its_repository_path():
     tr = Trace({"head": rec}, [1], steps=[], output_token_ids=[], token_texts={})
     shown = head_source_html(tr)
     assert "from <code>assets/models/specviz-eagle3</code>" in shown and "/home/someone" not in shown
-    rec["path"] = "/data/heads/my-eagle3"
-    assert "from <code>/data/heads/my-eagle3</code>" in head_source_html(tr)
+    for own in ("/data/heads/my-eagle3", "/data/assets/models/my-eagle3"):  # not a bundled head's directory
+        rec["path"] = own
+        assert f"from <code>{own}</code>" in head_source_html(tr)

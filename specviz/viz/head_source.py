@@ -27,10 +27,13 @@ def head_source_html(trace: Trace) -> str:
 
 
 def _shown_path(path: str) -> str:
-    """A bundled head's directory from the repository root (assets/models/...), not this machine's absolute path;
-    any other path as recorded."""
+    """A bundled head's directory from the repository root (assets/models/<a method's bundled head>), not this
+    machine's absolute path; any other path as recorded."""
+    from specviz import methods
+
+    bundled = {m.head.bundled for m in methods.all_methods() if m.head is not None and m.head.bundled}
     _, sep, tail = path.replace("\\", "/").rpartition("/assets/models/")
-    return f"assets/models/{tail}" if sep else path
+    return f"assets/models/{tail}" if sep and tail.rstrip("/") in bundled else path
 
 
 def _vocab(rec: dict[str, Any]) -> list[str]:

@@ -250,8 +250,7 @@ def stats_chapter(trace: Trace) -> Chapter:
             + rates_html(rate_set(trace)))
     if m.num_drafts:
         # one line in the presentation layout: a second one pushes the figure under the pinned chapter panel
-        text += ("The first number, tokens per target forward, is what drafting buys (plain decoding: 1); whether it "
-                 "saves seconds here, net of drafting, the speedup panel times.")
+        text += "Tokens per forward is what drafting buys (plain decoding: 1); the speedup panel times the seconds."
     else:
         text += "Nothing was drafted, so there is no acceptance to measure."
     return Chapter("stats", "The run's statistics", text, None, None, "stats")
@@ -285,7 +284,7 @@ def brief_chapter(trace: Trace, st: Step) -> Chapter:
 def _rescued(st: Step) -> str:
     """A block-verification step that kept more than token-wise verification would have, in one sentence, else ""."""
     tokenwise = tokenwise_accepted(st) if st.block else None
-    tau = int(st.block.get("tau", st.num_accepted)) if st.block else 0
+    tau = min(int(st.block.get("tau", st.num_accepted)), counted(st)[0]) if st.block else 0  # a stop may cut it
     return (f"Block verification kept {tau - tokenwise} token(s) here (★ in the grid) that token-wise verification "
             "would have thrown away with the same uniforms. " if tokenwise is not None and tau > tokenwise else "")
 

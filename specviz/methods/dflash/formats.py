@@ -85,6 +85,8 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
     require(getattr(qc, "hidden_act", "silu") == "silu", where, f"hidden_act {qc.hidden_act!r}: only silu")
     ids, ids_in_file = target_layer_ids(raw, layers, tc.num_hidden_layers)
     block_size = draft_value(raw, "block_size", ZLAB_DEFAULT_BLOCK_SIZE)
+    require(isinstance(block_size, int) and block_size >= 2, where,
+            f"block_size must be an integer >= 2 (a root and at least one MASK slot), got {block_size!r}")
     block_size_in = ("dflash_config" if "block_size" in dcfg else "top level" if "block_size" in raw
                      else f"default (z-lab's {ZLAB_DEFAULT_BLOCK_SIZE})")
     mask = draft_value(raw, "mask_token_id")
@@ -94,8 +96,6 @@ def load_dflash_zlab(ckpt: Checkpoint, target, dtype=None) -> DFlashHead:
             f"fc must read {len(ids)} x {H} features (target_layer_ids {ids})")
     head_dim = int(getattr(qc, "head_dim", None) or H // qc.num_attention_heads)
     scales = {name: draft_value(raw, name, default) for name, default in SCALES.items()}
-    require(int(block_size) >= 2, where,
-            f"block_size must be >= 2 (a root and at least one MASK slot), got {block_size}")
     cfg = DFlashConfig(
         hidden_size=H, vocab_size=int(qc.vocab_size), num_attention_heads=int(qc.num_attention_heads),
         num_key_value_heads=int(qc.num_key_value_heads or qc.num_attention_heads), head_dim=head_dim,

@@ -136,8 +136,9 @@ def draft_why(trace: Trace, st: Step) -> str | None:
     return (f"The Medusa heads ran <b>once</b>, all on the target's final-norm feature at position "
             f"{m.get('feature_position')}: the root token" + (f" at position {root}" if root is not None else "")
             + " came from the target's own LM head there, and head i predicts the token i + 1 after the root, "
-            "seeing neither the root nor the drafts before its own. Each head's top candidate became a draft "
-            "(verified as a one-hot q = 1): " + per + ".")
+            "seeing neither the root nor the drafts before its own. Each head's top candidate became a draft"
+            + (" (verified as a one-hot q = 1)" if trace.config.get("verify") in ("standard", "block") else "")
+            + ": " + per + ".")
 
 
 def draft_limit(trace: Trace) -> tuple[int, str, str] | None:
