@@ -169,7 +169,7 @@ def test_init_from_continues_a_saved_head_and_refuses_another_shape(tmp_path, on
     save_head(trained, tmp_path / "first", dtype=torch.float32)
     kind = train_heads_mod.head_kind("medusa")
     head_cfg, fresh = kind.new_head(target, cfg)
-    warm = train_heads_mod.warm_start(fresh, head_cfg, str(tmp_path / "first"))
+    warm = train_heads_mod.warm_start(fresh, head_cfg, str(tmp_path / "first"), target)
     assert all(torch.equal(a, b) for a, b in zip(warm.state_dict().values(), trained.state_dict().values()))
     one = dataclasses.replace(cfg, steps=1, init_from=str(tmp_path / "first"), lr=0.0)  # lr 0: the saved weights
     cont, _ = train_heads_mod.fit_head("medusa", target, w, w[:4], "cpu", one)

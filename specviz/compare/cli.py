@@ -7,7 +7,6 @@ Writes ``DIR/compare.csv`` (one row per configuration), ``DIR/compare.json`` (ev
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import sys
 from pathlib import Path

@@ -15,7 +15,7 @@ The view module's contract (every name optional but ``panel_html`` and ``panel_f
     draft_limit(trace) -> (n, short, full) | None                  # a chain method drafting fewer than k by design
     draft_why(trace, step) -> str | None                           # the lesson's "why these drafts" sentence(s)
     no_draft_why(trace, step) -> str | None                        # ... and when nothing was drafted
-    LESSON_FOCUS = "match"                                         # the view the lesson's draft chapter highlights
+    LESSON_FOCUS = "match"                                         # the view the draft chapter highlights (default)
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-from safetensors.torch import load_file
 
 from specviz import methods
 from specviz.heads import save_head
@@ -194,10 +193,12 @@ def new_head(name: str, target) -> Any:
     return kind.new_head(target, kind.default)[1]
 
 
-def warm_start(head, head_cfg, directory: str):
+def warm_start(head, head_cfg, directory: str, target):
     """``head`` (fresh, of config ``head_cfg``) with the weights of the head saved in ``directory`` (specviz's format),
-    in the fresh head's dtype. Raises ValueError when that head is of another method or shape than ``head_cfg``
-    (every config field is compared), or its tensors do not match."""
+    in the fresh head's dtype, attached to ``target``. Raises ValueError when that head is of another method or shape
+    than ``head_cfg`` (every config field is compared), or its tensors do not match
+    (:func:`specviz.heads.common.load_weights`)."""
+    from specviz.heads.common import load_weights
     from specviz.heads.io import WEIGHTS_NAME, load_config
 
     saved = load_config(directory)
@@ -206,12 +207,7 @@ def warm_start(head, head_cfg, directory: str):
         diff = {k: (theirs.get(k), v) for k, v in ours.items() if theirs.get(k) != v}
         raise ValueError(f"init_from={directory}: its head config differs from the one being trained "
                          f"(field: (saved, training)): {diff}")
-    state = load_file(str(Path(directory) / WEIGHTS_NAME))
-    own = head.state_dict()
-    if set(state) != set(own) or any(tuple(state[k].shape) != tuple(own[k].shape) for k in own):
-        raise ValueError(f"init_from={directory}: its tensors do not match a {head_cfg.kind} head of this shape")
-    head.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
-    return head
+    return load_weights(head, Path(directory) / WEIGHTS_NAME, target, next(head.parameters()).dtype)
 
 
 def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, device, cfg: HeadTrainConfig,
@@ -223,7 +219,7 @@ def fit_head(kind: HeadKind | str, target, train_windows, heldout_windows, devic
     torch.manual_seed(cfg.seed)
     head_cfg, head = kind.new_head(target, cfg)
     if cfg.init_from:
-        head = warm_start(head, head_cfg, cfg.init_from)
+        head = warm_start(head, head_cfg, cfg.init_from, target)
     head = head.to(device).attach(target).train()
     runner = torch.compile(head) if (cfg.compile and kind.compile) else head
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,

@@ -22,11 +22,10 @@ from specviz.compare import (
     table,
     table_csv,
 )
+from specviz.compare.run import fitting
 from specviz.trace import ACCEPTANCE_LENGTH_CONVENTIONS
 from specviz.viz import compare as vc
 from specviz.viz import compare_table as ct
-
-from specviz.compare.run import fitting
 
 from .cache import DecoderCache, StopSignals
 from .outputs import full_outputs, md_text, new_state, upload_bytes

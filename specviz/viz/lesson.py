@@ -136,8 +136,9 @@ def draft_chapter(trace: Trace, st: Step) -> Chapter:
         return Chapter("draft", f"Step {st.index}: the proposer drafts a tree of {len(st.nodes)} nodes",
                        _tree_draft_why(trace, st), st.index, 1, "tree")
     said = _method_draft_why(trace, st)
-    # the view that shows where this draft came from, when the method could say so; else the step grid's row
-    focus = getattr(view_module(trace), "LESSON_FOCUS", "grid") if said else "grid"
+    # the method's own view of where this draft came from (its LESSON_FOCUS, default that view) when the method could
+    # say so; else the step grid's row
+    focus = getattr(view_module(trace), "LESSON_FOCUS", "match") if said else "grid"
     text = (said or _generic_draft_why(trace, st)) + _capped_by_end(trace, st)
     return Chapter("draft", f"Step {st.index}: the proposer drafts {k} token(s)", text, st.index, 1, focus)
 

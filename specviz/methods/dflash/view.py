@@ -195,6 +195,3 @@ def draft_why(trace: Trace, st: Step) -> str | None:
             "every slot saw every other slot and the target's own features of the committed text, and each "
             f"MASK slot predicted the token at its position. The first {k} became the draft: "
             + (per or quoted_tokens(trace, st.draft_token_ids)) + ".")
-
-
-LESSON_FOCUS = "match"  # the lesson's draft chapter highlights the head's own view of what it read and drafted

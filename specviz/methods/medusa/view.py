@@ -155,6 +155,3 @@ def draft_limit(trace: Trace) -> tuple[int, str, str] | None:
             return (n, f"Medusa: min(k, {n} heads)", f"Medusa drafts min(k, number of heads) = {n} tokens: this head "
                     f"file has {n} heads and head i predicts only the token i + 1 after the root") if n < k else None
     return None
-
-
-LESSON_FOCUS = "match"  # the lesson's draft chapter highlights the head's own view of what it read and drafted

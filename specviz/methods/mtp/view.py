@@ -165,6 +165,3 @@ def draft_why(trace: Trace, st: Step) -> str | None:
 
 
 panel_html, panel_figure = mtp_html, mtp_figure  # the view contract (specviz.methods.base)
-
-
-LESSON_FOCUS = "match"  # the lesson's draft chapter highlights the head's own view of what it read and drafted
