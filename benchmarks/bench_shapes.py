@@ -203,6 +203,13 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
         hf_static = functools.partial(hf, cache_implementation="static")  # HF's own StaticCache path
         sec, out = median_wall(hf_static, device, args.repeats)
         row("hf generate static cache", sec, out.shape[1] - ids.shape[1])
+    if device.type == "cuda":  # before any default runner: those fuse the target's layers in place
+        plain = SpecDecoder(target, IdTokenizer(), None, runner_factory=functools.partial(
+            StaticRunner, max_cache_len=cache, fused=False))
+        kw = dict(method="none", max_new_tokens=max_new, detailed_trace=True)
+        sec, trace = median_wall(lambda: plain.generate(prompt, **kw), device, args.repeats)
+        row("specviz none, transformers' layers, trace=on", sec, len(trace.output_token_ids))
+        del plain
     none_rows = {}
     for detailed in (True, False):
         kw = dict(method="none", max_new_tokens=max_new, detailed_trace=detailed)

@@ -99,17 +99,27 @@ def replay_ms(graph: "torch.cuda.CUDAGraph", repeats: int) -> float:
     return statistics.median(times[2:])
 
 
-def gemv_floor(model: torch.nn.Module, device: torch.device, repeats: int) -> dict | None:
-    """Every Linear of ``model`` in model order on one bf16 row, captured in one CUDA graph; the replay's median ms
-    (the floor) and, per weight shape [out, in], its count, ms (one graph per shape, same method) and GB/s."""
+def fused_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The weights a fused forward multiplies (:mod:`specviz.fused_layers`): per layer q|k|v, o, gate|up, down, then
+    the LM head; built by concatenation here (the model itself is left as it is)."""
+    out = []
+    for layer in model.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        out += [torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), a.o_proj.weight,
+                torch.cat([m.gate_proj.weight, m.up_proj.weight]), m.down_proj.weight]
+    return out + [model.lm_head.weight]
+
+
+def gemv_floor(weights: list[torch.Tensor], device: torch.device, repeats: int) -> dict | None:
+    """Every weight [out, in] of ``weights`` (model order) times one row, captured in one CUDA graph; the replay's
+    median ms (the floor) and, per weight shape, its count, ms (one graph per shape, same method) and GB/s."""
     if device.type != "cuda":
         return None
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    dtype = linears[0].weight.dtype
-    rows = {n: torch.randn(1, n, device=device, dtype=dtype) for n in {m.in_features for m in linears}}
+    dtype = weights[0].dtype
+    rows = {n: torch.randn(1, n, device=device, dtype=dtype) for n in {w.shape[1] for w in weights}}
 
-    def captured(mods) -> "torch.cuda.CUDAGraph":
-        run = lambda: [torch.nn.functional.linear(rows[m.in_features], m.weight, m.bias) for m in mods]  # noqa: E731
+    def captured(ws) -> "torch.cuda.CUDAGraph":
+        run = lambda: [torch.nn.functional.linear(rows[w.shape[1]], w) for w in ws]  # noqa: E731
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.inference_mode():
@@ -120,23 +130,23 @@ def gemv_floor(model: torch.nn.Module, device: torch.device, repeats: int) -> di
             run()
         return g
 
-    out = {"floor_ms": replay_ms(captured(linears), repeats), "count": len(linears), "shapes": []}
+    out = {"floor_ms": replay_ms(captured(weights), repeats), "count": len(weights), "shapes": []}
     by_shape = defaultdict(list)
-    for m in linears:
-        by_shape[tuple(m.weight.shape)].append(m)
-    for shape, mods in sorted(by_shape.items(), key=lambda kv: -kv[0][0] * kv[0][1] * len(kv[1])):
-        ms = replay_ms(captured(mods), repeats)
-        nbytes = sum(m.weight.numel() * m.weight.element_size() for m in mods)
-        out["shapes"].append({"shape": list(shape), "count": len(mods), "ms": ms, "GBps": nbytes / ms / 1e6})
-    out["bytes"] = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    for w in weights:
+        by_shape[tuple(w.shape)].append(w)
+    for shape, ws in sorted(by_shape.items(), key=lambda kv: -kv[0][0] * kv[0][1] * len(kv[1])):
+        ms = replay_ms(captured(ws), repeats)
+        nbytes = sum(w.numel() * w.element_size() for w in ws)
+        out["shapes"].append({"shape": list(shape), "count": len(ws), "ms": ms, "GBps": nbytes / ms / 1e6})
     return out
 
 
-def runner_profile(model, device, compile: bool, repeats: int, dry: bool) -> dict:
-    """The static runner's 1-token forward after a prefill: its replay's GPU ms and kernel breakdown."""
+def runner_profile(model, device, compile: bool, repeats: int, dry: bool, fused: bool | None = None) -> dict:
+    """The static runner's 1-token forward after a prefill: its replay's GPU ms and kernel breakdown. ``fused``:
+    StaticRunner's argument (None: its default, fused on CUDA; fusing changes ``model`` in place)."""
     t0 = time.perf_counter()
     runner = StaticRunner(model, max_cache_len=PROMPT_LEN + 64, compile=compile,
-                          compile_backend="eager" if dry else "inductor")
+                          compile_backend="eager" if dry else "inductor", fused=fused)
     prompt = torch.randint(0, model.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(0))
     runner.forward(prompt.to(device))
     one = prompt[-1:].to(device)
@@ -146,7 +156,7 @@ def runner_profile(model, device, compile: bool, repeats: int, dry: bool) -> dic
         runner.truncate(PROMPT_LEN)
 
     step()  # the capture (and with compile=True the compilation) happens here, outside every figure below
-    out = {"compile": compile, "compiled": runner.compiled, "setup_s": time.perf_counter() - t0}
+    out = {"compile": compile, "compiled": runner.compiled, "fused": runner.fused, "setup_s": time.perf_counter() - t0}
     if device.type == "cuda" and runner.cuda_graphs:
         runner.graph_events = []
         for _ in range(repeats + 2):
@@ -164,13 +174,19 @@ def run_shape(name: str, cfg: dict, device, dtype, args, copy_gbps: float) -> di
     model = build(cfg, device, dtype, 0)
     wbytes = weight_bytes_per_token(model)
     res = {"shape": name, "weight_bytes_per_token": wbytes, "roofline_ms": wbytes / (copy_gbps * 1e9) * 1e3,
-           "gemv": gemv_floor(model, device, args.repeats), "runners": []}
-    print(f"weights {wbytes / 1e9:.2f} GB/token -> roofline {res['roofline_ms']:.3f} ms/token; "
-          f"GEMV floor {res['gemv'] and res['gemv']['floor_ms']}", flush=True)
-    for compile in (False, True) if name in args.compile else (False,):
-        r = runner_profile(model, device, compile, args.repeats, args.dry_run)
+           "gemv": gemv_floor([m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)], device,
+                              args.repeats),
+           "gemv_fused": gemv_floor(fused_weights(model), device, args.repeats), "runners": []}
+    print(f"weights {wbytes / 1e9:.2f} GB/token -> roofline {res['roofline_ms']:.3f} ms/token; GEMV floor "
+          f"{res['gemv'] and res['gemv']['floor_ms']}, fused {res['gemv_fused'] and res['gemv_fused']['floor_ms']}",
+          flush=True)
+    # transformers' layers first: the default runner fuses the model's layers in place
+    variants = [(False, False), (False, None)] + ([(True, None)] if name in args.compile else [])
+    for compile, fused in variants:
+        r = runner_profile(model, device, compile, args.repeats, args.dry_run, fused)
         res["runners"].append(r)
-        print(f"runner compile={compile}: {json.dumps({k: v for k, v in r.items() if k != 'profile'})}", flush=True)
+        print(f"runner compile={compile} fused={r['fused']}: "
+              f"{json.dumps({k: v for k, v in r.items() if k != 'profile'})}", flush=True)
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -190,13 +206,16 @@ def render(result: dict) -> str:
     for s in result["shapes"]:
         g, roof = s["gemv"], s["roofline_ms"]
         out += [f"## {s['shape']}: {s['weight_bytes_per_token'] / 1e9:.2f} GB per token, roofline {roof:.3f} ms", ""]
-        if g:
-            out += [f"GEMV floor: {g['floor_ms']:.3f} ms for {g['count']} Linears ({_pct(roof, g['floor_ms'])} of "
-                    "roofline speed)", "", "| weight [out, in] | count | ms | GB/s |", "|---|---|---|---|"]
+        for what, g in (("transformers' Linears", g), ("fused weights (q|k|v, gate|up)", s.get("gemv_fused"))):
+            if not g:
+                continue
+            out += [f"GEMV floor, {what}: {g['floor_ms']:.3f} ms for {g['count']} weights ({_pct(roof, g['floor_ms'])}"
+                    " of roofline speed)", "", "| weight [out, in] | count | ms | GB/s |", "|---|---|---|---|"]
             out += [f"| {x['shape']} | {x['count']} | {x['ms']:.3f} | {x['GBps']:.0f} |" for x in g["shapes"]]
             out.append("")
         for r in s["runners"]:
-            label = "compiled" if r["compile"] else "uncompiled"
+            label = ("compiled" if r["compile"] else "uncompiled") + (", fused layers" if r.get("fused") else
+                                                                      ", transformers' layers")
             if "replay_ms" not in r:
                 out += [f"Runner {label}: no CUDA graphs (CPU)", ""]
                 continue

@@ -249,7 +249,8 @@ class SpecDecoder:
             build.finish(generated)  # the method's finish (suffix: this output joins its tree), then every lease back
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes,
-                                              config={"runner_compiled": label} if label else {}))
+                                              config={**({"runner_compiled": label} if label else {}),
+                                                      "runner_fused": bool(getattr(runner, "fused", False))}))
             add_texts(self.tokenizer, recorder.trace, generated)
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,

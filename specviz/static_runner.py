@@ -31,6 +31,7 @@ import torch
 from .compiled_graphs import CompiledGraphs, raise_recompile_limit
 from .attention import (attention_layout, experts_implementation, graph_experts_implementation, layer_masks,
                         static_cache)
+from .fused_layers import fuse_decoder_layers, is_fused
 from .graphs import CapturedGraphs, replay
 from .runner import ForwardOutput, _layer_kv, as_tree, check_taps, pick_features
 from .static_tree import TREE_BUCKETS, StaticTreeForwards
@@ -53,6 +54,8 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
             tests use "eager" / "aot_eager"). ``compiled`` says whether it is (still) in use.
         tree_buckets: row counts tree forwards are padded to (default :data:`TREE_BUCKETS` with CUDA
             graphs, None = no padding, eager); padding is exact on any device (tests use it on the CPU).
+        fused: fuse the model's decoder layers (:func:`specviz.fused_layers.fuse_decoder_layers`, in place on
+            ``model``; default: on CUDA). ``fused`` says whether they are; ``fuse_note`` why not, when asked.
     Raises:
         ValueError: a forward would overflow the cache; truncate to an invalid length.
         specviz.attention.UnsupportedModelError: (a ValueError) a layout that cannot be rolled back or masked.
@@ -60,10 +63,14 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
 
     def __init__(self, model: torch.nn.Module, max_cache_len: int, cuda_graphs: bool | None = None,
                  max_graph_tokens: int = 33, compile: bool | None = None, compile_backend: str = "inductor",
-                 tree_buckets: Sequence[int] | None | str = "auto"):
+                 tree_buckets: Sequence[int] | None | str = "auto", fused: bool | None = None):
         self.model = model
         self.layout = attention_layout(model.config)  # UnsupportedModelError (a ValueError) before any forward
         self.device = next(model.parameters()).device
+        self.fuse_note = None
+        if self.device.type == "cuda" if fused is None else fused:
+            self.fuse_note = fuse_decoder_layers(model)  # None: fused; else why not (the layers stay transformers')
+        self.fused = is_fused(model)
         self.max_cache_len = int(max_cache_len)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self.max_graph_tokens = max_graph_tokens

@@ -55,8 +55,10 @@ def test_roofline_dry_run_and_kernel_kinds(tmp_path):
     result = roofline.main(["--out", str(tmp_path), "--dry-run", "--compile", "dry", "--commit", "test"])
     (shape,) = result["shapes"]
     assert shape["weight_bytes_per_token"] > 0 and shape["roofline_ms"] > 0
-    assert [r["compile"] for r in shape["runners"]] == [False, True] and shape["runners"][1]["compiled"]
-    assert shape["gemv"] is None and "replay_ms" not in shape["runners"][0]  # graphs and the profiler need CUDA
+    # transformers' layers, then the default runner (fused on CUDA only), then compiled
+    assert [r["compile"] for r in shape["runners"]] == [False, False, True] and shape["runners"][2]["compiled"]
+    assert not any(r["fused"] for r in shape["runners"])
+    assert shape["gemv"] is None and shape["gemv_fused"] is None and "replay_ms" not in shape["runners"][0]  # graphs and the profiler need CUDA
     assert "roofline" in (tmp_path / "roofline.md").read_text()
     kinds = {  # kernel names as cuBLAS, FlashAttention, SDPA and inductor print them
         "void gemv2T_kernel_val<int, int, __nv_bfloat16, float, 128, 16, 4, 4>": "gemm/gemv",
@@ -66,6 +68,8 @@ def test_roofline_dry_run_and_kernel_kinds(tmp_path):
         "fmha_cutlassF_bf16_aligned_64x128_rf_sm80": "attention",
         "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0": "norm",
         "triton_poi_fused_cat_cos_mul_sin_2": "rotary",
+        "_rms_norm_kernel": "norm",  # specviz.kernels.fused_decode
+        "_rope_kernel": "rotary",
         "void at::native::index_copy_kernel_impl<...>": "cache write",
         "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "other elementwise",
     }

@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from specviz.kernels import ngram_matcher, rejection_sampler
+from specviz.kernels import fused_decode, ngram_matcher, rejection_sampler
 from specviz.kernels.sampler_helpers import METHOD_CODES
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -76,6 +76,22 @@ def _ngram_configs():
     yield ngram_matcher._ngram_finalize_kernel, {**sig_f, **{k: "constexpr" for k in const_f}}, const_f, {"num_warps": 1}, "i64"
 
 
+def _fused_configs():
+    """The fused decoder-layer kernels at the Llama-3.1-8B shape (hidden 4096, head_dim 128, MLP 14336), bf16."""
+    for res in (False, True):
+        sig = {"x_ptr": "*bf16", "r_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "res_ptr": "*bf16",
+               "x_stride": "i32", "r_stride": "i32", "y_stride": "i32", "res_stride": "i32", "eps": "fp32"}
+        const = dict(D=4096, BLOCK=4096, HAS_RES=res)
+        yield fused_decode._rms_norm_kernel, {**sig, **{k: "constexpr" for k in const}}, const, {"num_warps": 4}, \
+            f"bf16/residual={res}"
+    sig = {"qkv_ptr": "*bf16", "cos_ptr": "*bf16", "sin_ptr": "*bf16", "qkv_stride": "i32", "cs_stride": "i32"}
+    const = dict(HALF=64, BLOCK=64)
+    yield fused_decode._rope_kernel, {**sig, **{k: "constexpr" for k in const}}, const, {"num_warps": 1}, "bf16"
+    sig = {"gu_ptr": "*bf16", "out_ptr": "*bf16", "gu_stride": "i32", "out_stride": "i32"}
+    const = dict(I=14336, BLOCK=1024)
+    yield fused_decode._silu_mul_kernel, {**sig, **{k: "constexpr" for k in const}}, const, {"num_warps": 4}, "bf16"
+
+
 def compile_one(fn, signature, constexprs, options) -> dict:
     """Compile one kernel for sm_90; returns a JSON-able record (never raises)."""
     t0 = time.perf_counter()
@@ -94,7 +110,7 @@ def compile_one(fn, signature, constexprs, options) -> dict:
 
 def main() -> int:
     failed = 0
-    for fn, sig, const, opts, label in [*_sampler_configs(), *_ngram_configs()]:
+    for fn, sig, const, opts, label in [*_sampler_configs(), *_ngram_configs(), *_fused_configs()]:
         rec = compile_one(fn, sig, const, opts)
         rec["config"] = label
         failed += not rec["ok"]
