@@ -142,6 +142,8 @@ def main() -> None:
     ap.add_argument("--settings", default=None, help="comma-separated names from host_ops.SETTINGS (default: all)")
     ap.add_argument("--top", type=int, default=8, help="kernels listed per setting")
     ap.add_argument("--trace-on", action="store_true", help="the detailed trace on (default off)")
+    ap.add_argument("--shape", default=None, help="a bench_shapes.py shape (1b, 8b): its random Llama target and 74 M "
+                    "draft instead of the bundled models; settings: method none and draft_model synthetic a = 0.8, k = 4")
     a = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -153,16 +155,33 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("gpu_timeline.py needs CUDA")
     names = [s.strip() for s in a.settings.split(",")] if a.settings else list(SETTINGS)
-    dec = SpecDecoder.from_pretrained(device="cuda", runner="static")
+    prompt = DEMO_PROMPT
+    if a.shape:
+        import bench_shapes as bs
+        from specviz.static_runner import StaticRunner
+
+        target, draft = (bs.build(cfg, torch.device("cuda"), torch.bfloat16, seed)
+                         for cfg, seed in ((bs.SHAPES[a.shape], 0), (bs.DRAFT, 1)))
+        dec = SpecDecoder(target, bs.IdTokenizer(), draft, runner_factory=functools.partial(
+            StaticRunner, max_cache_len=bs.PROMPT_LEN + a.max_new + 16))
+        prompt = torch.randint(0, bs.SHAPES[a.shape]["vocab_size"], (bs.PROMPT_LEN,),
+                               generator=torch.Generator().manual_seed(0)).tolist()
+        SETTINGS.clear()
+        SETTINGS["draft_model synthetic a=0.8 k=4"] = dict(
+            method="draft_model", verify="synthetic", num_speculative_tokens=bs.K,
+            synthetic_rates=[0.8 ** i for i in range(1, bs.K + 1)], temperature=0.0)
+        names = list(SETTINGS)
+    else:
+        dec = SpecDecoder.from_pretrained(device="cuda", runner="static")
     print(f"GPU time per step by phase; trace {'on' if a.trace_on else 'off'}, {a.max_new} new tokens, static runner")
     for name in ["method none"] + names:
         kw = SETTINGS.get(name, dict(method="none"))
         for _ in range(2):  # capture, compile, warm
-            dec.generate(DEMO_PROMPT, max_new_tokens=a.max_new, detailed_trace=a.trace_on, **kw)
+            dec.generate(prompt, max_new_tokens=a.max_new, detailed_trace=a.trace_on, **kw)
         torch.cuda.synchronize()
         with annotate_phases(dec), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             t0 = time.perf_counter()
-            tr = dec.generate(DEMO_PROMPT, max_new_tokens=a.max_new, detailed_trace=a.trace_on, **kw)
+            tr = dec.generate(prompt, max_new_tokens=a.max_new, detailed_trace=a.trace_on, **kw)
             torch.cuda.synchronize()
             wall = (time.perf_counter() - t0) * 1e3
         fd, path = tempfile.mkstemp(suffix=".json")

@@ -63,7 +63,8 @@ def test_kernels_equal_references(device):
 
         gu = rnd(3, 2 * 1100, scale=3.0)  # two column blocks
         got, ref = fd.silu_mul(gu), fd.silu_mul_reference(gu)
-        assert got.shape == (3, 1100) and _ulps(got, ref) <= (4 if dtype == torch.float32 else 0), dtype
+        # fp32: Triton's exp is ex2.approx of x * log2(e) (6 ulps seen on an H100), PyTorch's expf; 16-bit rounds it off
+        assert got.shape == (3, 1100) and _ulps(got, ref) <= (8 if dtype == torch.float32 else 0), dtype
 
 
 def test_kernel_arguments_checked():

@@ -9,7 +9,8 @@ arithmetic in 4 launches per layer without torch.compile, so the default runner 
 Each kernel rounds where transformers' PyTorch ops round (every intermediate that PyTorch stores in the model's
 dtype is rounded to it here too) and is launched with ``enable_fp_fusion=False`` so ``a * b + c`` rounds twice, as
 two PyTorch ops do. What still differs from PyTorch's kernels: the order of the fp32 sum of squares and the fp32
-``rsqrt`` / ``exp`` implementations (a few fp32 ulps before rounding to the model's dtype); tests hold each kernel to
+``rsqrt`` / ``exp`` implementations (Triton's ``exp`` is ``ex2.approx``: a few fp32 ulps before rounding to the
+model's dtype; libdevice's exact ``exp`` has no interpreter version for the CPU tests); tests hold each kernel to
 its PyTorch reference (:func:`rms_norm_reference`, :func:`rope_reference`, :func:`silu_mul_reference`, written from
 transformers' ``modeling_llama.py``).
 
