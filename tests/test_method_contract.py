@@ -216,6 +216,8 @@ def test_its_options_parse_from_the_cli(method, capsys):
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", SPECULATIVE)
 def test_at_most_one_host_wait_per_step_on_cuda(models, method, monkeypatch):
+    """One verifier wait per step and no other host sync, but ngram_gpu's one read of its draft length k' on the
+    steps that draft (its default on CUDA: tests/test_gpu_syncs.py holds it to exactly that)."""
     from test_gpu_syncs import count_waits
 
     target, draft, heads = models
@@ -225,7 +227,8 @@ def test_at_most_one_host_wait_per_step_on_cuda(models, method, monkeypatch):
         dec.generate(PROMPT, **kw)
     steps = count_waits(dec, monkeypatch, prompt=PROMPT, **kw)[1:]  # the first step runs the drafter's prefill
     core = {id(g.core_done) for g in dec.step_verifier.graphs.values()}
+    reads = 1 if method == "ngram_gpu" else 0  # specviz.methods.ngram_gpu.PAD_ON_CUDA off: k' read on the host
     for i, s in enumerate(steps, start=1):
-        assert not s["syncs"], f"{method} step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
+        assert len(s["syncs"]) <= reads, f"{method} step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
         assert len([e for e in s["waits"] if id(e) in core]) == 1, f"{method} step {i}: not one verifier wait"
         assert len(s["waits"]) == 1, f"{method} step {i}: {len(s['waits'])} event waits"
