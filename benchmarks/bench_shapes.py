@@ -16,7 +16,9 @@ weights, no download) with a random 68M-class draft (2 layers x 512, tied embedd
   replay of the static runner's forward of that many tokens, and t_none the wall time per step of
   method none (so the last two terms are the per-step cost outside the target's forward).
 * the kernel count and kernel time of one eager 1-token forward and of one graph replay
-  (torch.profiler, CUDA activity).
+  (torch.profiler, CUDA activity), both through the fused decoder layers the default runner left the target with.
+* specviz method none with transformers' own decoder layers (``StaticRunner(fused=False)``) beside the default
+  (fused) runner.
 * with ``--compile both`` (the default): the same target and draft again with the static runner's
   ``compile=True`` (torch.compile'd forwards, inductor, inside the runner's CUDA graphs), method none
   (trace on) and draft_model synthetic a = 0.8, beside the uncompiled rows: tokens/s, the ratio to the

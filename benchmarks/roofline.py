@@ -214,8 +214,8 @@ def render(result: dict) -> str:
             out += [f"| {x['shape']} | {x['count']} | {x['ms']:.3f} | {x['GBps']:.0f} |" for x in g["shapes"]]
             out.append("")
         for r in s["runners"]:
-            label = ("compiled" if r["compile"] else "uncompiled") + (", fused layers" if r.get("fused") else
-                                                                      ", transformers' layers")
+            label = "compiled (Inductor traces transformers' layers)" if r["compile"] else (
+                "uncompiled, fused layers" if r.get("fused") else "uncompiled, transformers' layers")
             if "replay_ms" not in r:
                 out += [f"Runner {label}: no CUDA graphs (CPU)", ""]
                 continue

@@ -250,7 +250,9 @@ class SpecDecoder:
             bus.publish(ev.GenerationFinished(stop_reason=stop_reason, output_token_ids=generated,
                                               wall_time_s=time.perf_counter() - start, target_forward_passes=passes,
                                               config={**({"runner_compiled": label} if label else {}),
-                                                      "runner_fused": bool(getattr(runner, "fused", False))}))
+                                                      # compiled graphs trace transformers' layers
+                                                      "runner_fused": bool(getattr(runner, "fused", False))
+                                                      and not (label or "").startswith("compiled")}))
             add_texts(self.tokenizer, recorder.trace, generated)
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,

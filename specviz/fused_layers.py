@@ -5,20 +5,24 @@ gpt-fast (pytorch-labs, ``model.py``) runs Llama with a fused ``wqkv`` and torch
 gate|up (``QKVParallelLinear``, ``MergedColumnParallelLinear``) and calls fused RMSNorm / rotary / SiLU-and-multiply
 kernels. Here transformers' own model stays in charge (its embedding, rotary embedding, mask, static cache, attention
 interface, final norm and LM head, its hidden-state capture for feature taps): :func:`fuse_decoder_layers` only
-replaces each decoder layer's ``forward`` and re-lays its weights so that the q, k and v (and gate and up) weights
-are row blocks of one tensor. The module's parameters become views of those blocks, so memory does not grow,
-``state_dict`` and ``load_state_dict`` keep working, and transformers' own forward still runs on the same storage:
-under torch.compile (which fuses by itself) and on tensors not on CUDA the layer runs transformers' forward.
+swaps each decoder layer's class for a subclass with :func:`_fused_forward` and re-lays its weights so that the q, k
+and v (and gate and up) weights are row blocks of one tensor. The module's parameters become views of those blocks,
+so memory does not grow, ``state_dict`` and ``load_state_dict`` keep working, and transformers' own forward still runs
+on the same storage. A layer runs transformers' forward (the fallback) under torch.compile's tracing (Inductor fuses
+the elementwise work itself but keeps five GEMVs), in training, with autograd through the weights, under autocast,
+when attention weights are asked for, on tensors not on CUDA, and once its views were replaced (a ``.to()``; a later
+:func:`fuse_decoder_layers` fuses again). :func:`unfuse_decoder_layers` undoes the class swap.
 
 Families: ``model_type`` in :data:`FAMILIES` (Llama, Mistral and Qwen2 share Llama's layer: pre-norm RMSNorm,
-rotary over the whole head, SiLU MLP), every layer with full attention. Anything else (sliding windows, q/k norms,
-partial rotary, other activations, fused projections of its own) keeps transformers' layer and
-:func:`fuse_decoder_layers` says why.
+rotary over the whole head, SiLU MLP) with transformers' own layer classes and plain ``nn.Linear`` fp16 / bf16 /
+fp32 projections, every layer with full attention. Anything else (sliding windows, q/k norms, partial rotary, other
+activations, quantised or custom projections) keeps transformers' layer and :func:`fuse_decoder_layers` says why.
 
-Numerics: the same operations, rounded where transformers rounds; what differs is how cuBLAS splits a wider GEMV
-and the fp32 reduction order inside the norm, so in bf16 logits can differ from transformers' forward in the last
-bits (as compiled graphs do). Greedy speculative decoding and method none run through the same fused layers, so
-their outputs stay equal token for token in fp32 (tests/test_fused_layers.py).
+Numerics: the same operations, rounded where transformers rounds; what differs is how cuBLAS splits a wider GEMV,
+the fp32 reduction order inside the norm and Triton's fp32 ``rsqrt`` / ``exp`` (a few fp32 ulps before rounding to
+the model's dtype), so logits can differ from transformers' forward in the last bits (as compiled graphs do).
+Greedy speculative decoding and method none run through the same fused layers, so their outputs stay equal token for
+token in fp32 (tests/test_fused_layers.py).
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import types
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +46,8 @@ ALLOW_CPU = False  # tests: run the fused kernels on CPU tensors too (Triton's i
 @dataclass
 class _Fused:
     """A layer's fused weights: wqkv [(Hq + 2 Hk) * D, H] (rows q | k | v), bqkv or None, wgu [2 I, H] (gate | up),
-    bgu or None; head counts and head_dim; the layer's own class forward (transformers')."""
+    bgu or None; head counts and head_dim; the layer's transformers class (whose forward is the fallback), its
+    family's eager attention, and the data pointers its q/k/v and gate/up parameters had when they were made views."""
 
     wqkv: torch.Tensor
     bqkv: torch.Tensor | None
@@ -52,16 +56,43 @@ class _Fused:
     q_heads: int
     kv_heads: int
     head_dim: int
-    hf_forward: types.MethodType
+    hf_class: type
     eager_attention: object
+    views: tuple[int, ...]
 
-    def runs_on(self, layer: nn.Module, x: torch.Tensor) -> bool:
-        """Whether this forward can take the fused path: not while torch.compile traces, on CUDA (or ALLOW_CPU),
-        and with the module's parameters still the views of the fused tensors (a ``.to()`` replaces them)."""
-        if torch.compiler.is_compiling() or not (x.is_cuda or ALLOW_CPU):
+    def intact(self, layer: nn.Module) -> bool:
+        """Whether every q/k/v and gate/up parameter (and bias) is still the view made at fusing time (a ``.to()``,
+        an assigning ``load_state_dict`` or a replaced weight breaks that)."""
+        return _view_pointers(layer) == self.views
+
+    def runs_on(self, layer: nn.Module, x: torch.Tensor, kwargs: dict) -> bool:
+        """Whether this forward takes the fused path: inference only (not training, no autograd through the weights,
+        no autocast, no attention weights asked for), not while torch.compile traces, on CUDA (or ALLOW_CPU), with
+        the fused views intact."""
+        if torch.compiler.is_compiling() or not (x.is_cuda or ALLOW_CPU) or x.device != self.wqkv.device:
             return False
-        return (layer.self_attn.q_proj.weight.data_ptr() == self.wqkv.data_ptr()
-                and layer.mlp.gate_proj.weight.data_ptr() == self.wgu.data_ptr() and x.device == self.wqkv.device)
+        if layer.training or kwargs.get("output_attentions") or torch.is_autocast_enabled(x.device.type):
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters())):
+            return False
+        return self.intact(layer)
+
+
+def _view_pointers(layer: nn.Module) -> tuple[int, ...]:
+    mods = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
+            layer.mlp.up_proj)
+    return tuple(t.data_ptr() if t is not None else 0 for m in mods for t in (m.weight, m.bias))
+
+
+_FUSED_CLASSES: dict[type, type] = {}
+
+
+def _fused_class(cls: type) -> type:
+    """A subclass of transformers' decoder-layer class ``cls`` whose forward is :func:`_fused_forward` (a class
+    swap rather than a bound method on the instance, which would keep the layer alive in a reference cycle)."""
+    if cls not in _FUSED_CLASSES:
+        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward, "__module__": __name__})
+    return _FUSED_CLASSES[cls]
 
 
 def why_not_fusable(model: nn.Module) -> str | None:
@@ -77,12 +108,19 @@ def why_not_fusable(model: nn.Module) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers:
         return "no model.layers"
+    if getattr(model, "hf_quantizer", None) is not None:
+        return "quantised weights"
     for layer in layers:
+        cls = getattr(layer, "_specviz_fused", None) and layer._specviz_fused.hf_class or type(layer)
+        if not cls.__module__.startswith(tuple(f"transformers.models.{f}." for f in FAMILIES)):
+            return f"decoder layer class {cls.__module__}.{cls.__name__} is not transformers' own"
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        names = ("q_proj", "k_proj", "v_proj", "o_proj")
-        if attn is None or mlp is None or not all(isinstance(getattr(attn, n, None), nn.Linear) for n in names) \
-                or not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
-            return f"layer {getattr(attn, 'layer_idx', '?')} is not laid out as Llama's"
+        lins = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
+            [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        if attn is None or mlp is None or not all(type(m) is nn.Linear for m in lins):
+            return f"layer {getattr(attn, 'layer_idx', '?')} is not laid out as Llama's (plain nn.Linear projections)"
+        if not all(m.weight.dtype.is_floating_point and m.weight.dtype.itemsize >= 2 for m in lins):
+            return "projection weights are not fp16 / bf16 / fp32"
         for norm in (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None)):
             if not type(norm).__name__.endswith("RMSNorm") or not hasattr(norm, "variance_epsilon"):
                 return f"layer norm {type(norm).__name__}, not Llama's RMSNorm"
@@ -123,25 +161,39 @@ def fuse_decoder_layers(model: nn.Module) -> str | None:
     if reason is not None:
         return reason
     for layer in model.model.layers:
-        if hasattr(layer, "_specviz_fused"):
+        old = getattr(layer, "_specviz_fused", None)
+        if old is not None and old.intact(layer):
             continue
+        hf_class = old.hf_class if old is not None else type(layer)
+        layer.__dict__.pop("_specviz_fused", None)  # stale after a .to(): its tensors are freed with it
         attn, mlp = layer.self_attn, layer.mlp
-        with torch.no_grad():
+        # inference_mode(False): fused inside inference mode, the new parameters would be inference tensors for good
+        with torch.inference_mode(False), torch.no_grad():
             wqkv, bqkv = _stack([attn.q_proj, attn.k_proj, attn.v_proj])
             wgu, bgu = _stack([mlp.gate_proj, mlp.up_proj])
         head_dim = attn.head_dim
-        eager = getattr(sys.modules[type(attn).__module__], "eager_attention_forward")
+        eager = getattr(sys.modules[hf_class.__module__], "eager_attention_forward")
         layer._specviz_fused = _Fused(wqkv, bqkv, wgu, bgu, attn.q_proj.weight.shape[0] // head_dim,
-                                      attn.k_proj.weight.shape[0] // head_dim, head_dim,
-                                      types.MethodType(type(layer).forward, layer), eager)
-        layer.forward = types.MethodType(_fused_forward, layer)
+                                      attn.k_proj.weight.shape[0] // head_dim, head_dim, hf_class, eager,
+                                      _view_pointers(layer))
+        layer.__class__ = _fused_class(hf_class)
     return None
 
 
+def unfuse_decoder_layers(model: nn.Module) -> None:
+    """Give ``model``'s layers transformers' forward back (their parameters stay views of one tensor, which that
+    forward reads as it reads any parameter); a no-op on a model never fused."""
+    for layer in getattr(getattr(model, "model", None), "layers", None) or ():
+        fused = layer.__dict__.pop("_specviz_fused", None)
+        if fused is not None:
+            layer.__class__ = fused.hf_class
+
+
 def is_fused(model: nn.Module) -> bool:
-    """Whether :func:`fuse_decoder_layers` fused ``model``'s layers."""
+    """Whether ``model``'s layers run fused (:func:`fuse_decoder_layers`, views intact) on CUDA inputs."""
     layers = getattr(getattr(model, "model", None), "layers", None) or ()
-    return bool(layers) and all(hasattr(layer, "_specviz_fused") for layer in layers)
+    return bool(layers) and all(getattr(layer, "_specviz_fused", None) is not None and
+                                layer._specviz_fused.intact(layer) for layer in layers)
 
 
 def _fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, past_key_values=None,
@@ -151,10 +203,11 @@ def _fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, posit
     from .kernels.fused_decode import rms_norm, rope_, silu_mul
 
     f: _Fused = self._specviz_fused
-    if not f.runs_on(self, hidden_states):
-        return f.hf_forward(hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=past_key_values, use_cache=use_cache,
-                            position_embeddings=position_embeddings, **kwargs)
+    cos, sin = position_embeddings if position_embeddings is not None else (None, None)  # [B or 1, n, D] each
+    if cos is None or cos.dtype != hidden_states.dtype or not f.runs_on(self, hidden_states, kwargs):
+        return f.hf_class.forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+                                  past_key_values=past_key_values, use_cache=use_cache,
+                                  position_embeddings=position_embeddings, **kwargs)
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     attn = self.self_attn
@@ -162,8 +215,9 @@ def _fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, posit
     x = hidden_states.reshape(-1, shape[-1])  # [T, H]
     h, _ = rms_norm(x, self.input_layernorm.weight, self.input_layernorm.variance_epsilon)
     qkv = nn.functional.linear(h, f.wqkv, f.bqkv)  # [T, (Hq + 2 Hk) * D]
-    cos, sin = position_embeddings  # [B, n, D] each, the model's dtype
-    rope_(qkv, cos.reshape(-1, f.head_dim), sin.reshape(-1, f.head_dim), f.q_heads + f.kv_heads, f.head_dim)
+    rows = (*shape[:-1], f.head_dim)  # a batch's rows share the tables when the model made the positions
+    rope_(qkv, cos.expand(rows).reshape(-1, f.head_dim), sin.expand(rows).reshape(-1, f.head_dim),
+          f.q_heads + f.kv_heads, f.head_dim)
     hq, hk = f.q_heads * f.head_dim, f.kv_heads * f.head_dim
     heads = (*shape[:-1], -1, f.head_dim)
     q = qkv[:, :hq].view(heads).transpose(1, 2)  # [B, Hq, n, D]
@@ -172,7 +226,8 @@ def _fused_forward(self, hidden_states: torch.Tensor, attention_mask=None, posit
     if past_key_values is not None:
         k, v = past_key_values.update(k, v, attn.layer_idx)
     interface = ALL_ATTENTION_FUNCTIONS.get_interface(attn.config._attn_implementation, f.eager_attention)
-    out, _ = interface(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, **kwargs)
+    out, _ = interface(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling, position_ids=position_ids,
+                       **kwargs)  # as transformers' layer passes it (flash attention reads packed sequences from it)
     o = attn.o_proj(out.reshape(x.shape[0], -1))  # [T, H]
     h, x = rms_norm(o, self.post_attention_layernorm.weight, self.post_attention_layernorm.variance_epsilon,
                     residual=x)

@@ -31,7 +31,7 @@ import torch
 from .compiled_graphs import CompiledGraphs, raise_recompile_limit
 from .attention import (attention_layout, experts_implementation, graph_experts_implementation, layer_masks,
                         static_cache)
-from .fused_layers import fuse_decoder_layers, is_fused
+from .fused_layers import fuse_decoder_layers, is_fused, unfuse_decoder_layers
 from .graphs import CapturedGraphs, replay
 from .runner import ForwardOutput, _layer_kv, as_tree, check_taps, pick_features
 from .static_tree import TREE_BUCKETS, StaticTreeForwards
@@ -55,7 +55,8 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         tree_buckets: row counts tree forwards are padded to (default :data:`TREE_BUCKETS` with CUDA
             graphs, None = no padding, eager); padding is exact on any device (tests use it on the CPU).
         fused: fuse the model's decoder layers (:func:`specviz.fused_layers.fuse_decoder_layers`, in place on
-            ``model``; default: on CUDA). ``fused`` says whether they are; ``fuse_note`` why not, when asked.
+            ``model``; default: on CUDA); False unfuses them (in place too). ``fused`` says whether they are
+            (compiled forwards trace transformers' layers all the same); ``fuse_note`` why not, when asked.
     Raises:
         ValueError: a forward would overflow the cache; truncate to an invalid length.
         specviz.attention.UnsupportedModelError: (a ValueError) a layout that cannot be rolled back or masked.
@@ -70,6 +71,8 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         self.fuse_note = None
         if self.device.type == "cuda" if fused is None else fused:
             self.fuse_note = fuse_decoder_layers(model)  # None: fused; else why not (the layers stay transformers')
+        elif fused is False:
+            unfuse_decoder_layers(model)  # the model is shared: its runners made earlier run transformers' layers too
         self.fused = is_fused(model)
         self.max_cache_len = int(max_cache_len)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)

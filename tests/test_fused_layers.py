@@ -91,7 +91,14 @@ def _model(family: str, device: str, dtype=torch.float32, seed: int = 0, layers:
     torch.manual_seed(seed)
     cfg = cfg_cls(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, **{**kw, **extra})
-    model = model_cls(cfg).eval().to(device=device, dtype=dtype)
+    model = model_cls(cfg).eval()
+    with torch.no_grad():  # fresh models have zero biases and unit norm weights: a swapped or dropped one would pass
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model = model.to(device=device, dtype=dtype)
     model.generation_config.eos_token_id = None
     return model
 
@@ -204,7 +211,7 @@ def test_fallbacks_keep_transformers_numbers():
         with torch.inference_mode():
             assert torch.equal(compiled(ids).logits, want)
             model.to(torch.float64).to(torch.float32)  # new parameter tensors: no longer the fused views
-            assert not model.model.layers[0]._specviz_fused.runs_on(model.model.layers[0], want)
+            assert not model.model.layers[0]._specviz_fused.runs_on(model.model.layers[0], want, {})
             assert torch.equal(model(ids).logits, want)
     finally:
         fl.ALLOW_CPU = False
@@ -216,6 +223,68 @@ def test_fallbacks_keep_transformers_numbers():
     assert torch.equal(layer._specviz_fused.wgu[96:], state["model.layers.1.mlp.up_proj.weight"])
     with torch.inference_mode():
         assert torch.equal(fused(ids).logits, want)  # the CPU without ALLOW_CPU: transformers' forward
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_and_dynamic_cache(device, allow_cpu, kernel_calls):
+    """A batch of two whose positions the model makes itself (one rotary table for both rows), then one more token
+    each through transformers' DynamicCache: fused logits equal transformers' (fp32, within 1e-5)."""
+    model = _model("qwen2", device)
+    ids = torch.randint(0, 320, (2, 7), generator=torch.Generator().manual_seed(3)).to(device)
+    nxt = torch.tensor([[5], [6]], device=device)
+    with torch.inference_mode():
+        first = model(ids, use_cache=True)
+        want = model(nxt, past_key_values=first.past_key_values).logits
+        allow_cpu.fuse_decoder_layers(model)
+        first_f = model(ids, use_cache=True)
+        got = model(nxt, past_key_values=first_f.past_key_values).logits
+    assert kernel_calls["rope_"] == 4  # 2 layers x 2 forwards: the fused path ran
+    assert (first_f.logits - first.logits).abs().max().item() < 1e-5 and (got - want).abs().max().item() < 1e-5
+
+
+def test_fallbacks_and_refusals(monkeypatch):
+    """transformers' forward where the fused one would be wrong or blind: training, autograd through the weights,
+    autocast, attention weights asked for; a .to() drops the stale fused tensors and fusing again re-lays them; fusing
+    inside inference mode leaves ordinary parameters; unfusing restores transformers' class; subclassed projections
+    (quantised layers are nn.Linear subclasses) and foreign layer classes are refused."""
+    from specviz import fused_layers as fl
+
+    monkeypatch.setattr(fl, "ALLOW_CPU", True)
+    model = _model("llama", "cpu")
+    layer = model.model.layers[0]
+    x = torch.zeros(1, 3, 64)
+    with torch.inference_mode():
+        assert fl.fuse_decoder_layers(model) is None
+    assert type(layer).__name__ == "FusedLlamaDecoderLayer" and isinstance(layer, transformers.models.llama.
+                                                                           modeling_llama.LlamaDecoderLayer)
+    assert not layer.self_attn.q_proj.weight.is_inference()
+    model.load_state_dict(model.state_dict())  # would raise on inference-tensor parameters
+    fused = layer._specviz_fused
+    with torch.inference_mode():
+        assert fused.runs_on(layer, x, {})
+        assert not fused.runs_on(layer, x, {"output_attentions": True})
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not fused.runs_on(layer, x, {})
+        model.train()
+        assert not fused.runs_on(layer, x, {})
+        model.eval()
+    assert not fused.runs_on(layer, x, {})  # grad mode, weights requiring grad
+    model.to(torch.float64)
+    assert not fl.is_fused(model) and not fused.runs_on(layer, x.double(), {})
+    assert fl.fuse_decoder_layers(model) is None and fl.is_fused(model)
+    assert layer._specviz_fused is not fused and layer._specviz_fused.wqkv.dtype == torch.float64
+    fl.unfuse_decoder_layers(model)
+    assert type(layer) is transformers.models.llama.modeling_llama.LlamaDecoderLayer and not fl.is_fused(model)
+
+    class QuantLinear(torch.nn.Linear):
+        pass
+
+    odd = _model("llama", "cpu")
+    odd.model.layers[1].mlp.up_proj.__class__ = QuantLinear
+    assert "plain nn.Linear" in fl.why_not_fusable(odd)
+    foreign = _model("llama", "cpu")
+    foreign.model.layers[0].__class__ = type("RemoteLayer", (torch.nn.Module,), {})
+    assert "not transformers' own" in fl.why_not_fusable(foreign)
 
 
 @pytest.mark.gpu

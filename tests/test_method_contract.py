@@ -229,6 +229,8 @@ def test_at_most_one_host_wait_per_step_on_cuda(models, method, monkeypatch):
     core = {id(g.core_done) for g in dec.step_verifier.graphs.values()}
     reads = 1 if method == "ngram_gpu" else 0  # specviz.methods.ngram_gpu.PAD_ON_CUDA off: k' read on the host
     for i, s in enumerate(steps, start=1):
-        assert len(s["syncs"]) <= reads, f"{method} step {i}: host syncs beyond the verifier's wait: {s['syncs']}"
+        extra = [w for w in s["syncs"] if "ngram_gpu/proposer.py" not in w] if reads else s["syncs"]
+        assert not extra and len(s["syncs"]) <= reads, f"{method} step {i}: host syncs beyond the verifier's wait: " \
+            f"{s['syncs']}"
         assert len([e for e in s["waits"] if id(e) in core]) == 1, f"{method} step {i}: not one verifier wait"
         assert len(s["waits"]) == 1, f"{method} step {i}: {len(s['waits'])} event waits"

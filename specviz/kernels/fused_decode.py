@@ -14,8 +14,8 @@ model's dtype; libdevice's exact ``exp`` has no interpreter version for the CPU 
 its PyTorch reference (:func:`rms_norm_reference`, :func:`rope_reference`, :func:`silu_mul_reference`, written from
 transformers' ``modeling_llama.py``).
 
-Row counts are runtime arguments kept out of Triton's integer specialisation (one compiled variant per model shape
-and dtype, whatever the number of tokens); widths are compile-time constants.
+The number of rows is only the launch grid and row strides are kept out of Triton's integer specialisation, so one
+compiled variant serves a model shape and dtype whatever the number of tokens; widths are compile-time constants.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     x) (y, residual + x), the norm then read from that rounded sum. y's dtype is PyTorch's promotion of weight's and
     x's (transformers' ``self.weight * hidden_states.to(input_dtype)``). Raises ValueError on mismatched widths."""
     d = x.shape[-1]
-    if weight.shape != (d,) or (residual is not None and residual.shape != x.shape):
+    if weight.shape != (d,) or weight.stride() != (1,) or (residual is not None and residual.shape != x.shape):
         raise ValueError(f"rms_norm: x {tuple(x.shape)}, weight {tuple(weight.shape)}, residual "
                          f"{None if residual is None else tuple(residual.shape)}")
     xr = _rows(x)
@@ -116,9 +116,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def rope_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, head_dim: int) -> None:
     """Rotary embedding in place on the first ``rotated_heads`` heads of each row of qkv [T, W] (W >= rotated_heads
     * head_dim; q's heads then k's, as a fused q|k|v projection lays them out), with cos / sin [T, head_dim] in
-    qkv's dtype (transformers' rotary embedding output, halves repeated). Raises ValueError on other shapes."""
-    if head_dim % 2 or cos.shape != (qkv.shape[0], head_dim) or sin.shape != cos.shape or \
-            qkv.shape[1] < rotated_heads * head_dim or cos.stride(-1) != 1 or sin.stride() != cos.stride():
+    qkv's dtype (transformers' rotary embedding output, halves repeated). Raises ValueError on other shapes or dtypes."""
+    if head_dim % 2 or cos.shape != (qkv.shape[0], head_dim) or sin.shape != cos.shape or cos.dtype != qkv.dtype \
+            or sin.dtype != qkv.dtype or qkv.shape[1] < rotated_heads * head_dim or cos.stride(-1) != 1 \
+            or sin.stride() != cos.stride():
         raise ValueError(f"rope_: qkv {tuple(qkv.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}, "
                          f"{rotated_heads} heads of {head_dim}")
     if qkv.stride(-1) != 1:
@@ -132,6 +133,8 @@ def rope_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated_heads
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """SiLU(gate) * up of gate_up [..., 2I] (gate = the first I columns): [..., I] in gate_up's dtype."""
     rows = _rows(gate_up)
+    if rows.shape[1] % 2:
+        raise ValueError(f"silu_mul: an odd width {rows.shape[1]} is not gate | up")
     inter = rows.shape[1] // 2
     out = torch.empty((rows.shape[0], inter), dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(inter))
