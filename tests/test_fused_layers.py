@@ -242,6 +242,24 @@ def test_batch_and_dynamic_cache(device, allow_cpu, kernel_calls):
     assert (first_f.logits - first.logits).abs().max().item() < 1e-5 and (got - want).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_feature_taps_through_fused_layers(device, allow_cpu):
+    """EAGLE / DFlash / Medusa read hidden states through transformers' output capture (hooks on the decoder-layer
+    instances): the fused class keeps them, and the tapped features equal transformers' layers' (fp32, 1e-5)."""
+    from specviz.static_runner import StaticRunner
+
+    taps = ("layer_input:1", "layer_output:0", "final_norm")
+    out = {}
+    for fused in (False, True):
+        runner = StaticRunner(_model("llama", device), 32, fused=fused, cuda_graphs=False)
+        runner.forward(torch.tensor([3, 4, 5, 6, 7], device=device))
+        out[fused] = runner.forward_features(torch.tensor([8], device=device), taps=taps)
+        assert runner.fused == fused
+    for tap in taps:
+        assert out[True].features[tap].shape == (1, 64)
+        assert (out[True].features[tap] - out[False].features[tap]).abs().max().item() < 1e-5, tap
+
+
 def test_fallbacks_and_refusals(monkeypatch):
     """transformers' forward where the fused one would be wrong or blind: training, autograd through the weights,
     autocast, attention weights asked for; a .to() drops the stale fused tensors and fusing again re-lays them; fusing
