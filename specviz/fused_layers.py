@@ -108,8 +108,9 @@ def why_not_fusable(model: nn.Module) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers:
         return "no model.layers"
-    if getattr(model, "hf_quantizer", None) is not None:
-        return "quantised weights"
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None and not type(quantizer).__name__.startswith("Gguf"):  # GGUF is dequantised on load
+        return f"quantised weights ({type(quantizer).__name__})"
     for layer in layers:
         cls = getattr(layer, "_specviz_fused", None) and layer._specviz_fused.hf_class or type(layer)
         if not cls.__module__.startswith(tuple(f"transformers.models.{f}." for f in FAMILIES)):
@@ -177,6 +178,8 @@ def fuse_decoder_layers(model: nn.Module) -> str | None:
                                       attn.k_proj.weight.shape[0] // head_dim, head_dim, hf_class, eager,
                                       _view_pointers(layer))
         layer.__class__ = _fused_class(hf_class)
+    if torch.cuda.is_available() and model.model.layers[0]._specviz_fused.wqkv.is_cuda:
+        torch.cuda.empty_cache()  # the replaced per-projection blocks: free memory is what the precompile child sizes
     return None
 
 

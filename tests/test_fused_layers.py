@@ -300,6 +300,11 @@ def test_fallbacks_and_refusals(monkeypatch):
     odd = _model("llama", "cpu")
     odd.model.layers[1].mlp.up_proj.__class__ = QuantLinear
     assert "plain nn.Linear" in fl.why_not_fusable(odd)
+    odd.hf_quantizer = type("Bnb4BitHfQuantizer", (), {})()
+    assert fl.why_not_fusable(odd) == "quantised weights (Bnb4BitHfQuantizer)"
+    gguf = _model("llama", "cpu")
+    gguf.hf_quantizer = type("GgufHfQuantizer", (), {})()  # transformers dequantises GGUF tensors on load
+    assert fl.why_not_fusable(gguf) is None
     foreign = _model("llama", "cpu")
     foreign.model.layers[0].__class__ = type("RemoteLayer", (torch.nn.Module,), {})
     assert "not transformers' own" in fl.why_not_fusable(foreign)
