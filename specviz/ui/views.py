@@ -101,8 +101,8 @@ def summary_markdown(trace: Trace) -> str:
     if cfg.get("verify") in LOSSY_NOTES:
         head += "\n\n" + LOSSY_NOTES[cfg["verify"]]
     tail = (f"method `{cfg.get('method')}` · k = {cfg.get('num_speculative_tokens')} · verify `{cfg.get('verify')}` · "
-            f"T = {cfg.get('temperature')} · target forwards {metrics_of(trace).target_forward_passes} · "
-            f"stop: {trace.stop_reason or 'running'}")
+            f"T = {cfg.get('temperature')} · target forwards {metrics_of(trace).target_forward_passes} "
+            f"(prefill included) · stop: {trace.stop_reason or 'running'}")
     return head + "\n\n" + tail
 
 
