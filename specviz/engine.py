@@ -252,7 +252,7 @@ class SpecDecoder:
                                               config={**({"runner_compiled": label} if label else {}),
                                                       # compiled graphs trace transformers' layers
                                                       "runner_fused": bool(getattr(runner, "fused", False))
-                                                      and not (label or "").startswith("compiled")}))
+                                                      and not (label or "").startswith(("compiled", "partly"))}))
             add_texts(self.tokenizer, recorder.trace, generated)
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,

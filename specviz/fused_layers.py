@@ -58,12 +58,17 @@ class _Fused:
     head_dim: int
     hf_class: type
     eager_attention: object
+    mods: tuple[nn.Linear, ...]  # q, k, v, gate, up: children of the layer's own children (no reference cycle)
     views: tuple[int, ...]
 
     def intact(self, layer: nn.Module) -> bool:
-        """Whether every q/k/v and gate/up parameter (and bias) is still the view made at fusing time (a ``.to()``,
-        an assigning ``load_state_dict`` or a replaced weight breaks that)."""
-        return _view_pointers(layer) == self.views
+        """Whether every q/k/v and gate/up module, weight and bias is still the view made at fusing time (a ``.to()``,
+        an assigning ``load_state_dict`` or a replaced weight or module breaks that). Reads ``_parameters`` and
+        ``_modules`` directly: this runs at every eager forward of every layer."""
+        attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
+        if (attn["q_proj"], attn["k_proj"], attn["v_proj"], mlp["gate_proj"], mlp["up_proj"]) != self.mods:
+            return False
+        return _pointers(self.mods) == self.views
 
     def runs_on(self, layer: nn.Module, x: torch.Tensor, kwargs: dict) -> bool:
         """Whether this forward takes the fused path: inference only (not training, no autograd through the weights,
@@ -71,17 +76,49 @@ class _Fused:
         the fused views intact."""
         if torch.compiler.is_compiling() or not (x.is_cuda or ALLOW_CPU) or x.device != self.wqkv.device:
             return False
-        if layer.training or kwargs.get("output_attentions") or torch.is_autocast_enabled(x.device.type):
+        attentions = kwargs.get("output_attentions", getattr(layer.self_attn.config, "output_attentions", False))
+        if layer.training or attentions or torch.is_autocast_enabled(x.device.type):
             return False
         if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters())):
             return False
         return self.intact(layer)
 
 
-def _view_pointers(layer: nn.Module) -> tuple[int, ...]:
-    mods = (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
+def _linears(layer: nn.Module) -> tuple[nn.Linear, ...]:
+    return (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
             layer.mlp.up_proj)
-    return tuple(t.data_ptr() if t is not None else 0 for m in mods for t in (m.weight, m.bias))
+
+
+def _pointers(mods: tuple[nn.Linear, ...]) -> tuple[int, ...]:
+    out = []
+    for m in mods:
+        for name in ("weight", "bias"):
+            t = m._parameters.get(name)
+            out.append(t.data_ptr() if t is not None else 0)
+    return tuple(out)
+
+
+def _fused_apply(self, fn, recurse=True):
+    """``nn.Module._apply`` (``.to()``, ``.half()``...), then the fused state dropped if the views were replaced: its
+    tensors would otherwise keep the old copy of the q/k/v and gate/up weights alive."""
+    fused = self.__dict__["_specviz_fused"]
+    out = fused.hf_class._apply(self, fn, recurse)
+    if not fused.intact(self):
+        unfuse_layer(self)
+    return out
+
+
+def _fused_reduce_ex(self, protocol):
+    """Pickle and deepcopy as transformers' class, without the fused state (the generated class has no importable
+    name; the copy is unfused and a later fuse re-lays it)."""
+    state = {k: v for k, v in self.__dict__.items() if k != "_specviz_fused"}
+    return _rebuild_layer, (self.__dict__["_specviz_fused"].hf_class, state)
+
+
+def _rebuild_layer(cls: type, state: dict) -> nn.Module:
+    layer = cls.__new__(cls)
+    layer.__setstate__(state)
+    return layer
 
 
 _FUSED_CLASSES: dict[type, type] = {}
@@ -91,7 +128,9 @@ def _fused_class(cls: type) -> type:
     """A subclass of transformers' decoder-layer class ``cls`` whose forward is :func:`_fused_forward` (a class
     swap rather than a bound method on the instance, which would keep the layer alive in a reference cycle)."""
     if cls not in _FUSED_CLASSES:
-        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward, "__module__": __name__})
+        _FUSED_CLASSES[cls] = type(f"Fused{cls.__name__}", (cls,), {"forward": _fused_forward, "_apply": _fused_apply,
+                                                                   "__reduce_ex__": _fused_reduce_ex,
+                                                                   "__module__": __name__})
     return _FUSED_CLASSES[cls]
 
 
@@ -109,12 +148,15 @@ def why_not_fusable(model: nn.Module) -> str | None:
     if not layers:
         return "no model.layers"
     quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None and not type(quantizer).__name__.startswith("Gguf"):  # GGUF is dequantised on load
+    # GGUF is dequantised on load (unless a GGUF matmul kernel keeps it packed: GgufLinear, refused below)
+    if quantizer is not None and not type(quantizer).__name__.startswith("Gguf"):
         return f"quantised weights ({type(quantizer).__name__})"
     for layer in layers:
         cls = getattr(layer, "_specviz_fused", None) and layer._specviz_fused.hf_class or type(layer)
         if not cls.__module__.startswith(tuple(f"transformers.models.{f}." for f in FAMILIES)):
             return f"decoder layer class {cls.__module__}.{cls.__name__} is not transformers' own"
+        if "forward" in layer.__dict__ or hasattr(layer, "_hf_hook"):  # accelerate's hooks set the instance's forward
+            return "decoder layers carry forward hooks of their own (accelerate device maps)"
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         lins = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")] + \
             [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
@@ -138,11 +180,31 @@ def why_not_fusable(model: nn.Module) -> str | None:
     return None
 
 
+def _adjacent(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The rows of ``tensors`` as one tensor without a copy when they already lie back to back in one storage (a
+    layer fused before and unfused: captured CUDA graphs of other runners still read that storage), else None."""
+    first = tensors[0]
+    offset, storage = first.storage_offset(), first.untyped_storage().data_ptr()
+    for t in tensors:
+        if t.untyped_storage().data_ptr() != storage or t.storage_offset() != offset or not t.is_contiguous() \
+                or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]:
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return first.detach().as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
 def _stack(mods: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the Linear layers' weights (and biases) by rows and make each module's parameters views of the
-    result; returns (weight, bias or None)."""
-    weight = torch.cat([m.weight.detach() for m in mods])
-    bias = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
+    """The Linear layers' weights (and biases) as one tensor by rows, each module's parameters made views of it
+    (reused when they already are); returns (weight, bias or None)."""
+    weights = [m.weight.detach() for m in mods]
+    weight = _adjacent(weights)
+    weight = torch.cat(weights) if weight is None else weight
+    bias = None
+    if mods[0].bias is not None:
+        biases = [m.bias.detach() for m in mods]
+        bias = _adjacent(biases)
+        bias = torch.cat(biases) if bias is None else bias
     start = 0
     for m in mods:
         rows = m.weight.shape[0]
@@ -155,18 +217,23 @@ def _stack(mods: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 def fuse_decoder_layers(model: nn.Module) -> str | None:
     """Fuse every decoder layer of ``model`` (in place; idempotent). Returns None when fused (or already fused),
-    else why not (nothing is changed then). Disabled by ``SPECVIZ_FUSED=off``."""
+    else why not (nothing is changed then). ``SPECVIZ_FUSED=off`` unfuses instead. Fusing a layer whose weights
+    are not yet one tensor allocates it and frees the separate ones: CUDA graphs captured before over this model
+    (other runners') must not replay after that, so fuse before capturing, as :class:`StaticRunner` does."""
     if os.environ.get(FUSED_ENV, "").lower() in ("off", "0", "false"):
+        unfuse_decoder_layers(model)
         return f"{FUSED_ENV}=off"
     reason = why_not_fusable(model)
     if reason is not None:
         return reason
+    relaid = False
     for layer in model.model.layers:
         old = getattr(layer, "_specviz_fused", None)
         if old is not None and old.intact(layer):
             continue
         hf_class = old.hf_class if old is not None else type(layer)
-        layer.__dict__.pop("_specviz_fused", None)  # stale after a .to(): its tensors are freed with it
+        unfuse_layer(layer)
+        del old  # its tensors (a stale copy after a .to()) go now, before the cache is emptied
         attn, mlp = layer.self_attn, layer.mlp
         # inference_mode(False): fused inside inference mode, the new parameters would be inference tensors for good
         with torch.inference_mode(False), torch.no_grad():
@@ -174,22 +241,29 @@ def fuse_decoder_layers(model: nn.Module) -> str | None:
             wgu, bgu = _stack([mlp.gate_proj, mlp.up_proj])
         head_dim = attn.head_dim
         eager = getattr(sys.modules[hf_class.__module__], "eager_attention_forward")
+        mods = _linears(layer)
         layer._specviz_fused = _Fused(wqkv, bqkv, wgu, bgu, attn.q_proj.weight.shape[0] // head_dim,
-                                      attn.k_proj.weight.shape[0] // head_dim, head_dim, hf_class, eager,
-                                      _view_pointers(layer))
+                                      attn.k_proj.weight.shape[0] // head_dim, head_dim, hf_class, eager, mods,
+                                      _pointers(mods))
         layer.__class__ = _fused_class(hf_class)
-    if torch.cuda.is_available() and model.model.layers[0]._specviz_fused.wqkv.is_cuda:
+        relaid = True
+    if relaid and model.model.layers[0]._specviz_fused.wqkv.is_cuda:
         torch.cuda.empty_cache()  # the replaced per-projection blocks: free memory is what the precompile child sizes
     return None
 
 
+def unfuse_layer(layer: nn.Module) -> None:
+    """Give one layer transformers' class back and drop its fused state (its parameters stay views of one tensor,
+    which transformers' forward reads as it reads any parameter)."""
+    fused = layer.__dict__.pop("_specviz_fused", None)
+    if fused is not None:
+        layer.__class__ = fused.hf_class
+
+
 def unfuse_decoder_layers(model: nn.Module) -> None:
-    """Give ``model``'s layers transformers' forward back (their parameters stay views of one tensor, which that
-    forward reads as it reads any parameter); a no-op on a model never fused."""
+    """:func:`unfuse_layer` on every decoder layer of ``model``; a no-op on a model never fused."""
     for layer in getattr(getattr(model, "model", None), "layers", None) or ():
-        fused = layer.__dict__.pop("_specviz_fused", None)
-        if fused is not None:
-            layer.__class__ = fused.hf_class
+        unfuse_layer(layer)
 
 
 def is_fused(model: nn.Module) -> bool:

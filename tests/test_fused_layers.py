@@ -9,7 +9,9 @@ Devices as in tests/test_kernels_ngram.py: "cpu" runs under the interpreter in a
 
 from __future__ import annotations
 
+import copy
 import functools
+import pickle
 
 import pytest
 import torch
@@ -34,7 +36,8 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 @pytest.mark.parametrize("device", DEVICES)
 def test_kernels_equal_references(device):
     """rms_norm (with and without the residual add), rope_ and silu_mul give their references' values: bit for bit,
-    but where fp32 sums or exp differ in order or implementation (a few ulps); a planted mistake (sin negated) differs."""
+    but where fp32 sums or exp differ in order or implementation (a few ulps); a planted mistake (sin negated)
+    differs."""
     from specviz.kernels import fused_decode as fd
 
     gen = torch.Generator().manual_seed(0)
@@ -166,7 +169,8 @@ def test_greedy_speculative_equals_none_through_fused_runners(device, allow_cpu)
                         runner_factory=functools.partial(StaticRunner, max_cache_len=96, fused=False))
     want = plain.generate(prompt, method="none", max_new_tokens=24).output_token_ids
     target, draft = _model("llama", device), _model("llama", device, seed=1, layers=1)
-    dec = SpecDecoder(target, Ids(), draft, runner_factory=functools.partial(StaticRunner, max_cache_len=96, fused=True))
+    dec = SpecDecoder(target, Ids(), draft,
+                      runner_factory=functools.partial(StaticRunner, max_cache_len=96, fused=True))
     assert dec.generate(prompt, method="none", max_new_tokens=24).output_token_ids == want
     for method in ("ngram", "draft_model"):
         out = dec.generate(prompt, method=method, num_speculative_tokens=3, max_new_tokens=24)
@@ -211,7 +215,7 @@ def test_fallbacks_keep_transformers_numbers():
         with torch.inference_mode():
             assert torch.equal(compiled(ids).logits, want)
             model.to(torch.float64).to(torch.float32)  # new parameter tensors: no longer the fused views
-            assert not model.model.layers[0]._specviz_fused.runs_on(model.model.layers[0], want, {})
+            assert not fl.is_fused(model)  # the fused state went with the replaced views
             assert torch.equal(model(ids).logits, want)
     finally:
         fl.ALLOW_CPU = False
@@ -240,6 +244,13 @@ def test_batch_and_dynamic_cache(device, allow_cpu, kernel_calls):
         got = model(nxt, past_key_values=first_f.past_key_values).logits
     assert kernel_calls["rope_"] == 4  # 2 layers x 2 forwards: the fused path ran
     assert (first_f.logits - first.logits).abs().max().item() < 1e-5 and (got - want).abs().max().item() < 1e-5
+    # a table per row; row 1 spaced by 3 (a constant shift would not show: rotary scores depend on differences)
+    positions = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [0, 3, 6, 9, 12, 15, 18]], device=device)
+    with torch.inference_mode():
+        fused = model(ids, position_ids=positions).logits
+        allow_cpu.unfuse_decoder_layers(model)
+        plain = model(ids, position_ids=positions).logits
+    assert kernel_calls["rope_"] == 6 and (fused - plain).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -258,6 +269,31 @@ def test_feature_taps_through_fused_layers(device, allow_cpu):
     for tap in taps:
         assert out[True].features[tap].shape == (1, 64)
         assert (out[True].features[tap] - out[False].features[tap]).abs().max().item() < 1e-5, tap
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_replaced_weights_and_attention_weights_fall_back(device, allow_cpu, kernel_calls):
+    """One replaced k_proj weight (or a Qwen2 v_proj bias) is enough to leave the fused path, whose copy would be
+    stale: transformers' logits come back; attention weights asked for in the config also take transformers' path."""
+    ids = torch.randint(0, 320, (1, 6), generator=torch.Generator().manual_seed(4)).to(device)
+    for family, module, name in (("llama", "k_proj", "weight"), ("qwen2", "v_proj", "bias")):
+        model = _model(family, device)
+        allow_cpu.fuse_decoder_layers(model)
+        attn = model.model.layers[1].self_attn
+        with torch.no_grad():
+            setattr(getattr(attn, module), name, torch.nn.Parameter(getattr(getattr(attn, module), name) * 1.5))
+        assert not allow_cpu.is_fused(model)
+        with torch.inference_mode():
+            got = model(ids).logits
+            allow_cpu.unfuse_decoder_layers(model)
+            assert (got - model(ids).logits).abs().max().item() < 1e-5, family
+    model = _model("llama", device, attn_implementation="eager")
+    model.config.output_attentions = True
+    allow_cpu.fuse_decoder_layers(model)
+    before = dict(kernel_calls)
+    with torch.inference_mode():
+        out = model(ids)
+    assert len(out.attentions) == 2 and kernel_calls == before
 
 
 def test_fallbacks_and_refusals(monkeypatch):
@@ -294,6 +330,18 @@ def test_fallbacks_and_refusals(monkeypatch):
     fl.unfuse_decoder_layers(model)
     assert type(layer) is transformers.models.llama.modeling_llama.LlamaDecoderLayer and not fl.is_fused(model)
 
+    model.eval().requires_grad_(False)
+    assert fl.fuse_decoder_layers(model) is None
+    base = layer._specviz_fused.wqkv.data_ptr()
+    assert not any(p.requires_grad for p in layer.parameters())  # the flag is kept through the views
+    fl.unfuse_decoder_layers(model)
+    assert fl.fuse_decoder_layers(model) is None and layer._specviz_fused.wqkv.data_ptr() == base  # no new copy
+    for copied in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):  # come back as transformers' layers
+        assert type(copied.model.layers[0]).__name__ == "LlamaDecoderLayer" and not fl.is_fused(copied)
+        assert torch.equal(copied.model.layers[0].self_attn.k_proj.weight, layer.self_attn.k_proj.weight)
+    model.to(torch.float32)  # a .to() that replaces the views: the fused state and its old copy are dropped
+    assert "_specviz_fused" not in layer.__dict__ and type(layer).__name__ == "LlamaDecoderLayer"
+
     class QuantLinear(torch.nn.Linear):
         pass
 
@@ -305,6 +353,9 @@ def test_fallbacks_and_refusals(monkeypatch):
     gguf = _model("llama", "cpu")
     gguf.hf_quantizer = type("GgufHfQuantizer", (), {})()  # transformers dequantises GGUF tensors on load
     assert fl.why_not_fusable(gguf) is None
+    hooked = _model("llama", "cpu")
+    hooked.model.layers[1].forward = hooked.model.layers[1].forward  # as accelerate's add_hook_to_module does
+    assert "hooks" in fl.why_not_fusable(hooked)
     foreign = _model("llama", "cpu")
     foreign.model.layers[0].__class__ = type("RemoteLayer", (torch.nn.Module,), {})
     assert "not transformers' own" in fl.why_not_fusable(foreign)

@@ -116,7 +116,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def rope_(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, head_dim: int) -> None:
     """Rotary embedding in place on the first ``rotated_heads`` heads of each row of qkv [T, W] (W >= rotated_heads
     * head_dim; q's heads then k's, as a fused q|k|v projection lays them out), with cos / sin [T, head_dim] in
-    qkv's dtype (transformers' rotary embedding output, halves repeated). Raises ValueError on other shapes or dtypes."""
+    qkv's dtype (transformers' rotary embedding output, halves repeated). Raises ValueError on other shapes or
+    dtypes."""
     if head_dim % 2 or cos.shape != (qkv.shape[0], head_dim) or sin.shape != cos.shape or cos.dtype != qkv.dtype \
             or sin.dtype != qkv.dtype or qkv.shape[1] < rotated_heads * head_dim or cos.stride(-1) != 1 \
             or sin.stride() != cos.stride():
