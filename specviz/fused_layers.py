@@ -39,7 +39,7 @@ from .attention import attention_layout
 
 log = logging.getLogger(__name__)
 FAMILIES = ("llama", "mistral", "qwen2")
-FUSED_ENV = "SPECVIZ_FUSED"  # "off": never fuse (StaticRunner's default then keeps transformers' layers)
+FUSED_ENV = "SPECVIZ_FUSED"  # "off": fuse_decoder_layers unfuses instead (the default runner keeps transformers')
 ALLOW_CPU = False  # tests: run the fused kernels on CPU tensors too (Triton's interpreter, TRITON_INTERPRET=1)
 
 
@@ -47,7 +47,8 @@ ALLOW_CPU = False  # tests: run the fused kernels on CPU tensors too (Triton's i
 class _Fused:
     """A layer's fused weights: wqkv [(Hq + 2 Hk) * D, H] (rows q | k | v), bqkv or None, wgu [2 I, H] (gate | up),
     bgu or None; head counts and head_dim; the layer's transformers class (whose forward is the fallback), its
-    family's eager attention, and the data pointers its q/k/v and gate/up parameters had when they were made views."""
+    family's eager attention, the q/k/v and gate/up modules and the data pointers of their weights and biases when
+    those were made views."""
 
     wqkv: torch.Tensor
     bqkv: torch.Tensor | None
