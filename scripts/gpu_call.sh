@@ -45,6 +45,8 @@
 #            (BG_ARGS: its options; T_BG: timeout)
 #   regional benchmarks/regional_compile.py: whole-forward against per-layer torch.compile, compile time cold and
 #            warm, replay ms (REGIONAL_SHAPES, default bundled,8b; T_REGIONAL: timeout)
+#   launch   benchmarks/graph_launch.py: host launch time, GPU time and a step's idle time of CUDA graphs of 64..1724
+#            kernels (is the step's idle the graph launch?), to $OUT/graph_launch.json
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 #            (READY_ARGS: its options, e.g. "--launches 2 -- --compile-background")
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
@@ -169,6 +171,9 @@ for stage in "$@"; do
     timeout ${T_REGIONAL:-420} python3 benchmarks/regional_compile.py --shapes ${REGIONAL_SHAPES:-bundled,8b} \
       --out "$OUT/regional.json" > "$L/regional.log" 2>&1
     echo "[regional] exit $?"; grep -vE "^(STAGE|USDT|\[W)|warn" "$L/regional.log" | cut -c1-300 | tail -30 ;;
+  launch)
+    timeout ${T_LAUNCH:-120} python3 benchmarks/graph_launch.py --out "$OUT/graph_launch.json" > "$L/launch.log" 2>&1
+    echo "[launch] exit $?"; cat "$L/launch.log" | tail -8 ;;
   ready)
     timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" ${READY_ARGS:-} \
       > "$L/ready.log" 2>&1

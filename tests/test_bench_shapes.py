@@ -74,3 +74,16 @@ def test_roofline_dry_run_and_kernel_kinds(tmp_path):
         "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>>": "other elementwise",
     }
     assert {name: roofline.kind_of(name) for name in kinds} == kinds
+
+
+def test_graph_launch_measures_only_on_cuda():
+    """benchmarks/graph_launch.py: nothing on the CPU (and says so); on a GPU one row per node count with its host
+    launch, GPU and step times."""
+    import graph_launch
+
+    rows = graph_launch.main(["--nodes", "8,64", "--repeats", "5"])
+    if not torch.cuda.is_available():
+        assert rows == []
+        return
+    assert [r["nodes"] for r in rows] == [8, 64]
+    assert all(r["gpu_us"] > 0 and r["step_us"] >= r["launch_us"] > 0 for r in rows)
