@@ -72,7 +72,7 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         if self.device.type == "cuda" if fused is None else fused:
             self.fuse_note = fuse_decoder_layers(model)  # None: fused; else why not (the layers stay transformers')
         elif fused is False:
-            unfuse_decoder_layers(model)  # the model is shared: its runners made earlier run transformers' layers too
+            unfuse_decoder_layers(model)  # shared model: other runners' eager forwards too (not their captured graphs)
         self.fused = is_fused(model)
         self.max_cache_len = int(max_cache_len)
         self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
