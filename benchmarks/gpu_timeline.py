@@ -143,7 +143,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=8, help="kernels listed per setting")
     ap.add_argument("--trace-on", action="store_true", help="the detailed trace on (default off)")
     ap.add_argument("--shape", default=None, help="a bench_shapes.py shape (1b, 8b): its random Llama target and 74 M "
-                    "draft instead of the bundled models; settings: method none and draft_model synthetic a = 0.8, k = 4")
+                    "draft instead of the bundled models; settings: method none and draft_model synthetic "
+                    "a = 0.8, k = 4")
     a = ap.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -154,7 +155,8 @@ def main() -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("gpu_timeline.py needs CUDA")
-    names = [s.strip() for s in a.settings.split(",")] if a.settings else list(SETTINGS)
+    settings = dict(SETTINGS)
+    names = [s.strip() for s in a.settings.split(",")] if a.settings else list(settings)
     prompt = DEMO_PROMPT
     if a.shape:
         import bench_shapes as bs
@@ -166,16 +168,15 @@ def main() -> None:
             StaticRunner, max_cache_len=bs.PROMPT_LEN + a.max_new + 16))
         prompt = torch.randint(0, bs.SHAPES[a.shape]["vocab_size"], (bs.PROMPT_LEN,),
                                generator=torch.Generator().manual_seed(0)).tolist()
-        SETTINGS.clear()
-        SETTINGS["draft_model synthetic a=0.8 k=4"] = dict(
+        settings = {"draft_model synthetic a=0.8 k=4": dict(
             method="draft_model", verify="synthetic", num_speculative_tokens=bs.K,
-            synthetic_rates=[0.8 ** i for i in range(1, bs.K + 1)], temperature=0.0)
-        names = list(SETTINGS)
+            synthetic_rates=[0.8 ** i for i in range(1, bs.K + 1)], temperature=0.0)}
+        names = list(settings)
     else:
         dec = SpecDecoder.from_pretrained(device="cuda", runner="static")
     print(f"GPU time per step by phase; trace {'on' if a.trace_on else 'off'}, {a.max_new} new tokens, static runner")
     for name in ["method none"] + names:
-        kw = SETTINGS.get(name, dict(method="none"))
+        kw = settings.get(name, dict(method="none"))
         for _ in range(2):  # capture, compile, warm
             dec.generate(prompt, max_new_tokens=a.max_new, detailed_trace=a.trace_on, **kw)
         torch.cuda.synchronize()

@@ -27,7 +27,6 @@ token in fp32 (tests/test_fused_layers.py).
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from dataclasses import dataclass
@@ -37,7 +36,6 @@ from torch import nn
 
 from .attention import attention_layout
 
-log = logging.getLogger(__name__)
 FAMILIES = ("llama", "mistral", "qwen2")
 FUSED_ENV = "SPECVIZ_FUSED"  # "off": fuse_decoder_layers unfuses instead (the default runner keeps transformers')
 ALLOW_CPU = False  # tests: run the fused kernels on CPU tensors too (Triton's interpreter, TRITON_INTERPRET=1)
@@ -66,10 +64,7 @@ class _Fused:
         """Whether every q/k/v and gate/up module, weight and bias is still the view made at fusing time (a ``.to()``,
         an assigning ``load_state_dict`` or a replaced weight or module breaks that). Reads ``_parameters`` and
         ``_modules`` directly: this runs at every eager forward of every layer."""
-        attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
-        if (attn["q_proj"], attn["k_proj"], attn["v_proj"], mlp["gate_proj"], mlp["up_proj"]) != self.mods:
-            return False
-        return _pointers(self.mods) == self.views
+        return _linears(layer) == self.mods and _pointers(self.mods) == self.views
 
     def runs_on(self, layer: nn.Module, x: torch.Tensor, kwargs: dict) -> bool:
         """Whether this forward takes the fused path: inference only (not training, no autograd through the weights,
@@ -86,8 +81,9 @@ class _Fused:
 
 
 def _linears(layer: nn.Module) -> tuple[nn.Linear, ...]:
-    return (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.mlp.gate_proj,
-            layer.mlp.up_proj)
+    """q, k, v, gate, up of a layer, read from ``_modules`` (no ``nn.Module.__getattr__``: a hot path)."""
+    attn, mlp = layer._modules["self_attn"]._modules, layer._modules["mlp"]._modules
+    return attn["q_proj"], attn["k_proj"], attn["v_proj"], mlp["gate_proj"], mlp["up_proj"]
 
 
 def _pointers(mods: tuple[nn.Linear, ...]) -> tuple[int, ...]:
@@ -153,7 +149,7 @@ def why_not_fusable(model: nn.Module) -> str | None:
     if quantizer is not None and not type(quantizer).__name__.startswith("Gguf"):
         return f"quantised weights ({type(quantizer).__name__})"
     for layer in layers:
-        cls = getattr(layer, "_specviz_fused", None) and layer._specviz_fused.hf_class or type(layer)
+        cls = layer._specviz_fused.hf_class if hasattr(layer, "_specviz_fused") else type(layer)
         if not cls.__module__.startswith(tuple(f"transformers.models.{f}." for f in FAMILIES)):
             return f"decoder layer class {cls.__module__}.{cls.__name__} is not transformers' own"
         if "forward" in layer.__dict__ or hasattr(layer, "_hf_hook"):  # accelerate's hooks set the instance's forward
@@ -170,8 +166,7 @@ def why_not_fusable(model: nn.Module) -> str | None:
                 return f"layer norm {type(norm).__name__}, not Llama's RMSNorm"
         if getattr(attn, "sliding_window", None) or hasattr(attn, "q_norm"):
             return "sliding window or q/k norms in attention"
-        if (attn.q_proj.bias is None) != (attn.k_proj.bias is None) or (attn.k_proj.bias is None) != (
-                attn.v_proj.bias is None) or (mlp.gate_proj.bias is None) != (mlp.up_proj.bias is None):
+        if len({m.bias is None for m in lins[:3]}) > 1 or len({m.bias is None for m in lins[4:6]}) > 1:
             return "q/k/v (or gate/up) projections disagree on biases"
     rot = getattr(model.model, "rotary_emb", None)
     inv = getattr(rot, "inv_freq", None)
