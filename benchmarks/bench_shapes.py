@@ -11,10 +11,12 @@ weights, no download) with a random 68M-class draft (2 layers x 512, tied embedd
   The copy bandwidth is measured here: a 2 GiB device-to-device copy, (read + written bytes) / median.
 * specviz draft_model with verify="synthetic", k = 4, i.i.d. acceptance a in {0.6, 0.8, 0.9}
   (unconditional rates a^i): speedup over method none, against the speedup the measured step costs
-  predict: E(a) x t_none / (k t_draft(1) + t_target(k+1) + t_none - t_target(1)), where
+  predict: E(a) x t_none / (k t_draft(1) + t_target(k+1) + t_sync - t_target(1)), where
   E(a) = (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023), t_* the median GPU time of one CUDA-graph
-  replay of the static runner's forward of that many tokens, and t_none the wall time per step of
-  method none (so the last two terms are the per-step cost outside the target's forward).
+  replay of the static runner's forward of that many tokens, t_none the wall time per step of method none
+  (async scheduling, its default on CUDA) and t_sync that of method none with ``async_scheduling=False``
+  (so the last two terms are a synchronous step's cost outside the target's forward: a drafting step waits
+  for its tokens). Method none is also shown synchronous, beside the default, with the ratio.
 * the kernel count and kernel time of one eager 1-token forward and of one graph replay
   (torch.profiler, CUDA activity), both through the fused decoder layers the default runner left the target with.
 * specviz method none with transformers' own decoder layers (``StaticRunner(fused=False)``) beside the default
@@ -219,6 +221,11 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
         none_rows[detailed] = row(f"specviz none trace={'on' if detailed else 'off'}", sec,
                                   len(trace.output_token_ids), ms_per_step=1e3 * sec / len(trace.steps))
     res["tracing_cost_none"] = 1 - none_rows[True]["tok_s"] / none_rows[False]["tok_s"]
+    kw = dict(method="none", max_new_tokens=max_new, detailed_trace=True, async_scheduling=False)
+    sec, trace = median_wall(lambda: dec.generate(prompt, **kw), device, args.repeats)
+    sync_row = row("specviz none trace=on async_scheduling=off", sec, len(trace.output_token_ids),
+                   ms_per_step=1e3 * sec / len(trace.steps))
+    sync_row["async_speedup"] = none_rows[True]["tok_s"] / sync_row["tok_s"]
     t_none_ms = none_rows[True]["ms_per_step"]
     runner = dec.pool.free(id(target))[0]
     drafter = None
@@ -238,7 +245,7 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
              "draft_1": forward_gpu_ms(drafter, 1, reps) if drafter is not None else None, "none_step_wall": t_none_ms}
     res["step_costs_ms"] = costs
     if None not in costs.values():
-        overhead = t_none_ms - costs["target_1"]
+        overhead = sync_row["ms_per_step"] - costs["target_1"]  # a drafting step waits for its tokens: synchronous
         spec_step = K * costs["draft_1"] + costs["target_k1"] + overhead
         for r in res["rows"]:
             if "expected_tokens" in r:
@@ -329,6 +336,10 @@ def render(result: dict) -> str:
         out += ["", f"Tracing cost (method none): {_f(s['tracing_cost_none'], 1, True)}. Step costs, GPU ms per "
                 f"graph replay: target 1 token {_f(c['target_1'], 3)}, target {K + 1} tokens {_f(c['target_k1'], 3)}, "
                 f"draft 1 token {_f(c['draft_1'], 3)}; method none wall per step {_f(c['none_step_wall'], 3)} ms."]
+        sync = next((r for r in s["rows"] if "async_speedup" in r), None)
+        if sync:
+            out.append(f"Async scheduling (method none's default on CUDA) over the synchronous loop: "
+                       f"{_f(sync['async_speedup'], 2)}x.")
         for label, key in (("eager 1-token forward", "profile_eager_forward"), ("graph replay", "profile_graph_forward")):
             p = s.get(key)
             if p and "error" in p:

@@ -64,7 +64,9 @@ class GenerationConfig:
 
     method: a registered method name; num_speculative_tokens: k (1..32), with a tree the most drafts on one path;
     max_new_tokens >= 1; options: the method's own settings (its ``Method.options`` dataclass, or None);
-    tree: a :class:`~specviz.tree.DraftTree`, or None for a chain.
+    tree: a :class:`~specviz.tree.DraftTree`, or None for a chain; async_scheduling: method none only, queue
+    step i + 1's target forward (fed the sampled token on the device) before step i's wait (vLLM's
+    ``async_scheduling``; default on CUDA), so the GPU never waits for the host between tokens.
     """
 
     method: str = methods.BUILTIN[0]  # generate()'s default method
@@ -74,6 +76,7 @@ class GenerationConfig:
     verification: Verification = Verification()
     options: Any = None
     tree: DraftTree | None = None
+    async_scheduling: bool = False
 
     @classmethod
     def from_settings(cls, cuda: bool = False, **settings: Any) -> "GenerationConfig":
@@ -93,6 +96,9 @@ class GenerationConfig:
             part, name = _KEYWORDS[key]
             parts[part][name] = s.pop(key)
         top = {k: s.pop(k) for k in ("num_speculative_tokens", "max_new_tokens") if k in s}
+        top["async_scheduling"] = s.pop("async_scheduling", None)
+        if top["async_scheduling"] is None:  # default: on CUDA, for the method it exists for
+            top["async_scheduling"] = cuda and method == "none"
         if s:
             raise ValueError(f"unknown generate() setting(s): {', '.join(sorted(s))}")
         sampling = Sampling(**parts["sampling"])
@@ -121,7 +127,7 @@ class GenerationConfig:
         """generate()'s keywords for this config (the trace's config): every core keyword, the method's own options
         and the tree's keywords (the trace of a chain names no tree)."""
         out: dict[str, Any] = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
-                               "max_new_tokens": self.max_new_tokens}
+                               "max_new_tokens": self.max_new_tokens, "async_scheduling": self.async_scheduling}
         for key, (part, name) in _KEYWORDS.items():
             out[key] = getattr(getattr(self, part), name)
         out["synthetic_rates"] = list(self.verification.synthetic_rates) if self.verification.synthetic_rates else None
@@ -142,6 +148,11 @@ def check(cfg: GenerationConfig) -> None:
     k = cfg.num_speculative_tokens
     if cfg.method != "none" and not (isinstance(k, int) and 1 <= k <= MAX_SPECULATIVE_TOKENS):
         raise ValueError(f"num_speculative_tokens must be between 1 and {MAX_SPECULATIVE_TOKENS}, got {k}")
+    if not isinstance(cfg.async_scheduling, bool):
+        raise ValueError(f"async_scheduling must be True, False or None (the default), got {cfg.async_scheduling!r}")
+    if cfg.async_scheduling and cfg.method != "none":  # a draft's length depends on the last step's acceptance
+        raise ValueError(f"async_scheduling runs method 'none' only; method {cfg.method!r} needs the step's accepted "
+                         "tokens on the host before it drafts: leave async_scheduling unset for it")
     if not (isinstance(cfg.max_new_tokens, int) and cfg.max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens must be >= 1, got {cfg.max_new_tokens}")
     validate_sampling_params(s.temperature, s.top_k, s.top_p)

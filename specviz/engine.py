@@ -10,7 +10,8 @@
 A chain is the tree whose parents are i - 1: one verifier, one :class:`~specviz.verify.Verified`, one trace step
 for both. The step's events are published during the next step's target forward. ``method="none"`` is plain
 autoregressive decoding through the same loop (k' = 0, the sampler draws the bonus token from p), the baseline every
-chart compares against. Settings: :mod:`specviz.config`; loading: :mod:`specviz.loading`; methods:
+chart compares against; with ``async_scheduling`` (its default on CUDA) step i + 1's forward, fed step i's token on
+the device, is queued before step i's wait, so the host's launch and bookkeeping overlap the GPU's forward. Settings: :mod:`specviz.config`; loading: :mod:`specviz.loading`; methods:
 :mod:`specviz.methods`; warm-up: :mod:`specviz.warmup`. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023,
 vLLM ``v1/spec_decode``.
 """
@@ -33,7 +34,7 @@ from .methods.base import Build
 from .models import check_draft, eos_token_ids
 from .pools import Pool, device_lock
 from .proposer import Draft, Outcome, Proposer, StepContext
-from .runner import EagerRunner, ModelRunner
+from .runner import EagerRunner, ForwardOutput, ModelRunner
 from .timing import StepTimer, capture_seconds
 from .trace import Recorder, Trace
 from .verify import StepVerifier, VerifySpec
@@ -222,14 +223,15 @@ class SpecDecoder:
                 if proposer is not None:  # features f_0..f_{n-1}, each with the token after it
                     proposer.observe(Outcome(0, [], 0, ids[1:], prefill.features))
             last = torch.tensor([ids[-1]], dtype=torch.long).to(self.device)  # [1]: later steps keep it on the device
+            ahead = None  # async scheduling: the next step's target forward, already queued
             while True:
-                committed, hit_eos, last, publication = self._step(step, ids, last, len(generated), cfg, runner,
-                                                                   verifier, proposer, ctx, bus, pending)
+                committed, hit_eos, last, publication, ahead = self._step(step, ids, last, len(generated), cfg, runner,
+                                                                          verifier, proposer, ctx, bus, pending, ahead)
                 pending.append(publication)
                 passes += 1
                 ids.extend(committed)
                 generated.extend(committed)
-                runner.truncate(len(ids) - 1)
+                runner.truncate(len(ids) - (0 if ahead is not None else 1))  # a queued forward holds the newest token
                 step += 1
                 if hit_eos or len(generated) >= cfg.max_new_tokens:
                     stop_reason = "eos" if hit_eos else "max_new_tokens"
@@ -257,11 +259,14 @@ class SpecDecoder:
 
     def _step(self, step: int, ids: list[int], last: torch.Tensor, num_generated: int, cfg: GenerationConfig,
               runner: ModelRunner, verifier: StepVerifier, proposer: Proposer | None, ctx: StepContext,
-              bus: ev.EventBus, pending: "list[ev.Publication]") -> tuple[list[int], bool, torch.Tensor, ev.Publication]:
+              bus: ev.EventBus, pending: "list[ev.Publication]", ahead: "ForwardOutput | None" = None
+              ) -> tuple[list[int], bool, torch.Tensor, ev.Publication, "ForwardOutput | None"]:
         """One verification step. ``last``: the last committed token, int64 [1] on the device; ``pending``: earlier
         steps' unpublished events (oldest first), all but the newest published while the GPU computes this step's
-        forward (the newest's detailed record is still being copied: steps are published two steps late). Returns
-        (committed tokens, whether EOS was committed, the next step's ``last``, this step's publication).
+        forward (the newest's detailed record is still being copied: steps are published two steps late); ``ahead``:
+        this step's target forward when the last step queued it (async scheduling, method none). Returns (committed
+        tokens, whether EOS was committed, the next step's ``last``, this step's publication, the next step's forward
+        if this step queued it: with async scheduling whenever a next step may come; after an EOS it goes unused).
 
         Nothing here waits for the GPU except the verifier's one device-to-host copy of the step's tokens
         (``result()``); the next input, a tree's kept rows and the detailed record stay on the device or are copied
@@ -275,9 +280,12 @@ class SpecDecoder:
             draft = Draft(token_ids=torch.empty(0, dtype=torch.long), details={"kind": cfg.method})
         x = draft.token_ids.to(self.device, non_blocking=True)  # [k'] int64; host drafts come pinned: no wait
         timer.lap("draft")
-        fed = torch.cat([last, x.clamp(min=0)])  # a device-side draft's -1 padding (ngram_gpu) is fed as token 0
-        forward = runner.forward_features(fed, proposer.taps if proposer is not None else (),
-                                          parents=None if draft.is_chain else draft.forward_parents)
+        if ahead is not None:
+            forward = ahead
+        else:
+            fed = torch.cat([last, x.clamp(min=0)]) if x.numel() else last  # ngram_gpu's -1 padding is fed as 0
+            forward = runner.forward_features(fed, proposer.taps if proposer is not None else (),
+                                              parents=None if draft.is_chain else draft.forward_parents)
         timer.lap("verify")  # logits [1 + k', V]: p for every row in one forward (+ the proposer's feature taps)
         q = draft.probs.to(self.device, torch.float32) if draft.probs is not None else None  # [k', V] or None
         v = cfg.verification
@@ -287,6 +295,10 @@ class SpecDecoder:
                           typical=(v.typical_threshold, v.typical_alpha) if v.rule == "typical" else None)
         queued = verifier.queue(spec, forward.logits, q, x, draft, ctx.generator)  # right behind the forward
         timer.lap("sample")
+        nxt = None
+        if cfg.async_scheduling and proposer is None and remaining > 1:  # the next step's forward, before the wait
+            nxt = runner.forward_features(queued.next_input)
+            timer.lap("verify")
         while len(pending) > 1:  # earlier steps' events while the GPU works (their detail was copied long ago)
             pending.pop(0)()
         timer.lap(None)
@@ -311,7 +323,7 @@ class SpecDecoder:
                                         sample_ms=timings["sample_ms"], capture_ms=timings["capture_ms"]))
             bus.publish(ev.TokensCommitted(step=step, token_ids=committed, num_generated=num_generated + len(committed)))
 
-        return committed, hit_eos, verified.next_input, ev.Publication(publish)
+        return committed, hit_eos, verified.next_input, ev.Publication(publish), nxt
 
 
 def _truncate(emitted: list[int], remaining: int, eos_ids: set[int]) -> tuple[list[int], bool]:

@@ -113,7 +113,8 @@ _OPT_INT, _OPT_NUM, _OPT_STR = (int, None), (float, None), (str, None)
 CONFIG_SCHEMA = {
     "method": str, "num_speculative_tokens": int, "verify": str, "temperature": float, "top_k": _OPT_INT,
     "top_p": _OPT_NUM, "max_new_tokens": int, "seed": int, "synthetic_rates": ([float], None), "sampler_backend": str,
-    "detailed_trace": bool, "target": _OPT_STR, "draft": _OPT_STR, "device": _OPT_STR, "dtype": _OPT_STR,
+    "detailed_trace": bool, "async_scheduling": (bool, None), "target": _OPT_STR, "draft": _OPT_STR,
+    "device": _OPT_STR, "dtype": _OPT_STR,
     "runner": _OPT_STR, "compile": (bool, None), "runner_compiled": _OPT_STR, "runner_fused": (bool, None),
     "prompt_length": int,
     "vocab_size": int, "speculative_token_tree": _OPT_STR,

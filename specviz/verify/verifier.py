@@ -58,6 +58,11 @@ class QueuedStep:
     tree: QueuedTreeStep | None = None
     top2: HostCopy | None = None  # the forward's top-2 logits per row (:func:`specviz.record.queue_logit_top2`)
 
+    @property
+    def next_input(self) -> torch.Tensor:
+        """int64 [1] on the device: the step's emitted token, readable by later GPU work before :meth:`result`."""
+        return self.chain.next_input if self.chain is not None else self.tree.next_input
+
     def result(self) -> Verified:
         if self.chain is not None:
             return _chain_verified(self.spec, self.chain, self.top2)

@@ -1,0 +1,102 @@
+"""Async scheduling of method none: step i + 1's target forward, fed step i's token on the device, is queued before
+step i's wait. It must decode exactly what the synchronous loop decodes (greedy and seeded sampling), stop where it
+stops (EOS, max_new_tokens, a closed stream) and leave the runner right for the next request, whose forward the
+discarded look-ahead must not disturb."""
+
+from __future__ import annotations
+
+import pytest
+
+from specviz import SpecDecoder
+from specviz.config import GenerationConfig
+
+PROMPT = "def fib(n):\n    if n < 2:\n        return n\n"
+RUNNERS = ("static", "eager")
+
+
+@pytest.fixture(scope="module")
+def decs(tiny_dirs):
+    target, _ = tiny_dirs["llama"]
+    return {r: SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner=r) for r in RUNNERS}
+
+
+def _run(dec, on: bool, **kw):
+    return dec.generate(PROMPT, method="none", async_scheduling=on, **kw)
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0, seed=7, top_k=40)])
+def test_same_tokens_steps_and_forwards(decs, runner, sampling):
+    sync, ahead = _run(decs[runner], False, max_new_tokens=24, **sampling), _run(decs[runner], True, max_new_tokens=24,
+                                                                                 **sampling)
+    assert ahead.config["async_scheduling"] is True and sync.config["async_scheduling"] is False
+    assert ahead.output_token_ids == sync.output_token_ids and len(ahead.output_token_ids) == 24
+    assert [s.committed_token_ids for s in ahead.steps] == [s.committed_token_ids for s in sync.steps]
+    assert ahead.target_forward_passes == sync.target_forward_passes == 25  # prefill + 24; no look-ahead past the end
+    assert ahead.stop_reason == sync.stop_reason == "max_new_tokens"
+    if sampling["temperature"] > 0:  # the negative control: another seed decodes something else
+        other = _run(decs[runner], True, max_new_tokens=24, **{**sampling, "seed": 8})
+        assert other.output_token_ids != sync.output_token_ids
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_eos_stops_at_the_same_token_and_the_next_request_is_clean(decs, runner):
+    dec = decs[runner]
+    plain = _run(dec, False, max_new_tokens=20).output_token_ids
+    i = next(j for j in range(3, len(plain)) if plain[j] not in plain[:j])  # a token whose first use is position i
+    saved = dec.eos_token_ids
+    dec.eos_token_ids = {plain[i]}
+    try:
+        stopped = _run(dec, True, max_new_tokens=20)  # its step queued one more forward, never used
+    finally:
+        dec.eos_token_ids = saved
+    assert stopped.stop_reason == "eos" and stopped.output_token_ids == plain[: i + 1]
+    assert stopped.target_forward_passes == i + 2  # the unused look-ahead is not counted
+    # the pooled runner comes back one position ahead of what was committed: the next request starts clean
+    assert _run(dec, True, max_new_tokens=20).output_token_ids == plain
+
+
+def test_a_closed_stream_then_a_new_request(decs):
+    dec = decs["static"]
+    plain = _run(dec, False, max_new_tokens=16).output_token_ids
+    it = dec.iter_generate(PROMPT, method="none", async_scheduling=True, max_new_tokens=16)
+    for n, partial in enumerate(it):
+        if n == 4:
+            assert partial.output_token_ids == plain[: len(partial.output_token_ids)]
+            break
+    it.close()
+    assert _run(dec, True, max_new_tokens=16).output_token_ids == plain
+
+
+def test_one_and_two_tokens(decs):
+    dec = decs["static"]
+    for n in (1, 2):
+        sync, ahead = _run(dec, False, max_new_tokens=n), _run(dec, True, max_new_tokens=n)
+        assert ahead.output_token_ids == sync.output_token_ids and len(ahead.output_token_ids) == n
+        assert ahead.target_forward_passes == n + 1
+
+
+def test_defaults_and_refusals():
+    cfg = GenerationConfig.from_settings
+    assert cfg(method="none").async_scheduling is False  # the CPU: nothing to overlap
+    assert cfg(cuda=True, method="none").async_scheduling is True
+    assert cfg(cuda=True, method="ngram").async_scheduling is False
+    assert cfg(cuda=True, method="none", async_scheduling=False).async_scheduling is False
+    with pytest.raises(ValueError, match="method 'none' only"):
+        cfg(method="draft_model", async_scheduling=True)
+    with pytest.raises(ValueError, match="True, False or None"):
+        cfg(method="none", async_scheduling="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_graphs_same_tokens(tiny_dirs, dtype):
+    """Through the static runner's CUDA graphs the look-ahead replays the same 1-token graph: equal bit for bit,
+    in bf16 too (the same kernels see the same inputs)."""
+    target, _ = tiny_dirs["llama"]
+    dec = SpecDecoder.from_pretrained(target, device="cuda", dtype=dtype, runner="static")
+    for sampling in (dict(temperature=0.0), dict(temperature=1.0, seed=3)):
+        sync = dec.generate(PROMPT, method="none", async_scheduling=False, max_new_tokens=48, **sampling)
+        ahead = dec.generate(PROMPT, method="none", max_new_tokens=48, **sampling)
+        assert ahead.config["async_scheduling"] is True
+        assert ahead.output_token_ids == sync.output_token_ids
