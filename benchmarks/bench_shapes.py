@@ -169,6 +169,18 @@ def kernel_profile(fn, device: torch.device) -> dict | None:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def slope(dec, prompt: list[int], max_new: int, device, repeats: int) -> dict:
+    """Method none (trace on) at ``max_new`` and 2 x ``max_new`` tokens: the marginal wall time per token (the
+    decode loop alone) and the fixed cost per request (prefill, setup, trace), both ms, medians of ``repeats``."""
+    walls = {}
+    for n in (max_new, 2 * max_new):
+        sec, trace = median_wall(lambda: dec.generate(prompt, method="none", max_new_tokens=n), device, repeats)
+        walls[len(trace.output_token_ids)] = sec
+    (n1, t1), (n2, t2) = sorted(walls.items())
+    per_token = (t2 - t1) / (n2 - n1)
+    return {"per_token_ms": 1e3 * per_token, "fixed_ms": 1e3 * (t1 - n1 * per_token), "tokens": [n1, n2]}
+
+
 def expected_tokens(a: float, k: int) -> float:
     """(1 - a^(k+1)) / (1 - a): tokens per step with i.i.d. acceptance a (Leviathan et al. 2023)."""
     return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
@@ -179,7 +191,7 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
     t0 = time.perf_counter()
     target, draft = build(cfg, device, dtype, 0), build(draft_cfg, device, dtype, 1)
     max_new = args.max_new
-    cache = PROMPT_LEN + max_new + 2 * K + 8
+    cache = PROMPT_LEN + 2 * max_new + 2 * K + 8  # method none also runs 2 x max_new (the per-token slope)
     dec = SpecDecoder(target, IdTokenizer(), draft, runner_factory=functools.partial(StaticRunner, max_cache_len=cache),
                       names={"target": f"random llama {name}", "draft": "random 74M", "dtype": str(dtype)})
     prompt = torch.randint(0, cfg["vocab_size"], (PROMPT_LEN,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -226,6 +238,9 @@ def run_shape(name: str, cfg: dict, draft_cfg: dict, device, dtype, args, copy_g
     sync_row = row("specviz none trace=on async_scheduling=off", sec, len(trace.output_token_ids),
                    ms_per_step=1e3 * sec / len(trace.steps))
     sync_row["async_speedup"] = none_rows[True]["tok_s"] / sync_row["tok_s"]
+    res["none_slope"] = slope(dec, prompt, max_new, device, args.repeats)
+    row(f"specviz none trace=on, per-token slope ({max_new} -> {2 * max_new} tokens)",
+        res["none_slope"]["per_token_ms"] * 1e-3, 1)
     t_none_ms = none_rows[True]["ms_per_step"]
     runner = dec.pool.free(id(target))[0]
     drafter = None
@@ -336,6 +351,9 @@ def render(result: dict) -> str:
         out += ["", f"Tracing cost (method none): {_f(s['tracing_cost_none'], 1, True)}. Step costs, GPU ms per "
                 f"graph replay: target 1 token {_f(c['target_1'], 3)}, target {K + 1} tokens {_f(c['target_k1'], 3)}, "
                 f"draft 1 token {_f(c['draft_1'], 3)}; method none wall per step {_f(c['none_step_wall'], 3)} ms."]
+        if s.get("none_slope"):
+            out.append(f"Method none per request: {_f(s['none_slope']['fixed_ms'], 1)} ms fixed (prefill, setup, trace) "
+                       f"+ {_f(s['none_slope']['per_token_ms'], 3)} ms per token (the slope row).")
         sync = next((r for r in s["rows"] if "async_speedup" in r), None)
         if sync:
             out.append(f"Async scheduling (method none's default on CUDA) over the synchronous loop: "
