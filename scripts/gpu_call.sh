@@ -48,7 +48,7 @@
 #   launch   benchmarks/graph_launch.py: host launch time, GPU time and a step's idle time of CUDA graphs of 64..1724
 #            kernels (is the step's idle the graph launch?), to $OUT/graph_launch.json
 #   reqcost  benchmarks/request_cost.py: a method-none request's fixed cost split (prefill, one step, host profile) on
-#            the REQ_SHAPES (default "8b 1b")
+#            the REQ_SHAPES (default "8b 1b") x REQ_PROMPTS (prompt lengths, default 32; REQ_LINES: lines shown; REQ_ARGS: more options)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 #            (READY_ARGS: its options, e.g. "--launches 2 -- --compile-background")
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published
@@ -177,11 +177,11 @@ for stage in "$@"; do
     timeout ${T_LAUNCH:-120} python3 benchmarks/graph_launch.py --out "$OUT/graph_launch.json" > "$L/launch.log" 2>&1
     echo "[launch] exit $?"; cat "$L/launch.log" | tail -8 ;;
   reqcost)
-    for sh in ${REQ_SHAPES:-8b 1b}; do
-      timeout ${T_REQ:-120} python3 benchmarks/request_cost.py --shape $sh --out "$OUT/request_cost_$sh.json" \
-        > "$L/reqcost_$sh.log" 2>&1
-      echo "[reqcost $sh] exit $?"; head -40 "$L/reqcost_$sh.log" | cut -c1-200
-    done ;;
+    for sh in ${REQ_SHAPES:-8b 1b}; do for pl in ${REQ_PROMPTS:-32}; do
+      timeout ${T_REQ:-120} python3 benchmarks/request_cost.py --shape $sh --prompt-len $pl ${REQ_ARGS:-} \
+        --out "$OUT/request_cost_${sh}_$pl.json" > "$L/reqcost_${sh}_$pl.log" 2>&1
+      echo "[reqcost $sh $pl] exit $?"; head -${REQ_LINES:-40} "$L/reqcost_${sh}_$pl.log" | cut -c1-200
+    done; done ;;
   ready)
     timeout ${T_READY:-400} python3 benchmarks/app_ready.py --device cuda --out "$OUT/app_ready.json" ${READY_ARGS:-} \
       > "$L/ready.log" 2>&1

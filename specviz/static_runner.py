@@ -5,8 +5,9 @@ Design follows gpt-fast (pytorch-labs, ``generate.py``): the cache (transformers
 write position back and the stale entries are hidden by the mask until overwritten. Each layer keeps its write
 position in a device tensor, so a captured forward needs no host input but the token ids.
 
-CUDA graphs (``cuda_graphs=True``, CUDA only): every forward of n <= ``max_graph_tokens`` tokens after the prefill
-replays a graph captured for that (n, taps); the prefill runs eagerly. Feature taps are static buffers captured
+CUDA graphs (``cuda_graphs=True``, CUDA only): every forward of n <= ``max_graph_tokens`` tokens replays a graph
+captured for that (n, taps), a prefill too once the cache exists (``graph_prefill``: a short eager prefill is bound by
+the host's kernel launches, not by the GPU); the runner's first prefill and longer ones run eagerly. Feature taps are static buffers captured
 inside the graph and cloned on the device after each replay (no host sync). A capture that fails logs once, is noted
 for the speedup panel (:func:`capture_notes`) and leaves that width eager.
 
@@ -89,6 +90,7 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         self._pool = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
         self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
+        self.graph_prefill = True  # a prefill of n <= max_graph_tokens replays a graph once the cache is allocated
         self._kv: torch.Tensor | None = None  # [2 * layers, H, max_cache_len, D]: every layer's K and V (_stack_kv)
         self._kv_checked = False  # _stack_kv ran (after the first forward)
         self._compiled = self._compiled_tree = None
@@ -138,7 +140,8 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
                 self._stack_kv()
             return ForwardOutput(logits, features)
         entry = None
-        if self.cuda_graphs and self.seq_len > 0 and n <= self.max_graph_tokens:
+        prefill_graph = self.seq_len == 0 and self.graph_prefill and self._kv_checked  # the cache exists by then
+        if self.cuda_graphs and (self.seq_len > 0 or prefill_graph) and n <= self.max_graph_tokens:
             entry = self._graphs[(n, taps)] if (n, taps) in self._graphs else self._capture(n, ids, taps)
         if entry is not None:  # None: no graphs here, or this width's capture failed (logged): eager
             graph, static_ids, static_logits, static_features = entry

@@ -100,3 +100,26 @@ def test_cuda_graphs_same_tokens(tiny_dirs, dtype):
         ahead = dec.generate(PROMPT, method="none", max_new_tokens=48, **sampling)
         assert ahead.config["async_scheduling"] is True
         assert ahead.output_token_ids == sync.output_token_ids
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graph_prefill_same_tokens(tiny_dirs, dtype):
+    """A prefill of n <= max_graph_tokens replays a graph once the runner's cache exists: the runner's first request
+    (eager prefill), later ones (graph prefill) and a runner that never replays prefills decode the same tokens, with
+    the same target probabilities, bit for bit."""
+    target, _ = tiny_dirs["llama"]
+    dec = SpecDecoder.from_pretrained(target, device="cuda", dtype=dtype, runner="static")
+    assert len(dec.encode(PROMPT)) - 1 <= 33  # a prompt short enough for a graph
+    first = dec.generate(PROMPT, method="none", max_new_tokens=32)
+    runner = dec.pool.free(id(dec.target_model))[0]
+    before = runner.replays[1]
+    again = dec.generate(PROMPT, method="none", max_new_tokens=32)
+    assert runner.replays[1] - before == 33  # the prefill and 32 steps (the last step looks no further)
+    runner.graph_prefill = False
+    before = runner.replays[1]
+    eager = dec.generate(PROMPT, method="none", max_new_tokens=32)
+    assert runner.replays[1] - before == 32
+    assert first.output_token_ids == again.output_token_ids == eager.output_token_ids
+    ps = [[s.emitted.top for s in t.steps] for t in (first, again, eager)]
+    assert ps[0] == ps[1] == ps[2] and ps[0][0]
