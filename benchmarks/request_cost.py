@@ -5,8 +5,8 @@ from two lengths. This script splits the fixed part, medians of ``--repeats`` af
 
 * ``request_1``: the wall time of ``generate(max_new_tokens=1)`` (setup + prefill + one step + the trace);
 * ``prefill``: the target runner's prefill forward alone (the prompt less its last token), synchronised: eager
-  (``prefill_eager``) and, when the prompt is short enough, as a CUDA-graph replay (``prefill_graph``, the runner's
-  default once its cache exists); ``request_1_eager``: the request with the eager prefill;
+  (``prefill_eager``) and the runner's default (``prefill_graph``: padded to a bucket and replayed from a CUDA graph
+  when the prompt is short enough, else eager too); ``request_1_eager``: the request with the eager prefill;
 * ``step``: one further 1-token forward of that runner (a CUDA-graph replay), synchronised;
 * the host's hottest functions over ``--profile`` calls of ``generate(max_new_tokens=1)`` (cProfile, cumulative); with
   ``--profile-tokens N`` over requests of N tokens instead, by own time (the decode loop's host work per step), and
@@ -14,7 +14,7 @@ from two lengths. This script splits the fixed part, medians of ``--repeats`` af
 
     python benchmarks/request_cost.py --shape 8b --prompt-len 32 --out $OUT/request_cost.json
 
-The profile runs the default runner (graph prefill when the prompt fits a graph).
+The profile runs the default runner (graph prefill when the prompt fits a bucket).
 """
 
 from __future__ import annotations
@@ -60,10 +60,10 @@ def measure(shape: str, prompt_len: int, repeats: int, profile_calls: int, devic
         return runner.forward_features(ids[-1:])
 
     prefill_s, _ = median_wall(prefill, device, repeats)
-    runner.graph_prefill = False
+    buckets, runner.prefill_buckets = runner.prefill_buckets, None
     prefill_eager_s, _ = median_wall(prefill, device, repeats)
     request_1_eager, _ = median_wall(one, device, repeats)
-    runner.graph_prefill = True
+    runner.prefill_buckets = buckets
     step_s, _ = median_wall(step, device, repeats)
     spec = dict(method="draft_model", verify="synthetic", synthetic_rates=[0.8 ** i for i in range(1, 5)],
                 num_speculative_tokens=4) if synthetic else dict(method="none")

@@ -5,9 +5,12 @@ Design follows gpt-fast (pytorch-labs, ``generate.py``): the cache (transformers
 write position back and the stale entries are hidden by the mask until overwritten. Each layer keeps its write
 position in a device tensor, so a captured forward needs no host input but the token ids.
 
-CUDA graphs (``cuda_graphs=True``, CUDA only): every forward of n <= ``max_graph_tokens`` tokens replays a graph
-captured for that (n, taps), a prefill too once the cache exists (``graph_prefill``: a short eager prefill is bound by
-the host's kernel launches, not by the GPU); the runner's first prefill and longer ones run eagerly. Feature taps are static buffers captured
+CUDA graphs (``cuda_graphs=True``, CUDA only): every forward of n <= ``max_graph_tokens`` tokens after the prefill
+replays a graph captured for that (n, taps). A prefill of up to ``prefill_buckets[-1]`` tokens is padded to the next
+bucket and replayed too (run eagerly, a short prefill is bound by the host's kernel launches, not by the GPU): the
+padding rows come after the prompt, so causal attention keeps them out of its rows, and their cache entries lie past
+the position, hidden and later overwritten. A runner's first prefill runs eagerly once to allocate the cache, then
+the same way as every later one (so a prompt's numbers never depend on which request a runner served first). Feature taps are static buffers captured
 inside the graph and cloned on the device after each replay (no host sync). A capture that fails logs once, is noted
 for the speedup panel (:func:`capture_notes`) and leaves that width eager.
 
@@ -90,7 +93,8 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         self._pool = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None  # set to [] to time replays
         self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
-        self.graph_prefill = True  # a prefill of n <= max_graph_tokens replays a graph once the cache is allocated
+        # row counts a prefill is padded to, to replay a graph (None: eager prefills)
+        self.prefill_buckets = prefill_buckets(self.max_graph_tokens) if self.cuda_graphs else None
         self._kv: torch.Tensor | None = None  # [2 * layers, H, max_cache_len, D]: every layer's K and V (_stack_kv)
         self._kv_checked = False  # _stack_kv ran (after the first forward)
         self._compiled = self._compiled_tree = None
@@ -139,25 +143,40 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
             if not self._kv_checked:
                 self._stack_kv()
             return ForwardOutput(logits, features)
+        rows, width = n, self._prefill_width(n)
+        if width is not None:
+            if not self._kv_checked:  # transformers allocates the cache in the first forward: run it, then replay
+                self._eager(ids, taps)
+                self._stack_kv()
+                self._set_position(0)
+            ids, n = torch.cat([ids, ids[:, -1:].expand(1, width - rows)], dim=1), width  # [1, width]
         entry = None
-        prefill_graph = self.seq_len == 0 and self.graph_prefill and self._kv_checked  # the cache exists by then
-        if self.cuda_graphs and (self.seq_len > 0 or prefill_graph) and n <= self.max_graph_tokens:
+        if self.cuda_graphs and (self.seq_len > 0 or width is not None) and n <= self.max_graph_tokens:
             entry = self._graphs[(n, taps)] if (n, taps) in self._graphs else self._capture(n, ids, taps)
         if entry is not None:  # None: no graphs here, or this width's capture failed (logged): eager
             graph, static_ids, static_logits, static_features = entry
             static_ids.copy_(ids)
             self._replay(graph)
             self._count_replay((n, taps))
-            logits = static_logits[0].to(torch.float32, copy=True)  # [n, V]; the buffer is reused
-            features = {tap: h.clone() for tap, h in static_features.items()}  # [n, d] each; reused too
+            logits = static_logits[0, :rows].to(torch.float32, copy=True)  # [rows, V]; the buffer is reused
+            features = {tap: h[:rows].clone() for tap, h in static_features.items()}  # [rows, d] each; reused too
         else:
-            small = self.seq_len > 0 and n <= self.max_graph_tokens
+            small = (self.seq_len > 0 or width is not None) and n <= self.max_graph_tokens
             logits, features = self._small(ids, taps) if small else self._eager(ids, taps)
-            logits = logits[0].float()
-        self.seq_len += n
+            logits = logits[0, :rows].float()
+            features = {tap: h[:rows] for tap, h in features.items()}
+        self.seq_len += rows
+        if width is not None:
+            self._set_position(rows)  # the padding's entries lie past it
         if not self._kv_checked:
             self._stack_kv()
         return ForwardOutput(logits, features)
+
+    def _prefill_width(self, n: int) -> int | None:
+        """The row count a prefill of ``n`` tokens is padded to, or None (not a prefill, no buckets, too long)."""
+        if self.seq_len or not self.prefill_buckets or n > self.prefill_buckets[-1]:
+            return None
+        return next(b for b in self.prefill_buckets if b >= n)
 
     def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder layer ``layer``'s cached (keys, values) for positions < seq_len, each [kv_heads,
@@ -295,6 +314,11 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         self._note_capture((n, taps), self._compiled is not None)
         torch.cuda.synchronize(self.device)
         return self._graphs[(n, taps)]
+
+
+def prefill_buckets(max_graph_tokens: int) -> tuple[int, ...]:
+    """The row counts prefills are padded to: 8, 16, then ``max_graph_tokens`` (a verify width's graph too)."""
+    return tuple(b for b in (8, 16) if b < max_graph_tokens) + (max_graph_tokens,)
 
 
 _CAPTURE_NOTES: "weakref.WeakKeyDictionary[torch.nn.Module, dict[str, str]]" = weakref.WeakKeyDictionary()

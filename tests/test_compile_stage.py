@@ -275,7 +275,8 @@ def _captured_runner() -> tuple[StaticRunner, list[int]]:
 def test_recompile_swaps_each_graph_and_counts_replays_by_kind(fake_graphs):
     runner, prompt = _captured_runner()
     keys = runner.uncompiled_keys()
-    assert sorted(map(str, keys)) == sorted(map(str, [(1, ()), (2, ()), (4, ()), ("tree", 8, ())]))
+    # the verify widths, the tree bucket and the 9-token prompt's prefill bucket (16 rows)
+    assert sorted(map(str, keys)) == sorted(map(str, [(1, ()), (2, ()), (4, ()), (16, ()), ("tree", 8, ())]))
     runner.forward(torch.tensor(prompt))
     before = list(runner.replays)
     runner.forward(torch.tensor(prompt[-1:] * 2))
@@ -283,8 +284,8 @@ def test_recompile_swaps_each_graph_and_counts_replays_by_kind(fake_graphs):
     runner.reset()
     assert runner.enable_compile(backend="eager")
     olds = {key: runner.graphs[key] for key in keys}
-    assert [runner.recompile(key, prompt) for key in keys] == [True] * 4
-    assert runner.uncompiled_keys() == [] and len(runner.compiled_keys()) == 4
+    assert [runner.recompile(key, prompt) for key in keys] == [True] * 5
+    assert runner.uncompiled_keys() == [] and len(runner.compiled_keys()) == 5
     assert all(runner.graphs[key] is not olds[key] for key in keys)  # swapped, not kept
     runner.forward(torch.tensor(prompt))
     before = list(runner.replays)
