@@ -352,7 +352,8 @@ def render(result: dict) -> str:
                 f"graph replay: target 1 token {_f(c['target_1'], 3)}, target {K + 1} tokens {_f(c['target_k1'], 3)}, "
                 f"draft 1 token {_f(c['draft_1'], 3)}; method none wall per step {_f(c['none_step_wall'], 3)} ms."]
         if s.get("none_slope"):
-            out.append(f"Method none per request: {_f(s['none_slope']['fixed_ms'], 1)} ms fixed (prefill, setup, trace) "
+            out.append(f"Method none per request: {_f(s['none_slope']['fixed_ms'], 1)} ms fixed (prefill, setup, "
+                       "trace) "
                        f"+ {_f(s['none_slope']['per_token_ms'], 3)} ms per token (the slope row).")
         sync = next((r for r in s["rows"] if "async_speedup" in r), None)
         if sync:
