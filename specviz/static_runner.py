@@ -173,10 +173,12 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
         return ForwardOutput(logits, features)
 
     def _prefill_width(self, n: int) -> int | None:
-        """The row count a prefill of ``n`` tokens is padded to, or None (not a prefill, no buckets, too long)."""
+        """The row count a prefill of ``n`` tokens is padded to, or None (not a prefill, no buckets, too long, or the
+        padding would not fit the cache)."""
         if self.seq_len or not self.prefill_buckets or n > self.prefill_buckets[-1]:
             return None
-        return next(b for b in self.prefill_buckets if b >= n)
+        width = next(b for b in self.prefill_buckets if b >= n)
+        return width if width <= self.max_cache_len else None
 
     def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder layer ``layer``'s cached (keys, values) for positions < seq_len, each [kv_heads,

@@ -134,6 +134,18 @@ def test_padded_prefill_matches_the_unpadded_one(tiny_dirs, prompt):
     assert not torch.allclose(step.logits, good.logits)
 
 
+def test_padding_that_would_not_fit_the_cache_is_not_used(tiny_dirs):
+    from specviz.static_runner import StaticRunner
+
+    target, _ = tiny_dirs["llama"]
+    model = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner="eager").target_model
+    runner = StaticRunner(model, max_cache_len=20)
+    runner.prefill_buckets = (8, 16, 33)
+    assert runner._prefill_width(10) == 16 and runner._prefill_width(17) is None and runner._prefill_width(34) is None
+    out = runner.forward_features(torch.arange(3, 20))  # 17 tokens: eager, unpadded (33 rows would not fit)
+    assert out.logits.shape[0] == 17 and runner.seq_len == 17 and int(runner._position()) == 17
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graph_prefill_same_tokens(tiny_dirs, dtype):
