@@ -66,7 +66,9 @@ class GenerationConfig:
     max_new_tokens >= 1; options: the method's own settings (its ``Method.options`` dataclass, or None);
     tree: a :class:`~specviz.tree.DraftTree`, or None for a chain; async_scheduling: method none only, queue
     step i + 1's target forward (fed the sampled token on the device) before step i's wait (vLLM's
-    ``async_scheduling``; default on CUDA), so the GPU never waits for the host between tokens.
+    ``async_scheduling``; default on CUDA), so the host's work overlaps the GPU's (with the Triton sampler, CUDA's
+    default: the reference sampler copies its tokens to the host before the look-ahead is queued). No look-ahead into
+    a static cache's last slot.
     """
 
     method: str = methods.BUILTIN[0]  # generate()'s default method

@@ -296,7 +296,8 @@ class SpecDecoder:
         queued = verifier.queue(spec, forward.logits, q, x, draft, ctx.generator)  # right behind the forward
         timer.lap("sample")
         nxt = None
-        if cfg.async_scheduling and proposer is None and remaining > 1:  # the next step's forward, before the wait
+        room = getattr(runner, "max_cache_len", None)  # a static cache holds its last slot for a step, not a look-ahead
+        if cfg.async_scheduling and proposer is None and remaining > 1 and (room is None or len(ids) < room):
             nxt = runner.forward_features(queued.next_input)
             timer.lap("verify")
         while len(pending) > 1:  # earlier steps' events while the GPU works (their detail was copied long ago)

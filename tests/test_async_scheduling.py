@@ -53,8 +53,74 @@ def test_eos_stops_at_the_same_token_and_the_next_request_is_clean(decs, runner)
         dec.eos_token_ids = saved
     assert stopped.stop_reason == "eos" and stopped.output_token_ids == plain[: i + 1]
     assert stopped.target_forward_passes == i + 2  # the unused look-ahead is not counted
+    runner = dec.pool.free(id(dec.target_model))[0]  # the look-ahead ran: one position past what was committed
+    assert runner.seq_len == len(dec.encode(PROMPT)) + i + 1
     # the pooled runner comes back one position ahead of what was committed: the next request starts clean
     assert _run(dec, True, max_new_tokens=20).output_token_ids == plain
+
+
+def test_no_look_ahead_past_the_static_cache(tiny_dirs):
+    """EOS in the cache's last slot: the synchronous loop fits; the look-ahead must not ask for one slot more."""
+    target, _ = tiny_dirs["llama"]
+    prompt = list(range(3, 23))
+    plain = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner="static").generate(
+        prompt, method="none", max_new_tokens=30).output_token_ids
+    i = next(j for j in range(8, len(plain)) if plain[j] not in plain[:j])
+    dec = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner="static",
+                                      max_cache_len=len(prompt) + i)
+    dec.eos_token_ids = {plain[i]}
+    for on in (False, True):
+        out = dec.generate(prompt, method="none", max_new_tokens=30, async_scheduling=on)
+        assert out.stop_reason == "eos" and out.output_token_ids == plain[: i + 1]
+
+
+def test_padded_prefill_through_replayed_graphs(tiny_dirs, monkeypatch):
+    """The CUDA-graph path of a padded prefill on the CPU: a fake graph that reruns the captured forward into its
+    static buffers on every replay. The first prefill (eager once, then replayed) and a later one give the prompt
+    rows' logits and features of the eager runner, and the position ends at the prompt."""
+    from specviz.runner import EagerRunner
+    from specviz.static_runner import StaticRunner
+
+    class Replayed:
+        def __init__(self, run):
+            self.replay = run
+
+    def capture_once(self, n, ids, taps):
+        static_ids = ids.clone()
+        logits, feats = self._eager(static_ids, taps)
+        logits, feats = logits.clone(), {k: v.clone() for k, v in feats.items()}
+        self._set_position(self.seq_len)
+
+        def run():
+            out_logits, out_feats = self._eager(static_ids, taps)
+            logits.copy_(out_logits)
+            for k in feats:
+                feats[k].copy_(out_feats[k])
+
+        self._graphs[(n, taps)] = (Replayed(run), static_ids, logits, feats)
+        self._note_capture((n, taps), False)
+        return self._graphs[(n, taps)]
+
+    monkeypatch.setattr(StaticRunner, "_capture_once", capture_once)
+    target, _ = tiny_dirs["llama"]
+    model = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner="eager").target_model
+    runner = StaticRunner(model, max_cache_len=64, cuda_graphs=True)
+    assert runner.prefill_buckets == (8, 16, 33)
+    for n in (5, 9, 16, 17, 33):
+        ids = torch.arange(3, 3 + n)
+        ref = EagerRunner(model).forward_features(ids, ("layer_input:1",))
+        before = runner.replays[1]
+        runner.reset()
+        out = runner.forward_features(ids, ("layer_input:1",))
+        assert runner.replays[1] == before + 1 and runner.seq_len == n and int(runner._position()) == n
+        assert out.logits.shape == (n, ref.logits.shape[-1])
+        torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.features["layer_input:1"], ref.features["layer_input:1"], rtol=1e-5, atol=1e-5)
+        nxt, ref_nxt = runner.forward(torch.tensor([7])), None
+        eager = EagerRunner(model)
+        eager.forward(ids)
+        ref_nxt = eager.forward(torch.tensor([7]))
+        torch.testing.assert_close(nxt, ref_nxt, rtol=1e-5, atol=1e-5)
 
 
 def test_a_closed_stream_then_a_new_request(decs):
