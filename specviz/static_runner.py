@@ -144,6 +144,8 @@ class StaticRunner(StaticTreeForwards, CompiledGraphs, CapturedGraphs):
                 self._stack_kv()
             return ForwardOutput(logits, features)
         rows, width = n, self._prefill_width(n)
+        if width is not None and self.cuda_graphs and self._graphs.get((width, taps), ()) is None:
+            width = None  # that bucket's capture failed: an eager prefill gains nothing from padding
         if width is not None:
             if not self._kv_checked:  # transformers allocates the cache in the first forward: run it, then replay
                 self._eager(ids, taps)

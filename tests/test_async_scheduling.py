@@ -235,3 +235,29 @@ def test_graph_prefill_same_tokens(tiny_dirs, dtype):
         assert eager.output_token_ids == first.output_token_ids
     ps = [[s.emitted.top for s in t.steps] for t in (first, again)]
     assert ps[0] == ps[1] and ps[0][0]
+
+
+def test_a_bucket_whose_capture_failed_is_not_padded_again(tiny_dirs, monkeypatch):
+    """A prefill bucket whose CUDA-graph capture failed runs eagerly: that prefill padded, later ones unpadded (an
+    eager forward gains nothing from padding), with the eager runner's logits either way."""
+    from specviz.runner import EagerRunner
+    from specviz.static_runner import StaticRunner
+
+    def capture_once(self, n, ids, taps):
+        raise RuntimeError("no capture here")
+
+    monkeypatch.setattr(StaticRunner, "_capture_once", capture_once)
+    target, _ = tiny_dirs["llama"]
+    model = SpecDecoder.from_pretrained(target, device="cpu", dtype="float32", runner="eager").target_model
+    runner = StaticRunner(model, max_cache_len=64, cuda_graphs=True)
+    widths = []
+    eager = runner._eager
+    monkeypatch.setattr(runner, "_eager", lambda ids, *a, **k: (widths.append(ids.shape[1]), eager(ids, *a, **k))[1])
+    ids = torch.arange(3, 12)  # 9 tokens: bucket 16
+    ref = EagerRunner(model).forward(ids)
+    for expected in ([9, 16], [9]):  # the first: the cache-allocating forward, then padded; later: unpadded
+        widths.clear()
+        runner.reset()
+        torch.testing.assert_close(runner.forward(ids), ref, rtol=1e-5, atol=1e-5)
+        assert widths == expected and runner.seq_len == 9
+    assert runner.capture_failures
