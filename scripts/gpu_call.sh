@@ -48,7 +48,8 @@
 #   launch   benchmarks/graph_launch.py: host launch time, GPU time and a step's idle time of CUDA graphs of 64..1724
 #            kernels (is the step's idle the graph launch?), to $OUT/graph_launch.json
 #   reqcost  benchmarks/request_cost.py: a method-none request's fixed cost split (prefill, one step, host profile) on
-#            the REQ_SHAPES (default "8b 1b") x REQ_PROMPTS (prompt lengths, default 32; REQ_LINES: lines shown; REQ_ARGS: more options)
+#            the REQ_SHAPES (default "8b 1b") x REQ_PROMPTS (prompt lengths, default 32; REQ_LINES: lines shown;
+#            REQ_ARGS: more options)
 #   ready    benchmarks/app_ready.py: python app.py launched, timed to its first run and to the end of its warm-up
 #            (READY_ARGS: its options, e.g. "--launches 2 -- --compile-background")
 #   big_eagle3  scripts/gpu_big_eagle3.py: a Llama-3.1-8B-shaped target with a SafeAILab EAGLE-3 head of the published

@@ -11,8 +11,9 @@ A chain is the tree whose parents are i - 1: one verifier, one :class:`~specviz.
 for both. The step's events are published during the next step's target forward. ``method="none"`` is plain
 autoregressive decoding through the same loop (k' = 0, the sampler draws the bonus token from p), the baseline every
 chart compares against; with ``async_scheduling`` (its default on CUDA) step i + 1's forward, fed step i's token on
-the device, is queued before step i's wait, so the host's launch and bookkeeping overlap the GPU's forward. Settings: :mod:`specviz.config`; loading: :mod:`specviz.loading`; methods:
-:mod:`specviz.methods`; warm-up: :mod:`specviz.warmup`. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023,
+the device, is queued before step i's wait, so the host's launch and bookkeeping overlap the GPU's forward.
+Settings: :mod:`specviz.config`; loading: :mod:`specviz.loading`; methods: :mod:`specviz.methods`; warm-up:
+:mod:`specviz.warmup`. Sources: Leviathan et al. 2023 (Alg. 1), Chen et al. 2023,
 vLLM ``v1/spec_decode``.
 """
 
