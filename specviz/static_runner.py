@@ -10,10 +10,9 @@ replays a graph captured for that (n, taps). A prefill of up to ``prefill_bucket
 bucket and replayed too (run eagerly, a short prefill is bound by the host's kernel launches, not by the GPU): the
 padding rows come after the prompt, so causal attention keeps them out of its rows, and their cache entries lie past
 the position, hidden and later overwritten. A runner's first prefill runs eagerly once to allocate the cache, then
-the same way as every later one (so a prompt's numbers never depend on which request a runner served first).
-Feature taps are static buffers captured inside the graph and cloned on the device after each replay (no host
-sync). A capture that fails logs once, is noted
-for the speedup panel (:func:`capture_notes`) and leaves that width eager.
+takes the same padded path as every later one. Feature taps are static buffers captured inside the graph and cloned
+on the device after each replay (no host sync). A capture that fails logs once, is noted for the speedup panel
+(:func:`capture_notes`) and leaves that width eager (a prefill bucket's too, unpadded).
 
 torch.compile (``compile=True``, default :data:`COMPILE_DEFAULT`): :meth:`StaticRunner._model_out` (mask + model
 call) and the tree forward's :meth:`~specviz.static_tree.StaticTreeForwards._tree_model_out` run compiled in
