@@ -94,7 +94,8 @@ def queue_logit_top2(logits: torch.Tensor) -> "HostCopy":
     from .transfer import HostCopy
 
     vals, ids = logits.topk(2, dim=-1)  # [R, 2] each; equal logits come in either order
-    return HostCopy(torch.stack([ids[:, 0].double(), vals[:, 0].double(), ids[:, 1].double(), vals[:, 1].double()], 1))
+    # [R, 2, 2] -> [R, 4] = (id_1, logit_1, id_2, logit_2): three launches, the host issues them every step
+    return HostCopy(torch.stack((ids.double(), vals.double()), dim=-1).view(-1, 4))
 
 
 def logit_top2_rows(copy: "HostCopy", rows: list[int]) -> list[list[float]]:

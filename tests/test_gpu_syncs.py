@@ -6,9 +6,9 @@ Counted per call of ``SpecDecoder._step`` in a warm request (a first request cap
   ``.item()`` / ``.tolist()`` of device tensors, blocking copies, stream and device syncs), turned
   into counted warnings;
 * ``torch.cuda.Event.synchronize`` calls, which sync-debug mode does not see: the verifier's wait
-  for its core graph (the step's one wait) and, with tracing on, the wait for the previous step's
-  detail record, which ran on a side stream behind that wait (``PendingDetail``; by then the GPU is
-  busy with this step's target forward, so it does not idle the GPU's queue).
+  for its core graph (the step's one wait) and, with tracing on, the read of an earlier step's
+  detail record when that step is published (``PendingDetail``, its own pinned buffer; its copy ran
+  on a side stream long before, so the read does not wait).
 A step's first call also runs the drafter's eager prefill (per-request set-up), so it is left out.
 Not seen by either count: the CUDA driver's own stream sync before a non-blocking copy from pageable
 host memory; host drafts (ngram, suffix) and other host inputs are therefore staged in pinned memory
@@ -147,3 +147,48 @@ def test_eagle_tree_step_reads_the_host_once_per_level(gpu_decoder, monkeypatch,
     assert max(counts) <= bound, (f"host reads per step {counts} exceed 2 (+1 traced) = {bound}; step {worst + 1}: "
                                   f"syncs {steps[worst]['syncs']}, event waits at "
                                   f"{[getattr(e, 'specviz_caller', '?') for e in steps[worst]['waits']]}")
+
+
+@pytest.mark.parametrize("settings", [dict(method="none"), dict(method="none", async_scheduling=False),
+                                      dict(method="draft_model", verify="standard", temperature=0.8),
+                                      dict(method="eagle3", **TREE)], ids=("none", "none sync", "chain", "tree"))
+def test_queueing_a_verification_never_waits_for_the_gpu(gpu_decoder, monkeypatch, settings):
+    """``StepVerifier.queue`` returns without a host wait, traced steps too: each detail record is copied into its
+    own pinned buffer and read when its step is published. A wait there (for the previous step's detail, running on
+    the side stream beside the queued target forward) would hold the host until that forward is nearly done and
+    leave the GPU idle while the host then queues the verification and the next forward."""
+    from specviz.verify import StepVerifier
+
+    dec = gpu_decoder
+    kw = dict(num_speculative_tokens=4, max_new_tokens=48, seed=1, detailed_trace=True, **settings)
+    for _ in range(2):
+        dec.generate(PROMPT, **kw)
+    inside, waits, syncs = [False], [], []
+    original_sync, original_queue = torch.cuda.Event.synchronize, StepVerifier.queue
+
+    def counted_sync(event):
+        if inside[0]:
+            waits.append(event)
+        return original_sync(event)
+
+    def flagged_queue(self, *args, **kwargs):
+        inside[0], before = True, len(caught)
+        try:
+            return original_queue(self, *args, **kwargs)
+        finally:
+            inside[0] = False
+            syncs.extend(f"{w.message} at {w.filename}:{w.lineno}" for w in caught[before:]
+                         if SYNC_MESSAGE in str(w.message))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monkeypatch.setattr(torch.cuda.Event, "synchronize", counted_sync)
+        monkeypatch.setattr(StepVerifier, "queue", flagged_queue)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            trace = dec.generate(PROMPT, **kw)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert len(trace.steps) > 3 and all(s.positions or s.emitted.top for s in trace.steps)  # detailed records
+    assert not waits, f"{len(waits)} event waits inside StepVerifier.queue over {len(trace.steps)} steps"
+    assert not syncs, syncs

@@ -132,7 +132,9 @@ def test_engine_sampling_with_verifier_graphs_equals_eager_verifier(tiny_dirs):
                dict(method="draft_model", verify="block", temperature=0.8, top_k=50),
                dict(method="ngram", verify="synthetic", synthetic_rates=[0.9, 0.7, 0.5], temperature=1.0,
                     prompt_lookup_min=1),
-               dict(method="ngram", verify="greedy", prompt_lookup_min=1)):
+               dict(method="ngram", verify="greedy", prompt_lookup_min=1),
+               # async scheduling: each step's detail record is read two steps later, from its own pinned buffer
+               dict(method="none", temperature=0.8), dict(method="none")):
         run = lambda: dec.generate(PROMPT, num_speculative_tokens=3, max_new_tokens=30, seed=7, **kw)  # noqa: E731
         graphed = run()
         assert dec.step_verifier.cuda_graphs and dec.step_verifier.graphs

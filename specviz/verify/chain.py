@@ -69,7 +69,7 @@ class PendingDetail:
 
     def result(self) -> dict[str, list]:
         """Wait for the copy (if any) and return the record as nested host lists (see
-        :func:`specviz.record.unpack`). The verifier reads it itself before it reuses the buffer."""
+        :func:`specviz.record.unpack`). ``host`` is this step's own buffer: read it any time."""
         if self._value is None:
             if self._done is not None:
                 self._done.synchronize()
@@ -94,7 +94,6 @@ class _Graphs:
     detail: torch.cuda.CUDAGraph | None = None
     detail_flat: torch.Tensor | None = None
     detail_layout: Layout = ()
-    detail_host: torch.Tensor | None = None  # pinned float64
     keep: tuple = ()  # the core's outputs the detail graph reads (sampler output, p)
 
 
@@ -146,10 +145,8 @@ class ChainVerification:
         write_inputs(g, spec, logits, x, noise)
         if g.q is not None:
             g.q.copy_(q)
-        done = self._replay_units(g, main)
-        detail = None
-        if done is not None:  # collected next step
-            detail = self._pending = PendingDetail(g.detail_layout, g.detail_host, done)
+        queued = self._replay_units(g, main)
+        detail = None if queued is None else PendingDetail(g.detail_layout, *queued)  # read when published
         return QueuedChain(g.next_input.clone(), "triton", detail, _graphs=g)
 
     def run(self, spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
@@ -197,7 +194,6 @@ class ChainVerification:
             g.detail = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g.detail, pool=self._pool):
                 g.detail_flat, g.detail_layout = pack(gather_detail(out, p, s_q, s_x))
-            g.detail_host = torch.empty(g.detail_flat.shape, dtype=torch.float64, pin_memory=True)
             g.keep = (out, p)
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - t0

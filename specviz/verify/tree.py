@@ -91,7 +91,6 @@ class _TreeGraphs:
     core_done: torch.cuda.Event
     detail: torch.cuda.CUDAGraph | None = None
     detail_flat: torch.Tensor | None = None
-    detail_host: torch.Tensor | None = None  # pinned float64
     n_top: int = 0
 
 
@@ -142,10 +141,10 @@ class TreeVerification:
                          lambda key: self._capture_tree(key, spec, rule, logits, x, dev_parents, noise))
         write_inputs(g, spec, logits, x, noise)
         g.parents.copy_(dev_parents)
-        done = self._replay_units(g, main)
-        detail = None
-        if done is not None:  # read when the step is published
-            detail = self._pending = PendingTreeDetail(HostCopy.queued(g.detail_host, done), g.n_top, False)
+        queued_detail = self._replay_units(g, main)
+        detail = None  # read when the step is published
+        if queued_detail is not None:
+            detail = PendingTreeDetail(HostCopy.queued(*queued_detail), g.n_top, False)
         queued = QueuedTreeVerify(N, rule, g.decisions, HostCopy.queued(g.host, g.core_done), host_parents, g.rows)
         return QueuedTreeStep(queued, g.next_input, g.kept, detail, "graph")
 
@@ -184,7 +183,6 @@ class TreeVerification:
             g.detail = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g.detail, pool=self._pool):
                 g.detail_flat, g.n_top = tree_detail_rows(p, None, s_x, rows, d.weights, d.emit)
-            g.detail_host = torch.empty(g.detail_flat.shape, dtype=torch.float64, pin_memory=True)
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - t0
         return g

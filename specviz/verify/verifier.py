@@ -16,7 +16,7 @@ from specviz.proposer import Draft
 from specviz.record import host_record, logit_top2_rows, queue_logit_top2, tree_record
 from specviz.transfer import HostCopy
 
-from .chain import ChainVerification, PendingDetail, QueuedChain, _Graphs
+from .chain import ChainVerification, QueuedChain, _Graphs
 from .spec import VerifySpec, graph_key
 from .tree import QueuedTreeStep, TreeVerification
 
@@ -133,7 +133,6 @@ class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
         self._pool = None
         self._side: torch.cuda.Stream | None = None
         self._detail_done: torch.cuda.Event | None = None  # the last detail enqueued on the side stream
-        self._pending: PendingDetail | None = None
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
         self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
 
@@ -151,21 +150,19 @@ class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
                                                             draft.tree_rule, generator), top2=top2)
 
     def _before_replay(self) -> torch.cuda.Stream:
-        """Before any replay (returns the current stream): the previous step's detail is read out of its pinned
-        buffer (no wait once collected), and the main stream waits for the side stream's last detail (every
-        graph shares one memory pool: two of them never overlap)."""
+        """Before any replay (returns the current stream): the main stream waits, on the device, for the side
+        stream's last detail (every graph shares one memory pool: two of them never overlap). The host does not
+        wait: each detail is copied into its own pinned buffer, read when its step is published."""
         main = torch.cuda.current_stream(self.device)
-        if self._pending is not None:
-            self._pending.result()
-            self._pending = None
         if self._detail_done is not None:
             main.wait_event(self._detail_done)
         return main
 
-    def _replay_units(self, g, main: torch.cuda.Stream) -> "torch.cuda.Event | None":
+    def _replay_units(self, g, main: torch.cuda.Stream) -> "tuple[torch.Tensor, torch.cuda.Event] | None":
         """Replay ``g``'s core (a chain's :class:`_Graphs` or a tree's :class:`_TreeGraphs`) and queue its host
-        copy; then its detail graph and copy on the side stream, behind the core. Returns the detail's event
-        (None without a detail graph)."""
+        copy; then its detail graph and copy on the side stream, behind the core. Returns the detail's pinned
+        float64 host buffer (this step's own) and the event that fires once it holds the values (None without a
+        detail graph)."""
         self._replay(g.core)
         g.host.copy_(g.flat, non_blocking=True)
         g.core_done.record(main)
@@ -174,11 +171,13 @@ class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
         with torch.cuda.stream(self._side):
             self._side.wait_event(g.core_done)
             self._replay(g.detail)
-            g.detail_host.copy_(g.detail_flat, non_blocking=True)
+            # a buffer per step (PyTorch's caching host allocator): reading it never holds up the next replay
+            host = torch.empty(g.detail_flat.shape, dtype=torch.float64, pin_memory=True)
+            host.copy_(g.detail_flat, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self._side)
         self._detail_done = done
-        return done
+        return host, done
 
     def _lookup(self, spec_or_key, capture):
         """The graphs for a chain's ``graph_key(spec)`` (given the spec) or a tree's key ``("tree", graph_key,
