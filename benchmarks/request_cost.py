@@ -9,7 +9,8 @@ from two lengths. This script splits the fixed part, medians of ``--repeats`` af
   when the prompt is short enough, else eager too); ``request_1_eager``: the request with the eager prefill;
 * ``step``: one further 1-token forward of that runner (a CUDA-graph replay), synchronised;
 * the host's hottest functions over ``--profile`` calls of ``generate(max_new_tokens=1)`` (cProfile, cumulative); with
-  ``--profile-tokens N`` over requests of N tokens instead, by own time (the decode loop's host work per step), and
+  ``--profile-tokens N`` over requests of N tokens instead, by own time (the decode loop's host work per step), then
+  specviz's functions by cumulative time, and
   ``--synthetic`` for draft_model with verify="synthetic" (a = 0.8, k = 4, a 74 M draft) instead of method none.
 
     python benchmarks/request_cost.py --shape 8b --prompt-len 32 --out $OUT/request_cost.json
@@ -76,7 +77,10 @@ def measure(shape: str, prompt_len: int, repeats: int, profile_calls: int, devic
         sync(device)
     prof.disable()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative" if profile_tokens == 1 else "tottime").print_stats(25)
+    stats = pstats.Stats(prof, stream=text)
+    stats.sort_stats("cumulative" if profile_tokens == 1 else "tottime").print_stats(25)
+    if profile_tokens > 1:  # the decode loop: also specviz's own functions by cumulative time (where a wait sits)
+        stats.sort_stats("cumulative").print_stats("specviz", 30)
     return {"shape": shape, "prompt_len": prompt_len, "device": str(device), "request_1_ms": 1e3 * request_1,
             "request_1_eager_ms": 1e3 * request_1_eager, "prefill_graph_ms": 1e3 * prefill_s,
             "prefill_eager_ms": 1e3 * prefill_eager_s, "step_ms": 1e3 * step_s, "profile_calls": profile_calls,
