@@ -157,7 +157,10 @@ def test_queueing_a_verification_never_waits_for_the_gpu(gpu_decoder, monkeypatc
     own pinned buffer and read when its step is published. A wait there (for the previous step's detail, running on
     the side stream beside the queued target forward) would hold the host until that forward is nearly done and
     leave the GPU idle while the host then queues the verification and the next forward."""
+    from specviz.record import PendingTreeDetail
+    from specviz.transfer import HostCopy
     from specviz.verify import StepVerifier
+    from specviz.verify.chain import PendingDetail
 
     dec = gpu_decoder
     kw = dict(num_speculative_tokens=4, max_new_tokens=48, seed=1, detailed_trace=True, **settings)
@@ -170,6 +173,15 @@ def test_queueing_a_verification_never_waits_for_the_gpu(gpu_decoder, monkeypatc
         if inside[0]:
             waits.append(event)
         return original_sync(event)
+
+    def flag_read(cls, name):  # a host read of a detail record inside queue: a wait whenever its copy is unfinished
+        original = getattr(cls, name)
+
+        def read(self, *args, **kwargs):
+            if inside[0]:
+                waits.append(f"{cls.__name__}.{name}")
+            return original(self, *args, **kwargs)
+        monkeypatch.setattr(cls, name, read)
 
     def flagged_queue(self, *args, **kwargs):
         inside[0], before = True, len(caught)
@@ -184,11 +196,15 @@ def test_queueing_a_verification_never_waits_for_the_gpu(gpu_decoder, monkeypatc
         warnings.simplefilter("always")
         monkeypatch.setattr(torch.cuda.Event, "synchronize", counted_sync)
         monkeypatch.setattr(StepVerifier, "queue", flagged_queue)
+        for cls, name in ((PendingDetail, "result"), (PendingTreeDetail, "result"), (HostCopy, "tolist")):
+            flag_read(cls, name)
         torch.cuda.set_sync_debug_mode("warn")
         try:
             trace = dec.generate(PROMPT, **kw)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert len(trace.steps) > 3 and all(s.positions or s.emitted.top for s in trace.steps)  # detailed records
-    assert not waits, f"{len(waits)} event waits inside StepVerifier.queue over {len(trace.steps)} steps"
+    graphs = [g for g in dec.step_verifier.graphs.values() if g is not None and g.detail is not None]
+    assert graphs, "no captured detail graph: the test did not run the graph path"
+    assert not waits, f"{len(waits)} waits or detail reads inside StepVerifier.queue over {len(trace.steps)} steps"
     assert not syncs, syncs

@@ -74,7 +74,7 @@ class PendingDetail:
             if self._done is not None:
                 self._done.synchronize()
             values = self._host if isinstance(self._host, list) else self._host.tolist()
-            self._value = unpack(values, self._layout)
+            self._value, self._host = unpack(values, self._layout), None  # the pinned buffer goes back now
         return self._value
 
 
@@ -152,7 +152,7 @@ class ChainVerification:
     def run(self, spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,
             generator: torch.Generator | None) -> tuple[dict[str, list], torch.Tensor, str, "PendingDetail | None"]:
         """:meth:`queue_chain` and its wait: (the core record as host lists, the next input int64 [1] on the device,
-        the sampler backend that ran, the detail record or None). Collect the PendingDetail before the next call."""
+        the sampler backend that ran, the detail record or None, readable any time)."""
         queued = self.queue_chain(spec, logits, q, x, generator)
         return queued.core(), queued.next_input, queued.backend, queued.detail
 
