@@ -94,7 +94,7 @@ def queue_logit_top2(logits: torch.Tensor) -> "HostCopy":
     from .transfer import HostCopy
 
     vals, ids = logits.topk(2, dim=-1)  # [R, 2] each; equal logits come in either order
-    # [R, 2, 2] -> [R, 4] = (id_1, logit_1, id_2, logit_2): one stack, not four slices and a stack, every step
+    # [R, 2, 2] -> [R, 4] = (id_1, logit_1, id_2, logit_2): one stack rather than a slice per column
     return HostCopy(torch.stack((ids.double(), vals.double()), dim=-1).view(-1, 4))
 
 

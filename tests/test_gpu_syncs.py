@@ -7,8 +7,8 @@ Counted per call of ``SpecDecoder._step`` in a warm request (a first request cap
   into counted warnings;
 * ``torch.cuda.Event.synchronize`` calls, which sync-debug mode does not see: the verifier's wait
   for its core graph (the step's one wait) and, with tracing on, the read of an earlier step's
-  detail record when that step is published (``PendingDetail``, its own pinned buffer; its copy ran
-  on a side stream long before, so the read does not wait).
+  detail record when that step is published (``PendingDetail``, its own pinned buffer, copied on a
+  side stream two steps earlier; ``HostCopy.tolist`` waits only if that copy has not finished).
 A step's first call also runs the drafter's eager prefill (per-request set-up), so it is left out.
 Not seen by either count: the CUDA driver's own stream sync before a non-blocking copy from pageable
 host memory; host drafts (ngram, suffix) and other host inputs are therefore staged in pinned memory

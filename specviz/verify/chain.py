@@ -27,6 +27,7 @@ import torch
 from specviz.record import Layout, gather_core, gather_detail, pack, unpack
 from specviz.sampling import logits_to_probs, rejection_sample
 from specviz.sampling.types import RejectionOutput, SamplerNoise, draw_noise
+from specviz.transfer import HostCopy
 
 from .spec import SamplingTensors, VerifySpec, graph_key, probs_from_tensors, write_inputs
 
@@ -61,20 +62,18 @@ def _core(spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: tor
 
 
 class PendingDetail:
-    """The detail record of one step, possibly still being computed and copied on the GPU."""
+    """The detail record of one step, possibly still being computed and copied on the GPU: ``copy`` a
+    :class:`~specviz.transfer.HostCopy` of the packed record (this step's own buffer: read it any time)."""
 
-    def __init__(self, layout: Layout, host: torch.Tensor | list[float], done: torch.cuda.Event | None = None):
-        self._layout, self._host, self._done = layout, host, done
+    def __init__(self, layout: Layout, copy: HostCopy):
+        self._layout, self._copy = layout, copy
         self._value: dict[str, list] | None = None
 
     def result(self) -> dict[str, list]:
-        """Wait for the copy (if any) and return the record as nested host lists (see
-        :func:`specviz.record.unpack`). ``host`` is this step's own buffer: read it any time."""
+        """Wait for the copy (if it has not finished) and return the record as nested host lists (see
+        :func:`specviz.record.unpack`)."""
         if self._value is None:
-            if self._done is not None:
-                self._done.synchronize()
-            values = self._host if isinstance(self._host, list) else self._host.tolist()
-            self._value, self._host = unpack(values, self._layout), None  # the pinned buffer goes back now
+            self._value, self._copy = unpack(self._copy.tolist(), self._layout), None  # the pinned buffer goes back
         return self._value
 
 
@@ -138,15 +137,15 @@ class ChainVerification:
             detail = None
             if spec.detailed:
                 dflat, dlayout = pack(gather_detail(out, p, q, x))
-                detail = PendingDetail(dlayout, dflat.cpu().tolist())
+                detail = PendingDetail(dlayout, HostCopy.queued(dflat.cpu(), None))
             return QueuedChain(next_input, out.backend, detail, _core=unpack(flat.cpu().tolist(), layout))
         main = self._before_replay()
         g = self._lookup(spec, lambda key: self._capture(key, spec, logits, q, x, noise))
         write_inputs(g, spec, logits, x, noise)
         if g.q is not None:
             g.q.copy_(q)
-        queued = self._replay_units(g, main)
-        detail = None if queued is None else PendingDetail(g.detail_layout, *queued)  # read when published
+        copy = self._replay_units(g, main)
+        detail = None if copy is None else PendingDetail(g.detail_layout, copy)  # read when published
         return QueuedChain(g.next_input.clone(), "triton", detail, _graphs=g)
 
     def run(self, spec: VerifySpec, logits: torch.Tensor, q: torch.Tensor | None, x: torch.Tensor,

@@ -141,10 +141,8 @@ class TreeVerification:
                          lambda key: self._capture_tree(key, spec, rule, logits, x, dev_parents, noise))
         write_inputs(g, spec, logits, x, noise)
         g.parents.copy_(dev_parents)
-        queued_detail = self._replay_units(g, main)
-        detail = None  # read when the step is published
-        if queued_detail is not None:
-            detail = PendingTreeDetail(HostCopy.queued(*queued_detail), g.n_top, False)
+        copy = self._replay_units(g, main)
+        detail = None if copy is None else PendingTreeDetail(copy, g.n_top, False)  # read when published
         queued = QueuedTreeVerify(N, rule, g.decisions, HostCopy.queued(g.host, g.core_done), host_parents, g.rows)
         return QueuedTreeStep(queued, g.next_input, g.kept, detail, "graph")
 

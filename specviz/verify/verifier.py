@@ -132,7 +132,6 @@ class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
         self._graphs: OrderedDict[VerifySpec, _Graphs] = OrderedDict()  # by graph_key, least recent first
         self._pool = None
         self._side: torch.cuda.Stream | None = None
-        self._detail_done: torch.cuda.Event | None = None  # the last detail enqueued on the side stream
         self.graph_events: list[tuple[torch.cuda.Event, torch.cuda.Event]] | None = None
         self.capture_s = 0.0  # seconds spent in _capture so far (the engine excludes it from step times)
 
@@ -150,19 +149,19 @@ class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
                                                             draft.tree_rule, generator), top2=top2)
 
     def _before_replay(self) -> torch.cuda.Stream:
-        """Before any replay (returns the current stream): the main stream waits, on the device, for the side
-        stream's last detail (every graph shares one memory pool: two of them never overlap). The host does not
+        """Before any replay (returns the current stream): the main stream waits, on the device, for the details
+        queued on the side stream (every graph shares one memory pool: two of them never overlap). The host does not
         wait: each detail is copied into its own pinned buffer, read when its step is published."""
         main = torch.cuda.current_stream(self.device)
-        if self._detail_done is not None:
-            main.wait_event(self._detail_done)
+        if self._side is not None:
+            main.wait_stream(self._side)
         return main
 
-    def _replay_units(self, g, main: torch.cuda.Stream) -> "tuple[torch.Tensor, torch.cuda.Event] | None":
+    def _replay_units(self, g, main: torch.cuda.Stream) -> "HostCopy | None":
         """Replay ``g``'s core (a chain's :class:`_Graphs` or a tree's :class:`_TreeGraphs`) and queue its host
-        copy; then its detail graph and copy on the side stream, behind the core. Returns the detail's pinned
-        float64 host buffer (this step's own) and the event that fires once it holds the values (None without a
-        detail graph)."""
+        copy; then its detail graph on the side stream, behind the core. Returns the detail's
+        :class:`~specviz.transfer.HostCopy`, queued on the side stream into a pinned buffer of this step's own, so
+        reading it never holds up a later replay (None without a detail graph)."""
         self._replay(g.core)
         g.host.copy_(g.flat, non_blocking=True)
         g.core_done.record(main)
@@ -171,13 +170,7 @@ class StepVerifier(ChainVerification, TreeVerification, CapturedGraphs):
         with torch.cuda.stream(self._side):
             self._side.wait_event(g.core_done)
             self._replay(g.detail)
-            # a buffer per step (PyTorch's caching host allocator): reading it never holds up the next replay
-            host = torch.empty(g.detail_flat.shape, dtype=torch.float64, pin_memory=True)
-            host.copy_(g.detail_flat, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self._side)
-        self._detail_done = done
-        return host, done
+            return HostCopy(g.detail_flat)
 
     def _lookup(self, spec_or_key, capture):
         """The graphs for a chain's ``graph_key(spec)`` (given the spec) or a tree's key ``("tree", graph_key,
